@@ -1,0 +1,201 @@
+/* cli/cli.c: what all commands share: common options, loading the project, connecting, printing
+ * errors and JSON, and terminal prompts. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "common/path.h"
+#include "common/shell.h"
+
+void gs_cli_print_help(const struct gs_cmd *cmd)
+{
+    printf("usage: gpusync %s\n\n%s\n\noptions:\n%s%s", cmd->usage, cmd->summary,
+           cmd->help ? cmd->help : "", GS_CLI_COMMON_HELP);
+}
+
+int gs_cli_usage_error(const struct gs_cmd *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("gpusync: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nusage: gpusync %s (see 'gpusync %s --help')\n", cmd->usage, cmd->name);
+    return GS_EXIT_USAGE;
+}
+
+/* Reads the password from stdin: the first line, without its newline. */
+static int read_password_stdin(struct gs_cli *cli)
+{
+    struct gs_buf b = GS_BUF_INIT;
+    int c;
+    while ((c = getchar()) != EOF && c != '\n')
+        gs_buf_addc(&b, (char)c);
+    if (b.len == 0) {
+        gs_buf_release(&b);
+        fprintf(stderr, "gpusync: --password-stdin: no password on standard input\n");
+        return -1;
+    }
+    free(cli->password);
+    cli->password = gs_buf_detach(&b, NULL);
+    return 1;
+}
+
+int gs_cli_common_option(struct gs_cli *cli, const struct gs_cmd *cmd, int opt)
+{
+    switch (opt) {
+    case GS_OPT_JSON:
+        cli->json = 1;
+        return 1;
+    case GS_OPT_ACCEPT_NEW:
+        cli->accept_new_host_key = 1;
+        return 1;
+    case GS_OPT_PASS_STDIN:
+        return read_password_stdin(cli);
+    case GS_OPT_HELP:
+        gs_cli_print_help(cmd);
+        exit(0);
+    case '?':
+        fprintf(stderr, "usage: gpusync %s (see 'gpusync %s --help')\n", cmd->usage, cmd->name);
+        return -1;
+    default:
+        return 0;
+    }
+}
+
+int gs_cli_load_project(struct gs_cli *cli)
+{
+    int rc = gs_path_find_project(NULL, &cli->root, &cli->err);
+    if (rc < 0)
+        return rc;
+    struct gs_buf file = GS_BUF_INIT;
+    gs_path_join(&file, cli->root.data, GS_CONFIG_FILE);
+    rc = gs_config_load(&cli->cfg, file.data, &cli->err);
+    gs_buf_release(&file);
+    return rc;
+}
+
+int gs_cli_connect(struct gs_cli *cli)
+{
+    struct gs_ssh_opts opts = {
+        .host = cli->cfg.host,
+        .port = cli->cfg.port,
+        .user = cli->cfg.user,
+        .identity = cli->cfg.identity,
+        .password = cli->password,
+        .accept_new_host_key = cli->accept_new_host_key,
+        .confirm = cli->interactive ? gs_cli_tty_confirm : NULL,
+        .ask_secret = cli->interactive && !cli->password ? gs_cli_tty_secret : NULL,
+    };
+    return gs_ssh_connect(&cli->ssh, &opts, &cli->err);
+}
+
+void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out)
+{
+    const char *path = cli->cfg.remote_path;
+    if (!path || !*path) {
+        const char *base = strrchr(cli->root.data ? cli->root.data : "/project", '/');
+        gs_buf_adds(out, "gpusync/");
+        gs_shell_quote(out, base && base[1] ? base + 1 : "project");
+        return;
+    }
+    /* "~/x" means x under the remote home, where an SSH command starts. */
+    if (path[0] == '~' && (path[1] == '/' || path[1] == '\0'))
+        path += path[1] ? 2 : 1;
+    gs_shell_quote(out, *path ? path : ".");
+}
+
+void gs_cli_json_print(json_t *obj)
+{
+    char *text = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (text) {
+        puts(text);
+        free(text);
+    }
+    fflush(stdout);
+    json_decref(obj);
+}
+
+int gs_cli_fail(struct gs_cli *cli, int code)
+{
+    const char *msg = cli->err.msg[0] ? cli->err.msg : gs_error_name(code);
+    if (cli->json) {
+        json_t *o = json_pack("{s:i,s:b,s:s,s:s}", "v", 1, "ok", 0, "error", gs_error_name(code),
+                              "message", msg);
+        gs_cli_json_print(o);
+    }
+    fprintf(stderr, "gpusync: %s\n", msg);
+    return gs_error_exit_code(code);
+}
+
+/* Reads one line from the terminal, echo off when `secret`. Returns a malloc'd string or NULL. */
+static char *tty_read(const char *prompt, int secret)
+{
+    int fd = open("/dev/tty", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct termios saved, quiet;
+    int restore = secret && tcgetattr(fd, &saved) == 0;
+    if (restore) {
+        quiet = saved;
+        quiet.c_lflag &= ~(tcflag_t)ECHO;
+        tcsetattr(fd, TCSAFLUSH, &quiet);
+    }
+    if (write(fd, prompt, strlen(prompt)) < 0) {
+        /* nothing to do: the read below still works */
+    }
+    struct gs_buf b = GS_BUF_INIT;
+    char c;
+    ssize_t n;
+    while ((n = read(fd, &c, 1)) == 1 && c != '\n')
+        gs_buf_addc(&b, c);
+    if (restore) {
+        tcsetattr(fd, TCSAFLUSH, &saved);
+        if (write(fd, "\n", 1) < 0) {
+        }
+    }
+    close(fd);
+    if (n < 0 && b.len == 0) {
+        gs_buf_release(&b);
+        return NULL;
+    }
+    return gs_buf_detach(&b, NULL);
+}
+
+int gs_cli_tty_confirm(void *ctx, const char *question)
+{
+    (void)ctx;
+    for (;;) {
+        char *answer = tty_read(question, 0);
+        if (!answer)
+            return 0;
+        int yes = strcmp(answer, "yes") == 0, no = strcmp(answer, "no") == 0 || !*answer;
+        free(answer);
+        if (yes || no)
+            return yes;
+        question = "Please type 'yes' or 'no': ";
+    }
+}
+
+char *gs_cli_tty_secret(void *ctx, const char *prompt)
+{
+    (void)ctx;
+    return tty_read(prompt, 1);
+}
+
+int gs_cli_prepare(struct gs_cli *cli, const struct gs_cmd *cmd)
+{
+    int rc = 0;
+    if (cmd->flags & (GS_CMD_NEED_PROJECT | GS_CMD_NEED_CONNECTION))
+        rc = gs_cli_load_project(cli);
+    if (rc == 0 && (cmd->flags & GS_CMD_NEED_CONNECTION))
+        rc = gs_cli_connect(cli);
+    return rc < 0 ? gs_cli_fail(cli, rc) : 0;
+}

@@ -1,0 +1,116 @@
+/* cli/cli.h: the gpusync command line: the command table, the shared context each command runs
+ * with, and the helpers that turn configuration into a connection.
+ *
+ * Like tmux's cmd_table and git's commands[], each command is one file exporting one struct
+ * gs_cmd; what a command needs before it runs (a project, a connection) is declared in its flags
+ * and prepared centrally in main.c, so commands contain only their own logic. Only cli/ prints to
+ * the user and chooses exit codes. */
+#ifndef GS_CLI_H
+#define GS_CLI_H
+
+#include <getopt.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/config.h"
+#include "common/error.h"
+#include "remote/ssh.h"
+
+/* Exit codes shared by all commands (README.md, "Exit codes"). */
+enum {
+    GS_EXIT_OK = 0,
+    GS_EXIT_ERROR = 1,
+    GS_EXIT_USAGE = 2,
+    GS_EXIT_CONFIG = 3,
+    GS_EXIT_CONNECT = 4,
+    GS_EXIT_REMOTE_LOST = 255, /* exec/run: the connection failed; the command's fate is unknown */
+};
+
+enum gs_cmd_flags {
+    GS_CMD_NEED_PROJECT = 1 << 0,    /* load .gpusync/config, found upwards from the cwd */
+    GS_CMD_NEED_CONNECTION = 1 << 1, /* connect to the configured server first */
+};
+
+struct gs_cli {
+    int json;                /* --json: machine-readable output on stdout */
+    int accept_new_host_key; /* --accept-new-host-key */
+    int interactive;         /* a terminal is attached: prompts are allowed */
+    char *password;          /* from --password-stdin or GPUSYNC_PASSWORD; owned */
+    struct gs_buf root;      /* project root (absolute) when NEED_PROJECT */
+    struct gs_config cfg;    /* when NEED_PROJECT */
+    struct gs_ssh *ssh;      /* when NEED_CONNECTION */
+    struct gs_error err;
+};
+
+struct gs_cmd {
+    const char *name;
+    const char *alias;   /* or NULL */
+    const char *usage;   /* "init [user@]host[:port] [--path DIR] [--install-key]" */
+    const char *summary; /* one line for `gpusync help` */
+    const char *help;    /* the options, one per line, for `gpusync CMD --help` */
+    int flags;
+    int (*exec)(struct gs_cli *cli, int argc, char **argv);
+};
+
+/* Options every command understands; commands append their own after GS_CLI_COMMON_LONGOPTS. */
+#define GS_OPT_JSON       1000
+#define GS_OPT_ACCEPT_NEW 1001
+#define GS_OPT_PASS_STDIN 1002
+#define GS_OPT_HELP       'h'
+#define GS_CLI_COMMON_LONGOPTS                                                                     \
+    {"json", no_argument, NULL, GS_OPT_JSON},                                                      \
+        {"accept-new-host-key", no_argument, NULL, GS_OPT_ACCEPT_NEW},                             \
+        {"password-stdin", no_argument, NULL, GS_OPT_PASS_STDIN},                                  \
+    {                                                                                              \
+        "help", no_argument, NULL, GS_OPT_HELP                                                     \
+    }
+#define GS_CLI_COMMON_HELP                                                                         \
+    "  --json                 machine-readable output\n"                                           \
+    "  --accept-new-host-key  trust and record an unknown server key (after checking it)\n"        \
+    "  --password-stdin       read the SSH password from standard input\n"                         \
+    "  -h, --help             this help\n"
+
+/* Handles a common option seen by a command's getopt loop. Returns 1 if it was one (and handled),
+ * 0 if not, or -1 after printing an error (bad option). `opt` '?' is reported as a usage error. */
+int gs_cli_common_option(struct gs_cli *cli, const struct gs_cmd *cmd, int opt);
+
+/* Prepares what `cmd`'s flags ask for (project, connection), after the command has parsed its
+ * options. Returns 0, or the exit code after printing the error. */
+int gs_cli_prepare(struct gs_cli *cli, const struct gs_cmd *cmd);
+
+/* Loads the project (root and config) into cli. Returns 0 or a GS_E_* code with cli->err set. */
+int gs_cli_load_project(struct gs_cli *cli);
+
+/* Connects to the configured server (cli->cfg). Returns 0 or a GS_E_* code with cli->err set. */
+int gs_cli_connect(struct gs_cli *cli);
+
+/* The remote project directory as a shell word, quoted; relative paths are under the remote home.
+ */
+void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
+
+/* Prints "gpusync: <message>" on stderr (or a JSON error object on stdout with --json) and returns
+ * the exit code for `code`. */
+int gs_cli_fail(struct gs_cli *cli, int code);
+
+/* Prints a usage error for `cmd` and returns GS_EXIT_USAGE. */
+int gs_cli_usage_error(const struct gs_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prints `cmd`'s --help text on stdout. */
+void gs_cli_print_help(const struct gs_cmd *cmd);
+
+/* Dumps `obj` as one line of JSON on stdout and drops the reference. */
+void gs_cli_json_print(json_t *obj);
+
+/* Prompt helpers handed to remote/ (they use /dev/tty, never stdout). */
+int gs_cli_tty_confirm(void *ctx, const char *question);
+char *gs_cli_tty_secret(void *ctx, const char *prompt);
+
+extern const struct gs_cmd gs_cmd_init;
+extern const struct gs_cmd gs_cmd_exec;
+extern const struct gs_cmd gs_cmd_doctor;
+extern const struct gs_cmd gs_cmd_push;
+extern const struct gs_cmd gs_cmd_pull;
+extern const struct gs_cmd gs_cmd_status;
+
+#endif

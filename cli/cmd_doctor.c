@@ -1,0 +1,291 @@
+/* cli/cmd_doctor.c: `gpusync doctor`: local checks and the facts of the server (reachability,
+ * auth, latency, OS, disk, GPUs, driver, CUDA, NCCL, Python, torch), each ok / warn / fail with a
+ * hint. The server is probed with one shell script in one round trip. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/proc.h"
+#include "remote/exec.h"
+
+static const struct option doctor_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+
+/* Prints key=value lines; GPUs one per "gpu=" line as nvidia-smi's CSV. */
+static const char probe_script[] =
+    "cd 2>/dev/null; d=%s\n"
+    "echo os=$(uname -s); echo arch=$(uname -m); echo kernel=$(uname -r)\n"
+    "mkdir -p -- \"$d\" 2>/dev/null\n"
+    "df -Pk -- \"$d\" 2>/dev/null | awk 'NR==2{print \"disk_free_kb=\"$4}'\n"
+    "if command -v nvidia-smi >/dev/null 2>&1; then\n"
+    "  nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
+    "--format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'\n"
+    "  echo driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null "
+    "| head -n1)\n"
+    "fi\n"
+    "n=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)\n"
+    "[ -n \"$n\" ] && echo cuda=$(\"$n\" --version | sed -n 's/.*release \\([0-9.]*\\).*/\\1/p')\n"
+    "l=$(ldconfig -p 2>/dev/null | awk '/libnccl\\.so/{print $NF; exit}')\n"
+    "[ -z \"$l\" ] && l=$(ls /usr/local/cuda/lib64/libnccl.so* 2>/dev/null | head -n1)\n"
+    "[ -n \"$l\" ] && echo nccl_system=$l\n"
+    "if command -v python3 >/dev/null 2>&1; then\n"
+    "  echo python=$(python3 -c 'import platform; print(platform.python_version())')\n"
+    "  python3 -c 'import nvidia.nccl as m; print(\"nccl_python=\" + list(m.__path__)[0])' "
+    "2>/dev/null\n"
+    "  python3 -c 'import torch; print(\"torch=\" + torch.__version__)' 2>/dev/null\n"
+    "fi\n"
+    "exit 0\n";
+
+struct check {
+    const char *name;
+    const char *status; /* ok, warn, fail */
+    char detail[512];
+    const char *hint;
+};
+
+struct doctor {
+    struct check checks[16];
+    int n;
+    json_t *facts;
+};
+
+static void add_check(struct doctor *d, const char *name, const char *status, const char *hint,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void add_check(struct doctor *d, const char *name, const char *status, const char *hint,
+                      const char *fmt, ...)
+{
+    struct check *c = &d->checks[d->n++];
+    c->name = name;
+    c->status = status;
+    c->hint = hint;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->detail, sizeof(c->detail), fmt, ap);
+    va_end(ap);
+}
+
+/* A copy of one value from the probe output, so several can be held at once. */
+struct fact_value {
+    char text[512];
+};
+
+/* The value of "key=" in the probe output, copied into `v`; NULL if the key is absent. */
+static const char *fact_into(const char *out, const char *key, struct fact_value *v)
+{
+    char *value = v->text;
+    size_t klen = strlen(key);
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t len = strcspn(p + klen + 1, "\n");
+            snprintf(value, sizeof(v->text), "%.*s", (int)len, p + klen + 1);
+            return value;
+        }
+    }
+    return NULL;
+}
+
+/* Each use gets its own buffer (a compound literal lives until the end of the enclosing block). */
+#define fact(out, key) fact_into((out), (key), &(struct fact_value){{0}})
+
+static json_t *parse_gpus(const char *out)
+{
+    json_t *gpus = json_array();
+    for (const char *p = strstr(out, "gpu="); p; p = strstr(p + 1, "\ngpu=")) {
+        p += (*p == '\n') ? 5 : 4;
+        char line[512], name[256];
+        snprintf(line, sizeof(line), "%.*s", (int)strcspn(p, "\n"), p);
+        int index = 0;
+        double total = 0, used = 0, util = 0;
+        if (sscanf(line, "%d, %255[^,], %lf, %lf, %lf", &index, name, &total, &used, &util) >= 4)
+            json_array_append_new(gpus,
+                                  json_pack("{s:i,s:s,s:f,s:f,s:f}", "index", index, "name", name,
+                                            "memory_total_mib", total, "memory_used_mib", used,
+                                            "utilization_pct", util));
+    }
+    return gpus;
+}
+
+static void set_fact_string(json_t *facts, const char *out, const char *key)
+{
+    const char *v = fact(out, key);
+    json_object_set_new(facts, key, v && *v ? json_string(v) : json_null());
+}
+
+static void check_gpus(struct doctor *d, const char *out)
+{
+    json_t *gpus = parse_gpus(out);
+    size_t n = json_array_size(gpus);
+    if (n == 0) {
+        add_check(d, "gpus", "warn", "run CPU ranks with 'gpusync run --cpu N'",
+                  "no NVIDIA GPU found (nvidia-smi missing or no devices)");
+    } else {
+        json_t *g0 = json_array_get(gpus, 0);
+        add_check(d, "gpus", "ok", NULL, "%zu x %s, %.0f MiB", n,
+                  json_string_value(json_object_get(g0, "name")),
+                  json_real_value(json_object_get(g0, "memory_total_mib")));
+    }
+    json_object_set_new(d->facts, "gpus", gpus);
+}
+
+static void check_toolchain(struct doctor *d, const char *out)
+{
+    const char *cuda = fact(out, "cuda");
+    if (cuda)
+        add_check(d, "cuda", "ok", NULL, "nvcc %s", cuda);
+    else
+        add_check(d, "cuda", "warn", "install the CUDA toolkit to build the trainer's GPU path",
+                  "nvcc not found");
+    char sys[512] = "", py[512] = "";
+    if (fact(out, "nccl_system"))
+        snprintf(sys, sizeof(sys), "%s", fact(out, "nccl_system"));
+    if (fact(out, "nccl_python"))
+        snprintf(py, sizeof(py), "%s", fact(out, "nccl_python"));
+    if (*sys || *py)
+        add_check(d, "nccl", "ok", NULL, "%s%s%s", *sys ? sys : "", *sys && *py ? "; " : "",
+                  *py ? py : "");
+    else
+        add_check(d, "nccl", "warn", "multi-GPU training needs NCCL (libnccl2, or pip nvidia-nccl)",
+                  "NCCL not found");
+    json_object_set_new(d->facts, "nccl",
+                        json_pack("{s:o,s:o}", "system", *sys ? json_string(sys) : json_null(),
+                                  "python", *py ? json_string(py) : json_null()));
+    const char *python = fact(out, "python");
+    if (python)
+        add_check(d, "python", "ok", NULL, "Python %s", python);
+    else
+        add_check(d, "python", "warn", NULL, "python3 not found");
+    const char *torch = fact(out, "torch");
+    add_check(d, "torch", torch ? "ok" : "warn", torch ? NULL : "only needed for PyTorch jobs",
+              torch ? "torch %s" : "torch not importable%s", torch ? torch : "");
+}
+
+static void check_system(struct doctor *d, const char *out)
+{
+    set_fact_string(d->facts, out, "os");
+    set_fact_string(d->facts, out, "arch");
+    set_fact_string(d->facts, out, "kernel");
+    set_fact_string(d->facts, out, "driver");
+    set_fact_string(d->facts, out, "cuda");
+    set_fact_string(d->facts, out, "python");
+    set_fact_string(d->facts, out, "torch");
+    const char *arch = fact(out, "arch");
+    int x86 = arch && strcmp(arch, "x86_64") == 0;
+    add_check(d, "system", x86 ? "ok" : "warn",
+              x86 ? NULL : "the agent is built from source there (needs cc)", "%s %s",
+              fact(out, "os") ? fact(out, "os") : "?", arch ? arch : "?");
+    const char *kb = fact(out, "disk_free_kb");
+    double gib = kb ? atof(kb) / (1024.0 * 1024.0) : -1;
+    json_object_set_new(d->facts, "disk_free_bytes",
+                        kb ? json_integer((json_int_t)(atof(kb) * 1024)) : json_null());
+    if (gib < 0)
+        add_check(d, "disk", "warn", NULL, "cannot read free space at the remote path");
+    else
+        add_check(d, "disk", gib < 5 ? "warn" : "ok", gib < 5 ? "free space before training" : NULL,
+                  "%.1f GiB free at the remote path", gib);
+}
+
+static int latency_ms(struct gs_cli *cli, double *ms)
+{
+    int64_t best = -1;
+    for (int i = 0; i < 5; i++) {
+        int64_t us;
+        if (gs_ssh_ping(cli->ssh, &us, &cli->err) < 0)
+            return -1;
+        if (best < 0 || us < best)
+            best = us;
+    }
+    *ms = (double)best / 1000.0;
+    return 0;
+}
+
+static void check_remote(struct gs_cli *cli, struct doctor *d)
+{
+    add_check(d, "ssh", "ok", NULL, "%s, %s", gs_ssh_target(cli->ssh),
+              gs_ssh_auth_method(cli->ssh));
+    json_object_set_new(d->facts, "auth", json_string(gs_ssh_auth_method(cli->ssh)));
+    json_object_set_new(d->facts, "host_key", json_string(gs_ssh_fingerprint(cli->ssh)));
+    double rtt;
+    if (latency_ms(cli, &rtt) == 0) {
+        add_check(d, "latency", rtt > 150 ? "warn" : "ok", rtt > 150 ? "expect slower saves" : NULL,
+                  "%.2f ms round trip", rtt);
+        json_object_set_new(d->facts, "rtt_ms", json_real(rtt));
+    }
+    struct gs_buf dir = GS_BUF_INIT, script = GS_BUF_INIT, out = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    gs_buf_addf(&script, probe_script, dir.data);
+    int rc = gs_exec_capture(cli->ssh, script.data, &out, NULL, &cli->err);
+    if (rc != 0)
+        add_check(d, "probe", "fail", NULL, "server probe failed: %s", cli->err.msg);
+    else {
+        check_system(d, out.data ? out.data : "");
+        check_gpus(d, out.data ? out.data : "");
+        check_toolchain(d, out.data ? out.data : "");
+    }
+    gs_buf_release(&dir);
+    gs_buf_release(&script);
+    gs_buf_release(&out);
+}
+
+static void check_local(struct gs_cli *cli, struct doctor *d)
+{
+    add_check(d, "config", "ok", NULL, "%s", cli->cfg.file);
+    if (gs_proc_in_path("ssh"))
+        add_check(d, "openssh", "ok", NULL, "ssh found: ~/.ssh/config aliases are resolved");
+    else
+        add_check(d, "openssh", "warn", "install openssh-client to use ~/.ssh/config aliases",
+                  "ssh not found");
+}
+
+static int report(struct gs_cli *cli, struct doctor *d)
+{
+    int failed = 0;
+    json_t *checks = json_array();
+    for (int i = 0; i < d->n; i++) {
+        struct check *c = &d->checks[i];
+        failed |= strcmp(c->status, "fail") == 0;
+        json_array_append_new(checks, json_pack("{s:s,s:s,s:s,s:o}", "name", c->name, "status",
+                                                c->status, "detail", c->detail, "hint",
+                                                c->hint ? json_string(c->hint) : json_null()));
+        if (!cli->json && c->hint)
+            printf("%-5s %-8s %s  (hint: %s)\n", c->status, c->name, c->detail, c->hint);
+        else if (!cli->json)
+            printf("%-5s %-8s %s\n", c->status, c->name, c->detail);
+    }
+    if (cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:O}", "v", 1, "ok", !failed, "checks", checks,
+                                    "facts", d->facts));
+    else
+        json_decref(checks);
+    return failed ? GS_EXIT_ERROR : GS_EXIT_OK;
+}
+
+static int doctor_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", doctor_options, NULL)) != -1)
+        if ((rc = gs_cli_common_option(cli, &gs_cmd_doctor, opt)) <= 0)
+            return rc < 0 ? GS_EXIT_USAGE : gs_cli_usage_error(&gs_cmd_doctor, "unexpected option");
+    if (optind < argc)
+        return gs_cli_usage_error(&gs_cmd_doctor, "unexpected argument '%s'", argv[optind]);
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_doctor)) != 0)
+        return rc;
+    struct doctor d = {.facts = json_object()};
+    check_local(cli, &d);
+    if (gs_cli_connect(cli) == 0)
+        check_remote(cli, &d);
+    else
+        add_check(&d, "ssh", "fail", NULL, "%s", cli->err.msg);
+    rc = report(cli, &d);
+    json_decref(d.facts);
+    return rc;
+}
+
+const struct gs_cmd gs_cmd_doctor = {
+    .name = "doctor",
+    .usage = "doctor [--json]",
+    .summary = "Check the local setup and the server: SSH, latency, disk, GPUs, CUDA, NCCL, Python",
+    .help = "  Exit status 1 if a check failed (warnings do not fail).\n",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = doctor_main,
+};

@@ -1,0 +1,241 @@
+/* cli/cmd_init.c: `gpusync init [user@]host[:port]`: writes .gpusync/config, verifies the
+ * connection and creates the remote project directory. With --install-key it makes a dedicated
+ * ed25519 key (libssh2 1.10 cannot use RSA against OpenSSH 8.8+) and installs it with the password
+ * once, so later commands need no password. Running it again is safe. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/path.h"
+#include "common/proc.h"
+#include "common/shell.h"
+#include "remote/exec.h"
+
+#define GS_KEY_FILE "~/.ssh/gpusync_ed25519"
+
+enum { OPT_PATH = 2000, OPT_INSTALL_KEY };
+
+static const struct option init_options[] = {
+    GS_CLI_COMMON_LONGOPTS,
+    {"path", required_argument, NULL, OPT_PATH},
+    {"install-key", no_argument, NULL, OPT_INSTALL_KEY},
+    {NULL, 0, NULL, 0},
+};
+
+struct init_args {
+    const char *target;
+    const char *path;
+    int install_key;
+};
+
+/* Loads an existing config in the current directory (to update it) or starts an empty one. */
+static int start_config(struct gs_cli *cli)
+{
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof(cwd)))
+        return gs_error_errno(&cli->err, GS_E_IO, "current directory");
+    gs_buf_adds(&cli->root, cwd);
+    struct gs_buf file = GS_BUF_INIT;
+    gs_path_join(&file, cwd, GS_CONFIG_FILE);
+    int rc = 0;
+    if (gs_path_exists(file.data))
+        rc = gs_config_load(&cli->cfg, file.data, &cli->err);
+    gs_buf_release(&file);
+    return rc;
+}
+
+static int apply_args(struct gs_cli *cli, const struct init_args *a)
+{
+    int rc = gs_config_parse_target(&cli->cfg, a->target, &cli->err);
+    if (rc < 0)
+        return rc;
+    if (a->path) {
+        free(cli->cfg.remote_path);
+        cli->cfg.remote_path = strdup(a->path);
+    } else if (!cli->cfg.remote_path) {
+        const char *base = strrchr(cli->root.data, '/');
+        struct gs_buf p = GS_BUF_INIT;
+        gs_buf_addf(&p, "gpusync/%s", base && base[1] ? base + 1 : "project");
+        cli->cfg.remote_path = gs_buf_detach(&p, NULL);
+    }
+    return 0;
+}
+
+/* Creates ~/.ssh/gpusync_ed25519 with ssh-keygen unless it exists. */
+static int ensure_key(struct gs_cli *cli, const char *key)
+{
+    if (gs_path_exists(key))
+        return 0;
+    char *dir = strdup(key);
+    *strrchr(dir, '/') = '\0';
+    mkdir(dir, 0700);
+    free(dir);
+    char *argv[] = {"ssh-keygen", "-q",      "-t", "ed25519",   "-N", "",
+                    "-C",         "gpusync", "-f", (char *)key, NULL};
+    struct gs_buf out = GS_BUF_INIT;
+    int rc = gs_proc_capture(argv, &out, &cli->err);
+    gs_buf_release(&out);
+    if (rc != 0)
+        return rc < 0
+                   ? rc
+                   : gs_error_set(&cli->err, GS_E_IO,
+                                  "ssh-keygen could not create %s (install openssh-client)", key);
+    return 0;
+}
+
+static int read_public_key(struct gs_cli *cli, const char *key, struct gs_buf *pub)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_buf_addf(&path, "%s.pub", key);
+    FILE *fp = fopen(path.data, "r");
+    int rc = fp ? 0 : gs_error_errno(&cli->err, GS_E_IO, "cannot read %s", path.data);
+    char line[4096];
+    if (fp && fgets(line, sizeof(line), fp)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        gs_buf_adds(pub, line);
+    }
+    if (fp)
+        fclose(fp);
+    gs_buf_release(&path);
+    return rc;
+}
+
+/* Appends the key to the server's authorized_keys unless it is already there (idempotent). */
+static int install_key(struct gs_cli *cli, const char *key)
+{
+    struct gs_buf pub = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    int rc = read_public_key(cli, key, &pub);
+    if (rc == 0) {
+        gs_buf_adds(&cmd, "umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
+                          "{ grep -qxF -- ");
+        gs_shell_quote(&cmd, pub.data);
+        gs_buf_adds(&cmd, " ~/.ssh/authorized_keys || printf '%s\\n' ");
+        gs_shell_quote(&cmd, pub.data);
+        gs_buf_adds(&cmd, " >> ~/.ssh/authorized_keys; }");
+        rc = gs_exec_capture(cli->ssh, cmd.data, NULL, NULL, &cli->err);
+        if (rc > 0)
+            rc = gs_error_set(&cli->err, GS_E_REMOTE,
+                              "could not add the key to ~/.ssh/authorized_keys on the server");
+    }
+    gs_buf_release(&pub);
+    gs_buf_release(&cmd);
+    return rc;
+}
+
+/* With --install-key: connect (password allowed), install, then prove the key works alone. */
+static int do_install_key(struct gs_cli *cli)
+{
+    char *key = gs_path_expand_home(GS_KEY_FILE);
+    int rc = ensure_key(cli, key);
+    if (rc == 0)
+        rc = gs_cli_connect(cli);
+    if (rc == 0)
+        rc = install_key(cli, key);
+    if (rc == 0) {
+        free(cli->cfg.identity);
+        cli->cfg.identity = strdup(GS_KEY_FILE);
+        gs_ssh_free(cli->ssh);
+        cli->ssh = NULL;
+        free(cli->password);
+        cli->password = NULL; /* the reconnect must succeed with the key alone */
+        rc = gs_cli_connect(cli);
+    }
+    free(key);
+    return rc;
+}
+
+static int make_remote_dir(struct gs_cli *cli)
+{
+    struct gs_buf dir = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    gs_buf_addf(&cmd, "mkdir -p -- %s && cd -- %s && pwd", dir.data, dir.data);
+    struct gs_buf out = GS_BUF_INIT, errout = GS_BUF_INIT;
+    int rc = gs_exec_capture(cli->ssh, cmd.data, &out, &errout, &cli->err);
+    if (rc > 0)
+        rc = gs_error_set(&cli->err, GS_E_REMOTE, "cannot create the remote directory %s: %s",
+                          cli->cfg.remote_path, errout.data ? errout.data : "");
+    gs_buf_release(&dir);
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+static int save_config(struct gs_cli *cli)
+{
+    struct gs_buf dir = GS_BUF_INIT, file = GS_BUF_INIT;
+    gs_path_join(&dir, cli->root.data, GS_DIR);
+    gs_path_join(&file, cli->root.data, GS_CONFIG_FILE);
+    int rc = gs_path_mkdir_p(dir.data, 0755, &cli->err);
+    if (rc == 0)
+        rc = gs_config_save(&cli->cfg, file.data, &cli->err);
+    gs_buf_release(&dir);
+    gs_buf_release(&file);
+    return rc;
+}
+
+static void print_result(struct gs_cli *cli)
+{
+    if (cli->json) {
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:s,s:s,s:s}", "v", 1, "ok", 1, "target",
+                                    gs_ssh_target(cli->ssh), "remote_path", cli->cfg.remote_path,
+                                    "auth", gs_ssh_auth_method(cli->ssh), "host_key",
+                                    gs_ssh_fingerprint(cli->ssh)));
+        return;
+    }
+    printf("Initialised %s/%s\n  server:      %s\n  remote path: %s\n  auth:        %s\n",
+           cli->root.data, GS_CONFIG_FILE, gs_ssh_target(cli->ssh), cli->cfg.remote_path,
+           gs_ssh_auth_method(cli->ssh));
+}
+
+static int run_init(struct gs_cli *cli, const struct init_args *a)
+{
+    int rc = start_config(cli);
+    if (rc == 0)
+        rc = apply_args(cli, a);
+    if (rc == 0)
+        rc = a->install_key ? do_install_key(cli) : gs_cli_connect(cli);
+    if (rc == 0)
+        rc = make_remote_dir(cli);
+    if (rc == 0)
+        rc = save_config(cli);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    print_result(cli);
+    return 0;
+}
+
+static int init_main(struct gs_cli *cli, int argc, char **argv)
+{
+    struct init_args a = {0};
+    int opt, rc;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", init_options, NULL)) != -1) {
+        if (opt == OPT_PATH)
+            a.path = optarg;
+        else if (opt == OPT_INSTALL_KEY)
+            a.install_key = 1;
+        else if ((rc = gs_cli_common_option(cli, &gs_cmd_init, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    }
+    if (optind != argc - 1)
+        return gs_cli_usage_error(&gs_cmd_init, "expected one [user@]host[:port]");
+    a.target = argv[optind];
+    return run_init(cli, &a);
+}
+
+const struct gs_cmd gs_cmd_init = {
+    .name = "init",
+    .usage = "init [user@]host[:port] [--path REMOTE_DIR] [--install-key]",
+    .summary = "Set up this directory as a gpusync project for a server",
+    .help = "  --path REMOTE_DIR      project directory on the server (default gpusync/<name>\n"
+            "                         under the remote home)\n"
+            "  --install-key          create ~/.ssh/gpusync_ed25519 and install it on the server\n"
+            "                         using the password once (GPUSYNC_PASSWORD, --password-stdin\n"
+            "                         or a prompt)\n",
+    .flags = 0,
+    .exec = init_main,
+};

@@ -1,0 +1,179 @@
+/* cli/cmd_pull.c: `gpusync pull REMOTE_PATH [LOCAL_PATH]`: downloads results (checkpoints, logs)
+ * from the remote project through the agent; each file is written to a temporary name and renamed
+ * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "cli/progress.h"
+#include "common/path.h"
+#include "remote/agent_client.h"
+#include "syncd/session.h"
+
+static const struct option pull_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+
+struct pull_file {
+    char *remote;
+    char *local;
+    uint64_t size;
+};
+
+struct pull_job {
+    struct gs_cli *cli;
+    const char *remote_base; /* the REMOTE_PATH argument */
+    const char *local_base;  /* where it goes */
+    struct pull_file *files;
+    size_t n, cap;
+    uint64_t total, done_before;
+    struct gs_progress bar;
+};
+
+static void add_file(struct pull_job *job, const char *remote, const char *local, uint64_t size)
+{
+    if (job->n == job->cap) {
+        job->cap = job->cap ? job->cap * 2 : 16;
+        job->files = realloc(job->files, job->cap * sizeof(*job->files));
+    }
+    job->files[job->n++] = (struct pull_file){strdup(remote), strdup(local), size};
+    job->total += size;
+}
+
+/* Collects regular files under a remote directory (LIST gives paths relative to the root). */
+static int on_entry(void *ctx, const struct gs_agent_entry *e)
+{
+    struct pull_job *job = ctx;
+    size_t blen = strlen(job->remote_base);
+    const char *rest = e->path + blen + (e->path[blen] == '/');
+    struct gs_buf local = GS_BUF_INIT;
+    gs_path_join(&local, job->local_base, rest);
+    if (e->kind == 2)
+        mkdir(local.data, 0755);
+    else if (e->kind == 1)
+        add_file(job, e->path, local.data, e->size);
+    gs_buf_release(&local);
+    return 0;
+}
+
+static void on_bytes(void *ctx, uint64_t done, uint64_t total)
+{
+    (void)total;
+    struct pull_job *job = ctx;
+    gs_progress_update(&job->bar, 0, 1, job->done_before + done, job->total);
+}
+
+/* Works out the file list: one file, or every file below a directory. */
+static int collect(struct pull_job *job, struct gs_agent *agent)
+{
+    struct gs_buf parent = GS_BUF_INIT;
+    gs_buf_adds(&parent, job->local_base);
+    char *slash = strrchr(parent.data, '/');
+    if (slash && slash != parent.data) {
+        *slash = '\0';
+        gs_path_mkdir_p(parent.data, 0755, NULL);
+    }
+    gs_buf_release(&parent);
+    int rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
+    if (rc == GS_E_REMOTE && job->n == 0) { /* not a directory: a single file */
+        gs_error_clear(&job->cli->err);
+        add_file(job, job->remote_base, job->local_base, 0);
+        rc = 0;
+    } else if (rc == 0) {
+        mkdir(job->local_base, 0755);
+    }
+    return rc;
+}
+
+static int fetch_all(struct pull_job *job, struct gs_agent *agent)
+{
+    gs_progress_init(&job->bar);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < job->n; i++) {
+        struct pull_file *f = &job->files[i];
+        gs_path_mkdir_p(job->local_base, 0755, NULL);
+        rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
+        job->done_before += f->size;
+    }
+    gs_progress_end(&job->bar);
+    return rc;
+}
+
+static void report(struct pull_job *job)
+{
+    char b[32];
+    if (job->cli->json) {
+        json_t *files = json_array();
+        for (size_t i = 0; i < job->n; i++)
+            json_array_append_new(files, json_pack("{s:s,s:s}", "remote", job->files[i].remote,
+                                                   "local", job->files[i].local));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I}", "v", 1, "ok", 1, "files", files, "bytes",
+                                    (json_int_t)job->total));
+    } else {
+        printf("pulled %zu file%s (%s) into %s\n", job->n, job->n == 1 ? "" : "s",
+               gs_format_bytes(job->total, b), job->local_base);
+    }
+}
+
+static int run_pull(struct gs_cli *cli, struct pull_job *job)
+{
+    struct gs_session s;
+    int rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    rc = gs_cli_connect(cli);
+    if (rc == 0)
+        rc = gs_session_connect(&s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+    if (rc == 0 && !s.agent)
+        rc = gs_error_set(&cli->err, GS_E_REMOTE, "pull needs the agent (transport is %s)",
+                          s.transport);
+    if (rc == 0)
+        rc = collect(job, s.agent);
+    if (rc == 0)
+        rc = fetch_all(job, s.agent);
+    gs_buf_release(&dir);
+    gs_session_close(&s);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    report(job);
+    return 0;
+}
+
+static int pull_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", pull_options, NULL)) != -1)
+        if ((rc = gs_cli_common_option(cli, &gs_cmd_pull, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    if (argc - optind < 1 || argc - optind > 2)
+        return gs_cli_usage_error(&gs_cmd_pull, "expected REMOTE_PATH [LOCAL_PATH]");
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_pull)) != 0)
+        return rc;
+    struct gs_buf local = GS_BUF_INIT;
+    if (argc - optind == 2)
+        gs_buf_adds(&local, argv[optind + 1]);
+    else
+        gs_path_join(&local, cli->root.data, argv[optind]);
+    struct pull_job job = {.cli = cli, .remote_base = argv[optind], .local_base = local.data};
+    rc = run_pull(cli, &job);
+    for (size_t i = 0; i < job.n; i++) {
+        free(job.files[i].remote);
+        free(job.files[i].local);
+    }
+    free(job.files);
+    gs_buf_release(&local);
+    return rc;
+}
+
+const struct gs_cmd gs_cmd_pull = {
+    .name = "pull",
+    .usage = "pull REMOTE_PATH [LOCAL_PATH]",
+    .summary = "Download a file or directory from the remote project",
+    .help = "  REMOTE_PATH is relative to the remote project; LOCAL_PATH defaults to the same\n"
+            "  path in the local project. Files are replaced atomically.\n",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = pull_main,
+};

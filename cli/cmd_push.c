@@ -1,0 +1,197 @@
+/* cli/cmd_push.c: `gpusync push`: one sync of the project (or some paths) to the server, with a
+ * progress bar, a summary, conflicts reported, and --dry-run listing the plan. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/progress.h"
+#include "common/path.h"
+#include "syncd/push.h"
+#include "syncd/session.h"
+
+enum { OPT_DRY_RUN = 2000 };
+
+static const struct option push_options[] = {
+    GS_CLI_COMMON_LONGOPTS,
+    {"dry-run", no_argument, NULL, OPT_DRY_RUN},
+    {NULL, 0, NULL, 0},
+};
+
+struct push_ui {
+    struct gs_cli *cli;
+    struct gs_progress bar;
+    json_t *conflicts, *failures, *planned;
+};
+
+static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    struct push_ui *ui = ctx;
+    struct gs_buf line = GS_BUF_INIT;
+    if (!r) { /* dry run */
+        gs_plan_op_format(op, &line);
+        if (ui->cli->json)
+            json_array_append_new(
+                ui->planned,
+                json_pack("{s:s,s:s,s:I}", "op", gs_plan_op_name(op->type), "path", op->path,
+                          "bytes", (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
+        else
+            printf("%s\n", line.data);
+    } else if (r->kept) {
+        json_array_append_new(ui->conflicts,
+                              json_pack("{s:s,s:s}", "path", op->path, "kept", r->kept));
+        if (!ui->cli->json) {
+            gs_progress_end(&ui->bar);
+            fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n",
+                    op->path, r->kept);
+        }
+    } else if (!r->ok) {
+        json_array_append_new(ui->failures,
+                              json_pack("{s:s,s:s,s:s}", "op", gs_plan_op_name(op->type), "path",
+                                        op->path, "error", r->message ? r->message : ""));
+        if (!ui->cli->json) {
+            gs_progress_end(&ui->bar);
+            fprintf(stderr, "failed: %s %s: %s\n", gs_plan_op_name(op->type), op->path,
+                    r->message ? r->message : "");
+        }
+    }
+    gs_buf_release(&line);
+}
+
+static void on_progress(void *ctx, const struct gs_push_stats *st)
+{
+    struct push_ui *ui = ctx;
+    if (!ui->cli->json)
+        gs_progress_update(&ui->bar, st->ops_done, st->ops_total, st->bytes_sent, st->bytes_total);
+}
+
+static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
+                          const char *transport)
+{
+    char bytes[32];
+    if (ui->cli->json) {
+        json_t *o = json_pack("{s:i,s:b,s:b,s:i,s:I,s:i,s:i,s:i,s:i,s:i,s:f,s:o,s:o,s:s}", "v", 1,
+                              "ok", st->failed == 0, "dry_run", dry_run, "sent", (int)st->sent,
+                              "bytes", (json_int_t)st->bytes_sent, "deleted", (int)st->deleted,
+                              "renamed", (int)st->renamed, "mkdirs", (int)st->mkdirs, "unchanged",
+                              (int)st->unchanged, "failed_count", (int)st->failed, "seconds",
+                              st->elapsed_ms / 1000.0, "conflicts", json_incref(ui->conflicts),
+                              "failures", json_incref(ui->failures), "transport", transport);
+        if (dry_run)
+            json_object_set(o, "ops", ui->planned);
+        gs_cli_json_print(o);
+        return;
+    }
+    if (dry_run) {
+        printf("%zu operation%s planned, %s to send\n", st->ops_total,
+               st->ops_total == 1 ? "" : "s", gs_format_bytes(st->bytes_total, bytes));
+        return;
+    }
+    printf("sent %zu (%s), deleted %zu, renamed %zu, conflicts %zu, skipped %zu, failed %zu in "
+           "%.2f s\n",
+           st->sent, gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed,
+           st->conflicts, st->unchanged, st->failed, st->elapsed_ms / 1000.0);
+}
+
+/* Converts PATH arguments to project-relative paths (in `rel`, pointers in `paths`). */
+static int relative_paths(struct gs_cli *cli, int argc, char **argv, struct gs_buf *rel,
+                          const char **paths)
+{
+    for (int i = 0; i < argc; i++) {
+        gs_buf_init(&rel[i]);
+        if (gs_path_project_relative(cli->root.data, argv[i], &rel[i], &cli->err) < 0)
+            return GS_E_USAGE;
+        paths[i] = rel[i].data ? rel[i].data : "";
+    }
+    return 0;
+}
+
+static int connect_session(struct gs_cli *cli, struct gs_session *s)
+{
+    int rc = gs_cli_connect(cli);
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    if (rc == 0)
+        rc = gs_session_connect(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+    gs_buf_release(&dir);
+    return rc;
+}
+
+/* Runs the push on an open (and, unless dry, connected) session; prints the summary. Returns 0,
+ * 1 when some operations failed (reported already), or a negative code. */
+static int push_and_report(struct gs_cli *cli, struct gs_session *s, int dry_run,
+                           const char **paths, size_t n_paths)
+{
+    struct push_ui ui = {
+        .cli = cli, .conflicts = json_array(), .failures = json_array(), .planned = json_array()};
+    struct gs_push_stats st;
+    struct gs_push_opts o = {.paths = paths,
+                             .n_paths = n_paths,
+                             .dry_run = dry_run,
+                             .on_op = on_op,
+                             .on_progress = on_progress,
+                             .ctx = &ui};
+    gs_progress_init(&ui.bar);
+    int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, &o, &st, &cli->err);
+    gs_progress_end(&ui.bar);
+    if (rc == 0 || rc == GS_E_REMOTE)
+        print_summary(&ui, &st, dry_run, dry_run ? "none" : s->transport);
+    if (rc == GS_E_REMOTE) {
+        if (!cli->json)
+            fprintf(stderr, "gpusync: %s\n", cli->err.msg);
+        rc = 1;
+    }
+    json_decref(ui.conflicts);
+    json_decref(ui.failures);
+    json_decref(ui.planned);
+    return rc;
+}
+
+static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
+{
+    struct gs_buf *rel = calloc((size_t)argc + 1, sizeof(*rel));
+    const char **paths = calloc((size_t)argc + 1, sizeof(*paths));
+    struct gs_session s;
+    int opened = 0;
+    int rc = relative_paths(cli, argc, argv, rel, paths);
+    if (rc == 0)
+        opened = (rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
+    if (rc == 0 && !dry_run)
+        rc = connect_session(cli, &s);
+    if (rc == 0)
+        rc = push_and_report(cli, &s, dry_run, paths, (size_t)argc);
+    if (opened)
+        gs_session_close(&s);
+    for (int i = 0; i < argc; i++)
+        gs_buf_release(&rel[i]);
+    free(rel);
+    free(paths);
+    return rc < 0 ? gs_cli_fail(cli, rc) : rc;
+}
+
+static int push_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc, dry_run = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "hn", push_options, NULL)) != -1) {
+        if (opt == OPT_DRY_RUN || opt == 'n')
+            dry_run = 1;
+        else if ((rc = gs_cli_common_option(cli, &gs_cmd_push, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    }
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_push)) != 0)
+        return rc;
+    return run_push(cli, dry_run, argc - optind, argv + optind);
+}
+
+const struct gs_cmd gs_cmd_push = {
+    .name = "push",
+    .usage = "push [--dry-run] [--json] [PATH...]",
+    .summary = "Make the server's copy of the project match this one (once)",
+    .help = "  -n, --dry-run          list what would be done, change nothing\n"
+            "  PATH...                only these files or directories\n"
+            "  Files changed on the server since gpusync wrote them are kept there as\n"
+            "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = push_main,
+};

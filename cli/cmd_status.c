@@ -1,0 +1,86 @@
+/* cli/cmd_status.c: `gpusync status`: what is waiting to be synced (local tree vs the index),
+ * without connecting. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/progress.h"
+#include "syncd/push.h"
+#include "syncd/session.h"
+
+static const struct option status_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+
+static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    (void)r;
+    json_t *ops = ctx;
+    json_array_append_new(
+        ops, json_pack("{s:s,s:s}", "op", gs_plan_op_name(op->type), "path", op->path));
+}
+
+static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st)
+{
+    char b[32];
+    printf("project: %s\nserver:  %s@%s:%d:%s\n", cli->root.data,
+           cli->cfg.user ? cli->cfg.user : "", cli->cfg.host, cli->cfg.port ? cli->cfg.port : 22,
+           cli->cfg.remote_path ? cli->cfg.remote_path : "");
+    if (json_array_size(ops) == 0) {
+        printf("up to date (no daemon running; 'gpusync watch' keeps it so)\n");
+        return;
+    }
+    printf("%zu change%s pending (%s to send):\n", json_array_size(ops),
+           json_array_size(ops) == 1 ? "" : "s", gs_format_bytes(st->bytes_total, b));
+    size_t i;
+    json_t *op;
+    json_array_foreach(ops, i, op)
+    {
+        if (i == 20) {
+            printf("  ... and %zu more ('gpusync push --dry-run' lists them all)\n",
+                   json_array_size(ops) - 20);
+            break;
+        }
+        printf("  %-8s %s\n", json_string_value(json_object_get(op, "op")),
+               json_string_value(json_object_get(op, "path")));
+    }
+}
+
+static int status_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", status_options, NULL)) != -1)
+        if ((rc = gs_cli_common_option(cli, &gs_cmd_status, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_status)) != 0)
+        return rc;
+    struct gs_session s;
+    if ((rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) < 0)
+        return gs_cli_fail(cli, rc);
+    json_t *ops = json_array();
+    struct gs_push_stats st;
+    struct gs_push_opts o = {.dry_run = 1, .on_op = collect_op, .ctx = ops};
+    rc = gs_push_run(cli->root.data, s.ig, s.idx, NULL, &o, &st, &cli->err);
+    gs_session_close(&s);
+    if (rc < 0) {
+        json_decref(ops);
+        return gs_cli_fail(cli, rc);
+    }
+    if (cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:b,s:s,s:i,s:I,s:O}", "v", 1, "ok", 1, "daemon", 0,
+                                    "state", json_array_size(ops) ? "pending" : "up_to_date",
+                                    "pending", (int)json_array_size(ops), "bytes_pending",
+                                    (json_int_t)st.bytes_total, "ops", ops));
+    else
+        print_human(cli, ops, &st);
+    json_decref(ops);
+    return 0;
+}
+
+const struct gs_cmd gs_cmd_status = {
+    .name = "status",
+    .alias = "st",
+    .usage = "status [--json]",
+    .summary = "Show what is waiting to be synced",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = status_main,
+};

@@ -1,0 +1,106 @@
+/* cli/main.c: the gpusync entry point: finds the command in the table, prepares what it needs
+ * (project, connection) and runs it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+
+#ifndef GS_VERSION
+#define GS_VERSION "0.0.0"
+#endif
+
+static const struct gs_cmd *const cmd_table[] = {
+    &gs_cmd_init, &gs_cmd_push, &gs_cmd_pull, &gs_cmd_status, &gs_cmd_exec, &gs_cmd_doctor,
+};
+#define N_COMMANDS (sizeof(cmd_table) / sizeof(cmd_table[0]))
+
+static void print_overview(FILE *out)
+{
+    fprintf(out, "usage: gpusync COMMAND [OPTIONS] [ARGS]\n\n"
+                 "Mirror a project to a remote GPU server and run jobs there.\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", cmd_table[i]->name, cmd_table[i]->summary);
+    fprintf(out,
+            "\n'gpusync COMMAND --help' shows a command's options. Exit codes: 0 ok, 1 error,\n"
+            "2 usage, 3 configuration, 4 connection or authentication; exec and run exit with\n"
+            "the remote command's status (255 if the connection failed).\n");
+}
+
+/* Exact name or alias first, then a unique prefix, as tmux does. */
+static const struct gs_cmd *find_command(const char *name)
+{
+    const struct gs_cmd *found = NULL;
+    int matches = 0;
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const struct gs_cmd *c = cmd_table[i];
+        if (strcmp(c->name, name) == 0 || (c->alias && strcmp(c->alias, name) == 0))
+            return c;
+        if (strncmp(c->name, name, strlen(name)) == 0) {
+            found = c;
+            matches++;
+        }
+    }
+    if (matches == 1)
+        return found;
+    if (matches > 1) {
+        fprintf(stderr, "gpusync: ambiguous command: %s, could be:", name);
+        for (size_t i = 0; i < N_COMMANDS; i++)
+            if (strncmp(cmd_table[i]->name, name, strlen(name)) == 0)
+                fprintf(stderr, " %s", cmd_table[i]->name);
+        fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "gpusync: unknown command: %s (see 'gpusync help')\n", name);
+    }
+    return NULL;
+}
+
+static void cli_release(struct gs_cli *cli)
+{
+    gs_ssh_free(cli->ssh);
+    gs_config_release(&cli->cfg);
+    gs_buf_release(&cli->root);
+    if (cli->password)
+        memset(cli->password, 0, strlen(cli->password));
+    free(cli->password);
+}
+
+/* Runs `cmd`; the command itself parses its options first (so --help needs no project), then
+ * calls back into prepare() through the flags. */
+static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
+{
+    struct gs_cli cli = {.root = GS_BUF_INIT};
+    cli.interactive = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+    const char *pw = getenv("GPUSYNC_PASSWORD");
+    if (pw && *pw)
+        cli.password = strdup(pw);
+    int rc = cmd->exec(&cli, argc, argv);
+    cli_release(&cli);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0) {
+        if (argc >= 3 && strcmp(argv[1], "help") == 0) {
+            const struct gs_cmd *cmd = find_command(argv[2]);
+            if (!cmd)
+                return GS_EXIT_USAGE;
+            gs_cli_print_help(cmd);
+            return 0;
+        }
+        print_overview(argc < 2 ? stderr : stdout);
+        return argc < 2 ? GS_EXIT_USAGE : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("gpusync %s\n", GS_VERSION);
+        return 0;
+    }
+    const struct gs_cmd *cmd = find_command(argv[1]);
+    if (!cmd)
+        return GS_EXIT_USAGE;
+    return run_command(cmd, argc - 1, argv + 1);
+}

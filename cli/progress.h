@@ -1,0 +1,24 @@
+/* cli/progress.h: a one-line progress bar on stderr (files, bytes, rate, ETA), redrawn at most ten
+ * times a second and only when stderr is a terminal, so logs and pipes stay clean. */
+#ifndef GS_PROGRESS_H
+#define GS_PROGRESS_H
+
+#include <stdint.h>
+
+struct gs_progress {
+    int enabled;
+    int64_t start_ms, last_draw_ms;
+    int drawn;
+};
+
+void gs_progress_init(struct gs_progress *p);
+/* Redraws with `files_done` of `files_total` and `bytes_done` of `bytes_total`. */
+void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t files_total,
+                        uint64_t bytes_done, uint64_t bytes_total);
+/* Clears the line. */
+void gs_progress_end(struct gs_progress *p);
+
+/* Formats a byte count as "12.3 MB" into buf. */
+const char *gs_format_bytes(uint64_t bytes, char buf[32]);
+
+#endif

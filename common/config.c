@@ -1,0 +1,337 @@
+/* common/config.c: reading and writing .gpusync/config with libinih (see config.h). */
+#include "common/config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+
+/* The parse state handed to inih: the config being filled and the first error seen. inih reports
+ * the line of the first handler failure as ini_parse's return value, so the handler only needs to
+ * remember the message. */
+struct parse_state {
+    struct gs_config *cfg;
+    char first_error[512];
+};
+
+static int fail(struct parse_state *st, const char *fmt, const char *a, const char *b)
+{
+    if (!st->first_error[0])
+        snprintf(st->first_error, sizeof(st->first_error), fmt, a, b);
+    return 0;
+}
+
+static int replace_string(char **slot, const char *value)
+{
+    char *copy = strdup(value);
+    if (!copy)
+        return 0;
+    free(*slot);
+    *slot = copy;
+    return 1;
+}
+
+static int parse_port(const char *value, int *port)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < 1 || v > 65535)
+        return 0;
+    *port = (int)v;
+    return 1;
+}
+
+static int set_remote(struct parse_state *st, const char *key, const char *value)
+{
+    struct gs_config *cfg = st->cfg;
+    if (strcmp(key, "host") == 0)
+        return replace_string(&cfg->host, value);
+    if (strcmp(key, "user") == 0)
+        return replace_string(&cfg->user, value);
+    if (strcmp(key, "path") == 0)
+        return replace_string(&cfg->remote_path, value);
+    if (strcmp(key, "identity") == 0)
+        return replace_string(&cfg->identity, value);
+    if (strcmp(key, "port") == 0)
+        return parse_port(value, &cfg->port)
+                   ? 1
+                   : fail(st, "remote.port: '%s' is not a port number (1-65535)%s", value, "");
+    return fail(st, "unknown key '%s' in section [remote]%s", key, "");
+}
+
+static int add_exclude(struct gs_config *cfg, const char *value)
+{
+    char **grown = realloc(cfg->excludes, (cfg->n_excludes + 1) * sizeof(*grown));
+    if (!grown)
+        return 0;
+    cfg->excludes = grown;
+    cfg->excludes[cfg->n_excludes] = strdup(value);
+    return cfg->excludes[cfg->n_excludes++] != NULL;
+}
+
+static int set_sync(struct parse_state *st, const char *key, const char *value)
+{
+    if (strcmp(key, "exclude") == 0)
+        return value[0] ? add_exclude(st->cfg, value)
+                        : fail(st, "sync.exclude: empty pattern%s%s", "", "");
+    if (strcmp(key, "transport") == 0) {
+        if (strcmp(value, "agent") == 0)
+            st->cfg->transport = GS_TRANSPORT_AGENT;
+        else if (strcmp(value, "sftp") == 0)
+            st->cfg->transport = GS_TRANSPORT_SFTP;
+        else
+            return fail(st, "sync.transport: '%s' is not one of: agent, sftp%s", value, "");
+        return 1;
+    }
+    return fail(st, "unknown key '%s' in section [sync]%s", key, "");
+}
+
+/* Returns the job called `name`, creating it on first mention. */
+static struct gs_job *job_for(struct gs_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_jobs; i++)
+        if (strcmp(cfg->jobs[i].name, name) == 0)
+            return &cfg->jobs[i];
+    struct gs_job *grown = realloc(cfg->jobs, (cfg->n_jobs + 1) * sizeof(*grown));
+    if (!grown)
+        return NULL;
+    cfg->jobs = grown;
+    struct gs_job *job = &cfg->jobs[cfg->n_jobs++];
+    memset(job, 0, sizeof(*job));
+    job->name = strdup(name);
+    return job->name ? job : NULL;
+}
+
+/* Parses `job "NAME"` into NAME (written to `name`); 0 if the section is not of that form. */
+static int job_section_name(const char *section, char *name, size_t size)
+{
+    if (strncmp(section, "job", 3) != 0)
+        return 0;
+    const char *p = section + 3;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t len = strlen(p);
+    if (len < 3 || p[0] != '"' || p[len - 1] != '"' || len - 2 >= size)
+        return 0;
+    memcpy(name, p + 1, len - 2);
+    name[len - 2] = '\0';
+    return strchr(name, '"') == NULL;
+}
+
+static int set_job(struct parse_state *st, const char *job_name, const char *key, const char *value)
+{
+    struct gs_job *job = job_for(st->cfg, job_name);
+    if (!job)
+        return 0;
+    if (strcmp(key, "command") == 0)
+        return replace_string(&job->command, value);
+    if (strcmp(key, "gpus") == 0)
+        return replace_string(&job->gpus, value);
+    return fail(st, "unknown key '%s' in section [job \"%s\"]", key, job_name);
+}
+
+static int on_entry(void *user, const char *section, const char *key, const char *value)
+{
+    struct parse_state *st = user;
+    char job_name[256];
+    if (strcmp(section, "remote") == 0)
+        return set_remote(st, key, value);
+    if (strcmp(section, "sync") == 0)
+        return set_sync(st, key, value);
+    if (job_section_name(section, job_name, sizeof(job_name)))
+        return set_job(st, job_name, key, value);
+    if (section[0] == '\0')
+        return fail(
+            st, "key '%s' is outside any section (expected [remote], [sync] or [job \"NAME\"])%s",
+            key, "");
+    return fail(st, "unknown section [%s] (expected [remote], [sync] or [job \"NAME\"])%s", section,
+                "");
+}
+
+static int finish_parse(struct gs_config *cfg, int line, struct parse_state *st, const char *name,
+                        struct gs_error *err)
+{
+    if (line == 0 && !cfg->host)
+        line = -2; /* parsed, but the one required key is missing */
+    if (line == 0)
+        return 0;
+    if (line == -2)
+        gs_error_set(err, GS_E_CONFIG, "%s: missing required key 'host' in section [remote]", name);
+    else if (line < 0)
+        gs_error_set(err, GS_E_NOMEM, "%s: out of memory while parsing", name);
+    else if (st->first_error[0])
+        gs_error_set(err, GS_E_CONFIG, "%s:%d: %s", name, line, st->first_error);
+    else
+        gs_error_set(err, GS_E_CONFIG,
+                     "%s:%d: syntax error (expected 'key = value' or '[section]')", name, line);
+    gs_config_release(cfg);
+    return err ? err->code : GS_E_CONFIG;
+}
+
+/* Copies `text` without the leading blanks of each line. Debian's libinih is built with
+ * multi-line values on, so an indented line (git-config style) would otherwise continue the
+ * previous value; line numbers are unchanged. */
+static void dedent(const char *text, struct gs_buf *out)
+{
+    int at_line_start = 1;
+    for (const char *p = text; *p; p++) {
+        if (at_line_start && (*p == ' ' || *p == '\t'))
+            continue;
+        at_line_start = *p == '\n';
+        gs_buf_addc(out, *p);
+    }
+    if (!out->data)
+        gs_buf_grow(out, 0);
+}
+
+int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, struct gs_error *err)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    struct parse_state st = {.cfg = cfg};
+    struct gs_buf flat = GS_BUF_INIT;
+    dedent(text, &flat);
+    cfg->file = strdup(name);
+    int line = ini_parse_string(flat.data, on_entry, &st);
+    gs_buf_release(&flat);
+    return finish_parse(cfg, line, &st, name, err);
+}
+
+int gs_config_load(struct gs_config *cfg, const char *path, struct gs_error *err)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return gs_error_errno(err, GS_E_IO, "cannot read config %s", path);
+    struct gs_buf text = GS_BUF_INIT;
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+        gs_buf_add(&text, chunk, n);
+    int failed = ferror(fp);
+    fclose(fp);
+    int rc = failed ? gs_error_errno(err, GS_E_IO, "cannot read config %s", path)
+                    : gs_config_parse(cfg, text.data ? text.data : "", path, err);
+    gs_buf_release(&text);
+    return rc;
+}
+
+void gs_config_release(struct gs_config *cfg)
+{
+    free(cfg->file);
+    free(cfg->host);
+    free(cfg->user);
+    free(cfg->remote_path);
+    free(cfg->identity);
+    for (size_t i = 0; i < cfg->n_excludes; i++)
+        free(cfg->excludes[i]);
+    free(cfg->excludes);
+    for (size_t i = 0; i < cfg->n_jobs; i++) {
+        free(cfg->jobs[i].name);
+        free(cfg->jobs[i].command);
+        free(cfg->jobs[i].gpus);
+    }
+    free(cfg->jobs);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+const struct gs_job *gs_config_job(const struct gs_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_jobs; i++)
+        if (strcmp(cfg->jobs[i].name, name) == 0)
+            return &cfg->jobs[i];
+    return NULL;
+}
+
+static void format_config(const struct gs_config *cfg, struct gs_buf *out)
+{
+    gs_buf_adds(out, "# gpusync project configuration (see README.md)\n[remote]\n");
+    gs_buf_addf(out, "\thost = %s\n", cfg->host);
+    if (cfg->port)
+        gs_buf_addf(out, "\tport = %d\n", cfg->port);
+    if (cfg->user)
+        gs_buf_addf(out, "\tuser = %s\n", cfg->user);
+    if (cfg->remote_path)
+        gs_buf_addf(out, "\tpath = %s\n", cfg->remote_path);
+    if (cfg->identity)
+        gs_buf_addf(out, "\tidentity = %s\n", cfg->identity);
+    gs_buf_addf(out, "\n[sync]\n\ttransport = %s\n",
+                cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
+    for (size_t i = 0; i < cfg->n_excludes; i++)
+        gs_buf_addf(out, "\texclude = %s\n", cfg->excludes[i]);
+    for (size_t i = 0; i < cfg->n_jobs; i++) {
+        const struct gs_job *job = &cfg->jobs[i];
+        gs_buf_addf(out, "\n[job \"%s\"]\n", job->name);
+        if (job->command)
+            gs_buf_addf(out, "\tcommand = %s\n", job->command);
+        if (job->gpus)
+            gs_buf_addf(out, "\tgpus = %s\n", job->gpus);
+    }
+}
+
+int gs_config_save(const struct gs_config *cfg, const char *path, struct gs_error *err)
+{
+    struct gs_buf text = GS_BUF_INIT, tmp = GS_BUF_INIT;
+    format_config(cfg, &text);
+    gs_buf_addf(&tmp, "%s.tmp.%d", path, (int)getpid());
+    int rc = 0;
+    FILE *fp = fopen(tmp.data, "w");
+    if (!fp) {
+        rc = gs_error_errno(err, GS_E_IO, "cannot write %s", tmp.data);
+        goto out;
+    }
+    size_t wrote = fwrite(text.data, 1, text.len, fp);
+    if (fclose(fp) != 0 || wrote != text.len)
+        rc = gs_error_errno(err, GS_E_IO, "cannot write %s", tmp.data);
+    else if (rename(tmp.data, path) < 0)
+        rc = gs_error_errno(err, GS_E_IO, "cannot rename %s to %s", tmp.data, path);
+    if (rc)
+        unlink(tmp.data);
+out:
+    gs_buf_release(&text);
+    gs_buf_release(&tmp);
+    return rc;
+}
+
+static int split_port(struct gs_config *cfg, const char *host_end, struct gs_error *err,
+                      const char *target)
+{
+    if (*host_end == '\0')
+        return 0;
+    if (*host_end != ':' || !parse_port(host_end + 1, &cfg->port))
+        return gs_error_set(err, GS_E_USAGE,
+                            "'%s': expected [user@]host[:port] with a port 1-65535", target);
+    return 0;
+}
+
+int gs_config_parse_target(struct gs_config *cfg, const char *target, struct gs_error *err)
+{
+    const char *at = strrchr(target, '@');
+    const char *host = at ? at + 1 : target;
+    if (at) {
+        free(cfg->user);
+        cfg->user = strndup(target, (size_t)(at - target));
+    }
+    const char *host_end;
+    if (host[0] == '[') {
+        host_end = strchr(host, ']');
+        if (!host_end)
+            return gs_error_set(err, GS_E_USAGE, "'%s': unclosed '[' in host", target);
+        free(cfg->host);
+        cfg->host = strndup(host + 1, (size_t)(host_end - host - 1));
+        host_end++;
+    } else {
+        host_end = strchr(host, ':');
+        if (!host_end)
+            host_end = host + strlen(host);
+        free(cfg->host);
+        cfg->host = strndup(host, (size_t)(host_end - host));
+    }
+    if (!cfg->host || !cfg->host[0])
+        return gs_error_set(err, GS_E_USAGE, "'%s': no host name", target);
+    return split_port(cfg, host_end, err, target);
+}

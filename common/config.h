@@ -1,0 +1,60 @@
+/* common/config.h: the project configuration, .gpusync/config, a git-config-style INI file read
+ * with libinih:
+ *
+ *   [remote]            host, port, user, path, identity
+ *   [sync]              exclude (repeatable glob), transport = agent | sftp
+ *   [job "NAME"]        command, gpus
+ *
+ * Every error names the file, the line and the key, so a user can fix it without guessing. */
+#ifndef GS_CONFIG_H
+#define GS_CONFIG_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+
+enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
+
+struct gs_job {
+    char *name;
+    char *command; /* a shell command line, run in the remote project directory */
+    char *gpus;    /* "2", "0,2", or NULL when the config does not say */
+};
+
+struct gs_config {
+    char *file;        /* the file read, for messages */
+    char *host;        /* host name, address, or ~/.ssh/config alias */
+    int port;          /* 0: not set (22, or what ssh -G says) */
+    char *user;        /* NULL: not set */
+    char *remote_path; /* project directory on the server; NULL: ~/gpusync/<basename> */
+    char *identity;    /* an identity file to try first; NULL: the defaults */
+    enum gs_transport transport;
+    char **excludes;
+    size_t n_excludes;
+    struct gs_job *jobs;
+    size_t n_jobs;
+};
+
+/* Reads `path` into `cfg` (which it initialises). On error returns GS_E_CONFIG (or GS_E_IO when the
+ * file cannot be read) with "FILE:LINE: message" in err, and leaves `cfg` released. */
+int gs_config_load(struct gs_config *cfg, const char *path, struct gs_error *err);
+
+/* As gs_config_load, from text in memory; `name` stands for the file in messages. */
+int gs_config_parse(struct gs_config *cfg, const char *text, const char *name,
+                    struct gs_error *err);
+
+/* Frees everything `cfg` owns and zeroes it. Safe on a zeroed config. */
+void gs_config_release(struct gs_config *cfg);
+
+/* The job named `name`, or NULL. The pointer lives as long as `cfg`. */
+const struct gs_job *gs_config_job(const struct gs_config *cfg, const char *name);
+
+/* Writes `cfg`'s remote and sync settings and jobs to `path` as a fresh config file, atomically
+ * (temporary file and rename). Returns 0 or GS_E_IO. */
+int gs_config_save(const struct gs_config *cfg, const char *path, struct gs_error *err);
+
+/* Splits "[user@]host[:port]" into cfg->user, cfg->host, cfg->port (replacing what they held).
+ * Accepts "[v6addr]:port". Returns 0 or GS_E_USAGE with a message. */
+int gs_config_parse_target(struct gs_config *cfg, const char *target, struct gs_error *err);
+
+#endif

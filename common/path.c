@@ -1,0 +1,134 @@
+/* common/path.c: local path helpers (see path.h). */
+#include "common/path.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void gs_path_join(struct gs_buf *out, const char *a, const char *b)
+{
+    size_t alen = strlen(a);
+    while (alen > 1 && a[alen - 1] == '/')
+        alen--;
+    gs_buf_add(out, a, alen);
+    while (*b == '/')
+        b++;
+    if (alen && a[alen - 1] != '/' && *b)
+        gs_buf_addc(out, '/');
+    gs_buf_adds(out, b);
+}
+
+char *gs_path_expand_home(const char *path)
+{
+    const char *home = getenv("HOME");
+    if (path[0] != '~' || (path[1] != '/' && path[1] != '\0') || !home)
+        return strdup(path);
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, home);
+    gs_buf_adds(&b, path + 1);
+    return gs_buf_detach(&b, NULL);
+}
+
+int gs_path_mkdir_p(const char *path, int mode, struct gs_error *err)
+{
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, path);
+    int rc = 0;
+    for (char *p = b.data + 1; rc == 0; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(b.data, (mode_t)mode) < 0 && errno != EEXIST)
+            rc = gs_error_errno(err, GS_E_IO, "cannot create directory %s", b.data);
+        *p = saved;
+        if (saved == '\0')
+            break;
+    }
+    gs_buf_release(&b);
+    return rc;
+}
+
+int gs_path_exists(const char *name)
+{
+    struct stat st;
+    return lstat(name, &st) == 0;
+}
+
+int gs_path_find_project(const char *start, struct gs_buf *root, struct gs_error *err)
+{
+    char dir[PATH_MAX];
+    if (!realpath(start ? start : ".", dir))
+        return gs_error_errno(err, GS_E_IO, "%s", start ? start : "current directory");
+    struct gs_buf probe = GS_BUF_INIT;
+    for (;;) {
+        gs_buf_reset(&probe);
+        gs_path_join(&probe, dir, GS_CONFIG_FILE);
+        if (gs_path_exists(probe.data)) {
+            gs_buf_reset(root);
+            gs_buf_adds(root, dir);
+            gs_buf_release(&probe);
+            return 0;
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir)
+            break;
+        *slash = '\0';
+    }
+    gs_buf_release(&probe);
+    return gs_error_set(err, GS_E_NOTFOUND,
+                        "not a gpusync project (no %s here or in any parent directory); "
+                        "run 'gpusync init [user@]host[:port]' first",
+                        GS_CONFIG_FILE);
+}
+
+/* Appends the normalised form of `path` (absolute) to `out`: "." dropped, ".." pops a component. */
+static void normalise(const char *path, struct gs_buf *out)
+{
+    gs_buf_reset(out);
+    for (const char *p = path; *p;) {
+        while (*p == '/')
+            p++;
+        size_t len = strcspn(p, "/");
+        if (len == 0)
+            break;
+        if (len == 2 && p[0] == '.' && p[1] == '.') {
+            char *slash = out->len ? strrchr(out->data, '/') : NULL;
+            out->len = slash ? (size_t)(slash - out->data) : 0;
+            if (out->data)
+                out->data[out->len] = '\0';
+        } else if (!(len == 1 && p[0] == '.')) {
+            gs_buf_addc(out, '/');
+            gs_buf_add(out, p, len);
+        }
+        p += len;
+    }
+    if (!out->len)
+        gs_buf_addc(out, '/');
+}
+
+int gs_path_project_relative(const char *root, const char *arg, struct gs_buf *out,
+                             struct gs_error *err)
+{
+    struct gs_buf abs = GS_BUF_INIT, norm = GS_BUF_INIT;
+    char cwd[PATH_MAX];
+    if (arg[0] != '/' && getcwd(cwd, sizeof(cwd)))
+        gs_path_join(&abs, cwd, arg);
+    else
+        gs_buf_adds(&abs, arg);
+    normalise(abs.data, &norm);
+    size_t rlen = strlen(root);
+    int rc = 0;
+    if (strcmp(norm.data, root) == 0)
+        ;
+    else if (strncmp(norm.data, root, rlen) == 0 && norm.data[rlen] == '/')
+        gs_buf_adds(out, norm.data + rlen + 1);
+    else
+        rc = gs_error_set(err, GS_E_USAGE, "%s is outside the project %s", arg, root);
+    gs_buf_release(&abs);
+    gs_buf_release(&norm);
+    return rc;
+}

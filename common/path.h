@@ -1,0 +1,37 @@
+/* common/path.h: local path helpers: joining, home expansion, mkdir -p, and finding the project
+ * root (the nearest directory upwards holding .gpusync/config, the way git finds .git). */
+#ifndef GS_PATH_H
+#define GS_PATH_H
+
+#include "common/buf.h"
+#include "common/error.h"
+
+#define GS_DIR         ".gpusync"
+#define GS_CONFIG_FILE ".gpusync/config"
+
+/* Appends `a`/`b` to `out`, with exactly one slash between them. */
+void gs_path_join(struct gs_buf *out, const char *a, const char *b);
+
+/* Replaces a leading "~/" with $HOME. Returns a malloc'd string the caller frees; NULL on no
+ * memory. */
+char *gs_path_expand_home(const char *path);
+
+/* Creates `path` and any missing parents with `mode`. Returns 0, or GS_E_IO with a message naming
+ * the directory that could not be made. */
+int gs_path_mkdir_p(const char *path, int mode, struct gs_error *err);
+
+/* Walks up from `start` (NULL: the current directory) to the first directory containing
+ * .gpusync/config and stores its absolute path in `root`. Returns 0, or GS_E_NOTFOUND with a
+ * message suggesting `gpusync init`. */
+int gs_path_find_project(const char *start, struct gs_buf *root, struct gs_error *err);
+
+/* Turns `arg` (absolute, or relative to the current directory) into a path relative to the project
+ * `root`, lexically ("." and ".." resolved, no symlinks followed, the file need not exist).
+ * Appends it to `out` ("" for the root itself). Returns 0, or GS_E_USAGE when it lies outside. */
+int gs_path_project_relative(const char *root, const char *arg, struct gs_buf *out,
+                             struct gs_error *err);
+
+/* Returns 1 if `name` exists as any kind of file (lstat), 0 otherwise. */
+int gs_path_exists(const char *name);
+
+#endif

@@ -1,0 +1,622 @@
+/* remote/agent_client.c: pipelined requests to gpusync-agent over an exec channel (see
+ * agent_client.h and remote/agent/proto.h). */
+#include "remote/agent_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "remote/agent/proto.h"
+#include "remote/exec.h"
+
+#define OUT_HIGH_WATER (4u << 20) /* stop queueing and pump when this much is unsent */
+#define MAX_IN_FLIGHT  8192       /* requests awaiting a reply */
+#define READ_CHUNK     (256u << 10)
+#define STDERR_KEEP    4096
+
+struct pending {
+    uint32_t id;
+    void *ctx;
+};
+
+/* A request whose replies the caller consumes itself (handshake, GET, LIST, ping). */
+struct sync_call {
+    uint32_t id;
+    int done;
+    int (*on_frame)(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *call);
+    void *state;
+};
+
+struct gs_agent {
+    struct gs_fileops ops; /* first, so the fileops pointer is the agent */
+    struct gs_ssh *ssh;
+    LIBSSH2_CHANNEL *ch;
+    struct gs_proto_buf out;
+    uint8_t *in;
+    size_t in_len, in_cap;
+    struct gs_buf errtail; /* the agent's stderr, for messages when it dies */
+    struct pending *q;     /* FIFO of requests awaiting DONE/ERROR */
+    size_t q_head, q_len, q_cap;
+    uint32_t next_id;
+    int eof;
+    struct sync_call *sync;
+    char *root;
+};
+
+/* ---- reading, writing, dispatching ---- */
+
+static int agent_gone(struct gs_agent *a, struct gs_error *err)
+{
+    while (a->errtail.len && (a->errtail.data[a->errtail.len - 1] == '\n'))
+        a->errtail.data[--a->errtail.len] = '\0';
+    return gs_error_set(err, GS_E_REMOTE, "the gpusync agent on %s stopped%s%s",
+                        gs_ssh_target(a->ssh), a->errtail.len ? ": " : "",
+                        a->errtail.len ? a->errtail.data : "");
+}
+
+static void keep_stderr(struct gs_agent *a)
+{
+    char buf[1024];
+    ssize_t n;
+    while ((n = libssh2_channel_read_stderr(a->ch, buf, sizeof(buf))) > 0) {
+        gs_buf_add(&a->errtail, buf, (size_t)n);
+        if (a->errtail.len > STDERR_KEEP)
+            gs_buf_consume(&a->errtail, a->errtail.len - STDERR_KEEP);
+    }
+}
+
+/* Reads what the channel has. Returns >0 on progress, 0 if nothing, <0 on a transport error. */
+static int read_some(struct gs_agent *a, struct gs_error *err)
+{
+    if (a->in_cap - a->in_len < READ_CHUNK) {
+        size_t cap = a->in_cap ? a->in_cap * 2 : 2 * READ_CHUNK;
+        while (cap - a->in_len < READ_CHUNK)
+            cap *= 2;
+        uint8_t *p = realloc(a->in, cap);
+        if (!p)
+            return gs_error_set(err, GS_E_NOMEM, "out of memory reading agent replies");
+        a->in = p;
+        a->in_cap = cap;
+    }
+    ssize_t n = libssh2_channel_read(a->ch, (char *)a->in + a->in_len, a->in_cap - a->in_len);
+    keep_stderr(a);
+    if (n == LIBSSH2_ERROR_EAGAIN)
+        return 0;
+    if (n < 0)
+        return gs_ssh_error(a->ssh, (int)n, "reading from the agent", err);
+    if (n == 0 && libssh2_channel_eof(a->ch)) {
+        a->eof = 1;
+        return 0;
+    }
+    a->in_len += (size_t)n;
+    return n > 0;
+}
+
+static void complete(struct gs_agent *a, const struct gs_proto_msg *m)
+{
+    struct pending p = a->q[a->q_head];
+    a->q_head = (a->q_head + 1) % a->q_cap;
+    a->q_len--;
+    char message[1024] = "", kept[4200] = "";
+    struct gs_fop_result r = {.ok = m->type == GS_MSG_DONE};
+    if (m->type == GS_MSG_DONE) {
+        r.noop = (m->flags & GS_DONE_NOOP) != 0;
+        if (m->path2.len) {
+            snprintf(kept, sizeof(kept), "%.*s", (int)m->path2.len, m->path2.p);
+            r.kept = kept;
+        }
+    } else {
+        r.err_no = m->err;
+        snprintf(message, sizeof(message), "%.*s", (int)m->text.len, m->text.p);
+        r.message = message;
+    }
+    if (a->ops.done)
+        a->ops.done(a->ops.done_ctx, p.ctx, &r);
+}
+
+static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, struct gs_error *err)
+{
+    struct gs_proto_msg m;
+    if (gs_proto_decode(f, &m) != 0)
+        return gs_error_set(err, GS_E_PROTO, "malformed %s reply from the agent on %s",
+                            gs_proto_type_name(f->type), gs_ssh_target(a->ssh));
+    if (a->sync && m.id == a->sync->id)
+        return a->sync->on_frame(a, &m, a->sync);
+    if (m.type == GS_MSG_ERROR && m.id == 0)
+        return gs_error_set(err, GS_E_PROTO, "the agent on %s refused the session: %.*s",
+                            gs_ssh_target(a->ssh), (int)m.text.len, m.text.p);
+    if ((m.type != GS_MSG_DONE && m.type != GS_MSG_ERROR) || a->q_len == 0 ||
+        a->q[a->q_head].id != m.id)
+        return gs_error_set(err, GS_E_PROTO, "unexpected %s (id %u) from the agent on %s",
+                            gs_proto_type_name(m.type), m.id, gs_ssh_target(a->ssh));
+    complete(a, &m);
+    return 0;
+}
+
+static int dispatch(struct gs_agent *a, struct gs_error *err)
+{
+    size_t pos = 0;
+    int rc = 0;
+    for (;;) {
+        struct gs_proto_frame f;
+        long size = gs_proto_parse_frame(a->in + pos, a->in_len - pos, &f);
+        if (size < 0)
+            rc = gs_error_set(err, GS_E_PROTO, "garbage from the agent on %s (bad frame length)",
+                              gs_ssh_target(a->ssh));
+        if (size <= 0 || (rc = handle_frame(a, &f, err)) < 0)
+            break;
+        pos += (size_t)size;
+    }
+    memmove(a->in, a->in + pos, a->in_len - pos);
+    a->in_len -= pos;
+    return rc;
+}
+
+/* 1 when libssh2 holds a half-sent packet: then only the same write may be called (1.10). */
+static int half_sent(struct gs_agent *a)
+{
+    return a->out.len && (libssh2_session_block_directions(gs_ssh_session(a->ssh)) &
+                          LIBSSH2_SESSION_BLOCK_OUTBOUND);
+}
+
+static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
+{
+    if (!a->out.len)
+        return 0;
+    ssize_t n = libssh2_channel_write(a->ch, (const char *)a->out.data, a->out.len);
+    if (n == LIBSSH2_ERROR_EAGAIN)
+        return 0;
+    if (n < 0)
+        return gs_ssh_error(a->ssh, (int)n, "writing to the agent", err);
+    gs_proto_buf_consume(&a->out, (size_t)n);
+    *progress |= n > 0;
+    return 0;
+}
+
+/* One round of I/O: write what we can, read and dispatch what arrived. With `block`, waits for
+ * the socket when nothing moved. Returns 0 or a negative code. */
+static int pump(struct gs_agent *a, int block, struct gs_error *err)
+{
+    int progress = 0, rc = write_some(a, &progress, err);
+    if (rc == 0 && !half_sent(a)) {
+        while ((rc = read_some(a, err)) > 0)
+            progress = 1;
+        if (rc == 0)
+            rc = dispatch(a, err);
+    }
+    if (rc == 0 && a->eof && (a->q_len || a->sync))
+        rc = agent_gone(a, err);
+    if (rc == 0 && !progress && block)
+        rc = gs_ssh_wait(a->ssh, 0, err);
+    return rc;
+}
+
+/* ---- requests ---- */
+
+static uint32_t new_id(struct gs_agent *a)
+{
+    if (++a->next_id == 0)
+        a->next_id = 1;
+    return a->next_id;
+}
+
+static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
+{
+    if (a->q_len == a->q_cap) {
+        size_t cap = a->q_cap ? a->q_cap * 2 : 256;
+        struct pending *q = malloc(cap * sizeof(*q));
+        if (!q)
+            return GS_E_NOMEM;
+        for (size_t i = 0; i < a->q_len; i++)
+            q[i] = a->q[(a->q_head + i) % (a->q_cap ? a->q_cap : 1)];
+        free(a->q);
+        a->q = q;
+        a->q_cap = cap;
+        a->q_head = 0;
+    }
+    a->q[(a->q_head + a->q_len) % a->q_cap] = (struct pending){id, ctx};
+    a->q_len++;
+    return 0;
+}
+
+/* Keeps the pipeline bounded: pumps until the unsent bytes and pending replies are below limits. */
+static int make_room(struct gs_agent *a, struct gs_error *err)
+{
+    int rc = 0;
+    while (rc == 0 && (a->out.len > OUT_HIGH_WATER || a->q_len >= MAX_IN_FLIGHT))
+        rc = pump(a, 1, err);
+    return rc == 0 ? pump(a, 0, err) : rc;
+}
+
+static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
+{
+    static const uint8_t kinds[] = {
+        [GS_FOP_EXPECT_FORCE] = GS_EXPECT_FORCE,
+        [GS_FOP_EXPECT_ABSENT] = GS_EXPECT_ABSENT,
+        [GS_FOP_EXPECT_HASH] = GS_EXPECT_HASH,
+    };
+    m->expect.kind = kinds[req->expect];
+    if (req->expect == GS_FOP_EXPECT_HASH)
+        memcpy(m->expect.hash, req->hash, GS_PROTO_HASH_LEN);
+}
+
+static void set_meta(struct gs_proto_msg *m, const struct gs_fop_req *req)
+{
+    m->meta.mode = req->mode & 07777;
+    m->meta.mtime_sec = req->mtime_ns / 1000000000;
+    m->meta.mtime_nsec = (uint32_t)(req->mtime_ns % 1000000000);
+}
+
+static int encode(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
+{
+    if (gs_proto_encode(&a->out, m) != 0)
+        return gs_error_set(err, GS_E_PROTO, "cannot encode %s request (path too long?)",
+                            gs_proto_type_name(m->type));
+    return 0;
+}
+
+/* Appends one PUT_DATA frame read straight from `fd`. Returns bytes read (0 at EOF) or -1. */
+static ssize_t append_data(struct gs_agent *a, uint32_t id, int fd)
+{
+    size_t mark = a->out.len;
+    if (gs_proto_encode_header(&a->out, GS_MSG_PUT_DATA, id, GS_PROTO_CHUNK) != 0 ||
+        gs_proto_buf_reserve(&a->out, GS_PROTO_CHUNK) != 0)
+        return -1;
+    ssize_t n;
+    do
+        n = read(fd, a->out.data + a->out.len, GS_PROTO_CHUNK);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        a->out.len = mark;
+        return n;
+    }
+    a->out.len = mark;
+    gs_proto_encode_header(&a->out, GS_MSG_PUT_DATA, id, (uint32_t)n);
+    a->out.len += (size_t)n;
+    a->ops.bytes_sent += (uint64_t)n;
+    return n;
+}
+
+/* Reports a put that could not start because its local file is gone (it changed during the sync;
+ * the next sync sees the change). */
+static void put_vanished(struct gs_agent *a, const struct gs_fop_req *req, int err_no)
+{
+    char msg[600];
+    snprintf(msg, sizeof(msg), "%s: %s (changed during sync)", req->path, strerror(err_no));
+    struct gs_fop_result r = {.ok = 0, .err_no = err_no, .message = msg};
+    if (a->ops.done)
+        a->ops.done(a->ops.done_ctx, req->ctx, &r);
+}
+
+/* Streams a file as PUT_BEGIN, PUT_DATA..., PUT_END. The END carries the hash the plan computed,
+ * with VERIFY: if the file changed since it was hashed, the agent refuses to commit and the
+ * target stays as it was; the next sync sends the new content. */
+static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
+                      struct gs_error *err)
+{
+    int fd = open(req->local_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        put_vanished(a, req, errno);
+        return 1; /* completed here: no reply to wait for */
+    }
+    struct gs_proto_msg m = {.type = GS_MSG_PUT_BEGIN, .id = id, .size = req->size};
+    m.path = gs_proto_cstr(req->path);
+    set_meta(&m, req);
+    set_expect(&m, req);
+    /* Pending before the first byte goes out: a reply cannot overtake its queue entry. */
+    int rc = push_pending(a, id, req->ctx);
+    if (rc == 0)
+        rc = encode(a, &m, err);
+    ssize_t n = 1;
+    while (rc == 0 && (n = append_data(a, id, fd)) > 0)
+        rc = make_room(a, err);
+    close(fd);
+    if (rc == 0 && n < 0)
+        rc = gs_error_errno(err, GS_E_IO, "reading %s", req->local_file);
+    struct gs_proto_msg end = {.type = GS_MSG_PUT_END, .id = id, .flags = GS_PUTEND_VERIFY};
+    memcpy(end.hash, req->content_hash, sizeof(end.hash));
+    end.has_hash = 1;
+    return rc ? rc : encode(a, &end, err);
+}
+
+static int submit_simple(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
+                         struct gs_error *err)
+{
+    static const uint8_t types[] = {
+        [GS_FOP_MKDIR] = GS_MSG_MKDIR,   [GS_FOP_DELETE] = GS_MSG_DELETE,
+        [GS_FOP_RENAME] = GS_MSG_RENAME, [GS_FOP_SYMLINK] = GS_MSG_SYMLINK,
+        [GS_FOP_CHMOD] = GS_MSG_CHMOD,
+    };
+    struct gs_proto_msg m = {.type = types[req->type], .id = id};
+    m.path = gs_proto_cstr(req->path);
+    if (req->path2)
+        m.path2 = gs_proto_cstr(req->path2);
+    m.meta.mode = req->mode & 07777;
+    if (req->type == GS_FOP_DELETE && req->recursive)
+        m.flags = GS_DEL_RECURSIVE;
+    set_expect(&m, req);
+    return encode(a, &m, err);
+}
+
+static int agent_submit(struct gs_fileops *ops, const struct gs_fop_req *req, struct gs_error *err)
+{
+    struct gs_agent *a = (struct gs_agent *)ops;
+    uint32_t id = new_id(a);
+    int rc;
+    if (req->type == GS_FOP_PUT) {
+        rc = submit_put(a, req, id, err);
+    } else {
+        rc = push_pending(a, id, req->ctx);
+        if (rc == 0)
+            rc = submit_simple(a, req, id, err);
+    }
+    return rc < 0 ? rc : make_room(a, err);
+}
+
+static int agent_drain(struct gs_fileops *ops, struct gs_error *err)
+{
+    struct gs_agent *a = (struct gs_agent *)ops;
+    int rc = 0;
+    while (rc == 0 && (a->q_len || a->out.len))
+        rc = pump(a, 1, err);
+    return rc;
+}
+
+static void agent_close_ops(struct gs_fileops *ops)
+{
+    gs_agent_close((struct gs_agent *)ops);
+}
+
+/* ---- synchronous calls: handshake, GET, LIST, ping ---- */
+
+/* Sends `m` and pumps until its sync handler says done. Earlier requests are drained first so
+ * their replies cannot interleave. */
+static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
+                struct gs_error *err)
+{
+    int rc = agent_drain(&a->ops, err);
+    c->id = m->id = new_id(a);
+    if (rc == 0)
+        rc = encode(a, m, err);
+    a->sync = c;
+    while (rc == 0 && !c->done)
+        rc = pump(a, 1, err);
+    a->sync = NULL;
+    return rc;
+}
+
+static int reply_error(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
+{
+    int code = m->err == ENOENT ? GS_E_NOTFOUND : GS_E_REMOTE;
+    return gs_error_set(err, code, "%s: %.*s", gs_ssh_target(a->ssh), (int)m->text.len, m->text.p);
+}
+
+struct hello_state {
+    struct gs_error *err;
+    int rc;
+};
+
+static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct hello_state *st = c->state;
+    c->done = 1;
+    if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC) {
+        a->root = strndup(m->path2.p, m->path2.len);
+        return 0;
+    }
+    st->rc = m->type == GS_MSG_ERROR
+                 ? gs_error_set(st->err, GS_E_PROTO, "agent handshake refused: %.*s",
+                                (int)m->text.len, m->text.p)
+                 : gs_error_set(st->err, GS_E_PROTO, "agent handshake: unexpected %s",
+                                gs_proto_type_name(m->type));
+    return 0;
+}
+
+static int handshake(struct gs_agent *a, struct gs_error *err)
+{
+    struct hello_state st = {.err = err};
+    struct sync_call c = {.on_frame = on_hello, .state = &st};
+    struct gs_proto_msg m = {
+        .type = GS_MSG_HELLO, .magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION};
+    int rc = call(a, &m, &c, err);
+    return rc ? rc : st.rc;
+}
+
+int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
+                  struct gs_error *err)
+{
+    *out = NULL;
+    struct gs_agent *a = calloc(1, sizeof(*a));
+    if (!a)
+        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    a->ssh = ssh;
+    a->ops = (struct gs_fileops){agent_submit, agent_drain, agent_close_ops, NULL, NULL, 0};
+    gs_proto_buf_init(&a->out);
+    gs_buf_init(&a->errtail);
+    a->ch = gs_exec_open(ssh, command, err);
+    int rc = a->ch ? handshake(a, err) : (err && err->code ? err->code : GS_E_REMOTE);
+    if (rc < 0) {
+        gs_agent_close(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+struct gs_fileops *gs_agent_fileops(struct gs_agent *a)
+{
+    return &a->ops;
+}
+
+const char *gs_agent_root(const struct gs_agent *a)
+{
+    return a->root ? a->root : "";
+}
+
+void gs_agent_close(struct gs_agent *a)
+{
+    if (!a)
+        return;
+    if (a->ch && !a->eof)
+        gs_exec_close(a->ssh, a->ch, NULL);
+    else if (a->ch)
+        libssh2_channel_free(a->ch);
+    gs_proto_buf_release(&a->out);
+    gs_buf_release(&a->errtail);
+    free(a->in);
+    free(a->q);
+    free(a->root);
+    free(a);
+}
+
+struct get_state {
+    int fd;
+    uint64_t got;
+    gs_agent_progress_fn progress;
+    void *ctx;
+    struct gs_proto_meta meta;
+    struct gs_error *err;
+    int rc;
+};
+
+static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct get_state *st = c->state;
+    if (m->type == GS_MSG_GET_DATA) {
+        for (size_t off = 0; off < m->data.len && st->rc == 0;) {
+            ssize_t w = write(st->fd, m->data.p + off, m->data.len - off);
+            if (w < 0 && errno != EINTR)
+                st->rc = gs_error_errno(st->err, GS_E_IO, "writing the downloaded file");
+            off += w > 0 ? (size_t)w : 0;
+        }
+        st->got += m->data.len;
+        if (st->progress)
+            st->progress(st->ctx, st->got, 0);
+        return 0;
+    }
+    c->done = 1;
+    if (m->type == GS_MSG_GET_END)
+        st->meta = m->meta;
+    else if (m->type == GS_MSG_ERROR && st->rc == 0)
+        st->rc = reply_error(a, m, st->err);
+    return 0;
+}
+
+static int finish_download(int fd, const char *tmp, const char *local,
+                           const struct gs_proto_meta *meta, struct gs_error *err)
+{
+    fchmod(fd, meta->mode ? meta->mode : 0644);
+    struct timespec times[2] = {{0, UTIME_OMIT}, {meta->mtime_sec, meta->mtime_nsec}};
+    futimens(fd, times);
+    if (close(fd) < 0)
+        return gs_error_errno(err, GS_E_IO, "writing %s", tmp);
+    if (rename(tmp, local) < 0)
+        return gs_error_errno(err, GS_E_IO, "cannot rename %s to %s", tmp, local);
+    return 0;
+}
+
+int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
+                 gs_agent_progress_fn progress, void *ctx, struct gs_error *err)
+{
+    struct gs_buf tmp = GS_BUF_INIT;
+    gs_buf_addf(&tmp, "%s.gpusync-tmp-%d", local, (int)getpid());
+    struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
+    st.fd = open(tmp.data, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (st.fd < 0) {
+        int rc = gs_error_errno(err, GS_E_IO, "cannot create %s", tmp.data);
+        gs_buf_release(&tmp);
+        return rc;
+    }
+    struct sync_call c = {.on_frame = on_get, .state = &st};
+    struct gs_proto_msg m = {.type = GS_MSG_GET};
+    m.path = gs_proto_cstr(path);
+    int rc = call(a, &m, &c, err);
+    if (rc == 0)
+        rc = st.rc;
+    if (rc == 0)
+        rc = finish_download(st.fd, tmp.data, local, &st.meta, err);
+    else
+        close(st.fd);
+    if (rc < 0)
+        unlink(tmp.data);
+    gs_buf_release(&tmp);
+    return rc;
+}
+
+struct list_state {
+    gs_agent_list_fn fn;
+    void *ctx;
+    struct gs_error *err;
+    int rc;
+};
+
+static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
+{
+    size_t pos = 0;
+    struct gs_proto_entry e;
+    int more;
+    while (st->rc == 0 && (more = gs_proto_list_next(m, &pos, &e)) > 0) {
+        char *path = strndup(e.path.p, e.path.len), *link = strndup(e.link.p, e.link.len);
+        struct gs_agent_entry out = {.path = path,
+                                     .kind = e.kind,
+                                     .mode = e.meta.mode,
+                                     .mtime_ns = e.meta.mtime_sec * 1000000000 + e.meta.mtime_nsec,
+                                     .size = e.size,
+                                     .has_hash = e.has_hash,
+                                     .link = link};
+        memcpy(out.hash, e.hash, sizeof(out.hash));
+        st->rc = st->fn(st->ctx, &out);
+        free(path);
+        free(link);
+    }
+    if (more < 0 && st->rc == 0)
+        st->rc = gs_error_set(st->err, GS_E_PROTO, "malformed listing from the agent");
+    return 0;
+}
+
+static int on_list(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct list_state *st = c->state;
+    if (m->type == GS_MSG_LIST_ENTRIES)
+        return list_entries(m, st);
+    c->done = 1;
+    if (m->type == GS_MSG_ERROR && st->rc == 0)
+        st->rc = reply_error(a, m, st->err);
+    return 0;
+}
+
+int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_list_fn fn, void *ctx,
+                  struct gs_error *err)
+{
+    struct list_state st = {.fn = fn, .ctx = ctx, .err = err};
+    struct sync_call c = {.on_frame = on_list, .state = &st};
+    struct gs_proto_msg m = {.type = GS_MSG_LIST, .flags = hashes ? GS_LIST_HASH : 0};
+    m.path = gs_proto_cstr(path);
+    int rc = call(a, &m, &c, err);
+    return rc ? rc : st.rc;
+}
+
+static int on_ping(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    (void)a, (void)m;
+    c->done = 1;
+    return 0;
+}
+
+int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err)
+{
+    struct sync_call c = {.on_frame = on_ping};
+    struct gs_proto_msg m = {.type = GS_MSG_STAT};
+    m.path = gs_proto_cstr(".gpusync");
+    int64_t start = gs_clock_mono_us();
+    int rc = call(a, &m, &c, err);
+    *rtt_us = gs_clock_mono_us() - start;
+    return rc;
+}

@@ -1,0 +1,65 @@
+/* remote/agent_client.h: the client side of `gpusync-agent serve` (protocol: remote/agent/proto.h).
+ *
+ * One exec channel carries framed, numbered requests that are pipelined: the client never waits
+ * for a reply before sending the next request, so a bulk sync is bound by bandwidth and a single
+ * save costs about one round trip. Replies arrive in request order. The agent is also the
+ * transport behind `gpusync pull` (GET) and remote listings (LIST). */
+#ifndef GS_AGENT_CLIENT_H
+#define GS_AGENT_CLIENT_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "remote/fileops.h"
+#include "remote/ssh.h"
+
+struct gs_agent;
+
+/* Runs `command` (a remote shell command that starts `gpusync-agent serve --root DIR`) and
+ * performs the versioned handshake. Returns 0 and a new agent in *out, or GS_E_PROTO (version
+ * mismatch, garbage), GS_E_REMOTE (the agent did not start: its stderr is in the message) or a
+ * connection error. The agent borrows `ssh`, which must outlive it. */
+int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
+                  struct gs_error *err);
+
+/* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
+struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
+
+/* The absolute remote root the agent serves. */
+const char *gs_agent_root(const struct gs_agent *a);
+
+/* Ends the session (closes the agent's stdin, waits for it to exit) and frees `a`. */
+void gs_agent_close(struct gs_agent *a);
+
+/* Progress for downloads: bytes received of `total` (0 when unknown). */
+typedef void (*gs_agent_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* Downloads remote `path` to local `local`: written to a temporary file beside it, given the
+ * remote mode and mtime, then renamed into place, so a failed pull leaves `local` untouched.
+ * Returns 0, GS_E_NOTFOUND, GS_E_REMOTE or GS_E_IO. */
+int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
+                 gs_agent_progress_fn progress, void *ctx, struct gs_error *err);
+
+/* One entry of a remote listing. Strings are valid during the callback only. */
+struct gs_agent_entry {
+    const char *path;
+    int kind; /* 1 file, 2 dir, 3 symlink, 4 other */
+    uint32_t mode;
+    int64_t mtime_ns;
+    uint64_t size;
+    int has_hash;
+    uint8_t hash[16];
+    const char *link;
+};
+
+typedef int (*gs_agent_list_fn)(void *ctx, const struct gs_agent_entry *e);
+
+/* Lists the remote tree under `path` ("" for the root), with content hashes when `hashes`.
+ * The callback returns 0 to go on. Returns 0 or a negative code. */
+int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_list_fn fn, void *ctx,
+                  struct gs_error *err);
+
+/* Measures one request round trip (a STAT of the root). */
+int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err);
+
+#endif

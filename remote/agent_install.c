@@ -1,0 +1,238 @@
+/* remote/agent_install.c: installing the agent on a server (see agent_install.h). */
+#include "remote/agent_install.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "common/path.h"
+#include "common/shell.h"
+#include "remote/exec.h"
+
+#ifndef GS_AGENT_SOURCE_DIR
+#define GS_AGENT_SOURCE_DIR ""
+#endif
+
+/* Sources sent for a build on the server; xxhash.h is Debian's header (the agent inlines it). */
+static const char *const agent_sources[] = {"proto.h", "proto.c", "fs.h",  "fs.c",
+                                            "serve.h", "serve.c", "main.c"};
+#define N_SOURCES     (sizeof(agent_sources) / sizeof(agent_sources[0]))
+#define XXHASH_HEADER "/usr/include/xxhash.h"
+
+static int read_file(const char *path, struct gs_buf *out)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return -1;
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+        gs_buf_add(out, chunk, n);
+    int bad = ferror(fp);
+    fclose(fp);
+    return bad ? -1 : 0;
+}
+
+const char *gs_agent_local_binary(void)
+{
+    static char path[PATH_MAX + 64];
+    const char *env = getenv("GPUSYNC_AGENT");
+    if (env && *env)
+        return access(env, X_OK) == 0 ? env : NULL;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = '\0';
+    *strrchr(exe, '/') = '\0';
+    static const char *const rel[] = {"../remote/agent/gpusync-agent",
+                                      "../lib/gpusync/gpusync-agent", "gpusync-agent"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", exe, rel[i]);
+        if (access(path, X_OK) == 0)
+            return path;
+    }
+    return NULL;
+}
+
+static void hex_key(const void *data, size_t len, const char *prefix, char key[40])
+{
+    snprintf(key, 40, "%s%016llx", prefix, (unsigned long long)XXH3_64bits(data, len));
+}
+
+/* Concatenates the agent's sources (for the key and the build script). Returns 0 or -1. */
+static int load_sources(struct gs_buf *files[N_SOURCES + 1])
+{
+    const char *dir = getenv("GPUSYNC_AGENT_SRC");
+    if (!dir || !*dir)
+        dir = GS_AGENT_SOURCE_DIR;
+    for (size_t i = 0; i <= N_SOURCES; i++) {
+        struct gs_buf path = GS_BUF_INIT;
+        if (i < N_SOURCES)
+            gs_buf_addf(&path, "%s/%s", dir, agent_sources[i]);
+        else
+            gs_buf_adds(&path, XXHASH_HEADER);
+        int rc = read_file(path.data, files[i]);
+        gs_buf_release(&path);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+struct probe {
+    char arch[64];
+    int present;
+    int has_cc;
+};
+
+static int probe_server(struct gs_ssh *ssh, const char *key, struct probe *p, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT;
+    gs_buf_addf(&cmd,
+                "uname -sm; test -x ~/.gpusync/bin/gpusync-agent-%s && echo present; "
+                "command -v cc >/dev/null 2>&1 && echo cc; exit 0",
+                key);
+    int rc = gs_exec_capture(ssh, cmd.data, &out, NULL, err);
+    memset(p, 0, sizeof(*p));
+    if (rc == 0 && out.data) {
+        sscanf(out.data, "%*s %63s", p->arch);
+        p->present = strstr(out.data, "\npresent") != NULL;
+        p->has_cc = strstr(out.data, "\ncc") != NULL;
+        if (strncmp(out.data, "Linux ", 6) != 0)
+            p->arch[0] = '\0'; /* not Linux: our static build cannot run there */
+    }
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    return rc < 0 ? rc : 0;
+}
+
+/* Sends `bytes` to the server as ~/.gpusync/bin/gpusync-agent-KEY through one exec channel. */
+static int upload_binary(struct gs_ssh *ssh, const struct gs_buf *bytes, const char *key,
+                         struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
+    gs_buf_addf(&cmd,
+                "set -e; mkdir -p ~/.gpusync/bin; t=~/.gpusync/bin/.upload-%s.$$; "
+                "cat > \"$t\"; chmod 755 \"$t\"; mv -f \"$t\" ~/.gpusync/bin/gpusync-agent-%s",
+                key, key);
+    struct gs_exec_io io = GS_EXEC_IO_INIT;
+    io.stdin_data = bytes->data;
+    io.stdin_len = bytes->len;
+    io.stderr_buf = &errout;
+    int rc = gs_exec_run(ssh, cmd.data, &io, err);
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_REMOTE, "cannot install the agent on %s: %s",
+                          gs_ssh_target(ssh), errout.data ? errout.data : "");
+    gs_buf_release(&cmd);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+/* A shell script that writes the sources to a temporary directory and compiles them. */
+static void build_script(struct gs_buf *files[N_SOURCES + 1], const char *key, struct gs_buf *sh)
+{
+    gs_buf_adds(sh, "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; cd \"$d\"\n");
+    for (size_t i = 0; i <= N_SOURCES; i++) {
+        const char *name = i < N_SOURCES ? agent_sources[i] : "xxhash.h";
+        gs_buf_addf(sh, "cat > %s <<'GPUSYNC_SOURCE_END_7f3a'\n", name);
+        gs_buf_add(sh, files[i]->data, files[i]->len);
+        if (files[i]->len && files[i]->data[files[i]->len - 1] != '\n')
+            gs_buf_addc(sh, '\n');
+        gs_buf_adds(sh, "GPUSYNC_SOURCE_END_7f3a\n");
+    }
+    gs_buf_addf(sh,
+                "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent proto.c fs.c serve.c main.c "
+                ">build.log 2>&1 || { echo 'agent build failed:' >&2; tail -n 20 build.log >&2; "
+                "exit 3; }\n"
+                "mkdir -p ~/.gpusync/bin; mv -f gpusync-agent ~/.gpusync/bin/gpusync-agent-%s\n",
+                key);
+}
+
+static int build_on_server(struct gs_ssh *ssh, struct gs_buf *files[N_SOURCES + 1], const char *key,
+                           struct gs_error *err)
+{
+    struct gs_buf script = GS_BUF_INIT, errout = GS_BUF_INIT;
+    build_script(files, key, &script);
+    struct gs_exec_io io = GS_EXEC_IO_INIT;
+    io.stdin_data = script.data;
+    io.stdin_len = script.len;
+    io.stderr_buf = &errout;
+    int rc = gs_exec_run(ssh, "sh -s", &io, err);
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_NOTFOUND, "building the agent on %s failed: %s",
+                          gs_ssh_target(ssh), errout.data ? errout.data : "");
+    gs_buf_release(&script);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+static int local_arch_matches(const char *remote_arch)
+{
+    struct utsname u;
+    return uname(&u) == 0 && strcmp(u.machine, remote_arch) == 0;
+}
+
+/* Chooses between the static binary (same arch) and a source build; fills `key`. */
+static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs_error *err)
+{
+    const char *bin = getenv("GPUSYNC_AGENT_FORCE_BUILD") ? NULL : gs_agent_local_binary();
+    struct gs_buf binary = GS_BUF_INIT, srcs[N_SOURCES + 1];
+    struct gs_buf *files[N_SOURCES + 1];
+    for (size_t i = 0; i <= N_SOURCES; i++) {
+        gs_buf_init(&srcs[i]);
+        files[i] = &srcs[i];
+    }
+    int have_bin = bin && read_file(bin, &binary) == 0;
+    int have_src = load_sources(files) == 0;
+    struct gs_buf all = GS_BUF_INIT;
+    for (size_t i = 0; have_src && i <= N_SOURCES; i++)
+        gs_buf_add(&all, files[i]->data, files[i]->len);
+    struct probe p;
+    memset(&p, 0, sizeof(p));
+    int rc = 0;
+    if (have_bin) {
+        hex_key(binary.data, binary.len, "", key);
+        rc = probe_server(ssh, key, &p, err);
+    }
+    if (rc == 0 && have_bin && local_arch_matches(p.arch)) {
+        *how = p.present ? "cached" : "uploaded";
+        rc = p.present ? 0 : upload_binary(ssh, &binary, key, err);
+    } else if (rc == 0 && have_src) {
+        hex_key(all.data, all.len, "src-", key);
+        rc = probe_server(ssh, key, &p, err);
+        *how = p.present ? "cached" : "built";
+        if (rc == 0 && !p.present)
+            rc = p.has_cc ? build_on_server(ssh, files, key, err)
+                          : gs_error_set(err, GS_E_NOTFOUND,
+                                         "%s (%s) has no C compiler to build the agent",
+                                         gs_ssh_target(ssh), p.arch[0] ? p.arch : "not Linux");
+    } else if (rc == 0) {
+        rc = gs_error_set(err, GS_E_NOTFOUND,
+                          "no agent binary or sources found locally (set GPUSYNC_AGENT)");
+    }
+    gs_buf_release(&binary);
+    gs_buf_release(&all);
+    for (size_t i = 0; i <= N_SOURCES; i++)
+        gs_buf_release(&srcs[i]);
+    return rc;
+}
+
+int gs_agent_install(struct gs_ssh *ssh, const char *remote_dir, struct gs_buf *command,
+                     const char **how, struct gs_error *err)
+{
+    char key[40] = "";
+    int rc = install(ssh, key, how, err);
+    if (rc < 0)
+        return rc;
+    gs_buf_addf(command, "mkdir -p -- %s && exec ~/.gpusync/bin/gpusync-agent-%s serve --root %s",
+                remote_dir, key, remote_dir);
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* remote/agent_install.h: putting gpusync-agent on a server (design decision 3).
+ *
+ * The agent is kept as ~/.gpusync/bin/gpusync-agent-<key>, where the key is a hash of the local
+ * agent binary (or of its sources), and reused while it matches. An x86-64 Linux server gets the
+ * static build through an exec channel (cat > tmp && chmod && mv: no SFTP needed); another
+ * architecture gets the sources and builds them with cc; a server with neither gets no agent,
+ * and the caller falls back to SFTP. */
+#ifndef GS_AGENT_INSTALL_H
+#define GS_AGENT_INSTALL_H
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "remote/ssh.h"
+
+/* Makes sure the agent is on the server and appends the remote command that starts it serving
+ * `remote_dir` (a shell word, already quoted) to `command`. Sets *how to "cached", "uploaded" or
+ * "built" (static strings). Returns 0; GS_E_NOTFOUND when no agent can run there (the message says
+ * why: the caller should use SFTP); other codes for connection failures. */
+int gs_agent_install(struct gs_ssh *ssh, const char *remote_dir, struct gs_buf *command,
+                     const char **how, struct gs_error *err);
+
+/* The local agent binary that would be uploaded, or NULL when none is found. Looks at
+ * $GPUSYNC_AGENT, then beside the gpusync executable (build tree and installed layouts). */
+const char *gs_agent_local_binary(void);
+
+#endif

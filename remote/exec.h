@@ -1,0 +1,53 @@
+/* remote/exec.h: running a command on the server through an exec channel.
+ *
+ * The command string is passed to the user's login shell by sshd, so callers build it with
+ * gs_shell_quote. Output streams stay separate (stdout, stderr). The result is the command's exit
+ * status, or 128+N when it died of signal N, as a local shell reports it. */
+#ifndef GS_EXEC_H
+#define GS_EXEC_H
+
+#include <libssh2.h>
+#include <stddef.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "remote/ssh.h"
+
+/* Where the bytes of one run go: to a file descriptor (>= 0), into a buffer, or nowhere. */
+struct gs_exec_io {
+    const void *stdin_data; /* sent, then EOF; NULL: EOF at once unless stdin_fd >= 0 */
+    size_t stdin_len;
+    int stdin_fd;  /* read to EOF and sent; -1: none */
+    int stdout_fd; /* -1: not written to an fd */
+    int stderr_fd;
+    struct gs_buf *stdout_buf; /* NULL: not captured */
+    struct gs_buf *stderr_buf;
+    int timeout_ms; /* 0: none (the keepalive still detects a dead link) */
+};
+
+#define GS_EXEC_IO_INIT                                                                            \
+    {                                                                                              \
+        NULL, 0, -1, -1, -1, NULL, NULL, 0                                                         \
+    }
+
+/* Runs `command` and streams its output as `io` says. Returns the exit status (0-255 or 128+signal)
+ * or a negative GS_E_* code when the channel failed (GS_E_DISCONNECTED if the server went away:
+ * the remote command's fate is then unknown). */
+int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *io,
+                struct gs_error *err);
+
+/* Convenience: runs `command`, capturing stdout into `out` (stderr into `errout` if not NULL). */
+int gs_exec_capture(struct gs_ssh *s, const char *command, struct gs_buf *out,
+                    struct gs_buf *errout, struct gs_error *err);
+
+/* Opens an exec channel for `command` and leaves it open for the caller to stream over (the agent
+ * client does this). Returns the channel or NULL with err set. Free with gs_exec_close. */
+LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err);
+
+/* Sends EOF, waits for the close and returns the exit status as gs_exec_run does; frees `ch`. */
+int gs_exec_close(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_error *err);
+
+/* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
+int gs_exec_signal_number(const char *name);
+
+#endif

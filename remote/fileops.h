@@ -1,0 +1,69 @@
+/* remote/fileops.h: remote file operations as the sync engine sees them, independent of transport.
+ *
+ * The engine submits operations and learns of each completion through a callback; the agent
+ * transport (remote/agent_client.c) pipelines them over one exec channel, the SFTP fallback
+ * (remote/sftp_ops.c) runs them one by one. Completion callbacks run from inside submit or drain,
+ * in submission order. */
+#ifndef GS_FILEOPS_H
+#define GS_FILEOPS_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+
+enum gs_fop_type {
+    GS_FOP_PUT,     /* path <- contents of local_file, mode, mtime */
+    GS_FOP_MKDIR,   /* mkdir -p path, mode */
+    GS_FOP_DELETE,  /* file, symlink or empty dir (recursive: a tree) */
+    GS_FOP_RENAME,  /* path -> path2 */
+    GS_FOP_SYMLINK, /* path -> target path2 */
+    GS_FOP_CHMOD,   /* path, mode */
+};
+
+enum gs_fop_expect {
+    GS_FOP_EXPECT_FORCE,  /* replace whatever is there */
+    GS_FOP_EXPECT_ABSENT, /* nothing should be there */
+    GS_FOP_EXPECT_HASH,   /* a file (or symlink) with `hash` should be there */
+};
+
+struct gs_fop_req {
+    enum gs_fop_type type;
+    const char *path;       /* relative to the remote project root */
+    const char *path2;      /* RENAME destination, SYMLINK target */
+    const char *local_file; /* PUT: absolute local path to read */
+    uint64_t size;          /* PUT: bytes expected (the file may change; what is read is sent) */
+    uint32_t mode;
+    int64_t mtime_ns;
+    int recursive;             /* DELETE */
+    enum gs_fop_expect expect; /* about path (RENAME: about path2) */
+    uint8_t hash[16];          /* GS_FOP_EXPECT_HASH: what the server should hold (XXH3-128) */
+    uint8_t content_hash[16];  /* PUT: hash of the content to send; the server refuses to commit
+                                * other bytes (the file changed after it was hashed) */
+    void *ctx;                 /* handed back in the completion */
+};
+
+struct gs_fop_result {
+    int ok;
+    int noop;            /* nothing needed doing */
+    int err_no;          /* errno from the server when !ok (ENOSPC, EPERM, ...) */
+    const char *message; /* when !ok; valid during the callback only */
+    const char *kept;    /* a conflict copy the server kept, or NULL; valid during the callback */
+};
+
+typedef void (*gs_fop_done_fn)(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r);
+
+struct gs_fileops {
+    /* Queues one operation; may run completions of earlier ones. Returns 0, or a negative code
+     * when the transport failed (then no further completions come). */
+    int (*submit)(struct gs_fileops *ops, const struct gs_fop_req *req, struct gs_error *err);
+    /* Waits until every submitted operation has completed. Returns 0 or a transport error. */
+    int (*drain)(struct gs_fileops *ops, struct gs_error *err);
+    /* Ends the session and frees `ops`. */
+    void (*close)(struct gs_fileops *ops);
+    gs_fop_done_fn done;
+    void *done_ctx;
+    /* Progress: bytes of file content handed to the transport so far. */
+    uint64_t bytes_sent;
+};
+
+#endif

@@ -1,0 +1,42 @@
+/* remote/hostkey.h: host key verification against OpenSSH's known_hosts (design decision 6).
+ *
+ * Plain, hashed (|1|salt|hash) and [host]:port entries are understood (libssh2 reads the file). An
+ * unknown key is recorded only when the user agrees (a prompt) or asked for it in advance
+ * (--accept-new-host-key); a changed key is always refused. New entries are appended as one line,
+ * so the rest of the user's file is never rewritten. */
+#ifndef GS_HOSTKEY_H
+#define GS_HOSTKEY_H
+
+#include <libssh2.h>
+
+#include "common/error.h"
+#include "remote/ssh.h"
+
+struct gs_hostkey_policy {
+    const char *known_hosts; /* path; NULL: ~/.ssh/known_hosts */
+    int accept_new;
+    gs_ssh_confirm_fn confirm;
+    void *prompt_ctx;
+};
+
+/* Before the handshake: makes libssh2 ask the server for the key type already recorded for
+ * host:port, so that a known host is not mistaken for a changed one (libssh2 prefers ECDSA).
+ * Returns 0; failures to read the file are not errors here (verification reports them). */
+int gs_hostkey_prefer_known_type(LIBSSH2_SESSION *session, const struct gs_hostkey_policy *policy,
+                                 const char *host, int port);
+
+/* After the handshake: checks the server's key. Writes the "SHA256:..." fingerprint to `fp` (at
+ * least 64 bytes). Returns 0 when the key matches or was accepted and recorded;
+ * GS_E_HOSTKEY_UNKNOWN when unknown and not accepted; GS_E_HOSTKEY_CHANGED on a mismatch, with a
+ * message naming the host, both fingerprints and the ssh-keygen -R command; GS_E_IO when the key
+ * could not be recorded. */
+int gs_hostkey_verify(LIBSSH2_SESSION *session, const struct gs_hostkey_policy *policy,
+                      const char *host, int port, char *fp, struct gs_error *err);
+
+/* The OpenSSH-style SHA256 fingerprint of a raw key blob, into `out` (at least 64 bytes). */
+void gs_hostkey_fingerprint(const unsigned char *blob, size_t len, char *out);
+
+/* The name a known_hosts line uses for host:port ("host" for 22, "[host]:port" otherwise). */
+void gs_hostkey_entry_name(const char *host, int port, char *out, size_t size);
+
+#endif

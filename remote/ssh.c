@@ -1,0 +1,319 @@
+/* remote/ssh.c: connecting, waiting and keepalive for one libssh2 session (see ssh.h). */
+#include "remote/ssh.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "remote/auth.h"
+#include "remote/hostkey.h"
+#include "remote/target.h"
+
+struct gs_ssh {
+    LIBSSH2_SESSION *session;
+    int fd;
+    char target[512];
+    char fingerprint[64];
+    char *auth_method;
+    int keepalive_ms;
+    int dead_after_ms;
+    int64_t last_recv_ms;      /* when the server last sent us anything */
+    int64_t last_keepalive_ms; /* when we last asked it to answer */
+};
+
+/* libssh2 reads the socket through this, so we know when the server last said anything. */
+static ssize_t recv_hook(libssh2_socket_t fd, void *buf, size_t len, int flags, void **abstract)
+{
+    struct gs_ssh *s = *abstract;
+    ssize_t n = recv(fd, buf, len, flags);
+    if (n > 0)
+        s->last_recv_ms = gs_clock_mono_ms();
+    else if (n < 0)
+        return -errno; /* libssh2 expects a negated errno */
+    return n;
+}
+
+static void set_socket_options(int fd)
+{
+    int one = 1;
+    /* Interactive traffic: a save must not wait for Nagle's algorithm. */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+/* Non-blocking connect to one address, bounded by the deadline. Returns the fd or -1 (errno set).
+ */
+static int connect_one(const struct addrinfo *ai, int64_t deadline)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+        return fd;
+    if (errno != EINPROGRESS)
+        goto fail;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int64_t left = deadline - gs_clock_mono_ms();
+    int ready = left > 0 ? poll(&p, 1, (int)left) : 0;
+    if (ready == 0)
+        errno = ETIMEDOUT;
+    if (ready <= 0)
+        goto fail;
+    int soerr = 0;
+    socklen_t len = sizeof(soerr);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr == 0)
+        return fd;
+    errno = soerr;
+fail:;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+static int open_socket(const char *host, int port, int timeout_ms, struct gs_error *err)
+{
+    char port_s[16];
+    snprintf(port_s, sizeof(port_s), "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, port_s, &hints, &res);
+    if (gai != 0)
+        return gs_error_set(err, GS_E_CONNECT, "cannot resolve host '%s': %s", host,
+                            gai_strerror(gai));
+    int64_t deadline = gs_clock_mono_ms() + timeout_ms;
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+        fd = connect_one(ai, deadline);
+    int saved = errno;
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        set_socket_options(fd);
+        return fd;
+    }
+    errno = saved;
+    return gs_error_errno(err, saved == ETIMEDOUT ? GS_E_TIMEOUT : GS_E_CONNECT,
+                          "cannot connect to %s port %d", host, port);
+}
+
+static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
+{
+    struct gs_ssh *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->fd = -1;
+    s->keepalive_ms = opts->keepalive_ms > 0 ? opts->keepalive_ms : 5000;
+    s->dead_after_ms = opts->dead_after_ms > 0 ? opts->dead_after_ms : 15000;
+    s->session = libssh2_session_init_ex(NULL, NULL, NULL, s);
+    if (!s->session) {
+        free(s);
+        return NULL;
+    }
+    libssh2_session_callback_set(s->session, LIBSSH2_CALLBACK_RECV, (void *)recv_hook);
+    libssh2_session_set_blocking(s->session, 0);
+    return s;
+}
+
+static int handshake(struct gs_ssh *s, int timeout_ms, struct gs_error *err)
+{
+    int rc;
+    s->last_recv_ms = gs_clock_mono_ms();
+    GS_SSH_RETRY(s, rc, libssh2_session_handshake(s->session, s->fd),
+                 gs_clock_mono_ms() + timeout_ms, err);
+    if (rc == GS_E_TIMEOUT)
+        return gs_error_set(err, GS_E_TIMEOUT, "%s: no SSH handshake within %d ms", s->target,
+                            timeout_ms);
+    if (rc < 0 && !GS_IS_ERROR(rc)) /* a libssh2 error, not one of ours from the wait */
+        return gs_ssh_error(s, rc, "SSH handshake", err);
+    return rc;
+}
+
+static int establish(struct gs_ssh *s, const struct gs_target *t, const struct gs_ssh_opts *opts,
+                     struct gs_error *err)
+{
+    int timeout = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
+    snprintf(s->target, sizeof(s->target), "%s@%s:%d", t->user, t->hostname, t->port);
+    struct gs_hostkey_policy policy = {.known_hosts = opts->known_hosts,
+                                       .accept_new = opts->accept_new_host_key,
+                                       .confirm = opts->confirm,
+                                       .prompt_ctx = opts->prompt_ctx};
+    gs_hostkey_prefer_known_type(s->session, &policy, t->hostname, t->port);
+    s->fd = open_socket(t->hostname, t->port, timeout, err);
+    if (s->fd < 0)
+        return s->fd;
+    int rc = handshake(s, timeout, err);
+    if (rc == 0)
+        rc = gs_hostkey_verify(s->session, &policy, t->hostname, t->port, s->fingerprint, err);
+    if (rc == 0)
+        rc = gs_auth_login(s, t, opts, &s->auth_method, err);
+    return rc;
+}
+
+int gs_ssh_connect(struct gs_ssh **out, const struct gs_ssh_opts *opts, struct gs_error *err)
+{
+    *out = NULL;
+    struct gs_target t;
+    int rc = gs_target_resolve(&t, opts->host, opts->port, opts->user, err);
+    if (rc < 0)
+        return rc;
+    struct gs_ssh *s = ssh_new(opts);
+    if (!s) {
+        gs_target_release(&t);
+        return gs_error_set(err, GS_E_NOMEM, "cannot start an SSH session");
+    }
+    rc = establish(s, &t, opts, err);
+    gs_target_release(&t);
+    if (rc < 0) {
+        gs_ssh_free(s);
+        return rc;
+    }
+    gs_debug("connected to %s (%s)", s->target, s->auth_method);
+    *out = s;
+    return 0;
+}
+
+void gs_ssh_free(struct gs_ssh *s)
+{
+    if (!s)
+        return;
+    if (s->session) {
+        /* A polite goodbye, but never wait long for it on a dead link. */
+        libssh2_session_set_timeout(s->session, 200);
+        libssh2_session_disconnect(s->session, "gpusync done");
+        libssh2_session_free(s->session);
+    }
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s->auth_method);
+    free(s);
+}
+
+LIBSSH2_SESSION *gs_ssh_session(struct gs_ssh *s)
+{
+    return s->session;
+}
+
+int gs_ssh_fd(struct gs_ssh *s)
+{
+    return s->fd;
+}
+
+const char *gs_ssh_target(struct gs_ssh *s)
+{
+    return s->target;
+}
+
+const char *gs_ssh_auth_method(struct gs_ssh *s)
+{
+    return s->auth_method ? s->auth_method : "none";
+}
+
+const char *gs_ssh_fingerprint(struct gs_ssh *s)
+{
+    return s->fingerprint;
+}
+
+int gs_ssh_error(struct gs_ssh *s, int rc, const char *what, struct gs_error *err)
+{
+    char *msg = NULL;
+    libssh2_session_last_error(s->session, &msg, NULL, 0);
+    int code = (rc == LIBSSH2_ERROR_SOCKET_DISCONNECT || rc == LIBSSH2_ERROR_SOCKET_RECV ||
+                rc == LIBSSH2_ERROR_SOCKET_SEND || rc == LIBSSH2_ERROR_SOCKET_TIMEOUT ||
+                rc == LIBSSH2_ERROR_BANNER_RECV || rc == LIBSSH2_ERROR_KEX_FAILURE)
+                   ? GS_E_DISCONNECTED
+                   : GS_E_REMOTE;
+    if (code == GS_E_DISCONNECTED)
+        return gs_error_set(err, code, "%s: connection to %s lost (%s)", what, s->target,
+                            msg ? msg : "socket error");
+    return gs_error_set(err, code, "%s on %s failed: %s (libssh2 error %d)", what, s->target,
+                        msg && *msg ? msg : "unknown error", rc);
+}
+
+/* Dead: the server has said nothing for dead_after_ms although we asked it to (a keepalive) or
+ * although we have data it will not take (outbound blocked). */
+static int link_dead(struct gs_ssh *s, int64_t now, int outbound_blocked)
+{
+    int64_t quiet = now - s->last_recv_ms;
+    return quiet >= s->dead_after_ms &&
+           (s->last_keepalive_ms > s->last_recv_ms || outbound_blocked);
+}
+
+int gs_ssh_tick(struct gs_ssh *s, struct gs_error *err)
+{
+    int64_t now = gs_clock_mono_ms();
+    int outbound = libssh2_session_block_directions(s->session) & LIBSSH2_SESSION_BLOCK_OUTBOUND;
+    if (link_dead(s, now, outbound))
+        return gs_error_set(err, GS_E_DISCONNECTED, "connection to %s lost: no answer for %lld ms",
+                            s->target, (long long)(now - s->last_recv_ms));
+    /* Never while a packet is half sent: libssh2 1.10 must finish that one first. */
+    if (!outbound && now - s->last_recv_ms >= s->keepalive_ms &&
+        now - s->last_keepalive_ms >= s->keepalive_ms) {
+        int next = 0;
+        /* want_reply=1: the server must answer (with a failure), which the recv hook sees. */
+        libssh2_keepalive_config(s->session, 1, 1);
+        libssh2_keepalive_send(s->session, &next);
+        s->last_keepalive_ms = now;
+    }
+    return 0;
+}
+
+static short poll_events(struct gs_ssh *s)
+{
+    int dir = libssh2_session_block_directions(s->session);
+    short ev = 0;
+    if (dir & LIBSSH2_SESSION_BLOCK_INBOUND)
+        ev |= POLLIN;
+    if (dir & LIBSSH2_SESSION_BLOCK_OUTBOUND)
+        ev |= POLLOUT;
+    return ev ? ev : POLLIN;
+}
+
+int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
+{
+    for (;;) {
+        int64_t now = gs_clock_mono_ms();
+        if (deadline_ms && now >= deadline_ms)
+            return gs_error_set(err, GS_E_TIMEOUT, "%s: timed out", s->target);
+        int64_t wait = s->keepalive_ms / 2;
+        if (deadline_ms && deadline_ms - now < wait)
+            wait = deadline_ms - now;
+        struct pollfd p = {.fd = s->fd, .events = poll_events(s)};
+        int ready = poll(&p, 1, (int)wait);
+        if (ready < 0 && errno != EINTR)
+            return gs_error_errno(err, GS_E_DISCONNECTED, "%s: poll", s->target);
+        if (ready != 0)
+            return 0; /* ready, or a signal: let the caller retry its call */
+        int rc = gs_ssh_tick(s, err);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+int gs_ssh_ping(struct gs_ssh *s, int64_t *rtt_us, struct gs_error *err)
+{
+    int64_t start = gs_clock_mono_us();
+    int64_t deadline = gs_clock_mono_ms() + s->dead_after_ms;
+    LIBSSH2_CHANNEL *ch;
+    int rc;
+    GS_SSH_RETRY_PTR(s, ch, libssh2_channel_open_session(s->session), deadline, err, rc);
+    if (rc < 0)
+        return rc;
+    if (!ch)
+        return gs_ssh_error(s, libssh2_session_last_errno(s->session), "opening a channel", err);
+    *rtt_us = gs_clock_mono_us() - start;
+    GS_SSH_RETRY(s, rc, libssh2_channel_close(ch), deadline, err);
+    GS_SSH_RETRY(s, rc, libssh2_channel_free(ch), deadline, err);
+    return 0;
+}

@@ -1,0 +1,130 @@
+/* remote/target.c: resolving a host through `ssh -G` (see target.h). */
+#include "remote/target.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <pwd.h>
+
+#include "common/buf.h"
+#include "common/path.h"
+#include "common/proc.h"
+
+static void set_string(char **slot, const char *value, size_t len)
+{
+    free(*slot);
+    *slot = strndup(value, len);
+}
+
+static void add_identity(struct gs_target *t, const char *path, size_t len)
+{
+    char *raw = strndup(path, len);
+    char *expanded = gs_path_expand_home(raw);
+    free(raw);
+    for (size_t i = 0; i < t->n_identities; i++)
+        if (strcmp(t->identities[i], expanded) == 0) {
+            free(expanded);
+            return;
+        }
+    t->identities = realloc(t->identities, (t->n_identities + 1) * sizeof(char *));
+    t->identities[t->n_identities++] = expanded;
+}
+
+/* Applies one "key value" line of ssh -G output. */
+static void apply_line(struct gs_target *t, const char *line, size_t len)
+{
+    const char *space = memchr(line, ' ', len);
+    if (!space)
+        return;
+    size_t klen = (size_t)(space - line);
+    const char *value = space + 1;
+    size_t vlen = len - klen - 1;
+    if (klen == 8 && memcmp(line, "hostname", 8) == 0)
+        set_string(&t->hostname, value, vlen);
+    else if (klen == 4 && memcmp(line, "port", 4) == 0)
+        t->port = atoi(value);
+    else if (klen == 4 && memcmp(line, "user", 4) == 0)
+        set_string(&t->user, value, vlen);
+    else if (klen == 12 && memcmp(line, "identityfile", 12) == 0)
+        add_identity(t, value, vlen);
+}
+
+void gs_target_apply_ssh_g(struct gs_target *t, const char *output)
+{
+    for (const char *p = output; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        apply_line(t, p, len);
+        p += len + (nl ? 1 : 0);
+    }
+}
+
+static void apply_defaults(struct gs_target *t)
+{
+    if (!t->hostname)
+        t->hostname = strdup(t->alias);
+    if (!t->port)
+        t->port = 22;
+    if (!t->user) {
+        const char *u = getenv("USER");
+        struct passwd *pw = u ? NULL : getpwuid(getuid());
+        t->user = strdup(u ? u : pw ? pw->pw_name : "root");
+    }
+    static const char *defaults[] = {"~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa"};
+    for (size_t i = 0; i < 3; i++)
+        add_identity(t, defaults[i], strlen(defaults[i]));
+}
+
+static void ask_ssh_g(struct gs_target *t, const char *host, int port, const char *user)
+{
+    char port_s[16];
+    snprintf(port_s, sizeof(port_s), "%d", port);
+    char *argv[10];
+    int n = 0;
+    argv[n++] = "ssh";
+    argv[n++] = "-G";
+    if (port) {
+        argv[n++] = "-p";
+        argv[n++] = port_s;
+    }
+    if (user) {
+        argv[n++] = "-l";
+        argv[n++] = (char *)user;
+    }
+    argv[n++] = "--";
+    argv[n++] = (char *)host;
+    argv[n] = NULL;
+    struct gs_buf out = GS_BUF_INIT;
+    if (gs_proc_capture(argv, &out, NULL) == 0)
+        gs_target_apply_ssh_g(t, out.data ? out.data : "");
+    gs_buf_release(&out);
+}
+
+int gs_target_resolve(struct gs_target *t, const char *host, int port, const char *user,
+                      struct gs_error *err)
+{
+    memset(t, 0, sizeof(*t));
+    if (!host || !host[0])
+        return gs_error_set(err, GS_E_USAGE, "no host given");
+    t->alias = strdup(host);
+    if (host[0] != '-')
+        ask_ssh_g(t, host, port, user);
+    if (port)
+        t->port = port;
+    if (user)
+        set_string(&t->user, user, strlen(user));
+    apply_defaults(t);
+    return 0;
+}
+
+void gs_target_release(struct gs_target *t)
+{
+    free(t->alias);
+    free(t->hostname);
+    free(t->user);
+    for (size_t i = 0; i < t->n_identities; i++)
+        free(t->identities[i]);
+    free(t->identities);
+    memset(t, 0, sizeof(*t));
+}

@@ -1,0 +1,30 @@
+/* remote/target.h: who to connect to. Resolves a host (possibly an ~/.ssh/config alias) into the
+ * real host name, port, user and identity files the way OpenSSH would, by asking `ssh -G` when the
+ * OpenSSH client is installed; without it, the given values and defaults are used as they are. */
+#ifndef GS_TARGET_H
+#define GS_TARGET_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+
+struct gs_target {
+    char *alias;    /* what the user wrote */
+    char *hostname; /* what to connect to */
+    int port;
+    char *user;
+    char **identities; /* identity files to try, in order, "~" expanded; may not exist */
+    size_t n_identities;
+};
+
+/* Fills `t` for `host` with explicit overrides `port` (0: none) and `user` (NULL: none).
+ * Returns 0, or GS_E_USAGE for an empty host. `t` must be released with gs_target_release. */
+int gs_target_resolve(struct gs_target *t, const char *host, int port, const char *user,
+                      struct gs_error *err);
+
+/* Parses `ssh -G` output into `t` (exposed for tests). */
+void gs_target_apply_ssh_g(struct gs_target *t, const char *output);
+
+void gs_target_release(struct gs_target *t);
+
+#endif

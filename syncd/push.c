@@ -1,0 +1,223 @@
+/* syncd/push.c: executing a plan through a transport (see push.h). */
+#include "syncd/push.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/path.h"
+#include "syncd/scan.h"
+
+#define COMMIT_EVERY_MS 50
+
+struct run {
+    struct gs_index *idx;
+    const struct gs_push_opts *opts;
+    struct gs_push_stats *st;
+    struct gs_fileops *ops;
+    int64_t last_commit_ms;
+    int out_of_space; /* stop sending content: the server's disk is full */
+    struct gs_error index_err;
+};
+
+static void count_success(struct gs_push_stats *st, const struct gs_plan_op *op)
+{
+    switch (op->type) {
+    case GS_OP_PUT:
+        st->sent++;
+        st->bytes_sent += op->record.size;
+        break;
+    case GS_OP_DELETE:
+        st->deleted++;
+        break;
+    case GS_OP_RENAME:
+        st->renamed++;
+        break;
+    case GS_OP_MKDIR:
+        st->mkdirs++;
+        break;
+    case GS_OP_SYMLINK:
+        st->symlinks++;
+        break;
+    case GS_OP_CHMOD:
+        st->chmods++;
+        break;
+    }
+}
+
+static void note_failure(struct run *run, const struct gs_plan_op *op,
+                         const struct gs_fop_result *r)
+{
+    run->st->failed++;
+    if (!run->st->first_error[0])
+        snprintf(run->st->first_error, sizeof(run->st->first_error), "%s %s: %s",
+                 gs_plan_op_name(op->type), op->path, r->message ? r->message : "failed");
+    if (r->err_no == ENOSPC || r->err_no == EDQUOT)
+        run->out_of_space = 1;
+}
+
+/* Commits what completed so far, at most every COMMIT_EVERY_MS, so a crash loses little. */
+static void maybe_commit(struct run *run)
+{
+    int64_t now = gs_clock_mono_ms();
+    if (now - run->last_commit_ms < COMMIT_EVERY_MS)
+        return;
+    gs_index_commit(run->idx, &run->index_err);
+    gs_index_begin(run->idx, &run->index_err);
+    run->last_commit_ms = now;
+}
+
+static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r)
+{
+    struct run *run = cb_ctx;
+    const struct gs_plan_op *op = req_ctx;
+    run->st->ops_done++;
+    if (r->ok) {
+        count_success(run->st, op);
+        run->st->conflicts += r->kept != NULL;
+        gs_plan_record(run->idx, op, &run->index_err);
+    } else {
+        note_failure(run, op, r);
+    }
+    if (run->opts->on_op)
+        run->opts->on_op(run->opts->ctx, op, r);
+    if (run->opts->on_progress)
+        run->opts->on_progress(run->opts->ctx, run->st);
+    maybe_commit(run);
+}
+
+static enum gs_fop_expect expect_of(const struct gs_plan_expect *e, uint8_t hash[16])
+{
+    switch (e->kind) {
+    case GS_EXPECT_ABSENT:
+        return GS_FOP_EXPECT_ABSENT;
+    case GS_EXPECT_FILE:
+        memcpy(hash, e->hash.b, 16);
+        return GS_FOP_EXPECT_HASH;
+    case GS_EXPECT_SYMLINK: { /* the agent hashes a symlink's target string */
+        struct gs_hash h;
+        gs_hash_bytes(e->link ? e->link : "", e->link ? strlen(e->link) : 0, &h);
+        memcpy(hash, h.b, 16);
+        return GS_FOP_EXPECT_HASH;
+    }
+    default:
+        return GS_FOP_EXPECT_FORCE;
+    }
+}
+
+static enum gs_fop_type fop_type(enum gs_op_type t)
+{
+    static const enum gs_fop_type map[] = {
+        [GS_OP_RENAME] = GS_FOP_RENAME, [GS_OP_MKDIR] = GS_FOP_MKDIR,
+        [GS_OP_PUT] = GS_FOP_PUT,       [GS_OP_SYMLINK] = GS_FOP_SYMLINK,
+        [GS_OP_CHMOD] = GS_FOP_CHMOD,   [GS_OP_DELETE] = GS_FOP_DELETE,
+    };
+    return map[t];
+}
+
+/* Builds the transport request for `op`; `local` receives the absolute local path of a put. */
+static void make_request(const char *root, struct gs_plan_op *op, struct gs_buf *local,
+                         struct gs_fop_req *req)
+{
+    memset(req, 0, sizeof(*req));
+    req->type = fop_type(op->type);
+    req->ctx = op;
+    req->mode = op->record.mode;
+    req->mtime_ns = op->record.mtime_ns;
+    req->size = op->record.size;
+    req->path = op->path;
+    req->expect = expect_of(&op->expect, req->hash);
+    if (op->type == GS_OP_RENAME) {
+        req->path = op->from;
+        req->path2 = op->path;
+        req->expect = GS_FOP_EXPECT_ABSENT; /* the destination is new: the plan never chains */
+    } else if (op->type == GS_OP_SYMLINK) {
+        req->path2 = op->record.link;
+    } else if (op->type == GS_OP_PUT) {
+        gs_buf_reset(local);
+        gs_path_join(local, root, op->path);
+        req->local_file = local->data;
+        memcpy(req->content_hash, op->record.hash.b, 16);
+    }
+}
+
+static void report_dry_run(const struct gs_plan *plan, const struct gs_push_opts *o)
+{
+    for (size_t i = 0; o->on_op && i < plan->n_ops; i++)
+        o->on_op(o->ctx, &plan->ops[i], NULL);
+}
+
+/* Submits every operation; stops early on a transport error or a full disk (nothing more would
+ * fit, and the rest stay planned for the next push). */
+static int execute(const char *root, struct gs_plan *plan, struct run *run, struct gs_error *err)
+{
+    struct gs_buf local = GS_BUF_INIT;
+    int rc = gs_index_begin(run->idx, err);
+    run->last_commit_ms = gs_clock_mono_ms();
+    for (size_t i = 0; rc == 0 && i < plan->n_ops; i++) {
+        struct gs_plan_op *op = &plan->ops[i];
+        if (run->out_of_space && op->type == GS_OP_PUT)
+            continue;
+        struct gs_fop_req req;
+        make_request(root, op, &local, &req);
+        rc = run->ops->submit(run->ops, &req, err);
+    }
+    if (rc == 0)
+        rc = run->ops->drain(run->ops, err);
+    int crc = gs_index_commit(run->idx, &run->index_err);
+    gs_buf_release(&local);
+    if (rc == 0 && crc < 0)
+        rc = gs_error_set(err, crc, "%s", run->index_err.msg);
+    return rc;
+}
+
+static void fill_plan_stats(struct gs_push_stats *st, const struct gs_plan *plan)
+{
+    st->ops_total = plan->n_ops;
+    st->bytes_total = plan->bytes_to_send;
+    st->hashed = plan->n_hashed;
+    st->unchanged = plan->n_refreshed;
+}
+
+static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                     const struct gs_push_opts *o, struct gs_plan *plan, struct gs_error *err)
+{
+    struct gs_scan scan = GS_SCAN_INIT;
+    int rc = gs_scan_tree(&scan, root, ig, err);
+    struct gs_plan_opts popts = {
+        .paths = o->paths, .n_paths = o->n_paths, .no_refresh = o->dry_run};
+    if (rc == 0)
+        rc = gs_plan_build(plan, root, &scan, idx, &popts, err);
+    gs_scan_release(&scan);
+    return rc;
+}
+
+int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                struct gs_fileops *ops, const struct gs_push_opts *opts, struct gs_push_stats *st,
+                struct gs_error *err)
+{
+    int64_t start = gs_clock_mono_ms();
+    memset(st, 0, sizeof(*st));
+    struct gs_plan plan = GS_PLAN_INIT;
+    int rc = plan_tree(root, ig, idx, opts, &plan, err);
+    if (rc < 0)
+        return rc;
+    fill_plan_stats(st, &plan);
+    if (opts->dry_run || !ops) {
+        report_dry_run(&plan, opts);
+    } else {
+        struct run run = {.idx = idx, .opts = opts, .st = st, .ops = ops};
+        ops->done = on_done;
+        ops->done_ctx = &run;
+        rc = execute(root, &plan, &run, err);
+        ops->done = NULL;
+    }
+    gs_plan_release(&plan);
+    st->elapsed_ms = gs_clock_mono_ms() - start;
+    if (rc == 0 && st->failed)
+        rc = gs_error_set(err, GS_E_REMOTE, "%zu of %zu operations failed; first: %s", st->failed,
+                          st->ops_total, st->first_error);
+    return rc;
+}

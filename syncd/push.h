@@ -1,0 +1,54 @@
+/* syncd/push.h: one sync of the local tree to the server: scan, plan, execute through a
+ * transport (remote/fileops.h), recording each completed operation in the index as its reply
+ * arrives. Killed at any instant, the next push resumes without losing or repeating an edit:
+ * what completed is in the index (committed every 50 ms), and what did not is planned again (the
+ * agent treats a put of content it already holds as done). */
+#ifndef GS_SYNCD_PUSH_H
+#define GS_SYNCD_PUSH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "remote/fileops.h"
+#include "syncd/ignore.h"
+#include "syncd/index.h"
+#include "syncd/plan.h"
+
+struct gs_push_stats {
+    size_t ops_total, ops_done;
+    size_t sent, deleted, renamed, mkdirs, symlinks, chmods;
+    size_t conflicts, failed;
+    size_t unchanged; /* touched files with the same content: nothing sent */
+    size_t hashed;
+    uint64_t bytes_total, bytes_sent;
+    int64_t elapsed_ms;
+    char first_error[512];
+};
+
+/* Called for each operation: when it completes (`r` set) or, in a dry run, as planned (`r` NULL).
+ */
+typedef void (*gs_push_op_fn)(void *ctx, const struct gs_plan_op *op,
+                              const struct gs_fop_result *r);
+/* Called after each completion with the running totals. */
+typedef void (*gs_push_progress_fn)(void *ctx, const struct gs_push_stats *st);
+
+struct gs_push_opts {
+    const char *const *paths; /* restrict to these (relative) paths; NULL: the whole tree */
+    size_t n_paths;
+    int dry_run; /* plan and report, change nothing (not even the index's cache) */
+    gs_push_op_fn on_op;
+    gs_push_progress_fn on_progress;
+    void *ctx;
+};
+
+/* Makes the server match the tree at `root`. `ops` may be NULL for a dry run. Fills `st` (also on
+ * failure). Returns 0 when every operation succeeded (conflicts are successes: the server's copy
+ * was kept); GS_E_REMOTE when some failed (st->first_error says which; the rest were done);
+ * GS_E_IO for a local failure; a transport error (GS_E_DISCONNECTED, ...) when the connection
+ * broke: everything completed before that is recorded. */
+int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                struct gs_fileops *ops, const struct gs_push_opts *opts, struct gs_push_stats *st,
+                struct gs_error *err);
+
+#endif

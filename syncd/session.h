@@ -1,0 +1,45 @@
+/* syncd/session.h: everything one sync needs, opened in one place for the CLI and the daemon:
+ * the ignore rules, the index (.gpusync/index.db) and, once connected, the transport: the agent
+ * when it can run on the server, else the SFTP fallback (design decisions 2-4). */
+#ifndef GS_SYNCD_SESSION_H
+#define GS_SYNCD_SESSION_H
+
+#include "common/config.h"
+#include "common/error.h"
+#include "remote/agent_client.h"
+#include "remote/fileops.h"
+#include "remote/ssh.h"
+#include "syncd/ignore.h"
+#include "syncd/index.h"
+
+struct gs_session {
+    char *root; /* local project root (absolute) */
+    const struct gs_config *cfg;
+    struct gs_ignore *ig;
+    struct gs_index *idx;
+    struct gs_fileops *ops; /* NULL until connected */
+    struct gs_agent *agent; /* the agent behind ops, or NULL (SFTP) */
+    char transport[256];    /* "agent (uploaded)", "sftp (fallback: ...)" */
+};
+
+/* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
+ * it must outlive the session). Returns 0 or a negative code; on failure nothing stays open. */
+int gs_session_open(struct gs_session *s, const char *root, const struct gs_config *cfg,
+                    struct gs_error *err);
+
+/* Opens the transport over `ssh` (borrowed) for the remote directory `remote_dir` (a quoted shell
+ * word, for the agent) / `remote_path` (raw, for SFTP). Installs the agent if needed; falls back to
+ * SFTP when the config says so or no agent can run, recording why in s->transport. */
+int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
+                       const char *remote_path, struct gs_error *err);
+
+/* Closes the transport only (after a lost connection); the local half stays open. */
+void gs_session_disconnect(struct gs_session *s);
+
+/* Closes everything. Safe on a zeroed session. */
+void gs_session_close(struct gs_session *s);
+
+/* The index's remote identity for `cfg`: "user@host:port:path" (malloc'd). */
+char *gs_session_remote_id(const struct gs_config *cfg);
+
+#endif
