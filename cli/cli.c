@@ -82,9 +82,9 @@ int gs_cli_load_project(struct gs_cli *cli)
     return rc;
 }
 
-int gs_cli_connect(struct gs_cli *cli)
+void gs_cli_ssh_opts(struct gs_cli *cli, struct gs_ssh_opts *opts)
 {
-    struct gs_ssh_opts opts = {
+    *opts = (struct gs_ssh_opts){
         .host = cli->cfg.host,
         .port = cli->cfg.port,
         .user = cli->cfg.user,
@@ -94,6 +94,12 @@ int gs_cli_connect(struct gs_cli *cli)
         .confirm = cli->interactive ? gs_cli_tty_confirm : NULL,
         .ask_secret = cli->interactive && !cli->password ? gs_cli_tty_secret : NULL,
     };
+}
+
+int gs_cli_connect(struct gs_cli *cli)
+{
+    struct gs_ssh_opts opts;
+    gs_cli_ssh_opts(cli, &opts);
     return gs_ssh_connect(&cli->ssh, &opts, &cli->err);
 }
 

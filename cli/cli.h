@@ -81,6 +81,10 @@ int gs_cli_prepare(struct gs_cli *cli, const struct gs_cmd *cmd);
 /* Loads the project (root and config) into cli. Returns 0 or a GS_E_* code with cli->err set. */
 int gs_cli_load_project(struct gs_cli *cli);
 
+/* Fills `opts` with how to reach the configured server (cli->cfg and the command-line flags). The
+ * strings stay owned by `cli`. */
+void gs_cli_ssh_opts(struct gs_cli *cli, struct gs_ssh_opts *opts);
+
 /* Connects to the configured server (cli->cfg). Returns 0 or a GS_E_* code with cli->err set. */
 int gs_cli_connect(struct gs_cli *cli);
 
@@ -112,5 +116,8 @@ extern const struct gs_cmd gs_cmd_doctor;
 extern const struct gs_cmd gs_cmd_push;
 extern const struct gs_cmd gs_cmd_pull;
 extern const struct gs_cmd gs_cmd_status;
+extern const struct gs_cmd gs_cmd_watch;
+extern const struct gs_cmd gs_cmd_flush;
+extern const struct gs_cmd gs_cmd_events;
 
 #endif

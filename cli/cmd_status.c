@@ -2,9 +2,11 @@
  * without connecting. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
 
@@ -44,6 +46,41 @@ static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_st
     }
 }
 
+/* Asks a running daemon. Returns 0 after printing, 1 when no daemon runs. */
+static int daemon_status(struct gs_cli *cli)
+{
+    int fd = gs_control_connect(cli->root.data, NULL);
+    if (fd < 0)
+        return 1;
+    json_t *req = json_pack("{s:s}", "cmd", "status"), *st = NULL;
+    struct gs_buf buf = GS_BUF_INIT;
+    int rc = gs_control_send(fd, req, NULL);
+    if (rc == 0)
+        rc = gs_control_recv(fd, &buf, &st, 5000, &cli->err);
+    json_decref(req);
+    gs_buf_release(&buf);
+    close(fd);
+    if (rc < 0)
+        return 1;
+    if (cli->json) {
+        gs_cli_json_print(st);
+        return 0;
+    }
+    json_t *err = json_object_get(st, "last_error"), *lat = json_object_get(st, "last_latency_ms");
+    printf("daemon:  running (pid %lld), %s via %s\nstate:   %s, %lld pending\n",
+           (long long)json_integer_value(json_object_get(st, "pid")),
+           json_string_value(json_object_get(st, "target")),
+           json_string_value(json_object_get(st, "transport")),
+           json_string_value(json_object_get(st, "state")),
+           (long long)json_integer_value(json_object_get(st, "pending")));
+    if (json_is_integer(lat))
+        printf("latency: last sync took %lld ms\n", (long long)json_integer_value(lat));
+    if (json_is_string(err))
+        printf("error:   %s\n", json_string_value(err));
+    json_decref(st);
+    return 0;
+}
+
 static int status_main(struct gs_cli *cli, int argc, char **argv)
 {
     int opt, rc;
@@ -53,6 +90,8 @@ static int status_main(struct gs_cli *cli, int argc, char **argv)
             return GS_EXIT_USAGE;
     if ((rc = gs_cli_prepare(cli, &gs_cmd_status)) != 0)
         return rc;
+    if (daemon_status(cli) == 0)
+        return 0;
     struct gs_session s;
     if ((rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) < 0)
         return gs_cli_fail(cli, rc);
@@ -80,7 +119,7 @@ const struct gs_cmd gs_cmd_status = {
     .name = "status",
     .alias = "st",
     .usage = "status [--json]",
-    .summary = "Show what is waiting to be synced",
+    .summary = "Show the daemon's state, or what is waiting to be synced",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = status_main,
 };

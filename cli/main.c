@@ -13,7 +13,16 @@
 #endif
 
 static const struct gs_cmd *const cmd_table[] = {
-    &gs_cmd_init, &gs_cmd_push, &gs_cmd_pull, &gs_cmd_status, &gs_cmd_exec, &gs_cmd_doctor,
+    /* one per line, in the order `gpusync help` lists them */
+    &gs_cmd_init,   //
+    &gs_cmd_push,   //
+    &gs_cmd_pull,   //
+    &gs_cmd_watch,  //
+    &gs_cmd_status, //
+    &gs_cmd_flush,  //
+    &gs_cmd_events, //
+    &gs_cmd_exec,   //
+    &gs_cmd_doctor, //
 };
 #define N_COMMANDS (sizeof(cmd_table) / sizeof(cmd_table[0]))
 

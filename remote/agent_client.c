@@ -56,7 +56,7 @@ static int agent_gone(struct gs_agent *a, struct gs_error *err)
 {
     while (a->errtail.len && (a->errtail.data[a->errtail.len - 1] == '\n'))
         a->errtail.data[--a->errtail.len] = '\0';
-    return gs_error_set(err, GS_E_REMOTE, "the gpusync agent on %s stopped%s%s",
+    return gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s stopped%s%s",
                         gs_ssh_target(a->ssh), a->errtail.len ? ": " : "",
                         a->errtail.len ? a->errtail.data : "");
 }

@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
@@ -181,11 +183,76 @@ static void fill_plan_stats(struct gs_push_stats *st, const struct gs_plan *plan
     st->unchanged = plan->n_refreshed;
 }
 
+static int entry_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct gs_scan_entry *)a)->path, ((const struct gs_scan_entry *)b)->path);
+}
+
+/* Adds the directories above `path` (they are in scope for creating missing parents) unless the
+ * scan already has them. */
+static void add_ancestors(struct gs_scan *scan, const char *root, const char *path)
+{
+    struct gs_buf prefix = GS_BUF_INIT, abs = GS_BUF_INIT;
+    for (const char *slash = strchr(path, '/'); slash; slash = strchr(slash + 1, '/')) {
+        gs_buf_reset(&prefix);
+        gs_buf_add(&prefix, path, (size_t)(slash - path));
+        gs_buf_reset(&abs);
+        gs_path_join(&abs, root, prefix.data);
+        struct stat st;
+        if (lstat(abs.data, &st) < 0 || !S_ISDIR(st.st_mode))
+            break;
+        if (scan->n == scan->cap) {
+            scan->cap = scan->cap ? scan->cap * 2 : 16;
+            scan->entries = realloc(scan->entries, scan->cap * sizeof(*scan->entries));
+        }
+        scan->entries[scan->n++] = (struct gs_scan_entry){
+            .path = strdup(prefix.data),
+            .kind = GS_KIND_DIR,
+            .mode = st.st_mode & 07777,
+            .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+            .ino = st.st_ino};
+    }
+    gs_buf_release(&prefix);
+    gs_buf_release(&abs);
+}
+
+/* Sorts and drops duplicate paths (subtrees and ancestors may overlap). */
+static void sort_unique(struct gs_scan *scan)
+{
+    qsort(scan->entries, scan->n, sizeof(*scan->entries), entry_cmp);
+    size_t out = 0;
+    for (size_t i = 0; i < scan->n; i++) {
+        if (out && strcmp(scan->entries[out - 1].path, scan->entries[i].path) == 0) {
+            free(scan->entries[i].path);
+            free(scan->entries[i].link);
+            continue;
+        }
+        scan->entries[out++] = scan->entries[i];
+    }
+    scan->n = out;
+}
+
+/* Scans only what a restricted push can touch: each path's subtree and its ancestors. A save in a
+ * 100,000-file project then costs a few lstat calls, not a walk of the whole tree. */
+static int scan_paths(struct gs_scan *scan, const char *root, struct gs_ignore *ig,
+                      const struct gs_push_opts *o, struct gs_error *err)
+{
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < o->n_paths; i++) {
+        if (!o->paths[i][0])
+            return gs_scan_tree(scan, root, ig, err); /* the root: everything */
+        rc = gs_scan_subtree(scan, root, o->paths[i], ig, err);
+        add_ancestors(scan, root, o->paths[i]);
+    }
+    sort_unique(scan);
+    return rc;
+}
+
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
                      const struct gs_push_opts *o, struct gs_plan *plan, struct gs_error *err)
 {
     struct gs_scan scan = GS_SCAN_INIT;
-    int rc = gs_scan_tree(&scan, root, ig, err);
+    int rc = o->n_paths ? scan_paths(&scan, root, ig, o, err) : gs_scan_tree(&scan, root, ig, err);
     struct gs_plan_opts popts = {
         .paths = o->paths, .n_paths = o->n_paths, .no_refresh = o->dry_run};
     if (rc == 0)

@@ -1,0 +1,77 @@
+/* cli/cmd_flush.c: `gpusync flush`: returns once the server matches what was on disk when it was
+ * called (through the daemon), or does a push itself when no daemon runs. `gpusync run` uses it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "syncd/control.h"
+
+enum { OPT_TIMEOUT = 2000 };
+
+static const struct option flush_options[] = {
+    GS_CLI_COMMON_LONGOPTS,
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {NULL, 0, NULL, 0},
+};
+
+/* Asks the daemon; returns 0, 1 (no daemon: caller pushes), or an exit code after an error. */
+static int flush_daemon(struct gs_cli *cli, int timeout_s)
+{
+    int fd = gs_control_connect(cli->root.data, NULL);
+    if (fd < 0)
+        return 1;
+    json_t *req = json_pack("{s:s}", "cmd", "flush"), *reply = NULL;
+    struct gs_buf buf = GS_BUF_INIT;
+    int rc = gs_control_send(fd, req, &cli->err);
+    if (rc == 0)
+        rc = gs_control_recv(fd, &buf, &reply, timeout_s * 1000, &cli->err);
+    close(fd);
+    gs_buf_release(&buf);
+    json_decref(req);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    int ok = json_is_true(json_object_get(reply, "ok"));
+    if (!ok)
+        gs_error_set(&cli->err, GS_E_REMOTE, "flush failed: %s",
+                     json_string_value(json_object_get(reply, "error")));
+    if (ok && cli->json) {
+        json_object_set_new(reply, "daemon", json_true());
+        gs_cli_json_print(json_incref(reply));
+    } else if (ok) {
+        printf("up to date (%lld ms)\n",
+               (long long)json_integer_value(json_object_get(reply, "ms")));
+    }
+    json_decref(reply);
+    return ok ? 0 : gs_cli_fail(cli, GS_E_REMOTE);
+}
+
+static int flush_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc, timeout_s = 300;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", flush_options, NULL)) != -1) {
+        if (opt == OPT_TIMEOUT)
+            timeout_s = atoi(optarg);
+        else if ((rc = gs_cli_common_option(cli, &gs_cmd_flush, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    }
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_flush)) != 0)
+        return rc;
+    rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300);
+    if (rc != 1)
+        return rc;
+    /* No daemon: do the work ourselves. */
+    char *push_argv[] = {"push", cli->json ? "--json" : NULL, NULL};
+    return gs_cmd_push.exec(cli, cli->json ? 2 : 1, push_argv);
+}
+
+const struct gs_cmd gs_cmd_flush = {
+    .name = "flush",
+    .usage = "flush [--timeout SECONDS]",
+    .summary = "Wait until the server has every change made so far",
+    .help = "  --timeout SECONDS      give up after this long (default 300)\n"
+            "  Without a running 'gpusync watch', pushes instead.\n",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = flush_main,
+};

@@ -1,0 +1,160 @@
+/* cli/cmd_watch.c: `gpusync watch`: live sync, in the foreground with a status line, or in the
+ * background with -d (a log in .gpusync/daemon.log); `--stop` ends a running daemon. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "common/path.h"
+#include "syncd/control.h"
+#include "syncd/daemon.h"
+
+enum { OPT_STOP = 2000 };
+
+static const struct option watch_options[] = {
+    GS_CLI_COMMON_LONGOPTS,
+    {"detach", no_argument, NULL, 'd'},
+    {"stop", no_argument, NULL, OPT_STOP},
+    {NULL, 0, NULL, 0},
+};
+
+static int stop_daemon(struct gs_cli *cli)
+{
+    int fd = gs_control_connect(cli->root.data, &cli->err);
+    if (fd < 0) {
+        if (!cli->json)
+            printf("no gpusync watch is running for %s\n", cli->root.data);
+        else
+            gs_cli_json_print(json_pack("{s:i,s:b,s:b}", "v", 1, "ok", 1, "was_running", 0));
+        return 0;
+    }
+    json_t *req = json_pack("{s:s}", "cmd", "stop"), *reply = NULL;
+    struct gs_buf buf = GS_BUF_INIT;
+    int rc = gs_control_send(fd, req, &cli->err);
+    if (rc == 0)
+        rc = gs_control_recv(fd, &buf, &reply, 5000, &cli->err);
+    json_decref(req);
+    json_decref(reply);
+    /* Wait for the daemon to go: its end closes our connection. */
+    json_t *more = NULL;
+    if (rc == 0)
+        gs_control_recv(fd, &buf, &more, 10000, NULL);
+    json_decref(more);
+    close(fd);
+    gs_buf_release(&buf);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    if (cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:b}", "v", 1, "ok", 1, "was_running", 1));
+    else
+        printf("stopped gpusync watch for %s\n", cli->root.data);
+    return 0;
+}
+
+static int run_daemon(struct gs_cli *cli, int ready_fd, FILE *status_out)
+{
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    struct gs_daemon_opts o = {.root = cli->root.data,
+                               .cfg = &cli->cfg,
+                               .remote_dir = dir.data,
+                               .debounce_ms = 8,
+                               .debounce_cap_ms = 100,
+                               .status_out = status_out,
+                               .ready_fd = ready_fd};
+    gs_cli_ssh_opts(cli, &o.ssh);
+    o.ssh.dead_after_ms = 6000;
+    if (ready_fd >= 0) { /* nobody to ask in the background */
+        o.ssh.confirm = NULL;
+        o.ssh.ask_secret = NULL;
+    }
+    int rc = gs_daemon_run(&o, &cli->err);
+    gs_buf_release(&dir);
+    return rc < 0 ? gs_cli_fail(cli, rc) : 0;
+}
+
+/* Forks the daemon into the background; returns once it serves (or failed to start). */
+static int detach(struct gs_cli *cli, int lock_fd)
+{
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0)
+        return gs_cli_fail(cli, gs_error_errno(&cli->err, GS_E_IO, "pipe"));
+    pid_t pid = fork();
+    if (pid < 0)
+        return gs_cli_fail(cli, gs_error_errno(&cli->err, GS_E_IO, "fork"));
+    if (pid == 0) {
+        close(pipefd[0]);
+        setsid();
+        struct gs_buf log = GS_BUF_INIT;
+        gs_path_join(&log, cli->root.data, GS_CONTROL_LOG);
+        int fd = open(log.data, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        gs_log_set_level(GS_LOG_INFO);
+        /* The inherited lock descriptor keeps the lock; record our pid in it. */
+        char pid[32];
+        int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+        if (ftruncate(lock_fd, 0) < 0 || pwrite(lock_fd, pid, (size_t)len, 0) != len)
+            gs_warn("cannot record the daemon pid");
+        _exit(run_daemon(cli, pipefd[1], NULL));
+    }
+    close(pipefd[1]);
+    close(lock_fd); /* the child holds it (flock is shared across fork) */
+    char c;
+    ssize_t n = read(pipefd[0], &c, 1);
+    close(pipefd[0]);
+    if (n != 1)
+        return gs_cli_fail(cli,
+                           gs_error_set(&cli->err, GS_E_ERR, "the daemon did not start; see %s/%s",
+                                        cli->root.data, GS_CONTROL_LOG));
+    if (cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:i}", "v", 1, "ok", 1, "pid", (int)pid));
+    else
+        printf("gpusync watch running in the background (pid %d); log: %s/%s\n", (int)pid,
+               cli->root.data, GS_CONTROL_LOG);
+    return 0;
+}
+
+static int watch_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, rc, background = 0, stop = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "hd", watch_options, NULL)) != -1) {
+        if (opt == 'd')
+            background = 1;
+        else if (opt == OPT_STOP)
+            stop = 1;
+        else if ((rc = gs_cli_common_option(cli, &gs_cmd_watch, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    }
+    if (optind < argc)
+        return gs_cli_usage_error(&gs_cmd_watch, "unexpected argument '%s'", argv[optind]);
+    if ((rc = gs_cli_prepare(cli, &gs_cmd_watch)) != 0)
+        return rc;
+    if (stop)
+        return stop_daemon(cli);
+    int lock_fd = gs_daemon_lock(cli->root.data, &cli->err);
+    if (lock_fd < 0)
+        return gs_cli_fail(cli, lock_fd);
+    if (background)
+        return detach(cli, lock_fd);
+    return run_daemon(cli, -1, isatty(STDERR_FILENO) ? stderr : NULL);
+}
+
+const struct gs_cmd gs_cmd_watch = {
+    .name = "watch",
+    .usage = "watch [-d] [--stop]",
+    .summary = "Mirror every save to the server as it happens (live sync)",
+    .help = "  -d, --detach           run in the background (log: .gpusync/daemon.log)\n"
+            "  --stop                 stop the background daemon\n"
+            "  First pushes what changed while no daemon ran. One daemon per project.\n",
+    .flags = GS_CMD_NEED_PROJECT,
+    .exec = watch_main,
+};

@@ -1,0 +1,147 @@
+/* syncd/control.c: control socket plumbing shared by the daemon and its clients (see control.h). */
+#include "syncd/control.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/path.h"
+
+/* Fills `addr` for the project's socket. A long project path would overflow sun_path (108 bytes),
+ * so the path goes through /proc/self/fd/N of an open .gpusync directory when needed; `dirfd`
+ * receives that descriptor (or -1) and must be closed after bind/connect. */
+static int socket_addr(const char *root, struct sockaddr_un *addr, int *dirfd, struct gs_error *err)
+{
+    memset(addr, 0, sizeof(*addr));
+    addr->sun_family = AF_UNIX;
+    *dirfd = -1;
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, root, GS_CONTROL_SOCKET);
+    if (path.len < sizeof(addr->sun_path)) {
+        memcpy(addr->sun_path, path.data, path.len + 1);
+        gs_buf_release(&path);
+        return 0;
+    }
+    gs_buf_reset(&path);
+    gs_path_join(&path, root, GS_DIR);
+    *dirfd = open(path.data, O_DIRECTORY | O_CLOEXEC);
+    int rc = *dirfd < 0 ? gs_error_errno(err, GS_E_IO, "%s", path.data) : 0;
+    if (rc == 0)
+        snprintf(addr->sun_path, sizeof(addr->sun_path), "/proc/self/fd/%d/daemon.sock", *dirfd);
+    gs_buf_release(&path);
+    return rc;
+}
+
+int gs_control_listen(const char *root, struct gs_error *err)
+{
+    struct sockaddr_un addr;
+    int dirfd;
+    if (socket_addr(root, &addr, &dirfd, err) < 0)
+        return GS_E_IO;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    unlink(addr.sun_path); /* a stale socket of a dead daemon; the lock says we are the only one */
+    int rc = fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0
+                 ? gs_error_errno(err, GS_E_IO, "control socket %s", addr.sun_path)
+                 : fd;
+    if (rc < 0 && fd >= 0)
+        close(fd);
+    if (dirfd >= 0)
+        close(dirfd);
+    return rc;
+}
+
+int gs_control_connect(const char *root, struct gs_error *err)
+{
+    struct sockaddr_un addr;
+    int dirfd;
+    if (socket_addr(root, &addr, &dirfd, err) < 0)
+        return GS_E_NOTFOUND;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        rc = gs_error_errno(err, GS_E_NOTFOUND, "no gpusync daemon for %s", root);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (dirfd >= 0)
+        close(dirfd);
+    return rc;
+}
+
+int gs_control_send(int fd, json_t *msg, struct gs_error *err)
+{
+    json_object_set_new(msg, "v", json_integer(GS_CONTROL_VERSION));
+    char *text = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (!text)
+        return gs_error_set(err, GS_E_NOMEM, "cannot encode a control message");
+    size_t len = strlen(text);
+    text[len++] = '\n'; /* json_dumps leaves room: it NUL-terminates */
+    int rc = 0;
+    for (size_t off = 0; off < len && rc == 0;) {
+        ssize_t n = send(fd, text + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, 1000);
+            continue;
+        }
+        if (n <= 0)
+            rc = gs_error_errno(err, GS_E_IO, "control socket write");
+        else
+            off += (size_t)n;
+    }
+    free(text);
+    return rc;
+}
+
+int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err)
+{
+    *msg = NULL;
+    char *nl = buf->len ? memchr(buf->data, '\n', buf->len) : NULL;
+    if (!nl)
+        return 0;
+    json_error_t jerr;
+    json_t *m = json_loadb(buf->data, (size_t)(nl - buf->data), 0, &jerr);
+    gs_buf_consume(buf, (size_t)(nl - buf->data) + 1);
+    if (!m)
+        return gs_error_set(err, GS_E_PROTO, "control message is not JSON: %s", jerr.text);
+    json_t *v = json_object_get(m, "v");
+    if (!json_is_integer(v) || json_integer_value(v) != GS_CONTROL_VERSION) {
+        json_decref(m);
+        return gs_error_set(err, GS_E_PROTO, "control protocol version mismatch (want %d)",
+                            GS_CONTROL_VERSION);
+    }
+    *msg = m;
+    return 0;
+}
+
+int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err)
+{
+    int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
+    for (;;) {
+        int rc = gs_control_pop(buf, msg, err);
+        if (rc < 0 || *msg)
+            return rc;
+        int wait = deadline < 0 ? -1 : (int)(deadline - gs_clock_mono_ms());
+        if (deadline >= 0 && wait <= 0)
+            return gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, wait) <= 0)
+            continue;
+        char chunk[8192];
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n <= 0)
+            return gs_error_set(err, GS_E_DISCONNECTED, "the gpusync daemon closed the connection");
+        gs_buf_add(buf, chunk, (size_t)n);
+    }
+}

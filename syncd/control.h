@@ -1,0 +1,55 @@
+/* syncd/control.h: the daemon's control socket protocol, the one definition for the daemon and
+ * every client (the CLI, and through it the editor plugins).
+ *
+ * Socket: .gpusync/daemon.sock in the project (UNIX stream). Messages are JSON objects, one per
+ * line, and every message carries "v": GS_CONTROL_VERSION. Requests:
+ *
+ *   {"v":1,"cmd":"status"}   -> {"v":1,"ok":true,"daemon":true,"state":"up_to_date"|"syncing"|
+ *                               "disconnected"|"connecting","connected":bool,"pending":N,
+ *                               "last_error":S|null,"last_latency_ms":N|null,"target":S,
+ *                               "transport":S,"pid":N,"watches":N,"polling":bool}
+ *   {"v":1,"cmd":"flush"}    -> {"v":1,"ok":true,"ms":N} once the server matches what was on disk
+ *                               when the request arrived (or {"v":1,"ok":false,"error":S})
+ *   {"v":1,"cmd":"events"}   -> {"v":1,"ok":true} then one event per line until the client leaves:
+ *                               {"v":1,"event":"synced","path":S,"ms":N}
+ *                               {"v":1,"event":"deleted","path":S}
+ *                               {"v":1,"event":"renamed","path":S,"from":S}
+ *                               {"v":1,"event":"conflict","path":S,"kept":S}
+ *                               {"v":1,"event":"error","path":S|null,"message":S}
+ *                               {"v":1,"event":"connected","target":S}
+ *                               {"v":1,"event":"disconnected","message":S}
+ *                               {"v":1,"event":"idle"} (the server matches the local tree)
+ *   {"v":1,"cmd":"stop"}     -> {"v":1,"ok":true}, then the daemon exits
+ *
+ * A request with another "v" gets {"v":1,"ok":false,"error":"protocol version ..."}. */
+#ifndef GS_SYNCD_CONTROL_H
+#define GS_SYNCD_CONTROL_H
+
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+
+#define GS_CONTROL_VERSION 1
+#define GS_CONTROL_SOCKET  ".gpusync/daemon.sock"
+#define GS_CONTROL_LOCK    ".gpusync/daemon.lock"
+#define GS_CONTROL_LOG     ".gpusync/daemon.log"
+
+/* Binds (daemon) or connects (client) the socket of the project at `root`, working around the
+ * 108-byte limit of socket paths. Return a descriptor, or GS_E_NOTFOUND (client: no daemon
+ * listening) / GS_E_IO. */
+int gs_control_listen(const char *root, struct gs_error *err);
+int gs_control_connect(const char *root, struct gs_error *err);
+
+/* Sends one message (adds "v" and the newline). Returns 0 or GS_E_IO. Does not steal `msg`. */
+int gs_control_send(int fd, json_t *msg, struct gs_error *err);
+
+/* Reads the next message from `fd`, buffering partial lines in `buf`. Waits up to `timeout_ms`
+ * (-1: forever). Returns 0 with *msg (a new reference), GS_E_TIMEOUT, GS_E_DISCONNECTED at EOF, or
+ * GS_E_PROTO for a line that is not JSON or has the wrong version. */
+int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err);
+
+/* Pops one complete line from `buf` as JSON, or returns 0 with *msg NULL if none is complete. */
+int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err);
+
+#endif

@@ -1,0 +1,600 @@
+/* syncd/daemon.c: the watch daemon's loop (see daemon.h). Single-threaded: one poll() over the
+ * inotify descriptor, the control socket and its clients, and a signalfd; pushes run inline. */
+#include "syncd/daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/path.h"
+#include "syncd/control.h"
+#include "syncd/push.h"
+#include "syncd/session.h"
+#include "syncd/watch.h"
+
+#define MAX_CLIENTS       64
+#define MAX_BATCH_PATHS   2000 /* more changed paths than this: one full push is cheaper */
+#define LIVENESS_EVERY_MS 5000 /* an idle connection is checked this often */
+#define POLL_FALLBACK_MS  2000 /* full pushes this often when inotify cannot watch */
+#define BACKOFF_FIRST_MS  500
+#define BACKOFF_MAX_MS    30000
+#define SUSPEND_JUMP_MS   3000 /* wall clock ran this far ahead of the monotonic one: we slept */
+
+struct client {
+    int fd;
+    struct gs_buf in;
+    int events;         /* subscribed to the event stream */
+    uint64_t flush_gen; /* waiting for this generation to be synced; 0: not waiting */
+    int64_t flush_start_ms;
+};
+
+struct daemon {
+    const struct gs_daemon_opts *o;
+    struct gs_session sess;
+    struct gs_ssh *ssh;
+    int connected;
+    struct gs_watch *watch;
+    int listen_fd, signal_fd;
+    struct client clients[MAX_CLIENTS];
+    int n_clients;
+    char **dirty; /* changed paths not yet pushed */
+    size_t n_dirty, cap_dirty;
+    int full; /* push the whole tree next */
+    int flush_now;
+    int64_t first_event_ms, last_event_ms;
+    uint64_t event_gen, synced_gen;
+    int64_t next_connect_ms;
+    int backoff_ms;
+    int64_t next_check_ms, next_poll_ms, last_wall_ms, last_mono_ms;
+    int syncing, stop;
+    char last_error[1024];
+    int64_t last_latency_ms;
+    int64_t batch_start_ms;
+};
+
+/* ---- events and status ---- */
+
+static void broadcast(struct daemon *d, json_t *event)
+{
+    for (int i = 0; i < d->n_clients; i++)
+        if (d->clients[i].events)
+            gs_control_send(d->clients[i].fd, event, NULL);
+    json_decref(event);
+}
+
+static const char *state_name(const struct daemon *d)
+{
+    if (!d->connected)
+        return d->next_connect_ms ? "disconnected" : "connecting";
+    if (d->syncing || d->n_dirty || d->full)
+        return "syncing";
+    return "up_to_date";
+}
+
+static void show_status(struct daemon *d)
+{
+    FILE *out = d->o->status_out;
+    if (!out)
+        return;
+    fprintf(out, "\r\033[K%s %s", d->connected ? "\xe2\x97\x8f" : "\xe2\x97\x8b",
+            d->connected ? gs_ssh_target(d->ssh) : "not connected");
+    if (d->syncing)
+        fprintf(out, " · syncing %zu path%s", d->n_dirty, d->n_dirty == 1 ? "" : "s");
+    else if (d->connected && !d->n_dirty)
+        fprintf(out, " · up to date");
+    if (d->last_latency_ms >= 0 && d->connected)
+        fprintf(out, " · last sync %lld ms", (long long)d->last_latency_ms);
+    if (!d->connected && d->last_error[0])
+        fprintf(out, " · %s", d->last_error);
+    fflush(out);
+}
+
+static json_t *status_json(struct daemon *d)
+{
+    return json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
+                     "state", state_name(d), "connected", d->connected, "pending", (int)d->n_dirty,
+                     "last_error", d->last_error[0] ? json_string(d->last_error) : json_null(),
+                     "last_latency_ms",
+                     d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
+                     "target", d->connected ? gs_ssh_target(d->ssh) : d->o->cfg->host, "transport",
+                     d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
+                     d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
+                     d->watch && gs_watch_polling(d->watch, NULL));
+}
+
+/* ---- the set of changed paths ---- */
+
+static void mark_dirty(void *ctx, const char *path)
+{
+    struct daemon *d = ctx;
+    int64_t now = gs_clock_mono_ms();
+    if (!d->n_dirty && !d->full)
+        d->first_event_ms = now;
+    d->last_event_ms = now;
+    d->event_gen++;
+    if (d->full)
+        return;
+    if (d->n_dirty >= MAX_BATCH_PATHS) {
+        d->full = 1;
+        return;
+    }
+    if (d->n_dirty == d->cap_dirty) {
+        d->cap_dirty = d->cap_dirty ? d->cap_dirty * 2 : 64;
+        d->dirty = realloc(d->dirty, d->cap_dirty * sizeof(char *));
+    }
+    d->dirty[d->n_dirty++] = strdup(path);
+}
+
+static void mark_full(struct daemon *d)
+{
+    mark_dirty(d, "");
+    d->full = 1;
+}
+
+static int str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorts the batch and drops duplicates. */
+static void unique_paths(char **paths, size_t *n)
+{
+    qsort(paths, *n, sizeof(char *), str_cmp);
+    size_t out = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (out && strcmp(paths[out - 1], paths[i]) == 0)
+            free(paths[i]);
+        else
+            paths[out++] = paths[i];
+    }
+    *n = out;
+}
+
+static void free_paths(char **paths, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(paths[i]);
+    free(paths);
+}
+
+/* ---- the connection ---- */
+
+static void disconnect(struct daemon *d, const char *why)
+{
+    if (d->connected)
+        gs_warn("disconnected from %s: %s", gs_ssh_target(d->ssh), why);
+    gs_session_disconnect(&d->sess);
+    gs_ssh_free(d->ssh);
+    d->ssh = NULL;
+    int was = d->connected;
+    d->connected = 0;
+    snprintf(d->last_error, sizeof(d->last_error), "%s", why);
+    int jitter = d->backoff_ms / 5;
+    d->next_connect_ms = gs_clock_mono_ms() + d->backoff_ms + (jitter ? rand() % jitter : 0);
+    d->backoff_ms = d->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : d->backoff_ms * 2;
+    if (was)
+        broadcast(d, json_pack("{s:s,s:s}", "event", "disconnected", "message", why));
+    show_status(d);
+}
+
+static void try_connect(struct daemon *d)
+{
+    struct gs_error err = {0};
+    int rc = gs_ssh_connect(&d->ssh, &d->o->ssh, &err);
+    if (rc == 0)
+        rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir, d->o->cfg->remote_path, &err);
+    if (rc < 0) {
+        disconnect(d, err.msg);
+        return;
+    }
+    d->connected = 1;
+    d->backoff_ms = BACKOFF_FIRST_MS;
+    d->next_connect_ms = 0;
+    d->last_error[0] = '\0';
+    d->next_check_ms = gs_clock_mono_ms() + LIVENESS_EVERY_MS;
+    gs_info("connected to %s (%s)", gs_ssh_target(d->ssh), d->sess.transport);
+    broadcast(d, json_pack("{s:s,s:s}", "event", "connected", "target", gs_ssh_target(d->ssh)));
+    mark_full(d); /* whatever changed while we were away */
+    d->flush_now = 1;
+}
+
+/* An idle link is checked with a real round trip; a dead one is noticed within seconds. */
+static void check_liveness(struct daemon *d)
+{
+    int64_t now = gs_clock_mono_ms(), wall = gs_clock_wall_ms();
+    int suspended =
+        d->last_wall_ms && (wall - d->last_wall_ms) - (now - d->last_mono_ms) > SUSPEND_JUMP_MS;
+    d->last_wall_ms = wall;
+    d->last_mono_ms = now;
+    if (!d->connected) {
+        if (suspended)
+            d->next_connect_ms = now; /* woke up: try at once */
+        return;
+    }
+    if (!suspended && now < d->next_check_ms)
+        return;
+    d->next_check_ms = now + LIVENESS_EVERY_MS;
+    struct gs_error err = {0};
+    int64_t rtt;
+    if (gs_ssh_ping(d->ssh, &rtt, &err) < 0)
+        disconnect(d, err.msg);
+}
+
+/* ---- pushing a batch ---- */
+
+static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    struct daemon *d = ctx;
+    if (!r)
+        return;
+    int64_t ms = gs_clock_mono_ms() - d->first_event_ms;
+    json_t *ev;
+    if (!r->ok)
+        ev = json_pack("{s:s,s:s,s:s}", "event", "error", "path", op->path, "message",
+                       r->message ? r->message : "failed");
+    else if (r->kept)
+        ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->path, "kept", r->kept);
+    else if (op->type == GS_OP_DELETE)
+        ev = json_pack("{s:s,s:s}", "event", "deleted", "path", op->path);
+    else if (op->type == GS_OP_RENAME)
+        ev = json_pack("{s:s,s:s,s:s}", "event", "renamed", "path", op->path, "from", op->from);
+    else
+        ev = json_pack("{s:s,s:s,s:I}", "event", "synced", "path", op->path, "ms", (json_int_t)ms);
+    if (!r->ok || r->kept)
+        gs_warn("%s %s: %s", r->ok ? "conflict" : "error", op->path,
+                r->ok ? r->kept : (r->message ? r->message : "failed"));
+    broadcast(d, ev);
+}
+
+static void answer_flushes(struct daemon *d)
+{
+    int64_t now = gs_clock_mono_ms();
+    for (int i = 0; i < d->n_clients; i++) {
+        struct client *c = &d->clients[i];
+        if (!c->flush_gen || c->flush_gen > d->synced_gen)
+            continue;
+        json_t *reply =
+            json_pack("{s:b,s:I}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms));
+        gs_control_send(c->fd, reply, NULL);
+        json_decref(reply);
+        c->flush_gen = 0;
+    }
+}
+
+static int is_transport_error(int rc)
+{
+    return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT || rc == GS_E_PROTO || rc == GS_E_NOMEM;
+}
+
+/* Puts a batch's paths back (after a lost connection) so nothing is forgotten. */
+static void requeue(struct daemon *d, char **paths, size_t n, int full)
+{
+    for (size_t i = 0; i < n; i++)
+        mark_dirty(d, paths[i]);
+    if (full)
+        d->full = 1;
+}
+
+static void sync_batch(struct daemon *d)
+{
+    char **paths = d->dirty;
+    size_t n = d->n_dirty;
+    int full = d->full;
+    uint64_t gen = d->event_gen;
+    d->dirty = NULL;
+    d->n_dirty = d->cap_dirty = 0;
+    d->full = d->flush_now = 0;
+    unique_paths(paths, &n);
+    d->syncing = 1;
+    show_status(d);
+    struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
+                             .n_paths = full ? 0 : n,
+                             .on_op = on_op,
+                             .ctx = d};
+    struct gs_push_stats st;
+    struct gs_error err = {0};
+    int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
+    d->syncing = 0;
+    if (is_transport_error(rc)) {
+        requeue(d, paths, n, full);
+        disconnect(d, err.msg);
+    } else {
+        if (rc < 0)
+            snprintf(d->last_error, sizeof(d->last_error), "%s", err.msg);
+        else
+            d->last_error[0] = '\0';
+        d->synced_gen = gen;
+        if (st.ops_total)
+            d->last_latency_ms = gs_clock_mono_ms() - d->first_event_ms;
+        answer_flushes(d);
+        if (!d->n_dirty && !d->full)
+            broadcast(d, json_pack("{s:s}", "event", "idle"));
+    }
+    free_paths(paths, n);
+    show_status(d);
+}
+
+/* A batch goes out after a short quiet spell, or when it has waited long enough, or at once for
+ * a flush. */
+static int batch_due(const struct daemon *d, int64_t now)
+{
+    if (!d->connected || (!d->n_dirty && !d->full))
+        return 0;
+    return d->flush_now || now - d->last_event_ms >= d->o->debounce_ms ||
+           now - d->first_event_ms >= d->o->debounce_cap_ms;
+}
+
+/* ---- control clients ---- */
+
+static void drop_client(struct daemon *d, int i)
+{
+    close(d->clients[i].fd);
+    gs_buf_release(&d->clients[i].in);
+    d->clients[i] = d->clients[--d->n_clients];
+}
+
+static void reply(struct client *c, json_t *msg)
+{
+    gs_control_send(c->fd, msg, NULL);
+    json_decref(msg);
+}
+
+static void read_changes(struct daemon *d)
+{
+    struct gs_error err = {0};
+    int rc = gs_watch_read(d->watch, mark_dirty, d, &err);
+    if (rc == 1)
+        mark_full(d);
+}
+
+static void start_flush(struct daemon *d, struct client *c)
+{
+    /* Every write made before this request is already in the inotify queue: read it now. */
+    read_changes(d);
+    if (d->connected && !d->n_dirty && !d->full && d->synced_gen >= d->event_gen) {
+        reply(c, json_pack("{s:b,s:i}", "ok", 1, "ms", 0));
+        return;
+    }
+    c->flush_gen = d->event_gen ? d->event_gen : 1;
+    if (d->synced_gen >= c->flush_gen && !d->n_dirty && !d->full)
+        mark_full(d);
+    c->flush_start_ms = gs_clock_mono_ms();
+    d->flush_now = 1;
+}
+
+static void handle_request(struct daemon *d, struct client *c, json_t *req)
+{
+    const char *cmd = json_string_value(json_object_get(req, "cmd"));
+    if (!cmd)
+        reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "missing \"cmd\""));
+    else if (strcmp(cmd, "status") == 0)
+        reply(c, status_json(d));
+    else if (strcmp(cmd, "flush") == 0)
+        start_flush(d, c);
+    else if (strcmp(cmd, "events") == 0) {
+        c->events = 1;
+        reply(c, json_pack("{s:b}", "ok", 1));
+    } else if (strcmp(cmd, "stop") == 0) {
+        reply(c, json_pack("{s:b}", "ok", 1));
+        d->stop = 1;
+    } else
+        reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "unknown command"));
+}
+
+/* Reads from client i; returns 0 if it is still there, -1 if it was dropped. */
+static int serve_client(struct daemon *d, int i)
+{
+    struct client *c = &d->clients[i];
+    char chunk[4096];
+    ssize_t n = read(c->fd, chunk, sizeof(chunk));
+    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        drop_client(d, i);
+        return -1;
+    }
+    if (n > 0)
+        gs_buf_add(&c->in, chunk, (size_t)n);
+    json_t *req;
+    struct gs_error err = {0};
+    while (gs_control_pop(&c->in, &req, &err) == 0 && req) {
+        handle_request(d, c, req);
+        json_decref(req);
+    }
+    if (err.code) { /* garbage or a wrong version: say so and hang up */
+        reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", err.msg));
+        drop_client(d, i);
+        return -1;
+    }
+    return 0;
+}
+
+static void accept_clients(struct daemon *d)
+{
+    int fd;
+    while ((fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        if (d->n_clients == MAX_CLIENTS) {
+            close(fd);
+            continue;
+        }
+        d->clients[d->n_clients++] = (struct client){.fd = fd, .in = GS_BUF_INIT};
+    }
+}
+
+/* ---- the loop ---- */
+
+static int next_timeout(const struct daemon *d, int64_t now)
+{
+    int64_t t = now + 1000;
+    if (d->n_dirty || d->full) {
+        int64_t due = d->last_event_ms + d->o->debounce_ms;
+        int64_t cap = d->first_event_ms + d->o->debounce_cap_ms;
+        t = due < t ? due : t;
+        t = cap < t ? cap : t;
+    }
+    if (!d->connected && d->next_connect_ms && d->next_connect_ms < t)
+        t = d->next_connect_ms;
+    if (d->flush_now)
+        t = now;
+    return t <= now ? 0 : (int)(t - now);
+}
+
+/* `polled` clients had entries in p[3..]; serving runs backwards because a dropped client is
+ * replaced by the last one, which has been served already. New clients are accepted last. */
+static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
+{
+    if (p[0].revents & POLLIN)
+        read_changes(d);
+    if (p[2].revents & POLLIN) {
+        struct signalfd_siginfo si;
+        if (read(d->signal_fd, &si, sizeof(si)) > 0)
+            d->stop = 1;
+    }
+    for (int i = polled - 1; i >= 0; i--)
+        if (p[3 + i].revents & (POLLIN | POLLHUP))
+            serve_client(d, i);
+    if (p[1].revents & POLLIN)
+        accept_clients(d);
+}
+
+static void run_timers(struct daemon *d)
+{
+    int64_t now = gs_clock_mono_ms();
+    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms)
+        try_connect(d);
+    if (gs_watch_polling(d->watch, NULL) && now >= d->next_poll_ms) {
+        d->next_poll_ms = now + POLL_FALLBACK_MS;
+        mark_full(d);
+    }
+    if (batch_due(d, now))
+        sync_batch(d);
+    else
+        check_liveness(d);
+}
+
+static void loop(struct daemon *d)
+{
+    while (!d->stop) {
+        struct pollfd p[3 + MAX_CLIENTS];
+        p[0] = (struct pollfd){.fd = gs_watch_fd(d->watch), .events = POLLIN};
+        p[1] = (struct pollfd){.fd = d->listen_fd, .events = POLLIN};
+        p[2] = (struct pollfd){.fd = d->signal_fd, .events = POLLIN};
+        int n_clients = d->n_clients;
+        for (int i = 0; i < n_clients; i++)
+            p[3 + i] = (struct pollfd){.fd = d->clients[i].fd, .events = POLLIN};
+        int ready = poll(p, (nfds_t)(3 + n_clients), next_timeout(d, gs_clock_mono_ms()));
+        if (ready > 0)
+            handle_polls(d, p, n_clients);
+        run_timers(d);
+    }
+}
+
+/* ---- start and stop ---- */
+
+int gs_daemon_lock(const char *root, struct gs_error *err)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, root, GS_CONTROL_LOCK);
+    int fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int rc = fd;
+    if (fd < 0) {
+        rc = gs_error_errno(err, GS_E_IO, "%s", path.data);
+    } else if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        rc = gs_error_set(err, GS_E_CONFLICT,
+                          "gpusync watch is already running for %s (pid %s); stop it with "
+                          "'gpusync watch --stop'",
+                          root, pid[0] ? pid : "?");
+        close(fd);
+    } else {
+        char pid[32];
+        int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+        if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)len, 0) != len)
+            gs_warn("cannot record the daemon pid in %s", path.data);
+    }
+    gs_buf_release(&path);
+    return rc;
+}
+
+static int open_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+}
+
+static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_error *err)
+{
+    memset(d, 0, sizeof(*d));
+    d->o = o;
+    d->listen_fd = d->signal_fd = -1;
+    d->backoff_ms = BACKOFF_FIRST_MS;
+    d->last_latency_ms = -1;
+    srand((unsigned)getpid());
+    int rc = gs_session_open(&d->sess, o->root, o->cfg, err);
+    if (rc == 0)
+        rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
+    if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
+        rc = d->listen_fd;
+    if (rc == 0 && (d->signal_fd = open_signals()) < 0)
+        rc = gs_error_errno(err, GS_E_IO, "signalfd");
+    const char *why;
+    if (rc == 0 && gs_watch_polling(d->watch, &why))
+        gs_warn("%s", why);
+    return rc;
+}
+
+static void teardown(struct daemon *d)
+{
+    while (d->n_clients)
+        drop_client(d, d->n_clients - 1);
+    if (d->listen_fd >= 0) {
+        close(d->listen_fd);
+        struct gs_buf sock = GS_BUF_INIT;
+        gs_path_join(&sock, d->o->root, GS_CONTROL_SOCKET);
+        unlink(sock.data);
+        gs_buf_release(&sock);
+    }
+    if (d->signal_fd >= 0)
+        close(d->signal_fd);
+    gs_watch_free(d->watch);
+    gs_session_close(&d->sess);
+    gs_ssh_free(d->ssh);
+    free_paths(d->dirty, d->n_dirty);
+    if (d->o->status_out) {
+        fputs("\n", d->o->status_out);
+        fflush(d->o->status_out);
+    }
+}
+
+int gs_daemon_run(const struct gs_daemon_opts *o, struct gs_error *err)
+{
+    struct daemon d;
+    int rc = setup(&d, o, err);
+    if (rc == 0) {
+        if (o->ready_fd >= 0) {
+            if (write(o->ready_fd, "R", 1) != 1)
+                gs_warn("cannot signal readiness");
+            close(o->ready_fd);
+        }
+        try_connect(&d);
+        loop(&d);
+    }
+    teardown(&d);
+    return rc;
+}

@@ -1,0 +1,271 @@
+/* syncd/watch.c: the inotify watcher (see watch.h). */
+#include "syncd/watch.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/path.h"
+
+#define WATCH_MASK                                                                                 \
+    (IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVED_FROM |              \
+     IN_MOVED_TO | IN_DELETE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+
+/* A MOVED_FROM waiting for its MOVED_TO (same cookie). */
+struct move {
+    uint32_t cookie;
+    char *path;
+    int is_dir;
+};
+
+struct gs_watch {
+    int fd;
+    char *root;
+    struct gs_ignore *ig;
+    char **dirs; /* indexed by watch descriptor: the directory's relative path ("" = root) */
+    size_t cap;
+    size_t count;
+    struct move pending[64];
+    size_t n_pending;
+    int polling;
+    char why[512];
+};
+
+static void set_dir(struct gs_watch *w, int wd, const char *rel)
+{
+    if ((size_t)wd >= w->cap) {
+        size_t cap = w->cap ? w->cap : 64;
+        while (cap <= (size_t)wd)
+            cap *= 2;
+        w->dirs = realloc(w->dirs, cap * sizeof(char *));
+        memset(w->dirs + w->cap, 0, (cap - w->cap) * sizeof(char *));
+        w->cap = cap;
+    }
+    if (!w->dirs[wd])
+        w->count++;
+    free(w->dirs[wd]);
+    w->dirs[wd] = strdup(rel);
+}
+
+static void out_of_watches(struct gs_watch *w)
+{
+    if (w->polling)
+        return;
+    w->polling = 1;
+    unsigned long max = 0;
+    FILE *fp = fopen("/proc/sys/fs/inotify/max_user_watches", "r");
+    if (fp) {
+        if (fscanf(fp, "%lu", &max) != 1)
+            max = 0;
+        fclose(fp);
+    }
+    snprintf(
+        w->why, sizeof(w->why),
+        "out of inotify watches after %zu directories (fs.inotify.max_user_watches = %lu); "
+        "polling instead. To watch live, raise it: sudo sysctl fs.inotify.max_user_watches=%lu",
+        w->count, max, max * 4 > 524288 ? max * 4 : 524288);
+}
+
+/* Watches `rel` and every non-ignored directory below it. */
+static int add_tree(struct gs_watch *w, const char *rel)
+{
+    struct gs_buf abs = GS_BUF_INIT;
+    gs_path_join(&abs, w->root, rel);
+    int wd = inotify_add_watch(w->fd, abs.data, WATCH_MASK);
+    if (wd < 0) {
+        if (errno == ENOSPC)
+            out_of_watches(w);
+        gs_buf_release(&abs);
+        return 0; /* vanished or unreadable: the next scan reports it */
+    }
+    set_dir(w, wd, rel);
+    DIR *d = opendir(abs.data);
+    struct dirent *de;
+    struct gs_buf child = GS_BUF_INIT;
+    while (d && !w->polling && (de = readdir(d))) {
+        if (de->d_type != DT_DIR || !strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        gs_buf_reset(&child);
+        if (*rel)
+            gs_buf_addf(&child, "%s/", rel);
+        gs_buf_adds(&child, de->d_name);
+        if (gs_ignore_path(w->ig, child.data, 1, NULL) == 0)
+            add_tree(w, child.data);
+    }
+    if (d)
+        closedir(d);
+    gs_buf_release(&child);
+    gs_buf_release(&abs);
+    return 0;
+}
+
+int gs_watch_open(struct gs_watch **out, const char *root, struct gs_ignore *ig,
+                  struct gs_error *err)
+{
+    struct gs_watch *w = calloc(1, sizeof(*w));
+    w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (w->fd < 0) {
+        free(w);
+        return gs_error_errno(err, GS_E_IO, "inotify_init1");
+    }
+    w->root = strdup(root);
+    w->ig = ig;
+    add_tree(w, "");
+    *out = w;
+    return 0;
+}
+
+void gs_watch_free(struct gs_watch *w)
+{
+    if (!w)
+        return;
+    close(w->fd);
+    for (size_t i = 0; i < w->cap; i++)
+        free(w->dirs[i]);
+    for (size_t i = 0; i < w->n_pending; i++)
+        free(w->pending[i].path);
+    free(w->dirs);
+    free(w->root);
+    free(w);
+}
+
+int gs_watch_fd(const struct gs_watch *w)
+{
+    return w->fd;
+}
+
+int gs_watch_polling(const struct gs_watch *w, const char **why)
+{
+    if (why)
+        *why = w->why;
+    return w->polling;
+}
+
+size_t gs_watch_count(const struct gs_watch *w)
+{
+    return w->count;
+}
+
+/* Rewrites the paths of watched directories at or below `from` to lie below `to`. */
+static void rename_watched(struct gs_watch *w, const char *from, const char *to)
+{
+    size_t flen = strlen(from);
+    struct gs_buf b = GS_BUF_INIT;
+    for (size_t i = 0; i < w->cap; i++) {
+        char *d = w->dirs[i];
+        if (!d || strncmp(d, from, flen) != 0 || (d[flen] != '\0' && d[flen] != '/'))
+            continue;
+        gs_buf_reset(&b);
+        gs_buf_adds(&b, to);
+        gs_buf_adds(&b, d + flen);
+        free(d);
+        w->dirs[i] = strdup(b.data);
+    }
+    gs_buf_release(&b);
+}
+
+/* Stops watching directories at or below `rel` (moved out of the tree). */
+static void forget_tree(struct gs_watch *w, const char *rel)
+{
+    size_t len = strlen(rel);
+    for (size_t i = 0; i < w->cap; i++) {
+        char *d = w->dirs[i];
+        if (d && strncmp(d, rel, len) == 0 && (d[len] == '\0' || d[len] == '/')) {
+            inotify_rm_watch(w->fd, (int)i);
+            free(d);
+            w->dirs[i] = NULL;
+            w->count--;
+        }
+    }
+}
+
+static void finish_pending(struct gs_watch *w)
+{
+    for (size_t i = 0; i < w->n_pending; i++) {
+        if (w->pending[i].is_dir)
+            forget_tree(w, w->pending[i].path);
+        free(w->pending[i].path);
+    }
+    w->n_pending = 0;
+}
+
+static void moved_from(struct gs_watch *w, uint32_t cookie, const char *path, int is_dir)
+{
+    if (w->n_pending == sizeof(w->pending) / sizeof(w->pending[0]))
+        finish_pending(w);
+    w->pending[w->n_pending++] = (struct move){cookie, strdup(path), is_dir};
+}
+
+/* Pairs a MOVED_TO with its MOVED_FROM; returns 1 if the source was inside the tree. */
+static int moved_to(struct gs_watch *w, uint32_t cookie, const char *path, int is_dir)
+{
+    for (size_t i = 0; i < w->n_pending; i++) {
+        if (w->pending[i].cookie != cookie)
+            continue;
+        if (is_dir)
+            rename_watched(w, w->pending[i].path, path);
+        free(w->pending[i].path);
+        w->pending[i] = w->pending[--w->n_pending];
+        return 1;
+    }
+    return 0;
+}
+
+static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_watch_fn fn,
+                         void *ctx, int *rescan)
+{
+    if (ev->mask & IN_Q_OVERFLOW) {
+        *rescan = 1;
+        return;
+    }
+    if (ev->wd < 0 || (size_t)ev->wd >= w->cap || !w->dirs[ev->wd] || !ev->len)
+        return; /* IN_IGNORED / DELETE_SELF of a forgotten watch, or an event on the dir itself */
+    struct gs_buf path = GS_BUF_INIT;
+    if (*w->dirs[ev->wd])
+        gs_buf_addf(&path, "%s/", w->dirs[ev->wd]);
+    gs_buf_adds(&path, ev->name);
+    int is_dir = (ev->mask & IN_ISDIR) != 0;
+    if (gs_ignore_path(w->ig, path.data, is_dir, NULL) != 0) {
+        gs_buf_release(&path);
+        return;
+    }
+    if (ev->mask & IN_MOVED_FROM)
+        moved_from(w, ev->cookie, path.data, is_dir);
+    if ((ev->mask & IN_MOVED_TO) && !moved_to(w, ev->cookie, path.data, is_dir) && is_dir)
+        add_tree(w, path.data); /* moved in from outside */
+    else if ((ev->mask & IN_CREATE) && is_dir)
+        add_tree(w, path.data);
+    fn(ctx, path.data);
+    gs_buf_release(&path);
+}
+
+int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error *err)
+{
+    char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int rescan = 0, was_polling = w->polling;
+    for (;;) {
+        ssize_t n = read(w->fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            break;
+        if (n <= 0)
+            return gs_error_errno(err, GS_E_IO, "reading inotify events");
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)p;
+            handle_event(w, ev, fn, ctx, &rescan);
+            p += sizeof(*ev) + ev->len;
+        }
+    }
+    /* A MOVED_FROM still unpaired after the queue is empty was a move out of the tree. */
+    finish_pending(w);
+    return rescan || (w->polling && !was_polling);
+}
