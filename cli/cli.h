@@ -119,5 +119,9 @@ extern const struct gs_cmd gs_cmd_status;
 extern const struct gs_cmd gs_cmd_watch;
 extern const struct gs_cmd gs_cmd_flush;
 extern const struct gs_cmd gs_cmd_events;
+extern const struct gs_cmd gs_cmd_run;
+extern const struct gs_cmd gs_cmd_logs;
+extern const struct gs_cmd gs_cmd_ps;
+extern const struct gs_cmd gs_cmd_stop;
 
 #endif

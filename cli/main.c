@@ -21,6 +21,10 @@ static const struct gs_cmd *const cmd_table[] = {
     &gs_cmd_status, //
     &gs_cmd_flush,  //
     &gs_cmd_events, //
+    &gs_cmd_run,    //
+    &gs_cmd_logs,   //
+    &gs_cmd_ps,     //
+    &gs_cmd_stop,   //
     &gs_cmd_exec,   //
     &gs_cmd_doctor, //
 };

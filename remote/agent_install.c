@@ -225,14 +225,18 @@ static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs
     return rc;
 }
 
-int gs_agent_install(struct gs_ssh *ssh, const char *remote_dir, struct gs_buf *command,
-                     const char **how, struct gs_error *err)
+int gs_agent_install(struct gs_ssh *ssh, struct gs_buf *agent, const char **how,
+                     struct gs_error *err)
 {
     char key[40] = "";
     int rc = install(ssh, key, how, err);
-    if (rc < 0)
-        return rc;
-    gs_buf_addf(command, "mkdir -p -- %s && exec ~/.gpusync/bin/gpusync-agent-%s serve --root %s",
-                remote_dir, key, remote_dir);
-    return 0;
+    if (rc == 0)
+        gs_buf_addf(agent, "~/.gpusync/bin/gpusync-agent-%s", key);
+    return rc;
+}
+
+void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command)
+{
+    gs_buf_addf(command, "mkdir -p -- %s && exec %s serve --root %s", remote_dir, agent,
+                remote_dir);
 }

@@ -12,12 +12,15 @@
 #include "common/error.h"
 #include "remote/ssh.h"
 
-/* Makes sure the agent is on the server and appends the remote command that starts it serving
- * `remote_dir` (a shell word, already quoted) to `command`. Sets *how to "cached", "uploaded" or
- * "built" (static strings). Returns 0; GS_E_NOTFOUND when no agent can run there (the message says
- * why: the caller should use SFTP); other codes for connection failures. */
-int gs_agent_install(struct gs_ssh *ssh, const char *remote_dir, struct gs_buf *command,
-                     const char **how, struct gs_error *err);
+/* Makes sure the agent is on the server and appends its path there to `agent` (a shell word:
+ * "~/.gpusync/bin/gpusync-agent-KEY", for the remote shell to expand). Sets *how to "cached",
+ * "uploaded" or "built" (static strings). Returns 0; GS_E_NOTFOUND when no agent can run there
+ * (the message says why: the caller should use SFTP); other codes for connection failures. */
+int gs_agent_install(struct gs_ssh *ssh, struct gs_buf *agent, const char **how,
+                     struct gs_error *err);
+
+/* Appends the remote command that runs `agent` serving `remote_dir` (a quoted shell word). */
+void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command);
 
 /* The local agent binary that would be uploaded, or NULL when none is found. Looks at
  * $GPUSYNC_AGENT, then beside the gpusync executable (build tree and installed layouts). */

@@ -59,24 +59,28 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
 {
     if (s->cfg->transport == GS_TRANSPORT_SFTP)
         return open_sftp(s, ssh, remote_path, "[sync] transport = sftp", err);
-    struct gs_buf cmd = GS_BUF_INIT;
+    struct gs_buf cmd = GS_BUF_INIT, agent = GS_BUF_INIT;
     const char *how = "";
-    int rc = gs_agent_install(ssh, remote_dir, &cmd, &how, err);
+    int rc = gs_agent_install(ssh, &agent, &how, err);
     if (rc == GS_E_NOTFOUND) {
         char why[GS_ERROR_MSG_MAX + 32];
         snprintf(why, sizeof(why), "fallback: %s", err ? err->msg : "no agent");
         gs_warn("%s; using SFTP (no atomic replace)", err ? err->msg : "no agent");
         gs_buf_release(&cmd);
+        gs_buf_release(&agent);
         gs_error_clear(err);
         return open_sftp(s, ssh, remote_path, why, err);
     }
-    if (rc == 0)
+    if (rc == 0) {
+        gs_agent_serve_command(agent.data, remote_dir, &cmd);
         rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
+    }
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
         snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
     }
     gs_buf_release(&cmd);
+    gs_buf_release(&agent);
     return rc;
 }
 

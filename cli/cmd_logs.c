@@ -1,0 +1,91 @@
+/* cli/cmd_logs.c: `gpusync logs [RUN] [-f] [--rank N] [--tail N]`: a run's logs (the newest run
+ * by default); -f follows until the run ends, resuming after a dropped connection. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/run_util.h"
+
+enum { OPT_RANK = 2000, OPT_TAIL };
+
+static const struct option logs_options[] = {
+    GS_CLI_COMMON_LONGOPTS,
+    {"follow", no_argument, NULL, 'f'},
+    {"rank", required_argument, NULL, OPT_RANK},
+    {"tail", required_argument, NULL, OPT_TAIL},
+    {NULL, 0, NULL, 0},
+};
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int follow,
+                const char *ranks, int tail)
+{
+    struct gs_log_printer printer;
+    gs_log_printer_init(&printer, cli, id, !ranks || strchr(ranks, ',') || !strcmp(ranks, "all"));
+    printer.tail_lines = follow ? 0 : tail;
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    int r, code = 0;
+    if (follow) {
+        r = gs_run_follow(cli, rc, id, ranks, &printer, &interrupted, &code);
+    } else {
+        struct gs_tail_state st;
+        memset(&st, 0, sizeof(st));
+        r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 0, &st,
+                        gs_log_printer_chunk, &printer, &interrupted, &cli->err);
+    }
+    gs_log_printer_finish(&printer);
+    if (r == GS_E_INTERRUPTED)
+        return 130;
+    return r < 0 ? gs_cli_fail(cli, r) : follow ? code : 0;
+}
+
+static int logs_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, r, follow = 0, tail = 0;
+    const char *rank = NULL;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "hf", logs_options, NULL)) != -1) {
+        if (opt == 'f')
+            follow = 1;
+        else if (opt == OPT_RANK)
+            rank = optarg;
+        else if (opt == OPT_TAIL)
+            tail = atoi(optarg);
+        else if ((r = gs_cli_common_option(cli, &gs_cmd_logs, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    }
+    if (argc - optind > 1)
+        return gs_cli_usage_error(&gs_cmd_logs, "at most one RUN");
+    if ((r = gs_cli_prepare(cli, &gs_cmd_logs)) != 0)
+        return r;
+    struct gs_run_ctx rc;
+    struct gs_buf id = GS_BUF_INIT;
+    r = gs_run_ctx_open(cli, &rc);
+    if (r == 0)
+        r = gs_run_resolve(cli, &rc, optind < argc ? argv[optind] : NULL, &id);
+    int code = r < 0 ? gs_cli_fail(cli, r) : show(cli, &rc, id.data, follow, rank, tail);
+    gs_buf_release(&id);
+    gs_run_ctx_release(&rc);
+    return code;
+}
+
+const struct gs_cmd gs_cmd_logs = {
+    .name = "logs",
+    .usage = "logs [RUN] [-f] [--rank N] [--tail N]",
+    .summary = "Show a run's logs (the newest run by default)",
+    .help = "  -f, --follow           follow until the run ends; exit with its status\n"
+            "  --rank N               only rank N (a list such as 0,1 works too)\n"
+            "  --tail N               only the last N lines\n"
+            "  RUN is a run id or a --name. A copy is kept in .gpusync/runs/<id>/.\n",
+    .flags = GS_CMD_NEED_CONNECTION,
+    .exec = logs_main,
+};

@@ -1,0 +1,73 @@
+/* cli/cmd_ps.c: `gpusync ps [--json]`: the runs on the server with state, GPUs, start, duration
+ * and exit code. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/run_util.h"
+
+static const struct option ps_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+
+static const char *str(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "-";
+}
+
+static void print_table(json_t *runs)
+{
+    printf("%-22s %-12s %-10s %5s %-8s %-20s %9s %5s\n", "RUN", "NAME", "STATE", "RANKS", "GPUS",
+           "STARTED", "DURATION", "EXIT");
+    size_t i;
+    json_t *r;
+    json_array_foreach(runs, i, r)
+    {
+        json_t *code = json_object_get(r, "exit_code");
+        char exit_s[16] = "-";
+        if (json_is_integer(code))
+            snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
+        json_t *dur = json_object_get(r, "duration_s");
+        printf("%-22s %-12s %-10s %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
+               str(r, "state"), json_array_size(json_object_get(r, "ranks")), str(r, "gpus"),
+               str(r, "start"), json_is_number(dur) ? json_number_value(dur) : 0.0, exit_s);
+    }
+    if (json_array_size(runs) == 0)
+        printf("(no runs yet: start one with 'gpusync run')\n");
+}
+
+static int ps_main(struct gs_cli *cli, int argc, char **argv)
+{
+    int opt, r;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", ps_options, NULL)) != -1)
+        if ((r = gs_cli_common_option(cli, &gs_cmd_ps, opt)) <= 0)
+            return GS_EXIT_USAGE;
+    if ((r = gs_cli_prepare(cli, &gs_cmd_ps)) != 0)
+        return r;
+    struct gs_run_ctx rc;
+    struct gs_buf out = GS_BUF_INIT;
+    r = gs_run_ctx_open(cli, &rc);
+    if (r == 0)
+        r = gs_run_ps(cli->ssh, rc.agent.data, rc.dir.data, &out, &cli->err);
+    json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
+    if (r == 0 && !json_is_array(runs))
+        r = gs_error_set(&cli->err, GS_E_PROTO, "the agent's run list is not a JSON array");
+    int code = 0;
+    if (r < 0)
+        code = gs_cli_fail(cli, r);
+    else if (cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:O}", "v", 1, "ok", 1, "runs", runs));
+    else
+        print_table(runs);
+    json_decref(runs);
+    gs_buf_release(&out);
+    gs_run_ctx_release(&rc);
+    return code;
+}
+
+const struct gs_cmd gs_cmd_ps = {
+    .name = "ps",
+    .usage = "ps [--json]",
+    .summary = "List runs on the server",
+    .flags = GS_CMD_NEED_CONNECTION,
+    .exec = ps_main,
+};

@@ -1,0 +1,233 @@
+/* cli/run_util.c: shared pieces of the run commands (see run_util.h). */
+#include "cli/run_util.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/progress.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/path.h"
+#include "remote/agent_install.h"
+#include "syncd/control.h"
+#include "syncd/push.h"
+#include "syncd/session.h"
+
+int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
+{
+    gs_buf_init(&rc->agent);
+    gs_buf_init(&rc->dir);
+    gs_cli_remote_dir(cli, &rc->dir);
+    const char *how;
+    return gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
+}
+
+void gs_run_ctx_release(struct gs_run_ctx *rc)
+{
+    gs_buf_release(&rc->agent);
+    gs_buf_release(&rc->dir);
+}
+
+static int flush_through_daemon(struct gs_cli *cli)
+{
+    int fd = gs_control_connect(cli->root.data, NULL);
+    if (fd < 0)
+        return 1;
+    json_t *req = json_pack("{s:s}", "cmd", "flush"), *reply = NULL;
+    struct gs_buf buf = GS_BUF_INIT;
+    int rc = gs_control_send(fd, req, &cli->err);
+    if (rc == 0)
+        rc = gs_control_recv(fd, &buf, &reply, 300000, &cli->err);
+    close(fd);
+    gs_buf_release(&buf);
+    json_decref(req);
+    if (rc == 0 && !json_is_true(json_object_get(reply, "ok")))
+        rc = gs_error_set(&cli->err, GS_E_REMOTE, "sync failed: %s",
+                          json_string_value(json_object_get(reply, "error")));
+    if (rc == 0)
+        fprintf(stderr, "gpusync: synced through the watch daemon\n");
+    json_decref(reply);
+    return rc;
+}
+
+int gs_run_sync(struct gs_cli *cli)
+{
+    int rc = flush_through_daemon(cli);
+    if (rc != 1)
+        return rc;
+    struct gs_session s;
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
+    if (rc < 0) {
+        gs_buf_release(&dir);
+        return rc;
+    }
+    rc = gs_session_connect(&s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+    struct gs_push_stats st;
+    struct gs_push_opts o = {0};
+    if (rc == 0)
+        rc = gs_push_run(cli->root.data, s.ig, s.idx, s.ops, &o, &st, &cli->err);
+    if (rc == 0) {
+        char b[32];
+        fprintf(stderr, "gpusync: synced %zu change%s (%s) in %.2f s\n", st.ops_total,
+                st.ops_total == 1 ? "" : "s", gs_format_bytes(st.bytes_sent, b),
+                st.elapsed_ms / 1000.0);
+    }
+    gs_session_close(&s);
+    gs_buf_release(&dir);
+    return rc;
+}
+
+/* The newest run whose id or name is `run` (any, when NULL). ps lists newest first. */
+int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id)
+{
+    struct gs_buf out = GS_BUF_INIT;
+    int r = gs_run_ps(cli->ssh, rc->agent.data, rc->dir.data, &out, &cli->err);
+    json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
+    size_t i;
+    json_t *entry;
+    const char *found = NULL;
+    json_array_foreach(runs, i, entry)
+    {
+        const char *rid = json_string_value(json_object_get(entry, "id"));
+        const char *name = json_string_value(json_object_get(entry, "name"));
+        if (rid && (!run || strcmp(rid, run) == 0 || (name && strcmp(name, run) == 0))) {
+            found = rid;
+            break;
+        }
+    }
+    if (found)
+        gs_buf_adds(id, found);
+    else if (r == 0)
+        r = gs_error_set(&cli->err, GS_E_NOTFOUND,
+                         run ? "no run '%s' on the server" : "no runs on the server yet%s",
+                         run ? run : "");
+    json_decref(runs);
+    gs_buf_release(&out);
+    return r;
+}
+
+void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix)
+{
+    memset(p, 0, sizeof(*p));
+    p->cli = cli;
+    p->id = id;
+    p->prefix = prefix;
+}
+
+static void keep_local(struct gs_log_printer *p, int rank, const char *data, size_t len)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_buf_addf(&path, "%s/.gpusync/runs/%s", p->cli->root.data, p->id);
+    gs_path_mkdir_p(path.data, 0755, NULL);
+    gs_buf_addf(&path, "/rank%d.log", rank);
+    int fd = open(path.data, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        if (write(fd, data, len) != (ssize_t)len)
+            gs_warn("cannot keep a local copy of %s", path.data);
+        close(fd);
+    }
+    gs_buf_release(&path);
+}
+
+static void emit_line(struct gs_log_printer *p, int rank, const char *line, size_t len)
+{
+    struct gs_buf *out = p->tail_lines > 0 ? &p->kept : NULL;
+    char head[32] = "";
+    if (p->prefix)
+        snprintf(head, sizeof(head), "[rank %d] ", rank);
+    if (out) {
+        gs_buf_adds(out, head);
+        gs_buf_add(out, line, len);
+        gs_buf_addc(out, '\n');
+        return;
+    }
+    fputs(head, stdout);
+    fwrite(line, 1, len, stdout);
+    fputc('\n', stdout);
+}
+
+void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len)
+{
+    struct gs_log_printer *p = ctx;
+    keep_local(p, rank, data, len);
+    struct gs_buf *part = &p->partial[rank];
+    gs_buf_add(part, data, len);
+    size_t start = 0;
+    for (size_t i = 0; i < part->len; i++) {
+        if (part->data[i] != '\n')
+            continue;
+        emit_line(p, rank, part->data + start, i - start);
+        start = i + 1;
+    }
+    gs_buf_consume(part, start);
+    fflush(stdout);
+}
+
+/* Prints the last N lines of what --tail kept. */
+static void print_tail(struct gs_log_printer *p)
+{
+    size_t lines = 0, i = p->kept.len;
+    while (i > 0 && lines <= (size_t)p->tail_lines)
+        if (p->kept.data[--i] == '\n')
+            lines++;
+    if (lines > (size_t)p->tail_lines)
+        i++;
+    if (p->kept.len)
+        fwrite(p->kept.data + i, 1, p->kept.len - i, stdout);
+}
+
+void gs_log_printer_finish(struct gs_log_printer *p)
+{
+    for (int r = 0; r < GS_RUNS_MAX_RANKS; r++) {
+        if (p->partial[r].len)
+            emit_line(p, r, p->partial[r].data, p->partial[r].len);
+        gs_buf_release(&p->partial[r]);
+    }
+    if (p->tail_lines > 0)
+        print_tail(p);
+    gs_buf_release(&p->kept);
+    fflush(stdout);
+}
+
+static int reconnect(struct gs_cli *cli, volatile sig_atomic_t *interrupted)
+{
+    int delay = 500;
+    for (int attempt = 0; attempt < 40 && !(interrupted && *interrupted); attempt++) {
+        gs_ssh_free(cli->ssh);
+        cli->ssh = NULL;
+        if (gs_cli_connect(cli) == 0) {
+            fprintf(stderr, "gpusync: reconnected; resuming the logs\n");
+            return 0;
+        }
+        usleep((useconds_t)delay * 1000);
+        delay = delay * 2 > 15000 ? 15000 : delay * 2;
+    }
+    return cli->err.code ? cli->err.code : GS_E_DISCONNECTED;
+}
+
+int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                  int *exit_code)
+{
+    struct gs_tail_state st;
+    memset(&st, 0, sizeof(st));
+    for (;;) {
+        int r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 1, &st,
+                            gs_log_printer_chunk, printer, interrupted, &cli->err);
+        if (r == 0 && st.finished) {
+            *exit_code = st.exit_code < 0 ? 1 : st.exit_code;
+            return 0;
+        }
+        if (r == GS_E_INTERRUPTED || (r < 0 && r != GS_E_DISCONNECTED && r != GS_E_TIMEOUT))
+            return r;
+        fprintf(stderr, "\ngpusync: connection lost while following run %s; reconnecting\n", id);
+        if ((r = reconnect(cli, interrupted)) < 0)
+            return r;
+    }
+}

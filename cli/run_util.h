@@ -1,0 +1,50 @@
+/* cli/run_util.h: what the run commands (run, logs, ps, stop) share: the agent on the server,
+ * syncing before a launch, naming runs, and printing rank logs with prefixes. */
+#ifndef GS_RUN_UTIL_H
+#define GS_RUN_UTIL_H
+
+#include <signal.h>
+
+#include "cli/cli.h"
+#include "remote/runs.h"
+
+/* The connected server's agent path and the remote project directory (shell words). */
+struct gs_run_ctx {
+    struct gs_buf agent;
+    struct gs_buf dir;
+};
+
+/* Installs the agent if needed (needs cli->ssh). Returns 0 or a negative code in cli->err. */
+int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc);
+void gs_run_ctx_release(struct gs_run_ctx *rc);
+
+/* Makes the server match the local tree before a launch: the daemon's flush when one runs,
+ * otherwise a push over the existing connection. Prints one line on stderr. */
+int gs_run_sync(struct gs_cli *cli);
+
+/* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
+ * Appends the id to `id`. Returns 0 or GS_E_NOTFOUND. */
+int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id);
+
+/* Prints rank logs as whole lines with "[rank N] " prefixes (when `prefix`), keeping a local copy
+ * in .gpusync/runs/<id>/rankN.log. */
+struct gs_log_printer {
+    struct gs_cli *cli;
+    const char *id;
+    int prefix;
+    int tail_lines; /* >0: print only the last N lines (logs --tail) when done */
+    struct gs_buf partial[GS_RUNS_MAX_RANKS];
+    struct gs_buf kept; /* for --tail: everything, trimmed at the end */
+};
+void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix);
+void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len);
+/* Prints any unterminated last lines and frees the buffers. */
+void gs_log_printer_finish(struct gs_log_printer *p);
+
+/* Follows run `id` until it ends, reconnecting after a dropped connection and resuming where it
+ * stopped. Returns 0 with *exit_code, GS_E_INTERRUPTED on Ctrl-C, or an error. */
+int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                  int *exit_code);
+
+#endif

@@ -1,0 +1,192 @@
+/* remote/runs.c: launching and following remote runs (see runs.h). */
+#include "remote/runs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/shell.h"
+#include "remote/exec.h"
+
+static void base_command(struct gs_buf *cmd, const char *agent, const char *remote_dir,
+                         const char *sub)
+{
+    gs_buf_addf(cmd, "cd -- %s && exec %s %s --root .", remote_dir, agent, sub);
+}
+
+int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
+                  struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT, errout = GS_BUF_INIT;
+    gs_buf_addf(&cmd, "mkdir -p -- %s && cd -- %s && %s%sexec %s launch --root . --id ",
+                spec->remote_dir, spec->remote_dir, spec->extra_env ? spec->extra_env : "",
+                spec->extra_env ? " " : "", spec->agent);
+    gs_shell_quote(&cmd, spec->id);
+    gs_buf_addf(&cmd, " --nproc %d --max-restarts %d", spec->nproc, spec->max_restarts);
+    if (spec->gpus) {
+        gs_buf_adds(&cmd, " --gpus ");
+        gs_shell_quote(&cmd, spec->gpus);
+    }
+    if (spec->name) {
+        gs_buf_adds(&cmd, " --name ");
+        gs_shell_quote(&cmd, spec->name);
+    }
+    gs_buf_adds(&cmd, " -- ");
+    gs_shell_quote_argv(&cmd, spec->argc, spec->argv);
+    int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
+    char id[256];
+    if (rc == 0 && (!out.data || sscanf(out.data, "started %255s %ld %d", id, pid, port) != 3))
+        rc = 1;
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_REMOTE, "the run did not start on %s: %s", gs_ssh_target(ssh),
+                          errout.len ? errout.data
+                          : out.len  ? out.data
+                                     : "no answer");
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+/* ---- following ---- */
+
+struct tail_parser {
+    struct gs_buf in;
+    struct gs_tail_state *st;
+    gs_tail_fn fn;
+    void *ctx;
+};
+
+/* Consumes complete frames from the parser's buffer. Returns 0, or -1 on garbage. */
+static int parse_frames(struct tail_parser *p)
+{
+    for (;;) {
+        char *nl = p->in.len ? memchr(p->in.data, '\n', p->in.len) : NULL;
+        if (!nl)
+            return 0;
+        size_t head = (size_t)(nl - p->in.data) + 1;
+        int rank;
+        unsigned long long off, len;
+        char code[32], state[32];
+        if (p->in.data[0] == 'L' && sscanf(p->in.data, "L %d %llu %llu", &rank, &off, &len) == 3) {
+            if (rank < 0 || rank >= GS_RUNS_MAX_RANKS)
+                return -1;
+            if (p->in.len < head + len)
+                return 0;                   /* the data has not all arrived */
+            if (off == p->st->offset[rank]) /* never deliver a byte twice */
+                p->fn(p->ctx, rank, p->in.data + head, (size_t)len);
+            if (off + len > p->st->offset[rank])
+                p->st->offset[rank] = off + len;
+            gs_buf_consume(&p->in, head + (size_t)len);
+        } else if (p->in.data[0] == 'X' && sscanf(p->in.data, "X %31s %31s", code, state) == 2) {
+            p->st->finished = 1;
+            p->st->exit_code = strcmp(code, "null") == 0 ? -1 : atoi(code);
+            snprintf(p->st->state, sizeof(p->st->state), "%s", state);
+            gs_buf_consume(&p->in, head);
+        } else {
+            return -1;
+        }
+    }
+}
+
+static void offsets_arg(const struct gs_tail_state *st, struct gs_buf *cmd)
+{
+    int first = 1;
+    for (int r = 0; r < GS_RUNS_MAX_RANKS; r++) {
+        if (!st->offset[r])
+            continue;
+        gs_buf_addf(cmd, "%s%d:%llu", first ? " --offsets " : ",", r,
+                    (unsigned long long)st->offset[r]);
+        first = 0;
+    }
+}
+
+/* Reads the tail channel until EOF, an interrupt or an error. */
+static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct tail_parser *p,
+                     volatile sig_atomic_t *interrupted, struct gs_error *err)
+{
+    char buf[32768];
+    for (;;) {
+        if (interrupted && *interrupted)
+            return GS_E_INTERRUPTED;
+        ssize_t n = libssh2_channel_read(ch, buf, sizeof(buf));
+        if (n > 0) {
+            gs_buf_add(&p->in, buf, (size_t)n);
+            if (parse_frames(p) < 0)
+                return gs_error_set(err, GS_E_PROTO, "garbled log stream from %s",
+                                    gs_ssh_target(ssh));
+            continue;
+        }
+        if (n == 0 && libssh2_channel_eof(ch))
+            return 0;
+        if (n < 0 && n != LIBSSH2_ERROR_EAGAIN)
+            return gs_ssh_error(ssh, (int)n, "following logs", err);
+        /* Wake up at least every 100 ms to notice Ctrl-C. */
+        int rc = gs_ssh_wait(ssh, gs_clock_mono_ms() + 100, err);
+        if (rc < 0 && rc != GS_E_TIMEOUT)
+            return rc;
+    }
+}
+
+int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
+                const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
+                volatile sig_atomic_t *interrupted, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
+    base_command(&cmd, agent, remote_dir, "tail");
+    gs_buf_adds(&cmd, " --id ");
+    gs_shell_quote(&cmd, id);
+    gs_buf_adds(&cmd, " --ranks ");
+    gs_shell_quote(&cmd, ranks ? ranks : "all");
+    offsets_arg(st, &cmd);
+    if (follow)
+        gs_buf_adds(&cmd, " --follow");
+    struct tail_parser p = {.in = GS_BUF_INIT, .st = st, .fn = fn, .ctx = ctx};
+    LIBSSH2_CHANNEL *ch = gs_exec_open(ssh, cmd.data, err);
+    int rc = ch ? pump_tail(ssh, ch, &p, interrupted, err) : (err ? err->code : GS_E_REMOTE);
+    if (ch && rc == GS_E_INTERRUPTED)
+        libssh2_channel_free(ch); /* the remote tail ends when its stdout closes */
+    else if (ch) {
+        int status = gs_exec_close(ssh, ch, err);
+        if (rc == 0 && status > 0 && !st->finished)
+            rc = gs_error_set(err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
+    }
+    gs_buf_release(&p.in);
+    gs_buf_release(&cmd);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+int gs_run_ps(struct gs_ssh *ssh, const char *agent, const char *remote_dir, struct gs_buf *out,
+              struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
+    gs_buf_addf(&cmd, "mkdir -p -- %s && ", remote_dir);
+    base_command(&cmd, agent, remote_dir, "ps --json");
+    int rc = gs_exec_capture(ssh, cmd.data, out, &errout, err);
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_REMOTE, "listing runs failed: %s",
+                          errout.data ? errout.data : "");
+    gs_buf_release(&cmd);
+    gs_buf_release(&errout);
+    return rc;
+}
+
+int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
+                struct gs_buf *out, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
+    base_command(&cmd, agent, remote_dir, "stop");
+    gs_buf_adds(&cmd, " --id ");
+    gs_shell_quote(&cmd, id);
+    int rc = gs_exec_capture(ssh, cmd.data, out, &errout, err);
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_REMOTE, "stopping run %s: %s", id,
+                          errout.len  ? errout.data
+                          : out->data ? out->data
+                                      : "failed");
+    gs_buf_release(&cmd);
+    gs_buf_release(&errout);
+    return rc;
+}

@@ -1,0 +1,61 @@
+/* remote/runs.h: the client side of remote runs: starting `gpusync-agent launch`, following the
+ * rank logs through `gpusync-agent tail` (frames carry byte offsets, so a follow resumes after a
+ * dropped connection with no line lost or repeated), and `ps` / `stop`. */
+#ifndef GS_RUNS_H
+#define GS_RUNS_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "remote/ssh.h"
+
+#define GS_RUNS_MAX_RANKS 256
+
+struct gs_run_spec {
+    const char *agent;      /* remote agent path (shell word) */
+    const char *remote_dir; /* remote project directory (quoted shell word) */
+    const char *id;
+    const char *name; /* or NULL */
+    int nproc;
+    const char *gpus; /* "0,2", or NULL for CPU ranks / no restriction */
+    int max_restarts;
+    int argc;
+    char *const *argv;     /* the command, exactly (each argument quoted for the remote shell) */
+    const char *extra_env; /* "NAME=value" words for the remote shell, or NULL */
+};
+
+/* Starts the run. Returns 0 and the supervisor pid and master port, or GS_E_REMOTE with the
+ * launcher's message. */
+int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
+                  struct gs_error *err);
+
+/* Where a follow has got to: per rank, the next byte offset; then the run's end. */
+struct gs_tail_state {
+    uint64_t offset[GS_RUNS_MAX_RANKS];
+    int finished;
+    int exit_code; /* -1 when unknown (a lost run) */
+    char state[32];
+};
+
+/* Called with whole chunks of a rank's log, in order. */
+typedef void (*gs_tail_fn)(void *ctx, int rank, const char *data, size_t len);
+
+/* Streams the logs of run `id` from the offsets in `st`, following until the run ends when
+ * `follow`. Returns 0 (st->finished says whether the run ended), GS_E_INTERRUPTED when
+ * *interrupted became non-zero, or a connection error (st keeps the offsets to resume from). */
+int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
+                const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
+                volatile sig_atomic_t *interrupted, struct gs_error *err);
+
+/* Runs `agent ps --json` and stores its output (a JSON array) in `out`. */
+int gs_run_ps(struct gs_ssh *ssh, const char *agent, const char *remote_dir, struct gs_buf *out,
+              struct gs_error *err);
+
+/* Stops run `id` (TERM, then KILL) and confirms no process of it remains. Appends the agent's
+ * report to `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */
+int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
+                struct gs_buf *out, struct gs_error *err);
+
+#endif

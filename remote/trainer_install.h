@@ -1,0 +1,18 @@
+/* remote/trainer_install.h: building the bundled trainer (gpusync-train) on a server. Its sources
+ * travel as a tarball through an exec channel and are built there (cmake when present, with CUDA
+ * and NCCL when found; otherwise the C compiler directly, CPU only), cached per content hash in
+ * ~/.gpusync/trainer-<hash>. */
+#ifndef GS_TRAINER_INSTALL_H
+#define GS_TRAINER_INSTALL_H
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "remote/ssh.h"
+
+/* Makes sure the trainer is built on the server and appends its path (a shell word) to `path`.
+ * Sets *how to "cached" or "built". On a failed build returns GS_E_REMOTE with the build log's
+ * tail and the command that reproduces it in the message. */
+int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how,
+                       struct gs_error *err);
+
+#endif
