@@ -180,6 +180,45 @@ static int local_arch_matches(const char *remote_arch)
     return uname(&u) == 0 && strcmp(u.machine, remote_arch) == 0;
 }
 
+/* The cache keys of the local static build ("" if none) and of the sources ("" if none). */
+static void local_keys(char bin_key[40], char src_key[40])
+{
+    const char *bin = getenv("GPUSYNC_AGENT_FORCE_BUILD") ? NULL : gs_agent_local_binary();
+    struct gs_buf binary = GS_BUF_INIT, all = GS_BUF_INIT, srcs[N_SOURCES + 1];
+    struct gs_buf *files[N_SOURCES + 1];
+    for (size_t i = 0; i <= N_SOURCES; i++) {
+        gs_buf_init(&srcs[i]);
+        files[i] = &srcs[i];
+    }
+    bin_key[0] = src_key[0] = '\0';
+    if (bin && read_file(bin, &binary) == 0)
+        hex_key(binary.data, binary.len, "", bin_key);
+    if (load_sources(files) == 0) {
+        for (size_t i = 0; i <= N_SOURCES; i++)
+            gs_buf_add(&all, files[i]->data, files[i]->len);
+        hex_key(all.data, all.len, "src-", src_key);
+    }
+    gs_buf_release(&binary);
+    gs_buf_release(&all);
+    for (size_t i = 0; i <= N_SOURCES; i++)
+        gs_buf_release(&srcs[i]);
+}
+
+void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command)
+{
+    char bin_key[40], src_key[40];
+    local_keys(bin_key, src_key);
+    gs_buf_adds(command, "for a in");
+    if (bin_key[0])
+        gs_buf_addf(command, " ~/.gpusync/bin/gpusync-agent-%s", bin_key);
+    if (src_key[0])
+        gs_buf_addf(command, " ~/.gpusync/bin/gpusync-agent-%s", src_key);
+    gs_buf_addf(command,
+                "; do [ -x \"$a\" ] && mkdir -p -- %s && exec \"$a\" serve --root %s; done; "
+                "echo %s >&2; exit 127",
+                remote_dir, remote_dir, GS_AGENT_MISSING);
+}
+
 /* Chooses between the static binary (same arch) and a source build; fills `key`. */
 static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs_error *err)
 {

@@ -54,11 +54,35 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     return rc;
 }
 
+/* Starts an agent that is already on the server in one exec. Returns 0, 1 when none is cached
+ * there (install it), or a connection error. */
+static int open_cached_agent(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
+                             struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT;
+    gs_agent_cached_serve_command(remote_dir, &cmd);
+    int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
+    gs_buf_release(&cmd);
+    if (rc == 0) {
+        s->ops = gs_agent_fileops(s->agent);
+        snprintf(s->transport, sizeof(s->transport), "agent (cached)");
+        return 0;
+    }
+    if (err && strstr(err->msg, GS_AGENT_MISSING)) {
+        gs_error_clear(err);
+        return 1;
+    }
+    return rc;
+}
+
 int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                        const char *remote_path, struct gs_error *err)
 {
     if (s->cfg->transport == GS_TRANSPORT_SFTP)
         return open_sftp(s, ssh, remote_path, "[sync] transport = sftp", err);
+    int cached = open_cached_agent(s, ssh, remote_dir, err);
+    if (cached <= 0)
+        return cached;
     struct gs_buf cmd = GS_BUF_INIT, agent = GS_BUF_INIT;
     const char *how = "";
     int rc = gs_agent_install(ssh, &agent, &how, err);
