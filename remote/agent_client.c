@@ -561,7 +561,7 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
 {
     size_t pos = 0;
     struct gs_proto_entry e;
-    int more;
+    int more = 0;
     while (st->rc == 0 && (more = gs_proto_list_next(m, &pos, &e)) > 0) {
         char *path = strndup(e.path.p, e.path.len), *link = strndup(e.link.p, e.link.len);
         struct gs_agent_entry out = {.path = path,

@@ -112,7 +112,9 @@ stop() {
     [[ -f $dir/sshd.pid.main ]] || exit 0
     local pid
     pid=$(cat "$dir/sshd.pid.main")
-    # sshd runs in its own session: end it and every connection it forked.
+    # sshd runs in its own session, and each connection's child calls setsid(): end the
+    # connections (children of the listener) and then the listener's group.
+    pkill -TERM -P "$pid" 2>/dev/null || true
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     rm -f "$dir/sshd.pid.main"
 }
