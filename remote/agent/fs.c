@@ -1,0 +1,374 @@
+/* Path-safe file system helpers for the agent (see fs.h): resolution without following
+ * symlinks, temporary names, conflict copies, hashing and tree removal. */
+/* POSIX.1-2008 with XSI (realpath); _GNU_SOURCE from the top-level build is fine too. */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
+#include "fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+
+#define DIR_FLAGS        (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+#define REMOVE_MAX_DEPTH 512
+
+/* Counter making temporary names unique within this process (the pid makes them unique
+ * between agents). */
+static unsigned long tmp_counter;
+
+int gs_fs_check_path(const char *p, size_t len, int allow_empty)
+{
+    if (len == 0)
+        return allow_empty ? 0 : -EPERM;
+    if (len > GS_PROTO_MAX_PATH)
+        return -ENAMETOOLONG;
+    if (memchr(p, '\0', len) || p[0] == '/')
+        return -EPERM;
+    size_t start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && p[i] != '/')
+            continue;
+        size_t n = i - start;
+        if (n == 0 || (n == 1 && p[start] == '.') ||
+            (n == 2 && p[start] == '.' && p[start + 1] == '.'))
+            return -EPERM;
+        if (n > GS_FS_NAME_MAX)
+            return -ENAMETOOLONG;
+        start = i + 1;
+    }
+    return 0;
+}
+
+/* Opens (creating it if asked) one directory component below dfd. */
+static int open_component(int dfd, const char *comp, int create)
+{
+    int fd = openat(dfd, comp, DIR_FLAGS);
+    if (fd < 0 && errno == ENOENT && create) {
+        if (mkdirat(dfd, comp, 0777) < 0 && errno != EEXIST)
+            return -errno;
+        fd = openat(dfd, comp, DIR_FLAGS);
+    }
+    if (fd < 0 && errno == ENOTDIR) { /* O_DIRECTORY reports a symlink as ENOTDIR: tell why */
+        struct stat st;
+        if (fstatat(dfd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+            return -ELOOP;
+        errno = ENOTDIR;
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dirfd,
+                      char name[GS_FS_NAME_MAX + 1])
+{
+    int dfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+    if (dfd < 0)
+        return -errno;
+    const char *p = path;
+    for (;;) {
+        const char *slash = strchr(p, '/');
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if (n > GS_FS_NAME_MAX) {
+            close(dfd);
+            return -ENAMETOOLONG;
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        if (!slash)
+            break;
+        int fd = open_component(dfd, name, create_parents);
+        close(dfd);
+        if (fd < 0)
+            return fd;
+        dfd = fd;
+        p = slash + 1;
+    }
+    *dirfd = dfd;
+    return 0;
+}
+
+int gs_fs_open_dir(int rootfd, const char *path)
+{
+    if (path[0] == '\0') {
+        int fd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+        return fd < 0 ? -errno : fd;
+    }
+    char name[GS_FS_NAME_MAX + 1];
+    int dfd;
+    int rc = gs_fs_open_parent(rootfd, path, 0, &dfd, name);
+    if (rc < 0)
+        return rc;
+    rc = open_component(dfd, name, 0);
+    close(dfd);
+    return rc;
+}
+
+uint8_t gs_fs_kind(mode_t mode)
+{
+    if (S_ISREG(mode))
+        return GS_KIND_FILE;
+    if (S_ISDIR(mode))
+        return GS_KIND_DIR;
+    if (S_ISLNK(mode))
+        return GS_KIND_SYMLINK;
+    return GS_KIND_OTHER;
+}
+
+static void hash_out(XXH128_hash_t h, uint8_t hash[GS_PROTO_HASH_LEN])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(hash, c.digest, GS_PROTO_HASH_LEN);
+}
+
+int gs_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
+{
+    enum { BUFSZ = 1 << 18 };
+    XXH3_state_t st;
+    uint8_t *buf = malloc(BUFSZ);
+    if (!buf)
+        return -ENOMEM;
+    XXH3_128bits_reset(&st);
+    uint64_t total = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, BUFSZ);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        XXH3_128bits_update(&st, buf, (size_t)n);
+        total += (uint64_t)n;
+    }
+    free(buf);
+    if (rc == 0) {
+        hash_out(XXH3_128bits_digest(&st), hash);
+        *size = total;
+    }
+    return rc;
+}
+
+void gs_fs_hash_mem(const void *p, size_t n, uint8_t hash[GS_PROTO_HASH_LEN])
+{
+    hash_out(XXH3_128bits(p, n), hash);
+}
+
+int gs_fs_readlink(int dirfd, const char *name, char **out)
+{
+    size_t cap = 256;
+    for (;;) {
+        char *buf = malloc(cap);
+        if (!buf)
+            return -ENOMEM;
+        ssize_t n = readlinkat(dirfd, name, buf, cap);
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            return -e;
+        }
+        if ((size_t)n < cap) {
+            buf[n] = '\0';
+            *out = buf;
+            return 0;
+        }
+        free(buf);
+        cap *= 2;
+    }
+}
+
+int gs_fs_hash_entry(int dirfd, const char *name, const struct stat *st,
+                     uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
+{
+    if (S_ISLNK(st->st_mode)) {
+        char *target;
+        int rc = gs_fs_readlink(dirfd, name, &target);
+        if (rc < 0)
+            return rc;
+        *size = strlen(target);
+        gs_fs_hash_mem(target, *size, hash);
+        free(target);
+        return 0;
+    }
+    if (!S_ISREG(st->st_mode))
+        return S_ISDIR(st->st_mode) ? -EISDIR : -EINVAL;
+    /* O_NONBLOCK: should the file be swapped for a FIFO meanwhile, do not hang on it. */
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = gs_fs_hash_fd(fd, hash, size);
+    close(fd);
+    return rc;
+}
+
+/* Writes the next candidate temporary name into tmp. */
+static void tmp_name(char tmp[64])
+{
+    snprintf(tmp, 64, "%s%ld-%lu", GS_PROTO_TMP_PREFIX, (long)getpid(), ++tmp_counter);
+}
+
+int gs_fs_tmp_create(int dirfd, char tmp[64])
+{
+    for (int tries = 0; tries < 100; tries++) {
+        tmp_name(tmp);
+        int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            return fd;
+        if (errno != EEXIST)
+            return -errno;
+    }
+    return -EEXIST;
+}
+
+int gs_fs_tmp_symlink(int dirfd, const char *target, char tmp[64])
+{
+    for (int tries = 0; tries < 100; tries++) {
+        tmp_name(tmp);
+        if (symlinkat(target, dirfd, tmp) == 0)
+            return 0;
+        if (errno != EEXIST)
+            return -errno;
+    }
+    return -EEXIST;
+}
+
+/* Renames dirfd/name to a free NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N], stored in kept. */
+static int keep_conflict(int dirfd, const char *name, char kept[GS_FS_NAME_MAX + 1])
+{
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm))
+        return -EINVAL;
+    /* Room for the tag, the stamp and "-NNN": shorten NAME rather than fail on long names. */
+    int base = GS_FS_NAME_MAX - (int)(strlen(GS_PROTO_CONFLICT_TAG) + strlen(stamp) + 4);
+    for (int n = 0; n < 1000; n++) {
+        if (n == 0)
+            snprintf(kept, GS_FS_NAME_MAX + 1, "%.*s%s%s", base, name, GS_PROTO_CONFLICT_TAG,
+                     stamp);
+        else
+            snprintf(kept, GS_FS_NAME_MAX + 1, "%.*s%s%s-%d", base, name, GS_PROTO_CONFLICT_TAG,
+                     stamp, n);
+        struct stat st;
+        if (fstatat(dirfd, kept, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            continue;
+        if (errno != ENOENT)
+            return -errno;
+        if (renameat(dirfd, name, dirfd, kept) < 0)
+            return -errno;
+        return 1;
+    }
+    return -EEXIST;
+}
+
+/* True if the existing entry matches what the client expects or what is about to be written. */
+static int entry_matches(int dirfd, const char *name, const struct stat *st,
+                         const struct gs_proto_expect *expect, const uint8_t *new_hash)
+{
+    uint8_t have[GS_PROTO_HASH_LEN];
+    uint64_t size;
+    if (!S_ISREG(st->st_mode) && !S_ISLNK(st->st_mode))
+        return 0;
+    if (expect->kind != GS_EXPECT_HASH && !new_hash)
+        return 0;
+    if (gs_fs_hash_entry(dirfd, name, st, have, &size) < 0)
+        return 0;
+    if (expect->kind == GS_EXPECT_HASH && memcmp(have, expect->hash, sizeof(have)) == 0)
+        return 1;
+    return new_hash && memcmp(have, new_hash, sizeof(have)) == 0;
+}
+
+int gs_fs_check_expect(int dirfd, const char *name, const struct gs_proto_expect *expect,
+                       const uint8_t *new_hash, char kept[GS_FS_NAME_MAX + 1])
+{
+    struct stat st;
+    kept[0] = '\0';
+    if (expect->kind == GS_EXPECT_FORCE)
+        return 0;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (entry_matches(dirfd, name, &st, expect, new_hash))
+        return 0;
+    return keep_conflict(dirfd, name, kept);
+}
+
+/* Empties the directory open as fd (closed here), depth levels below the start. */
+static int remove_contents(int fd, int depth)
+{
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        int r = depth > REMOVE_MAX_DEPTH ? -ELOOP : 0;
+        if (r == 0 && unlinkat(dirfd(d), de->d_name, 0) < 0) {
+            r = -errno;
+            if (errno == EISDIR || errno == EPERM) {
+                int sub = openat(dirfd(d), de->d_name, DIR_FLAGS);
+                r = sub < 0 ? -errno : remove_contents(sub, depth + 1);
+                if (r == 0 && unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR) < 0)
+                    r = -errno;
+            }
+        }
+        if (r < 0 && rc == 0)
+            rc = r;
+    }
+    closedir(d);
+    return rc;
+}
+
+int gs_fs_remove_tree(int dirfd, const char *name)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlinkat(dirfd, name, 0) < 0 ? -errno : 0;
+    int fd = openat(dirfd, name, DIR_FLAGS);
+    if (fd < 0)
+        return -errno;
+    int rc = remove_contents(fd, 1);
+    if (rc == 0 && unlinkat(dirfd, name, AT_REMOVEDIR) < 0)
+        rc = -errno;
+    return rc;
+}
+
+int gs_fs_set_meta(int fd, const struct gs_proto_meta *meta)
+{
+    struct timespec ts[2];
+    ts[0].tv_sec = (time_t)meta->mtime_sec;
+    ts[0].tv_nsec = (long)meta->mtime_nsec;
+    ts[1] = ts[0];
+    if (fchmod(fd, (mode_t)(meta->mode & 07777)) < 0 || futimens(fd, ts) < 0)
+        return -errno;
+    return 0;
+}
+
+void gs_fs_meta_from_stat(const struct stat *st, struct gs_proto_meta *meta)
+{
+    meta->mode = (uint32_t)(st->st_mode & 07777);
+    meta->mtime_sec = (int64_t)st->st_mtim.tv_sec;
+    meta->mtime_nsec = (uint32_t)st->st_mtim.tv_nsec;
+}
+
+int gs_fs_is_tmp(const char *name)
+{
+    return strncmp(name, GS_PROTO_TMP_PREFIX, strlen(GS_PROTO_TMP_PREFIX)) == 0;
+}

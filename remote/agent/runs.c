@@ -1,0 +1,654 @@
+/* runs: run-directory files (meta.json, status.json, supervisor.lock), run-name resolution and
+ * the `ps` and `stop` commands (see runs.h). Only the supervisor (launch.c) writes status.json
+ * while it lives; stop writes it only for a run whose supervisor is gone. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "runs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jsonw.h"
+
+void gs_runs_status_release(struct gs_runs_status *st)
+{
+    free(st->ranks);
+    memset(st, 0, sizeof(*st));
+}
+
+int gs_runs_id_valid(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > GS_RUNS_ID_MAX || id[0] == '.')
+        return 0;
+    return strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+}
+
+int gs_runs_path(char *buf, size_t cap, const char *root, const char *id)
+{
+    int n = id ? snprintf(buf, cap, "%s/.gpusync/runs/%s", root, id)
+               : snprintf(buf, cap, "%s/.gpusync/runs", root);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+int gs_runs_join(char *buf, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void gs_runs_now_iso(char *buf, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    char day[32];
+    strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, cap, "%s.%03ldZ", day, ts.tv_nsec / 1000000);
+}
+
+long long gs_runs_iso_ms(const char *iso)
+{
+    struct tm tm;
+    int ms = 0;
+    memset(&tm, 0, sizeof(tm));
+    if (sscanf(iso, "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec, &ms) < 6)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (long long)timegm(&tm) * 1000 + ms;
+}
+
+long long gs_runs_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Writes all of p to fd. Returns 0 or -1. */
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int gs_runs_write_atomic(const char *dir, const char *name, const char *data, size_t len)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    char tmpname[NAME_MAX + 1];
+    snprintf(tmpname, sizeof(tmpname), ".%.200s.tmp.%ld", name, (long)getpid());
+    if (gs_runs_join(dst, sizeof(dst), dir, name) < 0 ||
+        gs_runs_join(tmp, sizeof(tmp), dir, tmpname) < 0) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    int rc = write_all(fd, data, len);
+    int saved = errno;
+    if (close(fd) < 0 && rc == 0)
+        rc = -1, saved = errno;
+    if (rc == 0 && rename(tmp, dst) < 0)
+        rc = -1, saved = errno;
+    if (rc < 0)
+        unlink(tmp);
+    errno = saved;
+    return rc;
+}
+
+/* Writes an int that -1 (or, for signals, 0) turns into null. */
+static void jw_opt(struct gs_jw *w, const char *key, long long v, long long null_value)
+{
+    gs_jw_key(w, key);
+    if (v == null_value)
+        gs_jw_null(w);
+    else
+        gs_jw_int(w, v);
+}
+
+/* Writes the rank objects of st. */
+static void status_ranks_json(struct gs_jw *w, const struct gs_runs_status *st)
+{
+    gs_jw_arr(w);
+    for (int i = 0; i < st->nranks; i++) {
+        const struct gs_runs_rank *r = &st->ranks[i];
+        gs_jw_obj(w);
+        gs_jw_key(w, "rank");
+        gs_jw_int(w, r->rank);
+        gs_jw_key(w, "local_rank");
+        gs_jw_int(w, r->local_rank);
+        gs_jw_key(w, "pid");
+        gs_jw_int(w, r->pid);
+        gs_jw_key(w, "pgid");
+        gs_jw_int(w, r->pgid);
+        jw_opt(w, "exit_code", r->exit_code, -1);
+        jw_opt(w, "signal", r->signal, 0);
+        gs_jw_obj_end(w);
+    }
+    gs_jw_arr_end(w);
+}
+
+/* Writes the status.json fields of st (without braces), with state replaced by state_override
+ * when it is not NULL (ps reports "lost"). */
+static void status_fields_json(struct gs_jw *w, const struct gs_runs_status *st,
+                               const char *state_override)
+{
+    gs_jw_key(w, "id");
+    gs_jw_str(w, st->id);
+    gs_jw_key(w, "state");
+    gs_jw_str(w, state_override ? state_override : st->state);
+    jw_opt(w, "exit_code", st->exit_code, -1);
+    gs_jw_key(w, "restarts");
+    gs_jw_int(w, st->restarts);
+    gs_jw_key(w, "start");
+    gs_jw_str(w, st->start);
+    gs_jw_key(w, "end");
+    gs_jw_str(w, st->end[0] ? st->end : NULL);
+    gs_jw_key(w, "supervisor_pid");
+    gs_jw_int(w, st->supervisor_pid);
+    gs_jw_key(w, "master_port");
+    gs_jw_int(w, st->master_port);
+    gs_jw_key(w, "ranks");
+    status_ranks_json(w, st);
+}
+
+int gs_runs_write_status(const char *dir, const struct gs_runs_status *st)
+{
+    struct gs_jw w;
+    gs_jw_init(&w);
+    gs_jw_obj(&w);
+    status_fields_json(&w, st, NULL);
+    gs_jw_obj_end(&w);
+    gs_jw_text(&w, "\n");
+    int rc = -1;
+    if (w.err)
+        errno = ENOMEM;
+    else
+        rc = gs_runs_write_atomic(dir, "status.json", w.buf, w.len);
+    gs_jw_release(&w);
+    return rc;
+}
+
+char *gs_runs_slurp(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 == cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                errno = ENOMEM;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r < 0) {
+                free(buf);
+                buf = NULL;
+            }
+            break;
+        }
+        n += (size_t)r;
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    if (buf) {
+        buf[n] = 0;
+        if (len)
+            *len = n;
+    }
+    return buf;
+}
+
+/* Parses the rank objects of a status.json ranks array into st. Returns 0 or -1. */
+static int parse_ranks(struct gs_json_span arr, struct gs_runs_status *st)
+{
+    struct gs_json_span e;
+    size_t pos = 0;
+    int rc, cap = 0;
+    while ((rc = gs_json_next(arr, &pos, &e)) == 1) {
+        if (st->nranks == cap) {
+            cap = cap ? cap * 2 : 8;
+            struct gs_runs_rank *r = realloc(st->ranks, (size_t)cap * sizeof(*r));
+            if (!r)
+                return -1;
+            st->ranks = r;
+        }
+        struct gs_runs_rank *r = &st->ranks[st->nranks++];
+        r->rank = (int)gs_json_get_int(e, "rank", -1);
+        r->local_rank = (int)gs_json_get_int(e, "local_rank", -1);
+        r->pid = (long)gs_json_get_int(e, "pid", 0);
+        r->pgid = (long)gs_json_get_int(e, "pgid", 0);
+        r->exit_code = (int)gs_json_get_int(e, "exit_code", -1);
+        r->signal = (int)gs_json_get_int(e, "signal", 0);
+    }
+    return rc;
+}
+
+int gs_runs_read_status(const char *dir, struct gs_runs_status *st)
+{
+    char path[PATH_MAX];
+    size_t n;
+    memset(st, 0, sizeof(*st));
+    if (gs_runs_join(path, sizeof(path), dir, "status.json") < 0)
+        return -1;
+    char *text = gs_runs_slurp(path, &n);
+    if (!text)
+        return -1;
+    struct gs_json_span obj = {text, n}, ranks;
+    gs_json_get_str(obj, "id", st->id, sizeof(st->id));
+    gs_json_get_str(obj, "state", st->state, sizeof(st->state));
+    gs_json_get_str(obj, "start", st->start, sizeof(st->start));
+    gs_json_get_str(obj, "end", st->end, sizeof(st->end));
+    st->exit_code = (int)gs_json_get_int(obj, "exit_code", -1);
+    st->restarts = (int)gs_json_get_int(obj, "restarts", 0);
+    st->supervisor_pid = (long)gs_json_get_int(obj, "supervisor_pid", 0);
+    st->master_port = (int)gs_json_get_int(obj, "master_port", 0);
+    int rc = st->state[0] && gs_json_get(obj, "ranks", &ranks) == 0 ? parse_ranks(ranks, st) : -1;
+    free(text);
+    if (rc < 0)
+        gs_runs_status_release(st);
+    return rc;
+}
+
+int gs_runs_supervisor_alive(const char *dir)
+{
+    char path[PATH_MAX];
+    if (gs_runs_join(path, sizeof(path), dir, "supervisor.lock") < 0)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int alive = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+    close(fd); /* also drops our shared lock, if we got it */
+    return alive;
+}
+
+/* Reads meta.json of the run in dir; returns the malloc'd text (caller frees) or NULL. */
+static char *read_meta(const char *dir, size_t *n)
+{
+    char path[PATH_MAX];
+    if (gs_runs_join(path, sizeof(path), dir, "meta.json") < 0)
+        return NULL;
+    return gs_runs_slurp(path, n);
+}
+
+/* Checks whether the run in runs/ent is named name; if it is newer than *best_start, records
+ * it as the best match so far. */
+static void match_name(const char *runs, const char *ent, const char *name, char *best, size_t cap,
+                       char *best_start)
+{
+    char dir[PATH_MAX], got[GS_RUNS_NAME_MAX + 1], start[40];
+    size_t n;
+    if (gs_runs_join(dir, sizeof(dir), runs, ent) < 0)
+        return;
+    char *meta = read_meta(dir, &n);
+    if (!meta)
+        return;
+    struct gs_json_span obj = {meta, n};
+    gs_json_get_str(obj, "name", got, sizeof(got));
+    gs_json_get_str(obj, "start", start, sizeof(start));
+    if (!strcmp(got, name) && strcmp(start, best_start) >= 0 && strlen(ent) < cap) {
+        snprintf(best, cap, "%s", ent);
+        snprintf(best_start, 40, "%s", start);
+    }
+    free(meta);
+}
+
+int gs_runs_resolve(const char *root, const char *arg, char *out, size_t cap, char *err,
+                    size_t errlen)
+{
+    char runs[PATH_MAX], dir[PATH_MAX], best_start[40] = "";
+    struct stat sb;
+    if (gs_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+        snprintf(err, errlen, "path too long: %s", root);
+        return -1;
+    }
+    if (gs_runs_id_valid(arg) && gs_runs_path(dir, sizeof(dir), root, arg) == 0 &&
+        stat(dir, &sb) == 0 && strlen(arg) < cap) {
+        snprintf(out, cap, "%s", arg);
+        return 0;
+    }
+    out[0] = 0;
+    DIR *d = opendir(runs);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (gs_runs_id_valid(e->d_name))
+            match_name(runs, e->d_name, arg, out, cap, best_start);
+    if (d)
+        closedir(d);
+    if (out[0])
+        return 0;
+    snprintf(err, errlen, "no run with id or name '%s' in %s", arg, runs);
+    return -1;
+}
+
+/* ---- ps ---------------------------------------------------------------------------------- */
+
+/* One run as ps lists it. */
+struct ps_row {
+    struct gs_runs_status st;
+    char *meta; /* meta.json text, owned */
+    size_t meta_len;
+    int lost; /* status says running, but the supervisor is gone */
+};
+
+/* Loads one run directory into row. Returns 0, or -1 if it is not a readable run. */
+static int ps_load(const char *runs, const char *id, struct ps_row *row)
+{
+    char dir[PATH_MAX];
+    memset(row, 0, sizeof(*row));
+    if (gs_runs_join(dir, sizeof(dir), runs, id) < 0)
+        return -1;
+    if (gs_runs_read_status(dir, &row->st) < 0)
+        return -1;
+    row->meta = read_meta(dir, &row->meta_len);
+    row->lost = !strcmp(row->st.state, "running") && !gs_runs_supervisor_alive(dir);
+    return 0;
+}
+
+/* Orders rows newest first (ISO times compare as strings), then by id. */
+static int ps_cmp(const void *a, const void *b)
+{
+    const struct ps_row *x = a, *y = b;
+    int c = strcmp(y->st.start, x->st.start);
+    return c ? c : strcmp(x->st.id, y->st.id);
+}
+
+/* Formats a duration in ms as 1h02m03s / 2m03s / 3.4s. */
+static void fmt_duration(long long ms, char *buf, size_t cap)
+{
+    long long s = ms / 1000;
+    if (ms < 0)
+        snprintf(buf, cap, "-");
+    else if (s >= 3600)
+        snprintf(buf, cap, "%lldh%02lldm%02llds", s / 3600, s / 60 % 60, s % 60);
+    else if (s >= 60)
+        snprintf(buf, cap, "%lldm%02llds", s / 60, s % 60);
+    else
+        snprintf(buf, cap, "%lld.%llds", s, ms % 1000 / 100);
+}
+
+static long long row_duration(const struct ps_row *r)
+{
+    long long start = gs_runs_iso_ms(r->st.start);
+    char now[40];
+    gs_runs_now_iso(now, sizeof(now));
+    long long end = gs_runs_iso_ms(r->st.end[0] ? r->st.end : now);
+    return start < 0 || end < 0 ? -1 : end - start;
+}
+
+static void ps_print_json(struct ps_row *rows, size_t n)
+{
+    struct gs_jw w;
+    gs_jw_init(&w);
+    gs_jw_arr(&w);
+    for (size_t i = 0; i < n; i++) {
+        struct gs_json_span meta = {rows[i].meta ? rows[i].meta : "{}",
+                                    rows[i].meta ? rows[i].meta_len : 2},
+                            v;
+        gs_jw_obj(&w);
+        status_fields_json(&w, &rows[i].st, rows[i].lost ? "lost" : NULL);
+        gs_jw_key(&w, "name");
+        if (gs_json_get(meta, "name", &v) == 0)
+            gs_jw_raw(&w, v.p, v.n);
+        else
+            gs_jw_null(&w);
+        gs_jw_key(&w, "command");
+        if (gs_json_get(meta, "command", &v) == 0)
+            gs_jw_raw(&w, v.p, v.n);
+        else
+            gs_jw_null(&w);
+        gs_jw_key(&w, "duration_ms");
+        gs_jw_int(&w, row_duration(&rows[i]));
+        gs_jw_obj_end(&w);
+    }
+    gs_jw_arr_end(&w);
+    if (!w.err)
+        printf("%s\n", w.buf);
+    gs_jw_release(&w);
+}
+
+static void ps_print_table(struct ps_row *rows, size_t n)
+{
+    printf("%-24s %-16s %-9s %5s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "START",
+           "DURATION", "EXIT");
+    for (size_t i = 0; i < n; i++) {
+        char name[GS_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-";
+        if (rows[i].meta) {
+            struct gs_json_span meta = {rows[i].meta, rows[i].meta_len};
+            gs_json_get_str(meta, "name", name, sizeof(name));
+            if (!name[0])
+                snprintf(name, sizeof(name), "-");
+        }
+        fmt_duration(row_duration(&rows[i]), dur, sizeof(dur));
+        if (rows[i].st.exit_code >= 0)
+            snprintf(code, sizeof(code), "%d", rows[i].st.exit_code);
+        printf("%-24s %-16s %-9s %5d %-24s %10s %4s\n", rows[i].st.id, name,
+               rows[i].lost ? "lost" : rows[i].st.state, rows[i].st.nranks, rows[i].st.start, dur,
+               code);
+    }
+}
+
+/* Loads every run under runs into a malloc'd array (*n entries). Returns NULL when empty. */
+static struct ps_row *ps_collect(const char *runs, size_t *n)
+{
+    struct ps_row *rows = NULL;
+    size_t cap = 0;
+    *n = 0;
+    DIR *d = opendir(runs);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!gs_runs_id_valid(e->d_name))
+            continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            struct ps_row *r = realloc(rows, cap * sizeof(*r));
+            if (!r)
+                break;
+            rows = r;
+        }
+        if (ps_load(runs, e->d_name, &rows[*n]) == 0)
+            (*n)++;
+    }
+    if (d)
+        closedir(d);
+    if (*n)
+        qsort(rows, *n, sizeof(*rows), ps_cmp);
+    return rows;
+}
+
+int gs_ps_main(int argc, char **argv)
+{
+    const char *root = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--root") && i + 1 < argc)
+            root = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else {
+            fprintf(stderr, "usage: gpusync-agent ps --root DIR [--json]\n");
+            return 2;
+        }
+    }
+    if (!root) {
+        fprintf(stderr, "usage: gpusync-agent ps --root DIR [--json]\n");
+        return 2;
+    }
+    char runs[PATH_MAX];
+    if (gs_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+        fprintf(stderr, "gpusync-agent ps: path too long: %s\n", root);
+        return 1;
+    }
+    size_t n;
+    struct ps_row *rows = ps_collect(runs, &n);
+    if (json)
+        ps_print_json(rows, n);
+    else
+        ps_print_table(rows, n);
+    for (size_t i = 0; i < n; i++) {
+        gs_runs_status_release(&rows[i].st);
+        free(rows[i].meta);
+    }
+    free(rows);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* ---- stop -------------------------------------------------------------------------------- */
+
+/* Returns 1 if any process of group pgid exists (zombies count until reaped). */
+static int group_alive(long pgid)
+{
+    return pgid > 1 && !(kill((pid_t)-pgid, 0) < 0 && errno == ESRCH);
+}
+
+/* Returns 1 if any rank group of st is alive. */
+static int any_group_alive(const struct gs_runs_status *st)
+{
+    for (int i = 0; i < st->nranks; i++)
+        if (group_alive(st->ranks[i].pgid))
+            return 1;
+    return 0;
+}
+
+static void kill_groups(const struct gs_runs_status *st, int sig)
+{
+    for (int i = 0; i < st->nranks; i++)
+        if (st->ranks[i].pgid > 1)
+            kill((pid_t)-st->ranks[i].pgid, sig);
+}
+
+/* Sleeps about ms milliseconds (used only while waiting on processes that are not our
+ * children: there is no event to wait on for those). */
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Waits up to ms for the supervisor to let go of its lock and the groups to empty. Returns 1
+ * when everything is gone. */
+static int wait_gone(const char *dir, const struct gs_runs_status *st, long ms)
+{
+    long long deadline = gs_runs_mono_ms() + ms;
+    for (;;) {
+        int gone = !gs_runs_supervisor_alive(dir) && !any_group_alive(st);
+        if (gone || gs_runs_mono_ms() >= deadline)
+            return gone;
+        nap_ms(5);
+    }
+}
+
+/* Marks a run whose supervisor vanished as stopped, so ps stops calling it lost. */
+static void mark_stopped(const char *dir, struct gs_runs_status *st)
+{
+    snprintf(st->state, sizeof(st->state), "stopped");
+    gs_runs_now_iso(st->end, sizeof(st->end));
+    if (st->exit_code < 0)
+        st->exit_code = 128 + SIGKILL;
+    gs_runs_write_status(dir, st);
+}
+
+/* Stops the run in dir. Returns 1 if it was running, 0 if not, -1 if something survived. */
+static int stop_run(const char *dir, long grace_ms)
+{
+    struct gs_runs_status st;
+    if (gs_runs_read_status(dir, &st) < 0)
+        return -1;
+    int sup = gs_runs_supervisor_alive(dir);
+    /* A lost run (status running, supervisor gone) counts as running: stop ends it. */
+    int was_running = sup || !strcmp(st.state, "running");
+    if (sup && st.supervisor_pid > 1)
+        kill((pid_t)st.supervisor_pid, SIGTERM);
+    if (sup)
+        wait_gone(dir, &st, grace_ms + 1000);
+    /* The supervisor may have restarted the group since we read it: read again. */
+    struct gs_runs_status now;
+    if (gs_runs_read_status(dir, &now) == 0) {
+        gs_runs_status_release(&st);
+        st = now;
+    }
+    if (!strcmp(st.state, "running") || sup) {
+        if (gs_runs_supervisor_alive(dir) && st.supervisor_pid > 1)
+            kill((pid_t)st.supervisor_pid, SIGKILL);
+        kill_groups(&st, SIGKILL);
+    }
+    int gone = wait_gone(dir, &st, 3000);
+    if (gone && !strcmp(st.state, "running"))
+        mark_stopped(dir, &st);
+    gs_runs_status_release(&st);
+    return gone ? was_running : -1;
+}
+
+int gs_stop_main(int argc, char **argv)
+{
+    const char *root = NULL, *arg = NULL;
+    long grace_ms = 10000;
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (v && !strcmp(argv[i], "--root"))
+            root = v, i++;
+        else if (v && !strcmp(argv[i], "--id"))
+            arg = v, i++;
+        else if (v && !strcmp(argv[i], "--grace-ms"))
+            grace_ms = strtol(v, &end, 10), bad = *end || end == v, i++;
+        else
+            bad = 1;
+    }
+    if (bad || !root || !arg || grace_ms < 0) {
+        fprintf(stderr, "usage: gpusync-agent stop --root DIR --id ID [--grace-ms MS]\n");
+        return 2;
+    }
+    char id[GS_RUNS_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
+    if (gs_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpusync-agent stop: %s\n", err);
+        return 1;
+    }
+    gs_runs_path(dir, sizeof(dir), root, id);
+    int rc = stop_run(dir, grace_ms);
+    if (rc < 0) {
+        fprintf(stderr,
+                "gpusync-agent stop: processes of run %s survived SIGKILL (or %s/status.json is "
+                "unreadable)\n",
+                id, dir);
+        return 1;
+    }
+    printf(rc ? "stopped %s\n" : "not running %s\n", id);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

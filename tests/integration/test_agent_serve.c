@@ -1,0 +1,931 @@
+/* Integration tests for `gpusync-agent serve`: the real built agent is spawned over pipes
+ * (GS_BUILD_DIR/remote/agent/gpusync-agent) and driven with the shared protocol codec; every test
+ * asserts on the files the agent leaves in (and outside) its root. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "integration/agent_harness.h"
+
+struct fx {
+    char base[64];     /* temporary directory holding root/ and outside/ */
+    char root[256];    /* the agent's root */
+    char outside[256]; /* must never be touched */
+    int mounted;
+    struct agent_h a;
+    int started;
+};
+
+/* A reply copied out of the harness buffer. */
+struct rep {
+    uint8_t type;
+    uint32_t id, flags;
+    int err;
+    char kept[PATH_MAX];
+    char text[2048];
+};
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static void copy_reply(const struct gs_proto_msg *m, struct rep *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->type = m->type;
+    r->id = m->id;
+    r->flags = m->flags;
+    r->err = m->err;
+    snprintf(r->kept, sizeof(r->kept), "%.*s", (int)m->path2.len, m->path2.p);
+    snprintf(r->text, sizeof(r->text), "%.*s", (int)m->text.len, m->text.p);
+}
+
+static struct rep call(struct fx *f, struct gs_proto_msg *m)
+{
+    struct gs_proto_msg r;
+    struct rep out;
+    assert_int_equal(agent_h_call(&f->a, m, &r), 0);
+    assert_int_equal(r.id, m->id);
+    copy_reply(&r, &out);
+    return out;
+}
+
+static struct gs_proto_msg req(uint8_t type, const char *path)
+{
+    struct gs_proto_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = type;
+    m.path = gs_proto_cstr(path);
+    m.path2 = gs_proto_cstr("");
+    m.meta.mode = 0644;
+    return m;
+}
+
+static struct gs_proto_msg put_msg(const char *path, const char *data, uint8_t expect,
+                                   const char *expected_content)
+{
+    struct gs_proto_msg m = req(GS_MSG_PUT, path);
+    m.data.p = data;
+    m.data.len = (uint32_t)strlen(data);
+    m.meta.mtime_sec = 1600000000;
+    m.expect.kind = expect;
+    if (expected_content)
+        agent_h_hash(expected_content, strlen(expected_content), m.expect.hash);
+    return m;
+}
+
+static struct rep put(struct fx *f, const char *path, const char *data)
+{
+    struct gs_proto_msg m = put_msg(path, data, GS_EXPECT_FORCE, NULL);
+    return call(f, &m);
+}
+
+static void at(struct fx *f, const char *rel, char *out)
+{
+    snprintf(out, PATH_MAX, "%s/%s", f->root, rel);
+}
+
+/* Reads a whole file (NUL-terminated copy); NULL if it cannot be read. */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, fp);
+    fclose(fp);
+    buf[got] = '\0';
+    if (len)
+        *len = got;
+    return buf;
+}
+
+static void assert_content(struct fx *f, const char *rel, const char *want)
+{
+    char p[PATH_MAX];
+    at(f, rel, p);
+    char *got = slurp(p, NULL);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void write_file(const char *path, const char *data)
+{
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    fputs(data, fp);
+    fclose(fp);
+}
+
+/* Counts entries of dir whose name starts with prefix. */
+static int count_prefixed(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    if (!d)
+        return -1;
+    while ((de = readdir(d)) != NULL)
+        if (!strncmp(de->d_name, prefix, strlen(prefix)))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static int count_entries(const char *dir)
+{
+    return count_prefixed(dir, "") - 2; /* minus . and .. */
+}
+
+/* Lists path and returns how many entries came back (-1 on an error reply). */
+static int list_count(struct fx *f, const char *path, uint32_t flags)
+{
+    struct gs_proto_msg l = req(GS_MSG_LIST, path), r;
+    l.flags = flags;
+    agent_h_queue(&f->a, &l);
+    int n = 0;
+    for (;;) {
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_int_equal(r.id, l.id);
+        if (r.type == GS_MSG_ERROR)
+            return -1;
+        if (r.type == GS_MSG_LIST_END)
+            break;
+        assert_int_equal(r.type, GS_MSG_LIST_ENTRIES);
+        n += (int)r.count;
+    }
+    assert_true(r.size == (uint64_t)n);
+    return n;
+}
+
+/* ---- fixture ----------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    struct fx *f = calloc(1, sizeof(*f));
+    if (!agent_h_binary() || access(agent_h_binary(), X_OK) != 0) {
+        fprintf(stderr, "GS_BUILD_DIR unset or agent not built\n");
+        free(f);
+        return -1;
+    }
+    snprintf(f->base, sizeof(f->base), "/tmp/gs-agent-test-XXXXXX");
+    if (!mkdtemp(f->base))
+        return -1;
+    snprintf(f->root, sizeof(f->root), "%s/root", f->base);
+    snprintf(f->outside, sizeof(f->outside), "%s/outside", f->base);
+    if (mkdir(f->outside, 0755) < 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static void start(struct fx *f)
+{
+    char got[PATH_MAX];
+    assert_int_equal(agent_h_open(&f->a, f->root, got, sizeof(got)), 0);
+    f->started = 1;
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    char cmd[PATH_MAX + 32];
+    if (f->started)
+        agent_h_close(&f->a);
+    if (f->mounted)
+        umount(f->root);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->base);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", f->base);
+    free(f);
+    return 0;
+}
+
+/* ---- handshake --------------------------------------------------------------------------- */
+
+static void test_serve__handshake_reports_versions_and_creates_absolute_root(void **state)
+{
+    struct fx *f = *state;
+    char got[PATH_MAX], want[PATH_MAX + 16];
+    snprintf(f->root, sizeof(f->root), "%s/root/deep/er", f->base);
+    assert_int_equal(agent_h_open(&f->a, f->root, got, sizeof(got)), 0);
+    f->started = 1;
+    assert_non_null(realpath(f->root, want));
+    assert_string_equal(got, want);
+    assert_int_equal(got[0], '/');
+}
+
+static void test_serve__version_mismatch_is_a_clear_error(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg m = {0}, r;
+    assert_int_equal(agent_h_start(&f->a, f->root, NULL), 0);
+    m.type = GS_MSG_HELLO;
+    m.magic = GS_PROTO_MAGIC;
+    m.version = GS_PROTO_VERSION + 41;
+    assert_int_equal(agent_h_call(&f->a, &m, &r), 0);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EPROTONOSUPPORT);
+    struct rep c;
+    copy_reply(&r, &c);
+    assert_non_null(strstr(c.text, "version mismatch"));
+    assert_int_equal(agent_h_close(&f->a), 2);
+}
+
+static void test_serve__version_flag_prints_agent_and_protocol_versions(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 16], line[256] = "";
+    snprintf(cmd, sizeof(cmd), "'%s' --version", agent_h_binary());
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof(line), p));
+    assert_int_equal(pclose(p), 0);
+    char want[64];
+    snprintf(want, sizeof(want), "(protocol %d)", GS_PROTO_VERSION);
+    assert_non_null(strstr(line, want));
+    assert_non_null(strstr(line, "gpusync-agent "));
+}
+
+static void test_serve__usage_errors_go_to_stderr_not_stdout(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 64], out[64] = "";
+    snprintf(cmd, sizeof(cmd), "'%s' serve 2>/dev/null; echo \"rc=$?\"", agent_h_binary());
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(out, sizeof(out), p));
+    pclose(p);
+    assert_string_equal(out, "rc=2\n"); /* nothing before the status line: stdout is clean */
+}
+
+static void test_serve__fsync_mode_still_writes_files(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg m = {0}, r;
+    assert_int_equal(agent_h_start(&f->a, f->root, "--fsync"), 0);
+    f->started = 1;
+    m.type = GS_MSG_HELLO;
+    m.magic = GS_PROTO_MAGIC;
+    m.version = GS_PROTO_VERSION;
+    m.flags = GS_HELLO_FSYNC;
+    assert_int_equal(agent_h_call(&f->a, &m, &r), 0);
+    assert_int_equal(r.type, GS_MSG_HELLO_OK);
+    assert_int_equal(put(f, "synced/file", "durable").type, GS_MSG_DONE);
+    assert_content(f, "synced/file", "durable");
+}
+
+/* ---- puts -------------------------------------------------------------------------------- */
+
+static void test_serve__pipelined_puts_are_answered_in_order(void **state)
+{
+    struct fx *f = *state;
+    enum { N = 500 };
+    static char names[N][32], bodies[N][32];
+    start(f);
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "d%d/f%03d.txt", i % 7, i);
+        snprintf(bodies[i], sizeof(bodies[i]), "body %d\n", i);
+        struct gs_proto_msg m = put_msg(names[i], bodies[i], GS_EXPECT_ABSENT, NULL);
+        m.id = 1000 + (uint32_t)i;
+        agent_h_queue(&f->a, &m);
+    }
+    for (int i = 0; i < N; i++) {
+        struct gs_proto_msg r;
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_int_equal(r.type, GS_MSG_DONE);
+        assert_int_equal(r.id, 1000 + (uint32_t)i);
+        assert_int_equal(r.flags & GS_DONE_KEPT, 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_content(f, names[i], bodies[i]);
+}
+
+static void test_serve__put_replaces_atomically_via_temp_and_rename(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX], dir[PATH_MAX];
+    struct stat before, after;
+    start(f);
+    assert_int_equal(put(f, "sub/model.bin", "old complete content").type, GS_MSG_DONE);
+    at(f, "sub/model.bin", p);
+    at(f, "sub", dir);
+    int oldfd = open(p, O_RDONLY);
+    assert_true(oldfd >= 0);
+    assert_int_equal(fstat(oldfd, &before), 0);
+
+    struct gs_proto_msg m = req(GS_MSG_PUT_BEGIN, "sub/model.bin");
+    m.id = 77;
+    m.size = 21;
+    agent_h_queue(&f->a, &m);
+    struct gs_proto_msg d = req(GS_MSG_PUT_DATA, "");
+    d.id = 77;
+    d.data = gs_proto_cstr("new half");
+    agent_h_queue(&f->a, &d);
+    struct gs_proto_msg st = req(GS_MSG_STAT, "sub/model.bin");
+    struct rep sr = call(f, &st); /* its reply proves the DATA frame was executed */
+    assert_int_equal(sr.type, GS_MSG_STAT_R);
+    assert_content(f, "sub/model.bin", "old complete content");
+    assert_int_equal(count_prefixed(dir, GS_PROTO_TMP_PREFIX), 1);
+    assert_int_equal(list_count(f, "sub", 0), 1);           /* only model.bin */
+    assert_int_equal(list_count(f, "sub", GS_LIST_TMP), 2); /* and the temporary */
+
+    d.data = gs_proto_cstr(" and the rest");
+    agent_h_queue(&f->a, &d);
+    struct gs_proto_msg e = req(GS_MSG_PUT_END, "");
+    e.id = 77;
+    e.flags = GS_PUTEND_VERIFY;
+    agent_h_hash("new half and the rest", 21, e.hash);
+    struct rep er = call(f, &e);
+    assert_int_equal(er.type, GS_MSG_DONE);
+    assert_content(f, "sub/model.bin", "new half and the rest");
+    assert_int_equal(stat(p, &after), 0);
+    assert_true(after.st_ino != before.st_ino); /* replaced by rename, not rewritten */
+    char old[64] = "";
+    assert_int_equal(pread(oldfd, old, sizeof(old) - 1, 0), 20);
+    assert_string_equal(old, "old complete content");
+    close(oldfd);
+    assert_int_equal(count_prefixed(dir, GS_PROTO_TMP_PREFIX), 0);
+}
+
+static void test_serve__put_end_with_wrong_hash_or_size_leaves_target_untouched(void **state)
+{
+    struct fx *f = *state;
+    start(f);
+    put(f, "x", "keep");
+    struct gs_proto_msg m = req(GS_MSG_PUT_BEGIN, "x"), d = req(GS_MSG_PUT_DATA, "");
+    struct gs_proto_msg e = req(GS_MSG_PUT_END, "");
+    m.id = d.id = e.id = 5;
+    m.size = 9;
+    d.data = gs_proto_cstr("corrupted");
+    e.flags = GS_PUTEND_VERIFY; /* hash of zeros: wrong */
+    agent_h_queue(&f->a, &m);
+    agent_h_queue(&f->a, &d);
+    struct rep r = call(f, &e);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EBADMSG);
+    assert_content(f, "x", "keep");
+    assert_int_equal(count_prefixed(f->root, GS_PROTO_TMP_PREFIX), 0);
+
+    /* A chunk lost on the way (fewer bytes than announced) is refused the same way. */
+    m.size = 10;
+    e.flags = 0;
+    agent_h_queue(&f->a, &m);
+    agent_h_queue(&f->a, &d);
+    r = call(f, &e);
+    assert_int_equal(r.err, EBADMSG);
+    assert_content(f, "x", "keep");
+    assert_int_equal(count_prefixed(f->root, GS_PROTO_TMP_PREFIX), 0);
+}
+
+static void test_serve__mode_and_mtime_are_preserved(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    struct stat st;
+    start(f);
+    struct gs_proto_msg m = put_msg("bin/run.sh", "#!/bin/sh\n", GS_EXPECT_ABSENT, NULL);
+    m.meta.mode = 0751;
+    m.meta.mtime_sec = 1234567890;
+    m.meta.mtime_nsec = 123456789;
+    assert_int_equal(call(f, &m).type, GS_MSG_DONE);
+    at(f, "bin/run.sh", p);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0751);
+    assert_int_equal(st.st_mtim.tv_sec, 1234567890);
+    assert_int_equal(st.st_mtim.tv_nsec, 123456789);
+
+    struct gs_proto_msg s = req(GS_MSG_STAT, "bin/run.sh"), r;
+    agent_h_queue(&f->a, &s);
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.type, GS_MSG_STAT_R);
+    assert_int_equal(r.kind, GS_KIND_FILE);
+    assert_int_equal(r.meta.mode, 0751);
+    assert_true(r.meta.mtime_sec == 1234567890);
+    assert_int_equal(r.meta.mtime_nsec, 123456789);
+    assert_true(r.size == 10);
+
+    struct gs_proto_msg c = req(GS_MSG_CHMOD, "bin/run.sh");
+    c.meta.mode = 0600;
+    assert_int_equal(call(f, &c).type, GS_MSG_DONE);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+}
+
+/* ---- conflicts --------------------------------------------------------------------------- */
+
+/* Checks that kept names a conflict copy of rel holding want. */
+static void assert_kept(struct fx *f, const struct rep *r, const char *rel, const char *want)
+{
+    char prefix[PATH_MAX];
+    assert_true(r->flags & GS_DONE_KEPT);
+    snprintf(prefix, sizeof(prefix), "%s%s", rel, GS_PROTO_CONFLICT_TAG);
+    assert_int_equal(strncmp(r->kept, prefix, strlen(prefix)), 0);
+    assert_true(strlen(r->kept) >= strlen(prefix) + 15); /* YYYYmmdd-HHMMSS */
+    assert_content(f, r->kept, want);
+}
+
+static void test_serve__put_conflict_keeps_server_copy_and_reports_it(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    start(f);
+    put(f, "cfg/train.yaml", "lr: 0.1\n");
+    at(f, "cfg/train.yaml", p);
+    write_file(p, "lr: 0.5  # edited on the server\n");
+
+    struct gs_proto_msg m = put_msg("cfg/train.yaml", "lr: 0.2\n", GS_EXPECT_HASH, "lr: 0.1\n");
+    struct rep r = call(f, &m);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_kept(f, &r, "cfg/train.yaml", "lr: 0.5  # edited on the server\n");
+    assert_content(f, "cfg/train.yaml", "lr: 0.2\n");
+
+    /* A second conflict within the same second gets a -N suffix: nothing overwritten. */
+    write_file(p, "second edit\n");
+    struct rep r2 = call(f, &m);
+    assert_true(r2.flags & GS_DONE_KEPT);
+    assert_string_not_equal(r2.kept, r.kept);
+    assert_content(f, r2.kept, "second edit\n");
+    assert_content(f, r.kept, "lr: 0.5  # edited on the server\n");
+}
+
+static void test_serve__expected_absent_but_present_is_kept_unless_identical(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    start(f);
+    at(f, "new.py", p);
+    write_file(p, "made on the server\n");
+    struct gs_proto_msg m = put_msg("new.py", "print(1)\n", GS_EXPECT_ABSENT, NULL);
+    struct rep r = call(f, &m);
+    assert_kept(f, &r, "new.py", "made on the server\n");
+    /* Resuming after a crash: the same content already there is no conflict. */
+    struct rep again = call(f, &m);
+    assert_int_equal(again.type, GS_MSG_DONE);
+    assert_int_equal(again.flags & GS_DONE_KEPT, 0);
+    assert_int_equal(count_prefixed(f->root, "new.py" GS_PROTO_CONFLICT_TAG), 1);
+}
+
+static void test_serve__delete_conflict_keeps_server_copy(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    start(f);
+    put(f, "a.txt", "v1");
+    put(f, "b.txt", "v1");
+    at(f, "a.txt", p);
+    write_file(p, "edited");
+
+    struct gs_proto_msg d = req(GS_MSG_DELETE, "a.txt");
+    d.expect.kind = GS_EXPECT_HASH;
+    agent_h_hash("v1", 2, d.expect.hash);
+    struct rep r = call(f, &d);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_kept(f, &r, "a.txt", "edited");
+    assert_int_equal(access(p, F_OK), -1);
+
+    d.path = gs_proto_cstr("b.txt"); /* matches: really deleted, nothing kept */
+    r = call(f, &d);
+    assert_int_equal(r.flags & GS_DONE_KEPT, 0);
+    at(f, "b.txt", p);
+    assert_int_equal(access(p, F_OK), -1);
+    assert_int_equal(count_prefixed(f->root, "b.txt"), 0);
+
+    r = call(f, &d); /* already gone */
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_true(r.flags & GS_DONE_NOOP);
+}
+
+/* ---- path safety ------------------------------------------------------------------------- */
+
+static void test_serve__path_escapes_are_refused(void **state)
+{
+    struct fx *f = *state;
+    char abs_target[PATH_MAX + 8], link[PATH_MAX], victim[PATH_MAX];
+    start(f);
+    snprintf(abs_target, sizeof(abs_target), "%s/x", f->outside);
+    const char *bad[] = {"../outside/x", "/tmp/x", abs_target, "a/../../outside/x",
+                         "a//b",         "",       "./a",      "a/.",
+                         "a/",           ".."};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct rep r = put(f, bad[i], "escape");
+        assert_int_equal(r.type, GS_MSG_ERROR);
+        assert_int_equal(r.err, EPERM);
+    }
+    struct gs_proto_msg nul = put_msg("a", "x", GS_EXPECT_FORCE, NULL);
+    nul.path.p = "a\0b";
+    nul.path.len = 3;
+    assert_int_equal(call(f, &nul).err, EPERM);
+
+    /* Symlinked parent directories, relative and absolute, are never followed. */
+    snprintf(victim, sizeof(victim), "%s/victim", f->outside);
+    write_file(victim, "precious");
+    at(f, "rel", link);
+    assert_int_equal(symlink("../outside", link), 0);
+    at(f, "abs", link);
+    assert_int_equal(symlink(f->outside, link), 0);
+    const char *via[] = {"rel/x", "abs/x", "rel/new/deeper"};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(put(f, via[i], "escape").err, ELOOP);
+    struct gs_proto_msg mk = req(GS_MSG_MKDIR, "abs/sub");
+    assert_int_equal(call(f, &mk).err, ELOOP);
+    struct gs_proto_msg del = req(GS_MSG_DELETE, "rel/victim");
+    assert_int_equal(call(f, &del).err, ELOOP);
+    struct gs_proto_msg mv = req(GS_MSG_RENAME, "abs/victim");
+    mv.path2 = gs_proto_cstr("stolen");
+    assert_int_equal(call(f, &mv).type, GS_MSG_ERROR);
+    struct gs_proto_msg get = req(GS_MSG_GET, "abs/victim");
+    assert_int_equal(call(f, &get).err, ELOOP);
+
+    /* A symlink as the last component: acted on as a link, never through it. */
+    at(f, "lnk", link);
+    assert_int_equal(symlink(victim, link), 0);
+    get.path = gs_proto_cstr("lnk");
+    assert_int_equal(call(f, &get).err, ELOOP);
+    struct gs_proto_msg ch = req(GS_MSG_CHMOD, "lnk");
+    ch.meta.mode = 0777;
+    assert_int_equal(call(f, &ch).err, ELOOP);
+    assert_int_equal(put(f, "lnk", "replaces the link").type, GS_MSG_DONE);
+    assert_content(f, "lnk", "replaces the link");
+
+    struct stat st;
+    assert_int_equal(stat(victim, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644);
+    char *v = slurp(victim, NULL);
+    assert_string_equal(v, "precious");
+    free(v);
+    assert_int_equal(count_entries(f->outside), 1);
+}
+
+static void test_serve__hostile_names_work(void **state)
+{
+    struct fx *f = *state;
+    char longname[256], toolong[300], path[400];
+    memset(longname, 'n', 255);
+    longname[255] = '\0';
+    memset(toolong, 'n', 256);
+    toolong[256] = '\0';
+    const char *names[] = {"with space",        "new\nline", "-leading-dash",
+                           "bytes\xff\xfe\x80", "tab\there", longname};
+    start(f);
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(path, sizeof(path), "h/%s", names[i]);
+        assert_int_equal(put(f, path, names[i]).type, GS_MSG_DONE);
+        assert_content(f, path, names[i]);
+    }
+    snprintf(path, sizeof(path), "h/%s", toolong);
+    assert_int_equal(put(f, path, "x").err, ENAMETOOLONG);
+
+    /* A conflict on a 255-byte name still fits a legal file name. */
+    char p[PATH_MAX];
+    snprintf(path, sizeof(path), "h/%s", longname);
+    at(f, path, p);
+    write_file(p, "server edit");
+    struct gs_proto_msg m = put_msg(path, "client", GS_EXPECT_HASH, longname);
+    struct rep r = call(f, &m);
+    assert_true(r.flags & GS_DONE_KEPT);
+    assert_content(f, r.kept, "server edit");
+
+    struct gs_proto_msg l = req(GS_MSG_LIST, "h"), lr;
+    l.flags = GS_LIST_HASH;
+    agent_h_queue(&f->a, &l);
+    int found = 0, entries = 0;
+    for (;;) {
+        assert_int_equal(agent_h_recv(&f->a, &lr), 0);
+        if (lr.type == GS_MSG_LIST_END)
+            break;
+        assert_int_equal(lr.type, GS_MSG_LIST_ENTRIES);
+        size_t pos = 0;
+        struct gs_proto_entry e;
+        while (gs_proto_list_next(&lr, &pos, &e) == 1) {
+            entries++;
+            snprintf(path, sizeof(path), "h/%s", names[1]);
+            if (e.path.len == strlen(path) && !memcmp(e.path.p, path, e.path.len)) {
+                uint8_t want[GS_PROTO_HASH_LEN];
+                agent_h_hash(names[1], strlen(names[1]), want);
+                assert_true(e.has_hash);
+                assert_memory_equal(e.hash, want, GS_PROTO_HASH_LEN);
+                found = 1;
+            }
+        }
+    }
+    assert_true(found);
+    assert_int_equal(entries, 7); /* six names and one conflict copy */
+}
+
+/* ---- large files ------------------------------------------------------------------------- */
+
+static void fill_random(uint8_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        p[i] = (uint8_t)(seed >> 56);
+    }
+}
+
+/* Streams data as PUT_BEGIN/PUT_DATA/PUT_END with id and returns the reply. */
+static struct rep stream_put(struct fx *f, uint32_t id, const char *path, const uint8_t *data,
+                             size_t n, uint8_t expect, const uint8_t *expect_hash)
+{
+    struct gs_proto_msg b = req(GS_MSG_PUT_BEGIN, path);
+    b.id = id;
+    b.size = n;
+    b.meta.mode = 0640;
+    b.expect.kind = expect;
+    if (expect_hash)
+        memcpy(b.expect.hash, expect_hash, GS_PROTO_HASH_LEN);
+    agent_h_queue(&f->a, &b);
+    for (size_t off = 0; off < n; off += GS_PROTO_CHUNK) {
+        struct gs_proto_msg d = req(GS_MSG_PUT_DATA, "");
+        d.id = id;
+        d.data.p = (const char *)data + off;
+        d.data.len = (uint32_t)(n - off < GS_PROTO_CHUNK ? n - off : GS_PROTO_CHUNK);
+        agent_h_queue(&f->a, &d);
+        if (f->a.tx.len > (8u << 20))
+            assert_int_equal(agent_h_flush(&f->a), 0);
+    }
+    struct gs_proto_msg e = req(GS_MSG_PUT_END, "");
+    e.id = id;
+    e.flags = GS_PUTEND_VERIFY;
+    agent_h_hash(data, n, e.hash);
+    return call(f, &e);
+}
+
+static void test_serve__large_file_streams_byte_identical_both_ways(void **state)
+{
+    struct fx *f = *state;
+    size_t n = 64u << 20;
+    uint8_t *data = malloc(n), want[GS_PROTO_HASH_LEN];
+    char p[PATH_MAX];
+    assert_non_null(data);
+    fill_random(data, n, 42);
+    start(f);
+    struct rep r = stream_put(f, 1000, "ckpt/big.bin", data, n, GS_EXPECT_ABSENT, NULL);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    at(f, "ckpt/big.bin", p);
+    size_t len;
+    char *disk = slurp(p, &len);
+    assert_int_equal(len, n);
+    assert_memory_equal(disk, data, n);
+    free(disk);
+
+    /* GET streams it back in chunks; the bytes and the hash match. */
+    struct gs_proto_msg g = req(GS_MSG_GET, "ckpt/big.bin"), m;
+    agent_h_queue(&f->a, &g);
+    size_t off = 0;
+    for (;;) {
+        assert_int_equal(agent_h_recv(&f->a, &m), 0);
+        assert_int_equal(m.id, g.id);
+        if (m.type != GS_MSG_GET_DATA)
+            break;
+        assert_true(off + m.data.len <= n);
+        assert_memory_equal(m.data.p, data + off, m.data.len);
+        off += m.data.len;
+    }
+    assert_int_equal(m.type, GS_MSG_GET_END);
+    assert_int_equal(off, n);
+    assert_true(m.size == n);
+    agent_h_hash(data, n, want);
+    assert_memory_equal(m.hash, want, GS_PROTO_HASH_LEN);
+    assert_int_equal(m.meta.mode, 0640);
+    free(data);
+}
+
+static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(mkdir(f->root, 0755), 0);
+    if (mount("gs-agent-test", f->root, "tmpfs", 0, "size=1m") < 0)
+        skip();
+    f->mounted = 1;
+    start(f);
+    assert_int_equal(put(f, "data/f.bin", "keep me").type, GS_MSG_DONE);
+    size_t n = 3u << 20;
+    uint8_t *data = calloc(1, n), h[GS_PROTO_HASH_LEN];
+    agent_h_hash("keep me", 7, h);
+    struct rep r = stream_put(f, 9, "data/f.bin", data, n, GS_EXPECT_HASH, h);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, ENOSPC);
+    assert_non_null(strstr(r.text, "data/f.bin"));
+    assert_content(f, "data/f.bin", "keep me");
+    char dir[PATH_MAX];
+    at(f, "data", dir);
+    assert_int_equal(count_entries(dir), 1); /* no temp file left */
+
+    /* Single-frame put too, and the session goes on afterwards. */
+    struct gs_proto_msg big = put_msg("data/g.bin", "", GS_EXPECT_ABSENT, NULL);
+    big.data.p = (const char *)data;
+    big.data.len = 2u << 20;
+    r = call(f, &big);
+    assert_int_equal(r.err, ENOSPC);
+    assert_int_equal(count_entries(dir), 1);
+    assert_int_equal(put(f, "data/small", "fits").type, GS_MSG_DONE);
+    free(data);
+}
+
+/* ---- other operations -------------------------------------------------------------------- */
+
+static void test_serve__mkdir_rename_symlink_and_recursive_delete(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX], t[PATH_MAX];
+    struct stat st;
+    start(f);
+    struct gs_proto_msg mk = req(GS_MSG_MKDIR, "a/b/c");
+    mk.meta.mode = 0750;
+    assert_int_equal(call(f, &mk).type, GS_MSG_DONE);
+    at(f, "a/b/c", p);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0750);
+    assert_true(call(f, &mk).flags & GS_DONE_NOOP);
+
+    put(f, "a/b/c/f", "content");
+    struct gs_proto_msg mv = req(GS_MSG_RENAME, "a/b/c/f");
+    mv.path2 = gs_proto_cstr("moved/g");
+    mv.expect.kind = GS_EXPECT_ABSENT;
+    assert_int_equal(call(f, &mv).type, GS_MSG_DONE);
+    assert_content(f, "moved/g", "content");
+    mv.path = mv.path2; /* onto itself: nothing to do, nothing mistaken for a conflict */
+    struct rep self = call(f, &mv);
+    assert_true(self.flags & GS_DONE_NOOP);
+    assert_content(f, "moved/g", "content");
+    assert_int_equal(count_prefixed(f->root, "moved/g" GS_PROTO_CONFLICT_TAG), 0);
+
+    /* Onto a file the server changed: that file is kept, the rename happens. */
+    put(f, "moved/h", "from the client");
+    at(f, "moved/g", p);
+    mv.path = gs_proto_cstr("moved/h");
+    mv.path2 = gs_proto_cstr("moved/g");
+    mv.expect.kind = GS_EXPECT_HASH;
+    agent_h_hash("something else", 14, mv.expect.hash);
+    struct rep kept = call(f, &mv);
+    assert_int_equal(kept.type, GS_MSG_DONE);
+    assert_kept(f, &kept, "moved/g", "content");
+    assert_content(f, "moved/g", "from the client");
+
+    struct gs_proto_msg sl = req(GS_MSG_SYMLINK, "moved/link");
+    sl.path2 = gs_proto_cstr("../../outside/anything");
+    sl.expect.kind = GS_EXPECT_ABSENT;
+    assert_int_equal(call(f, &sl).type, GS_MSG_DONE);
+    at(f, "moved/link", p);
+    ssize_t n = readlink(p, t, sizeof(t) - 1);
+    assert_int_equal(n, 22);
+    t[n] = '\0';
+    assert_string_equal(t, "../../outside/anything");
+    struct gs_proto_msg h = req(GS_MSG_HASH, "moved/link"), hr;
+    agent_h_queue(&f->a, &h);
+    assert_int_equal(agent_h_recv(&f->a, &hr), 0);
+    uint8_t want[GS_PROTO_HASH_LEN];
+    agent_h_hash(t, (size_t)n, want);
+    assert_memory_equal(hr.hash, want, GS_PROTO_HASH_LEN);
+
+    struct gs_proto_msg del = req(GS_MSG_DELETE, "a");
+    assert_int_equal(call(f, &del).err, ENOTEMPTY);
+    del.flags = GS_DEL_RECURSIVE;
+    assert_int_equal(call(f, &del).type, GS_MSG_DONE);
+    at(f, "a", p);
+    assert_int_equal(access(p, F_OK), -1);
+    del.path = gs_proto_cstr("moved/link");
+    assert_int_equal(call(f, &del).type, GS_MSG_DONE);
+    assert_int_equal(count_entries(f->outside), 0);
+
+    struct gs_proto_msg s = req(GS_MSG_STAT, "nothing/here"), sr;
+    agent_h_queue(&f->a, &s);
+    assert_int_equal(agent_h_recv(&f->a, &sr), 0);
+    assert_int_equal(sr.type, GS_MSG_STAT_R);
+    assert_int_equal(sr.kind, GS_KIND_NONE);
+}
+
+/* ---- hostile input ----------------------------------------------------------------------- */
+
+static void test_serve__garbage_before_handshake_is_an_error_and_clean_exit(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg r;
+    static const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(agent_h_start(&f->a, f->root, NULL), 0);
+    agent_h_queue_raw(&f->a, junk, sizeof(junk) - 1);
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(agent_h_close(&f->a), 2);
+}
+
+static void test_serve__oversized_frame_is_an_error_and_clean_exit(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg r;
+    static const uint8_t huge[] = {0x7f, 0xff, 0xff, 0xff, GS_MSG_PUT, 0, 0, 0, 3};
+    start(f);
+    agent_h_queue_raw(&f->a, huge, sizeof(huge));
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EMSGSIZE);
+    assert_int_equal(r.id, 3);
+    f->started = 0;
+    assert_int_equal(agent_h_close(&f->a), 2);
+}
+
+static void test_serve__unknown_and_malformed_frames_get_errors_and_session_goes_on(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg r;
+    static const uint8_t unknown[] = {0, 0, 0, 7, 0x3e, 0, 0, 0, 11, 'h', 'i'};
+    static const uint8_t reply_type[] = {0, 0, 0, 5, GS_MSG_DONE, 0, 0, 0, 12};
+    static const uint8_t short_put[] = {0, 0, 0, 9, GS_MSG_PUT, 0, 0, 0, 13, 0, 0, 0, 9};
+    start(f);
+    agent_h_queue_raw(&f->a, unknown, sizeof(unknown));
+    agent_h_queue_raw(&f->a, reply_type, sizeof(reply_type));
+    agent_h_queue_raw(&f->a, short_put, sizeof(short_put));
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.id, 11);
+    assert_int_equal(r.err, ENOSYS);
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.id, 12);
+    assert_int_equal(r.err, ENOSYS);
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    assert_int_equal(r.id, 13);
+    assert_int_equal(r.err, EBADMSG);
+    assert_int_equal(put(f, "still/works", "yes").type, GS_MSG_DONE);
+    struct gs_proto_msg orphan = req(GS_MSG_PUT_DATA, "");
+    orphan.id = 99;
+    assert_int_equal(call(f, &orphan).err, EBADF);
+}
+
+static void test_serve__truncated_frame_at_end_of_input_exits_cleanly(void **state)
+{
+    struct fx *f = *state;
+    static const uint8_t cut[] = {0, 0, 0, 40, GS_MSG_PUT, 0, 0, 0, 1, 0, 0};
+    start(f);
+    agent_h_queue_raw(&f->a, cut, sizeof(cut));
+    f->started = 0;
+    assert_int_equal(agent_h_close(&f->a), 2);
+    assert_int_equal(count_entries(f->root), 0);
+}
+
+static void test_serve__random_garbage_never_crashes_or_writes_outside(void **state)
+{
+    struct fx *f = *state;
+    uint8_t buf[4096];
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        start(f);
+        fill_random(buf, sizeof(buf), seed);
+        /* Keep lengths small so frames parse and reach the handlers. */
+        for (size_t i = 0; i + 9 < sizeof(buf); i += 4 + buf[i + 3]) {
+            buf[i] = buf[i + 1] = buf[i + 2] = 0;
+            buf[i + 3] = (uint8_t)(5 + buf[i + 3] % 64);
+            buf[i + 4] = (uint8_t)(0x10 + buf[i + 4] % 0x10);
+        }
+        agent_h_queue_raw(&f->a, buf, sizeof(buf));
+        int status = agent_h_close(&f->a);
+        f->started = 0;
+        assert_true(status == 0 || status == 2);
+        assert_int_equal(count_entries(f->outside), 0);
+    }
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_serve__handshake_reports_versions_and_creates_absolute_root),
+        T(test_serve__version_mismatch_is_a_clear_error),
+        T(test_serve__version_flag_prints_agent_and_protocol_versions),
+        T(test_serve__usage_errors_go_to_stderr_not_stdout),
+        T(test_serve__fsync_mode_still_writes_files),
+        T(test_serve__pipelined_puts_are_answered_in_order),
+        T(test_serve__put_replaces_atomically_via_temp_and_rename),
+        T(test_serve__put_end_with_wrong_hash_or_size_leaves_target_untouched),
+        T(test_serve__mode_and_mtime_are_preserved),
+        T(test_serve__put_conflict_keeps_server_copy_and_reports_it),
+        T(test_serve__expected_absent_but_present_is_kept_unless_identical),
+        T(test_serve__delete_conflict_keeps_server_copy),
+        T(test_serve__path_escapes_are_refused),
+        T(test_serve__hostile_names_work),
+        T(test_serve__large_file_streams_byte_identical_both_ways),
+        T(test_serve__disk_full_removes_temp_and_keeps_target),
+        T(test_serve__mkdir_rename_symlink_and_recursive_delete),
+        T(test_serve__garbage_before_handshake_is_an_error_and_clean_exit),
+        T(test_serve__oversized_frame_is_an_error_and_clean_exit),
+        T(test_serve__unknown_and_malformed_frames_get_errors_and_session_goes_on),
+        T(test_serve__truncated_frame_at_end_of_input_exits_cleanly),
+        T(test_serve__random_garbage_never_crashes_or_writes_outside),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,979 @@
+/* Integration tests for the run supervisor: the real built agent
+ * ($GS_BUILD_DIR/remote/agent/gpusync-agent, or $GS_AGENT) runs `launch`, `tail`, `ps` and
+ * `stop` locally against a temporary project; assertions are on status.json and meta.json (read
+ * with jansson, not with the agent's own reader), rank logs, tail frames, exit codes and the
+ * process table. Waiting is on inotify events in the run directory, never on fixed sleeps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WAIT_MS 20000 /* upper bound for anything a test awaits */
+
+struct fx {
+    char root[64]; /* temporary project directory */
+};
+
+/* The output of one agent invocation. */
+struct out {
+    int status; /* exit status, or 128+signal */
+    char *text; /* stdout, NUL-terminated (may hold NULs inside: see len) */
+    size_t len;
+    char err[4096]; /* stderr, truncated */
+};
+
+/* ---- process helpers --------------------------------------------------------------------- */
+
+static const char *agent_bin(void)
+{
+    static char path[PATH_MAX];
+    const char *a = getenv("GS_AGENT"), *dir = getenv("GS_BUILD_DIR");
+    if (a)
+        return a;
+    if (!dir)
+        return NULL;
+    snprintf(path, sizeof(path), "%s/remote/agent/gpusync-agent", dir);
+    return path;
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Starts the agent with args (NULL-terminated, without argv[0]); its stdout and stderr come
+ * back through *outfd and *errfd. env: extra "K=V" strings or NULL. Returns the pid. */
+static pid_t agent_spawn(const char *const *args, const char *const *env, int *outfd, int *errfd)
+{
+    int o[2], e[2];
+    assert_int_equal(pipe(o), 0);
+    assert_int_equal(pipe(e), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const char *argv[64] = {agent_bin()};
+        for (int i = 0; args[i]; i++)
+            argv[i + 1] = args[i];
+        for (int i = 0; env && env[i]; i++)
+            putenv((char *)env[i]);
+        dup2(o[1], 1);
+        dup2(e[1], 2);
+        close(o[0]), close(o[1]), close(e[0]), close(e[1]);
+        execv(argv[0], (char **)argv);
+        _exit(127);
+    }
+    close(o[1]);
+    close(e[1]);
+    *outfd = o[0];
+    *errfd = e[0];
+    return pid;
+}
+
+/* Reads fd to EOF into a growing buffer. */
+static void read_to_eof(int fd, char **buf, size_t *len)
+{
+    size_t cap = 4096;
+    *buf = malloc(cap);
+    *len = 0;
+    for (;;) {
+        if (*len + 1 >= cap)
+            *buf = realloc(*buf, cap *= 2);
+        ssize_t r = read(fd, *buf + *len, cap - 1 - *len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        *len += (size_t)r;
+    }
+    (*buf)[*len] = 0;
+}
+
+/* Waits for pid and returns its exit status (128+signal when killed). */
+static int wait_status(pid_t pid)
+{
+    int ws;
+    while (waitpid(pid, &ws, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+/* Runs the agent to completion. stderr must stay small (it is read after stdout). */
+static struct out agent_run_env(const char *const *args, const char *const *env)
+{
+    struct out r;
+    int ofd, efd;
+    memset(&r, 0, sizeof(r));
+    pid_t pid = agent_spawn(args, env, &ofd, &efd);
+    read_to_eof(ofd, &r.text, &r.len);
+    ssize_t n = read(efd, r.err, sizeof(r.err) - 1);
+    r.err[n > 0 ? n : 0] = 0;
+    close(ofd);
+    close(efd);
+    r.status = wait_status(pid);
+    return r;
+}
+
+static struct out agent_run(const char *const *args)
+{
+    return agent_run_env(args, NULL);
+}
+
+/* ---- run directory helpers --------------------------------------------------------------- */
+
+static void run_dir(const struct fx *f, const char *id, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/.gpusync/runs/%s", f->root, id);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    char *buf;
+    size_t len;
+    read_to_eof(fileno(fp), &buf, &len);
+    fclose(fp);
+    return buf;
+}
+
+static char *rank_log(const struct fx *f, const char *id, int rank)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", f->root, id, rank);
+    char *s = slurp(path);
+    assert_non_null(s);
+    return s;
+}
+
+static json_t *load_json(const struct fx *f, const char *id, const char *name)
+{
+    char path[PATH_MAX];
+    json_error_t je;
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", f->root, id, name);
+    return json_load_file(path, 0, &je);
+}
+
+/* Returns 1 once status.json says the run has ended. */
+static int run_ended(const struct fx *f, const char *id)
+{
+    json_t *st = load_json(f, id, "status.json");
+    const char *state = st ? json_string_value(json_object_get(st, "state")) : NULL;
+    int ended = state && strcmp(state, "running") != 0;
+    json_decref(st);
+    return ended;
+}
+
+/* Returns 1 once the rank's log contains text. */
+static int log_has(const struct fx *f, const char *id, int rank, const char *text)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", f->root, id, rank);
+    char *s = slurp(path);
+    int has = s && strstr(s, text);
+    free(s);
+    return has;
+}
+
+/* Waits (inotify on the run directory) until the run ends or, with text, until rank's log
+ * holds text. Fails the test after WAIT_MS. */
+static void await_run(const struct fx *f, const char *id, int rank, const char *text)
+{
+    char dir[PATH_MAX];
+    run_dir(f, id, dir, sizeof(dir));
+    int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(ifd >= 0);
+    assert_true(inotify_add_watch(ifd, dir, IN_MODIFY | IN_MOVED_TO | IN_CREATE) >= 0);
+    long long end = now_ms() + WAIT_MS;
+    while (text ? !log_has(f, id, rank, text) : !run_ended(f, id)) {
+        long long left = end - now_ms();
+        if (left <= 0)
+            fail_msg("run %s: timed out waiting for %s", id, text ? text : "its end");
+        struct pollfd p = {ifd, POLLIN, 0};
+        poll(&p, 1, (int)left);
+        char ev[4096];
+        while (read(ifd, ev, sizeof(ev)) > 0)
+            ;
+    }
+    close(ifd);
+}
+
+/* Waits for the run's end and returns its status.json (caller decrefs). */
+static json_t *await_end(const struct fx *f, const char *id)
+{
+    await_run(f, id, 0, NULL);
+    json_t *st = load_json(f, id, "status.json");
+    assert_non_null(st);
+    return st;
+}
+
+static json_int_t jint(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    assert_true(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    assert_non_null(s);
+    return s;
+}
+
+static json_t *jrank(json_t *st, size_t i)
+{
+    json_t *r = json_array_get(json_object_get(st, "ranks"), i);
+    assert_non_null(r);
+    return r;
+}
+
+/* True if no process of the group exists any more. */
+static int group_gone(long pgid)
+{
+    return pgid > 1 && kill((pid_t)-pgid, 0) < 0 && errno == ESRCH;
+}
+
+/* True if pid is gone or a zombie (its parent, init, may not have reaped it yet). */
+static int pid_gone(long pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return 1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && rp[2] == 'Z';
+}
+
+static void assert_no_process_left(json_t *st)
+{
+    json_t *ranks = json_object_get(st, "ranks");
+    size_t i;
+    json_t *r;
+    assert_true(json_array_size(ranks) > 0);
+    json_array_foreach(ranks, i, r)
+    {
+        long pgid = (long)jint(r, "pgid");
+        if (!group_gone(pgid))
+            fail_msg("process group %ld of rank %zu survived", pgid, i);
+    }
+}
+
+/* Value of KEY in an `env` dump, copied to a static buffer; NULL if absent. */
+static const char *env_get(const char *dump, const char *key)
+{
+    static char val[512];
+    size_t k = strlen(key);
+    for (const char *p = dump; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (!strncmp(p, key, k) && p[k] == '=') {
+            size_t n = strcspn(p + k + 1, "\n");
+            snprintf(val, sizeof(val), "%.*s", (int)n, p + k + 1);
+            return val;
+        }
+    }
+    return NULL;
+}
+
+static void assert_env(const char *dump, const char *key, const char *want)
+{
+    const char *got = env_get(dump, key);
+    if (!got || strcmp(got, want))
+        fail_msg("%s: want '%s', got '%s'", key, want, got ? got : "(unset)");
+}
+
+/* Launches a run: args up to "--" and the command after it; returns the supervisor pid and
+ * the master port from the `started` line. */
+static void launch_env(const struct fx *f, const char *id, const char *const *opts,
+                       const char *const *env, long *sup, long *port)
+{
+    const char *args[64] = {"launch", "--root", f->root, "--id", id};
+    int n = 5;
+    for (int i = 0; opts[i]; i++)
+        args[n++] = opts[i];
+    args[n] = NULL;
+    struct out r = agent_run_env(args, env);
+    if (r.status != 0)
+        fail_msg("launch %s failed (%d): %s", id, r.status, r.err);
+    char want[128], got_id[128];
+    long s = 0, p = 0;
+    assert_int_equal(sscanf(r.text, "started %127s %ld %ld", got_id, &s, &p), 3);
+    snprintf(want, sizeof(want), "started %s %ld %ld\n", id, s, p);
+    assert_string_equal(r.text, want);
+    assert_true(s > 1 && p > 0 && p < 65536);
+    if (sup)
+        *sup = s;
+    if (port)
+        *port = p;
+    free(r.text);
+}
+
+static void launch(const struct fx *f, const char *id, const char *const *opts)
+{
+    launch_env(f, id, opts, NULL, NULL, NULL);
+}
+
+/* ---- fixture ----------------------------------------------------------------------------- */
+
+static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb, (void)type, (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state)
+{
+    if (!agent_bin() || access(agent_bin(), X_OK) != 0) {
+        fprintf(stderr, "gpusync-agent not found: set GS_BUILD_DIR or GS_AGENT\n");
+        return -1;
+    }
+    struct fx *f = calloc(1, sizeof(*f));
+    snprintf(f->root, sizeof(f->root), "/tmp/gs-launch-XXXXXX");
+    if (!mkdtemp(f->root))
+        return -1;
+    alarm(120); /* a hung test fails instead of hanging ctest */
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    const char *ps[] = {"ps", "--root", f->root, "--json", NULL};
+    struct out r = agent_run(ps);
+    json_t *runs = json_loads(r.text, 0, NULL);
+    size_t i;
+    json_t *run;
+    json_array_foreach(runs, i, run)
+    {
+        const char *stop[] = {"stop", "--root", f->root, "--id", jstr(run, "id"), NULL};
+        struct out s = agent_run(stop);
+        free(s.text);
+    }
+    json_decref(runs);
+    free(r.text);
+    nftw(f->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(f);
+    alarm(0);
+    return 0;
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+static void test_launch__env_contract_rank_by_rank(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc",
+                          "2",
+                          "--gpus",
+                          "0,2",
+                          "--nnodes",
+                          "2",
+                          "--node-rank",
+                          "1",
+                          "--master-addr",
+                          "10.9.8.7",
+                          "--master-port",
+                          "23456",
+                          "--",
+                          "env",
+                          NULL};
+    launch(f, "env1", opts);
+    json_t *st = await_end(f, "env1");
+    assert_string_equal(jstr(st, "state"), "succeeded");
+    for (int local = 0; local < 2; local++) {
+        char rank[8], lr[8];
+        snprintf(rank, sizeof(rank), "%d", 2 + local);
+        snprintf(lr, sizeof(lr), "%d", local);
+        char *dump = rank_log(f, "env1", 2 + local);
+        assert_env(dump, "RANK", rank);
+        assert_env(dump, "LOCAL_RANK", lr);
+        assert_env(dump, "WORLD_SIZE", "4");
+        assert_env(dump, "LOCAL_WORLD_SIZE", "2");
+        assert_env(dump, "GROUP_RANK", "1");
+        assert_env(dump, "ROLE_RANK", rank);
+        assert_env(dump, "MASTER_ADDR", "10.9.8.7");
+        assert_env(dump, "MASTER_PORT", "23456");
+        assert_env(dump, "TORCHELASTIC_RESTART_COUNT", "0");
+        assert_env(dump, "TORCHELASTIC_MAX_RESTARTS", "0");
+        assert_env(dump, "OMP_NUM_THREADS", "1");
+        assert_env(dump, "GPUSYNC_RUN_ID", "env1");
+        assert_env(dump, "CUDA_VISIBLE_DEVICES", "0,2");
+        assert_null(env_get(dump, "TORCHELASTIC_USE_AGENT_STORE"));
+        free(dump);
+        assert_int_equal(jint(jrank(st, (size_t)local), "rank"), 2 + local);
+    }
+    json_decref(st);
+}
+
+static void test_launch__env_defaults_keep_caller_settings(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1", "--", "env", NULL};
+    const char *env[] = {"OMP_NUM_THREADS=4", "CUDA_VISIBLE_DEVICES=7", NULL};
+    long port;
+    launch_env(f, "env2", opts, env, NULL, &port);
+    json_t *st = await_end(f, "env2");
+    char *dump = rank_log(f, "env2", 0);
+    char want[16];
+    snprintf(want, sizeof(want), "%ld", port);
+    assert_env(dump, "MASTER_ADDR", "127.0.0.1");
+    assert_env(dump, "MASTER_PORT", want);
+    assert_int_equal(jint(st, "master_port"), port);
+    assert_env(dump, "WORLD_SIZE", "1");
+    assert_env(dump, "OMP_NUM_THREADS", "4");
+    assert_env(dump, "CUDA_VISIBLE_DEVICES", "7");
+    free(dump);
+    json_decref(st);
+}
+
+static void test_launch__exit_code_is_the_failing_ranks(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "2",  "--",
+                          "sh",      "-c", "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 1000",
+                          NULL};
+    launch(f, "exit3", opts);
+    json_t *st = await_end(f, "exit3");
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "exit_code"), 3);
+    assert_int_equal(jint(jrank(st, 1), "exit_code"), 3);
+    assert_int_equal(jint(jrank(st, 0), "signal"), SIGTERM);
+    assert_true(json_is_string(json_object_get(st, "end")));
+    assert_no_process_left(st);
+    json_decref(st);
+}
+
+static void test_launch__crash_stops_the_others_with_no_process_left(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "2",
+                          "--",      "sh",
+                          "-c",      "if [ $RANK = 0 ]; then kill -SEGV $$; fi; sleep 1000 & wait",
+                          NULL};
+    long long t0 = now_ms();
+    launch(f, "crash", opts);
+    json_t *st = await_end(f, "crash");
+    assert_true(now_ms() - t0 < 5000); /* well inside the 10 s grace: TERM did it */
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "exit_code"), 139);
+    assert_int_equal(jint(jrank(st, 0), "signal"), SIGSEGV);
+    assert_int_equal(jint(jrank(st, 1), "signal"), SIGTERM);
+    assert_no_process_left(st);
+    json_decref(st);
+}
+
+static void test_launch__max_restarts_restarts_twice_then_fails(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc",
+                          "1",
+                          "--max-restarts",
+                          "2",
+                          "--",
+                          "sh",
+                          "-c",
+                          "echo attempt $TORCHELASTIC_RESTART_COUNT; exit 5",
+                          NULL};
+    launch(f, "rs", opts);
+    json_t *st = await_end(f, "rs");
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "exit_code"), 5);
+    assert_int_equal(jint(st, "restarts"), 2);
+    char *log = rank_log(f, "rs", 0);
+    assert_string_equal(log, "attempt 0\n=== restart 1 ===\nattempt 1\n"
+                             "=== restart 2 ===\nattempt 2\n");
+    free(log);
+    json_decref(st);
+}
+
+static void test_launch__concurrent_runs_get_distinct_usable_ports(void **state)
+{
+    struct fx *f = *state;
+    if (access("/usr/bin/python3", X_OK) != 0)
+        skip();
+    /* Rank 0 listens on MASTER_PORT and exits after one connection: both runs must hold their
+     * ports at the same time. */
+    const char *py = "import os,socket\n"
+                     "s=socket.socket(); s.bind(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
+                     "s.listen(1); print('listening', flush=True); s.accept()\n";
+    const char *opts[] = {"--nproc", "1", "--", "python3", "-c", py, NULL};
+    long port[2];
+    launch_env(f, "pa", opts, NULL, NULL, &port[0]);
+    launch_env(f, "pb", opts, NULL, NULL, &port[1]);
+    assert_int_not_equal(port[0], port[1]);
+    assert_int_not_equal(port[0], 29500);
+    const char *ids[] = {"pa", "pb"};
+    for (int i = 0; i < 2; i++)
+        await_run(f, ids[i], 0, "listening");
+    for (int i = 0; i < 2; i++) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port[i])};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
+        close(s);
+    }
+    for (int i = 0; i < 2; i++) {
+        json_t *st = await_end(f, ids[i]);
+        assert_string_equal(jstr(st, "state"), "succeeded");
+        assert_int_equal(jint(st, "master_port"), port[i]);
+        json_decref(st);
+    }
+}
+
+static void test_launch__arguments_reach_the_command_unchanged(void **state)
+{
+    struct fx *f = *state;
+    const char *odd[] = {"a b", "q\"u'o", "$HOME", "x;y", "l1\nl2", "", "\\n*"};
+    const char *opts[] = {"--nproc", "1",    "--",
+                          "sh",      "-c",   "for a in \"$@\"; do printf '<%s>\\n' \"$a\"; done",
+                          "argv0",   odd[0], odd[1],
+                          odd[2],    odd[3], odd[4],
+                          odd[5],    odd[6], NULL};
+    launch(f, "args", opts);
+    json_t *st = await_end(f, "args");
+    assert_string_equal(jstr(st, "state"), "succeeded");
+    char *log = rank_log(f, "args", 0);
+    assert_string_equal(log, "<a b>\n<q\"u'o>\n<$HOME>\n<x;y>\n<l1\nl2>\n<>\n<\\n*>\n");
+    free(log);
+    json_t *meta = load_json(f, "args", "meta.json");
+    json_t *cmd = json_object_get(meta, "command");
+    assert_int_equal(json_array_size(cmd), 11);
+    for (size_t i = 0; i < 7; i++)
+        assert_string_equal(json_string_value(json_array_get(cmd, 4 + i)), odd[i]);
+    json_decref(meta);
+    json_decref(st);
+}
+
+static void test_launch__stop_kills_every_process_even_those_ignoring_term(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {
+        "--nproc", "2",  "--grace-ms", "300",
+        "--",      "sh", "-c",         "trap '' TERM; sleep 1000 & sleep 1000 & echo up; wait",
+        NULL};
+    long sup;
+    launch_env(f, "st", opts, NULL, &sup, NULL);
+    await_run(f, "st", 1, "up");
+    json_t *running = load_json(f, "st", "status.json");
+    const char *stop[] = {"stop", "--root", f->root, "--id", "st", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.text, "stopped st\n");
+    free(r.text);
+    assert_no_process_left(running);
+    assert_true(pid_gone(sup));
+    json_t *st = load_json(f, "st", "status.json");
+    assert_string_equal(jstr(st, "state"), "stopped");
+    assert_int_equal(jint(st, "exit_code"), 128 + SIGTERM);
+    assert_int_equal(jint(jrank(st, 0), "signal"), SIGKILL);
+    r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.text, "not running st\n");
+    free(r.text);
+    json_decref(st);
+    json_decref(running);
+}
+
+static void test_launch__lost_supervisor_is_reported_and_stop_cleans_up(void **state)
+{
+    struct fx *f = *state;
+    /* The rank leader dies with the supervisor (parent-death signal); its child must not
+     * escape stop. */
+    const char *opts[] = {"--nproc", "1", "--", "sh", "-c", "sleep 1000 & echo up; wait", NULL};
+    long sup;
+    launch_env(f, "lost", opts, NULL, &sup, NULL);
+    await_run(f, "lost", 0, "up");
+    /* A pidfd turns readable once the process has exited (its lock released with its files). */
+    int pfd = (int)syscall(SYS_pidfd_open, (pid_t)sup, 0);
+    assert_int_equal(kill((pid_t)sup, SIGKILL), 0);
+    if (pfd >= 0) {
+        struct pollfd p = {pfd, POLLIN, 0};
+        assert_int_equal(poll(&p, 1, WAIT_MS), 1);
+        close(pfd);
+    }
+    const char *ps[] = {"ps", "--root", f->root, "--json", NULL};
+    json_t *runs = NULL;
+    long long end = now_ms() + WAIT_MS;
+    for (;;) { /* only loops without pidfd (Linux < 5.3) */
+        struct out r = agent_run(ps);
+        runs = json_loads(r.text, 0, NULL);
+        free(r.text);
+        assert_int_equal(json_array_size(runs), 1);
+        if (!strcmp(jstr(json_array_get(runs, 0), "state"), "lost") || now_ms() > end)
+            break;
+        json_decref(runs);
+    }
+    assert_string_equal(jstr(json_array_get(runs, 0), "state"), "lost");
+    json_decref(runs);
+    json_t *st = load_json(f, "lost", "status.json");
+    const char *stop[] = {"stop", "--root", f->root, "--id", "lost", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.text, "stopped lost\n");
+    free(r.text);
+    assert_no_process_left(st);
+    json_decref(st);
+    st = load_json(f, "lost", "status.json");
+    assert_string_equal(jstr(st, "state"), "stopped");
+    json_decref(st);
+}
+
+static void test_launch__missing_command_fails_launch_and_the_run(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"launch",
+                          "--root",
+                          f->root,
+                          "--id",
+                          "nocmd",
+                          "--nproc",
+                          "2",
+                          "--max-restarts",
+                          "3",
+                          "--",
+                          "./no-such-program",
+                          "x",
+                          NULL};
+    struct out r = agent_run(args);
+    assert_int_equal(r.status, 1);
+    assert_int_equal(r.len, 0);
+    assert_non_null(strstr(r.err, "cannot run './no-such-program'"));
+    free(r.text);
+    json_t *st = await_end(f, "nocmd");
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "exit_code"), 127);
+    assert_int_equal(jint(st, "restarts"), 0); /* restarting cannot make it appear */
+    json_decref(st);
+}
+
+/* Tail output parsed back: per-rank bytes with their start offsets, and the X line. */
+struct frames {
+    char *data[4];
+    size_t len[4];
+    long long start[4]; /* offset of the first frame, -1 if none */
+    char x[64];
+    int nframes;
+    int cut[4]; /* the rank's last frame ended inside a line */
+};
+
+/* Parses tail output; asserts that every rank's frames are contiguous and that the X line, if
+ * any, comes last. */
+static void parse_frames(const char *p, size_t n, struct frames *fr)
+{
+    const char *end = p + n;
+    memset(fr, 0, sizeof(*fr));
+    for (int i = 0; i < 4; i++)
+        fr->start[i] = -1;
+    while (p < end) {
+        int rank, used;
+        long long off;
+        size_t len;
+        if (*p == 'X') {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            assert_non_null(nl);
+            assert_ptr_equal(nl + 1, end);
+            snprintf(fr->x, sizeof(fr->x), "%.*s", (int)(nl - p), p);
+            return;
+        }
+        assert_int_equal(sscanf(p, "L %d %lld %zu\n%n", &rank, &off, &len, &used), 3);
+        assert_true(rank >= 0 && rank < 4);
+        p += used;
+        assert_true(p + len <= end);
+        if (fr->start[rank] < 0)
+            fr->start[rank] = off;
+        assert_int_equal(off, fr->start[rank] + (long long)fr->len[rank]);
+        /* Whole lines, except in lines longer than 64 KiB and for the run's final partial
+         * line, which no frame of that rank may follow. */
+        assert_false(fr->cut[rank]);
+        fr->cut[rank] = len != 65536 && p[len - 1] != '\n';
+        fr->data[rank] = realloc(fr->data[rank], fr->len[rank] + len + 1);
+        memcpy(fr->data[rank] + fr->len[rank], p, len);
+        fr->len[rank] += len;
+        fr->data[rank][fr->len[rank]] = 0;
+        fr->nframes++;
+        p += len;
+    }
+}
+
+static void frames_release(struct frames *fr)
+{
+    for (int i = 0; i < 4; i++)
+        free(fr->data[i]);
+}
+
+static void test_launch__tail_from_offsets_resumes_exactly(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {
+        "--nproc",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 3000 ]; do echo \"r$RANK line $i\"; i=$((i+1)); done;"
+        " head -c 100000 /dev/zero | tr '\\0' x; echo; printf tail-without-newline",
+        NULL};
+    launch(f, "tl", opts);
+    json_t *st = await_end(f, "tl");
+    json_decref(st);
+    char *logs[2] = {rank_log(f, "tl", 0), rank_log(f, "tl", 1)};
+    const char *all[] = {"tail", "--root", f->root, "--id", "tl", NULL};
+    struct out r = agent_run(all);
+    assert_int_equal(r.status, 0);
+    struct frames fr;
+    parse_frames(r.text, r.len, &fr);
+    assert_string_equal(fr.x, "X 0 succeeded");
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fr.start[i], 0);
+        assert_string_equal(fr.data[i], logs[i]);
+    }
+    frames_release(&fr);
+    free(r.text);
+    /* Resume rank 0 at a line boundary and rank 1 in the middle of a line. */
+    long long off0 = (long long)(strstr(logs[0], "r0 line 1500\n") - logs[0]), off1 = 12345;
+    char offs[64];
+    snprintf(offs, sizeof(offs), "0:%lld,1:%lld", off0, off1);
+    const char *resume[] = {"tail", "--root", f->root, "--id", "tl", "--offsets", offs, NULL};
+    r = agent_run(resume);
+    parse_frames(r.text, r.len, &fr);
+    assert_int_equal(fr.start[0], off0);
+    assert_int_equal(fr.start[1], off1);
+    assert_string_equal(fr.data[0], logs[0] + off0);
+    assert_string_equal(fr.data[1], logs[1] + off1);
+    assert_string_equal(fr.x, "X 0 succeeded");
+    frames_release(&fr);
+    free(r.text);
+    /* One rank only. */
+    const char *one[] = {"tail", "--root", f->root, "--id", "tl", "--ranks", "1", NULL};
+    r = agent_run(one);
+    parse_frames(r.text, r.len, &fr);
+    assert_int_equal(fr.start[0], -1);
+    assert_string_equal(fr.data[1], logs[1]);
+    frames_release(&fr);
+    free(r.text);
+    free(logs[0]);
+    free(logs[1]);
+}
+
+/* Reads from fd until the accumulated text contains want or WAIT_MS passes. */
+static void read_until(int fd, char **buf, size_t *len, const char *want)
+{
+    long long end = now_ms() + WAIT_MS;
+    while (!memmem(*buf, *len, want, strlen(want))) {
+        struct pollfd p = {fd, POLLIN, 0};
+        long long left = end - now_ms();
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+            fail_msg("tail: '%s' did not arrive", want);
+        *buf = realloc(*buf, *len + 65536 + 1);
+        ssize_t r = read(fd, *buf + *len, 65536);
+        if (r <= 0)
+            fail_msg("tail ended before '%s'", want);
+        *len += (size_t)r;
+        (*buf)[*len] = 0;
+    }
+}
+
+static void test_launch__tail_follow_sees_a_line_within_bounded_time(void **state)
+{
+    struct fx *f = *state;
+    char fifo[PATH_MAX];
+    snprintf(fifo, sizeof(fifo), "%s/ping.fifo", f->root);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *opts[] = {
+        "--nproc", "1", "--", "sh", "-c", "echo ready; cat ping.fifo; exec sleep 1000", NULL};
+    launch(f, "fol", opts);
+    const char *args[] = {"tail", "--root", f->root, "--id", "fol", "--follow", NULL};
+    int ofd, efd;
+    pid_t tail = agent_spawn(args, NULL, &ofd, &efd);
+    char *buf = calloc(1, 1);
+    size_t len = 0;
+    read_until(ofd, &buf, &len, "ready\n");
+    int w = open(fifo, O_WRONLY); /* returns once cat has opened it */
+    assert_true(w >= 0);
+    long long t0 = now_ms();
+    assert_int_equal(write(w, "ping\n", 5), 5);
+    close(w);
+    read_until(ofd, &buf, &len, "ping\n");
+    long long ms = now_ms() - t0;
+    print_message("tail --follow: write to frame in %lld ms\n", ms);
+    assert_true(ms < 500);
+    const char *stop[] = {"stop", "--root", f->root, "--id", "fol", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    free(r.text);
+    read_until(ofd, &buf, &len, "X ");
+    assert_int_equal(wait_status(tail), 0);
+    struct frames fr;
+    parse_frames(buf, len, &fr);
+    assert_string_equal(fr.data[0], "ready\nping\n");
+    assert_string_equal(fr.x, "X 143 stopped");
+    frames_release(&fr);
+    free(buf);
+    close(ofd);
+    close(efd);
+}
+
+static void test_launch__run_survives_the_launching_process_exiting(void **state)
+{
+    struct fx *f = *state;
+    char fifo[PATH_MAX], script[PATH_MAX * 2];
+    snprintf(fifo, sizeof(fifo), "%s/go.fifo", f->root);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    /* The caller is a shell in its own session, like sshd's child; it is killed with its whole
+     * process group (and hung up) right after launch returns. */
+    snprintf(
+        script, sizeof(script),
+        "'%s' launch --root '%s' --id surv --nproc 1 -- sh -c 'cat go.fifo' && exec sleep 1000",
+        agent_bin(), f->root);
+    int o[2];
+    assert_int_equal(pipe(o), 0);
+    pid_t caller = fork();
+    if (caller == 0) {
+        setsid();
+        dup2(o[1], 1);
+        close(o[0]);
+        execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+        _exit(127);
+    }
+    close(o[1]);
+    char *buf = calloc(1, 1);
+    size_t len = 0;
+    read_until(o[0], &buf, &len, "\n");
+    assert_int_equal(strncmp(buf, "started surv ", 13), 0);
+    kill(-caller, SIGHUP);
+    kill(-caller, SIGKILL);
+    wait_status(caller);
+    close(o[0]);
+    free(buf);
+    int w = open(fifo, O_WRONLY);
+    assert_true(w >= 0);
+    assert_int_equal(write(w, "survived\n", 9), 9);
+    close(w);
+    json_t *st = await_end(f, "surv");
+    assert_string_equal(jstr(st, "state"), "succeeded");
+    char *log = rank_log(f, "surv", 0);
+    assert_string_equal(log, "survived\n");
+    free(log);
+    json_decref(st);
+}
+
+static void test_launch__ps_lists_newest_first_and_names_resolve(void **state)
+{
+    struct fx *f = *state;
+    const char *one[] = {"--nproc", "1", "--name", "exp", "--", "sh", "-c", "echo first", NULL};
+    const char *two[] = {"--nproc", "1", "--name", "exp", "--", "sh", "-c", "echo second", NULL};
+    launch(f, "n1", one);
+    json_decref(await_end(f, "n1"));
+    launch(f, "n2", two);
+    json_decref(await_end(f, "n2"));
+    const char *ps[] = {"ps", "--root", f->root, "--json", NULL};
+    struct out r = agent_run(ps);
+    assert_int_equal(r.status, 0);
+    json_t *runs = json_loads(r.text, 0, NULL);
+    assert_int_equal(json_array_size(runs), 2);
+    json_t *newest = json_array_get(runs, 0);
+    assert_string_equal(jstr(newest, "id"), "n2");
+    assert_string_equal(jstr(newest, "name"), "exp");
+    assert_string_equal(jstr(newest, "state"), "succeeded");
+    assert_int_equal(jint(newest, "exit_code"), 0);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(newest, "command"), 2)),
+                        "echo second");
+    json_decref(runs);
+    free(r.text);
+    const char *tail[] = {"tail", "--root", f->root, "--id", "exp", NULL};
+    r = agent_run(tail);
+    struct frames fr;
+    parse_frames(r.text, r.len, &fr);
+    assert_string_equal(fr.data[0], "second\n");
+    frames_release(&fr);
+    free(r.text);
+}
+
+static void test_launch__refuses_a_duplicate_id_and_bad_usage(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1", "--", "true", NULL};
+    launch(f, "dup", opts);
+    json_decref(await_end(f, "dup"));
+    const char *again[] = {"launch",  "--root", f->root, "--id", "dup",
+                           "--nproc", "1",      "--",    "true", NULL};
+    struct out r = agent_run(again);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "dup"));
+    assert_int_equal(r.len, 0);
+    free(r.text);
+    const char *bad[] = {"launch",  "--root", f->root, "--id", "../x",
+                         "--nproc", "1",      "--",    "true", NULL};
+    r = agent_run(bad);
+    assert_int_equal(r.status, 2);
+    free(r.text);
+    const char *nocmd[] = {"launch", "--root", f->root, "--id", "x", "--nproc", "1", NULL};
+    r = agent_run(nocmd);
+    assert_int_equal(r.status, 2);
+    free(r.text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_launch__env_contract_rank_by_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__env_defaults_keep_caller_settings, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__exit_code_is_the_failing_ranks, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__crash_stops_the_others_with_no_process_left,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__max_restarts_restarts_twice_then_fails, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__concurrent_runs_get_distinct_usable_ports,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__arguments_reach_the_command_unchanged, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_launch__stop_kills_every_process_even_those_ignoring_term, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__lost_supervisor_is_reported_and_stop_cleans_up,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__missing_command_fails_launch_and_the_run,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__tail_from_offsets_resumes_exactly, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__tail_follow_sees_a_line_within_bounded_time,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__run_survives_the_launching_process_exiting,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__ps_lists_newest_first_and_names_resolve, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__refuses_a_duplicate_id_and_bad_usage, setup,
+                                        teardown),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
