@@ -1,0 +1,46 @@
+/* syncd/hash.h: content hashes of files, XXH3-128, the same function and byte order
+ * (XXH128_canonical_t, big-endian high half first) the agent uses, so a hash computed here can be
+ * compared with one the agent reports. Files are read in fixed-size chunks: never whole in memory.
+ */
+#ifndef GS_SYNCD_HASH_H
+#define GS_SYNCD_HASH_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+
+#define GS_HASH_LEN     16
+#define GS_HASH_HEX_LEN (2 * GS_HASH_LEN)
+
+/* A content hash in canonical byte order. All-zero bytes are a valid hash value, not "no hash". */
+struct gs_hash {
+    unsigned char b[GS_HASH_LEN];
+};
+
+/* Hashes the regular file `path`, read through a descriptor opened with O_NOFOLLOW (a symlink is
+ * refused, never followed). Returns 0 and fills `out`; GS_E_NOTFOUND when the file is gone (so a
+ * caller can treat a vanished file as deleted), GS_E_IO on any other failure; `out` is then
+ * unspecified. */
+int gs_hash_file(const char *path, struct gs_hash *out, struct gs_error *err);
+
+/* As gs_hash_file, for `name` relative to the directory descriptor `dirfd` (openat semantics). */
+int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct gs_error *err);
+
+/* Hashes everything readable from `fd` up to end of file, from its current offset. `what` names
+ * the file in messages. Returns 0 or GS_E_IO; the descriptor stays open and its offset is at the
+ * end on success. */
+int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *err);
+
+/* Hashes `len` bytes of memory. Never fails. */
+void gs_hash_bytes(const void *data, size_t len, struct gs_hash *out);
+
+/* Writes the 32 lowercase hex digits of `h` and a NUL into `hex`. Returns `hex`. */
+char *gs_hash_hex(const struct gs_hash *h, char hex[GS_HASH_HEX_LEN + 1]);
+
+/* Parses 32 hex digits (either case, nothing after them). Returns 0, or GS_E_USAGE. */
+int gs_hash_from_hex(const char *hex, struct gs_hash *out, struct gs_error *err);
+
+/* 1 when equal, 0 otherwise. */
+int gs_hash_equal(const struct gs_hash *a, const struct gs_hash *b);
+
+#endif

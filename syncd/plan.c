@@ -1,0 +1,924 @@
+/* syncd/plan.c: scan + index -> operations (see plan.h).
+ *
+ * The scan and the index are merged by path into one sorted array of items (local side, index
+ * side). Files are hashed where the stat cache cannot vouch for them; then renames are found
+ * (directories first, parents first, then single files), and every item not taken by a rename
+ * becomes at most two operations. A last pass assigns phases and sorts. In byte order, the paths
+ * below a directory X are one contiguous run starting at the first path >= "X/", which is how a
+ * subtree is found without a tree structure. */
+#include "syncd/plan.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+struct item {
+    const char *path;
+    const struct gs_scan_entry *l; /* local side, NULL: not (or no longer) there */
+    struct gs_index_entry *r;      /* index side, NULL: gpusync never wrote it */
+    struct gs_hash lhash;          /* local content hash, files only */
+    int has_lhash;
+    int consumed; /* taken by a rename */
+    int replaced; /* a directory on one side and not the other: delete, then create */
+    int clear;    /* an index entry under a replaced directory: deleted in phase 0 */
+};
+
+struct planner {
+    int rootfd;
+    struct gs_index *idx;
+    struct gs_plan_opts opts;
+    struct gs_index_entry *ix; /* index entries in scope, sorted */
+    size_t n_ix, cap_ix;
+    struct item *it;
+    size_t n, cap;
+    size_t n_replaced;
+    int64_t racy_after_ns; /* a local mtime at or after this is too recent to cache */
+    struct gs_plan *plan;
+    struct gs_error *err;
+};
+
+enum { PH_CLEAR, PH_MKDIR_EARLY, PH_RENAME, PH_MKDIR, PH_PUT, PH_SYMLINK, PH_CHMOD, PH_DELETE };
+
+/* ---- paths and scope ---- */
+
+/* 1 when `inner` is `outer` or lies below it ("" holds everything). */
+static int path_within(const char *inner, const char *outer)
+{
+    size_t n = strlen(outer);
+    if (n == 0)
+        return 1;
+    return strncmp(inner, outer, n) == 0 && (inner[n] == '\0' || inner[n] == '/');
+}
+
+/* 1: `path` is in the plan's scope; 2: it is only a parent directory of a path in scope; 0: out. */
+static int scope_of(const struct gs_plan_opts *o, const char *path)
+{
+    if (!o->n_paths)
+        return 1;
+    int best = 0;
+    for (size_t i = 0; i < o->n_paths && best != 1; i++) {
+        if (path_within(path, o->paths[i]))
+            best = 1;
+        else if (path_within(o->paths[i], path))
+            best = 2;
+    }
+    return best;
+}
+
+/* ---- loading the index side ---- */
+
+static int collect_entry(const struct gs_index_entry *e, void *ctx)
+{
+    struct planner *p = ctx;
+    if (p->n_ix == p->cap_ix) {
+        p->cap_ix = p->cap_ix ? 2 * p->cap_ix : 256;
+        p->ix = realloc(p->ix, p->cap_ix * sizeof(*p->ix));
+        if (!p->ix)
+            abort();
+    }
+    gs_index_entry_copy(&p->ix[p->n_ix++], e);
+    return 0;
+}
+
+static int ix_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct gs_index_entry *)a)->path,
+                  ((const struct gs_index_entry *)b)->path);
+}
+
+/* Loads the index entries in scope, sorted, without duplicates (overlapping PATH arguments). */
+static int load_index(struct planner *p)
+{
+    if (!p->opts.n_paths)
+        return gs_index_foreach(p->idx, NULL, collect_entry, p, p->err);
+    for (size_t i = 0; i < p->opts.n_paths; i++) {
+        const char *pre = p->opts.paths[i];
+        int rc = gs_index_foreach(p->idx, *pre ? pre : NULL, collect_entry, p, p->err);
+        if (rc < 0)
+            return rc;
+    }
+    if (p->n_ix > 1)
+        qsort(p->ix, p->n_ix, sizeof(*p->ix), ix_cmp);
+    size_t out = 0;
+    for (size_t i = 0; i < p->n_ix; i++) {
+        if (out && !strcmp(p->ix[out - 1].path, p->ix[i].path))
+            gs_index_entry_release(&p->ix[i]);
+        else
+            p->ix[out++] = p->ix[i];
+    }
+    p->n_ix = out;
+    return 0;
+}
+
+/* ---- merging ---- */
+
+static struct item *push_item(struct planner *p, const char *path)
+{
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 256;
+        p->it = realloc(p->it, p->cap * sizeof(*p->it));
+        if (!p->it)
+            abort();
+    }
+    struct item *it = &p->it[p->n++];
+    memset(it, 0, sizeof(*it));
+    it->path = path;
+    return it;
+}
+
+/* Whether a local entry takes part: in scope, or a parent of the scope that the index lacks (so
+ * `gpusync push a/b/c.py` creates a/ and a/b/ when needed). Returns 1, 0, or an error. */
+static int local_wanted(struct planner *p, const struct gs_scan_entry *e)
+{
+    int s = scope_of(&p->opts, e->path);
+    if (s != 2)
+        return s;
+    struct gs_index_entry tmp;
+    int rc = gs_index_get(p->idx, e->path, &tmp, p->err);
+    gs_index_entry_release(&tmp);
+    return rc < 0 ? rc : rc == 0 && e->kind == GS_KIND_DIR;
+}
+
+/* One pass over two sorted lists. An index entry was loaded only when in scope, so a path on
+ * both sides needs no scope check. */
+static int merge(struct planner *p, const struct gs_scan *scan)
+{
+    size_t i = 0, j = 0;
+    while (i < scan->n || j < p->n_ix) {
+        const struct gs_scan_entry *l = i < scan->n ? &scan->entries[i] : NULL;
+        struct gs_index_entry *r = j < p->n_ix ? &p->ix[j] : NULL;
+        int c = !l ? 1 : !r ? -1 : strcmp(l->path, r->path);
+        if (c < 0) {
+            i++;
+            int want = local_wanted(p, l);
+            if (want <= 0) {
+                if (want < 0)
+                    return want;
+                continue;
+            }
+            r = NULL;
+        } else if (c > 0) {
+            j++;
+            l = NULL;
+        } else {
+            i++;
+            j++;
+        }
+        struct item *it = push_item(p, l ? l->path : r->path);
+        it->l = l;
+        it->r = r;
+    }
+    return 0;
+}
+
+/* ---- hashing ---- */
+
+static int stat_matches_cache(const struct gs_scan_entry *l, const struct gs_index_entry *r)
+{
+    return r && r->kind == GS_KIND_FILE && r->has_hash && r->has_local &&
+           r->local_size == l->size && r->local_mtime_ns == l->mtime_ns && r->local_ino == l->ino;
+}
+
+/* A file modified within the last GS_PLAN_RACY_NS may be modified again within the same
+ * filesystem timestamp tick, with the same size: a stat cache taken now could vouch for content
+ * it never saw (git's "racily clean" problem). Such a stat is not cached; the file is hashed again
+ * next time. */
+static int stat_is_racy(const struct planner *p, const struct gs_scan_entry *l)
+{
+    return l->mtime_ns >= p->racy_after_ns;
+}
+
+/* A touched file whose content is what the server holds: remember the new stat. */
+static int refresh_cache(struct planner *p, const struct item *it)
+{
+    p->plan->n_refreshed++;
+    if (p->opts.no_refresh || stat_is_racy(p, it->l))
+        return 0;
+    return gs_index_set_local(p->idx, it->path, it->l->size, it->l->mtime_ns, it->l->ino, p->err);
+}
+
+static int hash_item(struct planner *p, struct item *it)
+{
+    if (stat_matches_cache(it->l, it->r)) {
+        it->lhash = it->r->hash;
+        it->has_lhash = 1;
+        return 0;
+    }
+    struct gs_error herr = {0};
+    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &herr);
+    if (rc == GS_E_NOTFOUND) { /* removed since the scan: plan it as removed */
+        it->l = NULL;
+        return 0;
+    }
+    if (rc < 0)
+        return gs_error_set(p->err, rc, "%s", herr.msg);
+    p->plan->n_hashed++;
+    it->has_lhash = 1;
+    const struct gs_index_entry *r = it->r;
+    if (r && r->kind == GS_KIND_FILE && r->has_hash && gs_hash_equal(&r->hash, &it->lhash))
+        return refresh_cache(p, it);
+    return 0;
+}
+
+static int hash_all(struct planner *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        struct item *it = &p->it[i];
+        if (it->l && it->l->kind == GS_KIND_FILE) {
+            int rc = hash_item(p, it);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* An index path that is ignored now is not the scan's to judge: keep it on the server. */
+static int keep_ignored(struct planner *p)
+{
+    for (size_t i = 0; i < p->n && p->opts.ignore; i++) {
+        struct item *it = &p->it[i];
+        if (it->l || !it->r)
+            continue;
+        int rc = gs_ignore_path(p->opts.ignore, it->path, it->r->kind == GS_KIND_DIR, p->err);
+        if (rc < 0)
+            return rc;
+        it->consumed = rc;
+    }
+    return 0;
+}
+
+/* ---- subtrees ---- */
+
+/* Index of the first item whose path is >= key. */
+static size_t lower_bound(const struct planner *p, const char *key)
+{
+    size_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(p->it[mid].path, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The items strictly below item i: [*begin, *end). */
+static void subtree_range(const struct planner *p, size_t i, size_t *begin, size_t *end)
+{
+    size_t len = strlen(p->it[i].path);
+    char *key = malloc(len + 2);
+    if (!key)
+        abort();
+    memcpy(key, p->it[i].path, len);
+    key[len] = '/';
+    key[len + 1] = '\0';
+    size_t k = lower_bound(p, key);
+    *begin = k;
+    while (k < p->n && strncmp(p->it[k].path, key, len + 1) == 0)
+        k++;
+    *end = k;
+    free(key);
+}
+
+/* The item for exactly `path`, or NULL. */
+static struct item *find_item(const struct planner *p, const char *path)
+{
+    size_t k = lower_bound(p, path);
+    return k < p->n && !strcmp(p->it[k].path, path) ? &p->it[k] : NULL;
+}
+
+/* 1 when a directory above `path` changes kind: a rename must not move into or out of it, since
+ * it is deleted and re-created around the renames. */
+static int under_replaced(const struct planner *p, const char *path)
+{
+    if (!p->n_replaced)
+        return 0;
+    char *copy = strdup(path);
+    if (!copy)
+        abort();
+    int found = 0;
+    for (char *s = strrchr(copy, '/'); s && !found; s = strrchr(copy, '/')) {
+        *s = '\0';
+        const struct item *it = find_item(p, copy);
+        found = it && it->replaced;
+    }
+    free(copy);
+    return found;
+}
+
+static int kind_differs_with_dir(const struct item *it)
+{
+    return it->l && it->r && it->l->kind != it->r->kind &&
+           (it->l->kind == GS_KIND_DIR || it->r->kind == GS_KIND_DIR);
+}
+
+static void mark_replaced(struct planner *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        struct item *it = &p->it[i];
+        if (!kind_differs_with_dir(it))
+            continue;
+        it->replaced = 1;
+        p->n_replaced++;
+        if (it->r->kind != GS_KIND_DIR)
+            continue;
+        size_t b, e;
+        subtree_range(p, i, &b, &e);
+        for (size_t k = b; k < e; k++)
+            p->it[k].clear = p->it[k].r != NULL;
+    }
+}
+
+/* ---- building operations ---- */
+
+static struct gs_plan_op *push_op(struct planner *p, enum gs_op_type type, const char *path,
+                                  int phase)
+{
+    struct gs_plan *pl = p->plan;
+    if (pl->n_ops == pl->cap) {
+        pl->cap = pl->cap ? 2 * pl->cap : 64;
+        pl->ops = realloc(pl->ops, pl->cap * sizeof(*pl->ops));
+        if (!pl->ops)
+            abort();
+    }
+    struct gs_plan_op *op = &pl->ops[pl->n_ops++];
+    memset(op, 0, sizeof(*op));
+    op->type = type;
+    op->path = strdup(path);
+    if (!op->path)
+        abort();
+    op->phase = phase;
+    return op;
+}
+
+/* The server holds what the index says: expect that. */
+static void expect_from_index(struct gs_plan_expect *ex, const struct gs_index_entry *r)
+{
+    memset(ex, 0, sizeof(*ex));
+    if (r->kind == GS_KIND_DIR) {
+        ex->kind = GS_EXPECT_DIR;
+    } else if (r->kind == GS_KIND_SYMLINK) {
+        ex->kind = GS_EXPECT_SYMLINK;
+        ex->link = strdup(r->link ? r->link : "");
+        if (!ex->link)
+            abort();
+    } else {
+        ex->kind = GS_EXPECT_FILE;
+        if (r->has_hash) /* else an all-zero hash: never matches, the agent keeps a copy */
+            ex->hash = r->hash;
+    }
+}
+
+static void set_local(const struct planner *p, struct gs_index_entry *rec,
+                      const struct gs_scan_entry *l)
+{
+    rec->has_local = !stat_is_racy(p, l);
+    rec->local_size = l->size;
+    rec->local_mtime_ns = l->mtime_ns;
+    rec->local_ino = l->ino;
+}
+
+/* The entry for a path created from the local tree. */
+static void record_from_local(const struct planner *p, struct gs_index_entry *rec,
+                              const struct item *it)
+{
+    const struct gs_scan_entry *l = it->l;
+    memset(rec, 0, sizeof(*rec));
+    rec->path = strdup(l->path);
+    rec->link = l->link ? strdup(l->link) : NULL;
+    if (!rec->path || (l->link && !rec->link))
+        abort();
+    rec->kind = l->kind;
+    rec->mode = l->mode;
+    rec->size = l->kind == GS_KIND_DIR ? 0 : l->size;
+    rec->mtime_ns = l->mtime_ns;
+    rec->has_hash = it->has_lhash;
+    rec->hash = it->lhash;
+    set_local(p, rec, l);
+}
+
+/* What the server holds for `r` once it sits at dst's path (after a rename or a chmod), with the
+ * local stat of `dst`. */
+static void record_moved(const struct planner *p, struct gs_index_entry *rec,
+                         const struct gs_index_entry *r, const struct item *dst)
+{
+    gs_index_entry_copy(rec, r);
+    free(rec->path);
+    rec->path = strdup(dst->path);
+    if (!rec->path)
+        abort();
+    set_local(p, rec, dst->l);
+}
+
+static void emit_chmod(struct planner *p, const struct gs_index_entry *r, const struct item *dst)
+{
+    struct gs_plan_op *op = push_op(p, GS_OP_CHMOD, dst->path, PH_CHMOD);
+    expect_from_index(&op->expect, r);
+    record_moved(p, &op->record, r, dst);
+    op->record.mode = dst->l->mode;
+}
+
+/* Mode changes matter for files and directories; a symlink's own mode means nothing on Linux. */
+static int mode_changed(const struct gs_index_entry *r, const struct gs_scan_entry *l)
+{
+    return l->kind != GS_KIND_SYMLINK && r->mode != l->mode;
+}
+
+static void emit_rename(struct planner *p, struct item *from, struct item *to, int subtree)
+{
+    struct gs_plan_op *op = push_op(p, GS_OP_RENAME, to->path, PH_RENAME);
+    op->from = strdup(from->path);
+    if (!op->from)
+        abort();
+    op->subtree = subtree;
+    expect_from_index(&op->expect, from->r);
+    record_moved(p, &op->record, from->r, to);
+    from->consumed = to->consumed = 1;
+    if (mode_changed(from->r, to->l))
+        emit_chmod(p, from->r, to);
+}
+
+static void emit_create(struct planner *p, const struct item *it, const struct gs_index_entry *old)
+{
+    static const enum gs_op_type type[] = {
+        [GS_KIND_FILE] = GS_OP_PUT, [GS_KIND_DIR] = GS_OP_MKDIR, [GS_KIND_SYMLINK] = GS_OP_SYMLINK};
+    static const int phase[] = {
+        [GS_KIND_FILE] = PH_PUT, [GS_KIND_DIR] = PH_MKDIR, [GS_KIND_SYMLINK] = PH_SYMLINK};
+    enum gs_kind k = it->l->kind;
+    struct gs_plan_op *op = push_op(p, type[k], it->path, phase[k]);
+    if (old)
+        expect_from_index(&op->expect, old);
+    else
+        op->expect.kind = GS_EXPECT_ABSENT;
+    record_from_local(p, &op->record, it);
+    if (k == GS_KIND_FILE)
+        p->plan->bytes_to_send += it->l->size;
+}
+
+static void emit_delete(struct planner *p, const struct item *it, int phase)
+{
+    struct gs_plan_op *op = push_op(p, GS_OP_DELETE, it->path, phase);
+    expect_from_index(&op->expect, it->r);
+}
+
+/* Same path, same kind on both sides. */
+static void emit_change(struct planner *p, const struct item *it)
+{
+    const struct gs_index_entry *r = it->r;
+    const struct gs_scan_entry *l = it->l;
+    int content = 0;
+    if (l->kind == GS_KIND_FILE)
+        content = !r->has_hash || !gs_hash_equal(&r->hash, &it->lhash);
+    else if (l->kind == GS_KIND_SYMLINK)
+        content = strcmp(r->link ? r->link : "", l->link ? l->link : "") != 0;
+    if (content)
+        emit_create(p, it, r);
+    else if (mode_changed(r, l))
+        emit_chmod(p, r, it);
+}
+
+static void emit_rest(struct planner *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        const struct item *it = &p->it[i];
+        if (it->consumed || (!it->l && !it->r))
+            continue;
+        if (!it->l) {
+            emit_delete(p, it, it->clear ? PH_CLEAR : PH_DELETE);
+        } else if (!it->r) {
+            emit_create(p, it, NULL);
+        } else if (it->replaced) {
+            emit_delete(p, it, PH_CLEAR);
+            emit_create(p, it, NULL);
+        } else if (it->l->kind != it->r->kind) {
+            emit_create(p, it, it->r); /* file <-> symlink: replaced in place */
+        } else {
+            emit_change(p, it);
+        }
+    }
+}
+
+/* ---- directory renames ---- */
+
+static int gone_dir(const struct item *it)
+{
+    return !it->l && it->r && it->r->kind == GS_KIND_DIR && !it->clear && !it->consumed;
+}
+
+static int new_dir(const struct planner *p, const struct item *it)
+{
+    return it->l && !it->r && it->l->kind == GS_KIND_DIR && !it->consumed &&
+           !under_replaced(p, it->path);
+}
+
+/* Feeds one subtree member into a signature: relative path, kind, content. 0 when it cannot
+ * take part (no hash, or not wholly gone / wholly new). */
+static int sig_add(XXH3_state_t *st, const struct item *c, size_t skip, int gone)
+{
+    if (c->consumed || (gone ? c->l || !c->r || c->clear : !c->l || c->r))
+        return 0;
+    unsigned char kind = (unsigned char)(gone ? c->r->kind : c->l->kind);
+    const char *link = gone ? c->r->link : c->l->link;
+    const struct gs_hash *h =
+        gone ? (c->r->has_hash ? &c->r->hash : NULL) : (c->has_lhash ? &c->lhash : NULL);
+    if (kind == GS_KIND_FILE && !h)
+        return 0;
+    XXH3_128bits_update(st, c->path + skip, strlen(c->path + skip) + 1);
+    XXH3_128bits_update(st, &kind, 1);
+    if (kind == GS_KIND_FILE)
+        XXH3_128bits_update(st, h->b, GS_HASH_LEN);
+    else if (kind == GS_KIND_SYMLINK && link)
+        XXH3_128bits_update(st, link, strlen(link) + 1);
+    return 1;
+}
+
+/* Hashes what lies below directory item i (relative paths, kinds, hashes, link targets) from the
+ * index side (gone) or the local side. Returns 1 and the signature, or 0 when it cannot match. */
+static int dir_signature(const struct planner *p, size_t i, int gone, struct gs_hash *out,
+                         size_t *count)
+{
+    size_t b, e, skip = strlen(p->it[i].path) + 1;
+    subtree_range(p, i, &b, &e);
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        abort();
+    XXH3_128bits_reset(st);
+    int ok = 1;
+    for (size_t k = b; k < e && ok; k++)
+        ok = sig_add(st, &p->it[k], skip, gone);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
+    memcpy(out->b, c.digest, GS_HASH_LEN);
+    XXH3_freeState(st);
+    *count = e - b;
+    return ok;
+}
+
+struct dir_cand {
+    size_t item;
+    size_t count;
+    struct gs_hash sig;
+};
+
+/* Turns a matched pair into one rename, with chmods where modes differ below it. */
+static void emit_dir_rename(struct planner *p, size_t gi, size_t ni)
+{
+    size_t gb, ge, nb, ne;
+    subtree_range(p, gi, &gb, &ge);
+    subtree_range(p, ni, &nb, &ne);
+    emit_rename(p, &p->it[gi], &p->it[ni], 1);
+    for (size_t g = gb, n = nb; g < ge && n < ne; g++, n++) {
+        p->it[g].consumed = p->it[n].consumed = 1;
+        if (mode_changed(p->it[g].r, p->it[n].l))
+            emit_chmod(p, p->it[g].r, &p->it[n]);
+    }
+}
+
+/* Finds a gone directory with the same signature whose subtree is still wholly available. */
+static struct dir_cand *match_gone(struct planner *p, struct dir_cand *g, size_t ng,
+                                   const struct gs_hash *sig, size_t count)
+{
+    for (size_t k = 0; k < ng; k++) {
+        if (g[k].count != count || !gs_hash_equal(&g[k].sig, sig) || !gone_dir(&p->it[g[k].item]))
+            continue;
+        struct gs_hash now;
+        size_t c2;
+        if (dir_signature(p, g[k].item, 1, &now, &c2) && gs_hash_equal(&now, sig))
+            return &g[k];
+    }
+    return NULL;
+}
+
+static void find_dir_renames(struct planner *p)
+{
+    struct dir_cand *g = NULL;
+    size_t ng = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (!gone_dir(&p->it[i]))
+            continue;
+        g = realloc(g, (ng + 1) * sizeof(*g));
+        if (!g)
+            abort();
+        g[ng].item = i;
+        if (dir_signature(p, i, 1, &g[ng].sig, &g[ng].count))
+            ng++;
+    }
+    for (size_t i = 0; i < p->n && ng; i++) {
+        struct gs_hash sig;
+        size_t count;
+        if (!new_dir(p, &p->it[i]) || !dir_signature(p, i, 0, &sig, &count))
+            continue;
+        struct dir_cand *m = match_gone(p, g, ng, &sig, count);
+        if (m)
+            emit_dir_rename(p, m->item, i);
+    }
+    free(g);
+}
+
+/* ---- file renames ---- */
+
+struct gone_file {
+    struct gs_hash hash;
+    size_t item;
+};
+
+static int gone_file_cmp(const void *a, const void *b)
+{
+    const struct gone_file *x = a, *y = b;
+    int c = memcmp(x->hash.b, y->hash.b, GS_HASH_LEN);
+    return c ? c : (x->item > y->item) - (x->item < y->item);
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* Among the gone files with `hash`, the first still free, preferring one with the same name. */
+static struct item *pick_gone(struct planner *p, const struct gone_file *g, size_t ng,
+                              const struct item *dst)
+{
+    size_t lo = 0, hi = ng;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (memcmp(g[mid].hash.b, dst->lhash.b, GS_HASH_LEN) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    struct item *first = NULL;
+    for (size_t k = lo; k < ng && gs_hash_equal(&g[k].hash, &dst->lhash); k++) {
+        struct item *it = &p->it[g[k].item];
+        if (it->consumed)
+            continue;
+        if (!strcmp(base_name(it->path), base_name(dst->path)))
+            return it;
+        if (!first)
+            first = it;
+    }
+    return first;
+}
+
+static int gone_file(const struct item *it)
+{
+    return !it->l && it->r && it->r->kind == GS_KIND_FILE && it->r->has_hash && !it->consumed &&
+           !it->clear;
+}
+
+static int new_file(const struct planner *p, const struct item *it)
+{
+    return it->l && !it->r && it->l->kind == GS_KIND_FILE && it->has_lhash && !it->consumed &&
+           !under_replaced(p, it->path);
+}
+
+static void find_file_renames(struct planner *p)
+{
+    struct gone_file *g = NULL;
+    size_t ng = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (!gone_file(&p->it[i]))
+            continue;
+        g = realloc(g, (ng + 1) * sizeof(*g));
+        if (!g)
+            abort();
+        g[ng].hash = p->it[i].r->hash;
+        g[ng++].item = i;
+    }
+    if (ng > 1)
+        qsort(g, ng, sizeof(*g), gone_file_cmp);
+    for (size_t i = 0; i < p->n && ng; i++) {
+        struct item *dst = &p->it[i];
+        struct item *src = new_file(p, dst) ? pick_gone(p, g, ng, dst) : NULL;
+        if (src)
+            emit_rename(p, src, dst, 0);
+    }
+    free(g);
+}
+
+/* ---- order ---- */
+
+static int str_ptr_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A mkdir that a rename's destination needs must come before the renames. */
+static void hoist_mkdirs(struct gs_plan *pl)
+{
+    char **dst = calloc(pl->n_ops + 1, sizeof(*dst));
+    if (!dst)
+        abort();
+    size_t nd = 0;
+    for (size_t i = 0; i < pl->n_ops; i++)
+        if (pl->ops[i].type == GS_OP_RENAME)
+            dst[nd++] = pl->ops[i].path;
+    if (nd > 1)
+        qsort(dst, nd, sizeof(*dst), str_ptr_cmp);
+    for (size_t i = 0; i < pl->n_ops && nd; i++) {
+        struct gs_plan_op *op = &pl->ops[i];
+        if (op->type != GS_OP_MKDIR)
+            continue;
+        size_t len = strlen(op->path), lo = 0, hi = nd;
+        while (lo < hi) { /* first destination >= op->path */
+            size_t mid = lo + (hi - lo) / 2;
+            if (strcmp(dst[mid], op->path) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (size_t k = lo; k < nd && !strncmp(dst[k], op->path, len); k++)
+            if (dst[k][len] == '/')
+                op->phase = PH_MKDIR_EARLY;
+    }
+    free(dst);
+}
+
+static int op_cmp(const void *a, const void *b)
+{
+    const struct gs_plan_op *x = a, *y = b;
+    if (x->phase != y->phase)
+        return x->phase - y->phase;
+    int c = strcmp(x->path, y->path);
+    if (x->phase == PH_CLEAR || x->phase == PH_DELETE)
+        c = -c; /* children before their parents */
+    return c ? c : (int)x->type - (int)y->type;
+}
+
+/* ---- public ---- */
+
+static void planner_release(struct planner *p)
+{
+    for (size_t i = 0; i < p->n_ix; i++)
+        gs_index_entry_release(&p->ix[i]);
+    free(p->ix);
+    free(p->it);
+    if (p->rootfd >= 0)
+        close(p->rootfd);
+}
+
+int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *scan,
+                  struct gs_index *idx, const struct gs_plan_opts *opts, struct gs_error *err)
+{
+    struct planner p = {.idx = idx, .plan = plan, .err = err};
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    p.racy_after_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - GS_PLAN_RACY_NS;
+    if (opts)
+        p.opts = *opts;
+    p.rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = p.rootfd < 0 ? gs_error_errno(err, GS_E_IO, "cannot open project directory %s", root)
+                          : load_index(&p);
+    if (rc == 0)
+        rc = merge(&p, scan);
+    if (rc == 0)
+        rc = hash_all(&p);
+    if (rc == 0)
+        rc = keep_ignored(&p);
+    if (rc == 0) {
+        mark_replaced(&p);
+        find_dir_renames(&p);
+        find_file_renames(&p);
+        emit_rest(&p);
+        hoist_mkdirs(plan);
+        if (plan->n_ops > 1)
+            qsort(plan->ops, plan->n_ops, sizeof(*plan->ops), op_cmp);
+    }
+    planner_release(&p);
+    if (rc < 0)
+        gs_plan_release(plan);
+    return rc;
+}
+
+void gs_plan_release(struct gs_plan *plan)
+{
+    for (size_t i = 0; i < plan->n_ops; i++) {
+        struct gs_plan_op *op = &plan->ops[i];
+        free(op->path);
+        free(op->from);
+        free(op->expect.link);
+        gs_index_entry_release(&op->record);
+    }
+    free(plan->ops);
+    memset(plan, 0, sizeof(*plan));
+}
+
+int gs_plan_record(struct gs_index *idx, const struct gs_plan_op *op, struct gs_error *err)
+{
+    switch (op->type) {
+    case GS_OP_DELETE:
+        return gs_index_delete(idx, op->path, err);
+    case GS_OP_RENAME: {
+        int rc = gs_index_rename(idx, op->from, op->path, err);
+        return rc < 0 ? rc : gs_index_put(idx, &op->record, err);
+    }
+    default:
+        return gs_index_put(idx, &op->record, err);
+    }
+}
+
+const char *gs_plan_op_name(enum gs_op_type type)
+{
+    static const char *const names[] = {
+        [GS_OP_RENAME] = "rename",   [GS_OP_MKDIR] = "mkdir", [GS_OP_PUT] = "put",
+        [GS_OP_SYMLINK] = "symlink", [GS_OP_CHMOD] = "chmod", [GS_OP_DELETE] = "delete"};
+    return (unsigned)type < sizeof(names) / sizeof(names[0]) ? names[type] : "?";
+}
+
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when the byte there starts none. */
+static size_t utf8_len(const unsigned char *s)
+{
+    if (s[0] < 0x80)
+        return 1;
+    size_t n = (s[0] & 0xE0) == 0xC0   ? 2
+               : (s[0] & 0xF0) == 0xE0 ? 3
+               : (s[0] & 0xF8) == 0xF0 ? 4
+                                       : 0;
+    static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (!n)
+        return 0;
+    unsigned cp = s[0] & (0x7F >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+static int needs_quotes(const char *path)
+{
+    if (!*path)
+        return 1;
+    for (const unsigned char *s = (const unsigned char *)path; *s;) {
+        size_t n = utf8_len(s);
+        if (!n || *s < 0x21 || *s == 0x7f || *s == '"' || *s == '\\')
+            return 1;
+        s += n;
+    }
+    return 0;
+}
+
+void gs_plan_quote_path(struct gs_buf *out, const char *path)
+{
+    if (!needs_quotes(path)) {
+        gs_buf_adds(out, path);
+        return;
+    }
+    gs_buf_addc(out, '"');
+    for (const unsigned char *s = (const unsigned char *)path; *s;) {
+        size_t n = utf8_len(s);
+        if (*s == '"' || *s == '\\')
+            gs_buf_addf(out, "\\%c", *s);
+        else if (*s == '\n')
+            gs_buf_adds(out, "\\n");
+        else if (*s == '\t')
+            gs_buf_adds(out, "\\t");
+        else if (!n || *s < 0x20 || *s == 0x7f)
+            gs_buf_addf(out, "\\x%02x", *s);
+        else
+            gs_buf_add(out, s, n);
+        s += n ? n : 1;
+    }
+    gs_buf_addc(out, '"');
+}
+
+void gs_plan_op_format(const struct gs_plan_op *op, struct gs_buf *out)
+{
+    gs_buf_addf(out, "%-8s ", gs_plan_op_name(op->type));
+    if (op->type == GS_OP_RENAME) {
+        gs_plan_quote_path(out, op->from);
+        gs_buf_adds(out, op->subtree ? "/ -> " : " -> ");
+    }
+    gs_plan_quote_path(out, op->path);
+    switch (op->type) {
+    case GS_OP_RENAME:
+    case GS_OP_MKDIR:
+        if (op->type == GS_OP_MKDIR || op->subtree)
+            gs_buf_addc(out, '/');
+        break;
+    case GS_OP_PUT:
+        gs_buf_addf(out, " (%llu bytes, %s)", (unsigned long long)op->record.size,
+                    op->expect.kind == GS_EXPECT_ABSENT ? "new" : "changed");
+        break;
+    case GS_OP_SYMLINK:
+        gs_buf_adds(out, " -> ");
+        gs_plan_quote_path(out, op->record.link ? op->record.link : "");
+        break;
+    case GS_OP_CHMOD:
+        gs_buf_addf(out, " %04o", op->record.mode);
+        break;
+    case GS_OP_DELETE:
+        if (op->expect.kind == GS_EXPECT_DIR)
+            gs_buf_addc(out, '/');
+        break;
+    }
+}
