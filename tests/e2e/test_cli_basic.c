@@ -1,0 +1,786 @@
+/* tests/e2e/test_cli_basic.c: the built `gpusync` binary run as a user would, without a terminal,
+ * against the sandbox sshd: init (host-key policy, --install-key), exec (exit codes, signals,
+ * arguments, streams), doctor --json, and the command table (--help, prefixes, errors). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/sshd.h"
+
+#define PW_USER        "gsuser"
+#define PW_PASSWORD    "Gs-E2e-Pw-73"
+#define RUN_TIMEOUT_MS 60000
+
+static struct gs_test_sshd shared; /* key auth, for init/exec/doctor */
+static char project[600];          /* a local project directory initialised against `shared` */
+static char remote_dir[700];       /* its remote directory (same machine) */
+
+struct result {
+    int status; /* exit code, or 128+N for signal N */
+    struct gs_buf out;
+    struct gs_buf err;
+};
+
+static void result_release(struct result *r)
+{
+    gs_buf_release(&r->out);
+    gs_buf_release(&r->err);
+}
+
+static const char *gpusync_path(void)
+{
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
+    return path;
+}
+
+/* Reads both pipes until they close (or the deadline passes, then kills the child). */
+static void drain(pid_t pid, int out_fd, int err_fd, struct result *r)
+{
+    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
+    int open_fds = 2;
+    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
+    while (open_fds > 0) {
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            fail_msg("gpusync did not finish within %d ms", RUN_TIMEOUT_MS);
+        }
+        if (poll(p, 2, left) < 0 && errno != EINTR)
+            fail_msg("poll: %s", strerror(errno));
+        for (int i = 0; i < 2; i++) {
+            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            char chunk[8192];
+            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
+            if (n > 0) {
+                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
+            } else if (n == 0 || errno != EINTR) {
+                close(p[i].fd);
+                p[i].fd = -1;
+                open_fds--;
+            }
+        }
+    }
+}
+
+/* Runs gpusync in `cwd` with `args` (NULL-terminated), `env` ("K=V" entries to set, "K" to unset,
+ * NULL-terminated, may be NULL) and `input` on stdin (NULL: /dev/null). The child has no
+ * controlling terminal, as in CI or a pipe. */
+static struct result run_gpusync(const char *cwd, const char *const *env, const char *input,
+                                 const char *const *args)
+{
+    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT};
+    int out[2], err[2], in[2];
+    assert_int_equal(pipe(out), 0);
+    assert_int_equal(pipe(err), 0);
+    assert_int_equal(pipe(in), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setsid(); /* no controlling terminal: /dev/tty cannot be opened */
+        if (cwd && chdir(cwd) != 0)
+            _exit(126);
+        for (size_t i = 0; env && env[i]; i++) {
+            const char *eq = strchr(env[i], '=');
+            if (eq) {
+                char key[128];
+                snprintf(key, sizeof(key), "%.*s", (int)(eq - env[i]), env[i]);
+                setenv(key, eq + 1, 1);
+            } else {
+                unsetenv(env[i]);
+            }
+        }
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        close(in[1]);
+        close(out[0]);
+        close(err[0]);
+        const char *argv[64];
+        int n = 0;
+        argv[n++] = gpusync_path();
+        for (size_t i = 0; args[i] && n < 63; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    if (input) {
+        signal(SIGPIPE, SIG_IGN);
+        size_t len = strlen(input);
+        if (write(in[1], input, len) != (ssize_t)len) {
+            /* the command may not read its input: that is its business */
+        }
+    }
+    close(in[1]);
+    drain(pid, out[0], err[0], &r);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (!r.out.data)
+        gs_buf_grow(&r.out, 0);
+    if (!r.err.data)
+        gs_buf_grow(&r.err, 0);
+    return r;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_status(const struct result *r, int want, const char *what)
+{
+    if (r->status != want)
+        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
+                 r->err.data);
+}
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_lines_with(const char *path, const char *needle)
+{
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return 0;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof(line), fp))
+        n += strstr(line, needle) != NULL;
+    fclose(fp);
+    return n;
+}
+
+static void make_dir(char *out, size_t size, const char *tmpl)
+{
+    snprintf(out, size, "%s", tmpl);
+    assert_non_null(mkdtemp(out));
+}
+
+static const char *target_of(const struct gs_test_sshd *d, const char *user)
+{
+    static char t[128];
+    snprintf(t, sizeof(t), "%s@127.0.0.1:%d", user, d->port);
+    return t;
+}
+
+/* ---- group: one key-auth server and one project initialised against it ---- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    if (access(gpusync_path(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gpusync_path());
+        return -1;
+    }
+    if (gs_test_sshd_start(&shared, NULL) != 0)
+        return -1;
+    gs_test_sshd_use_home(&shared, 1);
+    snprintf(project, sizeof(project), "%s/work/my project", shared.dir);
+    snprintf(remote_dir, sizeof(remote_dir), "%s/remote proj", shared.dir);
+    if (sh("mkdir -p '%s'", project) != 0)
+        return -1;
+    struct result r = run_gpusync(project, NULL, NULL,
+                                  ARGS("init", target_of(&shared, "root"), "--path", remote_dir));
+    int ok = r.status == 0;
+    if (!ok)
+        fprintf(stderr, "init failed (%d): %s%s\n", r.status, r.out.data, r.err.data);
+    result_release(&r);
+    return ok ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&shared);
+    return 0;
+}
+
+static int use_shared_home(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 1);
+    return 0;
+}
+
+/* ---- command table ---- */
+
+static void test_cli__help_lists_the_commands(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
+    expect_status(&r, 0, "gpusync --help");
+    assert_non_null(strstr(r.out.data, "usage: gpusync"));
+    assert_non_null(strstr(r.out.data, "init"));
+    assert_non_null(strstr(r.out.data, "exec"));
+    assert_non_null(strstr(r.out.data, "doctor"));
+    result_release(&r);
+    r = run_gpusync(NULL, NULL, NULL, ARGS("help", "exec"));
+    expect_status(&r, 0, "gpusync help exec");
+    assert_non_null(strstr(r.out.data, "usage: gpusync exec"));
+    result_release(&r);
+}
+
+static void test_cli__unique_prefix_runs_the_command_help(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("in", "--help"));
+    expect_status(&r, 0, "gpusync in --help");
+    assert_non_null(strstr(r.out.data, "usage: gpusync init"));
+    assert_non_null(strstr(r.out.data, "--install-key"));
+    result_release(&r);
+    r = run_gpusync(NULL, NULL, NULL, ARGS("doctor", "--help"));
+    expect_status(&r, 0, "gpusync doctor --help");
+    assert_non_null(strstr(r.out.data, "--json"));
+    result_release(&r);
+}
+
+static void test_cli__unknown_command_exits_2(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("frobnicate"));
+    expect_status(&r, 2, "gpusync frobnicate");
+    assert_non_null(strstr(r.err.data, "unknown command"));
+    assert_non_null(strstr(r.err.data, "frobnicate"));
+    result_release(&r);
+    r = run_gpusync(NULL, NULL, NULL, ARGS("exec", "--no-such-option", "true"));
+    expect_status(&r, 2, "gpusync exec --no-such-option");
+    result_release(&r);
+    r = run_gpusync(NULL, NULL, NULL, ARGS("exec"));
+    expect_status(&r, 2, "gpusync exec (no command)");
+    result_release(&r);
+}
+
+/* Two command names from --help sharing their first two letters (push/pull), or skip. */
+static int find_ambiguous_prefix(char *prefix, char *a, char *b)
+{
+    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
+    char names[16][32];
+    int n = 0;
+    const char *p = strstr(r.out.data, "commands:\n");
+    for (p = p ? strchr(p, '\n') + 1 : NULL; p && n < 16 && strncmp(p, "  ", 2) == 0;
+         p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (sscanf(p, " %31s", names[n]) == 1)
+            n++;
+    result_release(&r);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strncmp(names[i], names[j], 2) == 0) {
+                memcpy(prefix, names[i], 2);
+                prefix[2] = '\0';
+                strcpy(a, names[i]);
+                strcpy(b, names[j]);
+                return 1;
+            }
+    return 0;
+}
+
+static void test_cli__ambiguous_prefix_names_the_candidates(void **state)
+{
+    (void)state;
+    char prefix[4], a[32], b[32];
+    if (!find_ambiguous_prefix(prefix, a, b)) {
+        print_message("no two commands share a prefix yet; skipped\n");
+        skip();
+    }
+    struct result r = run_gpusync(NULL, NULL, NULL, ARGS(prefix));
+    expect_status(&r, 2, "ambiguous prefix");
+    assert_non_null(strstr(r.err.data, "ambiguous"));
+    assert_non_null(strstr(r.err.data, a));
+    assert_non_null(strstr(r.err.data, b));
+    result_release(&r);
+}
+
+/* ---- init ---- */
+
+static void test_init__unknown_host_without_accept_fails_4_and_records_nothing(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 0); /* empty known_hosts */
+    char dir[64];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
+    struct result r = run_gpusync(dir, NULL, NULL, ARGS("init", target_of(&shared, "root")));
+    expect_status(&r, 4, "init without --accept-new-host-key");
+    assert_non_null(strstr(r.err.data, "--accept-new-host-key"));
+    assert_non_null(strstr(r.err.data, "SHA256:"));
+    char kh[700], cfg[128];
+    snprintf(kh, sizeof(kh), "%s/.ssh/known_hosts", shared.home);
+    struct stat st;
+    assert_int_equal(stat(kh, &st), 0);
+    assert_int_equal(st.st_size, 0);
+    snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", dir);
+    assert_int_not_equal(access(cfg, F_OK), 0);
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+static void test_init__accept_new_writes_config_and_known_host(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 0);
+    char dir[64], cfg[128], remote[800], kh[700], entry[64];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
+    snprintf(remote, sizeof(remote), "%s/init-remote", shared.dir);
+    struct result r = run_gpusync(
+        dir, NULL, NULL,
+        ARGS("init", target_of(&shared, "root"), "--path", remote, "--accept-new-host-key"));
+    expect_status(&r, 0, "init --accept-new-host-key");
+    snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", dir);
+    char port[32];
+    snprintf(port, sizeof(port), "port = %d", shared.port);
+    assert_int_equal(count_lines_with(cfg, "host = 127.0.0.1"), 1);
+    assert_int_equal(count_lines_with(cfg, port), 1);
+    assert_int_equal(count_lines_with(cfg, "user = root"), 1);
+    assert_int_equal(count_lines_with(cfg, remote), 1);
+    snprintf(kh, sizeof(kh), "%s/.ssh/known_hosts", shared.home);
+    snprintf(entry, sizeof(entry), "[127.0.0.1]:%d ", shared.port);
+    assert_int_equal(count_lines_with(kh, entry), 1);
+    struct stat st;
+    assert_int_equal(stat(remote, &st), 0); /* the remote directory was created */
+    assert_true(S_ISDIR(st.st_mode));
+    result_release(&r);
+    /* the project now works from a subdirectory, like git */
+    char sub[128];
+    snprintf(sub, sizeof(sub), "%s/src/deep", dir);
+    assert_int_equal(sh("mkdir -p '%s'", sub), 0);
+    r = run_gpusync(sub, NULL, NULL, ARGS("exec", "pwd"));
+    expect_status(&r, 0, "exec from a subdirectory");
+    char want[900];
+    snprintf(want, sizeof(want), "%s\n", remote);
+    assert_string_equal(r.out.data, want);
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+static void test_init__bad_target_is_usage_error(void **state)
+{
+    (void)state;
+    char dir[64];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
+    struct result r = run_gpusync(dir, NULL, NULL, ARGS("init", "root@host:99999"));
+    expect_status(&r, 2, "init with a bad port");
+    result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("init"));
+    expect_status(&r, 2, "init without a target");
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+static void test_exec__outside_a_project_fails_with_hint(void **state)
+{
+    (void)state;
+    char dir[64];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-noproj.XXXXXX");
+    struct result r = run_gpusync(dir, NULL, NULL, ARGS("exec", "true"));
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.err.data, "gpusync init"));
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+/* ---- exec ---- */
+
+static void test_exec__exit_codes_and_signal(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(project, NULL, NULL, ARGS("exec", "true"));
+    expect_status(&r, 0, "exec true");
+    result_release(&r);
+    r = run_gpusync(project, NULL, NULL, ARGS("exec", "exit 7"));
+    expect_status(&r, 7, "exec 'exit 7'");
+    result_release(&r);
+    r = run_gpusync(project, NULL, NULL, ARGS("exec", "--", "sh", "-c", "exit 42"));
+    expect_status(&r, 42, "exec -- sh -c 'exit 42'");
+    result_release(&r);
+    r = run_gpusync(project, NULL, NULL, ARGS("exec", "kill -TERM $$"));
+    expect_status(&r, 143, "exec 'kill -TERM $$'");
+    result_release(&r);
+}
+
+static void test_exec__runs_in_the_remote_project_directory(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(project, NULL, NULL, ARGS("exec", "pwd"));
+    expect_status(&r, 0, "exec pwd");
+    char want[800];
+    snprintf(want, sizeof(want), "%s\n", remote_dir);
+    assert_string_equal(r.out.data, want);
+    result_release(&r);
+}
+
+static void test_exec__arguments_reach_the_command_unchanged(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(project, NULL, NULL,
+                                  ARGS("exec", "--", "printf", "<%s>", "a b", "it's", "\"dq\"",
+                                       "$HOME;echo x", "l1\nl2", "-n", "", "*", "\xff\xfe"));
+    expect_status(&r, 0, "exec -- printf ...");
+    assert_string_equal(r.out.data, "<a b><it's><\"dq\"><$HOME;echo x><l1\nl2><-n><><*><\xff\xfe>");
+    result_release(&r);
+}
+
+static void test_exec__stdout_stderr_separate_and_stdin_forwarded(void **state)
+{
+    (void)state;
+    struct result r =
+        run_gpusync(project, NULL, NULL, ARGS("exec", "echo to-out; echo to-err >&2; exit 3"));
+    expect_status(&r, 3, "exec with both streams");
+    assert_string_equal(r.out.data, "to-out\n");
+    assert_non_null(strstr(r.err.data, "to-err\n"));
+    assert_null(strstr(r.out.data, "to-err"));
+    result_release(&r);
+    r = run_gpusync(project, NULL, "line one\nline 'two' $x\n", ARGS("exec", "cat"));
+    expect_status(&r, 0, "exec cat with stdin");
+    assert_string_equal(r.out.data, "line one\nline 'two' $x\n");
+    result_release(&r);
+}
+
+/* ---- doctor ---- */
+
+static json_t *object_field(json_t *o, const char *key, int type)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        fail_msg("doctor --json: no '%s'", key);
+    if (type >= 0 && (int)json_typeof(v) != type)
+        fail_msg("doctor --json: '%s' has JSON type %d, want %d", key, json_typeof(v), type);
+    return v;
+}
+
+static void test_doctor__json_has_checks_and_facts(void **state)
+{
+    (void)state;
+    struct result r = run_gpusync(project, NULL, NULL, ARGS("doctor", "--json"));
+    if (r.status != 0 && r.status != 1)
+        fail_msg("doctor --json exit %d: %s", r.status, r.err.data);
+    json_error_t jerr;
+    json_t *root = json_loads(r.out.data, 0, &jerr);
+    if (!root)
+        fail_msg("doctor --json output does not parse (%s): %s", jerr.text, r.out.data);
+    assert_int_equal(json_integer_value(object_field(root, "v", JSON_INTEGER)), 1);
+    json_t *ok = object_field(root, "ok", -1);
+    assert_true(json_is_boolean(ok));
+    json_t *checks = object_field(root, "checks", JSON_ARRAY);
+    assert_true(json_array_size(checks) >= 3);
+    size_t i;
+    json_t *c;
+    int saw_ssh = 0, failed = 0;
+    json_array_foreach(checks, i, c)
+    {
+        const char *name = json_string_value(object_field(c, "name", JSON_STRING));
+        const char *status = json_string_value(object_field(c, "status", JSON_STRING));
+        object_field(c, "detail", JSON_STRING);
+        if (strcmp(status, "ok") && strcmp(status, "warn") && strcmp(status, "fail"))
+            fail_msg("check %s has status '%s'", name, status);
+        failed |= strcmp(status, "fail") == 0;
+        if (strcmp(name, "ssh") == 0) {
+            saw_ssh = 1;
+            assert_string_equal(status, "ok");
+        }
+    }
+    assert_true(saw_ssh);
+    assert_int_equal(json_is_true(ok), !failed); /* ok is the absence of failures */
+    assert_int_equal(r.status, failed ? 1 : 0);
+    json_t *facts = object_field(root, "facts", JSON_OBJECT);
+    const char *auth = json_string_value(object_field(facts, "auth", JSON_STRING));
+    assert_non_null(strstr(auth, "publickey"));
+    double rtt = json_number_value(object_field(facts, "rtt_ms", -1));
+    assert_true(json_is_number(json_object_get(facts, "rtt_ms")));
+    assert_true(rtt > 0 && rtt < 1000);
+    assert_string_equal(json_string_value(object_field(facts, "os", JSON_STRING)), "Linux");
+    char arch[64];
+    FILE *p = popen("uname -m", "r");
+    assert_non_null(p);
+    assert_non_null(fgets(arch, sizeof(arch), p));
+    pclose(p);
+    arch[strcspn(arch, "\n")] = '\0';
+    assert_string_equal(json_string_value(object_field(facts, "arch", JSON_STRING)), arch);
+    json_t *disk = object_field(facts, "disk_free_bytes", -1);
+    assert_true(json_is_integer(disk) || json_is_real(disk));
+    assert_true(json_number_value(disk) > 0);
+    object_field(facts, "gpus", JSON_ARRAY);
+    json_decref(root);
+    result_release(&r);
+}
+
+/* ---- --install-key with a password user ---- */
+
+static struct gs_test_sshd pw_server;
+
+static char key_dir[64]; /* the local project of the --install-key test */
+
+static int destroy_pw_server(void **state)
+{
+    (void)state;
+    if (key_dir[0])
+        sh("rm -rf '%s'", key_dir);
+    key_dir[0] = '\0';
+    if (pw_server.dir[0])
+        gs_test_sshd_destroy(&pw_server);
+    memset(&pw_server, 0, sizeof(pw_server));
+    return 0;
+}
+
+static int file_has(const char *path, const char *needle)
+{
+    return count_lines_with(path, needle) > 0;
+}
+
+/* The sandbox's sshd reads only its own authorized_keys file, but --install-key writes the user's
+ * ~/.ssh/authorized_keys, as on a real server: relaunch the server (same port) reading both. */
+static void relaunch_reading_home_authorized_keys(struct gs_test_sshd *d)
+{
+    gs_test_sshd_stop(d);
+    char config[700], log[700];
+    snprintf(config, sizeof(config), "%s/sshd_config", d->dir);
+    snprintf(log, sizeof(log), "%s/sshd.log", d->dir);
+    assert_int_equal(sh("sed -i 's|^AuthorizedKeysFile .*|& .ssh/authorized_keys|' '%s' && "
+                        ": > '%s'",
+                        config, log),
+                     0);
+    for (int attempt = 0; attempt < 50; attempt++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            setsid();
+            int fd = open(log, O_WRONLY | O_APPEND);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-e", "-f", config, (char *)NULL);
+            _exit(127);
+        }
+        d->pid = pid;
+        int64_t end = gs_clock_mono_ms() + 5000;
+        while (gs_clock_mono_ms() < end && !file_has(log, "Server listening") &&
+               waitpid(pid, NULL, WNOHANG) == 0)
+            usleep(10000);
+        if (file_has(log, "Server listening"))
+            return;
+        waitpid(pid, NULL, WNOHANG);
+        usleep(20000); /* the old listener's port is not free yet */
+    }
+    fail_msg("sshd did not restart; see %s", log);
+}
+
+static void test_init__install_key_with_password_once_then_key_only(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("needs root for useradd; skipped\n");
+        skip();
+    }
+    if (gs_test_sshd_start(&pw_server, "--password-user " PW_USER ":" PW_PASSWORD) != 0)
+        fail_msg("password sandbox did not start");
+    relaunch_reading_home_authorized_keys(&pw_server);
+    gs_test_sshd_use_home(&pw_server, 1);
+    /* no usable key in HOME: the sandbox's AuthorizedKeysFile would accept it for any user */
+    assert_int_equal(sh("rm -f '%s/.ssh/id_ed25519' '%s/.ssh/id_ed25519.pub' "
+                        "~" PW_USER "/.ssh/authorized_keys",
+                        pw_server.home, pw_server.home),
+                     0);
+    char *dir = key_dir, home_env[700], keyfile[800], pub[4096] = "";
+    make_dir(key_dir, sizeof(key_dir), "/tmp/gs-e2e-key.XXXXXX");
+    snprintf(home_env, sizeof(home_env), "HOME=%s", pw_server.home);
+    const char *const with_pw[] = {home_env, "GPUSYNC_PASSWORD=" PW_PASSWORD, NULL};
+    const char *const no_pw[] = {home_env, "GPUSYNC_PASSWORD", NULL};
+
+    /* a wrong password: exit 4, nothing installed */
+    const char *const bad_pw[] = {home_env, "GPUSYNC_PASSWORD=wrong-" PW_PASSWORD, NULL};
+    struct result r = run_gpusync(dir, bad_pw, NULL,
+                                  ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
+    expect_status(&r, 4, "init --install-key with a wrong password");
+    result_release(&r);
+    assert_int_not_equal(access("/home/" PW_USER "/.ssh/authorized_keys", F_OK), 0);
+
+    r = run_gpusync(dir, with_pw, NULL,
+                    ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
+    expect_status(&r, 0, "init --install-key");
+    result_release(&r);
+    snprintf(keyfile, sizeof(keyfile), "%s/.ssh/gpusync_ed25519.pub", pw_server.home);
+    FILE *fp = fopen(keyfile, "r");
+    assert_non_null(fp);
+    assert_non_null(fgets(pub, sizeof(pub), fp));
+    fclose(fp);
+    pub[strcspn(pub, "\n")] = '\0';
+    char *b64 = strchr(pub, ' ');
+    assert_non_null(b64);
+    *strchr(b64 + 1, ' ') = '\0';
+    const char *authorized = "/home/" PW_USER "/.ssh/authorized_keys";
+    assert_int_equal(count_lines_with(authorized, b64 + 1), 1);
+
+    /* twice: still one line */
+    r = run_gpusync(dir, with_pw, NULL,
+                    ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
+    expect_status(&r, 0, "init --install-key, second time");
+    result_release(&r);
+    assert_int_equal(count_lines_with(authorized, b64 + 1), 1);
+
+    /* and exec works without any password */
+    r = run_gpusync(dir, no_pw, NULL, ARGS("exec", "id -un"));
+    expect_status(&r, 0, "exec with the installed key");
+    assert_string_equal(r.out.data, PW_USER "\n");
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+/* ---- connection lost mid-command ---- */
+
+static struct gs_test_sshd lost_server;
+
+static char lost_dir[64]; /* the local project of the connection-lost test */
+
+static int destroy_lost_server(void **state)
+{
+    (void)state;
+    if (lost_dir[0])
+        sh("rm -rf '%s'", lost_dir);
+    lost_dir[0] = '\0';
+    if (lost_server.dir[0])
+        gs_test_sshd_destroy(&lost_server);
+    memset(&lost_server, 0, sizeof(lost_server));
+    return 0;
+}
+
+/* Sends `sig` to every descendant of `ppid` (sshd's connection processes run in sessions of
+ * their own, so the fixture's stop does not reach them). */
+static void signal_descendants(pid_t ppid, int sig)
+{
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return;
+    struct dirent *e;
+    while ((e = readdir(proc))) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *fp = pid > 0 ? fopen(path, "r") : NULL;
+        if (!fp)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+        fclose(fp);
+        buf[n] = '\0';
+        const char *rp = strrchr(buf, ')');
+        int parent = 0;
+        if (rp && sscanf(rp + 2, "%*c %d", &parent) == 1 && parent == ppid) {
+            signal_descendants(pid, sig);
+            kill(pid, sig);
+        }
+    }
+    closedir(proc);
+}
+
+struct killer {
+    char marker[800];
+};
+
+static void *kill_server_when_started(void *arg)
+{
+    struct killer *k = arg;
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (access(k->marker, F_OK) != 0 && gs_clock_mono_ms() < end)
+        usleep(10000);
+    /* only if lost_server.pid really is that sandbox's sshd (never a recycled pid) */
+    char path[64], cmdline[1024] = "";
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)lost_server.pid);
+    FILE *fp = fopen(path, "r");
+    size_t n = fp ? fread(cmdline, 1, sizeof(cmdline) - 1, fp) : 0;
+    if (fp)
+        fclose(fp);
+    for (size_t i = 0; i < n; i++)
+        cmdline[i] = cmdline[i] ? cmdline[i] : ' ';
+    if (!strstr(cmdline, lost_server.dir)) {
+        fprintf(stderr, "pid %d is not the sandbox sshd (%s)\n", (int)lost_server.pid, cmdline);
+        return NULL;
+    }
+    /* freeze everything first: a connection process that saw its command die would still
+     * report "killed by signal" to the client before dying itself */
+    kill(lost_server.pid, SIGSTOP);
+    signal_descendants(lost_server.pid, SIGSTOP);
+    signal_descendants(lost_server.pid, SIGKILL);
+    gs_test_sshd_stop(&lost_server);
+    return NULL;
+}
+
+static void test_exec__connection_lost_exits_255_quickly(void **state)
+{
+    (void)state;
+    if (gs_test_sshd_start(&lost_server, NULL) != 0)
+        fail_msg("sandbox sshd did not start");
+    gs_test_sshd_use_home(&lost_server, 1);
+    char *dir = lost_dir, remote[700];
+    make_dir(lost_dir, sizeof(lost_dir), "/tmp/gs-e2e-lost.XXXXXX");
+    snprintf(remote, sizeof(remote), "%s/remote", lost_server.dir);
+    struct result r = run_gpusync(dir, NULL, NULL,
+                                  ARGS("init", target_of(&lost_server, "root"), "--path", remote));
+    expect_status(&r, 0, "init");
+    result_release(&r);
+    struct killer k;
+    snprintf(k.marker, sizeof(k.marker), "%s/started", remote);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, kill_server_when_started, &k), 0);
+    int64_t t0 = gs_clock_mono_ms();
+    r = run_gpusync(dir, NULL, NULL, ARGS("exec", "touch started && sleep 30"));
+    int64_t took = gs_clock_mono_ms() - t0;
+    pthread_join(th, NULL);
+    expect_status(&r, 255, "exec while the server dies");
+    print_message("exec ended %lld ms after start: %s", (long long)took, r.err.data);
+    assert_true(took < 15000);
+    assert_non_null(strstr(r.err.data, "gpusync: "));
+    result_release(&r);
+    sh("rm -rf '%s'", dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli__help_lists_the_commands),
+        cmocka_unit_test(test_cli__unique_prefix_runs_the_command_help),
+        cmocka_unit_test(test_cli__unknown_command_exits_2),
+        cmocka_unit_test(test_cli__ambiguous_prefix_names_the_candidates),
+        cmocka_unit_test_setup(test_init__unknown_host_without_accept_fails_4_and_records_nothing,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_init__accept_new_writes_config_and_known_host, use_shared_home),
+        cmocka_unit_test_setup(test_init__bad_target_is_usage_error, use_shared_home),
+        cmocka_unit_test_setup(test_exec__outside_a_project_fails_with_hint, use_shared_home),
+        cmocka_unit_test_setup(test_exec__exit_codes_and_signal, use_shared_home),
+        cmocka_unit_test_setup(test_exec__runs_in_the_remote_project_directory, use_shared_home),
+        cmocka_unit_test_setup(test_exec__arguments_reach_the_command_unchanged, use_shared_home),
+        cmocka_unit_test_setup(test_exec__stdout_stderr_separate_and_stdin_forwarded,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_doctor__json_has_checks_and_facts, use_shared_home),
+        cmocka_unit_test_teardown(test_exec__connection_lost_exits_255_quickly,
+                                  destroy_lost_server),
+        cmocka_unit_test_teardown(test_init__install_key_with_password_once_then_key_only,
+                                  destroy_pw_server),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

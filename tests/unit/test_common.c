@@ -1,0 +1,365 @@
+/* tests/unit/test_common.c: gs_buf, path helpers, error formatting and exit codes. */
+#include <errno.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "common/path.h"
+
+/* A fresh temporary directory, resolved (realpath) so it compares with what the code returns. */
+static void make_tmpdir(char *out, size_t size)
+{
+    char tmpl[] = "/tmp/gs-test-common.XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    char real[PATH_MAX];
+    assert_non_null(realpath(tmpl, real));
+    snprintf(out, size, "%s", real);
+}
+
+static void remove_tree(const char *dir)
+{
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void touch(const char *path)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fclose(fp);
+}
+
+static void test_buf__init_is_empty_and_addf_appends(void **state)
+{
+    (void)state;
+    struct gs_buf b = GS_BUF_INIT;
+    assert_int_equal(b.len, 0);
+    gs_buf_adds(&b, "abc");
+    gs_buf_addc(&b, '-');
+    gs_buf_addf(&b, "%d/%s", 42, "x");
+    assert_string_equal(b.data, "abc-42/x");
+    assert_int_equal(b.len, 8);
+    gs_buf_release(&b);
+    assert_null(b.data);
+    assert_int_equal(b.len, 0);
+}
+
+static void test_buf__holds_binary_bytes_and_grows_past_many_pages(void **state)
+{
+    (void)state;
+    struct gs_buf b = GS_BUF_INIT;
+    const char bytes[] = {'a', '\0', 'b', (char)0xff};
+    for (int i = 0; i < 100000; i++)
+        gs_buf_add(&b, bytes, sizeof(bytes));
+    assert_int_equal(b.len, 400000);
+    assert_true(b.cap > b.len);
+    assert_int_equal(b.data[b.len], '\0');
+    assert_memory_equal(b.data + 399996, bytes, 4);
+    gs_buf_release(&b);
+}
+
+static void test_buf__consume_drops_prefix_and_all(void **state)
+{
+    (void)state;
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, "hello world");
+    gs_buf_consume(&b, 6);
+    assert_string_equal(b.data, "world");
+    assert_int_equal(b.len, 5);
+    gs_buf_consume(&b, 99);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.data, "");
+    gs_buf_release(&b);
+}
+
+static void test_buf__detach_hands_over_storage_and_empties(void **state)
+{
+    (void)state;
+    struct gs_buf b = GS_BUF_INIT;
+    size_t len = 99;
+    char *empty = gs_buf_detach(&b, &len);
+    assert_non_null(empty);
+    assert_string_equal(empty, "");
+    assert_int_equal(len, 0);
+    free(empty);
+    gs_buf_adds(&b, "owned");
+    char *s = gs_buf_detach(&b, &len);
+    assert_string_equal(s, "owned");
+    assert_int_equal(len, 5);
+    assert_null(b.data);
+    assert_int_equal(b.len, 0);
+    free(s);
+}
+
+static void test_buf__reset_keeps_a_valid_empty_string(void **state)
+{
+    (void)state;
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, "abc");
+    gs_buf_reset(&b);
+    assert_string_equal(b.data, "");
+    gs_buf_adds(&b, "d");
+    assert_string_equal(b.data, "d");
+    gs_buf_release(&b);
+}
+
+static void check_join(const char *a, const char *b, const char *want)
+{
+    struct gs_buf out = GS_BUF_INIT;
+    gs_path_join(&out, a, b);
+    assert_string_equal(out.data, want);
+    gs_buf_release(&out);
+}
+
+static void test_path_join__exactly_one_slash_between(void **state)
+{
+    (void)state;
+    check_join("a", "b", "a/b");
+    check_join("a/", "b", "a/b");
+    check_join("a//", "/b", "a/b");
+    check_join("/", "b", "/b");
+    check_join("/x/y", ".gpusync/config", "/x/y/.gpusync/config");
+    check_join("a", "", "a");
+}
+
+static void test_path_expand_home__only_leading_tilde_slash(void **state)
+{
+    (void)state;
+    setenv("HOME", "/home/tester", 1);
+    char *p = gs_path_expand_home("~/.ssh/id");
+    assert_string_equal(p, "/home/tester/.ssh/id");
+    free(p);
+    p = gs_path_expand_home("~");
+    assert_string_equal(p, "/home/tester");
+    free(p);
+    p = gs_path_expand_home("~bob/x");
+    assert_string_equal(p, "~bob/x");
+    free(p);
+    p = gs_path_expand_home("/abs/~/x");
+    assert_string_equal(p, "/abs/~/x");
+    free(p);
+}
+
+static void test_path_mkdir_p__creates_missing_parents_and_tolerates_existing(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX], deep[PATH_MAX + 64];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(deep, sizeof(deep), "%s/a/b/c", dir);
+    struct gs_error err = {0};
+    assert_int_equal(gs_path_mkdir_p(deep, 0755, &err), 0);
+    struct stat st;
+    assert_int_equal(stat(deep, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(gs_path_mkdir_p(deep, 0755, &err), 0); /* again: nothing to do, no error */
+    remove_tree(dir);
+}
+
+static void test_path_mkdir_p__names_the_directory_it_cannot_make(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX], file[PATH_MAX + 16], below[PATH_MAX + 32];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(file, sizeof(file), "%s/file", dir);
+    touch(file);
+    snprintf(below, sizeof(below), "%s/file/sub", dir);
+    struct gs_error err = {0};
+    assert_int_equal(gs_path_mkdir_p(below, 0755, &err), GS_E_IO);
+    assert_int_equal(err.code, GS_E_IO);
+    assert_non_null(strstr(err.msg, file));
+    remove_tree(dir);
+}
+
+static void test_path_find_project__walks_up_from_a_subdirectory(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/.gpusync", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof(path), "%s/.gpusync/config", dir);
+    touch(path);
+    snprintf(path, sizeof(path), "%s/src/deep/er", dir);
+    assert_int_equal(gs_path_mkdir_p(path, 0755, NULL), 0);
+    struct gs_buf root = GS_BUF_INIT;
+    struct gs_error err = {0};
+    assert_int_equal(gs_path_find_project(path, &root, &err), 0);
+    assert_string_equal(root.data, dir);
+    /* from the root itself too */
+    assert_int_equal(gs_path_find_project(dir, &root, &err), 0);
+    assert_string_equal(root.data, dir);
+    gs_buf_release(&root);
+    remove_tree(dir);
+}
+
+static void test_path_find_project__nested_project_wins_over_outer(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX], path[PATH_MAX + 64], inner[PATH_MAX + 16];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/.gpusync", dir);
+    assert_int_equal(gs_path_mkdir_p(path, 0755, NULL), 0);
+    snprintf(path, sizeof(path), "%s/.gpusync/config", dir);
+    touch(path);
+    snprintf(inner, sizeof(inner), "%s/inner", dir);
+    snprintf(path, sizeof(path), "%s/.gpusync", inner);
+    assert_int_equal(gs_path_mkdir_p(path, 0755, NULL), 0);
+    snprintf(path, sizeof(path), "%s/.gpusync/config", inner);
+    touch(path);
+    struct gs_buf root = GS_BUF_INIT;
+    assert_int_equal(gs_path_find_project(inner, &root, NULL), 0);
+    assert_string_equal(root.data, inner);
+    gs_buf_release(&root);
+    remove_tree(dir);
+}
+
+static void test_path_find_project__not_found_suggests_init(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX];
+    make_tmpdir(dir, sizeof(dir));
+    struct gs_buf root = GS_BUF_INIT;
+    struct gs_error err = {0};
+    assert_int_equal(gs_path_find_project(dir, &root, &err), GS_E_NOTFOUND);
+    assert_non_null(strstr(err.msg, "gpusync init"));
+    gs_buf_release(&root);
+    remove_tree(dir);
+}
+
+static void test_error__set_formats_and_returns_code(void **state)
+{
+    (void)state;
+    struct gs_error err = {0};
+    assert_int_equal(gs_error_set(&err, GS_E_IO, "%s: cannot read line %d", "f.txt", 7), GS_E_IO);
+    assert_int_equal(err.code, GS_E_IO);
+    assert_string_equal(err.msg, "f.txt: cannot read line 7");
+    /* NULL err: still returns the code */
+    assert_int_equal(gs_error_set(NULL, GS_E_AUTH, "x"), GS_E_AUTH);
+}
+
+static void test_error__errno_appends_strerror_and_preserves_errno(void **state)
+{
+    (void)state;
+    struct gs_error err = {0};
+    errno = ENOENT;
+    assert_int_equal(gs_error_errno(&err, GS_E_IO, "open %s", "/nope"), GS_E_IO);
+    assert_int_equal(errno, ENOENT);
+    char want[256];
+    snprintf(want, sizeof(want), "open /nope: %s", strerror(ENOENT));
+    assert_string_equal(err.msg, want);
+}
+
+static void test_error__wrap_prefixes_context_and_keeps_code(void **state)
+{
+    (void)state;
+    struct gs_error err = {0};
+    gs_error_set(&err, GS_E_TIMEOUT, "no answer");
+    assert_int_equal(gs_error_wrap(&err, "connecting to %s", "gpu1"), GS_E_TIMEOUT);
+    assert_string_equal(err.msg, "connecting to gpu1: no answer");
+    assert_int_equal(err.code, GS_E_TIMEOUT);
+}
+
+static void test_error__wrap_truncates_without_overflow(void **state)
+{
+    (void)state;
+    struct gs_error err = {0};
+    char big[2 * GS_ERROR_MSG_MAX];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    gs_error_set(&err, GS_E_IO, "%s", big);
+    assert_int_equal(strlen(err.msg), GS_ERROR_MSG_MAX - 1);
+    gs_error_wrap(&err, "ctx");
+    assert_int_equal(strlen(err.msg), GS_ERROR_MSG_MAX - 1);
+    assert_memory_equal(err.msg, "ctx: xxx", 8);
+}
+
+static void test_error__clear_resets(void **state)
+{
+    (void)state;
+    struct gs_error err = {0};
+    gs_error_set(&err, GS_E_IO, "bad");
+    gs_error_clear(&err);
+    assert_int_equal(err.code, GS_E_OK);
+    assert_string_equal(err.msg, "");
+}
+
+static void test_error__codes_are_distinct_negative_and_far_from_libssh2(void **state)
+{
+    (void)state;
+    assert_int_equal(GS_E_OK, 0);
+    assert_true(GS_IS_ERROR(GS_E_ERR));
+    assert_true(GS_IS_ERROR(GS_E_INTERRUPTED));
+    assert_false(GS_IS_ERROR(-1));
+    assert_false(GS_IS_ERROR(-50)); /* libssh2 codes */
+    assert_int_not_equal(GS_E_HOSTKEY_CHANGED, GS_E_HOSTKEY_UNKNOWN);
+}
+
+static void test_error__exit_codes_match_the_documented_table(void **state)
+{
+    (void)state;
+    assert_int_equal(gs_error_exit_code(GS_E_OK), 0);
+    assert_int_equal(gs_error_exit_code(GS_E_ERR), 1);
+    assert_int_equal(gs_error_exit_code(GS_E_IO), 1);
+    assert_int_equal(gs_error_exit_code(GS_E_USAGE), 2);
+    assert_int_equal(gs_error_exit_code(GS_E_CONFIG), 3);
+    assert_int_equal(gs_error_exit_code(GS_E_CONNECT), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_HOSTKEY_UNKNOWN), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_HOSTKEY_CHANGED), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_AUTH), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_TIMEOUT), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_DISCONNECTED), 4);
+    assert_int_equal(gs_error_exit_code(GS_E_PROTO), 5);
+    assert_int_equal(gs_error_exit_code(GS_E_REMOTE), 5);
+    assert_int_equal(gs_error_exit_code(GS_E_CONFLICT), 6);
+    assert_int_equal(gs_error_exit_code(GS_E_INTERRUPTED), 130);
+    assert_int_equal(gs_error_exit_code(-5), 1);     /* a libssh2 code */
+    assert_int_equal(gs_error_exit_code(-99999), 1); /* out of the table */
+}
+
+static void test_error__names(void **state)
+{
+    (void)state;
+    assert_string_equal(gs_error_name(GS_E_OK), "success");
+    assert_string_equal(gs_error_name(GS_E_HOSTKEY_CHANGED), "host key changed");
+    assert_string_equal(gs_error_name(GS_E_AUTH), "authentication failed");
+    assert_string_equal(gs_error_name(-99999), "unknown error");
+    assert_string_equal(gs_error_name(-1), "unknown error");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_buf__init_is_empty_and_addf_appends),
+        cmocka_unit_test(test_buf__holds_binary_bytes_and_grows_past_many_pages),
+        cmocka_unit_test(test_buf__consume_drops_prefix_and_all),
+        cmocka_unit_test(test_buf__detach_hands_over_storage_and_empties),
+        cmocka_unit_test(test_buf__reset_keeps_a_valid_empty_string),
+        cmocka_unit_test(test_path_join__exactly_one_slash_between),
+        cmocka_unit_test(test_path_expand_home__only_leading_tilde_slash),
+        cmocka_unit_test(test_path_mkdir_p__creates_missing_parents_and_tolerates_existing),
+        cmocka_unit_test(test_path_mkdir_p__names_the_directory_it_cannot_make),
+        cmocka_unit_test(test_path_find_project__walks_up_from_a_subdirectory),
+        cmocka_unit_test(test_path_find_project__nested_project_wins_over_outer),
+        cmocka_unit_test(test_path_find_project__not_found_suggests_init),
+        cmocka_unit_test(test_error__set_formats_and_returns_code),
+        cmocka_unit_test(test_error__errno_appends_strerror_and_preserves_errno),
+        cmocka_unit_test(test_error__wrap_prefixes_context_and_keeps_code),
+        cmocka_unit_test(test_error__wrap_truncates_without_overflow),
+        cmocka_unit_test(test_error__clear_resets),
+        cmocka_unit_test(test_error__codes_are_distinct_negative_and_far_from_libssh2),
+        cmocka_unit_test(test_error__exit_codes_match_the_documented_table),
+        cmocka_unit_test(test_error__names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

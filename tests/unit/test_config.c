@@ -1,0 +1,416 @@
+/* tests/unit/test_config.c: .gpusync/config parsing, every malformed form's file:line message,
+ * target strings ("[user@]host[:port]") and the save/load round trip. */
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/config.h"
+
+static const char valid_config[] = "# a comment\n"
+                                   "[remote]\n"
+                                   "\thost = gpu1.example.com\n"
+                                   "\tport = 2222\n"
+                                   "\tuser = alice\n"
+                                   "\tpath = ~/work/proj\n"
+                                   "\tidentity = ~/.ssh/gpusync_ed25519\n"
+                                   "\n"
+                                   "[sync]\n"
+                                   "    exclude = *.pyc\n"
+                                   "    exclude = data/\n"
+                                   "    exclude = .venv\n"
+                                   "    transport = sftp\n"
+                                   "\n"
+                                   "[job \"train\"]\n"
+                                   "\tcommand = python train.py --lr 0.1\n"
+                                   "\tgpus = 0,2\n"
+                                   "[job \"eval\"]\n"
+                                   "\tcommand = ./eval.sh\n";
+
+static void test_config__valid_file_fills_every_field(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_parse(&cfg, valid_config, "cfg", &err), 0);
+    assert_string_equal(cfg.host, "gpu1.example.com");
+    assert_int_equal(cfg.port, 2222);
+    assert_string_equal(cfg.user, "alice");
+    assert_string_equal(cfg.remote_path, "~/work/proj");
+    assert_string_equal(cfg.identity, "~/.ssh/gpusync_ed25519");
+    assert_int_equal(cfg.transport, GS_TRANSPORT_SFTP);
+    assert_string_equal(cfg.file, "cfg");
+    gs_config_release(&cfg);
+}
+
+static void test_config__indented_git_style_lines_are_separate_keys(void **state)
+{
+    (void)state;
+    /* Debian's inih treats indented lines as continuations unless gpusync dedents them. */
+    struct gs_config cfg;
+    const char *text = "[remote]\n    host = h\n    user = u\n\t\tport = 22\n";
+    assert_int_equal(gs_config_parse(&cfg, text, "cfg", NULL), 0);
+    assert_string_equal(cfg.host, "h");
+    assert_string_equal(cfg.user, "u");
+    assert_int_equal(cfg.port, 22);
+    gs_config_release(&cfg);
+}
+
+static void test_config__repeated_exclude_accumulates_in_order(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, valid_config, "cfg", NULL), 0);
+    assert_int_equal(cfg.n_excludes, 3);
+    assert_string_equal(cfg.excludes[0], "*.pyc");
+    assert_string_equal(cfg.excludes[1], "data/");
+    assert_string_equal(cfg.excludes[2], ".venv");
+    gs_config_release(&cfg);
+}
+
+static void test_config__job_sections_by_name(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, valid_config, "cfg", NULL), 0);
+    assert_int_equal(cfg.n_jobs, 2);
+    const struct gs_job *train = gs_config_job(&cfg, "train");
+    assert_non_null(train);
+    assert_string_equal(train->command, "python train.py --lr 0.1");
+    assert_string_equal(train->gpus, "0,2");
+    const struct gs_job *eval = gs_config_job(&cfg, "eval");
+    assert_non_null(eval);
+    assert_string_equal(eval->command, "./eval.sh");
+    assert_null(eval->gpus);
+    assert_null(gs_config_job(&cfg, "nope"));
+    gs_config_release(&cfg);
+}
+
+static void test_config__defaults_when_only_host_given(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, "[remote]\nhost=h\n", "cfg", NULL), 0);
+    assert_int_equal(cfg.port, 0);
+    assert_null(cfg.user);
+    assert_null(cfg.remote_path);
+    assert_int_equal(cfg.transport, GS_TRANSPORT_AGENT);
+    assert_int_equal(cfg.n_excludes, 0);
+    assert_int_equal(cfg.n_jobs, 0);
+    gs_config_release(&cfg);
+}
+
+/* Parses `text`, expects GS_E_CONFIG and a message starting with "prefix" holding each of the
+ * NULL-terminated fragments. */
+static void expect_error(const char *text, const char *prefix, ...)
+{
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    int rc = gs_config_parse(&cfg, text, "/p/.gpusync/config", &err);
+    assert_int_equal(rc, GS_E_CONFIG);
+    assert_int_equal(err.code, GS_E_CONFIG);
+    if (strncmp(err.msg, prefix, strlen(prefix)) != 0)
+        fail_msg("message '%s' does not start with '%s'", err.msg, prefix);
+    va_list ap;
+    va_start(ap, prefix);
+    for (const char *frag; (frag = va_arg(ap, const char *));)
+        if (!strstr(err.msg, frag))
+            fail_msg("message '%s' lacks '%s'", err.msg, frag);
+    va_end(ap);
+    /* the config is left released */
+    assert_null(cfg.host);
+    assert_null(cfg.excludes);
+    assert_null(cfg.jobs);
+}
+
+static void test_config__unknown_key_names_file_line_and_key(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nhots = typo\n", "/p/.gpusync/config:3:", "hots", "[remote]",
+                 NULL);
+    expect_error("[sync]\nexclude = a\ncolour = red\n[remote]\nhost=h\n",
+                 "/p/.gpusync/config:3:", "colour", "[sync]", NULL);
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ncommand = x\ngpu = 1\n",
+                 "/p/.gpusync/config:5:", "gpu", "t", NULL);
+}
+
+static void test_config__unknown_section_names_line_and_section(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\n\n[remot]\nport = 1\n", "/p/.gpusync/config:5:", "remot",
+                 NULL);
+}
+
+static void test_config__bad_port_names_line_key_and_value(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nport = 70000\n", "/p/.gpusync/config:3:", "port", "70000",
+                 NULL);
+    expect_error("[remote]\nhost = h\nport = 0\n", "/p/.gpusync/config:3:", "port", NULL);
+    expect_error("[remote]\nhost = h\nport = 22x\n", "/p/.gpusync/config:3:", "22x", NULL);
+    expect_error("[remote]\nhost = h\nport = -1\n", "/p/.gpusync/config:3:", "port", NULL);
+    expect_error("[remote]\nhost = h\nport =\n", "/p/.gpusync/config:3:", "port", NULL);
+}
+
+static void test_config__key_outside_a_section_names_line_and_key(void **state)
+{
+    (void)state;
+    expect_error("# header\nhost = h\n[remote]\nhost = h\n", "/p/.gpusync/config:2:", "host",
+                 "outside", NULL);
+}
+
+static void test_config__syntax_error_names_line(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nthis line has no equals sign\n",
+                 "/p/.gpusync/config:3:", "syntax", NULL);
+    expect_error("[remote]\nhost = h\n[sync\n", "/p/.gpusync/config:3:", NULL);
+}
+
+static void test_config__bad_transport_names_value(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\n[sync]\ntransport = rsync\n",
+                 "/p/.gpusync/config:4:", "transport", "rsync", NULL);
+}
+
+static void test_config__missing_host_is_an_error_naming_the_key(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nport = 22\n", "/p/.gpusync/config", "host", "[remote]", NULL);
+    expect_error("", "/p/.gpusync/config", "host", NULL);
+}
+
+static void test_config__first_error_wins(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nbad1 = x\nbad2 = y\n", "/p/.gpusync/config:3:", "bad1", NULL);
+}
+
+static void test_config__load_missing_file_is_io_error_naming_it(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_load(&cfg, "/nonexistent/gs/config", &err), GS_E_IO);
+    assert_non_null(strstr(err.msg, "/nonexistent/gs/config"));
+}
+
+static void test_config__load_reports_real_path_in_messages(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/gs-test-config.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char text[] = "[remote]\nhost = h\n\nbogus = 1\n";
+    assert_int_equal(write(fd, text, sizeof(text) - 1), (ssize_t)(sizeof(text) - 1));
+    close(fd);
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_load(&cfg, path, &err), GS_E_CONFIG);
+    char want[128];
+    snprintf(want, sizeof(want), "%s:4:", path);
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, "bogus"));
+    unlink(path);
+}
+
+/* parse_target */
+
+static void target_ok(const char *target, const char *user, const char *host, int port)
+{
+    struct gs_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    struct gs_error err = {0};
+    int rc = gs_config_parse_target(&cfg, target, &err);
+    if (rc != 0)
+        fail_msg("'%s' rejected: %s", target, err.msg);
+    if (user)
+        assert_string_equal(cfg.user, user);
+    else
+        assert_null(cfg.user);
+    assert_string_equal(cfg.host, host);
+    assert_int_equal(cfg.port, port);
+    gs_config_release(&cfg);
+}
+
+static void target_bad(const char *target)
+{
+    struct gs_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    struct gs_error err = {0};
+    int rc = gs_config_parse_target(&cfg, target, &err);
+    if (rc != GS_E_USAGE)
+        fail_msg("'%s' accepted (rc %d, host '%s', port %d)", target, rc,
+                 cfg.host ? cfg.host : "(null)", cfg.port);
+    assert_true(err.msg[0] != '\0');
+    gs_config_release(&cfg);
+}
+
+static void test_parse_target__forms(void **state)
+{
+    (void)state;
+    target_ok("host", NULL, "host", 0);
+    target_ok("gpu.example.com:2222", NULL, "gpu.example.com", 2222);
+    target_ok("root@10.0.0.5", "root", "10.0.0.5", 0);
+    target_ok("root@10.0.0.5:22", "root", "10.0.0.5", 22);
+    target_ok("[::1]:2222", NULL, "::1", 2222);
+    target_ok("bob@[fe80::1]", "bob", "fe80::1", 0);
+    target_ok("bob@[::1]:65535", "bob", "::1", 65535);
+    target_ok("a.b@c@host:1", "a.b@c", "host", 1); /* the last @ separates the user */
+}
+
+static void test_parse_target__bad_ports_and_empty_hosts(void **state)
+{
+    (void)state;
+    target_bad("host:0");
+    target_bad("host:65536");
+    target_bad("host:abc");
+    target_bad("host:");
+    target_bad("host:22x");
+    target_bad("host:-1");
+    target_bad("[::1]:99999");
+    target_bad("[::1");
+    target_bad("[::1]x");
+    target_bad("user@");
+    target_bad("");
+    target_bad(":22");
+}
+
+static void test_parse_target__replaces_previous_values(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, "[remote]\nhost=old\nuser=olduser\nport=1\n", "c", NULL),
+                     0);
+    assert_int_equal(gs_config_parse_target(&cfg, "new@newhost:2", NULL), 0);
+    assert_string_equal(cfg.host, "newhost");
+    assert_string_equal(cfg.user, "new");
+    assert_int_equal(cfg.port, 2);
+    gs_config_release(&cfg);
+}
+
+/* save + load */
+
+static void test_config__save_then_load_round_trips(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, valid_config, "cfg", NULL), 0);
+    char dir[] = "/tmp/gs-test-config-save.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof(path), "%s/config", dir);
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_save(&cfg, path, &err), 0);
+
+    struct gs_config back;
+    if (gs_config_load(&back, path, &err) != 0)
+        fail_msg("saved config does not load: %s", err.msg);
+    assert_string_equal(back.host, cfg.host);
+    assert_int_equal(back.port, cfg.port);
+    assert_string_equal(back.user, cfg.user);
+    assert_string_equal(back.remote_path, cfg.remote_path);
+    assert_string_equal(back.identity, cfg.identity);
+    assert_int_equal(back.transport, cfg.transport);
+    assert_int_equal(back.n_excludes, cfg.n_excludes);
+    for (size_t i = 0; i < cfg.n_excludes; i++)
+        assert_string_equal(back.excludes[i], cfg.excludes[i]);
+    assert_int_equal(back.n_jobs, cfg.n_jobs);
+    for (size_t i = 0; i < cfg.n_jobs; i++) {
+        assert_string_equal(back.jobs[i].name, cfg.jobs[i].name);
+        assert_string_equal(back.jobs[i].command, cfg.jobs[i].command);
+        if (cfg.jobs[i].gpus)
+            assert_string_equal(back.jobs[i].gpus, cfg.jobs[i].gpus);
+        else
+            assert_null(back.jobs[i].gpus);
+    }
+    /* the temporary file is gone: only "config" is in the directory */
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "test \"$(ls -A '%s')\" = config", dir);
+    assert_int_equal(system(cmd), 0);
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_config__save_minimal_round_trips_unset_fields_as_unset(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, "[remote]\nhost = only\n", "c", NULL), 0);
+    char path[] = "/tmp/gs-test-config-min.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(gs_config_save(&cfg, path, NULL), 0);
+    struct gs_config back;
+    assert_int_equal(gs_config_load(&back, path, NULL), 0);
+    assert_string_equal(back.host, "only");
+    assert_int_equal(back.port, 0);
+    assert_null(back.user);
+    assert_null(back.remote_path);
+    assert_int_equal(back.n_jobs, 0);
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    unlink(path);
+}
+
+static void test_config__save_into_missing_directory_is_io_error(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg, "[remote]\nhost = h\n", "c", NULL), 0);
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_save(&cfg, "/nonexistent-dir/gs/config", &err), GS_E_IO);
+    assert_non_null(strstr(err.msg, "/nonexistent-dir/gs/config"));
+    gs_config_release(&cfg);
+}
+
+static void test_config__release_is_safe_on_zeroed_and_twice(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    gs_config_release(&cfg);
+    assert_int_equal(gs_config_parse(&cfg, valid_config, "c", NULL), 0);
+    gs_config_release(&cfg);
+    gs_config_release(&cfg);
+    assert_null(cfg.host);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config__valid_file_fills_every_field),
+        cmocka_unit_test(test_config__indented_git_style_lines_are_separate_keys),
+        cmocka_unit_test(test_config__repeated_exclude_accumulates_in_order),
+        cmocka_unit_test(test_config__job_sections_by_name),
+        cmocka_unit_test(test_config__defaults_when_only_host_given),
+        cmocka_unit_test(test_config__unknown_key_names_file_line_and_key),
+        cmocka_unit_test(test_config__unknown_section_names_line_and_section),
+        cmocka_unit_test(test_config__bad_port_names_line_key_and_value),
+        cmocka_unit_test(test_config__key_outside_a_section_names_line_and_key),
+        cmocka_unit_test(test_config__syntax_error_names_line),
+        cmocka_unit_test(test_config__bad_transport_names_value),
+        cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
+        cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
+        cmocka_unit_test(test_config__load_reports_real_path_in_messages),
+        cmocka_unit_test(test_parse_target__forms),
+        cmocka_unit_test(test_parse_target__bad_ports_and_empty_hosts),
+        cmocka_unit_test(test_parse_target__replaces_previous_values),
+        cmocka_unit_test(test_config__save_then_load_round_trips),
+        cmocka_unit_test(test_config__save_minimal_round_trips_unset_fields_as_unset),
+        cmocka_unit_test(test_config__save_into_missing_directory_is_io_error),
+        cmocka_unit_test(test_config__release_is_safe_on_zeroed_and_twice),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
