@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# trainer.sh: benchmarks gpusync-train. On a machine with a GPU (nvidia-smi answers and the
+# build has the CUDA path) it compares gpusync-train with the same model, batch, optimiser and
+# schedule in PyTorch (scripts/bench/trainer_torch.py) on the same GPU, both as (a) a DataLoader
+# loop and (b) data resident on the GPU, and prints a table with the ratios (targets: >= 10x
+# over (a), >= 2x over (b)). Without a GPU it records CPU samples/s per rank for 1 and 2 ranks.
+#
+#   scripts/bench/trainer.sh [--epochs N] [--batch-size N] [--data DIR] [--build DIR] [--cpu]
+#
+# Figures: samples/s is training samples over training time (evaluation excluded), averaged
+# over epochs after the first (warm-up); epoch time includes evaluation.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+epochs=3
+batch=64
+data=/usr/share/datasets/fashion-mnist
+build=/tmp/build-bench-trainer
+force_cpu=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --epochs) epochs=$2; shift 2 ;;
+    --batch-size) batch=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --cpu) force_cpu=1; shift ;;
+    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "trainer.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+cmake -S trainer -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build.configure.log" 2>&1 ||
+    { cat "$build.configure.log"; exit 1; }
+grep 'gpusync-train:' "$build.configure.log" || true
+cmake --build "$build" -j"$(nproc)" --target gpusync-train >/dev/null
+bin=$build/gpusync-train
+out=$(mktemp -d /tmp/gt-bench.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+
+# summary FILE: "samples/s epoch_s test_acc" from a JSON-lines metrics file, skipping epoch 1
+# when there are more (warm-up: first-touch allocations, cuBLAS heuristics, worker start).
+summary() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+use = rows[1:] if len(rows) > 1 else rows
+sps = sum(r["samples_per_s"] for r in use) / len(use)
+ep = sum(r["epoch_time_s"] for r in use) / len(use)
+print(f"{sps:.0f} {ep:.3f} {rows[-1]['test_acc']:.4f}")
+PY
+}
+
+has_gpu=0
+if [[ $force_cpu == 0 ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 &&
+    grep -q 'GPU path ON' "$build.configure.log"; then
+    has_gpu=1
+fi
+
+if [[ $has_gpu == 1 ]]; then
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    echo "GPU: $gpu; Fashion-MNIST, 784-512-256-10, Adam lr 1e-3 cosine, batch $batch, $epochs epochs"
+    "$bin" --device cuda --data "$data" --epochs "$epochs" --batch-size "$batch" \
+        --metrics "$out/gt.jsonl" --quiet
+    python3 scripts/bench/trainer_torch.py --mode dataloader --data "$data" --epochs "$epochs" \
+        --batch-size "$batch" --metrics "$out/torch_a.jsonl" >/dev/null
+    python3 scripts/bench/trainer_torch.py --mode resident --data "$data" --epochs "$epochs" \
+        --batch-size "$batch" --metrics "$out/torch_b.jsonl" >/dev/null
+    read -r g_sps g_ep g_acc <<<"$(summary "$out/gt.jsonl")"
+    read -r a_sps a_ep a_acc <<<"$(summary "$out/torch_a.jsonl")"
+    read -r b_sps b_ep b_acc <<<"$(summary "$out/torch_b.jsonl")"
+    printf '%-34s %12s %12s %9s %14s\n' implementation samples/s epoch_s test_acc "gpusync/this"
+    printf '%-34s %12s %12s %9s %14s\n' "gpusync-train (cuda, NCCL)" "$g_sps" "$g_ep" "$g_acc" 1.00
+    printf '%-34s %12s %12s %9s %14s\n' "PyTorch (a) DataLoader loop" "$a_sps" "$a_ep" "$a_acc" \
+        "$(python3 -c "print(f'{$g_sps/$a_sps:.2f}x')")"
+    printf '%-34s %12s %12s %9s %14s\n' "PyTorch (b) data resident on GPU" "$b_sps" "$b_ep" \
+        "$b_acc" "$(python3 -c "print(f'{$g_sps/$b_sps:.2f}x')")"
+    echo "targets: >= 10x over (a), >= 2x over (b)"
+    exit 0
+fi
+
+# CPU: one rank with all cores, then two ranks (torchrun-style environment) sharing them.
+cores=$(nproc)
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $cores core(s);" \
+    "784-512-256-10, Adam, batch $batch per rank, $epochs epoch(s)"
+OPENBLAS_NUM_THREADS=$cores "$bin" --device cpu --data "$data" --epochs "$epochs" \
+    --batch-size "$batch" --metrics "$out/cpu1.jsonl" --quiet
+port=$((20000 + RANDOM % 20000))
+half=$(((cores + 1) / 2))
+pids=()
+for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        OPENBLAS_NUM_THREADS=$half "$bin" --device cpu --data "$data" --epochs "$epochs" \
+        --batch-size "$batch" --metrics "$out/cpu2.jsonl" --quiet &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+read -r s1 e1 a1 <<<"$(summary "$out/cpu1.jsonl")"
+read -r s2 e2 a2 <<<"$(summary "$out/cpu2.jsonl")"
+printf '%-28s %14s %18s %10s %9s\n' ranks samples/s samples/s/rank epoch_s test_acc
+printf '%-28s %14s %18s %10s %9s\n' "1 (cpu, $cores BLAS threads)" "$s1" "$s1" "$e1" "$a1"
+printf '%-28s %14s %18s %10s %9s\n' "2 (cpu, TCP ring)" "$s2" "$((s2 / 2))" "$e2" "$a2"

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+# trainer_torch.py: the PyTorch twin of gpusync-train for scripts/bench/trainer.sh: the same
+# MLP (784-H1-H2-10, nn.Linear default init), Adam with a per-step CosineAnnealingLR, the same
+# per-rank batch, on one GPU. Two ways users write the loop:
+#   --mode dataloader  a Dataset returning one sample at a time and a shuffling DataLoader
+#                      (num_workers, pin_memory), .item() on the loss each step
+#   --mode resident    the whole dataset on the GPU, a torch.randperm per epoch, batches by
+#                      indexing, no host sync inside the epoch
+# It writes one JSON line per epoch with the fields gpusync-train's --metrics writes.
+import argparse
+import gzip
+import json
+import os
+import struct
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def read_idx(path):
+    for p in (path, path + ".gz"):
+        if os.path.exists(p):
+            opener = gzip.open if p.endswith(".gz") else open
+            with opener(p, "rb") as f:
+                data = f.read()
+            ndim = data[3]
+            dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    raise FileNotFoundError(path)
+
+
+def load(data_dir, prefix):
+    x = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte"))
+    y = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte"))
+    return x.reshape(len(x), -1), y.astype(np.int64)
+
+
+class Samples(torch.utils.data.Dataset):
+    """One sample at a time, scaled to [0,1] as torchvision's ToTensor does."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i].astype(np.float32) / 255.0), int(self.y[i])
+
+
+def model_for(args, dim):
+    sizes = [dim] + [int(h) for h in args.hidden.split(",")]
+    layers = []
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(sizes[-1], 10))
+    return nn.Sequential(*layers)
+
+
+def evaluate(model, xt, yt, dev):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(yt), 1000):
+            out = model(xt[i:i + 1000])
+            correct += (out.argmax(1) == yt[i:i + 1000]).sum()
+    model.train()
+    return int(correct) / len(yt)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--mode", choices=["dataloader", "resident"], required=True)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--hidden", default="512,256")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--metrics", default=None)
+    args = ap.parse_args()
+
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    x, y = load(args.data, "train")
+    xt_np, yt_np = load(args.data, "t10k")
+    xt = torch.from_numpy(xt_np.astype(np.float32) / 255.0).to(dev)
+    yt = torch.from_numpy(yt_np).to(dev)
+    model = model_for(args, x.shape[1]).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    steps_per_epoch = (len(y) + args.batch_size - 1) // args.batch_size
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
+    lossf = nn.CrossEntropyLoss()
+    out = open(args.metrics, "a") if args.metrics else None
+
+    if args.mode == "dataloader":
+        loader = torch.utils.data.DataLoader(Samples(x, y), batch_size=args.batch_size,
+                                             shuffle=True, num_workers=args.num_workers,
+                                             pin_memory=dev.type == "cuda",
+                                             persistent_workers=args.num_workers > 0)
+    else:
+        xg = torch.from_numpy(x.astype(np.float32) / 255.0).to(dev)
+        yg = torch.from_numpy(y).to(dev)
+
+    for epoch in range(args.epochs):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        total = 0.0
+        if args.mode == "dataloader":
+            for xb, yb in loader:
+                xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
+                opt.zero_grad()
+                loss = lossf(model(xb), yb)
+                loss.backward()
+                opt.step()
+                sched.step()
+                total += loss.item() * len(yb)
+        else:
+            perm = torch.randperm(len(yg), device=dev)
+            acc = torch.zeros((), device=dev)
+            for i in range(0, len(yg), args.batch_size):
+                idx = perm[i:i + args.batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss = lossf(model(xg[idx]), yg[idx])
+                loss.backward()
+                opt.step()
+                sched.step()
+                acc += loss.detach() * len(idx)
+            total = float(acc)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        test_acc = evaluate(model, xt, yt, dev)
+        t2 = time.perf_counter()
+        rec = {"epoch": epoch + 1, "train_loss": total / len(y), "test_acc": test_acc,
+               "samples_per_s": len(y) / (t1 - t0), "epoch_time_s": t2 - t0,
+               "global_batch": args.batch_size, "world_size": 1, "mode": args.mode}
+        print(json.dumps(rec), flush=True)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+/* ckpt.c: checkpoint serialisation. The payload is read into a scratch buffer and verified
+ * before anything is copied into the live model, so a bad file never half-loads. */
+#include "ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static const char MAGIC[8] = {'G', 'S', 'T', 'R', 'C', 'K', 'P', 'T'};
+
+typedef struct ckpt_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t nlayers;
+    uint32_t sizes[GT_MLP_MAX_LAYERS + 1];
+    uint32_t optim_kind;
+    uint32_t global_batch;
+    uint32_t reserved; /* explicit, so no padding byte escapes the header CRC */
+    uint64_t nparams;
+    uint64_t state_len;
+    uint64_t epoch;
+    int64_t opt_step;
+    uint64_t seed;
+    double best_acc;
+    uint32_t payload_crc;
+    uint32_t header_crc; /* CRC-32 of this header with header_crc = 0 */
+} ckpt_header;
+
+static uint32_t crc(const void *p, size_t n, uint32_t acc)
+{
+    const unsigned char *b = p;
+    while (n > 0) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        acc = (uint32_t)crc32(acc, b, chunk);
+        b += chunk;
+        n -= chunk;
+    }
+    return acc;
+}
+
+static uint32_t header_crc(ckpt_header h)
+{
+    h.header_crc = 0;
+    return crc(&h, sizeof(h), 0);
+}
+
+static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
+                        const gt_ckpt_meta *meta)
+{
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, MAGIC, sizeof(MAGIC));
+    h->version = GT_CKPT_VERSION;
+    h->nlayers = (uint32_t)m->nlayers;
+    for (int l = 0; l <= m->nlayers; l++)
+        h->sizes[l] = (uint32_t)m->sizes[l];
+    h->optim_kind = (uint32_t)o->kind;
+    h->global_batch = meta->global_batch;
+    h->nparams = m->nparams;
+    h->state_len = gt_optim_state_len(o);
+    h->epoch = meta->epoch;
+    h->opt_step = o->step;
+    h->seed = meta->seed;
+    h->best_acc = meta->best_acc;
+    h->payload_crc = crc(m->params, m->nparams * sizeof(float), 0);
+    h->payload_crc = crc(o->m, o->n * sizeof(float), h->payload_crc);
+    if (o->v)
+        h->payload_crc = crc(o->v, o->n * sizeof(float), h->payload_crc);
+    h->header_crc = header_crc(*h);
+}
+
+static int write_all(FILE *f, const void *p, size_t n)
+{
+    return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+int gt_ckpt_save(const char *path, const gt_mlp *m, const gt_optim *o, const gt_ckpt_meta *meta,
+                 gt_err *err)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    ckpt_header h;
+    fill_header(&h, m, o, meta);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return gt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
+    int rc = write_all(f, &h, sizeof(h));
+    rc = rc ? rc : write_all(f, m->params, m->nparams * sizeof(float));
+    rc = rc ? rc : write_all(f, o->m, o->n * sizeof(float));
+    if (o->v)
+        rc = rc ? rc : write_all(f, o->v, o->n * sizeof(float));
+    rc = rc ? rc : fflush(f);
+    rc = rc ? rc : fsync(fileno(f));
+    int e = errno;
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -1;
+        e = errno;
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        rc = -1;
+        e = errno;
+    }
+    if (rc != 0) {
+        unlink(tmp);
+        return gt_errf(err, "%s: cannot write checkpoint: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m, const gt_optim *o,
+                        gt_err *err)
+{
+    if (memcmp(h->magic, MAGIC, sizeof(MAGIC)) != 0)
+        return gt_errf(err, "%s: not a gpusync-train checkpoint (bad magic)", path);
+    if (h->header_crc != header_crc(*h))
+        return gt_errf(err, "%s: checkpoint header is corrupt (checksum mismatch)", path);
+    if (h->version != GT_CKPT_VERSION)
+        return gt_errf(err, "%s: checkpoint format version %u, this build reads %d", path,
+                       h->version, GT_CKPT_VERSION);
+    int same = h->nlayers == (uint32_t)m->nlayers && h->nparams == m->nparams;
+    for (int l = 0; same && l <= m->nlayers; l++)
+        same = h->sizes[l] == (uint32_t)m->sizes[l];
+    if (!same) {
+        char got[128] = "", *p = got;
+        for (uint32_t l = 0; l <= h->nlayers && l <= GT_MLP_MAX_LAYERS; l++)
+            p += snprintf(p, (size_t)(got + sizeof(got) - p), l ? ",%u" : "%u", h->sizes[l]);
+        return gt_errf(err, "%s: checkpoint layer sizes %s differ from this model's", path, got);
+    }
+    if (h->optim_kind != (uint32_t)o->kind || h->state_len != gt_optim_state_len(o))
+        return gt_errf(err, "%s: checkpoint was written with --optim %s, this run uses %s", path,
+                       gt_optim_name((gt_optim_kind)h->optim_kind), gt_optim_name(o->kind));
+    return 0;
+}
+
+int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, gt_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return gt_errf(err, "%s: cannot open checkpoint: %s", path, strerror(errno));
+    ckpt_header h;
+    memset(&h, 0, sizeof(h));
+    float *buf = NULL;
+    int rc = fread(&h, 1, sizeof(h), f) == sizeof(h)
+                 ? check_header(path, &h, m, o, err)
+                 : gt_errf(err, "%s: checkpoint truncated (short header)", path);
+    size_t n = (size_t)(h.nparams + h.state_len);
+    if (rc == 0 && !(buf = malloc(n * sizeof(float))))
+        rc = gt_errf(err, "%s: out of memory", path);
+    if (rc == 0 && fread(buf, sizeof(float), n, f) != n)
+        rc = gt_errf(err, "%s: checkpoint truncated (payload)", path);
+    if (rc == 0 && fgetc(f) != EOF)
+        rc = gt_errf(err, "%s: trailing bytes after the checkpoint payload", path);
+    if (rc == 0 && crc(buf, n * sizeof(float), 0) != h.payload_crc)
+        rc = gt_errf(err, "%s: checkpoint payload is corrupt (checksum mismatch)", path);
+    if (rc == 0) {
+        memcpy(m->params, buf, m->nparams * sizeof(float));
+        memcpy(o->m, buf + m->nparams, o->n * sizeof(float));
+        if (o->v)
+            memcpy(o->v, buf + m->nparams + o->n, o->n * sizeof(float));
+        o->step = h.opt_step;
+        meta->epoch = h.epoch;
+        meta->seed = h.seed;
+        meta->best_acc = h.best_acc;
+        meta->global_batch = h.global_batch;
+    }
+    free(buf);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* ckpt.h: training checkpoints. A file is a fixed header (magic "GSTRCKPT", format version,
+ * layer sizes, optimiser kind, counts, epoch, seed, CRC-32s of header and payload) followed by
+ * the parameters and the optimiser state as raw little-endian f32. Saving writes a temp file,
+ * fsyncs and renames it over the target, so a crash never leaves a torn checkpoint.
+ * The run's only randomness after initialisation is the sampler, a pure function of
+ * (seed, epoch); storing both is what makes --resume bit-exact. */
+#ifndef GT_CKPT_H
+#define GT_CKPT_H
+
+#include <stdint.h>
+
+#include "gt_err.h"
+#include "model.h"
+#include "optim.h"
+
+#define GT_CKPT_VERSION 1
+
+typedef struct gt_ckpt_meta {
+    uint64_t epoch;  /* epochs completed */
+    uint64_t seed;   /* the run's --seed (sampler and init) */
+    double best_acc; /* best test accuracy so far */
+    uint32_t global_batch;
+} gt_ckpt_meta;
+
+/* Writes path atomically (path.tmp, fsync, rename). Fails with a message naming path. */
+int gt_ckpt_save(const char *path, const gt_mlp *m, const gt_optim *o, const gt_ckpt_meta *meta,
+                 gt_err *err);
+
+/* Reads path into an already initialised model and optimiser. Fails (leaving m and o
+ * unchanged) on a short file, a bad magic or version, a checksum mismatch, or layer sizes or an
+ * optimiser that differ from m and o — each message names path and what differed. */
+int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, gt_err *err);
+
+#endif

@@ -1,0 +1,220 @@
+/* flags.c: the flag table and its parser. Each entry names its kind and its field in gt_config;
+ * anything that needs more than storing a number or string has a small parse function. */
+#include "flags.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef GT_HAVE_CUDA
+#include "gpu.h"
+#endif
+
+typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_STR, F_BOOL, F_FN } flag_kind;
+
+typedef struct flag {
+    const char *name;
+    const char *metavar; /* NULL for switches */
+    flag_kind kind;
+    size_t offset; /* into gt_config */
+    int (*fn)(gt_config *c, const char *v, gt_err *err);
+    const char *help;
+} flag;
+
+static int parse_hidden(gt_config *c, const char *v, gt_err *err)
+{
+    c->nhidden = 0;
+    const char *p = v;
+    while (*p) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1 || n > 1 << 20 || (*end && *end != ','))
+            return gt_errf(err, "--hidden %s: expected sizes like 512,256", v);
+        if (c->nhidden == GT_MLP_MAX_LAYERS - 1)
+            return gt_errf(err, "--hidden %s: at most %d layers", v, GT_MLP_MAX_LAYERS - 1);
+        c->hidden[c->nhidden++] = (int)n;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int parse_optim(gt_config *c, const char *v, gt_err *err)
+{
+    return gt_optim_parse(v, &c->optim) == 0 ? 0 : gt_errf(err, "--optim %s: use sgd or adam", v);
+}
+
+static int parse_schedule(gt_config *c, const char *v, gt_err *err)
+{
+    if (strcmp(v, "cosine") == 0)
+        c->cosine = true;
+    else if (strcmp(v, "constant") == 0)
+        c->cosine = false;
+    else
+        return gt_errf(err, "--lr-schedule %s: use cosine or constant", v);
+    return 0;
+}
+
+static int parse_device(gt_config *c, const char *v, gt_err *err)
+{
+    if (strcmp(v, "cpu") == 0)
+        c->use_gpu = false;
+    else if (strcmp(v, "cuda") == 0 || strcmp(v, "gpu") == 0)
+        c->use_gpu = true;
+    else if (strcmp(v, "auto") == 0) {
+#ifdef GT_HAVE_CUDA
+        c->use_gpu = gt_gpu_device_count() > 0;
+#else
+        c->use_gpu = false;
+#endif
+    } else
+        return gt_errf(err, "--device %s: use cpu, cuda or auto", v);
+    return 0;
+}
+
+static int parse_master(gt_config *c, const char *v, gt_err *err)
+{
+    return gt_dist_parse_master(&c->dist, v, err);
+}
+
+#define OFF(field) offsetof(gt_config, field)
+
+static const flag FLAGS[] = {
+    {"--data", "DIR", F_STR, OFF(data_dir), NULL,
+     "MNIST-format directory (train-/t10k- images/labels, .gz or not); default " GT_DEFAULT_DATA},
+    {"--hidden", "N,N,...", F_FN, 0, parse_hidden, "hidden layer sizes (default 512,256)"},
+    {"--optim", "sgd|adam", F_FN, 0, parse_optim, "optimiser (default adam)"},
+    {"--lr", "F", F_FLOAT, OFF(lr), NULL, "learning rate (default 0.001)"},
+    {"--lr-schedule", "cosine|constant", F_FN, 0, parse_schedule,
+     "cosine decays lr to 0 over the run, per step, as torch's CosineAnnealingLR (default)"},
+    {"--momentum", "F", F_FLOAT, OFF(momentum), NULL, "SGD momentum (default 0.9)"},
+    {"--weight-decay", "F", F_FLOAT, OFF(weight_decay), NULL,
+     "L2 weight decay added to the gradient, as torch.optim does (default 0)"},
+    {"--epochs", "N", F_INT, OFF(epochs), NULL, "epochs to train (default 10)"},
+    {"--batch-size", "N", F_INT, OFF(batch_size), NULL,
+     "batch size PER RANK, as in PyTorch (default 64); the global batch is printed"},
+    {"--eval-batch-size", "N", F_INT, OFF(eval_batch_size), NULL,
+     "evaluation batch per rank (default 1000)"},
+    {"--seed", "N", F_U64, OFF(seed), NULL, "initialisation and shuffling seed (default 0)"},
+    {"--drop-last", NULL, F_BOOL, OFF(drop_last), NULL,
+     "drop the tail of the training set instead of padding the shards (DistributedSampler)"},
+    {"--max-steps", "N", F_I64, OFF(max_steps), NULL,
+     "stop after N optimiser steps in total (default: no limit)"},
+    {"--limit-train", "N", F_I64, OFF(limit_train), NULL,
+     "use only the first N training samples (default: all)"},
+    {"--save-dir", "DIR", F_STR, OFF(save_dir), NULL,
+     "rank 0 writes DIR/last.ckpt every epoch and DIR/best.ckpt on a new best test accuracy"},
+    {"--resume", "FILE", F_STR, OFF(resume), NULL,
+     "continue bit-exactly from a checkpoint (read by rank 0, sent to the others)"},
+    {"--metrics", "FILE", F_STR, OFF(metrics), NULL,
+     "rank 0 appends one JSON object per epoch to FILE"},
+    {"--dump-params", "FILE", F_STR, OFF(dump_params), NULL,
+     "rank 0 writes the final parameters as raw f32 (for tests and comparisons)"},
+    {"--device", "cpu|cuda|auto", F_FN, 0, parse_device,
+     "where to train (default auto: cuda when built with CUDA and a GPU is visible)"},
+    {"--rank", "N", F_INT, OFF(dist.rank), NULL,
+     "this process's rank (default: RANK or SLURM_PROCID)"},
+    {"--world-size", "N", F_INT, OFF(dist.world), NULL,
+     "number of ranks (default: WORLD_SIZE or SLURM_NTASKS, else 1)"},
+    {"--local-rank", "N", F_INT, OFF(dist.local_rank), NULL,
+     "GPU index on this host (default: LOCAL_RANK or SLURM_LOCALID)"},
+    {"--master", "tcp://HOST:PORT", F_FN, 0, parse_master,
+     "rank 0's rendezvous address (default: MASTER_ADDR:MASTER_PORT, else 127.0.0.1:29500)"},
+    {"--rdzv-timeout", "S", F_INT, OFF(dist.rdzv_timeout_s), NULL,
+     "seconds to wait for all ranks to join (default 60)"},
+    {"--timeout", "S", F_INT, OFF(dist.timeout_s), NULL,
+     "seconds any collective waits for a peer before failing (default 300)"},
+    {"--quiet", NULL, F_BOOL, OFF(quiet), NULL, "print nothing but errors"},
+    {"--help", NULL, F_BOOL, 0, NULL, "show this help"},
+};
+
+#define NFLAGS (sizeof(FLAGS) / sizeof(FLAGS[0]))
+
+void gt_flags_usage(FILE *out)
+{
+    fprintf(out, "usage: gpusync-train [flags]\n"
+                 "Data-parallel MLP training on MNIST-format data (default Fashion-MNIST).\n"
+                 "Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+                 "MASTER_PORT),\nSlurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or the flags "
+                 "below.\n\n");
+    for (size_t i = 0; i < NFLAGS; i++) {
+        char left[64];
+        snprintf(left, sizeof(left), "%s%s%s", FLAGS[i].name, FLAGS[i].metavar ? " " : "",
+                 FLAGS[i].metavar ? FLAGS[i].metavar : "");
+        fprintf(out, "  %-30s %s\n", left, FLAGS[i].help);
+    }
+}
+
+static int store(gt_config *c, const flag *f, const char *v, gt_err *err)
+{
+    char *base = (char *)c + f->offset, *end = NULL;
+    errno = 0;
+    switch (f->kind) {
+    case F_INT: {
+        long n = strtol(v, &end, 10);
+        if (n < 0 || n > 1 << 30)
+            errno = ERANGE;
+        *(int *)base = (int)n;
+        break;
+    }
+    case F_I64:
+        *(int64_t *)base = strtoll(v, &end, 10);
+        break;
+    case F_U64:
+        *(uint64_t *)base = strtoull(v, &end, 10);
+        break;
+    case F_FLOAT:
+        *(float *)base = strtof(v, &end);
+        break;
+    case F_STR:
+        *(const char **)base = v;
+        return 0;
+    case F_FN:
+        return f->fn(c, v, err);
+    case F_BOOL:
+        break;
+    }
+    if (errno || !end || end == v || *end)
+        return gt_errf(err, "%s %s: not a valid number", f->name, v);
+    return 0;
+}
+
+static const flag *lookup(const char *name)
+{
+    for (size_t i = 0; i < NFLAGS; i++)
+        if (strcmp(FLAGS[i].name, name) == 0)
+            return &FLAGS[i];
+    return NULL;
+}
+
+int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
+{
+    for (int i = 0; i < argc; i++) {
+        char name[64];
+        const char *eq = strchr(argv[i], '='), *val = NULL;
+        size_t len = eq ? (size_t)(eq - argv[i]) : strlen(argv[i]);
+        snprintf(name, sizeof(name), "%.*s", (int)len, argv[i]);
+        const flag *f = lookup(name);
+        if (!f)
+            return gt_errf(err, "unknown flag %s (see --help)", argv[i]);
+        if (strcmp(f->name, "--help") == 0)
+            return 1;
+        if (f->kind == F_BOOL) {
+            *(bool *)((char *)c + f->offset) = true;
+            continue;
+        }
+        val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!val)
+            return gt_errf(err, "%s needs a value (%s)", f->name, f->metavar);
+        if (store(c, f, val, err) != 0)
+            return -1;
+        if (strncmp(f->name, "--rank", 6) == 0 || strcmp(f->name, "--world-size") == 0 ||
+            strcmp(f->name, "--master") == 0)
+            c->dist.source = "flags";
+    }
+    if (c->epochs < 1 || c->batch_size < 1 || c->eval_batch_size < 1)
+        return gt_errf(err, "--epochs, --batch-size and --eval-batch-size must be at least 1");
+    if (c->dist.world < 1 || c->dist.rank >= c->dist.world)
+        return gt_errf(err, "--rank %d is outside --world-size %d", c->dist.rank, c->dist.world);
+    return 0;
+}

@@ -1,0 +1,51 @@
+/* model.h: the MLP (Linear -> ReLU -> ... -> Linear) with softmax cross-entropy, on the CPU.
+ * All parameters live in one flat buffer, layer by layer as PyTorch's nn.Linear stores them
+ * (weight (out, in) row-major, then bias (out)), and gradients in a buffer of the same layout,
+ * so the all-reduce, the optimiser and the checkpoint each see one array. */
+#ifndef GT_MODEL_H
+#define GT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gt_err.h"
+
+#define GT_MLP_MAX_LAYERS 8
+
+typedef struct gt_mlp {
+    int nlayers;                      /* Linear layers (hidden + 1) */
+    int sizes[GT_MLP_MAX_LAYERS + 1]; /* sizes[0] = input, sizes[nlayers] = classes */
+    size_t w_off[GT_MLP_MAX_LAYERS];  /* offset of layer l's weight in params */
+    size_t b_off[GT_MLP_MAX_LAYERS];  /* offset of layer l's bias in params */
+    size_t nparams;
+    float *params; /* (nparams), owned */
+    float *grads;  /* (nparams), owned */
+    int max_batch;
+    float
+        *acts[GT_MLP_MAX_LAYERS + 1]; /* acts[l+1]: (B, sizes[l+1]) layer outputs; acts[0] unused */
+    float *dacts[GT_MLP_MAX_LAYERS + 1]; /* gradients w.r.t. acts, same shapes */
+} gt_mlp;
+
+/* Allocates an MLP in -> hidden[0] -> ... -> out for batches up to max_batch, initialised as
+ * nn.Linear does (weights and biases uniform in +-1/sqrt(fan_in)) from an mt19937 seeded with
+ * seed. Fails on too many layers, a non-positive size or out of memory, leaving *m zeroed. */
+int gt_mlp_init(gt_mlp *m, int in, const int *hidden, int nhidden, int out, int max_batch,
+                uint64_t seed, gt_err *err);
+void gt_mlp_release(gt_mlp *m);
+
+/* Forward pass on x (B, in); returns the logits (B, out), owned by m, valid until the next call. */
+const float *gt_mlp_forward(gt_mlp *m, const float *x, int B);
+
+/* Mean softmax cross-entropy of the last forward's logits against y. Returns the SUM of
+ * per-sample losses (so shards can be added) and adds the number of correct argmax predictions
+ * to *correct. When with_grad, leaves d(mean loss)/d(logits) ready for gt_mlp_backward. */
+double gt_mlp_loss(gt_mlp *m, const uint8_t *y, int B, int with_grad, int64_t *correct);
+
+/* Backward pass for the last forward on x; overwrites m->grads with d(mean loss)/d(params). */
+void gt_mlp_backward(gt_mlp *m, const float *x, int B);
+
+/* Row-major C = op(A) * op(B) with beta 0 (CBLAS when built with it); exposed for tests. */
+void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+             int ldb, float *C, int ldc);
+
+#endif

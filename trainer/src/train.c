@@ -1,0 +1,447 @@
+/* train.c: the data-parallel training loop, PyTorch DDP's math on CPU ranks or GPUs. Each rank
+ * walks its DistributedSampler shard in batches; gradients are averaged over ranks before every
+ * optimiser step, so all replicas stay bit-identical and rank 0 alone prints and checkpoints.
+ * Evaluation is sharded the same way and its counts all-reduced, skipping padding duplicates. */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ckpt.h"
+#include "idx.h"
+#include "sampler.h"
+#ifdef GT_HAVE_CUDA
+#include "gpu.h"
+#endif
+
+typedef struct run {
+    const gt_config *c;
+    gt_dist dist;
+    gt_dataset train, test;
+    gt_sampler train_s, test_s;
+    gt_mlp model;
+    gt_optim opt;
+    gt_ckpt_meta meta;
+    int64_t steps;
+    int64_t total_steps; /* optimiser steps the whole run takes (the cosine's period) */
+    int max_batch;
+    float *xb;            /* (max_batch, dim) gathered batch */
+    uint8_t *yb;          /* (max_batch) */
+    int64_t *idx;         /* this rank's train shard for the current epoch */
+    int64_t *tidx, *tpos; /* the test shard and its positions in the padded list */
+    FILE *metrics;
+    void *gpu; /* gt_gpu * when the CUDA path is on */
+} run;
+
+void gt_config_defaults(gt_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->data_dir = GT_DEFAULT_DATA;
+    c->hidden[0] = 512;
+    c->hidden[1] = 256;
+    c->nhidden = 2;
+    c->optim = GT_OPTIM_ADAM;
+    c->lr = 1e-3f;
+    c->momentum = 0.9f;
+    c->weight_decay = 0.0f;
+    c->epochs = 10;
+    c->cosine = true;
+    c->batch_size = 64;
+    c->eval_batch_size = 1000;
+    c->seed = 0;
+    gt_dist_config_from_env(&c->dist, NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int load_data(run *r, gt_err *err)
+{
+    const gt_config *c = r->c;
+    if (gt_dataset_load(c->data_dir, "train", &r->train, err) != 0 ||
+        gt_dataset_load(c->data_dir, "t10k", &r->test, err) != 0)
+        return -1;
+    if (r->train.dim != r->test.dim)
+        return gt_errf(err, "%s: train images have %zu pixels, test images %zu", c->data_dir,
+                       r->train.dim, r->test.dim);
+    if (c->limit_train > 0 && (size_t)c->limit_train < r->train.count)
+        r->train.count = (size_t)c->limit_train;
+    if (r->test.nclasses > r->train.nclasses)
+        r->train.nclasses = r->test.nclasses;
+    return 0;
+}
+
+static int alloc_buffers(run *r, gt_err *err)
+{
+    const gt_config *c = r->c;
+    r->max_batch = c->batch_size > c->eval_batch_size ? c->batch_size : c->eval_batch_size;
+    r->xb = malloc((size_t)r->max_batch * r->train.dim * sizeof(float));
+    r->yb = malloc((size_t)r->max_batch);
+    r->idx = malloc((size_t)r->train_s.num_samples * sizeof(int64_t));
+    r->tidx = malloc((size_t)r->test_s.num_samples * sizeof(int64_t));
+    r->tpos = malloc((size_t)r->test_s.num_samples * sizeof(int64_t));
+    if (!r->xb || !r->yb || !r->idx || !r->tidx || !r->tpos)
+        return gt_errf(err, "out of memory for batch buffers");
+    return 0;
+}
+
+/* Rank 0 reads the checkpoint and passes everything to the other ranks, so only rank 0's
+ * filesystem needs the file; a failed read on rank 0 makes every rank fail. */
+static int resume(run *r, gt_err *err)
+{
+    int32_t ok = 0;
+    if (r->dist.rank == 0)
+        ok = gt_ckpt_load(r->c->resume, &r->model, &r->opt, &r->meta, err) == 0;
+    if (gt_dist_broadcast(&r->dist, &ok, sizeof(ok), err) != 0)
+        return -1;
+    if (!ok)
+        return r->dist.rank == 0
+                   ? -1
+                   : gt_errf(err, "rank 0 could not read checkpoint %s", r->c->resume);
+    int rc = gt_dist_broadcast(&r->dist, r->model.params, r->model.nparams * sizeof(float), err);
+    rc = rc ? rc : gt_dist_broadcast(&r->dist, r->opt.m, r->opt.n * sizeof(float), err);
+    if (r->opt.v)
+        rc = rc ? rc : gt_dist_broadcast(&r->dist, r->opt.v, r->opt.n * sizeof(float), err);
+    rc = rc ? rc : gt_dist_broadcast(&r->dist, &r->opt.step, sizeof(r->opt.step), err);
+    rc = rc ? rc : gt_dist_broadcast(&r->dist, &r->meta, sizeof(r->meta), err);
+    return rc;
+}
+
+static int setup_gpu(run *r, gt_err *err)
+{
+#ifdef GT_HAVE_CUDA
+    if (gt_gpu_device_count() <= 0)
+        return gt_errf(err, "--device cuda: no CUDA device is visible");
+    return gt_gpu_init((gt_gpu **)&r->gpu, &r->model, &r->opt, &r->train, &r->test, r->max_batch,
+                       &r->dist, err);
+#else
+    (void)r;
+    return gt_errf(err, "--device cuda: this build has no GPU path (CUDA/NCCL not found at "
+                        "configure time)");
+#endif
+}
+
+static int setup(run *r, gt_err *err)
+{
+    const gt_config *c = r->c;
+    if (gt_dist_init(&r->dist, &c->dist, err) != 0 || load_data(r, err) != 0)
+        return -1;
+    int W = r->dist.world, R = r->dist.rank;
+    if (gt_sampler_init(&r->train_s, (int64_t)r->train.count, W, R, true, c->drop_last, c->seed,
+                        err) != 0 ||
+        gt_sampler_init(&r->test_s, (int64_t)r->test.count, W, R, false, false, 0, err) != 0 ||
+        alloc_buffers(r, err) != 0)
+        return -1;
+    if (gt_mlp_init(&r->model, (int)r->train.dim, c->hidden, c->nhidden, r->train.nclasses,
+                    r->max_batch, c->seed, err) != 0 ||
+        gt_optim_init(&r->opt, c->optim, r->model.nparams, c->lr, c->momentum, c->weight_decay,
+                      err) != 0)
+        return -1;
+    int64_t per_epoch = (r->train_s.num_samples + c->batch_size - 1) / c->batch_size;
+    r->total_steps = per_epoch * c->epochs;
+    r->meta.seed = c->seed;
+    r->meta.global_batch = (uint32_t)(c->batch_size * W);
+    if (c->resume && resume(r, err) != 0)
+        return -1;
+    r->steps = r->opt.step; /* --max-steps counts the checkpointed run's steps too */
+    /* The sampler must replay the checkpointed run's shuffles. */
+    r->train_s.seed = r->meta.seed;
+    if (c->use_gpu && setup_gpu(r, err) != 0)
+        return -1;
+    if (R == 0 && c->metrics && !(r->metrics = fopen(c->metrics, "a")))
+        return gt_errf(err, "%s: cannot open metrics file: %s", c->metrics, strerror(errno));
+    return 0;
+}
+
+static void gather(run *r, const gt_dataset *ds, const int64_t *idx, int B)
+{
+    for (int i = 0; i < B; i++) {
+        memcpy(r->xb + (size_t)i * ds->dim, ds->x + (size_t)idx[i] * ds->dim,
+               ds->dim * sizeof(float));
+        r->yb[i] = ds->y[idx[i]];
+    }
+}
+
+/* One CPU step: local mean gradient, averaged over ranks, then the optimiser update. */
+static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *err)
+{
+    gt_mlp *m = &r->model;
+    gather(r, &r->train, idx, B);
+    gt_mlp_forward(m, r->xb, B);
+    int64_t correct = 0;
+    stats[0] += gt_mlp_loss(m, r->yb, B, 1, &correct);
+    stats[1] += (double)correct;
+    stats[2] += B;
+    gt_mlp_backward(m, r->xb, B);
+    if (r->dist.world > 1) {
+        if (gt_dist_allreduce_f32(&r->dist, m->grads, m->nparams, err) != 0)
+            return -1;
+        float scale = 1.0f / (float)r->dist.world;
+        for (size_t i = 0; i < m->nparams; i++)
+            m->grads[i] *= scale;
+    }
+    gt_optim_step(&r->opt, m->params, m->grads);
+    return 0;
+}
+
+float gt_train_lr_at(const gt_config *c, int64_t step, int64_t total)
+{
+    if (!c->cosine || total <= 0)
+        return c->lr;
+    double t = step < total ? (double)step / (double)total : 1.0;
+    return (float)(c->lr * 0.5 * (1.0 + cos(M_PI * t)));
+}
+
+/* Step on shard rows [off, off+B). */
+static int train_step(run *r, int64_t off, int B, double *stats, gt_err *err)
+{
+    /* The schedule is a function of the optimiser's step count, which checkpoints keep. */
+    r->opt.lr = gt_train_lr_at(r->c, r->opt.step, r->total_steps);
+#ifdef GT_HAVE_CUDA
+    if (r->gpu) {
+        r->opt.step++; /* mirrors the device optimiser's count for the schedule */
+        return gt_gpu_train_step((gt_gpu *)r->gpu, off, B, r->opt.lr, err);
+    }
+#endif
+    return cpu_step(r, r->idx + off, B, stats, err);
+}
+
+/* Hands the GPU this epoch's shard (train) or the test shard once, so steps move no data. */
+static int upload_shard(run *r, int test, gt_err *err)
+{
+#ifdef GT_HAVE_CUDA
+    if (r->gpu)
+        return gt_gpu_set_indices((gt_gpu *)r->gpu, test, test ? r->tidx : r->idx,
+                                  test ? r->test_s.num_samples : r->train_s.num_samples, err);
+#endif
+    (void)r;
+    (void)test;
+    (void)err;
+    return 0;
+}
+
+static int take_stats(run *r, double *stats, gt_err *err)
+{
+#ifdef GT_HAVE_CUDA
+    if (r->gpu)
+        return gt_gpu_take_stats((gt_gpu *)r->gpu, stats, err);
+#endif
+    (void)r;
+    (void)stats;
+    (void)err;
+    return 0;
+}
+
+/* Trains one epoch; stats receives the global [loss sum, correct, samples]. Returns 1 when
+ * --max-steps cut the epoch short, 0 otherwise, -1 on error. */
+static int train_epoch(run *r, uint64_t epoch, double *stats, gt_err *err)
+{
+    int B = r->c->batch_size;
+    int64_t n = r->train_s.num_samples;
+    gt_sampler_indices(&r->train_s, epoch, r->idx, NULL);
+    stats[0] = stats[1] = stats[2] = 0.0;
+    if (upload_shard(r, 0, err) != 0)
+        return -1;
+    int stopped = 0;
+    for (int64_t k = 0; k < n; k += B) {
+        int b = (int)(n - k < B ? n - k : B);
+        if (train_step(r, k, b, stats, err) != 0)
+            return -1;
+        r->steps++;
+        if (r->c->max_steps > 0 && r->steps >= r->c->max_steps) {
+            stopped = k + B < n; /* a cut at the epoch's end still evaluates and saves */
+            break;
+        }
+    }
+    if (take_stats(r, stats, err) != 0)
+        return -1;
+    if (gt_dist_allreduce_f64(&r->dist, stats, 3, err) != 0)
+        return -1;
+    return stopped;
+}
+
+/* Counts correct predictions on this rank's test shard, leaving out padding positions. */
+static int evaluate(run *r, double *acc, gt_err *err)
+{
+    gt_sampler_indices(&r->test_s, 0, r->tidx, r->tpos);
+    double stats[3] = {0, 0, 0};
+    if (upload_shard(r, 1, err) != 0)
+        return -1;
+    int E = r->c->eval_batch_size;
+    for (int64_t k = 0; k < r->test_s.num_samples; k += E) {
+        int b = (int)(r->test_s.num_samples - k < E ? r->test_s.num_samples - k : E);
+        int real = 0; /* padding sits at the end of a shard, so real rows come first */
+        while (real < b && r->tpos[k + real] < r->test_s.n)
+            real++;
+        if (real == 0)
+            continue; /* a batch of padding only (eval batch smaller than the world) */
+#ifdef GT_HAVE_CUDA
+        if (r->gpu) {
+            if (gt_gpu_eval_batch((gt_gpu *)r->gpu, k, real, err) != 0)
+                return -1;
+            continue;
+        }
+#endif
+        gather(r, &r->test, r->tidx + k, real);
+        gt_mlp_forward(&r->model, r->xb, real);
+        int64_t correct = 0;
+        stats[0] += gt_mlp_loss(&r->model, r->yb, real, 0, &correct);
+        stats[1] += (double)correct;
+        stats[2] += real;
+    }
+    if (take_stats(r, stats, err) != 0 || gt_dist_allreduce_f64(&r->dist, stats, 3, err) != 0)
+        return -1;
+    if ((int64_t)stats[2] != r->test_s.n)
+        return gt_errf(err, "evaluation counted %.0f samples, expected %lld", stats[2],
+                       (long long)r->test_s.n);
+    *acc = stats[1] / stats[2];
+    return 0;
+}
+
+static int sync_to_host(run *r, gt_err *err)
+{
+#ifdef GT_HAVE_CUDA
+    if (r->gpu)
+        return gt_gpu_download((gt_gpu *)r->gpu, &r->model, &r->opt, err);
+#endif
+    (void)r;
+    (void)err;
+    return 0;
+}
+
+static int save_checkpoints(run *r, int improved, gt_err *err)
+{
+    char path[4200];
+    if (!r->c->save_dir || r->dist.rank != 0)
+        return 0;
+    if (mkdir(r->c->save_dir, 0777) != 0 && errno != EEXIST)
+        return gt_errf(err, "%s: cannot create: %s", r->c->save_dir, strerror(errno));
+    snprintf(path, sizeof(path), "%s/last.ckpt", r->c->save_dir);
+    if (gt_ckpt_save(path, &r->model, &r->opt, &r->meta, err) != 0)
+        return -1;
+    snprintf(path, sizeof(path), "%s/best.ckpt", r->c->save_dir);
+    return improved ? gt_ckpt_save(path, &r->model, &r->opt, &r->meta, err) : 0;
+}
+
+static void report(run *r, uint64_t epoch, const double *stats, double test_acc, double train_s,
+                   double epoch_s)
+{
+    if (r->dist.rank != 0)
+        return;
+    double loss = stats[0] / stats[2], acc = stats[1] / stats[2], sps = stats[2] / train_s;
+    if (!r->c->quiet)
+        printf("epoch %3llu/%d | train loss %.4f | train acc %.4f | test acc %.4f | "
+               "%.0f samples/s | %.2f s\n",
+               (unsigned long long)epoch + 1, r->c->epochs, loss, acc, test_acc, sps, epoch_s);
+    fflush(stdout);
+    if (r->metrics) {
+        fprintf(r->metrics,
+                "{\"epoch\":%llu,\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_acc\":%.6f,"
+                "\"samples_per_s\":%.1f,\"epoch_time_s\":%.4f,\"global_batch\":%u,"
+                "\"world_size\":%d}\n",
+                (unsigned long long)epoch + 1, loss, acc, test_acc, sps, epoch_s,
+                r->meta.global_batch, r->dist.world);
+        fflush(r->metrics);
+    }
+}
+
+static void banner(const run *r)
+{
+    const gt_config *c = r->c;
+    if (r->dist.rank != 0 || c->quiet)
+        return;
+    char arch[128], *p = arch;
+    for (int l = 0; l <= r->model.nlayers; l++)
+        p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
+    printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
+           "global batch %u (%d per rank x %d)%s\n",
+           r->dist.world, c->dist.source, r->gpu ? "cuda" : "cpu", arch, r->model.nparams,
+           gt_optim_name(c->optim), (double)c->lr, r->meta.global_batch, c->batch_size,
+           r->dist.world, c->resume ? ", resumed" : "");
+    fflush(stdout);
+}
+
+static int dump_params(run *r, gt_err *err)
+{
+    if (!r->c->dump_params || r->dist.rank != 0)
+        return 0;
+    FILE *f = fopen(r->c->dump_params, "wb");
+    size_t n = r->model.nparams;
+    int ok = f && fwrite(r->model.params, sizeof(float), n, f) == n;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    return ok ? 0 : gt_errf(err, "%s: cannot write parameters", r->c->dump_params);
+}
+
+static int loop(run *r, gt_err *err)
+{
+    banner(r);
+    for (uint64_t e = r->meta.epoch; e < (uint64_t)r->c->epochs; e++) {
+        if (r->c->max_steps > 0 && r->steps >= r->c->max_steps)
+            break;
+        double t0 = now_s(), stats[3], acc = 0.0;
+        int stopped = train_epoch(r, e, stats, err);
+        if (stopped < 0)
+            return -1;
+        if (stopped)
+            break;
+        double t1 = now_s();
+        if (evaluate(r, &acc, err) != 0)
+            return -1;
+        r->meta.epoch = e + 1;
+        int improved = acc > r->meta.best_acc;
+        if (improved)
+            r->meta.best_acc = acc;
+        report(r, e, stats, acc, t1 - t0, now_s() - t0);
+        if (sync_to_host(r, err) != 0 || save_checkpoints(r, improved, err) != 0)
+            return -1;
+    }
+    return sync_to_host(r, err) != 0 ? -1 : dump_params(r, err);
+}
+
+static void release(run *r)
+{
+#ifdef GT_HAVE_CUDA
+    if (r->gpu)
+        gt_gpu_free((gt_gpu *)r->gpu);
+#endif
+    if (r->metrics)
+        fclose(r->metrics);
+    free(r->xb);
+    free(r->yb);
+    free(r->idx);
+    free(r->tidx);
+    free(r->tpos);
+    gt_mlp_release(&r->model);
+    gt_optim_release(&r->opt);
+    gt_dataset_release(&r->train);
+    gt_dataset_release(&r->test);
+    gt_dist_release(&r->dist);
+}
+
+int gt_train_run(const gt_config *c, gt_err *err)
+{
+    run r;
+    memset(&r, 0, sizeof(r));
+    r.c = c;
+    r.dist.next_fd = r.dist.prev_fd = -1;
+    int rc = setup(&r, err);
+    if (rc == 0)
+        rc = loop(&r, err);
+    release(&r);
+    if (rc != 0 && err && strncmp(err->msg, "rank ", 5) != 0) {
+        char tmp[sizeof(err->msg)];
+        snprintf(tmp, sizeof(tmp), "%s", err->msg);
+        snprintf(err->msg, sizeof(err->msg), "rank %d: %.480s", c->dist.rank, tmp);
+    }
+    return rc;
+}

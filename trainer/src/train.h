@@ -1,0 +1,52 @@
+/* train.h: the training run — data, sampler, model, optimiser, process group and checkpoints
+ * wired together; main.c only parses flags into a gt_config and calls gt_train_run. */
+#ifndef GT_TRAIN_H
+#define GT_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dist.h"
+#include "gt_err.h"
+#include "model.h"
+#include "optim.h"
+
+#define GT_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+typedef struct gt_config {
+    const char *data_dir;
+    int hidden[GT_MLP_MAX_LAYERS];
+    int nhidden;
+    gt_optim_kind optim;
+    float lr, momentum, weight_decay;
+    bool cosine; /* lr follows a cosine from lr to 0 over all steps of the run */
+    int epochs;
+    int batch_size;      /* per rank, as in PyTorch */
+    int eval_batch_size; /* per rank */
+    uint64_t seed;
+    bool drop_last;
+    int64_t max_steps;       /* stop after this many optimiser steps in total (0: no limit) */
+    int64_t limit_train;     /* use only the first N training samples (0: all) */
+    const char *save_dir;    /* writes last.ckpt / best.ckpt there (NULL: none) */
+    const char *resume;      /* checkpoint to continue from (NULL: fresh start) */
+    const char *metrics;     /* JSON-lines file written by rank 0 (NULL: none) */
+    const char *dump_params; /* raw f32 parameters written by rank 0 at the end (tests) */
+    bool use_gpu;
+    bool quiet;
+    gt_dist_config dist;
+} gt_config;
+
+/* Fills the defaults: Fashion-MNIST, hidden 512,256, Adam lr 1e-3 with a cosine schedule,
+ * batch 64 per rank, 10 epochs, seed 0. */
+void gt_config_defaults(gt_config *c);
+
+/* Runs training to completion. Returns 0, or -1 with a message naming this rank in err. Rank 0
+ * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */
+int gt_train_run(const gt_config *c, gt_err *err);
+
+/* The learning rate of optimiser step `step` (0-based) out of `total`: c->lr, or with c->cosine
+ * c->lr * (1 + cos(pi * step / total)) / 2, which is torch's CosineAnnealingLR(T_max=total,
+ * eta_min=0) stepped once per batch. */
+float gt_train_lr_at(const gt_config *c, int64_t step, int64_t total);
+
+#endif

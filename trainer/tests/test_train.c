@@ -1,0 +1,248 @@
+/* test_train.c: whole runs on forked CPU ranks over loopback, on small synthetic IDX data.
+ * - data parallelism: 1 rank x batch 64 and 2 ranks x batch 32 reach the same parameters
+ *   after 50 steps (relative 1e-5), with Adam and with SGD momentum;
+ * - resume: 2 epochs straight and 1 epoch + --resume + 1 epoch give identical bytes;
+ * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
+ * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+#include "train.h"
+
+static char dir[256], data[300];
+
+static int setup(void **state)
+{
+    (void)state;
+    tu_mkdtemp(dir, sizeof(dir));
+    snprintf(data, sizeof(data), "%s", dir);
+    /* 8x8 images, 4 classes: 3200 training samples = 50 steps of 64. */
+    return tu_write_synthetic(data, 3200, 203, 8, 4, 12345);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tu_rmtree(dir);
+    return 0;
+}
+
+static gt_config base(void)
+{
+    gt_config c;
+    gt_config_defaults(&c);
+    memset(&c.dist, 0, sizeof(c.dist));
+    c.dist.world = 1;
+    c.dist.rdzv_timeout_s = 30;
+    c.dist.timeout_s = 30;
+    c.dist.source = "test";
+    c.data_dir = data;
+    c.hidden[0] = 32;
+    c.hidden[1] = 16;
+    c.nhidden = 2;
+    c.epochs = 1;
+    c.eval_batch_size = 50;
+    c.seed = 7;
+    c.quiet = true;
+    return c;
+}
+
+static char *file_in_dir(const char *name)
+{
+    static char bufs[8][512];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, 512, "%s/%s", dir, name);
+    return b;
+}
+
+/* Max over parameters of |a-b| / max(|a|, 1e-3): relative, with a floor for near-zero values;
+ * *norm_rel receives ||a-b|| / ||a||. */
+static double max_rel_diff(const char *pa, const char *pb, size_t *count, double *norm_rel)
+{
+    size_t na, nb;
+    float *a = tu_read_file(pa, &na), *b = tu_read_file(pb, &nb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(na, nb);
+    double worst = 0, dd = 0, aa = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < na / sizeof(float); i++) {
+        double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)a[i]), 1e-3);
+        if (d > worst)
+            worst = d, at = i;
+        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        aa += (double)a[i] * a[i];
+    }
+    *norm_rel = sqrt(dd / aa);
+    print_message("worst at %zu: %.9g vs %.9g\n", at, (double)a[at], (double)b[at]);
+    *count = na / sizeof(float);
+    free(a);
+    free(b);
+    return worst;
+}
+
+/* Number of parameters violating |a-b| <= 1e-5 * |a| + 1e-7 (numpy.allclose's form). */
+static size_t max_abs_over_tol(const char *pa, const char *pb)
+{
+    size_t na, nb, bad = 0;
+    float *a = tu_read_file(pa, &na), *b = tu_read_file(pb, &nb);
+    for (size_t i = 0; i < na / sizeof(float); i++)
+        bad += fabs((double)a[i] - b[i]) > 1e-5 * fabs((double)a[i]) + 1e-7;
+    free(a);
+    free(b);
+    return bad;
+}
+
+static void equivalence(gt_optim_kind kind, float lr)
+{
+    gt_config one = base(), two = base();
+    one.optim = two.optim = kind;
+    one.lr = two.lr = lr;
+    one.batch_size = 64;
+    two.batch_size = 32;
+    one.dump_params = file_in_dir("one.f32");
+    two.dump_params = file_in_dir("two.f32");
+    assert_int_equal(tu_run_ranks(&one, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&two, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    size_t n;
+    double norm;
+    double d = max_rel_diff(one.dump_params, two.dump_params, &n, &norm);
+    print_message("%s: %zu params, after 50 steps max relative difference %.3g, norm %.3g\n",
+                  kind == GT_OPTIM_ADAM ? "adam" : "sgd", n, d, norm);
+    /* Within 1e-5 relative, with an absolute floor of 1e-7 (float resolution near 1) for
+     * parameters that pass close to zero; the whole vector must agree much tighter. */
+    assert_true(d <= 1e-5 || max_abs_over_tol(one.dump_params, two.dump_params) == 0);
+    assert_true(norm <= 1e-6);
+}
+
+static void test_train__two_ranks_equal_one_rank_with_adam(void **state)
+{
+    (void)state;
+    equivalence(GT_OPTIM_ADAM, 1e-3f);
+}
+
+static void test_train__two_ranks_equal_one_rank_with_sgd(void **state)
+{
+    (void)state;
+    equivalence(GT_OPTIM_SGD, 0.05f);
+}
+
+static void test_train__resume_continues_bit_exactly(void **state)
+{
+    (void)state;
+    gt_config straight = base(), first = base(), second = base();
+    straight.epochs = 2;
+    straight.dump_params = file_in_dir("straight.f32");
+    /* The first run is told the whole run's length (the cosine schedule spans it) and stops
+     * after epoch 1's 50 steps, as an interrupted run would. */
+    first.epochs = 2;
+    first.max_steps = 50;
+    first.save_dir = file_in_dir("ckpt");
+    second.epochs = 2;
+    second.resume = file_in_dir("ckpt/last.ckpt");
+    second.dump_params = file_in_dir("resumed.f32");
+    int port = tu_free_port();
+    assert_int_equal(tu_run_ranks(&straight, 2, port, NULL, NULL, NULL), 0);
+    straight.resume = NULL;
+    assert_int_equal(tu_run_ranks(&first, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&second, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    size_t na, nb;
+    void *a = tu_read_file(straight.dump_params, &na), *b = tu_read_file(second.dump_params, &nb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    tu_rmtree(file_in_dir("ckpt"));
+}
+
+static double last_test_acc(const char *metrics)
+{
+    size_t n;
+    char *text = tu_read_file(metrics, &n);
+    assert_non_null(text);
+    text = realloc(text, n + 1);
+    text[n] = '\0';
+    char *last = NULL, *p = text;
+    while ((p = strstr(p, "\"test_acc\":")) != NULL)
+        last = p++;
+    assert_non_null(last);
+    double acc = strtod(last + strlen("\"test_acc\":"), NULL);
+    free(text);
+    return acc;
+}
+
+static void test_train__sharded_evaluation_counts_each_test_sample_once(void **state)
+{
+    (void)state;
+    /* 600 training samples split evenly; 203 test samples leave 1 padding row over 3 ranks. */
+    gt_config one = base(), three = base();
+    one.limit_train = three.limit_train = 600;
+    one.epochs = three.epochs = 2;
+    one.lr = three.lr = 4e-3f;
+    one.batch_size = 60;
+    three.batch_size = 20;
+    three.eval_batch_size = 7; /* padding lands inside a partial last batch */
+    one.metrics = file_in_dir("one.jsonl");
+    three.metrics = file_in_dir("three.jsonl");
+    assert_int_equal(tu_run_ranks(&one, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&three, 3, tu_free_port(), NULL, NULL, NULL), 0);
+    double a1 = last_test_acc(one.metrics), a3 = last_test_acc(three.metrics);
+    print_message("test accuracy: 1 rank %.6f, 3 ranks %.6f\n", a1, a3);
+    assert_true(a1 > 0.5 && a1 < 1.0); /* learning, and wrong on some samples */
+    assert_near(a1, a3, 1e-9);
+}
+
+static void bad_data_on_rank1(gt_config *c, int rank, void *arg)
+{
+    (void)arg;
+    if (rank == 1)
+        c->data_dir = "/nonexistent/gt-test-data";
+}
+
+static void test_train__bad_data_on_one_rank_fails_both_promptly(void **state)
+{
+    (void)state;
+    gt_config c = base();
+    time_t t0 = time(NULL);
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), bad_data_on_rank1, NULL, dir), 2);
+    assert_true(time(NULL) - t0 < 20); /* well under the 30 s collective timeout */
+    size_t n;
+    char *e1 = tu_read_file(file_in_dir("rank1.err"), &n);
+    assert_non_null(e1);
+    e1 = realloc(e1, n + 1);
+    e1[n] = '\0';
+    assert_non_null(strstr(e1, "rank 1:"));
+    assert_non_null(strstr(e1, "/nonexistent/gt-test-data/train-images-idx3-ubyte"));
+    char *e0 = tu_read_file(file_in_dir("rank0.err"), &n);
+    assert_non_null(e0);
+    e0 = realloc(e0, n + 1);
+    e0[n] = '\0';
+    assert_non_null(strstr(e0, "rank 0:"));
+    free(e0);
+    free(e1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_train__two_ranks_equal_one_rank_with_adam),
+        cmocka_unit_test(test_train__two_ranks_equal_one_rank_with_sgd),
+        cmocka_unit_test(test_train__resume_continues_bit_exactly),
+        cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
+        cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
