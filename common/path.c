@@ -34,6 +34,8 @@ char *gs_path_expand_home(const char *path)
 
 int gs_path_mkdir_p(const char *path, int mode, struct gs_error *err)
 {
+    if (!path[0])
+        return 0;
     struct gs_buf b = GS_BUF_INIT;
     gs_buf_adds(&b, path);
     int rc = 0;

@@ -526,7 +526,10 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
                  gs_agent_progress_fn progress, void *ctx, struct gs_error *err)
 {
     struct gs_buf tmp = GS_BUF_INIT;
-    gs_buf_addf(&tmp, "%s.gpusync-tmp-%d", local, (int)getpid());
+    const char *slash = strrchr(local, '/');
+    if (slash) /* a name beside the target that fits NAME_MAX however long the target's is */
+        gs_buf_add(&tmp, local, (size_t)(slash - local) + 1);
+    gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
     struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
     st.fd = open(tmp.data, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (st.fd < 0) {

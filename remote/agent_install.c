@@ -20,11 +20,16 @@
 #define GS_AGENT_SOURCE_DIR ""
 #endif
 
-/* Sources sent for a build on the server; xxhash.h is Debian's header (the agent inlines it). */
-static const char *const agent_sources[] = {"proto.h", "proto.c", "fs.h",  "fs.c",
-                                            "serve.h", "serve.c", "main.c"};
-#define N_SOURCES     (sizeof(agent_sources) / sizeof(agent_sources[0]))
+/* A build on the server gets every .c and .h of the agent, and Debian's xxhash.h (the agent
+ * inlines it), so the source list never goes stale as the agent grows. */
+#define MAX_SOURCES   64
 #define XXHASH_HEADER "/usr/include/xxhash.h"
+
+struct sources {
+    char *names[MAX_SOURCES]; /* file names, sorted; the last is "xxhash.h" */
+    struct gs_buf text[MAX_SOURCES];
+    size_t n;
+};
 
 static int read_file(const char *path, struct gs_buf *out)
 {
@@ -67,24 +72,55 @@ static void hex_key(const void *data, size_t len, const char *prefix, char key[4
     snprintf(key, 40, "%s%016llx", prefix, (unsigned long long)XXH3_64bits(data, len));
 }
 
-/* Concatenates the agent's sources (for the key and the build script). Returns 0 or -1. */
-static int load_sources(struct gs_buf *files[N_SOURCES + 1])
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void sources_release(struct sources *src)
+{
+    for (size_t i = 0; i < src->n; i++) {
+        free(src->names[i]);
+        gs_buf_release(&src->text[i]);
+    }
+    src->n = 0;
+}
+
+/* Reads the agent's sources (sorted, for a stable key) plus xxhash.h. Returns 0 or -1. */
+static int load_sources(struct sources *src)
 {
     const char *dir = getenv("GPUSYNC_AGENT_SRC");
     if (!dir || !*dir)
         dir = GS_AGENT_SOURCE_DIR;
-    for (size_t i = 0; i <= N_SOURCES; i++) {
-        struct gs_buf path = GS_BUF_INIT;
-        if (i < N_SOURCES)
-            gs_buf_addf(&path, "%s/%s", dir, agent_sources[i]);
-        else
-            gs_buf_adds(&path, XXHASH_HEADER);
-        int rc = read_file(path.data, files[i]);
-        gs_buf_release(&path);
-        if (rc < 0)
-            return -1;
+    memset(src, 0, sizeof(*src));
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && src->n < MAX_SOURCES - 1) {
+        size_t len = strlen(de->d_name);
+        if (len > 2 && de->d_name[len - 2] == '.' && strchr("ch", de->d_name[len - 1]))
+            src->names[src->n++] = strdup(de->d_name);
     }
-    return 0;
+    if (d)
+        closedir(d);
+    if (src->n == 0)
+        return -1;
+    qsort(src->names, src->n, sizeof(char *), name_cmp);
+    int rc = 0;
+    for (size_t i = 0; i < src->n && rc == 0; i++) {
+        struct gs_buf path = GS_BUF_INIT;
+        gs_buf_addf(&path, "%s/%s", dir, src->names[i]);
+        gs_buf_init(&src->text[i]);
+        rc = read_file(path.data, &src->text[i]);
+        gs_buf_release(&path);
+    }
+    gs_buf_init(&src->text[src->n]);
+    src->names[src->n] = strdup("xxhash.h");
+    if (rc == 0)
+        rc = read_file(XXHASH_HEADER, &src->text[src->n]);
+    src->n++;
+    if (rc < 0)
+        sources_release(src);
+    return rc;
 }
 
 struct probe {
@@ -137,30 +173,29 @@ static int upload_binary(struct gs_ssh *ssh, const struct gs_buf *bytes, const c
 }
 
 /* A shell script that writes the sources to a temporary directory and compiles them. */
-static void build_script(struct gs_buf *files[N_SOURCES + 1], const char *key, struct gs_buf *sh)
+static void build_script(const struct sources *src, const char *key, struct gs_buf *sh)
 {
     gs_buf_adds(sh, "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; cd \"$d\"\n");
-    for (size_t i = 0; i <= N_SOURCES; i++) {
-        const char *name = i < N_SOURCES ? agent_sources[i] : "xxhash.h";
-        gs_buf_addf(sh, "cat > %s <<'GPUSYNC_SOURCE_END_7f3a'\n", name);
-        gs_buf_add(sh, files[i]->data, files[i]->len);
-        if (files[i]->len && files[i]->data[files[i]->len - 1] != '\n')
+    for (size_t i = 0; i < src->n; i++) {
+        gs_buf_addf(sh, "cat > %s <<'GPUSYNC_SOURCE_END_7f3a'\n", src->names[i]);
+        gs_buf_add(sh, src->text[i].data, src->text[i].len);
+        if (src->text[i].len && src->text[i].data[src->text[i].len - 1] != '\n')
             gs_buf_addc(sh, '\n');
         gs_buf_adds(sh, "GPUSYNC_SOURCE_END_7f3a\n");
     }
     gs_buf_addf(sh,
-                "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent proto.c fs.c serve.c main.c "
+                "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent *.c "
                 ">build.log 2>&1 || { echo 'agent build failed:' >&2; tail -n 20 build.log >&2; "
                 "exit 3; }\n"
                 "mkdir -p ~/.gpusync/bin; mv -f gpusync-agent ~/.gpusync/bin/gpusync-agent-%s\n",
                 key);
 }
 
-static int build_on_server(struct gs_ssh *ssh, struct gs_buf *files[N_SOURCES + 1], const char *key,
+static int build_on_server(struct gs_ssh *ssh, const struct sources *src, const char *key,
                            struct gs_error *err)
 {
     struct gs_buf script = GS_BUF_INIT, errout = GS_BUF_INIT;
-    build_script(files, key, &script);
+    build_script(src, key, &script);
     struct gs_exec_io io = GS_EXEC_IO_INIT;
     io.stdin_data = script.data;
     io.stdin_len = script.len;
@@ -180,28 +215,32 @@ static int local_arch_matches(const char *remote_arch)
     return uname(&u) == 0 && strcmp(u.machine, remote_arch) == 0;
 }
 
+/* The key of a source build: a hash over every file's name and text. */
+static void sources_key(const struct sources *src, char key[40])
+{
+    struct gs_buf all = GS_BUF_INIT;
+    for (size_t i = 0; i < src->n; i++) {
+        gs_buf_adds(&all, src->names[i]);
+        gs_buf_add(&all, src->text[i].data, src->text[i].len);
+    }
+    hex_key(all.data, all.len, "src-", key);
+    gs_buf_release(&all);
+}
+
 /* The cache keys of the local static build ("" if none) and of the sources ("" if none). */
 static void local_keys(char bin_key[40], char src_key[40])
 {
     const char *bin = getenv("GPUSYNC_AGENT_FORCE_BUILD") ? NULL : gs_agent_local_binary();
-    struct gs_buf binary = GS_BUF_INIT, all = GS_BUF_INIT, srcs[N_SOURCES + 1];
-    struct gs_buf *files[N_SOURCES + 1];
-    for (size_t i = 0; i <= N_SOURCES; i++) {
-        gs_buf_init(&srcs[i]);
-        files[i] = &srcs[i];
-    }
+    struct gs_buf binary = GS_BUF_INIT;
+    struct sources src;
     bin_key[0] = src_key[0] = '\0';
     if (bin && read_file(bin, &binary) == 0)
         hex_key(binary.data, binary.len, "", bin_key);
-    if (load_sources(files) == 0) {
-        for (size_t i = 0; i <= N_SOURCES; i++)
-            gs_buf_add(&all, files[i]->data, files[i]->len);
-        hex_key(all.data, all.len, "src-", src_key);
+    if (load_sources(&src) == 0) {
+        sources_key(&src, src_key);
+        sources_release(&src);
     }
     gs_buf_release(&binary);
-    gs_buf_release(&all);
-    for (size_t i = 0; i <= N_SOURCES; i++)
-        gs_buf_release(&srcs[i]);
 }
 
 void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command)
@@ -223,17 +262,10 @@ void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *comman
 static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs_error *err)
 {
     const char *bin = getenv("GPUSYNC_AGENT_FORCE_BUILD") ? NULL : gs_agent_local_binary();
-    struct gs_buf binary = GS_BUF_INIT, srcs[N_SOURCES + 1];
-    struct gs_buf *files[N_SOURCES + 1];
-    for (size_t i = 0; i <= N_SOURCES; i++) {
-        gs_buf_init(&srcs[i]);
-        files[i] = &srcs[i];
-    }
+    struct gs_buf binary = GS_BUF_INIT;
+    struct sources src;
     int have_bin = bin && read_file(bin, &binary) == 0;
-    int have_src = load_sources(files) == 0;
-    struct gs_buf all = GS_BUF_INIT;
-    for (size_t i = 0; have_src && i <= N_SOURCES; i++)
-        gs_buf_add(&all, files[i]->data, files[i]->len);
+    int have_src = load_sources(&src) == 0;
     struct probe p;
     memset(&p, 0, sizeof(p));
     int rc = 0;
@@ -245,11 +277,11 @@ static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs
         *how = p.present ? "cached" : "uploaded";
         rc = p.present ? 0 : upload_binary(ssh, &binary, key, err);
     } else if (rc == 0 && have_src) {
-        hex_key(all.data, all.len, "src-", key);
+        sources_key(&src, key);
         rc = probe_server(ssh, key, &p, err);
         *how = p.present ? "cached" : "built";
         if (rc == 0 && !p.present)
-            rc = p.has_cc ? build_on_server(ssh, files, key, err)
+            rc = p.has_cc ? build_on_server(ssh, &src, key, err)
                           : gs_error_set(err, GS_E_NOTFOUND,
                                          "%s (%s) has no C compiler to build the agent",
                                          gs_ssh_target(ssh), p.arch[0] ? p.arch : "not Linux");
@@ -258,9 +290,8 @@ static int install(struct gs_ssh *ssh, char key[40], const char **how, struct gs
                           "no agent binary or sources found locally (set GPUSYNC_AGENT)");
     }
     gs_buf_release(&binary);
-    gs_buf_release(&all);
-    for (size_t i = 0; i <= N_SOURCES; i++)
-        gs_buf_release(&srcs[i]);
+    if (have_src)
+        sources_release(&src);
     return rc;
 }
 

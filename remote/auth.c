@@ -17,7 +17,7 @@ struct auth_run {
     int rsa_only_candidate; /* an RSA key was found and tried */
     int usable_key_found;   /* a non-RSA key was found */
     const char *password;   /* for the keyboard-interactive callback */
-    const char *last_key;   /* the identity file tried last */
+    char last_key[4096];    /* the identity file tried last (a copy: paths are freed) */
 };
 
 static void note_tried(struct auth_run *run, const char *what)
@@ -109,7 +109,7 @@ static int try_identity(struct auth_run *run, const char *path, struct gs_error 
     else
         run->usable_key_found = 1;
     note_tried(run, path);
-    run->last_key = path;
+    snprintf(run->last_key, sizeof(run->last_key), "%s", path);
     int rc = userauth_file(run, path, NULL, err);
     if (rc == LIBSSH2_ERROR_FILE && run->opts->ask_secret) {
         char prompt[512];
@@ -162,7 +162,9 @@ static int send_password(struct auth_run *run, const char *methods, const char *
                      libssh2_userauth_password_ex(session, user, ulen, password,
                                                   (unsigned)strlen(password), NULL),
                      0, err);
-    if (rc != 0 && rc != GS_E_DISCONNECTED && strstr(methods, "keyboard-interactive")) {
+    /* Keyboard-interactive only when "password" is not offered: a wrong password must cost one
+     * attempt, not two (servers count them towards MaxAuthTries and fail2ban). */
+    if (!strstr(methods, "password") && strstr(methods, "keyboard-interactive")) {
         run->password = password;
         void **abstract = libssh2_session_abstract(session);
         void *saved = *abstract;

@@ -71,7 +71,9 @@ static int recorded_key_type(LIBSSH2_KNOWNHOSTS *kh, const char *host, int port,
 {
     static const char probe[] = "gpusync-probe-key-that-matches-nothing";
     struct libssh2_knownhost *found = NULL;
-    int rc = libssh2_knownhost_checkp(kh, host, port, probe, sizeof(probe) - 1,
+    char name[300];
+    gs_hostkey_entry_name(host, port, name, sizeof(name));
+    int rc = libssh2_knownhost_checkp(kh, name, -1, probe, sizeof(probe) - 1,
                                       LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW,
                                       &found);
     if (rc != LIBSSH2_KNOWNHOST_CHECK_MISMATCH || !found)
@@ -224,8 +226,10 @@ int gs_hostkey_verify(LIBSSH2_SESSION *session, const struct gs_hostkey_policy *
         goto out;
     }
     struct libssh2_knownhost *entry = NULL;
+    /* Only the exact name OpenSSH uses ("[host]:port" unless port 22): libssh2 would also accept
+     * a bare "host" entry, which belongs to the server on port 22, not to this one. */
     int check = libssh2_knownhost_checkp(
-        kh, host, port, key, len, LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW,
+        kh, name, -1, key, len, LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW,
         &entry);
     if (check == LIBSSH2_KNOWNHOST_CHECK_MISMATCH)
         rc = refuse_changed(entry, name, label_of(type), fp, path, err);

@@ -123,6 +123,8 @@ static int mkdir_one(struct gs_sftp_pool *pool, const char *path, int mode, stru
 
 int gs_sftp_mkdir_p(struct gs_sftp_pool *pool, const char *path, int mode, struct gs_error *err)
 {
+    if (!path[0])
+        return 0;
     struct gs_buf b = GS_BUF_INIT;
     gs_buf_adds(&b, path);
     int rc = 0;
@@ -174,6 +176,17 @@ int gs_sftp_rename(struct gs_sftp_pool *pool, const char *from, const char *to, 
         }
     }
     return rc < 0 ? sftp_fail(pool, pool->chan[0], rc, "rename", from, err) : 0;
+}
+
+/* A temporary name beside `path` for an atomic-ish replace: "<dir>/.gpusync-tmp-<pid>-<n>", which
+ * fits NAME_MAX whatever the length of the final name. */
+static void temp_name(const char *path, struct gs_buf *out)
+{
+    static unsigned counter;
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        gs_buf_add(out, path, (size_t)(slash - path) + 1);
+    gs_buf_addf(out, ".gpusync-tmp-%d-%u", (int)getpid(), counter++);
 }
 
 /* Writes all of buf[0..len) to the handle, 4 MiB per call so libssh2 pipelines its packets. */
@@ -246,7 +259,7 @@ int gs_sftp_upload(struct gs_sftp_pool *pool, const char *local, const char *rem
     struct stat st;
     fstat(fd, &st);
     struct gs_buf tmp = GS_BUF_INIT;
-    gs_buf_addf(&tmp, "%s.gpusync-tmp-%d", remote, (int)getpid());
+    temp_name(remote, &tmp);
     int rc = GS_E_REMOTE;
     LIBSSH2_SFTP_HANDLE *h = open_remote(
         pool, tmp.data, LIBSSH2_FXF_WRITE | LIBSSH2_FXF_CREAT | LIBSSH2_FXF_TRUNC, mode, err);
@@ -310,7 +323,7 @@ int gs_sftp_download(struct gs_sftp_pool *pool, const char *remote, const char *
     if (!h)
         return err && err->code ? err->code : GS_E_REMOTE;
     struct gs_buf tmp = GS_BUF_INIT;
-    gs_buf_addf(&tmp, "%s.gpusync-tmp-%d", local, (int)getpid());
+    temp_name(local, &tmp);
     int fd = open(tmp.data, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st.mode ? st.mode : 0644);
     if (fd < 0) {
         rc = gs_error_errno(err, GS_E_IO, "cannot create %s", tmp.data);

@@ -76,14 +76,34 @@ static void apply_defaults(struct gs_target *t)
         add_identity(t, defaults[i], strlen(defaults[i]));
 }
 
+/* OpenSSH reads ~/.ssh/config from the passwd home; gpusync follows $HOME (as for identities and
+ * known_hosts), so when they differ the file is named explicitly. Returns it, or NULL. */
+static char *home_ssh_config(void)
+{
+    const char *home = getenv("HOME");
+    struct passwd *pw = getpwuid(getuid());
+    if (!home || (pw && pw->pw_dir && strcmp(pw->pw_dir, home) == 0))
+        return NULL;
+    char *path = gs_path_expand_home("~/.ssh/config");
+    if (path && access(path, R_OK) == 0)
+        return path;
+    free(path);
+    return NULL;
+}
+
 static void ask_ssh_g(struct gs_target *t, const char *host, int port, const char *user)
 {
     char port_s[16];
     snprintf(port_s, sizeof(port_s), "%d", port);
-    char *argv[10];
+    char *argv[12];
+    char *config = home_ssh_config();
     int n = 0;
     argv[n++] = "ssh";
     argv[n++] = "-G";
+    if (config) {
+        argv[n++] = "-F";
+        argv[n++] = config;
+    }
     if (port) {
         argv[n++] = "-p";
         argv[n++] = port_s;
@@ -99,6 +119,7 @@ static void ask_ssh_g(struct gs_target *t, const char *host, int port, const cha
     if (gs_proc_capture(argv, &out, NULL) == 0)
         gs_target_apply_ssh_g(t, out.data ? out.data : "");
     gs_buf_release(&out);
+    free(config);
 }
 
 int gs_target_resolve(struct gs_target *t, const char *host, int port, const char *user,

@@ -44,7 +44,7 @@ Port $port
 ListenAddress 127.0.0.1
 HostKey $dir/host_ed25519
 PidFile $dir/sshd.pid
-AuthorizedKeysFile $dir/authorized_keys
+AuthorizedKeysFile $dir/authorized_keys .ssh/authorized_keys
 PermitRootLogin yes
 StrictModes no
 PubkeyAuthentication yes

@@ -71,10 +71,19 @@ static void maybe_commit(struct run *run)
     run->last_commit_ms = now;
 }
 
-static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r)
+/* A directory gpusync wrote that now holds files it did not write is left on the server: the
+ * delete succeeded as far as gpusync is concerned (its files are gone), and the rest is kept. */
+static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    return op->type == GS_OP_DELETE && !r->ok && r->err_no == ENOTEMPTY;
+}
+
+static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *orig)
 {
     struct run *run = cb_ctx;
     const struct gs_plan_op *op = req_ctx;
+    struct gs_fop_result kept = {.ok = 1, .kept = op->path};
+    const struct gs_fop_result *r = kept_directory(op, orig) ? &kept : orig;
     run->st->ops_done++;
     if (r->ok) {
         count_success(run->st, op);
