@@ -48,7 +48,7 @@ row() { # LABEL TOOL TIMES... (uses $ref and $floor)
 
 initial_sync() { # KIND LABEL
     local src=$bench/src-$1
-    python3 "$(dirname "$0")/gen_tree.py" "$1" "$src"
+    python3 "$repo/scripts/bench/gen_tree.py" "$1" "$src"
     local bytes
     bytes=$(du -sb --exclude=.gpusync "$src" | cut -f1)
     floor=$(awk -v b="$bytes" -v r="$rate" -v t="$rtt_s" 'BEGIN {print b * 8 / (r * 1e6) + t}')
@@ -75,7 +75,7 @@ initial_sync project "ML project"
 
 # Re-push with one file changed in a 20,000-file tree.
 src=$bench/src-big
-python3 "$(dirname "$0")/gen_tree.py" big "$src"
+python3 "$repo/scripts/bench/gen_tree.py" big "$src"
 gpusync_project "$src" "$bench/remote/gpusync-big" "$wan_port"
 (cd "$src" && "$gpusync" push >/dev/null)
 rsync -a -e "$ssh" --exclude=.gpusync "$src/" "root@127.0.0.1:$bench/remote/rsync-big/"
