@@ -25,10 +25,10 @@ static void print_table(json_t *runs)
         char exit_s[16] = "-";
         if (json_is_integer(code))
             snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
-        json_t *dur = json_object_get(r, "duration_s");
+        json_t *dur = json_object_get(r, "duration_ms");
         printf("%-22s %-12s %-10s %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
                str(r, "state"), json_array_size(json_object_get(r, "ranks")), str(r, "gpus"),
-               str(r, "start"), json_is_number(dur) ? json_number_value(dur) : 0.0, exit_s);
+               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0, exit_s);
     }
     if (json_array_size(runs) == 0)
         printf("(no runs yet: start one with 'gpusync run')\n");
