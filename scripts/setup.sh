@@ -28,7 +28,11 @@ packages=(
     openssh-server openssh-client rsync procps psmisc iproute2 python3
     libopenblas-dev dataset-fashion-mnist
     clang libclang-rt-14-dev
+    neovim emacs-nox tmux
 )
+# Editor-plugin tests need node and npm; a machine whose node came from elsewhere (with its own
+# npm) keeps it: Debian's npm package would conflict with it.
+command -v node >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
