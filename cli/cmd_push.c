@@ -1,5 +1,6 @@
 /* cli/cmd_push.c: `gpusync push`: one sync of the project (or some paths) to the server, with a
  * progress bar, a summary, conflicts reported, and --dry-run listing the plan. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,45 +107,65 @@ static int relative_paths(struct gs_cli *cli, int argc, char **argv, struct gs_b
     return 0;
 }
 
-static int connect_session(struct gs_cli *cli, struct gs_session *s)
+/* Connects and starts the transport without waiting for the agent's answer. */
+static int connect_start(struct gs_cli *cli, struct gs_session *s)
 {
     int rc = gs_cli_connect(cli);
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
     if (rc == 0)
-        rc = gs_session_connect(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+        rc = gs_session_start(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
     gs_buf_release(&dir);
     return rc;
 }
 
-/* Runs the push on an open (and, unless dry, connected) session; prints the summary. Returns 0,
- * 1 when some operations failed (reported already), or a negative code. */
-static int push_and_report(struct gs_cli *cli, struct gs_session *s, int dry_run,
-                           const char **paths, size_t n_paths)
-{
-    struct push_ui ui = {
-        .cli = cli, .conflicts = json_array(), .failures = json_array(), .planned = json_array()};
+/* Planning (scan, hash, index) runs on its own thread while the main one connects: the two take
+ * similar time on a slow link, and neither needs the other until the first request goes out. */
+struct planner {
+    const char *root;
+    struct gs_session *s;
+    const struct gs_push_opts *o;
+    struct gs_plan plan;
     struct gs_push_stats st;
-    struct gs_push_opts o = {.paths = paths,
-                             .n_paths = n_paths,
-                             .dry_run = dry_run,
-                             .on_op = on_op,
-                             .on_progress = on_progress,
-                             .ctx = &ui};
-    gs_progress_init(&ui.bar);
-    int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, &o, &st, &cli->err);
-    gs_progress_end(&ui.bar);
-    if (rc == 0 || rc == GS_E_REMOTE)
-        print_summary(&ui, &st, dry_run, dry_run ? "none" : s->transport);
-    if (rc == GS_E_REMOTE) {
-        if (!cli->json)
-            fprintf(stderr, "gpusync: %s\n", cli->err.msg);
-        rc = 1;
+    struct gs_error err;
+    int rc;
+};
+
+static void *plan_in_background(void *arg)
+{
+    struct planner *p = arg;
+    p->rc = gs_push_plan(p->root, p->s->ig, p->s->idx, p->o, &p->plan, &p->st, &p->err);
+    return NULL;
+}
+
+/* Plans (overlapping the connection unless dry), then executes and reports. Returns 0, 1 when
+ * some operations failed (reported already), or a negative code with cli->err set. */
+static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
+                                const struct gs_push_opts *o)
+{
+    struct planner p = {.root = cli->root.data, .s = s, .o = o, .plan = GS_PLAN_INIT};
+    pthread_t thread;
+    int threaded = !o->dry_run && pthread_create(&thread, NULL, plan_in_background, &p) == 0;
+    if (!threaded)
+        plan_in_background(&p);
+    int rc = o->dry_run ? 0 : connect_start(cli, s);
+    if (threaded)
+        pthread_join(thread, NULL);
+    if (rc == 0 && p.rc < 0)
+        rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);
+    if (rc == 0 && !o->dry_run)
+        rc = gs_session_ready(s, &cli->err);
+    if (rc == 0) {
+        gs_progress_init(&ui->bar);
+        rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p.plan, &p.st, &cli->err);
+        gs_progress_end(&ui->bar);
     }
-    json_decref(ui.conflicts);
-    json_decref(ui.failures);
-    json_decref(ui.planned);
-    return rc;
+    if (rc == 0 || rc == GS_E_REMOTE)
+        print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport);
+    if (rc == GS_E_REMOTE && !cli->json)
+        fprintf(stderr, "gpusync: %s\n", cli->err.msg);
+    gs_plan_release(&p.plan);
+    return rc == GS_E_REMOTE ? 1 : rc;
 }
 
 static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
@@ -152,20 +173,29 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     struct gs_buf *rel = calloc((size_t)argc + 1, sizeof(*rel));
     const char **paths = calloc((size_t)argc + 1, sizeof(*paths));
     struct gs_session s;
+    struct push_ui ui = {
+        .cli = cli, .conflicts = json_array(), .failures = json_array(), .planned = json_array()};
+    struct gs_push_opts o = {.paths = paths,
+                             .n_paths = (size_t)argc,
+                             .dry_run = dry_run,
+                             .on_op = on_op,
+                             .on_progress = on_progress,
+                             .ctx = &ui};
     int opened = 0;
     int rc = relative_paths(cli, argc, argv, rel, paths);
     if (rc == 0)
         opened = (rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
-    if (rc == 0 && !dry_run)
-        rc = connect_session(cli, &s);
     if (rc == 0)
-        rc = push_and_report(cli, &s, dry_run, paths, (size_t)argc);
+        rc = plan_connect_execute(cli, &s, &ui, &o);
     if (opened)
         gs_session_close(&s);
     for (int i = 0; i < argc; i++)
         gs_buf_release(&rel[i]);
     free(rel);
     free(paths);
+    json_decref(ui.conflicts);
+    json_decref(ui.failures);
+    json_decref(ui.planned);
     return rc < 0 ? gs_cli_fail(cli, rc) : rc;
 }
 

@@ -48,6 +48,11 @@ struct gs_agent {
     int eof;
     struct sync_call *sync;
     char *root;
+    /* The handshake is pipelined: requests follow HELLO at once, and its answer is checked when
+     * it arrives (the agent answers in order, so a refusal comes before any other reply). */
+    struct sync_call hello_call;
+    int hello_rc;
+    struct gs_error *hello_err;
 };
 
 /* ---- reading, writing, dispatching ---- */
@@ -191,6 +196,8 @@ static int pump(struct gs_agent *a, int block, struct gs_error *err)
         if (rc == 0)
             rc = dispatch(a, err);
     }
+    if (rc == 0 && a->hello_rc)
+        rc = a->hello_rc;
     if (rc == 0 && a->eof && (a->q_len || a->sync))
         rc = agent_gone(a, err);
     if (rc == 0 && !progress && block)
@@ -364,7 +371,7 @@ static int agent_drain(struct gs_fileops *ops, struct gs_error *err)
 {
     struct gs_agent *a = (struct gs_agent *)ops;
     int rc = 0;
-    while (rc == 0 && (a->q_len || a->out.len))
+    while (rc == 0 && (a->q_len || a->out.len || !a->hello_call.done))
         rc = pump(a, 1, err);
     return rc;
 }
@@ -382,6 +389,8 @@ static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
                 struct gs_error *err)
 {
     int rc = agent_drain(&a->ops, err);
+    while (rc == 0 && !a->hello_call.done)
+        rc = pump(a, 1, err);
     c->id = m->id = new_id(a);
     if (rc == 0)
         rc = encode(a, m, err);
@@ -398,35 +407,43 @@ static int reply_error(struct gs_agent *a, const struct gs_proto_msg *m, struct 
     return gs_error_set(err, code, "%s: %.*s", gs_ssh_target(a->ssh), (int)m->text.len, m->text.p);
 }
 
-struct hello_state {
-    struct gs_error *err;
-    int rc;
-};
-
 static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
-    struct hello_state *st = c->state;
     c->done = 1;
+    a->sync = NULL;
     if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC) {
         a->root = strndup(m->path2.p, m->path2.len);
         return 0;
     }
-    st->rc = m->type == GS_MSG_ERROR
-                 ? gs_error_set(st->err, GS_E_PROTO, "agent handshake refused: %.*s",
-                                (int)m->text.len, m->text.p)
-                 : gs_error_set(st->err, GS_E_PROTO, "agent handshake: unexpected %s",
-                                gs_proto_type_name(m->type));
-    return 0;
+    return a->hello_rc =
+               m->type == GS_MSG_ERROR
+                   ? gs_error_set(a->hello_err, GS_E_PROTO, "agent handshake refused: %.*s",
+                                  (int)m->text.len, m->text.p)
+                   : gs_error_set(a->hello_err, GS_E_PROTO, "agent handshake: unexpected %s",
+                                  gs_proto_type_name(m->type));
 }
 
+/* Sends HELLO without waiting for the answer: on_hello handles it whenever it arrives, so the
+ * round trip overlaps whatever the caller does next (gs_agent_wait_ready collects it). */
 static int handshake(struct gs_agent *a, struct gs_error *err)
 {
-    struct hello_state st = {.err = err};
-    struct sync_call c = {.on_frame = on_hello, .state = &st};
     struct gs_proto_msg m = {
         .type = GS_MSG_HELLO, .magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION};
-    int rc = call(a, &m, &c, err);
-    return rc ? rc : st.rc;
+    a->hello_call = (struct sync_call){.on_frame = on_hello};
+    a->hello_call.id = m.id = new_id(a);
+    a->hello_err = err;
+    a->sync = &a->hello_call;
+    int rc = encode(a, &m, err);
+    return rc ? rc : pump(a, 0, err);
+}
+
+int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err)
+{
+    a->hello_err = err;
+    int rc = 0;
+    while (rc == 0 && !a->hello_call.done)
+        rc = pump(a, 1, err);
+    return rc ? rc : a->hello_rc;
 }
 
 int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,

@@ -15,12 +15,17 @@
 
 struct gs_agent;
 
-/* Runs `command` (a remote shell command that starts `gpusync-agent serve --root DIR`) and
- * performs the versioned handshake. Returns 0 and a new agent in *out, or GS_E_PROTO (version
- * mismatch, garbage), GS_E_REMOTE (the agent did not start: its stderr is in the message) or a
- * connection error. The agent borrows `ssh`, which must outlive it. */
+/* Runs `command` (a remote shell command that starts `gpusync-agent serve --root DIR`) and sends
+ * the versioned handshake without waiting for its answer (see gs_agent_wait_ready; a version
+ * mismatch or an agent that did not start surfaces there or on the first reply). Returns 0 and a
+ * new agent in *out, or a connection error. The agent borrows `ssh`, which must outlive it. */
 int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
                   struct gs_error *err);
+
+/* Waits for the handshake's answer (gs_agent_open does not, so that its round trip overlaps the
+ * caller's work). Returns 0, or the error that ended the session: an agent that did not start
+ * says why on its stderr, which the message includes. Requests may be submitted before this. */
+int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err);
 
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);

@@ -221,23 +221,31 @@ static int auth_failed(struct auth_run *run, const char *methods, struct gs_erro
                         target, methods, run->tried.len ? run->tried.data : "nothing");
 }
 
-/* Runs the methods in order; stores what worked in *method. */
+/* Tries ssh-agent and identity files; stores what worked in *method. Returns 0, GS_E_AUTH when
+ * no key worked, or a connection error. */
 static int run_methods(struct auth_run *run, const char *methods, char **method,
                        struct gs_error *err)
 {
-    int rc = 0;
-    int publickey = strstr(methods, "publickey") != NULL;
-    if (publickey && (rc = try_agent(run, err)) == 0 && authenticated(run)) {
+    int rc = try_agent(run, err);
+    if (rc == 0 && authenticated(run)) {
         *method = strdup("publickey (ssh-agent)");
         return 0;
     }
-    if (rc == 0 && publickey && (rc = try_identities(run, err)) == 0 && authenticated(run)) {
+    if (rc == 0 && (rc = try_identities(run, err)) == 0 && authenticated(run)) {
         struct gs_buf b = GS_BUF_INIT;
         gs_buf_addf(&b, "publickey (%s)", run->last_key);
         *method = gs_buf_detach(&b, NULL);
         return 0;
     }
-    if (rc == 0 && (rc = try_password(run, methods, err)) == 0 && authenticated(run)) {
+    return rc ? rc : auth_failed(run, methods, err);
+}
+
+/* The password methods, once the server has said which it takes. */
+static int run_methods_password(struct auth_run *run, const char *methods, char **method,
+                                struct gs_error *err)
+{
+    int rc = try_password(run, methods, err);
+    if (rc == 0 && authenticated(run)) {
         *method = strdup("password");
         return 0;
     }
@@ -248,18 +256,25 @@ int gs_auth_login(struct gs_ssh *s, const struct gs_target *t, const struct gs_s
                   char **method, struct gs_error *err)
 {
     struct auth_run run = {.s = s, .t = t, .opts = opts, .tried = GS_BUF_INIT};
-    char *methods = list_methods(&run, err);
-    int rc;
-    if (methods)
-        rc = run_methods(&run, methods, method, err);
-    else if (authenticated(&run))
-        rc = (*method = strdup("none")) ? 0 : GS_E_NOMEM;
-    else
-        rc = err && err->code
-                 ? err->code
-                 : gs_error_set(err, GS_E_AUTH, "%s: cannot list authentication methods",
-                                gs_ssh_target(s));
-    free(methods);
+    /* Keys first, without asking for the method list: almost every server takes publickey, and
+     * the list costs a round trip. Only when no key worked do we ask what else it accepts. */
+    int rc = run_methods(&run, "publickey", method, err);
+    if (rc == GS_E_AUTH && !authenticated(&run)) {
+        gs_error_clear(err);
+        char *methods = list_methods(&run, err);
+        if (methods)
+            rc = strstr(methods, "password") || strstr(methods, "keyboard-interactive")
+                     ? run_methods_password(&run, methods, method, err)
+                     : auth_failed(&run, methods, err);
+        else if (authenticated(&run))
+            rc = (*method = strdup("none")) ? 0 : GS_E_NOMEM;
+        else
+            rc = err && err->code
+                     ? err->code
+                     : gs_error_set(err, GS_E_AUTH, "%s: cannot list authentication methods",
+                                    gs_ssh_target(s));
+        free(methods);
+    }
     gs_buf_release(&run.tried);
     return rc;
 }

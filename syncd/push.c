@@ -270,30 +270,47 @@ static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *id
     return rc;
 }
 
-int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
-                struct gs_fileops *ops, const struct gs_push_opts *opts, struct gs_push_stats *st,
-                struct gs_error *err)
+int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                 const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
+                 struct gs_error *err)
 {
-    int64_t start = gs_clock_mono_ms();
     memset(st, 0, sizeof(*st));
-    struct gs_plan plan = GS_PLAN_INIT;
-    int rc = plan_tree(root, ig, idx, opts, &plan, err);
-    if (rc < 0)
-        return rc;
-    fill_plan_stats(st, &plan);
+    st->start_ms = gs_clock_mono_ms();
+    int rc = plan_tree(root, ig, idx, opts, plan, err);
+    if (rc == 0)
+        fill_plan_stats(st, plan);
+    return rc;
+}
+
+int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *ops,
+                    const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
+                    struct gs_error *err)
+{
+    int rc = 0;
     if (opts->dry_run || !ops) {
-        report_dry_run(&plan, opts);
+        report_dry_run(plan, opts);
     } else {
         struct run run = {.idx = idx, .opts = opts, .st = st, .ops = ops};
         ops->done = on_done;
         ops->done_ctx = &run;
-        rc = execute(root, &plan, &run, err);
+        rc = execute(root, plan, &run, err);
         ops->done = NULL;
     }
-    gs_plan_release(&plan);
-    st->elapsed_ms = gs_clock_mono_ms() - start;
+    st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
     if (rc == 0 && st->failed)
         rc = gs_error_set(err, GS_E_REMOTE, "%zu of %zu operations failed; first: %s", st->failed,
                           st->ops_total, st->first_error);
+    return rc;
+}
+
+int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                struct gs_fileops *ops, const struct gs_push_opts *opts, struct gs_push_stats *st,
+                struct gs_error *err)
+{
+    struct gs_plan plan = GS_PLAN_INIT;
+    int rc = gs_push_plan(root, ig, idx, opts, &plan, st, err);
+    if (rc == 0)
+        rc = gs_push_execute(root, idx, ops, opts, &plan, st, err);
+    gs_plan_release(&plan);
     return rc;
 }

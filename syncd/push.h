@@ -22,7 +22,8 @@ struct gs_push_stats {
     size_t unchanged; /* touched files with the same content: nothing sent */
     size_t hashed;
     uint64_t bytes_total, bytes_sent;
-    int64_t elapsed_ms;
+    int64_t start_ms;   /* when planning began (gs_clock_mono_ms) */
+    int64_t elapsed_ms; /* from then until the last reply */
     char first_error[512];
 };
 
@@ -50,5 +51,15 @@ struct gs_push_opts {
 int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
                 struct gs_fileops *ops, const struct gs_push_opts *opts, struct gs_push_stats *st,
                 struct gs_error *err);
+
+/* The two halves of gs_push_run, for a caller that plans while it connects. gs_push_plan scans
+ * and plans (touching only local files and the index) and zeroes then fills `st`; gs_push_execute
+ * runs `plan` (which the caller releases) and completes `st`. Same returns as gs_push_run. */
+int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
+                 const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
+                 struct gs_error *err);
+int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *ops,
+                    const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
+                    struct gs_error *err);
 
 #endif

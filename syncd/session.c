@@ -54,35 +54,10 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     return rc;
 }
 
-/* Starts an agent that is already on the server in one exec. Returns 0, 1 when none is cached
- * there (install it), or a connection error. */
-static int open_cached_agent(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
-                             struct gs_error *err)
+/* Installs the agent (the cached one was missing or stale) and starts it, waiting for its answer.
+ * Falls back to SFTP when no agent can run there. */
+static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
 {
-    struct gs_buf cmd = GS_BUF_INIT;
-    gs_agent_cached_serve_command(remote_dir, &cmd);
-    int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
-    gs_buf_release(&cmd);
-    if (rc == 0) {
-        s->ops = gs_agent_fileops(s->agent);
-        snprintf(s->transport, sizeof(s->transport), "agent (cached)");
-        return 0;
-    }
-    if (err && strstr(err->msg, GS_AGENT_MISSING)) {
-        gs_error_clear(err);
-        return 1;
-    }
-    return rc;
-}
-
-int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
-                       const char *remote_path, struct gs_error *err)
-{
-    if (s->cfg->transport == GS_TRANSPORT_SFTP)
-        return open_sftp(s, ssh, remote_path, "[sync] transport = sftp", err);
-    int cached = open_cached_agent(s, ssh, remote_dir, err);
-    if (cached <= 0)
-        return cached;
     struct gs_buf cmd = GS_BUF_INIT, agent = GS_BUF_INIT;
     const char *how = "";
     int rc = gs_agent_install(ssh, &agent, &how, err);
@@ -90,28 +65,74 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
         char why[GS_ERROR_MSG_MAX + 32];
         snprintf(why, sizeof(why), "fallback: %s", err ? err->msg : "no agent");
         gs_warn("%s; using SFTP (no atomic replace)", err ? err->msg : "no agent");
-        gs_buf_release(&cmd);
-        gs_buf_release(&agent);
         gs_error_clear(err);
-        return open_sftp(s, ssh, remote_path, why, err);
-    }
-    if (rc == 0) {
-        gs_agent_serve_command(agent.data, remote_dir, &cmd);
+        rc = open_sftp(s, ssh, s->remote_path, why, err);
+    } else if (rc == 0) {
+        gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
         rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
-    }
-    if (rc == 0) {
-        s->ops = gs_agent_fileops(s->agent);
-        snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
+        if (rc == 0)
+            rc = gs_agent_wait_ready(s->agent, err);
+        if (rc == 0) {
+            s->ops = gs_agent_fileops(s->agent);
+            snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
+        }
     }
     gs_buf_release(&cmd);
     gs_buf_release(&agent);
     return rc;
 }
 
+int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
+                     const char *remote_path, struct gs_error *err)
+{
+    free(s->remote_dir);
+    free(s->remote_path);
+    s->remote_dir = strdup(remote_dir);
+    s->remote_path = strdup(remote_path && *remote_path ? remote_path : ".");
+    s->ssh = ssh;
+    if (s->cfg->transport == GS_TRANSPORT_SFTP)
+        return open_sftp(s, ssh, s->remote_path, "[sync] transport = sftp", err);
+    /* Start whichever agent build is cached there, in one exec, without waiting for it. */
+    struct gs_buf cmd = GS_BUF_INIT;
+    gs_agent_cached_serve_command(remote_dir, &cmd);
+    int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
+    gs_buf_release(&cmd);
+    return rc;
+}
+
+int gs_session_ready(struct gs_session *s, struct gs_error *err)
+{
+    if (s->ops)
+        return 0;
+    if (!s->agent)
+        return gs_error_set(err, GS_E_ERR, "gs_session_ready before gs_session_start");
+    int rc = gs_agent_wait_ready(s->agent, err);
+    if (rc == 0) {
+        s->ops = gs_agent_fileops(s->agent);
+        snprintf(s->transport, sizeof(s->transport), "agent (cached)");
+        return 0;
+    }
+    if (!err || !strstr(err->msg, GS_AGENT_MISSING))
+        return rc;
+    gs_agent_close(s->agent);
+    s->agent = NULL;
+    gs_error_clear(err);
+    return install_and_open(s, s->ssh, err);
+}
+
+int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
+                       const char *remote_path, struct gs_error *err)
+{
+    int rc = gs_session_start(s, ssh, remote_dir, remote_path, err);
+    return rc ? rc : gs_session_ready(s, err);
+}
+
 void gs_session_disconnect(struct gs_session *s)
 {
     if (s->ops)
-        s->ops->close(s->ops);
+        s->ops->close(s->ops); /* for the agent transport this frees the agent too */
+    else if (s->agent)
+        gs_agent_close(s->agent);
     s->ops = NULL;
     s->agent = NULL;
 }
@@ -122,5 +143,7 @@ void gs_session_close(struct gs_session *s)
     gs_index_close(s->idx);
     gs_ignore_free(s->ig);
     free(s->root);
+    free(s->remote_dir);
+    free(s->remote_path);
     memset(s, 0, sizeof(*s));
 }

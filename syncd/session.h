@@ -20,6 +20,9 @@ struct gs_session {
     struct gs_fileops *ops; /* NULL until connected */
     struct gs_agent *agent; /* the agent behind ops, or NULL (SFTP) */
     char transport[256];    /* "agent (uploaded)", "sftp (fallback: ...)" */
+    struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
+    char *remote_dir;       /* quoted shell word, for the agent */
+    char *remote_path;      /* raw, for SFTP */
 };
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
@@ -32,6 +35,14 @@ int gs_session_open(struct gs_session *s, const char *root, const struct gs_conf
  * SFTP when the config says so or no agent can run, recording why in s->transport. */
 int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                        const char *remote_path, struct gs_error *err);
+
+/* The two halves of gs_session_connect, so that a caller can overlap the connection's round trips
+ * with local work (a push plans while the agent starts): start launches the cached agent (or opens
+ * SFTP) without waiting; ready waits for the agent's answer and, if none was cached, installs one
+ * (or falls back to SFTP). s->ops is set once ready succeeds. */
+int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
+                     const char *remote_path, struct gs_error *err);
+int gs_session_ready(struct gs_session *s, struct gs_error *err);
 
 /* Closes the transport only (after a lost connection); the local half stays open. */
 void gs_session_disconnect(struct gs_session *s);
