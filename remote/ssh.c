@@ -189,10 +189,13 @@ void gs_ssh_free(struct gs_ssh *s)
     if (!s)
         return;
     if (s->session) {
-        /* A polite goodbye, but never wait long for it on a dead link. */
+        /* In non-blocking mode libssh2_session_free may answer EAGAIN and free nothing; blocking
+         * with a short timeout makes teardown complete, and a dead link cannot stall it. */
+        libssh2_session_set_blocking(s->session, 1);
         libssh2_session_set_timeout(s->session, 200);
         libssh2_session_disconnect(s->session, "gpusync done");
-        libssh2_session_free(s->session);
+        while (libssh2_session_free(s->session) == LIBSSH2_ERROR_EAGAIN)
+            ;
     }
     if (s->fd >= 0)
         close(s->fd);
