@@ -1,0 +1,473 @@
+// extension.js: the gpusync VS Code extension. It stays thin: every action is a call to the
+// gpusync CLI (lib/cli.js, spawn with an argument vector), whose --json output is the contract
+// (docs/json-contract.md). The status bar follows `gpusync events --json` (lib/syncstate.js).
+'use strict';
+
+const path = require('path');
+const vscode = require('vscode');
+
+const cli = require('./lib/cli');
+const { readJobs, hasProject } = require('./lib/config');
+const { SyncState, OFF } = require('./lib/syncstate');
+
+const GPU_CHOICES = [
+  { label: '1 GPU', args: ['--gpus', '1'] },
+  { label: '2 GPUs', args: ['--gpus', '2'] },
+  { label: '4 GPUs', args: ['--gpus', '4'] },
+  { label: '8 GPUs', args: ['--gpus', '8'] },
+  { label: '2 CPU ranks', description: 'no GPU', args: ['--cpu', '2'] },
+  { label: '4 CPU ranks', args: ['--cpu', '4'] },
+];
+const COMMAND_ITEM = {
+  label: 'Command...',
+  description: 'run any command line in the remote project',
+};
+
+// One per window: owns the status bar item, the output channels and the CLI processes it follows.
+class Gpusync {
+  constructor(context) {
+    this.context = context;
+    this.state = new SyncState();
+    this.events = null; // the `gpusync events --json` child
+    this.logs = null; // the `gpusync logs -f` child
+    this.lastRun = null; // id of the last run started from here
+    this.output = vscode.window.createOutputChannel('gpusync');
+    this.logChannel = vscode.window.createOutputChannel('gpusync logs');
+    this.item = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 10);
+    this.item.command = 'gpusync.showDetails';
+    context.subscriptions.push(this.output, this.logChannel, this.item, {
+      dispose: () => this.dispose(),
+    });
+    this.render();
+    this.item.show();
+  }
+
+  // ---- the CLI ----
+
+  root() {
+    const folders = vscode.workspace.workspaceFolders;
+    return folders && folders.length ? folders[0].uri.fsPath : null;
+  }
+
+  bin() {
+    const p = vscode.workspace.getConfiguration('gpusync').get('path', 'gpusync') || 'gpusync';
+    // A relative path with a slash is relative to the workspace; a bare name is looked up in PATH.
+    return p.includes('/') && !path.isAbsolute(p) && this.root() ? path.join(this.root(), p) : p;
+  }
+
+  // Runs `gpusync CMD --json ARGS...` in the workspace; resolves the reply, rejects a GpusyncError.
+  async json(args, input) {
+    this.output.appendLine(`$ gpusync ${cli.jsonArgs(args).join(' ')}`);
+    try {
+      return await cli.runJson(this.bin(), args, { cwd: this.root(), input });
+    } catch (e) {
+      this.output.appendLine(`  failed: ${e.message}`);
+      throw e;
+    }
+  }
+
+  requireProject() {
+    if (hasProject(this.root())) return true;
+    vscode.window.showErrorMessage(
+      'gpusync: this workspace is not a gpusync project; run "gpusync: Initialise" first.',
+    );
+    return false;
+  }
+
+  // ---- status bar ----
+
+  render() {
+    const v = this.state.view();
+    this.item.text = v.text;
+    this.item.tooltip = v.tooltip;
+    this.item.backgroundColor =
+      v.severity === 'normal'
+        ? undefined
+        : new vscode.ThemeColor(
+            v.severity === 'error'
+              ? 'statusBarItem.errorBackground'
+              : 'statusBarItem.warningBackground',
+          );
+  }
+
+  notify(problem) {
+    const file = problem.path || '(no file)';
+    if (problem.kind === 'conflict') {
+      vscode.window.showWarningMessage(
+        `gpusync: conflict on ${file}: it was changed on the server; the server's copy is kept as ${problem.detail}`,
+      );
+    } else {
+      vscode.window.showErrorMessage(
+        `gpusync: error syncing ${file}: ${problem.detail || 'failed'}`,
+      );
+    }
+  }
+
+  onEventLine(line) {
+    const ev = cli.parseContractLine(line);
+    if (!ev || typeof ev.event !== 'string') return;
+    this.sawEvent = true;
+    this.output.appendLine(`event: ${line}`);
+    const problem = this.state.applyEvent(ev);
+    this.render();
+    if (problem) this.notify(problem);
+  }
+
+  // Follows the daemon's events (once); the stream ends when the daemon stops.
+  async followEvents() {
+    if (this.events) return;
+    this.sawEvent = false;
+    this.events = cli.follow(this.bin(), ['events', '--json'], {
+      cwd: this.root(),
+      onLine: (l) => this.onEventLine(l),
+      onErrLine: (l) => this.output.appendLine(`events: ${l}`),
+      onExit: () => {
+        this.events = null;
+        this.state.stopped();
+        this.render();
+      },
+    });
+    // The stream carries changes only: the starting point comes from status (unless an event
+    // already said more).
+    try {
+      const st = await this.json(['status']);
+      if (!this.sawEvent && this.events) {
+        this.state.applyStatus(st);
+        this.render();
+      }
+    } catch (e) {
+      /* shown in the output channel; the events decide */
+    }
+  }
+
+  stopEvents() {
+    if (this.events) this.events.kill('SIGTERM');
+    this.events = null;
+    this.state.stopped();
+    this.render();
+  }
+
+  // ---- commands ----
+
+  async init() {
+    const target = await vscode.window.showInputBox({
+      prompt: 'Server to sync with: [user@]host[:port]',
+      placeHolder: 'root@connect.example.com:22',
+      ignoreFocusOut: true,
+    });
+    if (!target) return null;
+    const remote = await vscode.window.showInputBox({
+      prompt:
+        'Project directory on the server (empty: gpusync/<folder name> under the remote home)',
+      ignoreFocusOut: true,
+    });
+    const args = ['init', target].concat(remote ? ['--path', remote] : []);
+    try {
+      return await this.initWithPrompts(args);
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: initialise failed: ${e.message}`);
+      return null;
+    }
+  }
+
+  // Runs init; asks before trusting an unknown host key and for a password to install a key.
+  async initWithPrompts(args) {
+    let input;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        const r = await this.json(args, input);
+        vscode.window.showInformationMessage(
+          `gpusync: initialised for ${r.target} (${r.remote_path}), auth ${r.auth}`,
+        );
+        return r;
+      } catch (e) {
+        if (e.errorName === 'unknown host key' && !args.includes('--accept-new-host-key')) {
+          const pick = await vscode.window.showWarningMessage(
+            `${e.message}\nTrust this server's key?`,
+            'Trust',
+            'Cancel',
+          );
+          if (pick !== 'Trust') return null;
+          args = args.concat(['--accept-new-host-key']);
+        } else if (e.errorName === 'authentication failed' && input === undefined) {
+          const pw = await vscode.window.showInputBox({
+            prompt: 'SSH password (used once to install a gpusync key on the server)',
+            password: true,
+            ignoreFocusOut: true,
+          });
+          if (!pw) return null;
+          args = args.concat(['--install-key', '--password-stdin']);
+          input = `${pw}\n`;
+        } else {
+          throw e;
+        }
+      }
+    }
+    return null;
+  }
+
+  async startWatching() {
+    if (!this.requireProject()) return null;
+    let reply = null;
+    try {
+      reply = await this.startDaemon();
+      vscode.window.showInformationMessage(`gpusync: watching (daemon pid ${reply.pid})`);
+    } catch (e) {
+      if (e.errorName !== 'conflict') {
+        // "conflict" here means a daemon already runs: follow it
+        vscode.window.showErrorMessage(`gpusync: cannot start watching: ${e.message}`);
+        return null;
+      }
+    }
+    await this.followEvents();
+    return reply;
+  }
+
+  // `watch -d`. Right after `watch --stop` the old daemon can hold its lock for a moment after
+  // it stopped serving ("conflict" while status says no daemon): try again for up to 3 s.
+  async startDaemon() {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.json(['watch', '-d']);
+      } catch (e) {
+        if (e.errorName !== 'conflict' || attempt >= 30) throw e;
+        const st = await this.json(['status']).catch(() => ({ daemon: true }));
+        if (st.daemon) throw e; // a daemon really runs
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    }
+  }
+
+  async stopWatching() {
+    if (!this.requireProject()) return null;
+    try {
+      const r = await this.json(['watch', '--stop']);
+      this.stopEvents();
+      vscode.window.showInformationMessage(
+        r.was_running ? 'gpusync: stopped watching' : 'gpusync: no watch was running',
+      );
+      return r;
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: cannot stop watching: ${e.message}`);
+      return null;
+    }
+  }
+
+  async push() {
+    if (!this.requireProject()) return null;
+    let r;
+    try {
+      r = await this.json(['push']);
+    } catch (e) {
+      if (!e.reply || !Array.isArray(e.reply.failures)) {
+        vscode.window.showErrorMessage(`gpusync: push failed: ${e.message}`);
+        return null;
+      }
+      r = e.reply; // some operations failed: the summary says which
+    }
+    for (const c of r.conflicts || [])
+      this.notify({ kind: 'conflict', path: c.path, detail: c.kept });
+    for (const f of r.failures || [])
+      this.notify({ kind: 'error', path: f.path, detail: `${f.op}: ${f.error}` });
+    const msg = `gpusync: pushed ${r.sent} file${r.sent === 1 ? '' : 's'} (${r.bytes} bytes), deleted ${r.deleted}, renamed ${r.renamed} in ${r.seconds} s`;
+    if (r.ok) vscode.window.showInformationMessage(msg);
+    return r;
+  }
+
+  async pickJob() {
+    const jobs = readJobs(this.root());
+    const items = jobs.map((j) => ({
+      label: j.name,
+      description: j.command || '',
+      detail: j.gpus ? `gpus = ${j.gpus}` : undefined,
+      job: j,
+    }));
+    if (!jobs.some((j) => j.name === 'train'))
+      items.push({
+        label: 'train',
+        description: 'the bundled trainer (Fashion-MNIST)',
+        job: { name: 'train' },
+      });
+    items.push(COMMAND_ITEM);
+    const pick = await vscode.window.showQuickPick(items, {
+      placeHolder: 'Job to run on the server',
+    });
+    if (!pick) return null;
+    if (pick === COMMAND_ITEM || pick.label === COMMAND_ITEM.label) {
+      const line = await vscode.window.showInputBox({
+        prompt: 'Command line to run in the remote project',
+      });
+      return line ? { label: line, args: ['--', 'sh', '-c', line] } : null;
+    }
+    return { label: pick.label, job: pick.job, args: [pick.label] };
+  }
+
+  async pickCount(job) {
+    const items = GPU_CHOICES.slice();
+    if (job && job.gpus) items.unshift({ label: `job default (gpus = ${job.gpus})`, args: [] });
+    const pick = await vscode.window.showQuickPick(items, {
+      placeHolder: 'GPUs (or CPU ranks) for the run',
+    });
+    return pick ? pick.args : null;
+  }
+
+  async runJob() {
+    if (!this.requireProject()) return null;
+    const what = await this.pickJob();
+    if (!what) return null;
+    const count = await this.pickCount(what.job);
+    if (!count) return null;
+    let r;
+    try {
+      r = await this.json(['run'].concat(count, ['--detach'], what.args));
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: run failed: ${e.message}`);
+      return null;
+    }
+    this.lastRun = r.id;
+    vscode.window.showInformationMessage(
+      `gpusync: run ${r.id} started: ${r.ranks} rank${r.ranks === 1 ? '' : 's'} (MASTER_PORT ${r.master_port})`,
+    );
+    const ended = this.showLogs(r.id);
+    return { run: r, ended };
+  }
+
+  // Follows a run's logs in the "gpusync logs" channel. Returns a promise of the run's exit status.
+  showLogs(runId) {
+    if (!this.requireProject()) return Promise.resolve(null);
+    if (this.logs) this.logs.kill('SIGTERM');
+    const id = typeof runId === 'string' ? runId : this.lastRun;
+    const args = ['logs', '-f'].concat(id ? [id] : []);
+    this.logChannel.clear();
+    this.logChannel.appendLine(`$ gpusync ${args.join(' ')}`);
+    this.logChannel.show(true);
+    return new Promise((resolve) => {
+      const child = cli.follow(this.bin(), args, {
+        cwd: this.root(),
+        onLine: (l) => this.logChannel.appendLine(l),
+        onErrLine: (l) => this.logChannel.appendLine(l),
+        onExit: (code) => {
+          if (this.logs === child) this.logs = null;
+          this.logChannel.appendLine(`[gpusync logs ended: exit status ${code}]`);
+          resolve(code);
+        },
+      });
+      this.logs = child;
+    });
+  }
+
+  async stopRun() {
+    if (!this.requireProject()) return null;
+    let runs;
+    try {
+      runs = (await this.json(['ps'])).runs.filter((r) => r.state === 'running');
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: cannot list runs: ${e.message}`);
+      return null;
+    }
+    if (!runs.length) {
+      vscode.window.showInformationMessage('gpusync: no run is running');
+      return null;
+    }
+    const pick = await vscode.window.showQuickPick(
+      runs.map((r) => ({
+        label: r.id,
+        description: [r.name, r.command && [].concat(r.command).join(' ')]
+          .filter(Boolean)
+          .join(' · '),
+        run: r,
+      })),
+      { placeHolder: 'Run to stop' },
+    );
+    if (!pick) return null;
+    try {
+      const r = await this.json(['stop', pick.label]);
+      vscode.window.showInformationMessage(`gpusync: stopped run ${r.id}`);
+      return r;
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: cannot stop ${pick.label}: ${e.message}`);
+      return null;
+    }
+  }
+
+  async doctor() {
+    if (!this.requireProject()) return null;
+    let r;
+    try {
+      r = await this.json(['doctor']);
+    } catch (e) {
+      if (!e.reply || !Array.isArray(e.reply.checks)) {
+        vscode.window.showErrorMessage(`gpusync: doctor failed: ${e.message}`);
+        return null;
+      }
+      r = e.reply; // a failed check: still a full report
+    }
+    this.output.appendLine('gpusync doctor:');
+    for (const c of r.checks)
+      this.output.appendLine(
+        `  ${c.status.padEnd(5)} ${c.name.padEnd(8)} ${c.detail}${c.hint ? `  (hint: ${c.hint})` : ''}`,
+      );
+    this.output.show(true);
+    const count = (s) => r.checks.filter((c) => c.status === s).length;
+    const msg = `gpusync doctor: ${count('ok')} ok, ${count('warn')} warnings, ${count('fail')} failed`;
+    if (r.ok) vscode.window.showInformationMessage(msg);
+    else vscode.window.showErrorMessage(msg);
+    return r;
+  }
+
+  showDetails() {
+    const lines = this.state.details();
+    this.output.appendLine('gpusync status:');
+    for (const l of lines) this.output.appendLine(`  ${l}`);
+    this.output.show(true);
+    this.state.acknowledge();
+    this.render();
+    vscode.window.showInformationMessage(`gpusync: ${lines.join('; ')}`);
+    return lines;
+  }
+
+  // On open: follow a daemon that already runs, or start one when gpusync.watchOnOpen says so.
+  async onOpen() {
+    if (!hasProject(this.root())) return;
+    let st = null;
+    try {
+      st = await this.json(['status']);
+    } catch (e) {
+      return;
+    }
+    if (st.daemon) await this.followEvents();
+    else if (vscode.workspace.getConfiguration('gpusync').get('watchOnOpen', false))
+      await this.startWatching();
+  }
+
+  dispose() {
+    if (this.events) this.events.kill('SIGTERM');
+    if (this.logs) this.logs.kill('SIGTERM');
+    this.events = this.logs = null;
+  }
+}
+
+function activate(context) {
+  const g = new Gpusync(context);
+  const commands = {
+    'gpusync.init': () => g.init(),
+    'gpusync.startWatching': () => g.startWatching(),
+    'gpusync.stopWatching': () => g.stopWatching(),
+    'gpusync.push': () => g.push(),
+    'gpusync.runJob': () => g.runJob(),
+    'gpusync.showLogs': (id) => g.showLogs(id),
+    'gpusync.stopRun': () => g.stopRun(),
+    'gpusync.doctor': () => g.doctor(),
+    'gpusync.showDetails': () => g.showDetails(),
+  };
+  for (const [id, fn] of Object.entries(commands))
+    context.subscriptions.push(vscode.commands.registerCommand(id, fn));
+  const ready = g.onOpen();
+  return { ready, state: () => g.state.kind, isWatching: () => g.state.kind !== OFF };
+}
+
+function deactivate() {
+  // the subscriptions' dispose() ends the followed processes; the daemon keeps running
+}
+
+module.exports = { activate, deactivate };

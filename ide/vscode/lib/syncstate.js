@@ -1,0 +1,145 @@
+// lib/syncstate.js: the sync state shown in the status bar, computed from `gpusync status --json`
+// (the starting point) and the `gpusync events --json` stream (every change after it). Pure: no
+// VS Code API here, so the rules are easy to read and to test.
+'use strict';
+
+// Kinds of state, in the words the status bar uses.
+const OFF = 'off'; // no daemon (or not followed)
+const CONNECTING = 'connecting';
+const CONNECTED = 'connected';
+const SYNCING = 'syncing';
+const UP_TO_DATE = 'up_to_date';
+const CONFLICT = 'conflict';
+const ERROR = 'error';
+const DISCONNECTED = 'disconnected';
+
+const MAX_PROBLEMS = 50; // kept for the details view; older ones drop off
+
+class SyncState {
+  constructor() {
+    this.kind = OFF;
+    this.target = null;
+    this.syncedInBatch = 0; // paths synced since the last "idle": the N of "syncing N"
+    this.lastPath = null;
+    this.lastMessage = null;
+    this.problems = []; // {kind: 'conflict'|'error', path, detail, time}, unseen by the user
+    this.recent = []; // the last events, newest last, for the details view
+  }
+
+  // Seeds the state from a `status --json` reply (daemon running or not).
+  applyStatus(st) {
+    if (!st || st.daemon !== true) {
+      this.kind = OFF;
+      return;
+    }
+    this.target = st.target || this.target;
+    this.lastMessage = st.last_error || null;
+    if (st.state === 'up_to_date') this.kind = UP_TO_DATE;
+    else if (st.state === 'syncing') this.kind = SYNCING;
+    else if (st.state === 'disconnected') this.kind = DISCONNECTED;
+    else this.kind = CONNECTING;
+    this.syncedInBatch = 0;
+  }
+
+  // Applies one event object; returns a problem {kind, path, detail} that deserves a
+  // notification, or null.
+  applyEvent(ev) {
+    this.recent.push(ev);
+    if (this.recent.length > 20) this.recent.shift();
+    switch (ev.event) {
+      case 'connected':
+        this.kind = CONNECTED;
+        this.target = ev.target || this.target;
+        this.lastMessage = null;
+        return null;
+      case 'disconnected':
+        this.kind = DISCONNECTED;
+        this.lastMessage = ev.message || null;
+        return null;
+      case 'synced':
+      case 'deleted':
+      case 'renamed':
+        this.kind = SYNCING;
+        this.syncedInBatch++;
+        this.lastPath = ev.path;
+        return null;
+      case 'idle':
+        this.kind = UP_TO_DATE;
+        this.syncedInBatch = 0;
+        this.lastMessage = null;
+        return null;
+      case 'conflict':
+        return this.addProblem(CONFLICT, ev.path, ev.kept);
+      case 'error':
+        return this.addProblem(ERROR, ev.path, ev.message);
+      default:
+        return null; // a newer daemon's event: ignore it, as the contract allows
+    }
+  }
+
+  addProblem(kind, path, detail) {
+    const p = { kind, path: path || null, detail: detail || null, time: new Date() };
+    this.kind = kind;
+    this.lastPath = path || null;
+    this.lastMessage = detail || null;
+    this.problems.push(p);
+    if (this.problems.length > MAX_PROBLEMS) this.problems.shift();
+    return p;
+  }
+
+  // The daemon went away (the events stream ended).
+  stopped() {
+    this.kind = OFF;
+    this.syncedInBatch = 0;
+  }
+
+  // The user has seen the problems (clicked the item).
+  acknowledge() {
+    this.problems = [];
+  }
+
+  // {text, tooltip, severity: 'normal'|'warning'|'error'} for the status bar.
+  view() {
+    const n = this.problems.length;
+    const badge = n ? ` (${n} problem${n === 1 ? '' : 's'})` : '';
+    const where = this.target ? ` to ${this.target}` : '';
+    const views = {
+      [OFF]: ['$(circle-slash) gpusync: not watching', 'gpusync watch is not running here'],
+      [CONNECTING]: ['$(sync~spin) gpusync: connecting', `connecting${where}`],
+      [CONNECTED]: ['$(plug) gpusync: connected', `connected${where}`],
+      [SYNCING]: [`$(sync~spin) gpusync: syncing ${this.syncedInBatch}`, `syncing${where}`],
+      [UP_TO_DATE]: ['$(check) gpusync: up to date', `the server matches this workspace${where}`],
+      [CONFLICT]: [`$(warning) gpusync: conflict ${this.lastPath || ''}`.trim(), this.lastMessage],
+      [ERROR]: [`$(error) gpusync: error ${this.lastPath || ''}`.trim(), this.lastMessage],
+      [DISCONNECTED]: ['$(debug-disconnect) gpusync: disconnected', this.lastMessage],
+    };
+    const [text, tip] = views[this.kind];
+    let severity = 'normal';
+    if (this.kind === ERROR || this.kind === DISCONNECTED) severity = 'error';
+    else if (this.kind === CONFLICT || n) severity = 'warning';
+    // conflict and error name their file already; other states carry the problem count
+    const withBadge = this.kind === CONFLICT || this.kind === ERROR ? text : text + badge;
+    return { text: withBadge, tooltip: `${tip || ''}\nclick for details`.trim(), severity };
+  }
+
+  // A few lines for the details view.
+  details() {
+    const lines = [this.view().text.replace(/^\$\([^)]*\) gpusync: /, '')];
+    if (this.lastMessage) lines.push(`last message: ${this.lastMessage}`);
+    for (const p of this.problems)
+      lines.push(`${p.kind}: ${p.path || '(no file)'}${p.detail ? ` — ${p.detail}` : ''}`);
+    return lines;
+  }
+}
+
+module.exports = {
+  SyncState,
+  OFF,
+  CONNECTING,
+  CONNECTED,
+  SYNCING,
+  UP_TO_DATE,
+  CONFLICT,
+  ERROR,
+  DISCONNECTED,
+};

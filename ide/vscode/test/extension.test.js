@@ -1,0 +1,330 @@
+// test/extension.test.js: the extension driven end to end: the REAL gpusync binary ($GPUSYNC_BIN)
+// against the sandbox sshd (scripts/sandbox-server.sh), with the server's tree checked directly on
+// this machine's filesystem.
+//
+// Why a fake `vscode`: VS Code itself cannot be downloaded or run here (only the npm registry is
+// reachable, and there is no display), so test/vscode-fake.js stands in for the `vscode` module.
+// It records what the extension shows (status bar, output channels, notifications) and answers
+// prompts from queues; everything below the extension's calls to the VS Code API is real.
+'use strict';
+
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { execFileSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+
+const vscodeFake = require('./vscode-fake');
+
+vscodeFake.install();
+const { fake } = vscodeFake;
+
+const REPO = path.resolve(__dirname, '..', '..', '..');
+const SANDBOX = path.join(REPO, 'scripts', 'sandbox-server.sh');
+const WAIT_MS = 30000;
+
+function gpusyncBin() {
+  const bin =
+    process.env.GPUSYNC_BIN ||
+    (process.env.GS_BUILD_DIR ? path.join(process.env.GS_BUILD_DIR, 'cli', 'gpusync') : null);
+  if (!bin || !fs.existsSync(bin))
+    throw new Error(
+      'set GPUSYNC_BIN to the built gpusync binary (or GS_BUILD_DIR to the build folder)',
+    );
+  return bin;
+}
+
+const env = { tmp: null, sandbox: null, project: null, remote: null, port: null, bin: null };
+let extension;
+let api;
+
+// Resolves once pred() is true, re-checking after every visible change; rejects after `ms`.
+function waitFor(pred, what, ms = WAIT_MS) {
+  return new Promise((resolve, reject) => {
+    const check = () => {
+      let v;
+      try {
+        v = pred();
+      } catch (e) {
+        v = false;
+      }
+      if (v) {
+        clearTimeout(timer);
+        fake.changes.off('change', check);
+        resolve(v);
+      }
+    };
+    const timer = setTimeout(() => {
+      fake.changes.off('change', check);
+      reject(
+        new Error(
+          `timed out waiting for ${what}; status bar history: ${JSON.stringify(statusItem().history.slice(-10))}; messages: ${JSON.stringify(fake.messages.slice(-5))}`,
+        ),
+      );
+    }, ms);
+    fake.changes.on('change', check);
+    check();
+  });
+}
+
+function statusItem() {
+  return fake.statusItems[fake.statusItems.length - 1];
+}
+
+function channel(name) {
+  return fake.channels.get(name);
+}
+
+// Runs the CLI directly (for checks the extension does not make itself).
+function cliJson(args) {
+  const out = execFileSync(env.bin, [args[0], '--json'].concat(args.slice(1)), {
+    cwd: env.project,
+    encoding: 'utf8',
+  });
+  return JSON.parse(out.trim().split('\n').pop());
+}
+
+function remoteFile(rel) {
+  return fs.readFileSync(path.join(env.remote, rel), 'utf8');
+}
+
+// Resolves once process `pid` has exited. `watch --stop` answers when the daemon closes its
+// socket, a moment before the process ends, and node cannot wait on a process that is not its
+// child (no pidfd), so this looks at /proc every 20 ms, up to WAIT_MS.
+async function processGone(pid) {
+  const end = Date.now() + WAIT_MS;
+  while (isAlive(pid)) {
+    if (Date.now() > end) return false;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return true;
+}
+
+// Whether `pid` is a live process (a zombie left for init to reap counts as gone).
+function isAlive(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch (e) {
+    return false;
+  }
+}
+
+before(() => {
+  env.bin = gpusyncBin();
+  env.tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'gs-vscode-'));
+  env.sandbox = path.join(env.tmp, 'sandbox');
+  env.project = path.join(env.tmp, 'project');
+  env.remote = path.join(env.tmp, 'remote');
+  fs.mkdirSync(env.project);
+  const out = execFileSync(SANDBOX, ['start', '--dir', env.sandbox], { encoding: 'utf8' });
+  const vars = Object.fromEntries(
+    out
+      .trim()
+      .split('\n')
+      .map((l) => l.split('=')),
+  );
+  env.port = vars.GS_SANDBOX_PORT;
+  // The child processes inherit this: the sandbox's key, an empty known_hosts, no agent.
+  process.env.HOME = vars.GS_SANDBOX_HOME;
+  delete process.env.SSH_AUTH_SOCK;
+  delete process.env.GPUSYNC_PASSWORD;
+  fake.workspaceFolders = [{ uri: { fsPath: env.project }, name: 'project', index: 0 }];
+  fake.settings['gpusync.path'] = env.bin;
+  extension = require('../extension');
+});
+
+after(() => {
+  try {
+    if (fs.existsSync(path.join(env.project, '.gpusync', 'config')))
+      execFileSync(env.bin, ['watch', '--stop'], { cwd: env.project, stdio: 'ignore' });
+  } catch (e) {
+    /* already stopped */
+  }
+  for (const s of contexts.flatMap((c) => c.subscriptions)) s.dispose();
+  if (env.sandbox) execFileSync(SANDBOX, ['stop', env.sandbox], { stdio: 'ignore' });
+  if (env.tmp) fs.rmSync(env.tmp, { recursive: true, force: true });
+});
+
+const context = vscodeFake.makeContext();
+const contexts = [context]; // every activation's context, disposed at the end
+
+test('activation registers every command the manifest declares', async () => {
+  api = extension.activate(context);
+  await api.ready;
+  const manifest = JSON.parse(fs.readFileSync(path.join(__dirname, '..', 'package.json'), 'utf8'));
+  const declared = manifest.contributes.commands.map((c) => c.command).sort();
+  assert.deepEqual([...fake.commands.keys()].sort(), declared);
+  for (const id of [
+    'gpusync.init',
+    'gpusync.startWatching',
+    'gpusync.stopWatching',
+    'gpusync.push',
+    'gpusync.runJob',
+    'gpusync.showLogs',
+    'gpusync.stopRun',
+    'gpusync.doctor',
+  ])
+    assert.ok(declared.includes(id), `${id} is declared`);
+  assert.match(statusItem().text, /not watching/);
+  assert.equal(statusItem().command, 'gpusync.showDetails');
+  const settings = manifest.contributes.configuration.properties;
+  assert.equal(settings['gpusync.watchOnOpen'].default, false);
+  assert.equal(settings['gpusync.path'].type, 'string');
+});
+
+test('Initialise asks to trust the unknown host key, then writes the project config', async () => {
+  fake.answers.inputBox.push(`root@127.0.0.1:${env.port}`, env.remote);
+  fake.answers.message.push((text) => (/Trust this server/.test(text) ? 'Trust' : undefined));
+  const r = await vscodeFake.commands.executeCommand('gpusync.init');
+  assert.ok(r, `init failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.equal(r.remote_path, env.remote);
+  assert.ok(fake.messages.some((m) => m.level === 'warning' && /known_hosts/.test(m.text)));
+  assert.match(
+    fs.readFileSync(path.join(env.project, '.gpusync', 'config'), 'utf8'),
+    new RegExp(`port = ${env.port}`),
+  );
+  assert.ok(fs.statSync(env.remote).isDirectory());
+});
+
+test('Push puts a new file on the server', async () => {
+  fs.writeFileSync(path.join(env.project, 'pushed.py'), 'print("pushed")\n');
+  const r = await vscodeFake.commands.executeCommand('gpusync.push');
+  assert.ok(r && r.ok, `push failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.equal(remoteFile('pushed.py'), 'print("pushed")\n');
+  assert.ok(fake.messages.some((m) => m.level === 'info' && /pushed 1 file/.test(m.text)));
+});
+
+test('Start Watching, then an edit: the status bar goes through syncing to up to date and the file is on the server', async () => {
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(() => /up to date|connected/.test(statusItem().text), 'the first state');
+  const mark = statusItem().history.length;
+  fs.writeFileSync(path.join(env.project, 'edited.py'), 'x = 1\n');
+  await waitFor(
+    () =>
+      statusItem()
+        .history.slice(mark)
+        .some((t) => /syncing 1/.test(t)),
+    '"syncing 1"',
+  );
+  await waitFor(() => {
+    const h = statusItem().history.slice(mark);
+    const s = h.findIndex((t) => /syncing/.test(t));
+    return s >= 0 && h.slice(s).some((t) => /up to date/.test(t));
+  }, '"up to date" after the sync');
+  assert.equal(remoteFile('edited.py'), 'x = 1\n');
+  assert.equal(api.state(), 'up_to_date');
+});
+
+test('a conflict raises a notification that names the file', async () => {
+  fs.writeFileSync(path.join(env.project, 'shared.py'), 'v = 1\n');
+  const mark = statusItem().history.length;
+  await waitFor(
+    () =>
+      fs.existsSync(path.join(env.remote, 'shared.py')) &&
+      statusItem()
+        .history.slice(mark)
+        .some((t) => /up to date/.test(t)),
+    'shared.py synced',
+  );
+  fs.writeFileSync(path.join(env.remote, 'shared.py'), 'v = "changed on the server"\n');
+  fs.writeFileSync(path.join(env.project, 'shared.py'), 'v = 2\n');
+  const note = await waitFor(
+    () => fake.messages.find((m) => m.level === 'warning' && /conflict/.test(m.text)),
+    'the conflict notification',
+  );
+  assert.match(note.text, /shared\.py/);
+  assert.match(note.text, /shared\.py\.gpusync-conflict-/);
+  await waitFor(() => /up to date/.test(statusItem().text), 'up to date after the conflict');
+  assert.match(statusItem().text, /1 problem/);
+  assert.equal(remoteFile('shared.py'), 'v = 2\n');
+  const kept = fs
+    .readdirSync(env.remote)
+    .filter((f) => f.startsWith('shared.py.gpusync-conflict-'));
+  assert.equal(kept.length, 1);
+  assert.equal(remoteFile(kept[0]), 'v = "changed on the server"\n');
+  // Clicking the item shows the details and clears the badge.
+  const lines = await vscodeFake.commands.executeCommand('gpusync.showDetails');
+  assert.ok(lines.some((l) => /conflict: shared\.py/.test(l)));
+  assert.doesNotMatch(statusItem().text, /problem/);
+});
+
+test('Run Job with 2 CPU ranks fills the logs output channel', async () => {
+  fs.appendFileSync(
+    path.join(env.project, '.gpusync', 'config'),
+    '\n[job "hello"]\n\tcommand = echo hello from rank $RANK of $WORLD_SIZE\n',
+  );
+  fake.answers.quickPick.push(
+    (items) => items.find((i) => i.label === 'hello'),
+    (items) => items.find((i) => i.label === '2 CPU ranks'),
+  );
+  const r = await vscodeFake.commands.executeCommand('gpusync.runJob');
+  assert.ok(r && r.run, `run failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.equal(r.run.ranks, 2);
+  assert.match(r.run.id, /\S/);
+  const code = await r.ended;
+  assert.equal(code, 0);
+  const text = channel('gpusync logs').text;
+  assert.match(text, /hello from rank 0 of 2/);
+  assert.match(text, /hello from rank 1 of 2/);
+});
+
+test('Stop Run stops the running job the user picks', async () => {
+  const started = cliJson(['run', '--cpu', '1', '--detach', '--', 'sleep', '120']);
+  assert.equal(started.ok, true);
+  fake.answers.quickPick.push((items) => items.find((i) => i.label === started.id));
+  const r = await vscodeFake.commands.executeCommand('gpusync.stopRun');
+  assert.ok(r, `stop failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.equal(r.id, started.id);
+  const run = cliJson(['ps']).runs.find((x) => x.id === started.id);
+  assert.ok(run, 'the run is listed');
+  assert.notEqual(run.state, 'running');
+});
+
+test('Doctor writes every check to the output channel', async () => {
+  const r = await vscodeFake.commands.executeCommand('gpusync.doctor');
+  assert.ok(
+    r && Array.isArray(r.checks),
+    `doctor failed: ${JSON.stringify(fake.messages.slice(-2))}`,
+  );
+  assert.match(channel('gpusync').text, /ok\s+ssh\s+root@127\.0\.0\.1/);
+  assert.ok(fake.messages.some((m) => /gpusync doctor: \d+ ok/.test(m.text)));
+});
+
+test('Stop Watching stops the daemon and the status bar says so', async () => {
+  const before = cliJson(['status']);
+  assert.equal(before.daemon, true);
+  const r = await vscodeFake.commands.executeCommand('gpusync.stopWatching');
+  assert.ok(r && r.was_running === true, `stop failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(() => /not watching/.test(statusItem().text), '"not watching"');
+  assert.equal(cliJson(['status']).daemon, false);
+  assert.equal(await processGone(before.pid), true);
+});
+
+test('Start Watching right after Stop Watching starts a new daemon', async () => {
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.equal(cliJson(['status']).pid, r.pid);
+  const stopped = await vscodeFake.commands.executeCommand('gpusync.stopWatching');
+  assert.equal(stopped.was_running, true);
+});
+
+test('with gpusync.watchOnOpen set, opening the workspace starts watching', async () => {
+  for (const s of context.subscriptions) s.dispose(); // "close the window"
+  fake.settings['gpusync.watchOnOpen'] = true;
+  const reopened = vscodeFake.makeContext();
+  contexts.push(reopened);
+  const again = extension.activate(reopened);
+  await again.ready;
+  const st = cliJson(['status']);
+  assert.equal(st.daemon, true);
+  await waitFor(
+    () => /up to date|connected|syncing/.test(statusItem().text),
+    'the new window to follow the daemon',
+  );
+  const stopped = await vscodeFake.commands.executeCommand('gpusync.stopWatching');
+  assert.equal(stopped.was_running, true);
+  assert.equal(await processGone(st.pid), true);
+});

@@ -1,0 +1,183 @@
+// test/vscode-fake.js: a small stand-in for the `vscode` module, because VS Code itself cannot be
+// downloaded or run here (no display, and only the npm registry is reachable). It implements just
+// the API the extension uses, records everything the extension shows (status bar text, output
+// channels, notifications) and answers prompts from queues the tests fill. Every visible change
+// emits 'change' on `fake.changes`, so tests wait for what a user would see instead of sleeping.
+'use strict';
+
+const { EventEmitter } = require('events');
+
+const changes = new EventEmitter();
+changes.setMaxListeners(100);
+
+const fake = {
+  changes,
+  commands: new Map(), // id -> handler
+  statusItems: [],
+  channels: new Map(), // name -> channel
+  messages: [], // {level, text, items}
+  answers: { inputBox: [], quickPick: [], message: [] }, // queues of answers (values or functions)
+  settings: {}, // "gpusync.path" -> value
+  workspaceFolders: [],
+};
+
+function changed(what) {
+  changes.emit('change', what);
+}
+
+// Takes the next answer from a queue; a function is called with the prompt's arguments.
+function answer(queue, ...args) {
+  if (!queue.length) return undefined;
+  const a = queue.shift();
+  return typeof a === 'function' ? a(...args) : a;
+}
+
+class Disposable {
+  constructor(fn) {
+    this.fn = fn;
+  }
+  dispose() {
+    if (this.fn) this.fn();
+    this.fn = null;
+  }
+}
+
+class ThemeColor {
+  constructor(id) {
+    this.id = id;
+  }
+}
+
+function createStatusBarItem(alignment, priority) {
+  let text = '';
+  const item = {
+    alignment,
+    priority,
+    history: [], // every text it has shown, in order
+    tooltip: undefined,
+    command: undefined,
+    backgroundColor: undefined,
+    visible: false,
+    get text() {
+      return text;
+    },
+    set text(t) {
+      text = t;
+      item.history.push(t);
+      changed('status');
+    },
+    show() {
+      item.visible = true;
+    },
+    hide() {
+      item.visible = false;
+    },
+    dispose() {
+      item.visible = false;
+    },
+  };
+  fake.statusItems.push(item);
+  return item;
+}
+
+function createOutputChannel(name) {
+  const ch = {
+    name,
+    text: '',
+    shown: false,
+    append(s) {
+      ch.text += s;
+      changed('output');
+    },
+    appendLine(s) {
+      ch.append(`${s}\n`);
+    },
+    clear() {
+      ch.text = '';
+    },
+    show() {
+      ch.shown = true;
+    },
+    hide() {
+      ch.shown = false;
+    },
+    dispose() {},
+  };
+  fake.channels.set(name, ch);
+  return ch;
+}
+
+function message(level) {
+  return (text, ...items) => {
+    fake.messages.push({ level, text, items });
+    changed('message');
+    return Promise.resolve(answer(fake.answers.message, text, items));
+  };
+}
+
+const vscode = {
+  Disposable,
+  ThemeColor,
+  StatusBarAlignment: { Left: 1, Right: 2 },
+  commands: {
+    registerCommand(id, fn) {
+      if (fake.commands.has(id)) throw new Error(`command '${id}' already exists`);
+      fake.commands.set(id, fn);
+      return new Disposable(() => fake.commands.delete(id));
+    },
+    executeCommand(id, ...args) {
+      const fn = fake.commands.get(id);
+      if (!fn) return Promise.reject(new Error(`command '${id}' not found`));
+      return Promise.resolve(fn(...args));
+    },
+    getCommands() {
+      return Promise.resolve([...fake.commands.keys()]);
+    },
+  },
+  window: {
+    createStatusBarItem,
+    createOutputChannel,
+    showInformationMessage: message('info'),
+    showWarningMessage: message('warning'),
+    showErrorMessage: message('error'),
+    showQuickPick(items, options) {
+      return Promise.resolve(items).then((list) => answer(fake.answers.quickPick, list, options));
+    },
+    showInputBox(options) {
+      return Promise.resolve(answer(fake.answers.inputBox, options));
+    },
+  },
+  workspace: {
+    get workspaceFolders() {
+      return fake.workspaceFolders;
+    },
+    getConfiguration(section) {
+      return {
+        get(key, def) {
+          const v = fake.settings[`${section}.${key}`];
+          return v === undefined ? def : v;
+        },
+      };
+    },
+  },
+};
+
+// The extension context activate() receives.
+function makeContext() {
+  return { subscriptions: [], extensionPath: require('path').join(__dirname, '..') };
+}
+
+// Lets `require('vscode')` anywhere resolve to this fake.
+function install() {
+  const Module = require('module');
+  const resolve = Module._resolveFilename;
+  Module._resolveFilename = function (request, ...rest) {
+    if (request === 'vscode') return __filename;
+    return resolve.call(this, request, ...rest);
+  };
+}
+
+module.exports = vscode;
+module.exports.fake = fake;
+module.exports.makeContext = makeContext;
+module.exports.install = install;
