@@ -120,6 +120,7 @@ void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out)
 
 void gs_cli_json_print(json_t *obj)
 {
+    json_object_set_new(obj, "v", json_integer(GS_CLI_JSON_VERSION));
     char *text = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
     if (text) {
         puts(text);

@@ -103,7 +103,12 @@ int gs_cli_usage_error(const struct gs_cmd *cmd, const char *fmt, ...)
 /* Prints `cmd`'s --help text on stdout. */
 void gs_cli_print_help(const struct gs_cmd *cmd);
 
-/* Dumps `obj` as one line of JSON on stdout and drops the reference. */
+/* The version of the --json contract (docs/json-contract.md); every object printed carries it as
+ * "v". It is not the control socket's version: daemon replies passed through get this one. */
+#define GS_CLI_JSON_VERSION 1
+
+/* Dumps `obj` as one line of JSON on stdout, with "v" set to GS_CLI_JSON_VERSION, and drops the
+ * reference. */
 void gs_cli_json_print(json_t *obj);
 
 /* Prompt helpers handed to remote/ (they use /dev/tty, never stdout). */
