@@ -1,7 +1,13 @@
 /* cli/cmd_run.c: `gpusync run`: sync, launch a multi-rank job on the server (the bundled trainer,
  * a [job "NAME"] from the config, or any command), and follow its logs. Ctrl-C detaches (the job
  * keeps running); a second Ctrl-C within two seconds, or --stop-on-interrupt, stops it. The exit
- * code is the job's. */
+ * code is the job's.
+ *
+ * Multi-node (--hosts a,b or [remote] hosts): one connection, sync and launcher per host, node 0
+ * first so that its free MASTER_PORT can be handed to the others; one follower thread per node
+ * (each with its own connection, so a slow or cut link stalls only its own logs); the first node
+ * to fail gets the others stopped, and its exit code is the run's. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +19,9 @@
 #include "common/clock.h"
 #include "common/shell.h"
 #include "remote/exec.h"
+#include "remote/target.h"
 #include "remote/trainer_install.h"
+#include "syncd/session.h"
 
 enum {
     OPT_GPUS = 2000,
@@ -23,7 +31,8 @@ enum {
     OPT_NO_SYNC,
     OPT_NAME,
     OPT_RANKS,
-    OPT_STOP_ON_INT
+    OPT_STOP_ON_INT,
+    OPT_HOSTS
 };
 
 static const struct option run_options[] = {
@@ -36,6 +45,7 @@ static const struct option run_options[] = {
     {"name", required_argument, NULL, OPT_NAME},
     {"ranks", required_argument, NULL, OPT_RANKS},
     {"stop-on-interrupt", no_argument, NULL, OPT_STOP_ON_INT},
+    {"hosts", required_argument, NULL, OPT_HOSTS},
     {NULL, 0, NULL, 0},
 };
 
@@ -47,7 +57,8 @@ struct run_args {
     const char *name;
     const char *ranks;
     const char *target;
-    int argc; /* the command (after --), or extra arguments for TARGET */
+    const char *hosts; /* --hosts, else [remote] hosts, else NULL (one server) */
+    int argc;          /* the command (after --), or extra arguments for TARGET */
     char **argv;
 };
 
@@ -214,6 +225,15 @@ static void make_run_id(char id[64])
 
 /* ---- following and interrupting ---- */
 
+/* After a first Ctrl-C: returns 1 if a second one comes within two seconds. */
+static int second_interrupt(void)
+{
+    interrupted = 0;
+    for (int i = 0; i < 20 && !interrupted; i++)
+        usleep(100000);
+    return interrupted > 0;
+}
+
 static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
                             const struct run_args *a)
 {
@@ -224,10 +244,7 @@ static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const cha
                 "  re-attach: gpusync logs -f %s\n  stop:      gpusync stop %s\n"
                 "(Ctrl-C again within 2 s stops it now)\n",
                 id, id, id);
-        interrupted = 0;
-        for (int i = 0; i < 20 && !interrupted; i++)
-            usleep(100000);
-        stop = interrupted > 0;
+        stop = second_interrupt();
     }
     if (!stop)
         return 130;
@@ -262,11 +279,11 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
 {
     struct command c = {.argc = 0};
     struct gs_buf gpus = GS_BUF_INIT;
-    int nproc = a->cpu, r = 0;
-    if (!a->cpu)
+    /* The command first: a [job] may set the GPUs (and an unknown TARGET is the first thing
+     * to report). Picking GPUs before it ignored the job's `gpus`. */
+    int r = resolve_command(cli, a, &c), nproc = a->cpu;
+    if (r == 0 && !a->cpu)
         r = pick_gpus(cli, a->gpus ? a->gpus : "1", &gpus, &nproc);
-    if (r == 0)
-        r = resolve_command(cli, a, &c);
     char id[64];
     make_run_id(id);
     struct gs_run_spec spec = {.agent = rc->agent.data,
@@ -293,6 +310,357 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
         fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", id, nproc,
                 nproc == 1 ? "" : "s", gs_ssh_target(cli->ssh), port);
     return a->detach ? 0 : follow(cli, rc, id, nproc, a);
+}
+
+/* ---- multi-node runs ---- */
+
+/* One host of a multi-node run. `cli` is a copy of the command's context that points at this
+ * host: it shares the project, config and password (never released through it) and owns its
+ * connection and the strings in host/user/path. */
+struct node {
+    struct gs_cli cli;
+    struct gs_run_ctx rc;
+    char *host, *user, *path; /* owned; what cli.cfg points at */
+    int primary;              /* the configured [remote] itself: synced as usual */
+    int launched, nproc;
+    pthread_t thread;
+    int has_thread;
+    volatile sig_atomic_t abort; /* ends this node's follow */
+    int stop_wanted;             /* another node failed: stop this one, keep following */
+    int done, result, exit_code;
+    struct multi *m;
+};
+
+struct multi {
+    struct node *nodes;
+    int n;
+    const char *id;
+    const char *ranks;
+    struct gs_log_printer printer;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+};
+
+/* Splits "[user@]host[:port][/path]" into `n`; a missing user and identity come from [remote],
+ * and so does the port when the host is [remote] host. Returns 0 or GS_E_USAGE in cli->err. */
+static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
+{
+    const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
+    const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
+    const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
+    char *target = strndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
+    struct gs_config t;
+    memset(&t, 0, sizeof(t));
+    int r = gs_config_parse_target(&t, target, &cli->err);
+    free(target);
+    n->host = t.host;
+    n->user = t.user;
+    n->path = slash ? strdup(slash) : NULL;
+    if (r < 0)
+        return r;
+    n->cli = *cli;
+    n->cli.ssh = NULL;
+    gs_error_clear(&n->cli.err);
+    n->cli.cfg.host = n->host;
+    n->cli.cfg.user = n->user ? n->user : cli->cfg.user;
+    n->cli.cfg.port = t.port ? t.port : strcmp(n->host, cli->cfg.host) == 0 ? cli->cfg.port : 0;
+    n->cli.cfg.remote_path = n->path ? n->path : cli->cfg.remote_path;
+    char *mine = gs_session_remote_id(&n->cli.cfg), *main_id = gs_session_remote_id(&cli->cfg);
+    n->primary = strcmp(mine, main_id) == 0;
+    free(mine);
+    free(main_id);
+    return 0;
+}
+
+/* Parses the comma list into m->nodes. Returns 0 or a usage error in cli->err. */
+static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
+{
+    char *list = strdup(hosts), *save = NULL;
+    m->nodes = calloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
+    int r = 0;
+    for (char *tok = strtok_r(list, ", \t", &save); tok && r == 0;
+         tok = strtok_r(NULL, ", \t", &save)) {
+        m->nodes[m->n].m = m;
+        r = node_parse(cli, tok, &m->nodes[m->n++]);
+    }
+    free(list);
+    if (r == 0 && m->n == 0)
+        r = gs_error_set(&cli->err, GS_E_USAGE, "--hosts: no host given");
+    return r;
+}
+
+static void nodes_free(struct multi *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        gs_ssh_free(n->cli.ssh);
+        gs_run_ctx_release(&n->rc);
+        free(n->host);
+        free(n->user);
+        free(n->path);
+    }
+    free(m->nodes);
+}
+
+/* Copies a node's error into the command's context and prints it. Returns the exit code. */
+static int node_fail(struct gs_cli *cli, struct node *n, int r)
+{
+    cli->err = n->cli.err;
+    return gs_cli_fail(cli, r);
+}
+
+/* Connects to every node, installs the agent and syncs. Returns 0 or the exit code. */
+static int nodes_prepare(struct gs_cli *cli, struct multi *m, int no_sync)
+{
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        int r = gs_cli_connect(&n->cli);
+        if (r == 0)
+            r = gs_run_ctx_open(&n->cli, &n->rc);
+        if (r == 0 && !no_sync)
+            r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
+        if (r < 0)
+            return node_fail(cli, n, r);
+    }
+    return 0;
+}
+
+/* The address the other nodes reach node 0 at: its real host name (an ~/.ssh/config alias
+ * resolved as OpenSSH would). */
+static char *master_addr(struct node *n0)
+{
+    struct gs_target t;
+    struct gs_error err = {0};
+    char *addr = NULL;
+    if (gs_target_resolve(&t, n0->host, n0->cli.cfg.port, n0->cli.cfg.user, &err) == 0) {
+        addr = strdup(t.hostname ? t.hostname : n0->host);
+        gs_target_release(&t);
+    }
+    return addr ? addr : strdup(n0->host);
+}
+
+/* Launches node `rank` of the run. Returns 0 (with *port filled for node 0) or a negative code
+ * in the node's error. */
+static int node_launch(struct run_args *a, struct multi *m, int rank, const char *addr, int *port)
+{
+    struct node *n = &m->nodes[rank];
+    struct command c = {.argc = 0};
+    struct gs_buf gpus = GS_BUF_INIT;
+    int r = resolve_command(&n->cli, a, &c), nproc = a->cpu; /* first: see launch() */
+    if (r == 0 && !a->cpu)
+        r = pick_gpus(&n->cli, a->gpus ? a->gpus : "1", &gpus, &nproc);
+    struct gs_run_spec spec = {.agent = n->rc.agent.data,
+                               .remote_dir = n->rc.dir.data,
+                               .id = m->id,
+                               .name = a->name,
+                               .nproc = nproc,
+                               .gpus = gpus.len ? gpus.data : NULL,
+                               .max_restarts = a->max_restarts,
+                               .argc = c.argc,
+                               .argv = c.argv,
+                               .nnodes = m->n,
+                               .node_rank = rank,
+                               .master_addr = addr,
+                               .master_port = rank ? *port : 0};
+    long pid = 0;
+    int got = 0;
+    if (r == 0)
+        r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
+    if (r == 0 && rank == 0)
+        *port = got;
+    if (r == 0) {
+        n->launched = 1;
+        n->nproc = nproc;
+        fprintf(stderr, "gpusync: node %d (%s): %d rank%s\n", rank, gs_ssh_target(n->cli.ssh),
+                nproc, nproc == 1 ? "" : "s");
+    }
+    release_command(&c);
+    gs_buf_release(&gpus);
+    return r;
+}
+
+/* Stops the run on every node that was launched (from the main thread, no follower running). */
+static void nodes_stop(struct multi *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        struct gs_buf out = GS_BUF_INIT;
+        if (n->launched && gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out,
+                                       &n->cli.err) == 0)
+            fprintf(stderr, "gpusync: node %d: %s", i, out.data ? out.data : "stopped\n");
+        gs_buf_release(&out);
+    }
+}
+
+/* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
+static int multi_interrupt(const struct run_args *a, struct multi *m)
+{
+    int stop = a->stop_on_interrupt;
+    if (!stop) {
+        fprintf(stderr,
+                "\ngpusync: detached; run %s keeps going on %d nodes.\n"
+                "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
+                "(Ctrl-C again within 2 s stops it on every node now)\n",
+                m->id, m->n, m->id);
+        stop = second_interrupt();
+    }
+    if (stop)
+        nodes_stop(m);
+    return 130;
+}
+
+/* A follower thread: follows the node's part of the run to its end; when told to (another node
+ * failed), stops it and follows on, so its last lines and its end still arrive. */
+static void *node_follow(void *arg)
+{
+    struct node *n = arg;
+    struct multi *m = n->m;
+    int code = 0, r;
+    for (;;) {
+        r = gs_run_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
+        pthread_mutex_lock(&m->lock);
+        int stop = r == GS_E_INTERRUPTED && n->stop_wanted;
+        n->stop_wanted = 0;
+        if (stop)
+            n->abort = 0;
+        pthread_mutex_unlock(&m->lock);
+        if (!stop)
+            break;
+        struct gs_buf out = GS_BUF_INIT;
+        gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out, &n->cli.err);
+        gs_buf_release(&out);
+    }
+    pthread_mutex_lock(&m->lock);
+    n->done = 1;
+    n->result = r;
+    n->exit_code = code;
+    pthread_cond_signal(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* Waits for every follower; on Ctrl-C ends them all (returns 1), and when a node fails first,
+ * has the others stopped and records its exit code in *first_code (else it stays -1). */
+static int nodes_wait(struct multi *m, int *first_code)
+{
+    int left = m->n, detached = 0;
+    pthread_mutex_lock(&m->lock);
+    while (left > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+        left = 0;
+        for (int i = 0; i < m->n; i++) {
+            struct node *n = &m->nodes[i];
+            left += !n->done;
+            if (interrupted && !detached)
+                n->abort = 1;
+            if (n->done != 1)
+                continue;
+            n->done = 2; /* seen */
+            if (n->result == 0 && n->exit_code != 0 && *first_code < 0) {
+                *first_code = n->exit_code;
+                for (int j = 0; j < m->n; j++)
+                    if (!m->nodes[j].done)
+                        m->nodes[j].stop_wanted = 1, m->nodes[j].abort = 1;
+            }
+        }
+        detached |= interrupted > 0;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return detached;
+}
+
+/* Follows every node in its own thread (SIGINT blocked there: the main thread handles it).
+ * Returns the run's exit code, 130 when detached, or an error's exit code. */
+static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct multi *m)
+{
+    int total = 0, first_code = -1;
+    for (int i = 0; i < m->n; i++)
+        total += m->nodes[i].nproc;
+    gs_log_printer_init(&m->printer, cli, m->id,
+                        total > 1 &&
+                            !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
+    m->printer.lock = &m->lock;
+    m->ranks = a->ranks;
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        n->has_thread = pthread_create(&n->thread, NULL, node_follow, n) == 0;
+        if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
+            n->done = 1;
+            n->result = gs_error_set(&n->cli.err, GS_E_NOMEM, "cannot start a thread to follow %s",
+                                     gs_ssh_target(n->cli.ssh));
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int detached = nodes_wait(m, &first_code);
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].has_thread)
+            pthread_join(m->nodes[i].thread, NULL);
+    m->printer.lock = NULL;
+    gs_log_printer_finish(&m->printer);
+    if (detached)
+        return multi_interrupt(a, m);
+    if (first_code >= 0)
+        return first_code;
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].result < 0)
+            return node_fail(cli, &m->nodes[i], m->nodes[i].result);
+    return 0;
+}
+
+/* Launches node 0 (which picks MASTER_PORT), then the others with that port. Returns 0, or the
+ * exit code after stopping what had started. */
+static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
+{
+    char *addr = master_addr(&m->nodes[0]);
+    int port = 0, r = 0, i;
+    for (i = 0; i < m->n && r == 0; i++)
+        r = node_launch(a, m, i, addr, &port);
+    int code = 0;
+    if (r < 0) {
+        code = node_fail(cli, &m->nodes[i - 1], r);
+        nodes_stop(m);
+    } else if (cli->json) {
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:s,s:i}", "v", 1, "ok", 1, "id", m->id,
+                                    "nodes", m->n, "ranks", m->n * m->nodes[0].nproc, "master_addr",
+                                    addr, "master_port", port));
+    } else {
+        fprintf(stderr, "gpusync: run %s started on %d nodes (MASTER_ADDR %s, MASTER_PORT %d)\n",
+                m->id, m->n, addr, port);
+    }
+    free(addr);
+    return code;
+}
+
+static int run_multi(struct gs_cli *cli, struct run_args *a)
+{
+    struct multi m;
+    char id[64];
+    memset(&m, 0, sizeof(m));
+    pthread_mutex_init(&m.lock, NULL);
+    pthread_cond_init(&m.cond, NULL);
+    make_run_id(id);
+    m.id = id;
+    int r = nodes_parse(cli, a->hosts, &m);
+    int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, &m, a->no_sync);
+    if (code == 0)
+        code = nodes_launch(cli, a, &m);
+    if (code == 0 && !a->detach)
+        code = nodes_follow(cli, a, &m);
+    nodes_free(&m);
+    pthread_cond_destroy(&m.cond);
+    pthread_mutex_destroy(&m.lock);
+    return code;
 }
 
 /* ---- options ---- */
@@ -329,6 +697,9 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
         case OPT_STOP_ON_INT:
             a->stop_on_interrupt = 1;
             break;
+        case OPT_HOSTS:
+            a->hosts = optarg;
+            break;
         default:
             if ((r = gs_cli_common_option(cli, &gs_cmd_run, opt)) <= 0)
                 return GS_EXIT_USAGE;
@@ -358,6 +729,12 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     if ((r = gs_cli_prepare(cli, &gs_cmd_run)) != 0)
         return r;
+    if (!a.hosts)
+        a.hosts = cli->cfg.hosts;
+    if (a.hosts)
+        return run_multi(cli, &a);
+    if ((r = gs_cli_connect(cli)) < 0)
+        return gs_cli_fail(cli, r);
     struct gs_run_ctx rc;
     r = gs_run_ctx_open(cli, &rc);
     if (r == 0 && !a.no_sync)
@@ -370,22 +747,30 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
 const struct gs_cmd gs_cmd_run = {
     .name = "run",
     .usage =
-        "run [--gpus N|LIST | --cpu N] [--max-restarts K] [--detach] [--no-sync] [--name NAME]\n"
-        "                   [--ranks all|0,1] [--stop-on-interrupt] [TARGET [-- ARGS...] | -- "
-        "CMD ARGS...]",
+        "run [--gpus N|LIST | --cpu N] [--hosts H1,H2...] [--max-restarts K] [--detach]\n"
+        "                   [--no-sync] [--name NAME] [--ranks all|0,1] [--stop-on-interrupt]\n"
+        "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
-    .help = "  --gpus N | --gpus 0,2  the N least-busy GPUs, or exactly these (default: the job's\n"
-            "                         gpus, else 1)\n"
-            "  --cpu N                N CPU ranks (the trainer's TCP all-reduce)\n"
-            "  --max-restarts K       restart the whole group up to K times after a failure\n"
-            "  -d, --detach           start it and return; follow later with 'gpusync logs -f'\n"
-            "  --no-sync              launch without syncing first\n"
-            "  --name NAME            a name to use instead of the run id\n"
-            "  --ranks all|0,1        whose logs to show (default all; the trainer: 0)\n"
-            "  --stop-on-interrupt    Ctrl-C stops the run instead of detaching\n"
-            "  TARGET is a [job \"NAME\"] from the config; 'train' is the bundled trainer when no\n"
-            "  such job exists. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-            "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's.\n",
-    .flags = GS_CMD_NEED_CONNECTION,
+    .help =
+        "  --gpus N | --gpus 0,2  the N least-busy GPUs, or exactly these (default: the job's\n"
+        "                         gpus, else 1)\n"
+        "  --cpu N                N CPU ranks (the trainer's TCP all-reduce)\n"
+        "  --max-restarts K       restart the whole group up to K times after a failure\n"
+        "  -d, --detach           start it and return; follow later with 'gpusync logs -f'\n"
+        "  --no-sync              launch without syncing first\n"
+        "  --name NAME            a name to use instead of the run id\n"
+        "  --ranks all|0,1        whose logs to show (default all; the trainer: 0)\n"
+        "  --stop-on-interrupt    Ctrl-C stops the run instead of detaching\n"
+        "  --hosts H1,H2,...      a multi-node run (default: [remote] hosts): each host is\n"
+        "                         [user@]host[:port][/abs/path] (path default: [remote] path);\n"
+        "                         the first is the master. Each host is synced and runs the\n"
+        "                         ranks (--gpus/--cpu) as node 0, 1, ... with WORLD_SIZE = nodes\n"
+        "                         x ranks, MASTER_ADDR = the first host and node 0's free\n"
+        "                         MASTER_PORT; when one node fails the others are stopped.\n"
+        "                         logs/ps/stop reach the [remote] server only\n"
+        "  TARGET is a [job \"NAME\"] from the config; 'train' is the bundled trainer when no\n"
+        "  such job exists. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+        "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's.\n",
+    .flags = GS_CMD_NEED_PROJECT, /* connects itself: to [remote] host, or to each of --hosts */
     .exec = run_main,
 };

@@ -1,6 +1,7 @@
 /* cli/run_util.c: shared pieces of the run commands (see run_util.h). */
 #include "cli/run_util.h"
 
+#include <ctype.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "remote/agent_install.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
+#include "syncd/index.h"
 #include "syncd/session.h"
 
 int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
@@ -54,33 +56,73 @@ static int flush_through_daemon(struct gs_cli *cli)
     return rc;
 }
 
+/* Pushes over an opened session `s` (closed here) to cli->ssh and prints one line. */
+static int push_session(struct gs_cli *cli, struct gs_session *s)
+{
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    int rc = gs_session_connect(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+    struct gs_push_stats st;
+    struct gs_push_opts o = {0};
+    if (rc == 0)
+        rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, &o, &st, &cli->err);
+    if (rc == 0) {
+        char b[32];
+        fprintf(stderr, "gpusync: synced %zu change%s (%s) to %s in %.2f s\n", st.ops_total,
+                st.ops_total == 1 ? "" : "s", gs_format_bytes(st.bytes_sent, b),
+                gs_ssh_target(cli->ssh), st.elapsed_ms / 1000.0);
+    }
+    gs_session_close(s);
+    gs_buf_release(&dir);
+    return rc;
+}
+
 int gs_run_sync(struct gs_cli *cli)
 {
     int rc = flush_through_daemon(cli);
     if (rc != 1)
         return rc;
     struct gs_session s;
-    struct gs_buf dir = GS_BUF_INIT;
-    gs_cli_remote_dir(cli, &dir);
     rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
-    if (rc < 0) {
-        gs_buf_release(&dir);
-        return rc;
-    }
-    rc = gs_session_connect(&s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
-    struct gs_push_stats st;
-    struct gs_push_opts o = {0};
+    return rc < 0 ? rc : push_session(cli, &s);
+}
+
+/* The node's private index file: .gpusync/index.<remote id with odd characters as '_'>.db. */
+static void node_index_path(struct gs_cli *cli, struct gs_buf *path)
+{
+    char *id = gs_session_remote_id(&cli->cfg);
+    gs_buf_addf(path, "%s/%s/index.", cli->root.data, GS_DIR);
+    for (const char *p = id; p && *p; p++)
+        gs_buf_addc(path, isalnum((unsigned char)*p) || *p == '.' || *p == '-' ? *p : '_');
+    gs_buf_adds(path, ".db");
+    free(id);
+}
+
+/* A session like gs_session_open's, but over the node's private index. */
+static int open_node_session(struct gs_cli *cli, struct gs_session *s)
+{
+    struct gs_buf db = GS_BUF_INIT;
+    char *id = gs_session_remote_id(&cli->cfg);
+    memset(s, 0, sizeof(*s));
+    s->root = strdup(cli->root.data);
+    s->cfg = &cli->cfg;
+    node_index_path(cli, &db);
+    int rc = gs_ignore_open(&s->ig, cli->root.data, (const char *const *)cli->cfg.excludes,
+                            cli->cfg.n_excludes, &cli->err);
     if (rc == 0)
-        rc = gs_push_run(cli->root.data, s.ig, s.idx, s.ops, &o, &st, &cli->err);
-    if (rc == 0) {
-        char b[32];
-        fprintf(stderr, "gpusync: synced %zu change%s (%s) in %.2f s\n", st.ops_total,
-                st.ops_total == 1 ? "" : "s", gs_format_bytes(st.bytes_sent, b),
-                st.elapsed_ms / 1000.0);
-    }
-    gs_session_close(&s);
-    gs_buf_release(&dir);
+        rc = gs_index_open(&s->idx, db.data, id, &cli->err);
+    if (rc < 0)
+        gs_session_close(s);
+    free(id);
+    gs_buf_release(&db);
     return rc;
+}
+
+int gs_run_sync_node(struct gs_cli *cli)
+{
+    struct gs_session s;
+    int rc = open_node_session(cli, &s);
+    return rc < 0 ? rc : push_session(cli, &s);
 }
 
 /* The newest run whose id or name is `run` (any, when NULL). ps lists newest first. */
@@ -155,6 +197,8 @@ static void emit_line(struct gs_log_printer *p, int rank, const char *line, size
 void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len)
 {
     struct gs_log_printer *p = ctx;
+    if (p->lock)
+        pthread_mutex_lock(p->lock);
     keep_local(p, rank, data, len);
     struct gs_buf *part = &p->partial[rank];
     gs_buf_add(part, data, len);
@@ -167,6 +211,8 @@ void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len)
     }
     gs_buf_consume(part, start);
     fflush(stdout);
+    if (p->lock)
+        pthread_mutex_unlock(p->lock);
 }
 
 /* Prints the last N lines of what --tail kept. */

@@ -3,6 +3,7 @@
 #ifndef GS_RUN_UTIL_H
 #define GS_RUN_UTIL_H
 
+#include <pthread.h>
 #include <signal.h>
 
 #include "cli/cli.h"
@@ -22,6 +23,12 @@ void gs_run_ctx_release(struct gs_run_ctx *rc);
  * otherwise a push over the existing connection. Prints one line on stderr. */
 int gs_run_sync(struct gs_cli *cli);
 
+/* As gs_run_sync, for an extra node of a multi-node run (cli->cfg names that node): always a
+ * push over cli->ssh, recorded in the node's own index (.gpusync/index.<remote>.db), so the
+ * project's index, which the watch daemon may be using for the configured server, is left
+ * alone. Returns 0 or a negative code in cli->err. */
+int gs_run_sync_node(struct gs_cli *cli);
+
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * Appends the id to `id`. Returns 0 or GS_E_NOTFOUND. */
 int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id);
@@ -34,7 +41,8 @@ struct gs_log_printer {
     int prefix;
     int tail_lines; /* >0: print only the last N lines (logs --tail) when done */
     struct gs_buf partial[GS_RUNS_MAX_RANKS];
-    struct gs_buf kept; /* for --tail: everything, trimmed at the end */
+    struct gs_buf kept;    /* for --tail: everything, trimmed at the end */
+    pthread_mutex_t *lock; /* held around each chunk when several threads print; or NULL */
 };
 void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix);
 void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len);

@@ -57,6 +57,9 @@ static int set_remote(struct parse_state *st, const char *key, const char *value
         return replace_string(&cfg->remote_path, value);
     if (strcmp(key, "identity") == 0)
         return replace_string(&cfg->identity, value);
+    if (strcmp(key, "hosts") == 0)
+        return value[0] ? replace_string(&cfg->hosts, value)
+                        : fail(st, "remote.hosts: empty list%s%s", "", "");
     if (strcmp(key, "port") == 0)
         return parse_port(value, &cfg->port)
                    ? 1
@@ -227,6 +230,7 @@ void gs_config_release(struct gs_config *cfg)
     free(cfg->user);
     free(cfg->remote_path);
     free(cfg->identity);
+    free(cfg->hosts);
     for (size_t i = 0; i < cfg->n_excludes; i++)
         free(cfg->excludes[i]);
     free(cfg->excludes);
@@ -259,6 +263,8 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\tpath = %s\n", cfg->remote_path);
     if (cfg->identity)
         gs_buf_addf(out, "\tidentity = %s\n", cfg->identity);
+    if (cfg->hosts)
+        gs_buf_addf(out, "\thosts = %s\n", cfg->hosts);
     gs_buf_addf(out, "\n[sync]\n\ttransport = %s\n",
                 cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
     for (size_t i = 0; i < cfg->n_excludes; i++)

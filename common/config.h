@@ -1,7 +1,7 @@
 /* common/config.h: the project configuration, .gpusync/config, a git-config-style INI file read
  * with libinih:
  *
- *   [remote]            host, port, user, path, identity
+ *   [remote]            host, port, user, path, identity, hosts (multi-node runs)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp
  *   [job "NAME"]        command, gpus
  *
@@ -28,6 +28,8 @@ struct gs_config {
     char *user;        /* NULL: not set */
     char *remote_path; /* project directory on the server; NULL: ~/gpusync/<basename> */
     char *identity;    /* an identity file to try first; NULL: the defaults */
+    char *hosts;       /* multi-node runs: "[user@]host[:port][/path],..." (first = master);
+                        * kept as written, parsed by `gpusync run`; NULL: not set */
     enum gs_transport transport;
     char **excludes;
     size_t n_excludes;

@@ -32,6 +32,14 @@ int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid,
         gs_buf_adds(&cmd, " --name ");
         gs_shell_quote(&cmd, spec->name);
     }
+    if (spec->nnodes > 1)
+        gs_buf_addf(&cmd, " --nnodes %d --node-rank %d", spec->nnodes, spec->node_rank);
+    if (spec->master_addr) {
+        gs_buf_adds(&cmd, " --master-addr ");
+        gs_shell_quote(&cmd, spec->master_addr);
+    }
+    if (spec->master_port > 0)
+        gs_buf_addf(&cmd, " --master-port %d", spec->master_port);
     gs_buf_adds(&cmd, " -- ");
     gs_shell_quote_argv(&cmd, spec->argc, spec->argv);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
@@ -129,6 +137,19 @@ static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct tail_parser
     }
 }
 
+/* Frees a channel we stop reading, waiting (briefly) for the close exchange. A single
+ * non-blocking libssh2_channel_free answers EAGAIN and frees nothing, which left the channel
+ * half-closed and later made the session's own free time out and leak (seen under ASan after
+ * Ctrl-C in `logs -f`). */
+static void abandon_channel(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch)
+{
+    struct gs_error ignored = {0};
+    int64_t deadline = gs_clock_mono_ms() + 2000;
+    while (libssh2_channel_free(ch) == LIBSSH2_ERROR_EAGAIN)
+        if (gs_ssh_wait(ssh, deadline, &ignored) < 0)
+            return; /* gs_ssh_free tries once more */
+}
+
 int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
                 const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
                 volatile sig_atomic_t *interrupted, struct gs_error *err)
@@ -146,7 +167,7 @@ int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
     LIBSSH2_CHANNEL *ch = gs_exec_open(ssh, cmd.data, err);
     int rc = ch ? pump_tail(ssh, ch, &p, interrupted, err) : (err ? err->code : GS_E_REMOTE);
     if (ch && rc == GS_E_INTERRUPTED)
-        libssh2_channel_free(ch); /* the remote tail ends when its stdout closes */
+        abandon_channel(ssh, ch); /* the remote tail ends when its stdout closes */
     else if (ch) {
         int status = gs_exec_close(ssh, ch, err);
         if (rc == 0 && status > 0 && !st->finished)

@@ -24,6 +24,10 @@ struct gs_run_spec {
     int argc;
     char *const *argv;     /* the command, exactly (each argument quoted for the remote shell) */
     const char *extra_env; /* "NAME=value" words for the remote shell, or NULL */
+    /* Multi-node runs (nnodes 0 or 1: a single node, the launcher picks the port): */
+    int nnodes, node_rank;
+    const char *master_addr; /* NULL: 127.0.0.1 */
+    int master_port;         /* 0: the launcher picks a free one (node 0 only) */
 };
 
 /* Starts the run. Returns 0 and the supervisor pid and master port, or GS_E_REMOTE with the

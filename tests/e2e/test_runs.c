@@ -1,0 +1,896 @@
+/* tests/e2e/test_runs.c: `gpusync run`, `logs`, `ps` and `stop` (issue 6) through the built CLI,
+ * against the sandbox sshd (the server is this machine, so the remote run directories and the
+ * processes of a run can be inspected directly): the bundled trainer on CPU ranks, exit codes,
+ * fail-fast, restarts, the torchrun environment, detach / re-attach / stop, a connection cut by
+ * the WAN simulator while following, concurrent runs, argument quoting, and a two-node run over
+ * two sshd servers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/sshd.h"
+#include "tools/wansim_harness.h"
+
+#define RUN_TIMEOUT_MS 150000
+
+static struct gs_test_sshd srv; /* the server every test but the two-node one uses */
+static char project[600];       /* a local project initialised against srv */
+static char remote[700];        /* its remote directory (same machine) */
+
+/* ---- driving the CLI ---- */
+
+/* A gpusync process with both output pipes, read into buffers as it runs. */
+struct child {
+    pid_t pid;
+    int fd[2]; /* stdout, stderr; -1 once closed */
+    struct gs_buf out, err;
+    int status; /* exit code, or 128+N for signal N, once reaped */
+};
+
+static const char *gpusync_path(void)
+{
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
+    return path;
+}
+
+/* Starts gpusync in `cwd` with `args` (NULL-terminated), stdin at /dev/null and no terminal. */
+static void child_start(struct child *c, const char *cwd, const char *const *args)
+{
+    int out[2], err[2];
+    memset(c, 0, sizeof(*c));
+    assert_int_equal(pipe(out), 0);
+    assert_int_equal(pipe(err), 0);
+    c->pid = fork();
+    assert_true(c->pid >= 0);
+    if (c->pid == 0) {
+        setsid();
+        if (chdir(cwd) != 0)
+            _exit(126);
+        int null = open("/dev/null", O_RDONLY);
+        dup2(null, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        close(out[0]);
+        close(err[0]);
+        const char *argv[64];
+        int n = 0;
+        argv[n++] = gpusync_path();
+        for (size_t i = 0; args[i] && n < 63; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    c->fd[0] = out[0];
+    c->fd[1] = err[0];
+}
+
+/* Reads what is available within `ms`. Returns 0 when both pipes are closed. */
+static int child_pump(struct child *c, int ms)
+{
+    struct pollfd p[2] = {{.fd = c->fd[0], .events = POLLIN}, {.fd = c->fd[1], .events = POLLIN}};
+    if (c->fd[0] < 0 && c->fd[1] < 0)
+        return 0;
+    if (poll(p, 2, ms) < 0 && errno != EINTR)
+        fail_msg("poll: %s", strerror(errno));
+    for (int i = 0; i < 2; i++) {
+        if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        char chunk[8192];
+        ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
+        if (n > 0) {
+            gs_buf_add(i ? &c->err : &c->out, chunk, (size_t)n);
+        } else if (n == 0 || errno != EINTR) {
+            close(p[i].fd);
+            c->fd[i] = -1;
+        }
+    }
+    return c->fd[0] >= 0 || c->fd[1] >= 0;
+}
+
+/* Waits until stdout (or stderr, with `err`) holds `needle` within `ms`; fails the test if not. */
+static void child_wait_in(struct child *c, int err, const char *needle, int ms)
+{
+    int64_t end = gs_clock_mono_ms() + ms;
+    const struct gs_buf *b = err ? &c->err : &c->out;
+    while (!(b->data && strstr(b->data, needle))) {
+        if (gs_clock_mono_ms() > end || !child_pump(c, 100))
+            fail_msg("'%s' did not appear within %d ms\nstdout: %s\nstderr: %s", needle, ms,
+                     c->out.data ? c->out.data : "", c->err.data ? c->err.data : "");
+    }
+}
+
+static void child_wait_for(struct child *c, const char *needle, int ms)
+{
+    child_wait_in(c, 0, needle, ms);
+}
+
+/* Reads to EOF and reaps the child (killing it after the deadline). Returns its status. */
+static int child_finish(struct child *c)
+{
+    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
+    while (child_pump(c, 200))
+        if (gs_clock_mono_ms() > end) {
+            kill(c->pid, SIGKILL);
+            fail_msg("gpusync did not finish within %d ms\nstderr: %s", RUN_TIMEOUT_MS,
+                     c->err.data ? c->err.data : "");
+        }
+    int st;
+    assert_int_equal(waitpid(c->pid, &st, 0), c->pid);
+    c->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (!c->out.data)
+        gs_buf_grow(&c->out, 0);
+    if (!c->err.data)
+        gs_buf_grow(&c->err, 0);
+    return c->status;
+}
+
+static void child_release(struct child *c)
+{
+    gs_buf_release(&c->out);
+    gs_buf_release(&c->err);
+}
+
+/* Runs gpusync to completion. */
+static struct child run_in(const char *cwd, const char *const *args)
+{
+    struct child c;
+    child_start(&c, cwd, args);
+    child_finish(&c);
+    return c;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_status(const struct child *c, int want, const char *what)
+{
+    if (c->status == want)
+        return;
+    /* the whole output, which fail_msg would truncate */
+    fprintf(stderr, "%s: exit %d, want %d\nstdout: %s\nstderr: %s\n", what, c->status, want,
+            c->out.data, c->err.data);
+    fail_msg("%s: exit %d, want %d", what, c->status, want);
+}
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The run id from "gpusync: run ID started" on stderr, into a static buffer. */
+static const char *run_id_of(const struct child *c)
+{
+    static char id[128];
+    const char *p = c->err.data ? strstr(c->err.data, "gpusync: run ") : NULL;
+    if (!p || sscanf(p, "gpusync: run %127s started", id) != 1)
+        fail_msg("no run id on stderr: %s", c->err.data ? c->err.data : "");
+    return id;
+}
+
+/* Loads DIR/.gpusync/runs/ID/NAME as JSON (fails the test if it cannot). */
+static json_t *run_json(const char *dir, const char *id, const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", dir, id, name);
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (!j)
+        fail_msg("%s: %s", path, e.text);
+    return j;
+}
+
+/* A rank's remote log, whole (malloc'd; "" when missing). */
+static char *rank_log(const char *dir, const char *id, int rank)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", dir, id, rank);
+    FILE *fp = fopen(path, "r");
+    struct gs_buf b = GS_BUF_INIT;
+    char chunk[4096];
+    size_t n;
+    while (fp && (n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+        gs_buf_add(&b, chunk, n);
+    if (fp)
+        fclose(fp);
+    if (!b.data)
+        gs_buf_grow(&b, 0);
+    return gs_buf_detach(&b, NULL);
+}
+
+static long long int_at(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        fail_msg("'%s' is not an integer", key);
+    return (long long)json_integer_value(v);
+}
+
+static const char *str_at(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* 1 while any process of group `pgid` exists (the server is this machine). */
+static int group_exists(long long pgid)
+{
+    return pgid > 1 && !(kill((pid_t)-pgid, 0) < 0 && errno == ESRCH);
+}
+
+/* Waits up to `ms` for process `pid` to end (a zombie left to a non-reaping init counts as
+ * ended: it runs nothing and holds no GPU). Returns 1 once it has. */
+static int process_gone(long long pid, int ms)
+{
+    int64_t end = gs_clock_mono_ms() + ms;
+    for (;;) {
+        char path[64], buf[512] = "";
+        snprintf(path, sizeof(path), "/proc/%lld/stat", pid);
+        FILE *fp = fopen(path, "r");
+        size_t n = fp ? fread(buf, 1, sizeof(buf) - 1, fp) : 0;
+        if (fp)
+            fclose(fp);
+        buf[n] = 0;
+        const char *paren = strrchr(buf, ')');
+        if (!fp || (paren && paren[1] == ' ' && paren[2] == 'Z'))
+            return 1;
+        if (gs_clock_mono_ms() > end)
+            return 0;
+        usleep(20000); /* polling a condition with a deadline: no event to wait on here */
+    }
+}
+
+/* Initialises a project in `dir` against `d` with remote path `rpath`. */
+static void init_project(const char *dir, const struct gs_test_sshd *d, int port, const char *rpath)
+{
+    char target[128];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", port ? port : d->port);
+    assert_int_equal(sh("mkdir -p '%s' '%s'", dir, rpath), 0);
+    struct child c = run_in(dir, ARGS("init", "--accept-new-host-key", target, "--path", rpath));
+    expect_status(&c, 0, "init");
+    child_release(&c);
+}
+
+/* ---- group ---- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    if (access(gpusync_path(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gpusync_path());
+        return -1;
+    }
+    if (gs_test_sshd_start(&srv, NULL) != 0)
+        return -1;
+    gs_test_sshd_use_home(&srv, 1);
+    snprintf(project, sizeof(project), "%s/work/proj", srv.dir);
+    snprintf(remote, sizeof(remote), "%s/remote proj", srv.dir);
+    if (sh("mkdir -p '%s' && echo 'print(1)' > '%s/train.py'", project, project) != 0)
+        return -1;
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", srv.port);
+    struct child c = run_in(project, ARGS("init", target, "--path", remote));
+    int ok = c.status == 0;
+    if (!ok)
+        fprintf(stderr, "init failed (%d): %s%s\n", c.status, c.out.data, c.err.data);
+    child_release(&c);
+    return ok ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&srv);
+    return 0;
+}
+
+static int use_home(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&srv, 1);
+    return 0;
+}
+
+/* ---- the bundled trainer ---- */
+
+static void test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "2", "train", "--", "--epochs", "1",
+                                          "--limit-train", "4000"));
+    expect_status(&c, 0, "run --cpu 2 train");
+    const char *id = run_id_of(&c);
+    /* rank 0 only by default for the trainer: no prefixes, and rank 1 prints nothing anyway */
+    assert_null(strstr(c.out.data, "[rank 1]"));
+    assert_non_null(strstr(c.out.data, "2 rank(s)"));
+    const char *epoch = strstr(c.out.data, "epoch   1/1 |");
+    double acc = 0;
+    if (!epoch || !strstr(epoch, "| test acc ") ||
+        sscanf(strstr(epoch, "| test acc ") + 11, "%lf", &acc) != 1)
+        fail_msg("no epoch summary with a test accuracy: %s", c.out.data);
+    assert_true(acc > 0.3); /* well above chance (0.1) after one epoch on 4000 images */
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "succeeded");
+    assert_int_equal(int_at(st, "exit_code"), 0);
+    assert_int_equal(int_at(st, "restarts"), 0);
+    assert_true(str_at(st, "end")[0] != '\0');
+    json_t *ranks = json_object_get(st, "ranks");
+    assert_int_equal(json_array_size(ranks), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *r = json_array_get(ranks, i);
+        assert_int_equal(int_at(r, "rank"), (long long)i);
+        assert_int_equal(int_at(r, "exit_code"), 0);
+        assert_false(group_exists(int_at(r, "pgid")));
+    }
+    json_t *meta = run_json(remote, id, "meta.json");
+    assert_int_equal(int_at(meta, "nproc"), 2);
+    assert_true(json_is_null(json_object_get(meta, "gpus")));
+    /* what was printed is rank 0's log, and the local copy is the same bytes */
+    char *log0 = rank_log(remote, id, 0), *local0 = rank_log(project, id, 0);
+    assert_true(strlen(log0) > 0);
+    assert_string_equal(log0, c.out.data);
+    assert_string_equal(local0, log0);
+    free(log0);
+    free(local0);
+    json_decref(meta);
+    json_decref(st);
+    /* ps --json lists it as it ended */
+    struct child ps = run_in(project, ARGS("ps", "--json"));
+    expect_status(&ps, 0, "ps --json");
+    json_t *j = json_loads(ps.out.data, 0, NULL);
+    assert_non_null(j);
+    json_t *runs = json_object_get(j, "runs"), *e;
+    size_t i;
+    int found = 0;
+    json_array_foreach(runs, i, e)
+    {
+        if (strcmp(str_at(e, "id"), id) != 0)
+            continue;
+        found = 1;
+        assert_string_equal(str_at(e, "state"), "succeeded");
+        assert_int_equal(int_at(e, "exit_code"), 0);
+    }
+    assert_true(found);
+    json_decref(j);
+    child_release(&ps);
+    child_release(&c);
+}
+
+/* ---- exit codes, fail-fast, restarts ---- */
+
+static void test_run__command_exit_code_is_the_runs(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "1", "--", "sh", "-c", "exit 3"));
+    expect_status(&c, 3, "a command that exits 3");
+    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    assert_string_equal(str_at(st, "state"), "failed");
+    assert_int_equal(int_at(st, "exit_code"), 3);
+    json_decref(st);
+    child_release(&c);
+}
+
+static void test_run__one_rank_crashing_stops_the_others(void **state)
+{
+    (void)state;
+    int64_t t0 = gs_clock_mono_ms();
+    struct child c = run_in(project, ARGS("run", "--cpu", "3", "--", "sh", "-c",
+                                          "if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 7; fi; "
+                                          "exec sleep 120"));
+    int64_t took = gs_clock_mono_ms() - t0;
+    expect_status(&c, 7, "one rank exits 7");
+    assert_true(took < 60000); /* the others did not run their 120 s */
+    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    assert_string_equal(str_at(st, "state"), "failed");
+    assert_int_equal(int_at(st, "exit_code"), 7);
+    json_t *ranks = json_object_get(st, "ranks");
+    assert_int_equal(json_array_size(ranks), 3);
+    for (size_t i = 0; i < 3; i++) {
+        json_t *r = json_array_get(ranks, i);
+        if (i == 1)
+            assert_int_equal(int_at(r, "exit_code"), 7);
+        else
+            assert_int_equal(int_at(r, "signal"), SIGTERM);
+        assert_false(group_exists(int_at(r, "pgid")));
+    }
+    json_decref(st);
+    child_release(&c);
+}
+
+static void test_run__max_restarts_two_restarts_twice_then_fails(void **state)
+{
+    (void)state;
+    struct child c =
+        run_in(project, ARGS("run", "--cpu", "1", "--max-restarts", "2", "--", "sh", "-c",
+                             "echo attempt $TORCHELASTIC_RESTART_COUNT; exit 5"));
+    expect_status(&c, 5, "a command that always fails, 2 restarts");
+    const char *id = run_id_of(&c);
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "failed");
+    assert_int_equal(int_at(st, "restarts"), 2);
+    char *log = rank_log(remote, id, 0);
+    assert_int_equal(count(log, "attempt "), 3);
+    assert_non_null(strstr(log, "attempt 0\n=== restart 1 ===\nattempt 1\n=== restart 2 ===\n"
+                                "attempt 2\n"));
+    assert_int_equal(count(c.out.data, "attempt "), 3);
+    free(log);
+    json_decref(st);
+    child_release(&c);
+}
+
+/* ---- the environment contract ---- */
+
+static void check_env_line(const char *log, int rank, int local, int world, int local_world,
+                           int group, const char *addr, int *port)
+{
+    const char *p = strstr(log, "ENV ");
+    if (!p)
+        fail_msg("rank %d printed no environment: %s", rank, log);
+    int r, lr, ws, lws, gr, mp, omp;
+    char ma[64], cvd[64];
+    if (sscanf(p,
+               "ENV RANK=%d LOCAL_RANK=%d WORLD_SIZE=%d LOCAL_WORLD_SIZE=%d GROUP_RANK=%d "
+               "MASTER_ADDR=%63s MASTER_PORT=%d OMP=%d CVD=%63s",
+               &r, &lr, &ws, &lws, &gr, ma, &mp, &omp, cvd) != 9)
+        fail_msg("rank %d: cannot parse '%s'", rank, p);
+    assert_int_equal(r, rank);
+    assert_int_equal(lr, local);
+    assert_int_equal(ws, world);
+    assert_int_equal(lws, local_world);
+    assert_int_equal(gr, group);
+    assert_string_equal(ma, addr);
+    assert_int_equal(omp, 1);
+    assert_string_equal(cvd, "unset"); /* CPU ranks get no GPU */
+    assert_true(mp > 0 && mp < 65536);
+    if (*port == 0)
+        *port = mp;
+    assert_int_equal(mp, *port); /* every rank sees the same MASTER_PORT */
+}
+
+#define ENV_SCRIPT                                                                                 \
+    "echo \"ENV RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "                         \
+    "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR "          \
+    "MASTER_PORT=$MASTER_PORT OMP=$OMP_NUM_THREADS CVD=${CUDA_VISIBLE_DEVICES-unset}\""
+
+static void test_run__environment_contract_rank_by_rank(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "3", "--", "sh", "-c", ENV_SCRIPT));
+    expect_status(&c, 0, "env run");
+    const char *id = run_id_of(&c);
+    json_t *st = run_json(remote, id, "status.json");
+    int port = (int)int_at(st, "master_port");
+    for (int rank = 0; rank < 3; rank++) {
+        char *log = rank_log(remote, id, rank), prefix[32];
+        check_env_line(log, rank, rank, 3, 3, 0, "127.0.0.1", &port);
+        /* all ranks' logs are shown by default for a command, each line prefixed */
+        snprintf(prefix, sizeof(prefix), "[rank %d] ENV RANK=%d ", rank, rank);
+        assert_non_null(strstr(c.out.data, prefix));
+        free(log);
+    }
+    json_decref(st);
+    child_release(&c);
+}
+
+static void test_run__a_jobs_gpus_from_the_config_are_used(void **state)
+{
+    (void)state;
+    /* a GPU list is taken as given (no nvidia-smi needed), so this runs on a GPU-less server */
+    assert_int_equal(sh("cd '%s' && cp .gpusync/config config.saved && printf '\\n[job "
+                        "\"envjob\"]\\ncommand = %s\\ngpus = 0,2\\n' >> .gpusync/config",
+                        project, "echo CVD=$CUDA_VISIBLE_DEVICES WS=$WORLD_SIZE"),
+                     0);
+    struct child c = run_in(project, ARGS("run", "envjob"));
+    sh("cd '%s' && mv config.saved .gpusync/config", project);
+    expect_status(&c, 0, "run of a [job] with gpus = 0,2");
+    assert_int_equal(count(c.out.data, "CVD=0,2 WS=2\n"), 2);
+    json_t *meta = run_json(remote, run_id_of(&c), "meta.json");
+    assert_int_equal(int_at(meta, "nproc"), 2);
+    json_decref(meta);
+    child_release(&c);
+}
+
+/* ---- detach, re-attach, stop ---- */
+
+static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
+{
+    (void)state;
+    struct child c;
+    child_start(&c, project,
+                ARGS("run", "--cpu", "2", "--name", "looper", "--", "sh", "-c",
+                     "echo up $RANK; i=0; while :; do echo tick $RANK $i; i=$((i+1)); sleep 0.1; "
+                     "done"));
+    child_wait_for(&c, "up ", 60000);
+    kill(c.pid, SIGINT);
+    child_finish(&c);
+    expect_status(&c, 130, "run after Ctrl-C (detached)");
+    const char *id = run_id_of(&c);
+    char reattach[200];
+    snprintf(reattach, sizeof(reattach), "gpusync logs -f %s", id);
+    assert_non_null(strstr(c.err.data, reattach));
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "running"); /* detaching did not stop it */
+    json_decref(st);
+
+    /* re-attach by name: new lines keep coming */
+    struct child l;
+    child_start(&l, project, ARGS("logs", "-f", "looper", "--rank", "1"));
+    child_wait_for(&l, "tick 1 20", 60000);
+    assert_null(strstr(l.out.data, "tick 0 ")); /* --rank 1 only */
+    kill(l.pid, SIGINT);
+    child_finish(&l);
+    expect_status(&l, 130, "logs -f after Ctrl-C");
+
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop");
+    st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "stopped");
+    json_t *ranks = json_object_get(st, "ranks"), *r;
+    size_t i;
+    assert_int_equal(json_array_size(ranks), 2);
+    json_array_foreach(ranks, i, r) assert_false(group_exists(int_at(r, "pgid")));
+    assert_true(process_gone(int_at(st, "supervisor_pid"), 10000));
+    json_decref(st);
+    child_release(&s);
+    child_release(&l);
+    child_release(&c);
+}
+
+static void test_logs__tail_rank_and_the_newest_run_by_default(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "2", "--name", "five", "--", "sh", "-c",
+                                          "for i in 1 2 3 4 5; do echo l$RANK.$i; done"));
+    expect_status(&c, 0, "run printing five lines per rank");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    struct child t = run_in(project, ARGS("logs", "--rank", "1", "--tail", "2"));
+    expect_status(&t, 0, "logs --rank 1 --tail 2 (newest run)");
+    assert_string_equal(t.out.data, "l1.4\nl1.5\n");
+    struct child a = run_in(project, ARGS("logs", "five"));
+    expect_status(&a, 0, "logs NAME");
+    for (int r = 0; r < 2; r++)
+        for (int i = 1; i <= 5; i++) {
+            char line[64];
+            snprintf(line, sizeof(line), "[rank %d] l%d.%d\n", r, r, i);
+            assert_int_equal(count(a.out.data, line), 1);
+        }
+    struct child p = run_in(project, ARGS("ps"));
+    expect_status(&p, 0, "ps");
+    const char *row = strstr(p.out.data, id);
+    assert_non_null(row);
+    assert_non_null(strstr(row, "succeeded"));
+    /* stopping a run that has ended stops nothing and says so; nothing of it runs */
+    struct child s = run_in(project, ARGS("stop", id));
+    print_message("stop after the end: exit %d: %s%s", s.status, s.out.data, s.err.data);
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "succeeded");
+    json_decref(st);
+    child_release(&s);
+    child_release(&p);
+    child_release(&a);
+    child_release(&t);
+    child_release(&c);
+}
+
+static void test_run__no_gpu_on_the_server_suggests_cpu_ranks(void **state)
+{
+    (void)state;
+    if (sh("command -v nvidia-smi >/dev/null 2>&1") == 0)
+        skip(); /* this server has GPUs: the case cannot happen here */
+    struct child c = run_in(project, ARGS("run", "--no-sync", "--", "true"));
+    assert_true(c.status != 0);
+    assert_non_null(strstr(c.err.data, "--cpu N"));
+    child_release(&c);
+    c = run_in(project, ARGS("run", "--no-sync", "nosuchjob"));
+    expect_status(&c, 2, "run of an unknown target");
+    assert_non_null(strstr(c.err.data, "nosuchjob"));
+    child_release(&c);
+}
+
+/* ---- a cut connection while following ---- */
+
+#define NUMBERED_LINES 300
+
+static void test_run__follow_after_a_cut_connection_shows_every_line_once(void **state)
+{
+    (void)state;
+    struct wansim_proc w;
+    struct wansim_opts o = {.target_port = srv.port, .delay_ms = 5};
+    char err[256], dir[700], rdir[700], reply[128];
+    if (wansim_start(&w, &o, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    snprintf(dir, sizeof(dir), "%s/work/cut", srv.dir);
+    snprintf(rdir, sizeof(rdir), "%s/remote-cut", srv.dir);
+    init_project(dir, &srv, w.port, rdir);
+    struct child c;
+    child_start(&c, dir,
+                ARGS("run", "--cpu", "1", "--", "sh", "-c",
+                     "i=0; while [ $i -lt 300 ]; do echo line $i; i=$((i+1)); sleep 0.02; done"));
+    child_wait_for(&c, "line 20\n", 60000);
+    assert_int_equal(wansim_command(&w, "cut", reply, sizeof(reply)), 0);
+    usleep(1500 * 1000); /* the link stays down a while: lines pile up on the server */
+    assert_int_equal(wansim_command(&w, "restore", reply, sizeof(reply)), 0);
+    child_finish(&c);
+    expect_status(&c, 0, "run followed across a cut");
+    assert_non_null(strstr(c.err.data, "reconnect"));
+    /* every line exactly once, in order */
+    const char *p = c.out.data;
+    for (int i = 0; i < NUMBERED_LINES; i++) {
+        char want[32];
+        int n = snprintf(want, sizeof(want), "line %d\n", i);
+        if (strncmp(p, want, (size_t)n) != 0)
+            fail_msg("expected '%s' at offset %zu, got: %.60s", want, (size_t)(p - c.out.data), p);
+        p += n;
+    }
+    assert_string_equal(p, "");
+    wansim_stop(&w);
+    child_release(&c);
+}
+
+/* ---- concurrency and arguments ---- */
+
+static void test_run__two_concurrent_runs_both_start_and_finish(void **state)
+{
+    (void)state;
+    struct child a, b;
+    const char *const args[] = {
+        "run", "--cpu", "2", "--", "sh", "-c", "echo port $MASTER_PORT; sleep 2; echo done", NULL};
+    child_start(&a, project, args);
+    child_start(&b, project, args);
+    child_finish(&a);
+    child_finish(&b);
+    expect_status(&a, 0, "first concurrent run");
+    expect_status(&b, 0, "second concurrent run");
+    char ida[128];
+    snprintf(ida, sizeof(ida), "%s", run_id_of(&a));
+    assert_string_not_equal(ida, run_id_of(&b));
+    assert_int_equal(count(a.out.data, "done"), 2);
+    assert_int_equal(count(b.out.data, "done"), 2);
+    json_t *sa = run_json(remote, ida, "status.json"),
+           *sb = run_json(remote, run_id_of(&b), "status.json");
+    assert_string_equal(str_at(sa, "state"), "succeeded");
+    assert_string_equal(str_at(sb, "state"), "succeeded");
+    /* their time on the server overlapped: they really ran at once */
+    assert_true(strcmp(str_at(sa, "start"), str_at(sb, "end")) <= 0 &&
+                strcmp(str_at(sb, "start"), str_at(sa, "end")) <= 0);
+    json_decref(sa);
+    json_decref(sb);
+    child_release(&a);
+    child_release(&b);
+}
+
+static void test_run__arguments_reach_the_command_unchanged(void **state)
+{
+    (void)state;
+    const char *words[] = {"two words", "it's", "say \"hi\"", "$HOME", "a;b",
+                           "x\ny",      "",     "*",          "`id`",  "\\n"};
+    size_t n = sizeof(words) / sizeof(words[0]);
+    const char *args[32] = {"run",
+                            "--cpu",
+                            "1",
+                            "--",
+                            "python3",
+                            "-c",
+                            "import sys, json; print(json.dumps(sys.argv[1:]))"};
+    for (size_t i = 0; i < n; i++)
+        args[7 + i] = words[i];
+    struct child c = run_in(project, args);
+    expect_status(&c, 0, "run with awkward arguments");
+    json_t *got = json_loads(c.out.data, JSON_DISABLE_EOF_CHECK, NULL);
+    if (!json_is_array(got))
+        fail_msg("not a JSON list: %s", c.out.data);
+    assert_int_equal(json_array_size(got), n);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(json_string_value(json_array_get(got, i)), words[i]);
+    json_decref(got);
+    child_release(&c);
+}
+
+/* ---- two nodes ---- */
+
+/* Rank 0 listens on MASTER_PORT; every other rank connects to MASTER_ADDR:MASTER_PORT and sends
+ * its rank; rank 0 prints the ranks it heard from. */
+#define TCP_SCRIPT                                                                                 \
+    "import os, socket, time\n"                                                                    \
+    "r = int(os.environ['RANK']); w = int(os.environ['WORLD_SIZE'])\n"                             \
+    "a = os.environ['MASTER_ADDR']; p = int(os.environ['MASTER_PORT'])\n"                          \
+    "if r == 0:\n"                                                                                 \
+    "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"           \
+    "    s.bind(('', p)); s.listen(16); got = []\n"                                                \
+    "    for _ in range(w - 1):\n"                                                                 \
+    "        c, _ = s.accept(); got.append(int(c.recv(16))); c.close()\n"                          \
+    "    print('got', sorted(got), flush=True)\n"                                                  \
+    "else:\n"                                                                                      \
+    "    for _ in range(200):\n"                                                                   \
+    "        try:\n"                                                                               \
+    "            c = socket.create_connection((a, p)); c.sendall(str(r).encode()); c.close(); "    \
+    "break\n"                                                                                      \
+    "        except OSError:\n"                                                                    \
+    "            time.sleep(0.1)\n"                                                                \
+    "    else:\n"                                                                                  \
+    "        raise SystemExit('cannot reach the master')\n"                                        \
+    "    print('sent', r, flush=True)\n"
+
+/* Starts a second server that accepts srv's client key (the tests' HOME stays srv's). */
+static void second_server(struct gs_test_sshd *b)
+{
+    assert_int_equal(gs_test_sshd_start(b, NULL), 0);
+    gs_test_sshd_use_home(&srv, 1);
+    assert_int_equal(sh("cat '%s/.ssh/id_ed25519.pub' >> '%s/authorized_keys'", srv.home, b->dir),
+                     0);
+}
+
+static void test_run__two_nodes_share_the_master_and_connect_across(void **state)
+{
+    (void)state;
+    struct gs_test_sshd b;
+    second_server(&b);
+    char dir[700], ra[700], rb[700], hosts[2200];
+    snprintf(dir, sizeof(dir), "%s/work/two", srv.dir);
+    snprintf(ra, sizeof(ra), "%s/node-a", srv.dir);
+    snprintf(rb, sizeof(rb), "%s/node-b", b.dir);
+    init_project(dir, &srv, 0, ra);
+    /* [remote] hosts in the config: node 0 is the configured server, node 1 is b */
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
+             rb);
+    assert_int_equal(sh("cd '%s' && sed -i 's|^\\[remote\\]$|[remote]\\n\\thosts = %s|' "
+                        ".gpusync/config",
+                        dir, hosts),
+                     0);
+    assert_int_equal(sh("cd '%s' && echo data > shared.txt", dir), 0);
+    char script[2048];
+    snprintf(script, sizeof(script), "%s; exec python3 -c \"$0\"", ENV_SCRIPT);
+    struct child c = run_in(dir, ARGS("run", "--accept-new-host-key", "--cpu", "2", "--ranks",
+                                      "all", "--", "sh", "-c", script, TCP_SCRIPT));
+    expect_status(&c, 0, "two-node run");
+    const char *id = run_id_of(&c);
+    /* both nodes were synced */
+    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", dir, ra), 0);
+    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", dir, rb), 0);
+    int port = 0;
+    for (int rank = 0; rank < 4; rank++) {
+        const char *rdir = rank < 2 ? ra : rb;
+        char *log = rank_log(rdir, id, rank);
+        check_env_line(log, rank, rank % 2, 4, 2, rank / 2, "127.0.0.1", &port);
+        if (rank == 0)
+            assert_non_null(strstr(log, "got [1, 2, 3]"));
+        else
+            assert_non_null(strstr(log, "sent"));
+        free(log);
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "[rank %d] ENV", rank);
+        assert_non_null(strstr(c.out.data, prefix));
+    }
+    json_t *sa = run_json(ra, id, "status.json"), *sb = run_json(rb, id, "status.json");
+    assert_int_equal(int_at(sa, "master_port"), port);
+    assert_int_equal(int_at(sb, "master_port"), port);
+    assert_string_equal(str_at(sb, "state"), "succeeded");
+    json_decref(sa);
+    json_decref(sb);
+    child_release(&c);
+    gs_test_sshd_destroy(&b);
+}
+
+static void test_run__two_nodes_one_failing_stops_the_other(void **state)
+{
+    (void)state;
+    struct gs_test_sshd b;
+    second_server(&b);
+    char dir[700], ra[700], rb[700], hosts[2200];
+    snprintf(dir, sizeof(dir), "%s/work/two-fail", srv.dir);
+    snprintf(ra, sizeof(ra), "%s/node-a2", srv.dir);
+    snprintf(rb, sizeof(rb), "%s/node-b2", b.dir);
+    init_project(dir, &srv, 0, ra);
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
+             rb);
+    int64_t t0 = gs_clock_mono_ms();
+    struct child c = run_in(dir, ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu",
+                                      "1", "--", "sh", "-c",
+                                      "if [ $GROUP_RANK = 1 ]; then sleep 1; exit 9; fi; "
+                                      "exec sleep 120"));
+    expect_status(&c, 9, "two-node run where node 1 fails");
+    assert_true(gs_clock_mono_ms() - t0 < 60000);
+    const char *id = run_id_of(&c);
+    json_t *sa = run_json(ra, id, "status.json"), *sb = run_json(rb, id, "status.json");
+    assert_string_equal(str_at(sb, "state"), "failed");
+    assert_string_equal(str_at(sa, "state"), "stopped");
+    json_t *r = json_array_get(json_object_get(sa, "ranks"), 0);
+    assert_false(group_exists(int_at(r, "pgid")));
+    json_decref(sa);
+    json_decref(sb);
+    child_release(&c);
+    gs_test_sshd_destroy(&b);
+}
+
+static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
+{
+    (void)state;
+    struct gs_test_sshd b;
+    second_server(&b);
+    char dir[700], ra[700], rb[700], hosts[2200];
+    snprintf(dir, sizeof(dir), "%s/work/two-int", srv.dir);
+    snprintf(ra, sizeof(ra), "%s/node-a3", srv.dir);
+    snprintf(rb, sizeof(rb), "%s/node-b3", b.dir);
+    init_project(dir, &srv, 0, ra);
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
+             rb);
+    struct child c;
+    child_start(&c, dir,
+                ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu", "1", "--ranks",
+                     "all", "--", "sh", "-c", "echo up $RANK; exec sleep 120"));
+    child_wait_for(&c, "[rank 1] up 1", 60000);
+    kill(c.pid, SIGINT);
+    child_wait_in(&c, 1, "detached", 10000);
+    kill(c.pid, SIGINT); /* the second Ctrl-C within 2 s stops the run everywhere */
+    child_finish(&c);
+    expect_status(&c, 130, "two-node run after two Ctrl-C");
+    const char *id = run_id_of(&c);
+    const char *dirs[2] = {ra, rb};
+    for (int i = 0; i < 2; i++) {
+        json_t *st = run_json(dirs[i], id, "status.json");
+        assert_string_equal(str_at(st, "state"), "stopped");
+        assert_false(group_exists(int_at(json_array_get(json_object_get(st, "ranks"), 0), "pgid")));
+        json_decref(st);
+    }
+    child_release(&c);
+    gs_test_sshd_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status,
+                               use_home),
+        cmocka_unit_test_setup(test_run__command_exit_code_is_the_runs, use_home),
+        cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
+        cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
+        cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),
+        cmocka_unit_test_setup(test_run__a_jobs_gpus_from_the_config_are_used, use_home),
+        cmocka_unit_test_setup(test_run__detach_reattach_and_stop_leaves_no_process, use_home),
+        cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
+        cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
+        cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
+                               use_home),
+        cmocka_unit_test_setup(test_run__two_concurrent_runs_both_start_and_finish, use_home),
+        cmocka_unit_test_setup(test_run__arguments_reach_the_command_unchanged, use_home),
+        cmocka_unit_test_setup(test_run__two_nodes_share_the_master_and_connect_across, use_home),
+        cmocka_unit_test_setup(test_run__two_nodes_one_failing_stops_the_other, use_home),
+        cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
