@@ -138,9 +138,27 @@ static int set_job(struct parse_state *st, const char *job_name, const char *key
     return fail(st, "unknown key '%s' in section [job \"%s\"]", key, job_name);
 }
 
-static int on_entry(void *user, const char *section, const char *key, const char *value)
+/* Drops an inline comment that starts with whitespace and '#' (libinih strips only ';' ones; git
+ * config takes both), and the blanks before it. Returns `buf`. */
+static const char *strip_hash_comment(const char *value, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s", value);
+    for (char *p = buf; *p; p++)
+        if (*p == '#' && p > buf && (p[-1] == ' ' || p[-1] == '\t')) {
+            *p = '\0';
+            break;
+        }
+    size_t len = strlen(buf);
+    while (len && (buf[len - 1] == ' ' || buf[len - 1] == '\t'))
+        buf[--len] = '\0';
+    return buf;
+}
+
+static int on_entry(void *user, const char *section, const char *key, const char *raw)
 {
     struct parse_state *st = user;
+    char value_buf[4096];
+    const char *value = strip_hash_comment(raw, value_buf, sizeof(value_buf));
     char job_name[256];
     if (strcmp(section, "remote") == 0)
         return set_remote(st, key, value);
