@@ -62,6 +62,19 @@ static void test_config__indented_git_style_lines_are_separate_keys(void **state
     gs_config_release(&cfg);
 }
 
+static void test_config__inline_comments_with_hash_or_semicolon_are_dropped(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    const char *text = "[remote]\nhost = 10.1.2.3   # the lab box\nport = 2222 ; ssh\n"
+                       "path = runs#1\n";
+    assert_int_equal(gs_config_parse(&cfg, text, "cfg", NULL), 0);
+    assert_string_equal(cfg.host, "10.1.2.3");
+    assert_int_equal(cfg.port, 2222);
+    assert_string_equal(cfg.remote_path, "runs#1"); /* '#' inside a word is part of it */
+    gs_config_release(&cfg);
+}
+
 static void test_config__repeated_exclude_accumulates_in_order(void **state)
 {
     (void)state;
@@ -392,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_config__valid_file_fills_every_field),
         cmocka_unit_test(test_config__indented_git_style_lines_are_separate_keys),
         cmocka_unit_test(test_config__repeated_exclude_accumulates_in_order),
+        cmocka_unit_test(test_config__inline_comments_with_hash_or_semicolon_are_dropped),
         cmocka_unit_test(test_config__job_sections_by_name),
         cmocka_unit_test(test_config__defaults_when_only_host_given),
         cmocka_unit_test(test_config__unknown_key_names_file_line_and_key),
