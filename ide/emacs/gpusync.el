@@ -1,0 +1,443 @@
+;;; gpusync.el --- Mirror a project to a GPU server and run jobs there, through the gpusync CLI -*- lexical-binding: t -*-
+
+;; Version: 0.1
+;; Package-Requires: ((emacs "27.1"))
+;; Keywords: tools, processes
+;; URL: https://github.com/gpusync/gpusync
+
+;;; Commentary:
+
+;; A thin front end: every command is one call to the `gpusync' CLI, whose --json output is the
+;; contract, and the mode-line lighter is fed by `gpusync events --json' (a long-lived process).
+;;
+;;   M-x gpusync-watch           start `gpusync watch -d' and follow its events
+;;   M-x gpusync-stop-watching   stop the daemon
+;;   M-x gpusync-push            one-shot sync
+;;   M-x gpusync-run             run a job (asks for the job and a GPU count) and follow its logs
+;;   M-x gpusync-logs            follow a run's logs in *gpusync-logs RUN*
+;;   M-x gpusync-stop-run        stop the run started here (or the one running)
+;;   M-x gpusync-status          the daemon's state in the echo area
+;;   M-x gpusync-doctor          the server checks in *gpusync-doctor*
+;;
+;; Conflicts and errors are reported with `display-warning' and name the file.
+
+;;; Code:
+
+(require 'seq)
+(require 'subr-x)
+
+(defgroup gpusync nil
+  "Mirror a project to a GPU server and run jobs there."
+  :group 'tools
+  :prefix "gpusync-")
+
+(defcustom gpusync-executable (or (getenv "GPUSYNC_BIN") "gpusync")
+  "The gpusync binary."
+  :type 'string)
+
+(defcustom gpusync-notify-function #'gpusync--notify-default
+  "Called with (MESSAGE LEVEL) for every notification.
+LEVEL is :info, :warning or :error."
+  :type 'function)
+
+;;;; State
+
+(defvar gpusync--state 'off
+  "Sync state: off, connecting, connected, syncing, up-to-date, disconnected,
+conflict or error.")
+(defvar gpusync--count 0 "Files mirrored since the last idle event.")
+(defvar gpusync--detail nil "The path or message behind a conflict, error or disconnection.")
+(defvar gpusync--events nil "The last 200 events, newest first (alists).")
+(defvar gpusync--events-process nil "The `gpusync events --json' process.")
+(defvar gpusync--last-run nil "Id of the newest run started from this Emacs.")
+(defvar gpusync--run-active nil "Whether `gpusync--last-run' is still followed.")
+(defvar gpusync--stopping nil "Ids of the runs `gpusync-stop-run' asked to stop.")
+
+;;;; Helpers
+
+(defun gpusync--notify-default (message level)
+  "Show MESSAGE: the echo area for :info, a warning otherwise (LEVEL)."
+  (if (eq level :info)
+      (message "gpusync: %s" message)
+    (display-warning 'gpusync message level)))
+
+(defun gpusync--notify (level fmt &rest args)
+  "Notify at LEVEL with (format FMT ARGS)."
+  (funcall gpusync-notify-function (apply #'format fmt args) level))
+
+(defun gpusync-root ()
+  "The project directory at or above `default-directory', or nil.
+It is the nearest folder that holds .gpusync/config."
+  (when-let ((dir (locate-dominating-file default-directory ".gpusync/config")))
+    (file-name-as-directory (expand-file-name dir))))
+
+(defun gpusync--require-root ()
+  "The project directory, or a user error."
+  (or (gpusync-root)
+      (user-error "gpusync: no .gpusync/config here or above; run `gpusync init user@host:port'")))
+
+(defun gpusync--json (line)
+  "LINE parsed as a JSON object (an alist), or nil."
+  (condition-case nil
+      (let ((obj (json-parse-string line :object-type 'alist :null-object nil
+                                    :false-object :false :array-type 'list)))
+        (and (listp obj) obj))
+    (error nil)))
+
+(defun gpusync--last-json (text)
+  "The last line of TEXT that is a JSON object, parsed, or nil."
+  (seq-some #'gpusync--json (reverse (split-string (or text "") "\n" t))))
+
+(defun gpusync--failure (obj stderr)
+  "What went wrong: OBJ's message, else STDERR."
+  (or (alist-get 'message obj)
+      (let ((s (string-trim (or stderr "")))) (and (not (string-empty-p s)) s))
+      "failed"))
+
+(defun gpusync--line-filter (on-line)
+  "A process filter that calls ON-LINE with each complete line of output."
+  (let ((partial ""))
+    (lambda (_proc chunk)
+      (let ((lines (split-string (concat partial chunk) "\n")))
+        (setq partial (car (last lines)))
+        (mapc on-line (butlast lines))))))
+
+(defun gpusync--call (args callback &optional on-line)
+  "Run gpusync ARGS in the project; call CALLBACK with (CODE STDOUT STDERR).
+CALLBACK runs when the process exits.  ON-LINE, if given, sees each stdout
+line as it comes.  Returns the process."
+  (let* ((default-directory (gpusync--require-root))
+         (out (generate-new-buffer " *gpusync-out*"))
+         (err (generate-new-buffer " *gpusync-err*"))
+         (errp (make-pipe-process :name "gpusync-stderr" :buffer err :noquery t))
+         (collect (lambda (line)
+                    (with-current-buffer out (goto-char (point-max)) (insert line "\n"))
+                    (when on-line (funcall on-line line)))))
+    (make-process
+     :name "gpusync" :command (cons gpusync-executable args)
+     :connection-type 'pipe :noquery t :stderr errp
+     :filter (gpusync--line-filter collect)
+     :sentinel (lambda (proc _event)
+                 (unless (process-live-p proc)
+                   ;; The exit can be seen before the last of stderr: drain it (bounded).
+                   (let ((n 0))
+                     (while (and (< n 20) (accept-process-output errp 0.01))
+                       (setq n (1+ n))))
+                   (delete-process errp)
+                   (let ((o (with-current-buffer out (buffer-string)))
+                         (e (with-current-buffer err (buffer-string))))
+                     (kill-buffer out)
+                     (kill-buffer err)
+                     (funcall callback (process-exit-status proc) o e)))))))
+
+;;;; The event stream and the mode line
+
+(defun gpusync-mode-line ()
+  "The lighter text, such as \" gpusync:syncing 3\"."
+  (concat " gpusync:"
+          (pcase gpusync--state
+            ('syncing (format "syncing %d" gpusync--count))
+            ('up-to-date "up to date")
+            ((or 'conflict 'error)
+             (format "%s %s" gpusync--state (file-name-nondirectory (format "%s" gpusync--detail))))
+            (s (symbol-name s)))
+          (if gpusync--last-run
+              (format " [run %s %s]" gpusync--last-run (if gpusync--run-active "running" "ended"))
+            "")))
+
+(define-minor-mode gpusync-mode
+  "Show gpusync's sync state in the mode line (turned on by `gpusync-watch')."
+  :global t
+  :lighter (:eval (gpusync-mode-line)))
+
+(defun gpusync--on-event (ev)
+  "Update the state from the event EV (an alist)."
+  (push ev gpusync--events)
+  (when (> (length gpusync--events) 200) (setcdr (nthcdr 199 gpusync--events) nil))
+  (let ((kind (alist-get 'event ev)) (path (alist-get 'path ev)))
+    (pcase kind
+      ((or "synced" "deleted" "renamed")
+       (setq gpusync--state 'syncing gpusync--count (1+ gpusync--count)))
+      ("idle"
+       (unless (and (memq gpusync--state '(conflict error)) (= gpusync--count 0))
+         (setq gpusync--state 'up-to-date gpusync--detail nil))
+       (setq gpusync--count 0))
+      ("connected" (setq gpusync--state 'connected gpusync--detail (alist-get 'target ev)))
+      ("disconnected"
+       (setq gpusync--state 'disconnected gpusync--detail (alist-get 'message ev))
+       (gpusync--notify :warning "disconnected: %s" (alist-get 'message ev)))
+      ("conflict"
+       (setq gpusync--state 'conflict gpusync--detail path gpusync--count 0)
+       (gpusync--notify :warning "conflict on %s: the server had changed it; its copy is kept as %s"
+                        path (alist-get 'kept ev)))
+      ("error"
+       (setq gpusync--state 'error gpusync--detail (or path (alist-get 'message ev)) gpusync--count 0)
+       (gpusync--notify :error "error%s: %s" (if path (concat " on " path) "")
+                        (alist-get 'message ev)))))
+  (force-mode-line-update t))
+
+(defun gpusync--seed-state ()
+  "Set the state from `gpusync status --json' (events only report changes)."
+  (gpusync--call '("status" "--json")
+                 (lambda (_code out _err)
+                   (let ((st (gpusync--last-json out)))
+                     (when (and st (eq (alist-get 'daemon st) t)
+                                (memq gpusync--state '(off connecting)))
+                       (setq gpusync--state (intern (replace-regexp-in-string
+                                                     "_" "-" (alist-get 'state st)))
+                             gpusync--count (or (alist-get 'pending st) 0))
+                       (force-mode-line-update t))))))
+
+(defun gpusync-follow-events ()
+  "Follow the daemon's event stream (once)."
+  (unless (process-live-p gpusync--events-process)
+    (let ((default-directory (gpusync--require-root)))
+      (setq gpusync--state 'connecting
+            gpusync--events-process
+            (make-process
+             :name "gpusync-events" :command (list gpusync-executable "events" "--json")
+             :connection-type 'pipe :noquery t
+             :stderr (get-buffer-create " *gpusync-events-stderr*")
+             :filter (gpusync--line-filter
+                      (lambda (line) (when-let ((ev (gpusync--json line))) (gpusync--on-event ev))))
+             :sentinel (lambda (proc _event)
+                         (unless (or (process-live-p proc) (not (eq proc gpusync--events-process)))
+                           (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
+                           (force-mode-line-update t)))))
+      (gpusync-mode 1)
+      (gpusync--seed-state))))
+
+;;;; Commands
+
+;;;###autoload
+(defun gpusync-watch ()
+  "Start `gpusync watch -d' for this project and show its state in the mode line."
+  (interactive)
+  (gpusync--call '("watch" "-d" "--json")
+                 (lambda (code out err)
+                   (let ((r (gpusync--last-json out)))
+                     (cond ((= code 0)
+                            (gpusync--notify :info "watching (daemon pid %s)" (alist-get 'pid r))
+                            (gpusync-follow-events))
+                           ((string-match-p "already running" (gpusync--failure r err))
+                            (gpusync--notify :info "already watching this project")
+                            (gpusync-follow-events))
+                           (t (gpusync--notify :error "watch failed: %s" (gpusync--failure r err))))))))
+
+;;;###autoload
+(defun gpusync-stop-watching ()
+  "Stop this project's gpusync daemon."
+  (interactive)
+  (gpusync--call '("watch" "--stop")
+                 (lambda (code out err)
+                   (if (/= code 0)
+                       (gpusync--notify :error "stop failed: %s"
+                                        (gpusync--failure (gpusync--last-json out) err))
+                     (when (process-live-p gpusync--events-process)
+                       (delete-process gpusync--events-process))
+                     (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
+                     (force-mode-line-update t)
+                     (gpusync--notify :info "stopped watching")))))
+
+;;;###autoload
+(defun gpusync-push ()
+  "Make the server match the project now (`gpusync push')."
+  (interactive)
+  (gpusync--notify :info "pushing...")
+  (gpusync--call
+   '("push" "--json")
+   (lambda (code out err)
+     (let ((r (gpusync--last-json out)))
+       (when (or (null r) (/= code 0) (eq (alist-get 'ok r) :false))
+         (gpusync--notify :error "push failed: %s" (gpusync--failure r err)))
+       (when (alist-get 'sent r)
+         (dolist (c (alist-get 'conflicts r))
+           (gpusync--notify :warning "conflict on %s: the server copy is kept as %s"
+                            (alist-get 'path c) (alist-get 'kept c)))
+         (dolist (f (alist-get 'failures r))
+           (gpusync--notify :error "%s %s failed: %s" (alist-get 'op f) (alist-get 'path f)
+                            (alist-get 'message f)))
+         (gpusync--notify :info "pushed: sent %d, deleted %d, renamed %d, unchanged %d in %.2f s"
+                          (alist-get 'sent r) (alist-get 'deleted r) (alist-get 'renamed r)
+                          (alist-get 'unchanged r) (alist-get 'seconds r)))))))
+
+;;;###autoload
+(defun gpusync-status ()
+  "Show the daemon's state (or what a push would do) in the echo area."
+  (interactive)
+  (gpusync--call
+   '("status" "--json")
+   (lambda (code out err)
+     (let ((st (gpusync--last-json out)))
+       (cond ((or (/= code 0) (null st))
+              (gpusync--notify :error "status failed: %s" (gpusync--failure st err)))
+             ((eq (alist-get 'daemon st) t)
+              (gpusync--notify :info "%s, %s, %d pending%s" (alist-get 'state st)
+                               (if (eq (alist-get 'connected st) t) "connected" "not connected")
+                               (alist-get 'pending st)
+                               (if-let ((e (alist-get 'last_error st))) (concat ", last error: " e) "")))
+             (t (gpusync--notify :info "not watching; %s, %d change(s) to push"
+                                 (alist-get 'state st) (alist-get 'pending st))))))))
+
+;;;; Logs
+
+(define-derived-mode gpusync-log-mode special-mode "gpusync-log"
+  "A read-only buffer that follows a gpusync run's logs.")
+
+(defun gpusync--append (buffer text)
+  "Append TEXT to BUFFER, keeping the windows that show it at its end."
+  (when (buffer-live-p buffer)
+    (with-current-buffer buffer
+      (let ((inhibit-read-only t))
+        (save-excursion (goto-char (point-max)) (insert text))))
+    (dolist (win (get-buffer-window-list buffer nil t))
+      (set-window-point win (with-current-buffer buffer (point-max))))))
+
+(defun gpusync--special-buffer (name)
+  "A fresh, empty `gpusync-log-mode' buffer called NAME."
+  (let ((buf (get-buffer-create name)))
+    (with-current-buffer buf
+      (let ((inhibit-read-only t)) (erase-buffer))
+      (unless (derived-mode-p 'gpusync-log-mode) (gpusync-log-mode)))
+    buf))
+
+;; A follower process carries `gpusync-run' (its run id, or nil for the newest).
+(defun gpusync--logs-ended (proc _event)
+  "Sentinel of a `gpusync logs -f' process PROC: note the end in its buffer."
+  (unless (process-live-p proc)
+    (let ((code (process-exit-status proc)) (run (process-get proc 'gpusync-run)))
+      (gpusync--append (process-buffer proc)
+                       (format "[gpusync: run %s ended: exit %d]\n" (or run "latest") code))
+      (when (equal run gpusync--last-run)
+        (setq gpusync--run-active nil)
+        (force-mode-line-update t))
+      (cond ((= code 0))
+            ((member run gpusync--stopping)
+             (gpusync--notify :warning "run %s was stopped (exit code %d)" run code))
+            (t (gpusync--notify (if (= code 130) :warning :error) "run %s ended with exit code %d"
+                                (or run "(latest)") code))))))
+
+;;;###autoload
+(defun gpusync-logs (&optional run)
+  "Follow RUN's logs (the newest run by default) in *gpusync-logs RUN*.
+Returns the buffer."
+  (interactive (list (let ((s (read-string "Run (empty: newest): "))) (and (not (string-empty-p s)) s))))
+  (let* ((root (gpusync--require-root))
+         (name (format "*gpusync-logs %s*" (or run "latest")))
+         (old (and (get-buffer name) (get-buffer-process name))))
+    ;; A follower already on this buffer is replaced: silence it first, so its end neither writes
+    ;; into the fresh buffer nor reports the run as ended.
+    (when old
+      (set-process-sentinel old #'ignore)
+      (set-process-filter old #'ignore)
+      (delete-process old))
+    (let ((buf (gpusync--special-buffer name)))
+      (with-current-buffer buf (setq default-directory root))
+      (process-put (make-process
+                    :name "gpusync-logs" :buffer buf :noquery t :connection-type 'pipe
+                    :command (append (list gpusync-executable "logs" "-f") (and run (list run)))
+                    :filter (lambda (proc text) (gpusync--append (process-buffer proc) text))
+                    :sentinel #'gpusync--logs-ended)
+                   'gpusync-run run)
+      (display-buffer buf)
+      buf)))
+
+;;;; Runs
+
+(defun gpusync-jobs ()
+  "The [job \"NAME\"] names of .gpusync/config, and the bundled trainer \"train\"."
+  (let ((file (expand-file-name ".gpusync/config" (gpusync--require-root))) names)
+    (with-temp-buffer
+      (insert-file-contents file)
+      (while (re-search-forward "^[ \t]*\\[job[ \t]+\"\\([^\"]+\\)\"\\]" nil t)
+        (push (match-string 1) names)))
+    (delete-dups (append (nreverse names) '("train")))))
+
+(defun gpusync--gpu-flags (gpus)
+  "CLI flags for GPUS.
+GPUS is \"2\" or \"0,2\" (GPUs), \"cpu=2\" (CPU ranks), or nil or \"\" (the
+job's own)."
+  (cond ((or (null gpus) (string-empty-p gpus)) nil)
+        ((string-match "\\`cpu[:=]?\\([0-9]+\\)\\'" gpus) (list "--cpu" (match-string 1 gpus)))
+        ((string-match-p "\\`[0-9,]+\\'" gpus) (list "--gpus" gpus))
+        (t (user-error "gpusync: GPUs must be N, a list such as 0,2, or cpu=N; not %s" gpus))))
+
+;;;###autoload
+(defun gpusync-run (job &optional gpus command)
+  "Start JOB (a config job, or \"train\") on GPUS and follow its logs.
+GPUS: \"2\", \"0,2\", \"cpu=2\", or nil for the job's own.  With JOB nil,
+run COMMAND, a list of words (for example (\"sh\" \"-c\" \"echo $RANK\")).
+When JOB is given, COMMAND holds extra arguments for it.  Interactively,
+asks for the job and the GPUs."
+  (interactive (list (completing-read "Run job: " (gpusync-jobs) nil nil)
+                     (read-string "GPUs (N, 0,2, cpu=N; empty: the job's): ")))
+  (let ((args (append '("run" "--detach" "--json") (gpusync--gpu-flags gpus)
+                      (and job (not (string-empty-p job)) (list job))
+                      (and command (cons "--" command)))))
+    (gpusync--notify :info "starting %s..." (or job (string-join command " ")))
+    (gpusync--call
+     args
+     (lambda (code out err)
+       (let ((r (gpusync--last-json out)))
+         (if (or (/= code 0) (null r) (not (eq (alist-get 'ok r) t)))
+             (gpusync--notify :error "run failed: %s" (gpusync--failure r err))
+           (setq gpusync--last-run (alist-get 'id r) gpusync--run-active t)
+           (force-mode-line-update t)
+           (gpusync--notify :info "run %s started: %d rank(s), MASTER_PORT %s"
+                            (alist-get 'id r) (alist-get 'ranks r) (alist-get 'master_port r))
+           (gpusync-logs (alist-get 'id r))))))))
+
+(defun gpusync--stop-id (id)
+  "Stop the run ID."
+  (push id gpusync--stopping)
+  (gpusync--call (list "stop" id "--json")
+                 (lambda (code out err)
+                   (let ((r (gpusync--last-json out)))
+                     (if (and (= code 0) r (eq (alist-get 'ok r) t))
+                         (gpusync--notify :info "stopped run %s" (alist-get 'id r))
+                       (gpusync--notify :error "stop %s failed: %s" id (gpusync--failure r err)))))))
+
+;;;###autoload
+(defun gpusync-stop-run (&optional run)
+  "Stop RUN; by default the run started here, else the one running.
+Asks which one when several are running."
+  (interactive)
+  (let ((id (or run (and gpusync--run-active gpusync--last-run))))
+    (if id
+        (gpusync--stop-id id)
+      (gpusync--call
+       '("ps" "--json")
+       (lambda (code out err)
+         (let* ((r (gpusync--last-json out))
+                (running (delq nil (mapcar (lambda (x) (and (equal (alist-get 'state x) "running")
+                                                            (alist-get 'id x)))
+                                           (alist-get 'runs r)))))
+           (cond ((or (/= code 0) (null r))
+                  (gpusync--notify :error "ps failed: %s" (gpusync--failure r err)))
+                 ((null running) (gpusync--notify :warning "no run is running"))
+                 ((null (cdr running)) (gpusync--stop-id (car running)))
+                 (t (gpusync--stop-id (completing-read "Stop run: " running nil t))))))))))
+
+;;;###autoload
+(defun gpusync-doctor ()
+  "Check the server (`gpusync doctor') and list the results in *gpusync-doctor*."
+  (interactive)
+  (gpusync--notify :info "checking...")
+  (gpusync--call
+   '("doctor" "--json")
+   (lambda (code out err)
+     (let ((r (gpusync--last-json out)) (bad 0))
+       (if (not (alist-get 'checks r))
+           (gpusync--notify :error "doctor failed: %s" (gpusync--failure r err))
+         (let ((buf (gpusync--special-buffer "*gpusync-doctor*")))
+           (dolist (c (alist-get 'checks r))
+             (unless (equal (alist-get 'status c) "ok") (setq bad (1+ bad)))
+             (gpusync--append buf (format "[%-4s] %-10s %s%s\n" (alist-get 'status c) (alist-get 'name c)
+                                          (or (alist-get 'detail c) "")
+                                          (if-let ((h (alist-get 'hint c))) (concat "  -> " h) ""))))
+           (display-buffer buf)
+           (gpusync--notify (if (and (= code 0) (= bad 0)) :info :warning)
+                            "doctor: %d check(s), %d not ok" (length (alist-get 'checks r)) bad)))))))
+
+(provide 'gpusync)
+;;; gpusync.el ends here

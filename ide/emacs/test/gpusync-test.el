@@ -1,0 +1,199 @@
+;;; gpusync-test.el --- ERT tests of gpusync.el against the sandbox server -*- lexical-binding: t -*-
+
+;;; Commentary:
+
+;; Run by ../test.sh in `emacs --batch', which starts a sandbox server, initialises a project and
+;; sets GS_PROJECT, GS_REMOTE and GPUSYNC_BIN.  Each test starts its own daemon and stops it.
+;; Waiting is event-driven: `gpusync-test--wait' runs the process loop (accept-process-output)
+;; until a condition on an observable result holds (a file on the server, a buffer's text, a
+;; notification).  GS_EMACS_SKIP_RUN=1 leaves out the tests that need the server-side launcher.
+
+;;; Code:
+
+(require 'cl-lib)
+(require 'ert)
+(require 'gpusync)
+
+;; Emacs's lock files (.#NAME, symlinks) and backups (NAME~) would be mirrored like any other file
+;; (gpusync has no built-in ignore for them yet), and a lock file in a folder the server refuses
+;; would raise its own error event: keep the tests about the files they write.
+(setq create-lockfiles nil
+      make-backup-files nil)
+
+(defvar gpusync-test--project (file-name-as-directory (getenv "GS_PROJECT")))
+(defvar gpusync-test--remote (file-name-as-directory (getenv "GS_REMOTE")))
+(defvar gpusync-test--notes nil "Notifications, newest first: (LEVEL . MESSAGE).")
+
+(defun gpusync-test--capture (message level)
+  "Record MESSAGE at LEVEL, and echo it to the test log."
+  (push (cons level message) gpusync-test--notes)
+  (message "  notify %s %s" level message))
+
+(defun gpusync-test--wait (seconds pred)
+  "Run the process loop until PRED returns non-nil or SECONDS pass; return PRED's value."
+  (let ((deadline (+ (float-time) seconds)) value)
+    (while (and (not (setq value (funcall pred))) (< (float-time) deadline))
+      (accept-process-output nil 0.02))
+    value))
+
+(defun gpusync-test--noted (regexp &optional level)
+  "The first notification matching REGEXP (at LEVEL if given)."
+  (seq-find (lambda (n) (and (string-match-p regexp (cdr n)) (or (null level) (eq (car n) level))))
+            gpusync-test--notes))
+
+(defun gpusync-test--read (file)
+  "FILE's contents, or nil if it does not exist."
+  (when (file-exists-p file)
+    (with-temp-buffer (insert-file-contents-literally file) (buffer-string))))
+
+(defun gpusync-test--buffer-text (name)
+  "The text of buffer NAME, or \"\"."
+  (if (get-buffer name) (with-current-buffer name (buffer-string)) ""))
+
+(defun gpusync-test--daemon-pid ()
+  "The daemon's pid, from the \"watching (daemon pid N)\" notification."
+  (let ((note (gpusync-test--noted "watching (daemon pid \\([0-9]+\\))")))
+    (and note (string-match "pid \\([0-9]+\\)" (cdr note))
+         (string-to-number (match-string 1 (cdr note))))))
+
+(defmacro gpusync-test--with-watch (&rest body)
+  "Run BODY in the project with a running daemon whose events are followed; stop it after."
+  (declare (indent 0))
+  `(let ((default-directory gpusync-test--project)
+         (gpusync-notify-function #'gpusync-test--capture)
+         (gpusync-test--notes nil))
+     (setq gpusync--events nil gpusync--last-run nil gpusync--run-active nil)
+     (gpusync-watch)
+     (should (gpusync-test--wait 60 (lambda () (gpusync-test--noted "watching (daemon pid"))))
+     (should (gpusync-test--wait 10 (lambda () (and (process-live-p gpusync--events-process)
+                                                    (not (eq gpusync--state 'connecting))))))
+     (unwind-protect (progn ,@body)
+       (let ((pid (gpusync-test--daemon-pid)))
+         (gpusync-stop-watching)
+         (gpusync-test--wait 10 (lambda () (eq gpusync--state 'off)))
+         ;; `gpusync watch --stop' returns before the daemon has exited and released its lock,
+         ;; so the next test's `watch -d' could find it "already running": wait for the process.
+         (when pid
+           (gpusync-test--wait 10 (lambda () (not (process-attributes pid)))))))))
+
+(ert-deftest gpusync-test/saving-a-buffer-puts-it-on-the-server ()
+  (gpusync-test--with-watch
+    (should gpusync-mode)
+    (with-current-buffer (find-file-noselect (expand-file-name "hello.py" gpusync-test--project))
+      (erase-buffer)
+      (insert "print(\"hello from emacs\")\n")
+      (save-buffer)
+      (kill-buffer))
+    (should (gpusync-test--wait 15 (lambda () (equal (gpusync-test--read
+                                                      (expand-file-name "hello.py" gpusync-test--remote))
+                                                     "print(\"hello from emacs\")\n"))))
+    (should (gpusync-test--wait 10 (lambda () (seq-find (lambda (ev) (and (equal (alist-get 'event ev) "synced")
+                                                                           (equal (alist-get 'path ev) "hello.py")))
+                                                         gpusync--events))))
+    (should (gpusync-test--wait 10 (lambda () (equal (gpusync-mode-line) " gpusync:up to date"))))
+    (gpusync-push)
+    (should (gpusync-test--wait 20 (lambda () (gpusync-test--noted "pushed: sent 0" :info))))
+    (gpusync-status)
+    (should (gpusync-test--wait 10 (lambda () (gpusync-test--noted "up_to_date, connected, 0 pending" :info))))))
+
+(ert-deftest gpusync-test/a-conflict-is-a-warning-naming-the-file ()
+  (gpusync-test--with-watch
+    ;; The server holds a directory where we save a file: the directory is kept as a copy.
+    (make-directory (expand-file-name "clash/sub" gpusync-test--remote) t)
+    (with-temp-file (expand-file-name "clash" gpusync-test--project) (insert "a file\n"))
+    (unwind-protect
+        (progn
+          (should (gpusync-test--wait 15 (lambda () (gpusync-test--noted "conflict on clash: .* kept as clash\\.gpusync-conflict-" :warning))))
+          (should (string-prefix-p " gpusync:conflict clash" (gpusync-mode-line)))
+          (should (gpusync-test--wait 15 (lambda () (equal (gpusync-test--read (expand-file-name "clash" gpusync-test--remote))
+                                                           "a file\n")))))
+      (delete-file (expand-file-name "clash" gpusync-test--project)))))
+
+(ert-deftest gpusync-test/a-failed-upload-is-an-error-naming-the-file ()
+  (gpusync-test--with-watch
+    (unwind-protect
+        (progn
+          (make-directory (expand-file-name "ro" gpusync-test--project) t)
+          (with-temp-file (expand-file-name "ro/a.txt" gpusync-test--project) (insert "a\n"))
+          (should (gpusync-test--wait 15 (lambda () (gpusync-test--read (expand-file-name "ro/a.txt" gpusync-test--remote)))))
+          ;; Replace the folder gpusync made with a link into /proc, where nothing can be created.
+          (delete-directory (expand-file-name "ro" gpusync-test--remote) t)
+          (make-symbolic-link "/proc/1" (directory-file-name (expand-file-name "ro" gpusync-test--remote)))
+          (with-temp-file (expand-file-name "ro/b.txt" gpusync-test--project) (insert "b\n"))
+          (should (gpusync-test--wait 15 (lambda () (gpusync-test--noted "error on ro/b.txt" :error))))
+          (should (string-prefix-p " gpusync:error b.txt" (gpusync-mode-line))))
+      ;; Leave neither side broken for the next test (its run syncs first).
+      (let ((link (directory-file-name (expand-file-name "ro" gpusync-test--remote))))
+        (when (file-symlink-p link) (delete-file link)))
+      (delete-directory (expand-file-name "ro" gpusync-test--project) t))))
+
+(ert-deftest gpusync-test/doctor-lists-the-checks ()
+  (let ((default-directory gpusync-test--project)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil))
+    (gpusync-doctor)
+    (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted "doctor: [0-9]+ check"))))
+    (should (string-match-p "^\\[ok  \\] " (gpusync-test--buffer-text "*gpusync-doctor*")))))
+
+(ert-deftest gpusync-test/run-fills-the-log-buffer ()
+  (skip-unless (not (equal (getenv "GS_EMACS_SKIP_RUN") "1")))
+  (let ((default-directory gpusync-test--project)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil))
+    (setq gpusync--last-run nil)
+    (gpusync-run nil "cpu=2" '("sh" "-c" "echo \"hello from rank $RANK of $WORLD_SIZE\""))
+    (should (gpusync-test--wait 60 (lambda () gpusync--last-run)))
+    (let ((name (format "*gpusync-logs %s*" gpusync--last-run)))
+      (should (gpusync-test--wait 60 (lambda () (let ((text (gpusync-test--buffer-text name)))
+                                                  (and (string-match-p "hello from rank 0 of 2" text)
+                                                       (string-match-p "hello from rank 1 of 2" text))))))
+      (should (gpusync-test--wait 30 (lambda () (string-match-p "ended: exit 0" (gpusync-test--buffer-text name)))))
+      (should-not gpusync--run-active)
+      (should (with-current-buffer name (derived-mode-p 'gpusync-log-mode))))
+    ;; Without a run id, the newest run's logs.
+    (gpusync-logs)
+    (should (gpusync-test--wait 30 (lambda () (let ((text (gpusync-test--buffer-text "*gpusync-logs latest*")))
+                                                (and (string-match-p "hello from rank 1 of 2" text)
+                                                     (string-match-p "ended: exit 0" text))))))))
+
+(ert-deftest gpusync-test/run-asks-for-a-config-job-and-gpus ()
+  (skip-unless (not (equal (getenv "GS_EMACS_SKIP_RUN") "1")))
+  (let ((default-directory gpusync-test--project)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil)
+        (config (expand-file-name ".gpusync/config" gpusync-test--project))
+        offered)
+    (unless (string-match-p "\\[job \"hi\"\\]" (gpusync-test--read config))
+      (write-region "\n[job \"hi\"]\n    command = echo \"job hi on rank $RANK\"\n" nil config t))
+    (should (equal (gpusync-jobs) '("hi" "train")))
+    (setq gpusync--last-run nil)
+    ;; Answer the prompts as a user would: the job "hi", on 2 CPU ranks.
+    (cl-letf (((symbol-function 'completing-read)
+               (lambda (_prompt collection &rest _) (setq offered collection) "hi"))
+              ((symbol-function 'read-string) (lambda (&rest _) "cpu=2")))
+      (call-interactively #'gpusync-run))
+    (should (member "hi" offered))
+    (should (gpusync-test--wait 60 (lambda () gpusync--last-run)))
+    (let ((name (format "*gpusync-logs %s*" gpusync--last-run)))
+      (should (gpusync-test--wait 60 (lambda () (let ((text (gpusync-test--buffer-text name)))
+                                                  (and (string-match-p "job hi on rank 0" text)
+                                                       (string-match-p "job hi on rank 1" text)
+                                                       (string-match-p "ended: exit 0" text)))))))))
+
+(ert-deftest gpusync-test/stop-run-ends-a-running-job ()
+  (skip-unless (not (equal (getenv "GS_EMACS_SKIP_RUN") "1")))
+  (let ((default-directory gpusync-test--project)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil))
+    (setq gpusync--last-run nil)
+    (gpusync-run nil "cpu=1" '("sh" "-c" "echo started; exec sleep 600"))
+    (should (gpusync-test--wait 60 (lambda () gpusync--run-active)))
+    (let ((name (format "*gpusync-logs %s*" gpusync--last-run)))
+      (should (gpusync-test--wait 30 (lambda () (string-match-p "started" (gpusync-test--buffer-text name)))))
+      (gpusync-stop-run)
+      (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted (concat "stopped run " gpusync--last-run) :info))))
+      (should (gpusync-test--wait 30 (lambda () (string-match-p "ended: exit" (gpusync-test--buffer-text name)))))
+      (should (gpusync-test--wait 10 (lambda () (gpusync-test--noted "was stopped" :warning))))
+      (should-not (gpusync-test--noted "ended with exit code" :error)))))
+
+;;; gpusync-test.el ends here

@@ -1,0 +1,734 @@
+-- lua/gpusync/init.lua: the gpusync Neovim plugin. It stays thin: every action is one call to
+-- the gpusync CLI (its --json output is the contract), and the statusline is fed by
+-- `gpusync events --json`. Works on Neovim 0.7 and later (vim.fn.jobstart, no vim.system).
+local M = {}
+
+-- bin: the gpusync binary (default: $GPUSYNC_BIN, else "gpusync" on PATH).
+-- watch_on_open: start `gpusync watch -d` when Neovim starts inside a gpusync project.
+-- log_split: the command that opens a window for a log buffer.
+M.config = { bin = nil, watch_on_open = false, log_split = 'botright 12split' }
+
+-- The plugin's state, read by statusline() and by the tests.
+--   sync: off | connecting | connected | syncing | up_to_date | disconnected | conflict | error
+local state = {
+  sync = 'off',
+  count = 0,          -- files mirrored since the last "idle"
+  detail = nil,       -- the path or message behind conflict / error / disconnected
+  events = {},        -- the last 200 events, oldest first
+  events_job = nil,
+  last_run = nil,     -- id of the newest run started from this editor
+  run_active = false,
+  log_jobs = {},      -- buffer number -> job id of its `gpusync logs -f`
+  stopping = {},      -- run id -> true once :Gpusync stoprun asked for it
+}
+M.state = state
+
+local ERROR, WARN, INFO = vim.log.levels.ERROR, vim.log.levels.WARN, vim.log.levels.INFO
+
+local function bin()
+  return M.config.bin or vim.env.GPUSYNC_BIN or 'gpusync'
+end
+
+-- vim.notify may not be called from a job callback in every UI: always go through the loop.
+local function notify(msg, level)
+  vim.schedule(function()
+    vim.notify('gpusync: ' .. msg, level or INFO)
+  end)
+end
+
+-- The project directory: the nearest folder at or above the current file (or cwd) holding
+-- .gpusync/config. nil outside a project.
+function M.root()
+  local start = vim.fn.expand('%:p:h')
+  if start == '' or vim.fn.isdirectory(start) == 0 then
+    start = vim.fn.getcwd()
+  end
+  local found = vim.fn.finddir('.gpusync', start .. ';')
+  if found == '' then
+    return nil
+  end
+  local dir = vim.fn.fnamemodify(found, ':p:h:h')
+  if vim.fn.filereadable(dir .. '/.gpusync/config') == 0 then
+    return nil
+  end
+  return dir
+end
+
+-- Returns an on_stdout/on_stderr handler that calls on_line once per complete line (jobstart
+-- hands over chunks whose last item is an unfinished line), and a flush for the job's end.
+local function line_reader(on_line)
+  local partial = ''
+  local function feed(_, data)
+    if not data or #data == 0 then
+      return
+    end
+    data[1] = partial .. data[1]
+    partial = table.remove(data)
+    for _, l in ipairs(data) do
+      on_line(l)
+    end
+  end
+  local function flush()
+    if partial ~= '' then
+      on_line(partial)
+      partial = ''
+    end
+  end
+  return feed, flush
+end
+
+local function decode(line)
+  local ok, obj = pcall(vim.fn.json_decode, line)
+  if ok and type(obj) == 'table' then
+    return obj
+  end
+  return nil
+end
+
+-- The last JSON object the CLI printed, or nil.
+local function last_json(lines)
+  for i = #lines, 1, -1 do
+    local obj = decode(lines[i])
+    if obj then
+      return obj
+    end
+  end
+  return nil
+end
+
+-- What went wrong, in the CLI's words: the JSON "message", else stderr.
+local function failure(obj, err)
+  if obj and type(obj.message) == 'string' then
+    return obj.message
+  end
+  local text = vim.trim(table.concat(err or {}, '\n'))
+  return text ~= '' and text or 'failed'
+end
+
+-- Starts `gpusync ARGS` in the project. on_done(code, stdout_lines, stderr_lines) runs when
+-- it exits; opts.on_line(line, is_stderr) sees each line as it comes. Returns the job id, or
+-- nil (after a notification) when there is no project or the binary cannot start.
+local function cli(args, on_done, opts)
+  opts = opts or {}
+  local dir = opts.cwd or M.root()
+  if not dir then
+    notify('no .gpusync/config here or above; run `gpusync init user@host:port` first', ERROR)
+    return nil
+  end
+  -- A streaming caller (logs -f) sees every line through on_line; keeping them too would hold a
+  -- whole training log in memory twice.
+  local out, err = {}, {}
+  local keep = not opts.on_line
+  local feed_out, flush_out = line_reader(function(l)
+    if keep then
+      table.insert(out, l)
+    else
+      opts.on_line(l, false)
+    end
+  end)
+  local feed_err, flush_err = line_reader(function(l)
+    table.insert(err, l)
+    if not keep then
+      opts.on_line(l, true)
+    end
+  end)
+  local cmd = vim.list_extend({ bin() }, args)
+  local ok, job = pcall(vim.fn.jobstart, cmd, {
+    cwd = dir,
+    on_stdout = feed_out,
+    on_stderr = feed_err,
+    on_exit = function(_, code)
+      flush_out()
+      flush_err()
+      if on_done then
+        on_done(code, out, err)
+      end
+    end,
+  })
+  if not ok or job <= 0 then
+    notify('cannot run ' .. bin() .. ' (set require("gpusync").setup{bin=...})', ERROR)
+    return nil
+  end
+  return job
+end
+M._cli = cli
+
+local function redraw()
+  vim.schedule(function()
+    vim.cmd('redrawstatus!')
+  end)
+end
+
+-- ---- the event stream and the statusline ----
+
+local function remember(ev)
+  table.insert(state.events, ev)
+  if #state.events > 200 then
+    table.remove(state.events, 1)
+  end
+end
+
+local handlers = {
+  synced = function()
+    state.sync, state.count = 'syncing', state.count + 1
+  end,
+  deleted = function()
+    state.sync, state.count = 'syncing', state.count + 1
+  end,
+  renamed = function()
+    state.sync, state.count = 'syncing', state.count + 1
+  end,
+  idle = function()
+    if state.sync ~= 'conflict' and state.sync ~= 'error' or state.count > 0 then
+      state.sync, state.detail = 'up_to_date', nil
+    end
+    state.count = 0
+  end,
+  connected = function(ev)
+    state.sync, state.detail = 'connected', ev.target
+  end,
+  disconnected = function(ev)
+    state.sync, state.detail = 'disconnected', ev.message
+    notify('disconnected: ' .. tostring(ev.message), WARN)
+  end,
+  conflict = function(ev)
+    state.sync, state.detail, state.count = 'conflict', ev.path, 0
+    notify(string.format('conflict on %s: the server had changed it; its copy is kept as %s',
+      tostring(ev.path), tostring(ev.kept)), WARN)
+  end,
+  error = function(ev)
+    local path = type(ev.path) == 'string' and ev.path or nil
+    state.sync, state.detail, state.count = 'error', path or ev.message, 0
+    notify('error' .. (path and (' on ' .. path) or '') .. ': ' .. tostring(ev.message), ERROR)
+  end,
+}
+
+local function on_event(ev)
+  if type(ev.event) ~= 'string' then
+    return
+  end
+  remember(ev)
+  local h = handlers[ev.event]
+  if h then
+    h(ev)
+  end
+  redraw()
+end
+
+-- Seeds the state from `gpusync status --json` (events only report changes).
+local function refresh_status(on_done)
+  cli({ 'status', '--json' }, function(code, out, err)
+    local st = last_json(out)
+    if code == 0 and st and st.daemon then
+      if state.sync == 'off' or state.sync == 'connecting' then
+        state.sync = st.state == 'connecting' and 'connecting' or st.state
+        state.count = st.pending or 0
+      end
+      redraw()
+    end
+    if on_done then
+      on_done(code, st, err)
+    end
+  end)
+end
+
+-- Follows the daemon's event stream (does nothing if already following).
+function M.follow_events()
+  if state.events_job then
+    return
+  end
+  local feed, flush = line_reader(function(l)
+    local ev = decode(l)
+    if ev then
+      on_event(ev)
+    end
+  end)
+  local root = M.root()
+  if not root then
+    return
+  end
+  local ok, job = pcall(vim.fn.jobstart, { bin(), 'events', '--json' }, {
+    cwd = root,
+    on_stdout = feed,
+    on_exit = function(id)
+      flush()
+      if state.events_job == id then
+        state.events_job, state.sync, state.count = nil, 'off', 0
+        redraw()
+      end
+    end,
+  })
+  if ok and job > 0 then
+    state.events_job, state.sync = job, 'connecting'
+    refresh_status()
+  end
+end
+
+local labels = {
+  off = 'off',
+  connecting = 'connecting…',
+  connected = 'connected',
+  up_to_date = 'up to date',
+  disconnected = 'disconnected',
+  conflict = 'conflict',
+  error = 'error',
+}
+
+-- The statusline text, e.g. "gpusync: syncing 3" or "gpusync: up to date | run 2026…: running".
+-- Use it as `set statusline+=%{v:lua.require'gpusync'.statusline()}`.
+function M.statusline()
+  local s = state.sync == 'syncing' and ('syncing ' .. state.count) or labels[state.sync] or state.sync
+  if (state.sync == 'conflict' or state.sync == 'error') and state.detail then
+    s = s .. ' ' .. vim.fn.fnamemodify(tostring(state.detail), ':t')
+  end
+  local text = 'gpusync: ' .. s
+  if state.last_run then
+    text = text .. ' | run ' .. state.last_run .. (state.run_active and ': running' or ': ended')
+  end
+  return text
+end
+
+-- ---- commands ----
+
+function M.watch()
+  cli({ 'watch', '-d', '--json' }, function(code, out, err)
+    local obj = last_json(out)
+    if code == 0 then
+      notify('watching (daemon pid ' .. tostring(obj and obj.pid) .. ')')
+    elseif failure(obj, err):find('already running') then
+      notify('already watching this project')
+    else
+      notify('watch failed: ' .. failure(obj, err), ERROR)
+      return
+    end
+    M.follow_events()
+  end)
+end
+
+function M.stop_watching()
+  cli({ 'watch', '--stop' }, function(code, out, err)
+    if code ~= 0 then
+      notify('stop failed: ' .. failure(last_json(out), err), ERROR)
+      return
+    end
+    if state.events_job then
+      vim.fn.jobstop(state.events_job)
+    end
+    state.events_job, state.sync, state.count = nil, 'off', 0
+    redraw()
+    notify('stopped watching')
+  end)
+end
+
+function M.push()
+  notify('pushing…')
+  cli({ 'push', '--json' }, function(code, out, err)
+    local r = last_json(out)
+    if not r or r.ok == false or code ~= 0 then
+      notify('push failed: ' .. failure(r, err), ERROR)
+    end
+    if not r or r.sent == nil then
+      return
+    end
+    for _, c in ipairs(r.conflicts or {}) do
+      notify(string.format('conflict on %s: the server copy is kept as %s', c.path, c.kept), WARN)
+    end
+    for _, f in ipairs(r.failures or {}) do
+      notify(string.format('%s %s failed: %s', tostring(f.op), tostring(f.path), tostring(f.message)), ERROR)
+    end
+    notify(string.format('pushed: sent %d, deleted %d, renamed %d, unchanged %d in %.2f s',
+      r.sent, r.deleted or 0, r.renamed or 0, r.unchanged or 0, r.seconds or 0))
+  end)
+end
+
+-- ---- logs in a scratch buffer ----
+
+-- The buffer named exactly name, or -1 (bufnr() would take name as a file pattern).
+local function find_buf(name)
+  for _, b in ipairs(vim.api.nvim_list_bufs()) do
+    if vim.api.nvim_buf_get_name(b) == name then
+      return b
+    end
+  end
+  return -1
+end
+
+local function log_buffer(name)
+  local buf = find_buf(name)
+  if buf == -1 then
+    buf = vim.api.nvim_create_buf(false, true)
+    vim.api.nvim_buf_set_name(buf, name)
+    vim.api.nvim_buf_set_option(buf, 'filetype', 'gpusynclog')
+  end
+  vim.api.nvim_buf_set_option(buf, 'modifiable', true)
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, {})
+  vim.api.nvim_buf_set_option(buf, 'modifiable', false)
+  return buf
+end
+
+local function show_buffer(buf)
+  if vim.fn.bufwinid(buf) ~= -1 then
+    return
+  end
+  local cur = vim.api.nvim_get_current_win()
+  vim.cmd(M.config.log_split)
+  vim.api.nvim_win_set_buf(0, buf)
+  vim.api.nvim_set_current_win(cur)
+end
+
+-- Appends lines and keeps every window that shows the buffer at its end (tail -f).
+local function append(buf, lines)
+  if not vim.api.nvim_buf_is_valid(buf) then
+    return
+  end
+  vim.api.nvim_buf_set_option(buf, 'modifiable', true)
+  local empty = vim.api.nvim_buf_line_count(buf) == 1 and vim.api.nvim_buf_get_lines(buf, 0, 1, false)[1] == ''
+  vim.api.nvim_buf_set_lines(buf, empty and 0 or -1, -1, false, lines)
+  vim.api.nvim_buf_set_option(buf, 'modifiable', false)
+  local last = vim.api.nvim_buf_line_count(buf)
+  for _, win in ipairs(vim.fn.win_findbuf(buf)) do
+    vim.api.nvim_win_set_cursor(win, { last, 0 })
+  end
+end
+
+-- Follows `gpusync logs -f [ID]` (the newest run by default) in the buffer gpusync://logs/ID.
+-- Returns the buffer number.
+function M.logs(id)
+  local name = 'gpusync://logs/' .. (id or 'latest')
+  local buf = find_buf(name)
+  -- A follower already on this buffer is replaced: forget it first, so that its exit (which
+  -- arrives later) neither writes into the fresh buffer nor reports the run as ended.
+  local old = buf ~= -1 and state.log_jobs[buf] or nil
+  if old then
+    state.log_jobs[buf] = nil
+    pcall(vim.fn.jobstop, old)
+  end
+  buf = log_buffer(name)
+  show_buffer(buf)
+  local args = { 'logs', '-f' }
+  if id then
+    table.insert(args, id)
+  end
+  local job
+  local function current()
+    return job ~= nil and state.log_jobs[buf] == job
+  end
+  -- Lines arrive in bursts; append each burst with one buffer update on the main loop.
+  local pending = {}
+  local function flush()
+    local lines = pending
+    pending = {}
+    if #lines > 0 and current() then
+      append(buf, lines)
+    end
+  end
+  job = cli(args, function(code)
+    vim.schedule(function()
+      if not current() then
+        return
+      end
+      flush()
+      state.log_jobs[buf] = nil
+      append(buf, { string.format('[gpusync: run %s ended: exit %d]', id or 'latest', code) })
+      if id == state.last_run then
+        state.run_active = false
+        redraw()
+      end
+      if code ~= 0 and state.stopping[id or ''] then
+        notify(string.format('run %s was stopped (exit code %d)', id, code), WARN)
+      elseif code ~= 0 then
+        notify(string.format('run %s ended with exit code %d', id or '(latest)', code), code == 130 and WARN or ERROR)
+      end
+    end)
+  end, {
+    on_line = function(l)
+      table.insert(pending, l)
+      if #pending == 1 then
+        vim.schedule(flush)
+      end
+    end,
+  })
+  state.log_jobs[buf] = job
+  return buf
+end
+
+-- ---- runs ----
+
+-- The jobs of .gpusync/config ([job "NAME"] sections), plus the bundled trainer.
+function M.jobs()
+  local names, seen = {}, {}
+  local root = M.root()
+  local file = root and io.open(root .. '/.gpusync/config', 'r')
+  if file then
+    for line in file:lines() do
+      local name = line:match('^%s*%[job%s+"([^"]+)"%]')
+      if name and not seen[name] then
+        table.insert(names, name)
+        seen[name] = true
+      end
+    end
+    file:close()
+  end
+  if not seen.train then
+    table.insert(names, 'train')
+  end
+  return names
+end
+
+-- Splits a command line like a shell does for quotes ('...', "...", \x); no expansion.
+local function split_words(s)
+  local words, cur, i, quote, have = {}, {}, 1, nil, false
+  while i <= #s do
+    local c = s:sub(i, i)
+    if quote then
+      if c == quote then
+        quote = nil
+      elseif c == '\\' and quote == '"' and i < #s then
+        i = i + 1
+        table.insert(cur, s:sub(i, i))
+      else
+        table.insert(cur, c)
+      end
+    elseif c == "'" or c == '"' then
+      quote, have = c, true
+    elseif c == '\\' and i < #s then
+      i = i + 1
+      table.insert(cur, s:sub(i, i))
+      have = true
+    elseif c:match('%s') then
+      if have or #cur > 0 then
+        table.insert(words, table.concat(cur))
+      end
+      cur, have = {}, false
+    else
+      table.insert(cur, c)
+    end
+    i = i + 1
+  end
+  if have or #cur > 0 then
+    table.insert(words, table.concat(cur))
+  end
+  return words
+end
+M._split_words = split_words
+
+-- Turns `[job] [gpus] [-- args]` into CLI flags. gpus: N, a list "0,2", or cpu=N (CPU ranks).
+-- Returns { job=, flags={}, rest={} } or nil and a message.
+local function parse_run(words)
+  local spec, i = { flags = {}, rest = {} }, 1
+  while i <= #words do
+    local w = words[i]
+    if w == '--' then
+      spec.rest = vim.list_slice(words, i + 1)
+      spec.dashdash = true
+      break
+    elseif (w == '--cpu' or w == '--gpus') and words[i + 1] then
+      vim.list_extend(spec.flags, { w, words[i + 1] })
+      i = i + 1
+    elseif w:match('^cpu[:=]?%d+$') then
+      vim.list_extend(spec.flags, { '--cpu', w:match('%d+') })
+    elseif w:match('^[%d,]+$') then
+      vim.list_extend(spec.flags, { '--gpus', w })
+    elseif not spec.job and not w:match('^%-') then
+      spec.job = w
+    else
+      return nil, 'unexpected "' .. w .. '"; usage: :Gpusync run [job] [gpus|cpu=N] [-- args]'
+    end
+    i = i + 1
+  end
+  return spec
+end
+M._parse_run = parse_run
+
+local function start_run(spec)
+  local args = { 'run', '--detach', '--json' }
+  vim.list_extend(args, spec.flags)
+  if spec.job then
+    table.insert(args, spec.job)
+  end
+  if #spec.rest > 0 then
+    table.insert(args, '--')
+    vim.list_extend(args, spec.rest)
+  end
+  notify('starting ' .. (spec.job or table.concat(spec.rest, ' ')) .. '…')
+  cli(args, function(code, out, err)
+    local r = last_json(out)
+    if code ~= 0 or not r or not r.ok or not r.id then
+      notify('run failed: ' .. failure(r, err), ERROR)
+      return
+    end
+    state.last_run, state.run_active = r.id, true
+    redraw()
+    notify(string.format('run %s started: %d rank%s, MASTER_PORT %s', r.id, r.ranks or 0,
+      r.ranks == 1 and '' or 's', tostring(r.master_port)))
+    vim.schedule(function()
+      M.logs(r.id)
+    end)
+  end)
+end
+
+-- :Gpusync run [job] [gpus] [-- args]: with no job, asks for one (and a GPU count).
+function M.run(words)
+  local spec, msg = parse_run(words or {})
+  if not spec then
+    notify(msg, ERROR)
+    return
+  end
+  if spec.job or #spec.rest > 0 then
+    return start_run(spec)
+  end
+  vim.ui.select(M.jobs(), { prompt = 'gpusync: run which job?' }, function(job)
+    if not job then
+      return
+    end
+    vim.ui.input({ prompt = 'GPUs (N, 0,2, or cpu=N; empty: the job\'s): ' }, function(gpus)
+      local more = { job }
+      if gpus and gpus ~= '' then
+        table.insert(more, gpus)
+      end
+      M.run(more)
+    end)
+  end)
+end
+
+local function stop_id(id)
+  state.stopping[id] = true
+  cli({ 'stop', id, '--json' }, function(code, out, err)
+    local r = last_json(out)
+    if code ~= 0 or not r or not r.ok then
+      notify('stop ' .. id .. ' failed: ' .. failure(r, err), ERROR)
+      return
+    end
+    notify('stopped run ' .. r.id)
+  end)
+end
+
+-- :Gpusync stoprun [id]: the given run, else the one started here, else the one running.
+function M.stop_run(id)
+  id = id or (state.run_active and state.last_run) or nil
+  if id then
+    return stop_id(id)
+  end
+  cli({ 'ps', '--json' }, function(code, out, err)
+    local r = last_json(out)
+    if code ~= 0 or not r or not r.ok then
+      notify('ps failed: ' .. failure(r, err), ERROR)
+      return
+    end
+    local running = {}
+    for _, run in ipairs(r.runs or {}) do
+      if run.state == 'running' then
+        table.insert(running, run.id)
+      end
+    end
+    if #running == 0 then
+      notify('no run is running', WARN)
+    elseif #running == 1 then
+      stop_id(running[1])
+    else
+      vim.schedule(function()
+        vim.ui.select(running, { prompt = 'gpusync: stop which run?' }, function(choice)
+          if choice then
+            stop_id(choice)
+          end
+        end)
+      end)
+    end
+  end)
+end
+
+function M.status()
+  refresh_status(function(code, st, err)
+    if code ~= 0 or not st then
+      notify('status failed: ' .. failure(st, err), ERROR)
+    elseif st.daemon then
+      notify(string.format('%s, %s, %d pending%s%s', st.state, st.connected and 'connected' or 'not connected',
+        st.pending or 0, st.last_latency_ms ~= vim.NIL and st.last_latency_ms and
+        (', ' .. st.last_latency_ms .. ' ms') or '',
+        type(st.last_error) == 'string' and (', last error: ' .. st.last_error) or ''))
+    else
+      notify(string.format('not watching; %s, %d change(s) to push', st.state, st.pending or 0))
+    end
+  end)
+end
+
+-- :Gpusync doctor: the checks in gpusync://doctor, and a summary.
+function M.doctor()
+  notify('checking…')
+  cli({ 'doctor', '--json' }, function(code, out, err)
+    local r = last_json(out)
+    if not r or not r.checks then
+      notify('doctor failed: ' .. failure(r, err), ERROR)
+      return
+    end
+    local lines, bad = {}, 0
+    for _, c in ipairs(r.checks) do
+      local hint = type(c.hint) == 'string' and ('  -> ' .. c.hint) or ''
+      table.insert(lines, string.format('[%-4s] %-10s %s%s', c.status, c.name,
+        type(c.detail) == 'string' and c.detail or '', hint))
+      bad = bad + (c.status == 'ok' and 0 or 1)
+    end
+    vim.schedule(function()
+      local buf = log_buffer('gpusync://doctor')
+      append(buf, lines)
+      show_buffer(buf)
+    end)
+    notify(string.format('doctor: %d check(s), %d not ok', #r.checks, bad), (code == 0 and bad == 0) and INFO or WARN)
+  end)
+end
+
+local subcommands = {
+  watch = function() M.watch() end,
+  stop = function() M.stop_watching() end,
+  push = function() M.push() end,
+  run = function(words) M.run(words) end,
+  logs = function(words) M.logs(words[1]) end,
+  stoprun = function(words) M.stop_run(words[1]) end,
+  status = function() M.status() end,
+  doctor = function() M.doctor() end,
+}
+
+-- The :Gpusync command: `:Gpusync SUBCOMMAND ARGS`.
+function M.command(line)
+  local words = split_words(line or '')
+  local name = table.remove(words, 1) or 'status'
+  local f = subcommands[name]
+  if not f then
+    notify('unknown subcommand "' .. name .. '"; try watch, stop, push, run, logs, stoprun, status, doctor', ERROR)
+    return
+  end
+  f(words)
+end
+
+function M.complete(arglead, cmdline)
+  local words = split_words(cmdline)
+  local pool
+  if #words <= 1 or (#words == 2 and arglead ~= '') then
+    pool = vim.tbl_keys(subcommands)
+    table.sort(pool)
+  elseif words[2] == 'run' then
+    pool = M.jobs()
+  else
+    return {}
+  end
+  return vim.tbl_filter(function(s)
+    return vim.startswith(s, arglead)
+  end, pool)
+end
+
+-- setup{bin=, watch_on_open=, log_split=}: optional. Also attaches to a daemon that is already
+-- running (started from a shell), so the statusline is live without :Gpusync watch.
+function M.setup(opts)
+  M.config = vim.tbl_extend('force', M.config, opts or {})
+  local root = M.root()
+  if not root then
+    return
+  end
+  if M.config.watch_on_open then
+    M.watch()
+  elseif vim.loop.fs_stat(root .. '/.gpusync/daemon.sock') then
+    M.follow_events()
+  end
+end
+
+return M

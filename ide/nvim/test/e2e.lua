@@ -1,0 +1,235 @@
+-- test/e2e.lua: drives the plugin inside the real `nvim --headless` against the sandbox server
+-- (started by ../test.sh, which sets GS_PROJECT, GS_REMOTE and GPUSYNC_BIN). Each step waits for
+-- an observable result (a file on the server, a buffer line, a notification) with vim.wait, which
+-- runs the event loop, so job callbacks arrive while it waits. GS_NVIM_STEPS limits the steps
+-- ("sync" or "run"; default both).
+local gs = require('gpusync')
+local project, remote = vim.env.GS_PROJECT, vim.env.GS_REMOTE
+local only = vim.env.GS_NVIM_STEPS or 'sync,run'
+local failures, notes = 0, {}
+
+-- Every notification, kept for assertions and echoed for the test log.
+vim.notify = function(msg, level)
+  table.insert(notes, { msg = msg, level = level or vim.log.levels.INFO })
+  io.stdout:write(string.format('  notify[%d] %s\n', level or 2, msg))
+end
+
+local function ok(cond, what)
+  io.stdout:write((cond and 'ok     ' or 'FAILED ') .. what .. '\n')
+  if not cond then
+    failures = failures + 1
+  end
+  return cond
+end
+
+local function wait(ms, cond)
+  return vim.wait(ms, cond, 20)
+end
+
+-- The first notification containing text (a Lua pattern when pattern is true) at level.
+local function noted(text, level, pattern)
+  for _, n in ipairs(notes) do
+    if n.msg:find(text, 1, not pattern) and (not level or n.level == level) then
+      return n
+    end
+  end
+  return nil
+end
+
+local function read(path)
+  local f = io.open(path, 'r')
+  if not f then
+    return nil
+  end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, 'w'))
+  f:write(text)
+  f:close()
+end
+
+local function buffer_text(name)
+  local buf = vim.fn.bufnr(name)
+  if buf == -1 then
+    return ''
+  end
+  return table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
+end
+
+local function has_event(kind, path)
+  for _, ev in ipairs(gs.state.events) do
+    if ev.event == kind and (not path or ev.path == path) then
+      return true
+    end
+  end
+  return false
+end
+
+local function step_sync()
+  vim.cmd('Gpusync watch')
+  ok(wait(60000, function() return noted('watching (daemon pid') ~= nil end), ':Gpusync watch starts the daemon')
+  ok(wait(10000, function() return gs.state.events_job ~= nil and gs.state.sync ~= 'connecting' end),
+    'the event stream is followed and the state seeded from status --json')
+
+  vim.cmd('edit ' .. project .. '/hello.py')
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'print("hello from nvim")' })
+  vim.cmd('silent write')
+  local want = 'print("hello from nvim")\n'
+  ok(wait(15000, function() return read(remote .. '/hello.py') == want end),
+    ':w puts the buffer on the server (' .. remote .. '/hello.py)')
+  ok(wait(10000, function() return has_event('synced', 'hello.py') end), 'a "synced" event names hello.py')
+  ok(wait(10000, function() return gs.statusline():find('up to date') ~= nil end),
+    'the statusline reads "up to date" (' .. gs.statusline() .. ')')
+
+  vim.cmd('Gpusync push')
+  ok(wait(20000, function() return noted('pushed: sent') ~= nil end), ':Gpusync push reports what it sent')
+  vim.cmd('Gpusync status')
+  ok(wait(10000, function() return noted('up_to_date, connected') ~= nil end), ':Gpusync status reports the daemon state')
+  vim.cmd('Gpusync doctor')
+  ok(wait(30000, function() return buffer_text('gpusync://doctor'):find('%[ok') ~= nil end),
+    ':Gpusync doctor fills gpusync://doctor with checks')
+
+  -- The server has a directory where we save a file: the directory is kept as a conflict copy.
+  vim.fn.mkdir(remote .. '/clash', 'p')
+  write(remote .. '/clash/keep', 'x')
+  vim.cmd('edit ' .. project .. '/clash')
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'a file here, a directory there' })
+  vim.cmd('silent write')
+  ok(wait(15000, function() return noted('conflict on clash', vim.log.levels.WARN) ~= nil end),
+    'a conflict raises a warning naming the file')
+  ok(gs.statusline():find('conflict clash', 1, true) ~= nil, 'the statusline shows the conflict (' .. gs.statusline() .. ')')
+  ok(wait(15000, function() return read(remote .. '/clash') == 'a file here, a directory there\n' end),
+    'after the conflict the server has the saved buffer')
+
+  -- A directory gpusync made is replaced on the server by a link into /proc, where nothing can be
+  -- created: the next save into it fails, with an error notification.
+  vim.fn.mkdir(project .. '/ro', 'p')
+  write(project .. '/ro/a.txt', 'a\n')
+  ok(wait(15000, function() return read(remote .. '/ro/a.txt') == 'a\n' end), 'a new folder reaches the server')
+  vim.fn.delete(remote .. '/ro', 'rf')
+  vim.loop.fs_symlink('/proc/1', remote .. '/ro')
+  vim.cmd('edit ' .. project .. '/ro/b.txt')
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'b' })
+  vim.cmd('silent write')
+  ok(wait(15000, function() return noted('error on ro/b.txt', vim.log.levels.ERROR) ~= nil end),
+    'a failed upload raises an error naming the file')
+  ok(gs.statusline():find('error b.txt', 1, true) ~= nil, 'the statusline shows the error (' .. gs.statusline() .. ')')
+  os.remove(remote .. '/ro')
+  vim.cmd('bwipeout!')
+  vim.fn.delete(project .. '/ro', 'rf')
+end
+
+local function step_run()
+  -- A [job] of the config, picked the way a user would: :Gpusync run with no arguments asks.
+  local cfg = assert(io.open(project .. '/.gpusync/config', 'a'))
+  cfg:write('\n[job "hello"]\n    command = echo "job hello on rank $RANK"\n')
+  cfg:close()
+  ok(vim.deep_equal(gs.jobs(), { 'hello', 'train' }), 'the jobs come from the config, plus train')
+  local asked = {}
+  vim.ui.select = function(items, _, on_choice)
+    asked.items = items
+    on_choice('hello')
+  end
+  vim.ui.input = function(_, on_confirm)
+    on_confirm('cpu=2')
+  end
+  vim.cmd('Gpusync run')
+  ok(wait(60000, function() return gs.state.last_run ~= nil end), ':Gpusync run with no arguments asks, then starts the job')
+  ok(asked.items and vim.tbl_contains(asked.items, 'hello'), 'the choice offered the config\'s jobs')
+  ok(wait(60000, function()
+    local t = buffer_text('gpusync://logs/' .. gs.state.last_run)
+    return t:find('job hello on rank 0') and t:find('job hello on rank 1') and t:find('ended: exit 0')
+  end), 'the job ran on the 2 CPU ranks asked for, into its log buffer')
+  gs.state.last_run = nil
+
+  vim.cmd([[Gpusync run cpu=2 -- sh -c 'echo "hello from rank $RANK of $WORLD_SIZE"']])
+  ok(wait(60000, function() return gs.state.last_run ~= nil end), ':Gpusync run starts a CPU run')
+  local name = 'gpusync://logs/' .. tostring(gs.state.last_run)
+  ok(wait(60000, function()
+    local t = buffer_text(name)
+    return t:find('hello from rank 0 of 2') and t:find('hello from rank 1 of 2')
+  end), 'its log buffer fills with both ranks\' output')
+  ok(wait(30000, function() return buffer_text(name):find('ended: exit 0') ~= nil end),
+    'the log buffer says the run ended with exit 0')
+  ok(vim.fn.bufwinid(name) ~= -1, 'the log buffer is shown in a window')
+  ok(gs.statusline():find('run ' .. gs.state.last_run .. ': ended', 1, true) ~= nil,
+    'the statusline names the run (' .. gs.statusline() .. ')')
+
+  vim.cmd('Gpusync logs')
+  ok(wait(30000, function()
+    local t = buffer_text('gpusync://logs/latest')
+    return t:find('hello from rank 1 of 2') and t:find('ended: exit 0')
+  end), ':Gpusync logs follows the newest run in gpusync://logs/latest')
+
+  local first = gs.state.last_run
+  vim.cmd([[Gpusync run cpu=1 -- sh -c 'echo started; exec sleep 600']])
+  ok(wait(60000, function() return gs.state.last_run ~= first and gs.state.run_active end), 'a long run starts')
+  local long = 'gpusync://logs/' .. tostring(gs.state.last_run)
+  ok(wait(30000, function() return buffer_text(long):find('started') ~= nil end), 'its log buffer shows it started')
+  -- Following the same run again replaces the follower; the old one's end must not show.
+  vim.cmd('Gpusync logs ' .. gs.state.last_run)
+  ok(wait(30000, function() return buffer_text(long):find('started') ~= nil end), 'following it again refills its buffer')
+  vim.cmd('Gpusync stoprun')
+  ok(wait(30000, function() return noted('stopped run ' .. gs.state.last_run) ~= nil end),
+    ':Gpusync stoprun stops it')
+  ok(wait(30000, function() return buffer_text(long):find('ended: exit') ~= nil end),
+    'the log follower ends when the run is stopped')
+  ok(wait(10000, function() return noted('was stopped', vim.log.levels.WARN) ~= nil end),
+    'a run stopped from here is reported as stopped, not as a failure')
+  local _, ends = buffer_text(long):gsub('ended: exit', '')
+  ok(ends == 1 and noted('ended with exit code') == nil,
+    'the replaced follower left no end line or error behind (' .. ends .. ' end lines)')
+  local ps = vim.fn.json_decode(vim.fn.system({ vim.env.GPUSYNC_BIN, 'ps', '--json' }))
+  local state_of = {}
+  for _, r in ipairs(ps.runs or {}) do
+    state_of[r.id] = r.state
+  end
+  ok(state_of[gs.state.last_run] ~= nil and state_of[gs.state.last_run] ~= 'running',
+    'gpusync ps no longer shows it running (' .. tostring(state_of[gs.state.last_run]) .. ')')
+end
+
+-- The parts that need no server: argument parsing, completion, and the refusal outside a project.
+local function step_offline()
+  ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
+    { 'run', 'cpu=2', '--', 'sh', '-c', 'echo "a b" $RANK' }), 'arguments split like a shell, quotes kept whole')
+  local spec = gs._parse_run({ 'train', '2', '--', '--epochs', '1' })
+  ok(spec.job == 'train' and vim.deep_equal(spec.flags, { '--gpus', '2' }) and
+    vim.deep_equal(spec.rest, { '--epochs', '1' }), 'run [job] [gpus] -- args parses')
+  ok(vim.deep_equal(gs._parse_run({ 'cpu=3' }).flags, { '--cpu', '3' }), 'cpu=N asks for CPU ranks')
+  ok(gs._parse_run({ '--bogus' }) == nil, 'an unknown flag is refused')
+  ok(vim.deep_equal(gs.complete('st', 'Gpusync st'), { 'status', 'stop', 'stoprun' }), 'subcommands complete')
+  local cwd = vim.fn.getcwd()
+  vim.cmd('cd /')
+  vim.cmd('Gpusync push')
+  ok(wait(2000, function() return noted('no .gpusync/config', vim.log.levels.ERROR) ~= nil end),
+    'outside a project a command says to run gpusync init')
+  vim.cmd('cd ' .. vim.fn.fnameescape(cwd))
+  vim.cmd('Gpusync frobnicate')
+  ok(wait(2000, function() return noted('unknown subcommand', vim.log.levels.ERROR) ~= nil end),
+    'an unknown subcommand is an error')
+end
+
+local function main()
+  step_offline()
+  if only:find('sync') then
+    step_sync()
+  end
+  if only:find('run') then
+    step_run()
+  end
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.sync == 'off' and gs.state.events_job == nil end),
+    ':Gpusync stop ends the daemon; the statusline reads off')
+  io.stdout:write(string.format('%d failure(s)\n', failures))
+  vim.cmd(failures == 0 and 'qall!' or 'cquit 1')
+end
+
+local okay, err = pcall(main)
+if not okay then
+  io.stdout:write('FAILED with a Lua error: ' .. tostring(err) .. '\n')
+  vim.cmd('cquit 2')
+end
