@@ -40,13 +40,29 @@ struct gs_ignore {
     size_t n_pats;
 };
 
+/* Editors' own scratch files: Emacs lock links (.#f), autosaves (#f#) and backups (f~), Vim swap
+ * files (.f.swp/.swo/.swx) and the "4913" file Vim creates to test a directory. Syncing them
+ * would only send noise (and an Emacs lock is a dangling symlink). */
+static int is_editor_scratch(const char *base, size_t len)
+{
+    if (!strncmp(base, ".#", 2) || (len > 2 && base[0] == '#' && base[len - 1] == '#'))
+        return 1;
+    if (len > 1 && base[len - 1] == '~')
+        return 1;
+    if (base[0] == '.' && len > 5 &&
+        (!strcmp(base + len - 4, ".swp") || !strcmp(base + len - 4, ".swo") ||
+         !strcmp(base + len - 4, ".swx")))
+        return 1;
+    return !strcmp(base, "4913");
+}
+
 int gs_ignore_is_builtin(const char *name)
 {
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
     if (!strcmp(base, ".git") || !strcmp(base, ".gpusync"))
         return 1;
-    if (!strncmp(base, ".gpusync-tmp-", 13))
+    if (!strncmp(base, ".gpusync-tmp-", 13) || is_editor_scratch(base, strlen(base)))
         return 1;
     const char *c = strstr(base, ".gpusync-conflict-");
     return c != NULL && c != base;

@@ -176,6 +176,18 @@ static void test_ignore__exclude_decides_over_gitignore(void **state)
     gs_ignore_free(ig);
 }
 
+static void test_ignore__editor_scratch_files_are_builtin(void **state)
+{
+    (void)state;
+    const char *scratch[] = {".#main.py", "#main.py#", "main.py~", "src/.main.py.swp",
+                             ".x.swo", ".x.swx", "4913"};
+    for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
+        assert_int_equal(gs_ignore_is_builtin(scratch[i]), 1);
+    const char *real[] = {"main.py", "notes.swp", "#define.h", "a~b", "49130", "~"};
+    for (size_t i = 0; i < sizeof(real) / sizeof(real[0]); i++)
+        assert_int_equal(gs_ignore_is_builtin(real[i]), 0);
+}
+
 static void test_ignore__builtins_win_over_everything(void **state)
 {
     (void)state;
@@ -314,6 +326,7 @@ int main(void)
         T(test_ignore__exclude_globs_have_gitignore_semantics),
         T(test_ignore__exclude_decides_over_gitignore),
         T(test_ignore__builtins_win_over_everything),
+        T(test_ignore__editor_scratch_files_are_builtin),
         T(test_ignore__gitignore_edit_takes_effect_without_reopening),
         T(test_ignore__project_inside_git_repository_uses_its_rules),
         T(test_ignore__repository_that_ignores_the_project_is_not_used),
