@@ -225,26 +225,27 @@ static void make_run_id(char id[64])
 
 /* ---- following and interrupting ---- */
 
-/* After a first Ctrl-C: returns 1 if a second one comes within two seconds. */
-static int second_interrupt(void)
+/* After a first Ctrl-C: returns 1 if another comes within two seconds of the moment `seen` was
+ * read (before the detach message: a Ctrl-C typed as soon as the message shows must count). */
+static int second_interrupt(sig_atomic_t seen)
 {
-    interrupted = 0;
-    for (int i = 0; i < 20 && !interrupted; i++)
+    for (int i = 0; i < 20 && interrupted <= seen; i++)
         usleep(100000);
-    return interrupted > 0;
+    return interrupted > seen;
 }
 
 static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
                             const struct run_args *a)
 {
     int stop = a->stop_on_interrupt;
+    sig_atomic_t seen = interrupted;
     if (!stop) {
         fprintf(stderr,
                 "\ngpusync: detached; run %s keeps going on the server.\n"
                 "  re-attach: gpusync logs -f %s\n  stop:      gpusync stop %s\n"
                 "(Ctrl-C again within 2 s stops it now)\n",
                 id, id, id);
-        stop = second_interrupt();
+        stop = second_interrupt(seen);
     }
     if (!stop)
         return 130;
@@ -496,13 +497,14 @@ static void nodes_stop(struct multi *m)
 static int multi_interrupt(const struct run_args *a, struct multi *m)
 {
     int stop = a->stop_on_interrupt;
+    sig_atomic_t seen = interrupted;
     if (!stop) {
         fprintf(stderr,
                 "\ngpusync: detached; run %s keeps going on %d nodes.\n"
                 "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
                 "(Ctrl-C again within 2 s stops it on every node now)\n",
                 m->id, m->n, m->id);
-        stop = second_interrupt();
+        stop = second_interrupt(seen);
     }
     if (stop)
         nodes_stop(m);
