@@ -48,8 +48,8 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
     const char *rest = e->path + blen + (e->path[blen] == '/');
     struct gs_buf local = GS_BUF_INIT;
     gs_path_join(&local, job->local_base, rest);
-    if (e->kind == 2)
-        mkdir(local.data, 0755);
+    if (e->kind == 2) /* the listing can name a directory before LOCAL_PATH itself exists */
+        gs_path_mkdir_p(local.data, 0755, NULL);
     else if (e->kind == 1)
         add_file(job, e->path, local.data, e->size);
     gs_buf_release(&local);
@@ -63,17 +63,24 @@ static void on_bytes(void *ctx, uint64_t done, uint64_t total)
     gs_progress_update(&job->bar, 0, 1, job->done_before + done, job->total);
 }
 
-/* Works out the file list: one file, or every file below a directory. */
-static int collect(struct pull_job *job, struct gs_agent *agent)
+/* Creates the directory that will hold `local`: the temporary file is made beside it, and a
+ * nested file's directory may not exist yet (only LOCAL_PATH's parent was made up front). */
+static void make_parent(const char *local)
 {
     struct gs_buf parent = GS_BUF_INIT;
-    gs_buf_adds(&parent, job->local_base);
+    gs_buf_adds(&parent, local);
     char *slash = strrchr(parent.data, '/');
     if (slash && slash != parent.data) {
         *slash = '\0';
         gs_path_mkdir_p(parent.data, 0755, NULL);
     }
     gs_buf_release(&parent);
+}
+
+/* Works out the file list: one file, or every file below a directory. */
+static int collect(struct pull_job *job, struct gs_agent *agent)
+{
+    make_parent(job->local_base);
     int rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
     if (rc == GS_E_REMOTE && job->n == 0) { /* not a directory: a single file */
         gs_error_clear(&job->cli->err);
@@ -91,12 +98,46 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < job->n; i++) {
         struct pull_file *f = &job->files[i];
-        gs_path_mkdir_p(job->local_base, 0755, NULL);
+        make_parent(f->local);
         rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
+        struct stat st;
+        /* a single file was added before its size was known (collect): count what arrived, or
+         * the summary says "0 B" */
+        if (rc == 0 && f->size == 0 && stat(f->local, &st) == 0) {
+            f->size = (uint64_t)st.st_size;
+            job->total += f->size;
+        }
         job->done_before += f->size;
     }
     gs_progress_end(&job->bar);
     return rc;
+}
+
+/* A JSON string for a file name, which may hold any byte but NUL while JSON needs UTF-8: each
+ * byte that starts no valid UTF-8 sequence becomes U+FFFD. json_pack's "s" would return NULL for
+ * such a name and the entry would silently vanish from the output (a pending change, a conflict).
+ * Returns a new reference (for json_pack's "o"). */
+static json_t *json_path(const char *p)
+{
+    json_t *s = json_string(p);
+    if (s)
+        return s;
+    struct gs_buf b = GS_BUF_INIT;
+    size_t len = strlen(p), n;
+    for (size_t i = 0; i < len; i += n) {
+        json_t *one = NULL;
+        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
+            ; /* the shortest valid sequence at i, if any */
+        if (one)
+            gs_buf_add(&b, p + i, n);
+        else
+            gs_buf_adds(&b, "\xef\xbf\xbd");
+        n = one ? n : 1;
+        json_decref(one);
+    }
+    s = json_stringn(b.data ? b.data : "", b.len);
+    gs_buf_release(&b);
+    return s;
 }
 
 static void report(struct pull_job *job)
@@ -105,8 +146,9 @@ static void report(struct pull_job *job)
     if (job->cli->json) {
         json_t *files = json_array();
         for (size_t i = 0; i < job->n; i++)
-            json_array_append_new(files, json_pack("{s:s,s:s}", "remote", job->files[i].remote,
-                                                   "local", job->files[i].local));
+            json_array_append_new(files,
+                                  json_pack("{s:o,s:o}", "remote", json_path(job->files[i].remote),
+                                            "local", json_path(job->files[i].local)));
         gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I}", "v", 1, "ok", 1, "files", files, "bytes",
                                     (json_int_t)job->total));
     } else {

@@ -1,5 +1,6 @@
 /* cli/cmd_push.c: `gpusync push`: one sync of the project (or some paths) to the server, with a
  * progress bar, a summary, conflicts reported, and --dry-run listing the plan. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "common/clock.h"
 #include "common/path.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
@@ -23,7 +25,42 @@ struct push_ui {
     struct gs_cli *cli;
     struct gs_progress bar;
     json_t *conflicts, *failures, *planned;
+    int replan; /* a rename's source was gone on the server: plan again (see lost_rename) */
 };
+
+/* A JSON string for a file name, which may hold any byte but NUL while JSON needs UTF-8: each
+ * byte that starts no valid UTF-8 sequence becomes U+FFFD. json_pack's "s" would return NULL for
+ * such a name and the entry would silently vanish from the output (a pending change, a conflict).
+ * Returns a new reference (for json_pack's "o"). */
+static json_t *json_path(const char *p)
+{
+    json_t *s = json_string(p);
+    if (s)
+        return s;
+    struct gs_buf b = GS_BUF_INIT;
+    size_t len = strlen(p), n;
+    for (size_t i = 0; i < len; i += n) {
+        json_t *one = NULL;
+        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
+            ; /* the shortest valid sequence at i, if any */
+        if (one)
+            gs_buf_add(&b, p + i, n);
+        else
+            gs_buf_adds(&b, "\xef\xbf\xbd");
+        n = one ? n : 1;
+        json_decref(one);
+    }
+    s = json_stringn(b.data ? b.data : "", b.len);
+    gs_buf_release(&b);
+    return s;
+}
+
+/* A rename that failed because its source is gone: push.c dropped the source from the index
+ * (it was renamed by an earlier, interrupted push), and a second pass sends what is missing. */
+static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    return op->type == GS_OP_RENAME && !r->ok && r->err_no == ENOENT;
+}
 
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
@@ -33,14 +70,16 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         gs_plan_op_format(op, &line);
         if (ui->cli->json)
             json_array_append_new(
-                ui->planned,
-                json_pack("{s:s,s:s,s:I}", "op", gs_plan_op_name(op->type), "path", op->path,
-                          "bytes", (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
+                ui->planned, json_pack("{s:s,s:o,s:I}", "op", gs_plan_op_name(op->type), "path",
+                                       json_path(op->path), "bytes",
+                                       (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
         else
             printf("%s\n", line.data);
+    } else if (is_lost_rename(op, r)) {
+        ui->replan = 1;
     } else if (r->kept) {
-        json_array_append_new(ui->conflicts,
-                              json_pack("{s:s,s:s}", "path", op->path, "kept", r->kept));
+        json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", json_path(op->path),
+                                                       "kept", json_path(r->kept)));
         if (!ui->cli->json) {
             gs_progress_end(&ui->bar);
             fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n",
@@ -48,12 +87,16 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         }
     } else if (!r->ok) {
         json_array_append_new(ui->failures,
-                              json_pack("{s:s,s:s,s:s}", "op", gs_plan_op_name(op->type), "path",
-                                        op->path, "error", r->message ? r->message : ""));
+                              json_pack("{s:s,s:o,s:o}", "op", gs_plan_op_name(op->type), "path",
+                                        json_path(op->path), "error",
+                                        json_path(r->message ? r->message : "")));
         if (!ui->cli->json) {
             gs_progress_end(&ui->bar);
-            fprintf(stderr, "failed: %s %s: %s\n", gs_plan_op_name(op->type), op->path,
-                    r->message ? r->message : "");
+            if (r->message && strstr(r->message, op->path)) /* it names op and path itself */
+                fprintf(stderr, "failed: %s\n", r->message);
+            else
+                fprintf(stderr, "failed: %s %s: %s\n", gs_plan_op_name(op->type), op->path,
+                        r->message ? r->message : "");
         }
     }
     gs_buf_release(&line);
@@ -138,6 +181,43 @@ static void *plan_in_background(void *arg)
     return NULL;
 }
 
+/* Adds a second pass's counts to the first's. */
+static void add_stats(struct gs_push_stats *to, const struct gs_push_stats *from)
+{
+    to->ops_total += from->ops_total;
+    to->ops_done += from->ops_done;
+    to->sent += from->sent;
+    to->deleted += from->deleted;
+    to->renamed += from->renamed;
+    to->mkdirs += from->mkdirs;
+    to->symlinks += from->symlinks;
+    to->chmods += from->chmods;
+    to->conflicts += from->conflicts;
+    to->failed += from->failed;
+    to->bytes_total += from->bytes_total;
+    to->bytes_sent += from->bytes_sent;
+    if (!to->first_error[0])
+        memcpy(to->first_error, from->first_error, sizeof(to->first_error));
+}
+
+/* After lost renames (an earlier push was killed after the server renamed but before the index
+ * recorded it), plans and executes once more, so this push still converges. */
+static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
+                       const struct gs_push_opts *o, struct gs_push_stats *st, int first_rc)
+{
+    struct gs_push_stats again;
+    ui->replan = 0;
+    struct gs_error first_err = cli->err;
+    int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, o, &again, &cli->err);
+    add_stats(st, &again);
+    st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
+    if (rc == 0 && first_rc == GS_E_REMOTE) { /* the first pass's failures still stand */
+        cli->err = first_err;
+        return first_rc;
+    }
+    return rc;
+}
+
 /* Plans (overlapping the connection unless dry), then executes and reports. Returns 0, 1 when
  * some operations failed (reported already), or a negative code with cli->err set. */
 static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
@@ -158,6 +238,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     if (rc == 0) {
         gs_progress_init(&ui->bar);
         rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p.plan, &p.st, &cli->err);
+        if ((rc == 0 || rc == GS_E_REMOTE) && ui->replan)
+            rc = second_pass(cli, s, ui, o, &p.st, rc);
         gs_progress_end(&ui->bar);
     }
     if (rc == 0 || rc == GS_E_REMOTE)

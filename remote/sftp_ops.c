@@ -14,9 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "common/buf.h"
 #include "remote/sftp.h"
 
+#define OPS_HASH_MAX   (8u << 20) /* larger server files are checked by kind and size only */
 #define OPS_CHUNK      (4u << 20) /* bytes per libssh2_sftp_write: lets 1.10 pipeline */
 #define OPS_NAME_MAX   255
 #define OPS_TREE_DEPTH 256
@@ -490,14 +493,77 @@ static int conflicts(const struct gs_fop_req *req, const struct rstat *st)
     return 1; /* a symlink already right was handled as a no-op before */
 }
 
+/* Stores the XXH3-128 of what the server holds at `full` (a regular file: its bytes, read back;
+ * a symlink: its target, as push.c hashes a symlink's expectation) in `out`, canonical bytes as
+ * the index keeps them. Returns 0, a positive errno, or a negative transport code. */
+static int r_hash(struct sftp_ops *o, const char *full, const char *rel, const struct rstat *st,
+                  uint8_t out[16], struct gs_error *err)
+{
+    XXH3_state_t *xs = XXH3_createState();
+    XXH3_128bits_reset(xs);
+    LIBSSH2_SFTP_HANDLE *h = NULL;
+    int rc = 0;
+    if (st->is_link) {
+        char target[4096] = "";
+        if ((rc = r_readlink(o, full, rel, target, sizeof(target), err)) == 0)
+            XXH3_128bits_update(xs, target, strlen(target));
+    } else {
+        GS_SSH_RETRY_PTR(o->ssh, h,
+                         libssh2_sftp_open_ex(o->sftp, full, (unsigned)strlen(full),
+                                              LIBSSH2_FXF_READ, 0, LIBSSH2_SFTP_OPENFILE),
+                         0, err, rc);
+        rc = h ? 0 : check_ptr(o, rc, "reading", rel, err);
+    }
+    for (ssize_t n = 1; h && rc == 0 && n > 0;) {
+        GS_SSH_RETRY(o->ssh, n, libssh2_sftp_read(h, o->iobuf, OPS_CHUNK), 0, err);
+        if (n > 0)
+            XXH3_128bits_update(xs, o->iobuf, (size_t)n);
+        rc = n < 0 ? check(o, (int)n, "reading", rel, err) : 0;
+    }
+    if (h && rc >= 0) {
+        int rc_close;
+        GS_SSH_RETRY(o->ssh, rc_close, libssh2_sftp_close_handle(h), 0, err);
+        rc = rc ? rc : check(o, rc_close, "reading", rel, err);
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(xs));
+    memcpy(out, c.digest, 16);
+    XXH3_freeState(xs);
+    return rc;
+}
+
+/* Sets *edited when the entry `st` at `full` is not what req->expect says gpusync left there.
+ * conflicts() judges by kind and size; for GS_FOP_EXPECT_HASH the content is hashed too (read
+ * back, up to OPS_HASH_MAX bytes), because accepting any file would let a PUT or DELETE destroy
+ * an edit made on the server, which design decision 10 forbids. Content that already equals what
+ * a PUT sends (an interrupted push) is no conflict. Returns 0 or an error as r_hash. */
+static int check_edit(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
+                      const char *rel, const struct rstat *st, int *edited, struct gs_error *err)
+{
+    *edited = conflicts(req, st);
+    if (*edited || !st->exists || req->expect != GS_FOP_EXPECT_HASH ||
+        (!st->is_link && (!st->is_reg || st->size > OPS_HASH_MAX)))
+        return 0;
+    uint8_t have[16];
+    int rc = r_hash(o, full, rel, st, have, err);
+    if (rc == 0)
+        *edited = memcmp(have, req->hash, 16) != 0 &&
+                  !(req->type == GS_FOP_PUT && memcmp(have, req->content_hash, 16) == 0);
+    return rc;
+}
+
 /* Clears the way for a new entry at `full`: keeps a conflicting entry as a copy, else removes
  * a file or symlink. A directory in the way of a forced replace is an error (as with the agent). */
 static int clear_target(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
                         const char *rel, const struct rstat *st, struct gs_error *err)
 {
+    int edited = 0;
     if (!st->exists)
         return 0;
-    if (conflicts(req, st))
+    int rc = check_edit(o, req, full, rel, st, &edited, err);
+    if (rc != 0)
+        return rc;
+    if (edited)
         return keep_conflict(o, full, rel, err);
     if (st->is_dir)
         return op_fail(o, EISDIR, req->type == GS_FOP_RENAME ? "rename onto" : "replace", rel);
@@ -690,8 +756,11 @@ static int op_delete(struct sftp_ops *o, const struct gs_fop_req *req, struct gs
     full_path(o, &full, req->path);
     int rc = r_lstat(o, full.data, req->path, &st, err);
     res->noop = rc == 0 && !st.exists;
+    int edited = 0;
+    if (rc == 0 && st.exists)
+        rc = check_edit(o, req, full.data, req->path, &st, &edited, err);
     if (rc == 0 && st.exists) {
-        if (conflicts(req, &st))
+        if (edited)
             rc = keep_conflict(o, full.data, req->path, err);
         else
             rc = remove_entry(o, full.data, req->path, &st, req->recursive, err);
@@ -941,7 +1010,9 @@ static int put_stat_ok(struct put_entry *e)
                        .is_link = LIBSSH2_SFTP_S_ISLNK(e->attrs.permissions),
                        .is_reg = LIBSSH2_SFTP_S_ISREG(e->attrs.permissions),
                        .size = e->attrs.filesize};
-    return !st.is_dir && !conflicts(&e->req, &st);
+    /* a file gpusync expects to hold a given content is checked by hashing it, which only the
+     * sequential path does (check_edit) */
+    return !st.is_dir && !conflicts(&e->req, &st) && e->req.expect != GS_FOP_EXPECT_HASH;
 }
 
 /* Moves `e` on after `rc` from put_call. Returns 0 or a negative transport code. */

@@ -53,7 +53,11 @@ static void note_failure(struct run *run, const struct gs_plan_op *op,
                          const struct gs_fop_result *r)
 {
     run->st->failed++;
-    if (!run->st->first_error[0])
+    /* both transports' messages already name the operation and path ("put a.py: No space left
+     * on device"); prefixing them again read "put a.py: put a.py: ..." */
+    if (!run->st->first_error[0] && r->message && strstr(r->message, op->path))
+        snprintf(run->st->first_error, sizeof(run->st->first_error), "%s", r->message);
+    else if (!run->st->first_error[0])
         snprintf(run->st->first_error, sizeof(run->st->first_error), "%s %s: %s",
                  gs_plan_op_name(op->type), op->path, r->message ? r->message : "failed");
     if (r->err_no == ENOSPC || r->err_no == EDQUOT)
@@ -78,6 +82,18 @@ static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_resul
     return op->type == GS_OP_DELETE && !r->ok && r->err_no == ENOTEMPTY;
 }
 
+/* A rename whose source is gone from the server was usually done already by a push killed
+ * between the server's rename and the index commit. Replaying it can never succeed, so the source
+ * is dropped from the index instead of failing: planned again, the destination is then sent as
+ * new, which the server accepts without a conflict when it already holds those bytes, and
+ * anything else there is kept as a conflict copy as usual. Nothing is lost. The operation still
+ * reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
+static int lost_rename(struct run *run, const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    return op->type == GS_OP_RENAME && !r->ok && r->err_no == ENOENT &&
+           gs_index_delete_subtree(run->idx, op->from, &run->index_err) == 0;
+}
+
 static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *orig)
 {
     struct run *run = cb_ctx;
@@ -85,7 +101,9 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     struct gs_fop_result kept = {.ok = 1, .kept = op->path};
     const struct gs_fop_result *r = kept_directory(op, orig) ? &kept : orig;
     run->st->ops_done++;
-    if (r->ok) {
+    if (lost_rename(run, op, r)) {
+        /* neither a success nor a failure: see lost_rename */
+    } else if (r->ok) {
         count_success(run->st, op);
         run->st->conflicts += r->kept != NULL;
         gs_plan_record(run->idx, op, &run->index_err);
