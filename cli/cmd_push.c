@@ -235,6 +235,13 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
         rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);
     if (rc == 0 && !o->dry_run)
         rc = gs_session_ready(s, &cli->err);
+    if (rc == 0 && s->index_reset) { /* the plan trusted an index that no longer holds */
+        gs_plan_release(&p.plan);
+        p.plan = (struct gs_plan)GS_PLAN_INIT;
+        plan_in_background(&p);
+        if (p.rc < 0)
+            rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);
+    }
     if (rc == 0) {
         gs_progress_init(&ui->bar);
         rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p.plan, &p.st, &cli->err);

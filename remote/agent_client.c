@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/buf.h"
@@ -35,6 +36,14 @@ struct sync_call {
     void *state;
 };
 
+/* A small file read into memory, pipelined behind whatever is in flight. */
+struct small_read {
+    struct sync_call call; /* first: the frame handler gets this pointer */
+    struct gs_buf data;
+    int rc;
+    char msg[512];
+};
+
 struct gs_agent {
     struct gs_fileops ops; /* first, so the fileops pointer is the agent */
     struct gs_ssh *ssh;
@@ -47,11 +56,13 @@ struct gs_agent {
     size_t q_head, q_len, q_cap;
     uint32_t next_id;
     int eof;
-    struct sync_call *sync;
+    struct sync_call *sync[4]; /* calls whose replies the caller consumes, matched by id */
+    int n_sync;
     char *root;
     /* The handshake is pipelined: requests follow HELLO at once, and its answer is checked when
      * it arrives (the agent answers in order, so a refusal comes before any other reply). */
     struct sync_call hello_call;
+    struct small_read *early; /* a GET started with the handshake (gs_agent_read_start) */
     int hello_rc;
     struct gs_error *hello_err;
 };
@@ -133,8 +144,9 @@ static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, stru
     if (gs_proto_decode(f, &m) != 0)
         return gs_error_set(err, GS_E_PROTO, "malformed %s reply from the agent on %s",
                             gs_proto_type_name(f->type), gs_ssh_target(a->ssh));
-    if (a->sync && m.id == a->sync->id)
-        return a->sync->on_frame(a, &m, a->sync);
+    for (int i = 0; i < a->n_sync; i++)
+        if (m.id == a->sync[i]->id)
+            return a->sync[i]->on_frame(a, &m, a->sync[i]);
     if (m.type == GS_MSG_ERROR && m.id == 0)
         return gs_error_set(err, GS_E_PROTO, "the agent on %s refused the session: %.*s",
                             gs_ssh_target(a->ssh), (int)m.text.len, m.text.p);
@@ -205,7 +217,7 @@ static int pump(struct gs_agent *a, int block, struct gs_error *err)
     }
     if (rc == 0 && a->hello_rc)
         rc = a->hello_rc;
-    if (rc == 0 && a->eof && (a->q_len || a->sync))
+    if (rc == 0 && a->eof && (a->q_len || a->n_sync))
         rc = agent_gone(a, err);
     if (rc == 0 && !progress && block)
         rc = gs_ssh_wait(a->ssh, 0, err);
@@ -390,6 +402,21 @@ static void agent_close_ops(struct gs_fileops *ops)
 
 /* ---- synchronous calls: handshake, GET, LIST, ping ---- */
 
+static void sync_add(struct gs_agent *a, struct sync_call *c)
+{
+    if (a->n_sync < (int)(sizeof(a->sync) / sizeof(a->sync[0])))
+        a->sync[a->n_sync++] = c;
+}
+
+static void sync_remove(struct gs_agent *a, struct sync_call *c)
+{
+    for (int i = 0; i < a->n_sync; i++)
+        if (a->sync[i] == c) {
+            a->sync[i] = a->sync[--a->n_sync];
+            return;
+        }
+}
+
 /* Sends `m` and pumps until its sync handler says done. Earlier requests are drained first so
  * their replies cannot interleave. */
 static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
@@ -401,10 +428,10 @@ static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
     c->id = m->id = new_id(a);
     if (rc == 0)
         rc = encode(a, m, err);
-    a->sync = c;
+    sync_add(a, c);
     while (rc == 0 && !c->done)
         rc = pump(a, 1, err);
-    a->sync = NULL;
+    sync_remove(a, c);
     return rc;
 }
 
@@ -417,7 +444,7 @@ static int reply_error(struct gs_agent *a, const struct gs_proto_msg *m, struct 
 static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
     c->done = 1;
-    a->sync = NULL;
+    sync_remove(a, c);
     if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC) {
         a->root = strndup(m->path2.p, m->path2.len);
         return 0;
@@ -439,7 +466,7 @@ static int handshake(struct gs_agent *a, struct gs_error *err)
     a->hello_call = (struct sync_call){.on_frame = on_hello};
     a->hello_call.id = m.id = new_id(a);
     a->hello_err = err;
-    a->sync = &a->hello_call;
+    sync_add(a, &a->hello_call);
     int rc = encode(a, &m, err);
     return rc ? rc : pump(a, 0, err);
 }
@@ -492,6 +519,10 @@ void gs_agent_close(struct gs_agent *a)
         gs_exec_close(a->ssh, a->ch, NULL);
     else if (a->ch)
         libssh2_channel_free(a->ch);
+    if (a->early) {
+        gs_buf_release(&a->early->data);
+        free(a->early);
+    }
     gs_proto_buf_release(&a->out);
     gs_buf_release(&a->errtail);
     free(a->in);
@@ -645,5 +676,91 @@ int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err)
     int64_t start = gs_clock_mono_us();
     int rc = call(a, &m, &c, err);
     *rtt_us = gs_clock_mono_us() - start;
+    return rc;
+}
+
+static int on_small_read(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct small_read *r = (struct small_read *)c;
+    if (m->type == GS_MSG_GET_DATA) {
+        gs_buf_add(&r->data, m->data.p, m->data.len);
+        return 0;
+    }
+    c->done = 1;
+    sync_remove(a, c);
+    if (m->type == GS_MSG_ERROR) {
+        r->rc = m->err == ENOENT ? GS_E_NOTFOUND : GS_E_REMOTE;
+        snprintf(r->msg, sizeof(r->msg), "%.*s", (int)m->text.len, m->text.p);
+    }
+    return 0;
+}
+
+int gs_agent_read_start(struct gs_agent *a, const char *path, struct gs_error *err)
+{
+    if (a->early)
+        return gs_error_set(err, GS_E_ERR, "a read is already in flight");
+    a->early = calloc(1, sizeof(*a->early));
+    if (!a->early)
+        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    struct gs_proto_msg m = {.type = GS_MSG_GET};
+    m.path = gs_proto_cstr(path);
+    a->early->call = (struct sync_call){.on_frame = on_small_read};
+    a->early->call.id = m.id = new_id(a);
+    gs_buf_init(&a->early->data);
+    sync_add(a, &a->early->call);
+    int rc = encode(a, &m, err);
+    return rc ? rc : pump(a, 0, err);
+}
+
+int gs_agent_read_finish(struct gs_agent *a, struct gs_buf *out, struct gs_error *err)
+{
+    struct small_read *r = a->early;
+    if (!r)
+        return gs_error_set(err, GS_E_ERR, "no read in flight");
+    int rc = 0;
+    while (rc == 0 && !r->call.done)
+        rc = pump(a, 1, err);
+    if (rc == 0 && r->rc < 0)
+        rc = gs_error_set(err, r->rc, "%s", r->msg);
+    if (rc == 0)
+        gs_buf_add(out, r->data.data ? r->data.data : "", r->data.len);
+    sync_remove(a, &r->call);
+    gs_buf_release(&r->data);
+    free(r);
+    a->early = NULL;
+    return rc;
+}
+
+struct small_write {
+    struct sync_call call;
+    int rc;
+    char msg[512];
+};
+
+static int on_small_write(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct small_write *w = (struct small_write *)c;
+    c->done = 1;
+    sync_remove(a, c);
+    if (m->type == GS_MSG_ERROR) {
+        w->rc = GS_E_REMOTE;
+        snprintf(w->msg, sizeof(w->msg), "%.*s", (int)m->text.len, m->text.p);
+    }
+    return 0;
+}
+
+int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data, size_t len,
+                         struct gs_error *err)
+{
+    struct small_write w = {.call = {.on_frame = on_small_write}};
+    struct gs_proto_msg m = {.type = GS_MSG_PUT};
+    m.path = gs_proto_cstr(path);
+    m.data = (struct gs_proto_str){data, (uint32_t)len};
+    m.meta.mode = 0644;
+    m.meta.mtime_sec = time(NULL);
+    m.expect.kind = GS_EXPECT_FORCE;
+    int rc = call(a, &m, &w.call, err);
+    if (rc == 0 && w.rc < 0)
+        rc = gs_error_set(err, w.rc, "writing %s on the server: %s", path, w.msg);
     return rc;
 }

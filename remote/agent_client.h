@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/buf.h"
 #include "common/error.h"
 #include "remote/fileops.h"
 #include "remote/ssh.h"
@@ -63,6 +64,16 @@ typedef int (*gs_agent_list_fn)(void *ctx, const struct gs_agent_entry *e);
  * The callback returns 0 to go on. Returns 0 or a negative code. */
 int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_list_fn fn, void *ctx,
                   struct gs_error *err);
+
+/* Reads a small remote file into memory. read_start sends the request at once (it may be called
+ * right after gs_agent_open, to ride along with the handshake); read_finish waits for the answer
+ * and appends the bytes to `out`. Returns 0, GS_E_NOTFOUND for a missing file, or an error. */
+int gs_agent_read_start(struct gs_agent *a, const char *path, struct gs_error *err);
+int gs_agent_read_finish(struct gs_agent *a, struct gs_buf *out, struct gs_error *err);
+
+/* Writes `data` to the remote `path` (atomically, replacing what is there) and waits. */
+int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data, size_t len,
+                         struct gs_error *err);
 
 /* Measures one request round trip (a STAT of the root). */
 int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err);

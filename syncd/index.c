@@ -438,3 +438,20 @@ void gs_index_close(struct gs_index *idx)
     free(idx->remote);
     free(idx);
 }
+
+int gs_index_get_meta(struct gs_index *idx, const char *key, char **value, struct gs_error *err)
+{
+    *value = NULL;
+    return meta_get(idx, key, value, err);
+}
+
+int gs_index_set_meta(struct gs_index *idx, const char *key, const char *value,
+                      struct gs_error *err)
+{
+    return meta_set(idx, key, value, err);
+}
+
+int gs_index_clear(struct gs_index *idx, struct gs_error *err)
+{
+    return exec_sql(idx, "DELETE FROM entries", err);
+}

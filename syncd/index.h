@@ -111,4 +111,13 @@ int gs_index_rollback(struct gs_index *idx, struct gs_error *err);
 /* Runs SQLite's integrity check. Returns 0, or GS_E_IO with its first complaint. */
 int gs_index_check(struct gs_index *idx, struct gs_error *err);
 
+/* Small named values kept with the index (the server identity token, ...). get stores a malloc'd
+ * copy in *value, or NULL when unset. */
+int gs_index_get_meta(struct gs_index *idx, const char *key, char **value, struct gs_error *err);
+int gs_index_set_meta(struct gs_index *idx, const char *key, const char *value,
+                      struct gs_error *err);
+
+/* Forgets every entry (the server no longer holds what the index says), keeping the identity. */
+int gs_index_clear(struct gs_index *idx, struct gs_error *err);
+
 #endif

@@ -1,11 +1,14 @@
 /* syncd/session.c: opening and closing what a sync needs (see session.h). */
 #include "syncd/session.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "remote/agent_install.h"
@@ -54,6 +57,61 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     return rc;
 }
 
+#define SYNC_ID_PATH ".gpusync/sync-id"
+
+static void new_token(char out[33])
+{
+    unsigned char raw[16] = {0};
+    FILE *fp = fopen("/dev/urandom", "rb");
+    if (!fp || fread(raw, 1, sizeof(raw), fp) != sizeof(raw)) {
+        uint64_t t = (uint64_t)gs_clock_wall_ms() ^ ((uint64_t)getpid() << 32);
+        memcpy(raw, &t, sizeof(t));
+    }
+    if (fp)
+        fclose(fp);
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+}
+
+/* Compares the server's token with the index's; see session.h. */
+static int verify_server(struct gs_session *s, struct gs_error *err)
+{
+    struct gs_buf remote = GS_BUF_INIT;
+    char *local = NULL, token[33];
+    size_t entries = 0;
+    int rc = gs_agent_read_finish(s->agent, &remote, err);
+    if (rc == GS_E_NOTFOUND) {
+        gs_error_clear(err);
+        rc = 0;
+    }
+    while (remote.len && (remote.data[remote.len - 1] == '\n'))
+        remote.data[--remote.len] = '\0';
+    if (rc == 0)
+        rc = gs_index_get_meta(s->idx, "server_token", &local, err);
+    if (rc == 0)
+        rc = gs_index_count(s->idx, &entries, err);
+    int same = local && remote.len && strcmp(local, remote.data) == 0;
+    if (rc == 0 && !same && local && entries) {
+        gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
+                "recreated?): sending everything again");
+        rc = gs_index_clear(s->idx, err);
+        s->index_reset = 1;
+    }
+    if (rc == 0 && !same) {
+        if (remote.len)
+            snprintf(token, sizeof(token), "%s", remote.data);
+        else
+            new_token(token);
+        if (!remote.len)
+            rc = gs_agent_write_small(s->agent, SYNC_ID_PATH, token, strlen(token), err);
+        if (rc == 0)
+            rc = gs_index_set_meta(s->idx, "server_token", token, err);
+    }
+    free(local);
+    gs_buf_release(&remote);
+    return rc;
+}
+
 /* Installs the agent (the cached one was missing or stale) and starts it, waiting for its answer.
  * Falls back to SFTP when no agent can run there. */
 static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
@@ -71,7 +129,11 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
         rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
         if (rc == 0)
+            rc = gs_agent_read_start(s->agent, SYNC_ID_PATH, err);
+        if (rc == 0)
             rc = gs_agent_wait_ready(s->agent, err);
+        if (rc == 0)
+            rc = verify_server(s, err);
         if (rc == 0) {
             s->ops = gs_agent_fileops(s->agent);
             snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
@@ -97,7 +159,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     gs_agent_cached_serve_command(remote_dir, &cmd);
     int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
     gs_buf_release(&cmd);
-    return rc;
+    return rc ? rc : gs_agent_read_start(s->agent, SYNC_ID_PATH, err);
 }
 
 int gs_session_ready(struct gs_session *s, struct gs_error *err)
@@ -107,6 +169,8 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     if (!s->agent)
         return gs_error_set(err, GS_E_ERR, "gs_session_ready before gs_session_start");
     int rc = gs_agent_wait_ready(s->agent, err);
+    if (rc == 0)
+        rc = verify_server(s, err);
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
         snprintf(s->transport, sizeof(s->transport), "agent (cached)");

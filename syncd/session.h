@@ -23,6 +23,7 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
+    int index_reset;        /* gs_session_ready found another server's tree: the index was cleared */
 };
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
@@ -39,7 +40,12 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
 /* The two halves of gs_session_connect, so that a caller can overlap the connection's round trips
  * with local work (a push plans while the agent starts): start launches the cached agent (or opens
  * SFTP) without waiting; ready waits for the agent's answer and, if none was cached, installs one
- * (or falls back to SFTP). s->ops is set once ready succeeds. */
+ * (or falls back to SFTP). s->ops is set once ready succeeds.
+ *
+ * Ready also checks that the server still holds the tree the index describes: the first sync
+ * leaves a random token in the remote .gpusync/sync-id, kept in the index too; a server that was
+ * wiped or recreated lacks it (or has another), and then the index is cleared (s->index_reset) so
+ * that everything is sent again instead of trusting a record of files that are gone. */
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                      const char *remote_path, struct gs_error *err);
 int gs_session_ready(struct gs_session *s, struct gs_error *err);

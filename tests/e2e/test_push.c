@@ -1290,10 +1290,6 @@ static void test_push__client_sigkilled_mid_push_then_push_converges(void **stat
 static void test_push__server_tree_wiped_then_push_restores_it(void **state)
 {
     (void)state;
-    skip_unless_known_bugs_wanted(
-        "push trusts the index without checking the server (syncd/plan.c, session): after the "
-        "server's tree is wiped (a recreated server), push sends only local changes, exits 0, "
-        "and status says up to date while most files are missing there");
     proj_new(&cur, 0, NULL);
     generate_tree(cur.local, 17);
     push_compare_drop(&cur, "first sync");
