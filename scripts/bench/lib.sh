@@ -6,7 +6,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${GS_BUILD:-$repo/build}
 gpusync=$build/cli/gpusync
 wansim=$build/tests/tools/wansim
-bench=/dev/shm/gpusync-bench
+bench=/dev/shm/gpusync-bench-$(basename "$0" .sh)
 runs=${RUNS:-3}
 
 bench_start_server() {
