@@ -61,7 +61,10 @@ static int flush_main(struct gs_cli *cli, int argc, char **argv)
     rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300);
     if (rc != 1)
         return rc;
-    /* No daemon: do the work ourselves. */
+    /* No daemon: do the work ourselves. `push` loads the project config again, and
+     * gs_config_load starts from a zeroed struct: release ours first, or it leaks (an ASan
+     * build fails `flush` without a daemon). */
+    gs_config_release(&cli->cfg);
     char *push_argv[] = {"push", cli->json ? "--json" : NULL, NULL};
     return gs_cmd_push.exec(cli, cli->json ? 2 : 1, push_argv);
 }

@@ -5,10 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "syncd/control.h"
@@ -22,6 +24,31 @@ static const struct option watch_options[] = {
     {"stop", no_argument, NULL, OPT_STOP},
     {NULL, 0, NULL, 0},
 };
+
+/* Waits (up to 10 s) until no process holds the project's daemon lock. The daemon closes its
+ * control connections before it has finished tearing down, and the lock goes only when the
+ * process exits: without this wait, `watch --stop && watch -d` is refused as "already running". */
+static int wait_lock_free(struct gs_cli *cli)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, cli->root.data, GS_CONTROL_LOCK);
+    int fd = open(path.data, O_RDONLY | O_CLOEXEC), rc = 0;
+    int64_t end = gs_clock_mono_ms() + 10000;
+    while (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        if (gs_clock_mono_ms() > end) {
+            rc = gs_error_set(&cli->err, GS_E_TIMEOUT,
+                              "gpusync watch for %s was told to stop but is still running "
+                              "after 10 s (pid in %s)",
+                              cli->root.data, path.data);
+            break;
+        }
+        usleep(10000);
+    }
+    if (fd >= 0)
+        close(fd); /* releases the lock if we took it */
+    gs_buf_release(&path);
+    return rc;
+}
 
 static int stop_daemon(struct gs_cli *cli)
 {
@@ -47,6 +74,8 @@ static int stop_daemon(struct gs_cli *cli)
     json_decref(more);
     close(fd);
     gs_buf_release(&buf);
+    if (rc == 0)
+        rc = wait_lock_free(cli);
     if (rc < 0)
         return gs_cli_fail(cli, rc);
     if (cli->json)
@@ -68,7 +97,14 @@ static int run_daemon(struct gs_cli *cli, int ready_fd, FILE *status_out)
                                .status_out = status_out,
                                .ready_fd = ready_fd};
     gs_cli_ssh_opts(cli, &o.ssh);
-    o.ssh.dead_after_ms = 6000;
+    /* The daemon is single-threaded: while a connect attempt or a liveness ping waits on a dead
+     * link, the control socket goes unanswered, and `gpusync status` gives up on the daemon after
+     * 5 s. Keep every such wait below that (a handshake takes well under 4 s even at 150 ms
+     * RTT): after 2 s of silence a keepalive goes out, and 4 s of silence with it unanswered
+     * means a dead link. */
+    o.ssh.keepalive_ms = 2000;
+    o.ssh.dead_after_ms = 4000;
+    o.ssh.connect_timeout_ms = 4000;
     if (ready_fd >= 0) { /* nobody to ask in the background */
         o.ssh.confirm = NULL;
         o.ssh.ask_secret = NULL;

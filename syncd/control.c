@@ -14,6 +14,10 @@
 #include "common/clock.h"
 #include "common/path.h"
 
+/* A peer whose socket takes no data for this long is not reading (a stopped editor plugin): the
+ * daemon must not wait on it forever, so the send fails and the daemon drops that client. */
+#define SEND_STALL_MS 2000
+
 /* Fills `addr` for the project's socket. A long project path would overflow sun_path (108 bytes),
  * so the path goes through /proc/self/fd/N of an open .gpusync directory when needed; `dirfd`
  * receives that descriptor (or -1) and must be closed after bind/connect. */
@@ -84,13 +88,16 @@ int gs_control_send(int fd, json_t *msg, struct gs_error *err)
     size_t len = strlen(text);
     text[len++] = '\n'; /* json_dumps leaves room: it NUL-terminates */
     int rc = 0;
+    int64_t deadline = gs_clock_mono_ms() + SEND_STALL_MS;
     for (size_t off = 0; off < len && rc == 0;) {
         ssize_t n = send(fd, text + off, len - off, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno == EAGAIN) {
+            int64_t left = deadline - gs_clock_mono_ms();
             struct pollfd p = {.fd = fd, .events = POLLOUT};
-            poll(&p, 1, 1000);
+            if (left <= 0 || poll(&p, 1, (int)left) == 0)
+                rc = gs_error_set(err, GS_E_IO, "control socket peer is not reading");
             continue;
         }
         if (n <= 0)

@@ -28,12 +28,14 @@
 #define POLL_FALLBACK_MS  2000 /* full pushes this often when inotify cannot watch */
 #define BACKOFF_FIRST_MS  500
 #define BACKOFF_MAX_MS    30000
-#define SUSPEND_JUMP_MS   3000 /* wall clock ran this far ahead of the monotonic one: we slept */
+#define SUSPEND_JUMP_MS   3000  /* wall clock ran this far ahead of the monotonic one: we slept */
+#define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
 
 struct client {
     int fd;
     struct gs_buf in;
     int events;         /* subscribed to the event stream */
+    int dead;           /* a send failed (it stopped reading): dropped at the end of the turn */
     uint64_t flush_gen; /* waiting for this generation to be synced; 0: not waiting */
     int64_t flush_start_ms;
 };
@@ -49,7 +51,12 @@ struct daemon {
     int n_clients;
     char **dirty; /* changed paths not yet pushed */
     size_t n_dirty, cap_dirty;
-    int full; /* push the whole tree next */
+    int full;                          /* push the whole tree next */
+    struct gs_index_entry *unanswered; /* puts lost with a connection: may have landed anyway */
+    size_t n_unanswered;
+    char **failed; /* paths whose operation the server refused in the last batch: tried again */
+    size_t n_failed, cap_failed;
+    int64_t next_retry_ms;
     int flush_now;
     int64_t first_event_ms, last_event_ms;
     uint64_t event_gen, synced_gen;
@@ -67,8 +74,9 @@ struct daemon {
 static void broadcast(struct daemon *d, json_t *event)
 {
     for (int i = 0; i < d->n_clients; i++)
-        if (d->clients[i].events)
-            gs_control_send(d->clients[i].fd, event, NULL);
+        if (d->clients[i].events && !d->clients[i].dead &&
+            gs_control_send(d->clients[i].fd, event, NULL) < 0)
+            d->clients[i].dead = 1; /* a half-sent line cannot be finished: hang up */
     json_decref(event);
 }
 
@@ -76,7 +84,7 @@ static const char *state_name(const struct daemon *d)
 {
     if (!d->connected)
         return d->next_connect_ms ? "disconnected" : "connecting";
-    if (d->syncing || d->n_dirty || d->full)
+    if (d->syncing || d->n_dirty || d->full || d->n_failed) /* refused changes will be retried */
         return "syncing";
     return "up_to_date";
 }
@@ -102,9 +110,9 @@ static void show_status(struct daemon *d)
 static json_t *status_json(struct daemon *d)
 {
     return json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
-                     "state", state_name(d), "connected", d->connected, "pending", (int)d->n_dirty,
-                     "last_error", d->last_error[0] ? json_string(d->last_error) : json_null(),
-                     "last_latency_ms",
+                     "state", state_name(d), "connected", d->connected, "pending",
+                     (int)(d->n_dirty + d->n_failed), "last_error",
+                     d->last_error[0] ? json_string(d->last_error) : json_null(), "last_latency_ms",
                      d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
                      "target", d->connected ? gs_ssh_target(d->ssh) : d->o->cfg->host, "transport",
                      d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
@@ -133,6 +141,27 @@ static void mark_dirty(void *ctx, const char *path)
         d->dirty = realloc(d->dirty, d->cap_dirty * sizeof(char *));
     }
     d->dirty[d->n_dirty++] = strdup(path);
+}
+
+/* Remembers a path whose operation failed, so that the next flush (or the retry timer) sends it
+ * again: the index does not have it, but nothing would put it back in the dirty set. */
+static void note_failed(struct daemon *d, const char *path)
+{
+    if (d->n_failed == d->cap_failed) {
+        d->cap_failed = d->cap_failed ? d->cap_failed * 2 : 16;
+        d->failed = realloc(d->failed, d->cap_failed * sizeof(char *));
+    }
+    d->failed[d->n_failed++] = strdup(path);
+}
+
+/* Makes the failed paths dirty again. */
+static void retry_failed(struct daemon *d)
+{
+    for (size_t i = 0; i < d->n_failed; i++) {
+        mark_dirty(d, d->failed[i]);
+        free(d->failed[i]);
+    }
+    d->n_failed = 0;
 }
 
 static void mark_full(struct daemon *d)
@@ -173,6 +202,11 @@ static void disconnect(struct daemon *d, const char *why)
 {
     if (d->connected)
         gs_warn("disconnected from %s: %s", gs_ssh_target(d->ssh), why);
+    /* The link is dead or unusable: make the polite goodbyes below (channel EOF and close, SSH
+     * disconnect) fail at once instead of each waiting seconds for a peer that will not answer,
+     * which would leave the control socket unanswered that long. */
+    if (d->ssh && gs_ssh_fd(d->ssh) >= 0)
+        shutdown(gs_ssh_fd(d->ssh), SHUT_RDWR);
     gs_session_disconnect(&d->sess);
     gs_ssh_free(d->ssh);
     d->ssh = NULL;
@@ -185,6 +219,32 @@ static void disconnect(struct daemon *d, const char *why)
     if (was)
         broadcast(d, json_pack("{s:s,s:s}", "event", "disconnected", "message", why));
     show_status(d);
+}
+
+/* A put whose answer was lost with the connection may still have reached the server (its bytes
+ * were in flight). If the server now holds exactly that content, it is recorded, so the next push
+ * does not mistake gpusync's own write for an edit made on the server (a false conflict copy). */
+static void reconcile_unanswered(struct daemon *d)
+{
+    for (size_t i = 0; i < d->n_unanswered; i++) {
+        struct gs_index_entry *e = &d->unanswered[i];
+        uint8_t hash[16];
+        struct gs_error err = {0};
+        if (d->sess.agent && gs_agent_hash(d->sess.agent, e->path, hash, &err) == 0 &&
+            memcmp(hash, e->hash.b, 16) == 0)
+            gs_index_put(d->sess.idx, e, &err);
+        gs_index_entry_release(e);
+    }
+    free(d->unanswered);
+    d->unanswered = NULL;
+    d->n_unanswered = 0;
+}
+
+static void keep_unanswered(void *ctx, const struct gs_plan_op *op)
+{
+    struct daemon *d = ctx;
+    d->unanswered = realloc(d->unanswered, (d->n_unanswered + 1) * sizeof(*d->unanswered));
+    gs_index_entry_copy(&d->unanswered[d->n_unanswered++], &op->record);
 }
 
 static void try_connect(struct daemon *d)
@@ -202,6 +262,7 @@ static void try_connect(struct daemon *d)
     d->next_connect_ms = 0;
     d->last_error[0] = '\0';
     d->next_check_ms = gs_clock_mono_ms() + LIVENESS_EVERY_MS;
+    reconcile_unanswered(d);
     gs_info("connected to %s (%s)", gs_ssh_target(d->ssh), d->sess.transport);
     broadcast(d, json_pack("{s:s,s:s}", "event", "connected", "target", gs_ssh_target(d->ssh)));
     mark_full(d); /* whatever changed while we were away */
@@ -239,10 +300,13 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         return;
     int64_t ms = gs_clock_mono_ms() - d->first_event_ms;
     json_t *ev;
-    if (!r->ok)
+    if (!r->ok) {
+        note_failed(d, op->path);
+        if (op->type == GS_OP_RENAME)
+            note_failed(d, op->from);
         ev = json_pack("{s:s,s:s,s:s}", "event", "error", "path", op->path, "message",
                        r->message ? r->message : "failed");
-    else if (r->kept)
+    } else if (r->kept)
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->path, "kept", r->kept);
     else if (op->type == GS_OP_DELETE)
         ev = json_pack("{s:s,s:s}", "event", "deleted", "path", op->path);
@@ -256,7 +320,9 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     broadcast(d, ev);
 }
 
-static void answer_flushes(struct daemon *d)
+/* Answers the flushes this batch satisfied; `error` (or NULL) says why the server does not match
+ * after all: a flush must never report success over a refused change. */
+static void answer_flushes(struct daemon *d, const char *error)
 {
     int64_t now = gs_clock_mono_ms();
     for (int i = 0; i < d->n_clients; i++) {
@@ -264,8 +330,10 @@ static void answer_flushes(struct daemon *d)
         if (!c->flush_gen || c->flush_gen > d->synced_gen)
             continue;
         json_t *reply =
-            json_pack("{s:b,s:I}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms));
-        gs_control_send(c->fd, reply, NULL);
+            error ? json_pack("{s:b,s:s}", "ok", 0, "error", error)
+                  : json_pack("{s:b,s:I}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms));
+        if (gs_control_send(c->fd, reply, NULL) < 0)
+            c->dead = 1;
         json_decref(reply);
         c->flush_gen = 0;
     }
@@ -300,6 +368,7 @@ static void sync_batch(struct daemon *d)
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
+                             .on_unanswered = keep_unanswered,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
@@ -316,8 +385,9 @@ static void sync_batch(struct daemon *d)
         d->synced_gen = gen;
         if (st.ops_total)
             d->last_latency_ms = gs_clock_mono_ms() - d->first_event_ms;
-        answer_flushes(d);
-        if (!d->n_dirty && !d->full)
+        d->next_retry_ms = gs_clock_mono_ms() + RETRY_FAILED_MS;
+        answer_flushes(d, rc < 0 ? d->last_error : NULL);
+        if (!d->n_dirty && !d->full && !d->n_failed) /* "idle": the server matches */
             broadcast(d, json_pack("{s:s}", "event", "idle"));
     }
     free_paths(paths, n);
@@ -345,8 +415,17 @@ static void drop_client(struct daemon *d, int i)
 
 static void reply(struct client *c, json_t *msg)
 {
-    gs_control_send(c->fd, msg, NULL);
+    if (gs_control_send(c->fd, msg, NULL) < 0)
+        c->dead = 1;
     json_decref(msg);
+}
+
+/* Drops the clients that stopped reading; backwards, as drop_client moves the last one down. */
+static void drop_dead_clients(struct daemon *d)
+{
+    for (int i = d->n_clients - 1; i >= 0; i--)
+        if (d->clients[i].dead)
+            drop_client(d, i);
 }
 
 static void read_changes(struct daemon *d)
@@ -359,8 +438,10 @@ static void read_changes(struct daemon *d)
 
 static void start_flush(struct daemon *d, struct client *c)
 {
-    /* Every write made before this request is already in the inotify queue: read it now. */
+    /* Every write made before this request is already in the inotify queue: read it now. A change
+     * the server refused earlier is not synced either: send it again. */
     read_changes(d);
+    retry_failed(d);
     if (d->connected && !d->n_dirty && !d->full && d->synced_gen >= d->event_gen) {
         reply(c, json_pack("{s:b,s:i}", "ok", 1, "ms", 0));
         return;
@@ -470,6 +551,8 @@ static void run_timers(struct daemon *d)
     int64_t now = gs_clock_mono_ms();
     if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms)
         try_connect(d);
+    if (d->n_failed && d->connected && now >= d->next_retry_ms)
+        retry_failed(d);
     if (gs_watch_polling(d->watch, NULL) && now >= d->next_poll_ms) {
         d->next_poll_ms = now + POLL_FALLBACK_MS;
         mark_full(d);
@@ -494,6 +577,7 @@ static void loop(struct daemon *d)
         if (ready > 0)
             handle_polls(d, p, n_clients);
         run_timers(d);
+        drop_dead_clients(d);
     }
 }
 
@@ -576,6 +660,10 @@ static void teardown(struct daemon *d)
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);
+    for (size_t i = 0; i < d->n_unanswered; i++)
+        gs_index_entry_release(&d->unanswered[i]);
+    free(d->unanswered);
+    free_paths(d->failed, d->n_failed);
     if (d->o->status_out) {
         fputs("\n", d->o->status_out);
         fflush(d->o->status_out);

@@ -219,6 +219,36 @@ static int moved_to(struct gs_watch *w, uint32_t cookie, const char *path, int i
     return 0;
 }
 
+/* The kernel dropped watch `wd` (its directory was deleted or unmounted): forget it, or the
+ * status "watches" count would only ever grow. */
+static void watch_gone(struct gs_watch *w, int wd)
+{
+    if (wd < 0 || (size_t)wd >= w->cap || !w->dirs[wd])
+        return;
+    free(w->dirs[wd]);
+    w->dirs[wd] = NULL;
+    w->count--;
+}
+
+/* After a queue overflow the events that would have added watches for new directories, moved
+ * watched ones or removed deleted ones are lost: watch the tree afresh. A directory already
+ * watched keeps its descriptor (inotify returns the same one for the same inode) and gets its
+ * current path; descriptors not found again are removed. The caller rescans the whole tree. */
+static void rewatch_all(struct gs_watch *w)
+{
+    char **old = w->dirs;
+    size_t old_cap = w->cap;
+    w->dirs = NULL;
+    w->cap = w->count = 0;
+    add_tree(w, "");
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i] && (i >= w->cap || !w->dirs[i]))
+            inotify_rm_watch(w->fd, (int)i);
+        free(old[i]);
+    }
+    free(old);
+}
+
 static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_watch_fn fn,
                          void *ctx, int *rescan)
 {
@@ -226,8 +256,12 @@ static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_
         *rescan = 1;
         return;
     }
+    if (ev->mask & IN_IGNORED) {
+        watch_gone(w, ev->wd);
+        return;
+    }
     if (ev->wd < 0 || (size_t)ev->wd >= w->cap || !w->dirs[ev->wd] || !ev->len)
-        return; /* IN_IGNORED / DELETE_SELF of a forgotten watch, or an event on the dir itself */
+        return; /* DELETE_SELF of a forgotten watch, or an event on the dir itself */
     struct gs_buf path = GS_BUF_INIT;
     if (*w->dirs[ev->wd])
         gs_buf_addf(&path, "%s/", w->dirs[ev->wd]);
@@ -239,9 +273,13 @@ static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_
     }
     if (ev->mask & IN_MOVED_FROM)
         moved_from(w, ev->cookie, path.data, is_dir);
-    if ((ev->mask & IN_MOVED_TO) && !moved_to(w, ev->cookie, path.data, is_dir) && is_dir)
-        add_tree(w, path.data); /* moved in from outside */
-    else if ((ev->mask & IN_CREATE) && is_dir)
+    if (ev->mask & IN_MOVED_TO)
+        moved_to(w, ev->cookie, path.data, is_dir);
+    /* A directory moved here, from inside or outside, is (re)watched whole: when its source was
+     * created and moved before we read the IN_CREATE, adding the watch at the old path failed, and
+     * the pairing alone would leave it unwatched. A directory already watched keeps its
+     * descriptor (same inode) and gets its new path. */
+    if ((ev->mask & (IN_MOVED_TO | IN_CREATE)) && is_dir)
         add_tree(w, path.data);
     fn(ctx, path.data);
     gs_buf_release(&path);
@@ -267,5 +305,7 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
     }
     /* A MOVED_FROM still unpaired after the queue is empty was a move out of the tree. */
     finish_pending(w);
+    if (rescan && !w->polling)
+        rewatch_all(w);
     return rescan || (w->polling && !was_polling);
 }

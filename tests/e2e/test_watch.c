@@ -1,0 +1,1745 @@
+/* tests/e2e/test_watch.c: `gpusync watch -d` driven as a user would, against the sandbox sshd
+ * (issue 4): each case changes the project, then `gpusync flush`, then compares the remote tree
+ * with the local one (kind, mode, size, bytes, symlink target). Cases: real nvim, vim and emacs
+ * saves and the JetBrains, VS Code and sed -i syscall sequences; a 1,000-file directory rename seen
+ * as one "renamed" event; a 500-file git checkout; a 3,000-file burst; kind changes; an inotify
+ * overflow; a refused change; a stuck event reader; a file written without pause; the WAN simulator
+ * cut for 30 s and stalled; a put in flight when the link stalled; sshd restarted; a changed host
+ * key; the daemon SIGKILLed mid-batch; seeded random operations; a second watch refused; status
+ * --json, watch --stop, a foreground watch, bad control requests, a long project path. Environment:
+ * GS_TEST_FILTER='*name*' runs a subset; GS_TEST_SEED replays a random seed; GS_TEST_OPLOG=FILE
+ * logs the random operations; GS_TEST_KEEP=1 keeps the project folders. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/sshd.h"
+#include "wansim_harness.h"
+
+#define RUN_TIMEOUT_MS 180000
+#define ARGS(...)      ((const char *const[]){__VA_ARGS__, NULL})
+
+static struct gs_test_sshd sshd;
+
+/* The project of the running test; the teardown stops its daemon and removes it. */
+struct proj {
+    char base[64];    /* /tmp/gs-e2e-watch.XXXXXX */
+    char local[512];  /* base/proj (or a longer name) */
+    char remote[128]; /* base/remote (the server is this machine) */
+};
+static struct proj cur;
+static struct wansim_proc wan;
+static char saved_queued[32]; /* fs.inotify.max_queued_events to restore, or "" */
+static char immutable[2048];  /* a remote directory made immutable (chattr +i), or "" */
+
+struct result {
+    int status; /* exit code, or 128+N for signal N */
+    struct gs_buf out, err;
+};
+
+static void result_release(struct result *r)
+{
+    gs_buf_release(&r->out);
+    gs_buf_release(&r->err);
+}
+
+/* ---- running programs ---- */
+
+static void drain(pid_t pid, int out_fd, int err_fd, struct result *r)
+{
+    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
+    int open_fds = 2;
+    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
+    while (open_fds > 0) {
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            fail_msg("a command did not finish within %d ms", RUN_TIMEOUT_MS);
+        }
+        if (poll(p, 2, left) < 0 && errno != EINTR)
+            fail_msg("poll: %s", strerror(errno));
+        for (int i = 0; i < 2; i++) {
+            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            char chunk[8192];
+            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
+            if (n > 0) {
+                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
+            } else if (n == 0 || errno != EINTR) {
+                close(p[i].fd);
+                p[i].fd = -1;
+                open_fds--;
+            }
+        }
+    }
+}
+
+/* Runs `argv` (argv[0] a path) in `cwd` without a terminal; stdin is /dev/null. */
+static struct result run_prog(const char *cwd, const char *const *argv)
+{
+    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT};
+    int out[2], err[2];
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setsid();
+        if (cwd && chdir(cwd) != 0)
+            _exit(126);
+        int null = open("/dev/null", O_RDONLY);
+        dup2(null, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    drain(pid, out[0], err[0], &r);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    gs_buf_grow(&r.out, 0);
+    gs_buf_grow(&r.err, 0);
+    return r;
+}
+
+static const char *gpusync_path(void)
+{
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
+    return path;
+}
+
+static struct result gpusync(const char *cwd, const char *const *args)
+{
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = gpusync_path();
+    for (size_t i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return run_prog(cwd, argv);
+}
+
+static void expect_status(const struct result *r, int want, const char *what)
+{
+    if (r->status != want)
+        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
+                 r->err.data);
+}
+
+/* Runs gpusync in the current project and expects exit 0. */
+static void gs_ok(const char *const *args, const char *what)
+{
+    struct result r = gpusync(cur.local, args);
+    expect_status(&r, 0, what);
+    result_release(&r);
+}
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---- files ---- */
+
+static void path_in(char *out, size_t size, const char *root, const char *rel)
+{
+    snprintf(out, size, "%s/%s", root, rel);
+}
+
+static void write_at(const char *abs, const char *data, size_t len, int flags)
+{
+    int fd = open(abs, O_WRONLY | O_CREAT | flags, 0644);
+    if (fd < 0)
+        fail_msg("open %s: %s", abs, strerror(errno));
+    assert_int_equal(write(fd, data, len), (ssize_t)len);
+    assert_int_equal(close(fd), 0);
+}
+
+/* Writes `data` to `rel` in the project (creating or truncating). */
+static void put(const char *rel, const char *data)
+{
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, rel);
+    write_at(abs, data, strlen(data), O_TRUNC);
+}
+
+static void mkdir_in(const char *rel)
+{
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, rel);
+    if (mkdir(abs, 0755) != 0 && errno != EEXIST)
+        fail_msg("mkdir %s: %s", abs, strerror(errno));
+}
+
+/* Creates `n` files dir/f<i> holding `size` bytes each (distinct content). */
+static void make_files(const char *dir, int n, size_t size)
+{
+    mkdir_in(dir);
+    char *data = malloc(size + 1);
+    for (int i = 0; i < n; i++) {
+        char rel[256], abs[2048];
+        snprintf(rel, sizeof(rel), "%s/f%d.bin", dir, i);
+        path_in(abs, sizeof(abs), cur.local, rel);
+        for (size_t k = 0; k < size; k++)
+            data[k] = (char)('a' + (i * 7 + k) % 26);
+        write_at(abs, data, size, O_TRUNC);
+    }
+    free(data);
+}
+
+static void rename_in(const char *from, const char *to)
+{
+    char a[2048], b[2048];
+    path_in(a, sizeof(a), cur.local, from);
+    path_in(b, sizeof(b), cur.local, to);
+    if (rename(a, b) != 0)
+        fail_msg("rename %s -> %s: %s", a, b, strerror(errno));
+}
+
+/* Reads a whole file into `b` (reset first); returns 0 or -1. */
+static int slurp(const char *abs, struct gs_buf *b)
+{
+    gs_buf_reset(b);
+    int fd = open(abs, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    char chunk[65536];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+        gs_buf_add(b, chunk, (size_t)n);
+    close(fd);
+    gs_buf_grow(b, 0);
+    return n < 0 ? -1 : 0;
+}
+
+static void expect_remote(const char *rel, const char *want)
+{
+    char abs[2048];
+    struct gs_buf b = GS_BUF_INIT;
+    path_in(abs, sizeof(abs), cur.remote, rel);
+    if (slurp(abs, &b) != 0)
+        fail_msg("remote %s: %s", rel, strerror(errno));
+    if (b.len != strlen(want) || memcmp(b.data, want, b.len) != 0)
+        fail_msg("remote %s holds\n%s\nwant\n%s", rel, b.data, want);
+    gs_buf_release(&b);
+}
+
+/* ---- comparing trees ---- */
+
+/* Editors' scratch files, which gpusync never syncs: Emacs locks (.#f), autosaves (#f#) and
+ * backups (f~), Vim swap files and Vim's 4913 probe. */
+static int editor_scratch(const char *name)
+{
+    size_t len = strlen(name);
+    if (!strncmp(name, ".#", 2) || (len > 2 && name[0] == '#' && name[len - 1] == '#'))
+        return 1;
+    if (len > 1 && name[len - 1] == '~')
+        return 1;
+    if (name[0] == '.' && len > 5 &&
+        (!strcmp(name + len - 4, ".swp") || !strcmp(name + len - 4, ".swo") ||
+         !strcmp(name + len - 4, ".swx")))
+        return 1;
+    return !strcmp(name, "4913");
+}
+
+/* Never synced (built-in or .gitignore'd in these tests), on both sides. */
+static int skipped(const char *name)
+{
+    static const char *const names[] = {".", "..", ".gpusync", ".git", "node_modules", "data"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(name, names[i]) == 0)
+            return 1;
+    return editor_scratch(name);
+}
+
+static void expect_remote_absent(const char *rel)
+{
+    char abs[2048];
+    struct stat st;
+    path_in(abs, sizeof(abs), cur.remote, rel);
+    if (lstat(abs, &st) == 0)
+        fail_msg("%s is on the server, but should not be synced", rel);
+}
+
+static void expect_local_present(const char *rel)
+{
+    char abs[2048];
+    struct stat st;
+    path_in(abs, sizeof(abs), cur.local, rel);
+    if (lstat(abs, &st) != 0)
+        fail_msg("%s is missing locally: %s", rel, strerror(errno));
+}
+
+static int keep_entry(const struct dirent *de)
+{
+    return !skipped(de->d_name);
+}
+
+static int diff_entry(const char *a, const char *b, const char *rel, struct gs_buf *msg);
+
+/* Compares the directories a/rel and b/rel; appends the first difference to `msg`. */
+static int diff_dir(const char *a, const char *b, const char *rel, struct gs_buf *msg)
+{
+    char pa[2048], pb[2048];
+    snprintf(pa, sizeof(pa), "%s/%s", a, rel);
+    snprintf(pb, sizeof(pb), "%s/%s", b, rel);
+    struct dirent **la = NULL, **lb = NULL;
+    int na = scandir(pa, &la, keep_entry, alphasort), nb = scandir(pb, &lb, keep_entry, alphasort);
+    int rc = 0;
+    if (na < 0 || nb < 0) {
+        gs_buf_addf(msg, "cannot list %s or %s", pa, pb);
+        rc = -1;
+    }
+    for (int i = 0, j = 0; rc == 0 && (i < na || j < nb);) {
+        int c = i >= na ? 1 : j >= nb ? -1 : strcmp(la[i]->d_name, lb[j]->d_name);
+        if (c != 0) {
+            gs_buf_addf(msg, "%s%s%s only on the %s side", rel, *rel ? "/" : "",
+                        c < 0 ? la[i]->d_name : lb[j]->d_name, c < 0 ? "local" : "remote");
+            rc = -1;
+            break;
+        }
+        char child[1024];
+        snprintf(child, sizeof(child), "%s%s%s", rel, *rel ? "/" : "", la[i]->d_name);
+        rc = diff_entry(a, b, child, msg);
+        i++, j++;
+    }
+    for (int i = 0; i < na; i++)
+        free(la[i]);
+    for (int j = 0; j < nb; j++)
+        free(lb[j]);
+    free(la);
+    free(lb);
+    return rc;
+}
+
+static int diff_entry(const char *a, const char *b, const char *rel, struct gs_buf *msg)
+{
+    char pa[2048], pb[2048];
+    snprintf(pa, sizeof(pa), "%s/%s", a, rel);
+    snprintf(pb, sizeof(pb), "%s/%s", b, rel);
+    struct stat sa, sb;
+    if (lstat(pa, &sa) != 0 || lstat(pb, &sb) != 0)
+        return gs_buf_addf(msg, "%s vanished", rel), -1;
+    if ((sa.st_mode & S_IFMT) != (sb.st_mode & S_IFMT))
+        return gs_buf_addf(msg, "%s: kind differs", rel), -1;
+    if (S_ISDIR(sa.st_mode))
+        return diff_dir(a, b, rel, msg);
+    if (S_ISLNK(sa.st_mode)) {
+        char ta[1024] = "", tb[1024] = "";
+        ssize_t la = readlink(pa, ta, sizeof(ta) - 1), lb = readlink(pb, tb, sizeof(tb) - 1);
+        if (la < 0 || lb < 0 || la != lb || memcmp(ta, tb, (size_t)la) != 0)
+            return gs_buf_addf(msg, "%s: symlink target differs", rel), -1;
+        return 0;
+    }
+    if ((sa.st_mode & 07777) != (sb.st_mode & 07777))
+        return gs_buf_addf(msg, "%s: mode %o vs %o", rel, sa.st_mode & 07777, sb.st_mode & 07777),
+               -1;
+    if (sa.st_size != sb.st_size)
+        return gs_buf_addf(msg, "%s: size %lld vs %lld", rel, (long long)sa.st_size,
+                           (long long)sb.st_size),
+               -1;
+    struct gs_buf ca = GS_BUF_INIT, cb = GS_BUF_INIT;
+    int same = slurp(pa, &ca) == 0 && slurp(pb, &cb) == 0 && ca.len == cb.len &&
+               memcmp(ca.data, cb.data, ca.len) == 0;
+    gs_buf_release(&ca);
+    gs_buf_release(&cb);
+    if (!same)
+        return gs_buf_addf(msg, "%s: content differs", rel), -1;
+    return 0;
+}
+
+/* Fails the test unless the remote tree equals the local one (ignored names aside). */
+static void expect_trees_equal(const char *when)
+{
+    struct gs_buf msg = GS_BUF_INIT;
+    char text[2048] = "";
+    int differ = diff_dir(cur.local, cur.remote, "", &msg) != 0;
+    if (differ)
+        snprintf(text, sizeof(text), "%s", msg.data);
+    gs_buf_release(&msg); /* before fail_msg, which does not return */
+    if (differ) {
+        /* the daemon's view, to tell a missed event from a failed push */
+        struct result r = gpusync(cur.local, ARGS("status", "--json"));
+        print_message("status at the failure: %s", r.out.data);
+        result_release(&r);
+        fail_msg("%s: trees differ: %s", when, text);
+    }
+}
+
+/* ---- the project and its daemon ---- */
+
+/* A fresh project in base/`name`, initialised against 127.0.0.1:`port` (the sshd, or the WAN
+ * simulator). */
+static void proj_init_named(int port, const char *name)
+{
+    snprintf(cur.base, sizeof(cur.base), "/tmp/gs-e2e-watch.XXXXXX");
+    assert_non_null(mkdtemp(cur.base));
+    snprintf(cur.local, sizeof(cur.local), "%s/%s", cur.base, name);
+    snprintf(cur.remote, sizeof(cur.remote), "%s/remote", cur.base);
+    assert_int_equal(mkdir(cur.local, 0755), 0);
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", port);
+    gs_ok(ARGS("init", target, "--path", cur.remote, "--accept-new-host-key"), "gpusync init");
+}
+
+static void proj_init(int port)
+{
+    proj_init_named(port, "proj");
+}
+
+static void watch_start(void)
+{
+    gs_ok(ARGS("watch", "-d"), "gpusync watch -d");
+}
+
+static void flush(const char *what)
+{
+    gs_ok(ARGS("flush", "--timeout", "150"), what);
+}
+
+/* `gpusync status --json` of the current project (a new reference). */
+static json_t *status_json(void)
+{
+    struct result r = gpusync(cur.local, ARGS("status", "--json"));
+    expect_status(&r, 0, "gpusync status --json");
+    json_error_t jerr;
+    json_t *st = json_loads(r.out.data, 0, &jerr);
+    if (!st)
+        fail_msg("status --json is not JSON (%s): %s", jerr.text, r.out.data);
+    result_release(&r);
+    return st;
+}
+
+/* status --json as answered by the running daemon; a fallback to the local answer (the daemon did
+ * not reply in time) fails the test. */
+static json_t *daemon_status_json(void)
+{
+    json_t *st = status_json();
+    if (!json_is_true(json_object_get(st, "daemon"))) {
+        char *text = json_dumps(st, JSON_COMPACT);
+        fail_msg("status --json did not come from the daemon: %s", text);
+    }
+    return st;
+}
+
+static pid_t daemon_pid(void)
+{
+    json_t *st = daemon_status_json();
+    pid_t pid = (pid_t)json_integer_value(json_object_get(st, "pid"));
+    json_decref(st);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Polls status --json until "connected" equals `want`; returns the ms it took, or fails. */
+static int64_t await_connected(int want, int limit_ms)
+{
+    int64_t start = gs_clock_mono_ms();
+    for (;;) {
+        json_t *st = daemon_status_json();
+        int connected = json_is_true(json_object_get(st, "connected"));
+        json_decref(st);
+        if (connected == want)
+            return gs_clock_mono_ms() - start;
+        if (gs_clock_mono_ms() - start > limit_ms)
+            fail_msg("daemon still %sconnected after %d ms", want ? "dis" : "", limit_ms);
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+}
+
+static void await_gone(pid_t pid)
+{
+    int64_t end = gs_clock_mono_ms() + 10000;
+    while (kill(pid, 0) == 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("process %d still alive", (int)pid);
+        usleep(20000);
+    }
+}
+
+/* The pid recorded in the project's daemon lock, or 0. */
+static pid_t lock_pid(void)
+{
+    char path[2048], buf[32] = "";
+    snprintf(path, sizeof(path), "%s/.gpusync/daemon.lock", cur.local);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return 0;
+    if (!fgets(buf, sizeof(buf), fp))
+        buf[0] = '\0';
+    fclose(fp);
+    return (pid_t)atoi(buf);
+}
+
+static void restore_queued_events(void)
+{
+    if (!saved_queued[0])
+        return;
+    FILE *fp = fopen("/proc/sys/fs/inotify/max_queued_events", "w");
+    if (fp) {
+        fputs(saved_queued, fp);
+        fclose(fp);
+    }
+    saved_queued[0] = '\0';
+}
+
+static int test_setup(void **state)
+{
+    (void)state;
+    memset(&cur, 0, sizeof(cur));
+    return 0;
+}
+
+static int test_teardown(void **state)
+{
+    (void)state;
+    restore_queued_events();
+    if (immutable[0])
+        sh("chattr -i '%s'", immutable);
+    immutable[0] = '\0';
+    if (cur.local[0]) {
+        struct result r = gpusync(cur.local, ARGS("watch", "--stop"));
+        result_release(&r);
+        pid_t pid = lock_pid();
+        if (pid > 0 && kill(pid, 0) == 0) /* --stop failed: do not leave a daemon behind */
+            kill(pid, SIGKILL);
+    }
+    if (wan.pid)
+        wansim_stop(&wan);
+    if (cur.base[0] && getenv("GS_TEST_KEEP") == NULL)
+        sh("rm -rf '%s'", cur.base);
+    memset(&cur, 0, sizeof(cur));
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    if (access(gpusync_path(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gpusync_path());
+        return -1;
+    }
+    if (gs_test_sshd_start(&sshd, NULL) != 0)
+        return -1;
+    gs_test_sshd_use_home(&sshd, 1);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&sshd);
+    return 0;
+}
+
+/* ---- the event stream ---- */
+
+struct events {
+    pid_t pid;
+    int fd;
+    struct gs_buf in;
+    json_t *all; /* every event read so far */
+};
+
+static void events_start(struct events *ev)
+{
+    int out[2];
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    ev->pid = fork();
+    assert_true(ev->pid >= 0);
+    if (ev->pid == 0) {
+        if (chdir(cur.local) != 0)
+            _exit(126);
+        dup2(out[1], 1);
+        execl(gpusync_path(), gpusync_path(), "events", "--json", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    ev->fd = out[0];
+    ev->in = (struct gs_buf)GS_BUF_INIT;
+    ev->all = json_array();
+}
+
+/* Reads events until one has "event" `kind` and "path" `path` (or, for a `path` ending in '/',
+ * a path below it). Returns 1, or 0 after `limit_ms`. */
+static int events_wait(struct events *ev, const char *kind, const char *path, int limit_ms)
+{
+    int64_t end = gs_clock_mono_ms() + limit_ms;
+    size_t len = strlen(path);
+    for (;;) {
+        char *nl;
+        while (ev->in.len && (nl = memchr(ev->in.data, '\n', ev->in.len))) {
+            json_t *e = json_loadb(ev->in.data, (size_t)(nl - ev->in.data), 0, NULL);
+            gs_buf_consume(&ev->in, (size_t)(nl - ev->in.data) + 1);
+            if (!e)
+                continue;
+            json_array_append_new(ev->all, e);
+            const char *k = json_string_value(json_object_get(e, "event"));
+            const char *p = json_string_value(json_object_get(e, "path"));
+            int below = len && path[len - 1] == '/' && p && strncmp(p, path, len) == 0;
+            if (k && p && strcmp(k, kind) == 0 && (strcmp(p, path) == 0 || below))
+                return 1;
+        }
+        int left = (int)(end - gs_clock_mono_ms());
+        struct pollfd p = {.fd = ev->fd, .events = POLLIN};
+        if (poll(&p, 1, left > 0 ? left : 0) <= 0) { /* past the deadline: one last look */
+            if (left <= 0)
+                return 0;
+            continue;
+        }
+        char chunk[65536];
+        ssize_t n = read(ev->fd, chunk, sizeof(chunk));
+        if (n <= 0)
+            fail_msg("the event stream ended while waiting for %s %s", kind, path);
+        gs_buf_add(&ev->in, chunk, (size_t)n);
+    }
+}
+
+static void events_until(struct events *ev, const char *kind, const char *path, int limit_ms)
+{
+    if (!events_wait(ev, kind, path, limit_ms))
+        fail_msg("no \"%s\" event for %s within %d ms", kind, path, limit_ms);
+}
+
+/* Events of `kind` whose path starts with `prefix` (e.g. "dir/"), among those read so far. */
+static int events_count(const struct events *ev, const char *kind, const char *prefix)
+{
+    size_t i;
+    json_t *e;
+    int n = 0;
+    json_array_foreach(ev->all, i, e)
+    {
+        const char *k = json_string_value(json_object_get(e, "event"));
+        const char *p = json_string_value(json_object_get(e, "path"));
+        n += k && p && strcmp(k, kind) == 0 && strncmp(p, prefix, strlen(prefix)) == 0;
+    }
+    return n;
+}
+
+static void events_stop(struct events *ev)
+{
+    if (ev->pid > 0) {
+        kill(ev->pid, SIGTERM);
+        waitpid(ev->pid, NULL, 0);
+    }
+    close(ev->fd);
+    gs_buf_release(&ev->in);
+    json_decref(ev->all);
+}
+
+/* Writes `name` and waits for its "synced" event: everything before it has been reported. The
+ * first marker also proves the stream is subscribed, which `gpusync events` does not announce:
+ * rewrite it until an event shows up. */
+static void events_mark(struct events *ev, const char *name)
+{
+    for (int i = 0; i < 50; i++) {
+        char body[64];
+        snprintf(body, sizeof(body), "%s %d\n", name, i);
+        put(name, body);
+        flush("flush after a marker");
+        if (events_wait(ev, "synced", name, 200 + 100 * i))
+            return;
+    }
+    fail_msg("no \"synced\" event for marker %s", name);
+}
+
+/* ---- daemon basics ---- */
+
+static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "print(1)\n");
+    watch_start();
+    flush("first flush");
+    expect_trees_equal("after the first push");
+    json_t *st = status_json();
+    assert_true(json_is_true(json_object_get(st, "daemon")));
+    assert_true(json_is_true(json_object_get(st, "connected")));
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    assert_int_equal(json_integer_value(json_object_get(st, "pending")), 0);
+    pid_t pid = (pid_t)json_integer_value(json_object_get(st, "pid"));
+    json_decref(st);
+    assert_true(pid > 0 && kill(pid, 0) == 0);
+
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker");
+    gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
+    await_gone(pid);
+    int status;
+    assert_int_equal(waitpid(ev.pid, &status, 0), ev.pid); /* the stream ends with the daemon */
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ev.pid = -1;
+    events_stop(&ev);
+    char sock[2048];
+    path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
+    assert_int_not_equal(access(sock, F_OK), 0);
+    st = status_json();
+    assert_false(json_is_true(json_object_get(st, "daemon")));
+    json_decref(st);
+    struct result r = gpusync(cur.local, ARGS("watch", "--stop"));
+    expect_status(&r, 0, "a second watch --stop");
+    assert_non_null(strstr(r.out.data, "no gpusync watch is running"));
+    result_release(&r);
+    r = gpusync(cur.local, ARGS("events", "--json"));
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.err.data, "no gpusync watch is running"));
+    result_release(&r);
+    put("a.py", "print(2)\n"); /* without a daemon, flush pushes by itself */
+    flush("flush without a daemon");
+    expect_remote("a.py", "print(2)\n");
+    for (int i = 0; i < 3; i++) { /* a restart right after a stop is not refused */
+        watch_start();
+        gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
+    }
+}
+
+static void test_watch__foreground_watch_syncs_and_stops_on_sigint(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "a\n");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (chdir(cur.local) != 0)
+            _exit(126);
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(gpusync_path(), gpusync_path(), "watch", (char *)NULL);
+        _exit(127);
+    }
+    char sock[2048];
+    path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (access(sock, F_OK) != 0) { /* bounded wait for an observable condition */
+        if (gs_clock_mono_ms() > end || waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("foreground gpusync watch did not start serving");
+        usleep(20000);
+    }
+    assert_int_equal(daemon_pid(), pid);
+    flush("flush with a foreground daemon");
+    put("b.py", "b\n");
+    flush("flush after an edit");
+    expect_trees_equal("with a foreground daemon");
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("gpusync watch ended with status 0x%x after SIGINT, want exit 0", status);
+    assert_int_not_equal(access(sock, F_OK), 0);
+}
+
+static void test_watch__second_watch_refuses_with_a_clear_message(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    pid_t pid = daemon_pid();
+    char pid_text[32];
+    snprintf(pid_text, sizeof(pid_text), "%d", (int)pid);
+    const char *const *variants[] = {ARGS("watch", "-d"), ARGS("watch")};
+    for (size_t i = 0; i < 2; i++) {
+        struct result r = gpusync(cur.local, variants[i]);
+        if (r.status == 0)
+            fail_msg("a second 'gpusync %s' succeeded: %s", variants[i][1] ? "watch -d" : "watch",
+                     r.out.data);
+        assert_non_null(strstr(r.err.data, "already running"));
+        assert_non_null(strstr(r.err.data, pid_text));
+        result_release(&r);
+    }
+    assert_int_equal(daemon_pid(), pid); /* the first one is untouched */
+}
+
+static void test_watch__ignored_directories_get_no_watches(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put(".gitignore", "node_modules/\ndata/\n");
+    assert_int_equal(
+        sh("cd '%s' && mkdir -p src/a/b node_modules/x/y/z data/d1 data/d2 .git/objects/ab",
+           cur.local),
+        0);
+    watch_start();
+    flush("first flush");
+    json_t *st = daemon_status_json();
+    /* root, src, src/a, src/a/b */
+    assert_int_equal(json_integer_value(json_object_get(st, "watches")), 4);
+    json_decref(st);
+    mkdir_in("node_modules/new");
+    mkdir_in("data/d3");
+    mkdir_in("src/c");
+    put("src/c/m.py", "x = 1\n");
+    flush("flush after new directories");
+    st = daemon_status_json();
+    assert_int_equal(json_integer_value(json_object_get(st, "watches")), 5);
+    json_decref(st);
+    expect_trees_equal("after new directories");
+    assert_int_equal(sh("rm -r '%s/src/c'", cur.local), 0);
+    flush("flush after removing a directory");
+    st = daemon_status_json();
+    assert_int_equal(json_integer_value(json_object_get(st, "watches")), 4);
+    json_decref(st);
+}
+
+/* ---- editor save patterns ---- */
+
+static ino_t inode_of(const char *rel)
+{
+    char abs[2048];
+    struct stat st;
+    path_in(abs, sizeof(abs), cur.local, rel);
+    assert_int_equal(lstat(abs, &st), 0);
+    return st.st_ino;
+}
+
+/* Appends `line` to `file` with nvim. The project lies in /tmp, which 'backupskip' exempts from
+ * backups by default: clear it, so that the save goes the way it goes in a home directory. */
+static void nvim_append(const char *file, const char *backupcopy, const char *line)
+{
+    char opts[128], edit[256], normal[256];
+    snprintf(opts, sizeof(opts), "set backupskip= backupcopy=%s", backupcopy);
+    snprintf(edit, sizeof(edit), "edit %s", file);
+    snprintf(normal, sizeof(normal), "normal! Go%s", line);
+    struct result r = run_prog(cur.local, ARGS("nvim", "--headless", "-i", "NONE", "-c", opts, "-c",
+                                               edit, "-c", normal, "-c", "wq"));
+    expect_status(&r, 0, "nvim");
+    result_release(&r);
+}
+
+static void test_watch__nvim_saves_arrive(void **state)
+{
+    (void)state;
+    if (access("/usr/bin/nvim", X_OK) != 0)
+        skip();
+    proj_init(sshd.port);
+    put("default.py", "a = 1\n");
+    put("copy.py", "b = 2\n");
+    watch_start();
+    flush("first flush");
+    ino_t before = inode_of("default.py");
+    nvim_append("default.py", "auto", "a = 2");
+    assert_true(inode_of("default.py") != before); /* it did save by backup + rename */
+    flush("flush after an nvim save (backupcopy=auto)");
+    expect_remote("default.py", "a = 1\na = 2\n");
+    before = inode_of("copy.py");
+    nvim_append("copy.py", "yes", "b = 3");
+    assert_true(inode_of("copy.py") == before); /* it did save in place */
+    flush("flush after an nvim save (backupcopy=yes)");
+    expect_remote("copy.py", "b = 2\nb = 3\n");
+    for (int i = 0; i < 3; i++) /* repeated saves, as a user does */
+        nvim_append("default.py", "auto", "c = 1");
+    flush("flush after repeated saves");
+    expect_remote("default.py", "a = 1\na = 2\nc = 1\nc = 1\nc = 1\n");
+    expect_trees_equal("after nvim saves");
+}
+
+/* vim proper, in Ex mode: with `backup` it renames the original to FILE~ and keeps it. */
+static void test_watch__vim_saves_arrive(void **state)
+{
+    (void)state;
+    if (access("/usr/bin/vim", X_OK) != 0)
+        skip();
+    proj_init(sshd.port);
+    put("v.py", "x = 1\n");
+    put("w.py", "y = 1\n");
+    watch_start();
+    flush("first flush");
+    ino_t v_before = inode_of("v.py"), w_before = inode_of("w.py");
+    struct result r = run_prog(cur.local, ARGS("vim", "-u", "NONE", "-i", "NONE", "-N", "-n", "-es",
+                                               "-c", "set backupskip= backup backupcopy=no", "-c",
+                                               "$put ='x = 2'", "-c", "wq", "v.py"));
+    expect_status(&r, 0, "vim -es (backupcopy=no)");
+    result_release(&r);
+    r = run_prog(cur.local,
+                 ARGS("vim", "-u", "NONE", "-i", "NONE", "-N", "-n", "-es", "-c",
+                      "set backupskip= backupcopy=yes", "-c", "$put ='y = 2'", "-c", "wq", "w.py"));
+    expect_status(&r, 0, "vim -es (backupcopy=yes)");
+    result_release(&r);
+    assert_true(inode_of("v.py") != v_before); /* backup by rename, new file */
+    assert_true(inode_of("w.py") == w_before); /* in place */
+    flush("flush after vim saves");
+    expect_remote("v.py", "x = 1\nx = 2\n");
+    expect_local_present("v.py~");
+    expect_remote_absent("v.py~"); /* editor backups are not synced */
+    expect_remote("w.py", "y = 1\ny = 2\n");
+    expect_trees_equal("after vim saves");
+}
+
+static void test_watch__emacs_rename_save_arrives(void **state)
+{
+    (void)state;
+    if (access("/usr/bin/emacs", X_OK) != 0)
+        skip();
+    proj_init(sshd.port);
+    put("notes.txt", "first\n");
+    watch_start();
+    flush("first flush");
+    struct result r =
+        run_prog(cur.local, ARGS("emacs", "--batch", "--eval",
+                                 "(progn (setq backup-enable-predicate (lambda (_name) t))"
+                                 " (find-file \"notes.txt\") (goto-char (point-max))"
+                                 " (insert \"second\\n\") (save-buffer))"));
+    expect_status(&r, 0, "emacs --batch");
+    result_release(&r);
+    flush("flush after an emacs save");
+    expect_remote("notes.txt", "first\nsecond\n");
+    /* Emacs renamed the original to its backup (the project is in /tmp, which its default
+     * backup-enable-predicate exempts: the test lifts that) and wrote a new file. The backup is
+     * an editor scratch file: never synced. */
+    expect_local_present("notes.txt~");
+    expect_remote_absent("notes.txt~");
+    expect_trees_equal("after an emacs save");
+}
+
+/* vim without backupcopy: 4913 probe, original renamed to the backup, new file written. */
+static void save_like_vim(const char *rel, const char *content)
+{
+    char abs[2048], bak[2100], probe[2048];
+    path_in(abs, sizeof(abs), cur.local, rel);
+    snprintf(bak, sizeof(bak), "%s~", abs);
+    path_in(probe, sizeof(probe), cur.local, "4913");
+    write_at(probe, "", 0, O_EXCL);
+    assert_int_equal(unlink(probe), 0);
+    assert_int_equal(rename(abs, bak), 0);
+    write_at(abs, content, strlen(content), O_TRUNC);
+    assert_int_equal(chmod(abs, 0644), 0);
+    assert_int_equal(unlink(bak), 0);
+}
+
+/* JetBrains "safe write": temp file, original moved aside, temp renamed in, original deleted. */
+static void save_like_jetbrains(const char *rel, const char *content)
+{
+    char abs[2048], tmp[2100], old[2100];
+    path_in(abs, sizeof(abs), cur.local, rel);
+    snprintf(tmp, sizeof(tmp), "%s___jb_tmp___", abs);
+    snprintf(old, sizeof(old), "%s___jb_old___", abs);
+    write_at(tmp, content, strlen(content), O_TRUNC);
+    assert_int_equal(rename(abs, old), 0);
+    assert_int_equal(rename(tmp, abs), 0);
+    assert_int_equal(unlink(old), 0);
+}
+
+/* VS Code: truncate in place, then write (two inotify modifications of the same inode). */
+static void save_like_vscode(const char *rel, const char *content)
+{
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, rel);
+    int fd = open(abs, O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    size_t half = strlen(content) / 2;
+    assert_int_equal(write(fd, content, half), (ssize_t)half);
+    assert_int_equal(fsync(fd), 0);
+    assert_int_equal(write(fd, content + half, strlen(content) - half),
+                     (ssize_t)(strlen(content) - half));
+    assert_int_equal(close(fd), 0);
+}
+
+static void test_watch__editor_syscall_sequences_arrive(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("vim.c", "int a;\n");
+    put("jb.kt", "val a = 1\n");
+    put("code.ts", "let a = 1;\n");
+    put("sed.cfg", "lr = 0.1\n");
+    watch_start();
+    flush("first flush");
+    for (int round = 0; round < 3; round++) {
+        char v[64], j[64], c[64];
+        snprintf(v, sizeof(v), "int a;\nint b%d;\n", round);
+        snprintf(j, sizeof(j), "val a = %d\n", round + 2);
+        snprintf(c, sizeof(c), "let a = %d; // a longer line %d\n", round, round);
+        save_like_vim("vim.c", v);
+        save_like_jetbrains("jb.kt", j);
+        save_like_vscode("code.ts", c);
+        assert_int_equal(sh("cd '%s' && sed -i 's/lr = .*/lr = 0.0%d/' sed.cfg", cur.local, round),
+                         0);
+        flush("flush after editor saves");
+        expect_remote("vim.c", v);
+        expect_remote("jb.kt", j);
+        expect_remote("code.ts", c);
+        char s[32];
+        snprintf(s, sizeof(s), "lr = 0.0%d\n", round);
+        expect_remote("sed.cfg", s);
+        expect_trees_equal("after editor saves");
+    }
+}
+
+/* ---- bulk changes ---- */
+
+static void test_watch__directory_rename_is_one_remote_rename(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    assert_int_equal(sh("cd '%s' && mkdir -p big/sub && for i in $(seq 1 990); do echo \"file $i\" "
+                        "> big/f$i.txt; done && for i in $(seq 1 10); do echo \"sub $i\" > "
+                        "big/sub/s$i.txt; done",
+                        cur.local),
+                     0);
+    watch_start();
+    flush("first flush");
+    expect_trees_equal("before the rename");
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker1"); /* the stream is subscribed */
+    rename_in("big", "moved");
+    flush("flush after the directory rename");
+    events_mark(&ev, "marker2");
+    int renamed_dir = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev.all, i, e)
+    {
+        const char *k = json_string_value(json_object_get(e, "event"));
+        const char *p = json_string_value(json_object_get(e, "path"));
+        const char *from = json_string_value(json_object_get(e, "from"));
+        renamed_dir +=
+            k && p && from && !strcmp(k, "renamed") && !strcmp(p, "moved") && !strcmp(from, "big");
+    }
+    int renamed = events_count(&ev, "renamed", ""), synced = events_count(&ev, "synced", "moved"),
+        deleted = events_count(&ev, "deleted", "");
+    events_stop(&ev);
+    if (renamed_dir != 1 || renamed != 1 || synced != 0 || deleted != 0)
+        fail_msg("directory rename: %d rename(s) of big -> moved, %d renamed events in all, %d "
+                 "files synced under moved/, %d deleted (want 1, 1, 0, 0)",
+                 renamed_dir, renamed, synced, deleted);
+    expect_trees_equal("after the directory rename");
+
+    /* The moved directory's watches now report paths under its new name. */
+    put("moved/f5.txt", "edited after the move\n");
+    put("moved/sub/s3.txt", "edited too\n");
+    flush("flush after edits in the moved directory");
+    expect_remote("moved/f5.txt", "edited after the move\n");
+    expect_remote("moved/sub/s3.txt", "edited too\n");
+
+    /* Moved out of the tree: a delete; edits outside are not ours; moved back: a create. */
+    char outside[128], inside[2048];
+    snprintf(outside, sizeof(outside), "%s/outside", cur.base);
+    path_in(inside, sizeof(inside), cur.local, "moved");
+    assert_int_equal(rename(inside, outside), 0);
+    flush("flush after moving the directory out");
+    expect_trees_equal("after moving the directory out");
+    assert_int_equal(sh("echo outside > '%s/f7.txt'", outside), 0);
+    assert_int_equal(rename(outside, inside), 0);
+    flush("flush after moving the directory back");
+    expect_trees_equal("after moving the directory back");
+    put("moved/sub/s4.txt", "watched again\n");
+    flush("flush after an edit in the returned directory");
+    expect_remote("moved/sub/s4.txt", "watched again\n");
+}
+
+/* A change the server refuses: flush must not claim the server matches, and once the server
+ * accepts writes again a flush retries it. */
+static void test_watch__flush_reports_a_failed_change_and_retries_it(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("ok.txt", "ok\n");
+    mkdir_in("locked");
+    put("locked/old.txt", "old\n");
+    watch_start();
+    flush("first flush");
+    path_in(immutable, sizeof(immutable), cur.remote, "locked");
+    if (sh("chattr +i '%s' 2>/dev/null", immutable) != 0) {
+        immutable[0] = '\0';
+        print_message("chattr +i is not supported here; skipped\n");
+        skip();
+    }
+    put("locked/new.txt", "new\n");
+    put("ok.txt", "ok 2\n");
+    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    if (r.status == 0)
+        fail_msg("flush succeeded although the server could not take locked/new.txt: %s",
+                 r.out.data);
+    assert_non_null(strstr(r.err.data, "locked/new.txt"));
+    result_release(&r);
+    expect_remote("ok.txt", "ok 2\n"); /* the rest went through */
+    json_t *st = daemon_status_json();
+    assert_true(json_is_string(json_object_get(st, "last_error")));
+    assert_string_not_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    assert_true(json_integer_value(json_object_get(st, "pending")) >= 1);
+    json_decref(st);
+
+    assert_int_equal(sh("chattr -i '%s'", immutable), 0);
+    immutable[0] = '\0';
+    flush("flush once the server accepts writes again");
+    expect_trees_equal("after the retry");
+    st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    assert_true(json_is_null(json_object_get(st, "last_error")));
+    json_decref(st);
+}
+
+/* Sends `line` on a new connection to the daemon's socket and returns the one-line answer. */
+static json_t *control_exchange(const char *line)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int n = snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/.gpusync/daemon.sock", cur.local);
+    assert_true(n > 0 && (size_t)n < sizeof(addr.sun_path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    struct gs_buf in = GS_BUF_INIT;
+    char *nl = NULL;
+    int64_t end = gs_clock_mono_ms() + 5000;
+    while (!(in.len && (nl = memchr(in.data, '\n', in.len)))) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            fail_msg("no answer to %s", line);
+        char chunk[4096];
+        ssize_t got = read(fd, chunk, sizeof(chunk));
+        if (got <= 0)
+            fail_msg("the daemon hung up on %s without an answer", line);
+        gs_buf_add(&in, chunk, (size_t)got);
+    }
+    json_t *msg = json_loadb(in.data, (size_t)(nl - in.data), 0, NULL);
+    gs_buf_release(&in);
+    close(fd);
+    assert_non_null(msg);
+    return msg;
+}
+
+/* Wrong versions, garbage and unknown commands get an error answer; the daemon carries on. */
+static void test_watch__control_socket_answers_bad_requests_with_errors(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    const char *bad[] = {"{\"v\":2,\"cmd\":\"status\"}\n", "not json\n",
+                         "{\"v\":1,\"cmd\":\"frobnicate\"}\n", "{\"v\":1}\n"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        json_t *m = control_exchange(bad[i]);
+        assert_false(json_is_true(json_object_get(m, "ok")));
+        assert_true(json_is_string(json_object_get(m, "error")));
+        assert_int_equal(json_integer_value(json_object_get(m, "v")), 1);
+        json_decref(m);
+    }
+    json_t *m = control_exchange("{\"v\":1,\"cmd\":\"status\"}\n");
+    assert_true(json_is_true(json_object_get(m, "ok")));
+    assert_true(json_is_true(json_object_get(m, "daemon")));
+    json_decref(m);
+    flush("flush after bad requests");
+}
+
+/* The control socket's path would exceed sun_path's 108 bytes: it goes through /proc/self/fd. */
+static void test_watch__long_project_path_with_spaces_works(void **state)
+{
+    (void)state;
+    proj_init_named(sshd.port, "a project folder with spaces and a name long enough that "
+                               "its control socket path cannot fit in sun_path");
+    assert_true(strlen(cur.local) + strlen("/.gpusync/daemon.sock") > 108);
+    put("a b.py", "x\n");
+    watch_start();
+    flush("first flush");
+    put("a b.py", "y\n");
+    flush("flush after an edit");
+    expect_remote("a b.py", "y\n");
+    json_t *st = daemon_status_json();
+    assert_true(json_is_true(json_object_get(st, "connected")));
+    json_decref(st);
+    struct result r = gpusync(cur.local, ARGS("watch", "-d"));
+    assert_int_not_equal(r.status, 0);
+    result_release(&r);
+    gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
+}
+
+/* A file written without pause (a training log) is still sent while it grows: the debounce
+ * window has a cap. */
+static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    flush("first flush");
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker");
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, "train.log");
+    int seen_while_writing = 0;
+    int64_t end = gs_clock_mono_ms() + 2000;
+    for (int i = 0; gs_clock_mono_ms() < end; i++) {
+        char line[64];
+        int len = snprintf(line, sizeof(line), "step %d loss 0.%d\n", i, 1000 - i);
+        write_at(abs, line, (size_t)len, O_APPEND);
+        if (!seen_while_writing)
+            seen_while_writing = events_wait(&ev, "synced", "train.log", 0);
+        usleep(5000); /* the writer's pace (shorter than the debounce), not synchronisation */
+    }
+    events_stop(&ev);
+    assert_true(seen_while_writing);
+    flush("flush after the writer stopped");
+    expect_trees_equal("after the writer stopped");
+}
+
+/* An editor plugin that stops reading its event stream must not stall the daemon. */
+static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    flush("first flush");
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker");
+    assert_int_equal(kill(ev.pid, SIGSTOP), 0);
+    /* about 4,000 "synced" events of ~60 bytes: more than a socket buffer holds */
+    make_files("many", 4000, 8);
+    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    kill(ev.pid, SIGCONT);
+    events_stop(&ev);
+    expect_status(&r, 0, "flush with a stuck event reader");
+    result_release(&r);
+    expect_trees_equal("with a stuck event reader");
+    put("after.txt", "after\n");
+    flush("a later flush");
+    expect_remote("after.txt", "after\n");
+}
+
+/* Paths that change kind between two batches (file -> directory, directory -> file): the daemon
+ * is stopped meanwhile, so each change reaches it, and the plan, as one batch. */
+static void test_watch__paths_that_change_kind_in_one_batch_converge(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("x", "a file\n");
+    put("e", "a file that becomes an empty directory\n");
+    mkdir_in("y");
+    put("y/a", "in a directory\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, "x");
+    assert_int_equal(unlink(abs), 0);
+    mkdir_in("x");
+    put("x/inner", "inside\n");
+    path_in(abs, sizeof(abs), cur.local, "e");
+    assert_int_equal(unlink(abs), 0);
+    mkdir_in("e");
+    assert_int_equal(sh("rm -r '%s/y'", cur.local), 0);
+    put("y", "now a file\n");
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    flush("flush after the kind changes");
+    expect_trees_equal("after the kind changes");
+}
+
+/* More changed paths than one batch holds: the daemon falls back to a full push. */
+static void test_watch__burst_of_3000_new_files_converges(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    flush("first flush");
+    make_files("b1", 1500, 64);
+    make_files("b2", 1500, 64);
+    flush("flush after the burst");
+    expect_trees_equal("after the burst");
+}
+
+static void git(const char *args)
+{
+    if (sh("cd '%s' && git -c user.name=t -c user.email=t@example.com %s >/dev/null 2>&1",
+           cur.local, args) != 0)
+        fail_msg("git %s failed", args);
+}
+
+static void test_watch__git_checkout_of_500_files_converges(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    git("init -q -b main");
+    assert_int_equal(sh("cd '%s' && mkdir -p src/a src/b && for i in $(seq 1 250); do echo \"main "
+                        "$i\" > src/a/m$i.py; echo \"main b $i\" > src/b/m$i.py; done && mkdir -p "
+                        "only_main && echo x > only_main/x.py",
+                        cur.local),
+                     0);
+    git("add -A");
+    git("commit -q -m main");
+    git("checkout -q -b other");
+    assert_int_equal(sh("cd '%s' && for i in $(seq 1 250); do echo \"other $i\" > src/a/m$i.py; "
+                        "echo \"other b $i $i\" > src/b/m$i.py; done && rm -r only_main && mkdir "
+                        "only_other && echo y > only_other/y.py && chmod 755 src/a/m1.py",
+                        cur.local),
+                     0);
+    git("add -A");
+    git("commit -q -m other");
+    git("checkout -q main");
+    watch_start();
+    flush("first flush");
+    expect_trees_equal("on main");
+    git("checkout -q other");
+    flush("flush after checkout other");
+    expect_trees_equal("after checkout other");
+    expect_remote("src/b/m7.py", "other b 7 7\n");
+    git("checkout -q main");
+    flush("flush after checkout main");
+    expect_trees_equal("after checkout main");
+}
+
+static void test_watch__inotify_overflow_converges(void **state)
+{
+    (void)state;
+    FILE *fp = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
+    if (!fp || !fgets(saved_queued, sizeof(saved_queued), fp) ||
+        access("/proc/sys/fs/inotify/max_queued_events", W_OK) != 0) {
+        if (fp)
+            fclose(fp);
+        saved_queued[0] = '\0';
+        print_message("cannot change fs.inotify.max_queued_events; skipped\n");
+        skip();
+    }
+    fclose(fp);
+    proj_init(sshd.port);
+    make_files("keep", 20, 100);
+    make_files("gone", 20, 100);
+    /* The limit is read when an inotify instance is created: lower it for the daemon's only. */
+    fp = fopen("/proc/sys/fs/inotify/max_queued_events", "w");
+    assert_non_null(fp);
+    fputs("16\n", fp);
+    assert_int_equal(fclose(fp), 0);
+    struct result r = gpusync(cur.local, ARGS("watch", "-d"));
+    restore_queued_events();
+    expect_status(&r, 0, "gpusync watch -d");
+    result_release(&r);
+    flush("first flush");
+    expect_trees_equal("before the overflow");
+    /* A stopped daemon reads nothing, so 16 queued events overflow for certain. */
+    pid_t pid = daemon_pid();
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    make_files("new", 200, 50);
+    make_files("keep", 20, 120);
+    assert_int_equal(
+        sh("cd '%s' && rm -r gone && mkdir -p deep/a/b && echo z > deep/a/b/z && mv keep kept",
+           cur.local),
+        0);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    flush("flush after the overflow");
+    expect_trees_equal("after the overflow");
+    /* still live after the rescan */
+    put("deep/a/b/z", "after\n");
+    put("kept/f3.bin", "renamed during the overflow\n");
+    flush("flush after a later edit");
+    expect_remote("deep/a/b/z", "after\n");
+    expect_remote("kept/f3.bin", "renamed during the overflow\n");
+    json_t *st = daemon_status_json(); /* root, new, kept, deep, deep/a, deep/a/b */
+    assert_int_equal(json_integer_value(json_object_get(st, "watches")), 6);
+    json_decref(st);
+}
+
+/* ---- faults ---- */
+
+/* Cuts (or stalls) the link for `seconds` while files are edited, then restores it. With
+ * `edit_at_once` 0 the edits start only once the daemon reports the link down, so that no request
+ * is in flight when the link fails (that case has its own test). */
+static void link_fault(const char *fault, const char *heal, int seconds, int edit_at_once)
+{
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    make_files("src", 10, 200);
+    watch_start();
+    flush("first flush");
+    char reply[256];
+    assert_int_equal(wansim_command(&wan, fault, reply, sizeof(reply)), 0);
+    int64_t start = gs_clock_mono_ms();
+    if (!edit_at_once) {
+        await_connected(0, 30000);
+        print_message("%s: the daemon reported it within %lld ms\n", fault,
+                      (long long)(gs_clock_mono_ms() - start));
+    }
+    for (int i = 0; gs_clock_mono_ms() - start < seconds * 1000; i++) {
+        char rel[64], body[64];
+        snprintf(rel, sizeof(rel), "src/edit%d.py", i % 7);
+        snprintf(body, sizeof(body), "edit %d\n", i);
+        put(rel, body);
+        if (i == 3)
+            rename_in("src/f1.bin", "src/renamed.bin");
+        if (i == 5)
+            assert_int_equal(unlink(strcat(strcpy(rel, cur.local), "/src/f2.bin")), 0);
+        if (i == 8 && edit_at_once) {
+            await_connected(0, 30000);
+            print_message("%s: the daemon reported it within %lld ms\n", fault,
+                          (long long)(gs_clock_mono_ms() - start));
+        }
+        usleep(500000); /* pacing the edits over the outage, not synchronisation */
+    }
+    /* A flush that cannot finish gives up when told, with a non-zero exit. */
+    int64_t t0 = gs_clock_mono_ms();
+    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "2"));
+    assert_int_not_equal(r.status, 0);
+    assert_true(r.err.len > 0);
+    assert_true(gs_clock_mono_ms() - t0 < 10000);
+    result_release(&r);
+    json_t *st = daemon_status_json();
+    assert_false(json_is_true(json_object_get(st, "connected")));
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "disconnected");
+    json_decref(st);
+    assert_int_equal(wansim_command(&wan, heal, reply, sizeof(reply)), 0);
+    int64_t healed = gs_clock_mono_ms();
+    flush("flush after the link came back");
+    print_message("%s: converged %lld ms after '%s'\n", fault,
+                  (long long)(gs_clock_mono_ms() - healed), heal);
+    expect_trees_equal("after the link came back");
+}
+
+static void test_watch__link_cut_for_30s_converges_with_nothing_lost(void **state)
+{
+    (void)state;
+    link_fault("cut", "restore", 30, 1);
+}
+
+static void test_watch__link_stall_converges(void **state)
+{
+    (void)state;
+    link_fault("stall", "resume", 12, 0);
+}
+
+/* A save whose upload was in flight when the link stalled: the old connection's bytes reach the
+ * server when the link recovers, after the daemon gave up on them. That write is gpusync's own,
+ * so the next push must not keep it as a conflict copy. */
+static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(void **state)
+{
+    (void)state;
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("edit.py", "v0\n");
+    watch_start();
+    flush("first flush");
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    put("edit.py", "v1\n"); /* sent at once, held by the stalled link */
+    await_connected(0, 30000);
+    put("edit.py", "v2\n");
+    assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
+    flush("flush after the link came back");
+    expect_remote("edit.py", "v2\n");
+    expect_trees_equal("after the link came back (no conflict copy expected)");
+}
+
+static void test_watch__sshd_restart_converges(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    make_files("src", 10, 200);
+    watch_start();
+    flush("first flush");
+    gs_test_sshd_stop(&sshd);
+    put("src/while_down.py", "down\n");
+    rename_in("src/f3.bin", "src/f3-renamed.bin");
+    await_connected(0, 20000);
+    put("src/while_down2.py", "down 2\n");
+    assert_int_equal(gs_test_sshd_restart(&sshd, 0), 0);
+    flush("flush after sshd came back");
+    expect_trees_equal("after sshd came back");
+    put("src/after.py", "after\n");
+    flush("flush after a later edit");
+    expect_remote("src/after.py", "after\n");
+
+    /* A daemon started while the server is down starts anyway, and syncs once it is back. */
+    gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
+    gs_test_sshd_stop(&sshd);
+    put("src/before_start.py", "queued\n");
+    watch_start();
+    await_connected(0, 1000);
+    assert_int_equal(gs_test_sshd_restart(&sshd, 0), 0);
+    flush("flush after sshd came back (daemon started while it was down)");
+    expect_trees_equal("after a start while sshd was down");
+}
+
+/* A directory renamed while the server is unreachable is still one rename once it is back (the
+ * daemon then pushes the whole tree, so the plan, not the watcher, must pair the paths). */
+static void test_watch__directory_renamed_while_disconnected_is_one_rename(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    assert_int_equal(sh("cd '%s' && mkdir -p big && for i in $(seq 1 300); do echo \"file $i\" > "
+                        "big/f$i.txt; done",
+                        cur.local),
+                     0);
+    watch_start();
+    flush("first flush");
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker1");
+    gs_test_sshd_stop(&sshd);
+    await_connected(0, 20000);
+    rename_in("big", "moved");
+    assert_int_equal(gs_test_sshd_restart(&sshd, 0), 0);
+    flush("flush after sshd came back");
+    events_mark(&ev, "marker2");
+    int synced = events_count(&ev, "synced", "moved/"), renamed = events_count(&ev, "renamed", "");
+    events_stop(&ev);
+    expect_trees_equal("after the rename while disconnected");
+    if (synced != 0 || renamed < 1)
+        fail_msg("a directory renamed while disconnected: %d files uploaded again under moved/, "
+                 "%d renamed events (want 0 and at least 1)",
+                 synced, renamed);
+}
+
+/* Every reconnection verifies the host key: a changed one is refused and said so. */
+static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "a\n");
+    watch_start();
+    flush("first flush");
+    assert_int_equal(gs_test_sshd_restart(&sshd, 1), 0); /* "the server was reinstalled" */
+    put("a.py", "b\n");
+    int64_t end = gs_clock_mono_ms() + 30000;
+    for (;;) {
+        json_t *st = daemon_status_json();
+        const char *e = json_string_value(json_object_get(st, "last_error"));
+        int refused =
+            !json_is_true(json_object_get(st, "connected")) && e && strstr(e, "host key") != NULL;
+        json_decref(st);
+        if (refused)
+            break;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the daemon did not report a changed host key within 30 s");
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+    expect_remote("a.py", "a\n");    /* nothing went to the impostor */
+    gs_test_sshd_use_home(&sshd, 1); /* the user accepts the new key */
+    flush("flush after the new host key was recorded");
+    expect_remote("a.py", "b\n");
+}
+
+static void test_watch__daemon_killed_mid_batch_converges_after_restart(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker1");
+    make_files("bulk", 400, 64 * 1024);
+    events_until(&ev, "synced", "bulk/", 30000); /* the batch is under way */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int synced = events_count(&ev, "synced", "bulk/");
+    events_stop(&ev);
+    print_message("killed after %d of 400 files were reported synced\n", synced);
+    await_gone(pid);
+    put("a.txt", "changed while no daemon ran\n");
+    watch_start();
+    flush("flush after the restart");
+    expect_trees_equal("after the restart");
+}
+
+/* ---- random operations ---- */
+
+static unsigned rnd(unsigned *seed, unsigned n)
+{
+    return (unsigned)rand_r(seed) % n;
+}
+
+/* A random path in a small namespace, so operations collide often; files and directories share
+ * names (n0..n2), so a path also changes kind. */
+static void random_path(unsigned *seed, char *out, size_t size, int want_dir)
+{
+    static const char *const dirs[] = {"", "d0/", "d1/", "d0/s0/", "d1/s1/", "d2/"};
+    const char *d = dirs[rnd(seed, 6)];
+    if (want_dir)
+        snprintf(out, size, "%sn%u", d, rnd(seed, 3));
+    else
+        snprintf(out, size, "%sn%u", d, rnd(seed, 6));
+}
+
+static void random_op(unsigned *seed, int i)
+{
+    char a[128], b[128], pa[2048], pb[2048], body[256];
+    int dir_op = rnd(seed, 10) < 3;
+    random_path(seed, a, sizeof(a), dir_op);
+    random_path(seed, b, sizeof(b), dir_op);
+    path_in(pa, sizeof(pa), cur.local, a);
+    path_in(pb, sizeof(pb), cur.local, b);
+    unsigned op = rnd(seed, 9);
+    int len = snprintf(body, sizeof(body), "op %d %s\n", i, a);
+    FILE *log = getenv("GS_TEST_OPLOG") ? fopen(getenv("GS_TEST_OPLOG"), "a") : NULL;
+    if (log) { /* to replay a failing seed by hand */
+        fprintf(log, "%d %s op %u %s %s\n", i, dir_op ? "dir" : "file", op, a, b);
+        fclose(log);
+    }
+    if (dir_op) {
+        if (op < 4 && mkdir(pa, 0755) == 0) {
+            /* files that land before the watcher can watch the new directory */
+            for (int k = 0; k < 3; k++) {
+                char f[2100];
+                snprintf(f, sizeof(f), "%s/new%d", pa, k);
+                int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                if (fd >= 0 && write(fd, body, (size_t)len) == len)
+                    close(fd);
+                else if (fd >= 0)
+                    close(fd);
+            }
+        } else if (op < 7) {
+            (void)rename(pa, pb);
+        } else {
+            (void)sh("rm -rf '%s'", pa);
+            if (op == 8) /* a directory becomes a file */
+                write_at(pa, body, (size_t)len, O_TRUNC);
+        }
+        return;
+    }
+    int fd;
+    switch (op) {
+    case 0:
+    case 1:
+    case 2: /* create or rewrite */
+        fd = open(pa, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        break;
+    case 3: /* append */
+        fd = open(pa, O_WRONLY | O_APPEND);
+        break;
+    case 4:
+        if (rnd(seed, 2) && unlink(pa) == 0) /* a file becomes a directory */
+            (void)mkdir(pa, 0755);
+        else
+            (void)unlink(pa);
+        return;
+    case 5:
+        (void)rename(pa, pb);
+        return;
+    case 6:
+        (void)chmod(pa, rnd(seed, 2) ? 0755 : 0600);
+        return;
+    case 7:
+        (void)unlink(pa);
+        (void)symlink(b, pa);
+        return;
+    default: /* safe write over it */
+        fd = open(pb, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0 && write(fd, body, (size_t)len) == len && close(fd) == 0)
+            (void)rename(pb, pa);
+        return;
+    }
+    if (fd >= 0) {
+        if (write(fd, body, (size_t)len) != len) {
+            /* a full disk would show as a tree difference */
+        }
+        close(fd);
+    }
+}
+
+/* Four rounds of 250 random operations, each followed by a flush and a comparison. With
+ * `one_batch` the daemon is stopped during each round, so that it reads the whole round at once
+ * and pushes it as one batch (what a slow daemon, or one under ASan, does anyway). */
+static void random_rounds(int one_batch)
+{
+    const char *env = getenv("GS_TEST_SEED");
+    unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
+    print_message("random operations: seed %u (rerun with GS_TEST_SEED=%u)\n", seed, seed);
+    proj_init(sshd.port);
+    assert_int_equal(sh("cd '%s' && mkdir -p d0/s0 d1/s1 d2", cur.local), 0);
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    for (int round = 0; round < 4; round++) {
+        if (one_batch)
+            assert_int_equal(kill(pid, SIGSTOP), 0);
+        for (int i = 0; i < 250; i++)
+            random_op(&seed, round * 250 + i);
+        if (one_batch)
+            assert_int_equal(kill(pid, SIGCONT), 0);
+        flush("flush after random operations");
+        char when[64];
+        snprintf(when, sizeof(when), "after round %d (seed above)", round);
+        expect_trees_equal(when);
+    }
+}
+
+static void test_watch__random_operations_converge(void **state)
+{
+    (void)state;
+    random_rounds(0);
+}
+
+static void test_watch__random_operations_in_one_batch_converge(void **state)
+{
+    (void)state;
+    random_rounds(1);
+}
+
+int main(void)
+{
+    if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*rename*' */
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
+#define T(fn) cmocka_unit_test_setup_teardown(fn, test_setup, test_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_watch__status_reports_a_connected_daemon_and_stop_ends_it),
+        T(test_watch__second_watch_refuses_with_a_clear_message),
+        T(test_watch__foreground_watch_syncs_and_stops_on_sigint),
+        T(test_watch__long_project_path_with_spaces_works),
+        T(test_watch__control_socket_answers_bad_requests_with_errors),
+        T(test_watch__ignored_directories_get_no_watches),
+        T(test_watch__nvim_saves_arrive),
+        T(test_watch__vim_saves_arrive),
+        T(test_watch__emacs_rename_save_arrives),
+        T(test_watch__editor_syscall_sequences_arrive),
+        T(test_watch__directory_rename_is_one_remote_rename),
+        T(test_watch__burst_of_3000_new_files_converges),
+        T(test_watch__paths_that_change_kind_in_one_batch_converge),
+        T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
+        T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
+        T(test_watch__flush_reports_a_failed_change_and_retries_it),
+        T(test_watch__git_checkout_of_500_files_converges),
+        T(test_watch__inotify_overflow_converges),
+        T(test_watch__sshd_restart_converges),
+        T(test_watch__reconnect_refuses_a_changed_host_key),
+        T(test_watch__directory_renamed_while_disconnected_is_one_rename),
+        T(test_watch__daemon_killed_mid_batch_converges_after_restart),
+        T(test_watch__random_operations_converge),
+        T(test_watch__random_operations_in_one_batch_converge),
+        T(test_watch__link_stall_converges),
+        T(test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict),
+        T(test_watch__link_cut_for_30s_converges_with_nothing_lost),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
