@@ -764,3 +764,34 @@ int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data,
         rc = gs_error_set(err, w.rc, "writing %s on the server: %s", path, w.msg);
     return rc;
 }
+
+struct hash_call {
+    struct sync_call call;
+    int rc;
+    uint8_t hash[16];
+};
+
+static int on_hash(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    struct hash_call *h = (struct hash_call *)c;
+    c->done = 1;
+    sync_remove(a, c);
+    if (m->type == GS_MSG_HASH_R && m->has_hash)
+        memcpy(h->hash, m->hash, sizeof(h->hash));
+    else
+        h->rc = m->type == GS_MSG_ERROR && m->err == ENOENT ? GS_E_NOTFOUND : GS_E_REMOTE;
+    return 0;
+}
+
+int gs_agent_hash(struct gs_agent *a, const char *path, uint8_t hash[16], struct gs_error *err)
+{
+    struct hash_call h = {.call = {.on_frame = on_hash}};
+    struct gs_proto_msg m = {.type = GS_MSG_HASH};
+    m.path = gs_proto_cstr(path);
+    int rc = call(a, &m, &h.call, err);
+    if (rc == 0 && h.rc < 0)
+        rc = gs_error_set(err, h.rc, "%s: cannot hash on the server", path);
+    if (rc == 0)
+        memcpy(hash, h.hash, 16);
+    return rc;
+}

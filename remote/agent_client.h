@@ -75,6 +75,9 @@ int gs_agent_read_finish(struct gs_agent *a, struct gs_buf *out, struct gs_error
 int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data, size_t len,
                          struct gs_error *err);
 
+/* The content hash (XXH3-128) of the remote file `path`. Returns 0, GS_E_NOTFOUND, or an error. */
+int gs_agent_hash(struct gs_agent *a, const char *path, uint8_t hash[16], struct gs_error *err);
+
 /* Measures one request round trip (a STAT of the root). */
 int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err);
 

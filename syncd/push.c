@@ -22,6 +22,8 @@ struct run {
     int64_t last_commit_ms;
     int out_of_space; /* stop sending content: the server's disk is full */
     struct gs_error index_err;
+    unsigned char *state; /* per plan op: 0 not sent, 1 sent, 2 answered */
+    const struct gs_plan_op *ops_base;
 };
 
 static void count_success(struct gs_push_stats *st, const struct gs_plan_op *op)
@@ -100,6 +102,7 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     const struct gs_plan_op *op = req_ctx;
     struct gs_fop_result kept = {.ok = 1, .kept = op->path};
     const struct gs_fop_result *r = kept_directory(op, orig) ? &kept : orig;
+    run->state[op - run->ops_base] = 2;
     run->st->ops_done++;
     if (lost_rename(run, op, r)) {
         /* neither a success nor a failure: see lost_rename */
@@ -172,6 +175,17 @@ static void make_request(const char *root, struct gs_plan_op *op, struct gs_buf 
     }
 }
 
+/* After a lost connection, the puts that went out without an answer may still land on the server
+ * (their bytes were in flight): the caller can check for them once reconnected. */
+static void report_unanswered(struct run *run, const struct gs_plan *plan, int rc)
+{
+    if (rc == 0 || !run->opts->on_unanswered)
+        return;
+    for (size_t i = 0; i < plan->n_ops; i++)
+        if (run->state[i] == 1 && plan->ops[i].type == GS_OP_PUT)
+            run->opts->on_unanswered(run->opts->ctx, &plan->ops[i]);
+}
+
 static void report_dry_run(const struct gs_plan *plan, const struct gs_push_opts *o)
 {
     for (size_t i = 0; o->on_op && i < plan->n_ops; i++)
@@ -191,6 +205,8 @@ static int execute(const char *root, struct gs_plan *plan, struct run *run, stru
             continue;
         struct gs_fop_req req;
         make_request(root, op, &local, &req);
+        if (run->state[i] != 2) /* a put whose file vanished is answered within submit */
+            run->state[i] = 1;
         rc = run->ops->submit(run->ops, &req, err);
     }
     if (rc == 0)
@@ -308,11 +324,18 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
     if (opts->dry_run || !ops) {
         report_dry_run(plan, opts);
     } else {
-        struct run run = {.idx = idx, .opts = opts, .st = st, .ops = ops};
+        struct run run = {.idx = idx,
+                          .opts = opts,
+                          .st = st,
+                          .ops = ops,
+                          .state = calloc(plan->n_ops + 1, 1),
+                          .ops_base = plan->ops};
         ops->done = on_done;
         ops->done_ctx = &run;
         rc = execute(root, plan, &run, err);
         ops->done = NULL;
+        report_unanswered(&run, plan, rc);
+        free(run.state);
     }
     st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
     if (rc == 0 && st->failed)

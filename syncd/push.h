@@ -40,6 +40,9 @@ struct gs_push_opts {
     int dry_run; /* plan and report, change nothing (not even the index's cache) */
     gs_push_op_fn on_op;
     gs_push_progress_fn on_progress;
+    /* Called, when the connection broke, for each put that was sent but never answered: its
+     * bytes may still reach the server. op->record says what the server would then hold. */
+    void (*on_unanswered)(void *ctx, const struct gs_plan_op *op);
     void *ctx;
 };
 
