@@ -30,8 +30,11 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/gs-agent-fuzz-XXXXXX")
 corpus="$out/corpus"
 mkdir -p "$corpus"
 "$out/fuzz_seeds" "$corpus" || exit 1
-GS_FUZZ_DIR="$work" "$out/fuzz_serve" -max_total_time="$secs" -max_len=65536 -timeout=10 \
-    -rss_limit_mb=2048 -artifact_prefix="$out/" -print_final_stats=1 "$corpus" 2>"$out/fuzz.log"
+# The test run is reproducible: a fixed seed and a fixed number of inputs (bounded by time too),
+# so a CI failure can be replayed exactly. GS_FUZZ_SEED=0 and GS_FUZZ_RUNS=-1 explore freely.
+GS_FUZZ_DIR="$work" "$out/fuzz_serve" -seed="${GS_FUZZ_SEED:-1}" -runs="${GS_FUZZ_RUNS:-20000}" \
+    -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$out/" -print_final_stats=1 "$corpus" 2>"$out/fuzz.log"
 rc=$?
 tail -n 15 "$out/fuzz.log"
 if [ "$rc" -ne 0 ]; then
