@@ -19,7 +19,7 @@ step "Starting the sandbox GPU server (real OpenSSH on 127.0.0.1)"
 [[ -d $demo/server ]] && ./scripts/sandbox-server.sh stop "$demo/server" || true
 rm -rf "$demo" && mkdir -p "$demo/project"
 eval "$(./scripts/sandbox-server.sh start --dir "$demo/server")"
-trap './scripts/sandbox-server.sh stop "$demo/server"' EXIT
+trap '"$repo/scripts/sandbox-server.sh" stop "$demo/server"' EXIT
 echo "sshd listening on 127.0.0.1:$GS_SANDBOX_PORT"
 export HOME=$GS_SANDBOX_HOME
 unset SSH_AUTH_SOCK
@@ -67,5 +67,5 @@ step "gpusync ps"
 
 echo
 echo "Demo finished (the sandbox server stops now). To try it yourself:"
-echo "  ./scripts/sandbox-server.sh start; then gpusync init root@127.0.0.1:PORT --accept-new-host-key"
+echo "  ./scripts/sandbox-server.sh start   # then: gpusync init root@127.0.0.1:PORT --accept-new-host-key"
 exit "$code"
