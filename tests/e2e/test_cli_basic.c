@@ -22,6 +22,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 
 #define PW_USER        "gsuser"
@@ -32,62 +33,13 @@ static struct gs_test_sshd shared; /* key auth, for init/exec/doctor */
 static char project[600];          /* a local project directory initialised against `shared` */
 static char remote_dir[700];       /* its remote directory (same machine) */
 
-struct result {
-    int status; /* exit code, or 128+N for signal N */
-    struct gs_buf out;
-    struct gs_buf err;
-};
-
-static void result_release(struct result *r)
-{
-    gs_buf_release(&r->out);
-    gs_buf_release(&r->err);
-}
-
-static const char *gpusync_path(void)
-{
-    static char path[4096];
-    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
-    return path;
-}
-
-/* Reads both pipes until they close (or the deadline passes, then kills the child). */
-static void drain(pid_t pid, int out_fd, int err_fd, struct result *r)
-{
-    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
-    int open_fds = 2;
-    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
-    while (open_fds > 0) {
-        int left = (int)(end - gs_clock_mono_ms());
-        if (left <= 0) {
-            kill(pid, SIGKILL);
-            fail_msg("gpusync did not finish within %d ms", RUN_TIMEOUT_MS);
-        }
-        if (poll(p, 2, left) < 0 && errno != EINTR)
-            fail_msg("poll: %s", strerror(errno));
-        for (int i = 0; i < 2; i++) {
-            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            char chunk[8192];
-            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
-            if (n > 0) {
-                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
-            } else if (n == 0 || errno != EINTR) {
-                close(p[i].fd);
-                p[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-}
-
 /* Runs gpusync in `cwd` with `args` (NULL-terminated), `env` ("K=V" entries to set, "K" to unset,
  * NULL-terminated, may be NULL) and `input` on stdin (NULL: /dev/null). The child has no
  * controlling terminal, as in CI or a pipe. */
-static struct result run_gpusync(const char *cwd, const char *const *env, const char *input,
-                                 const char *const *args)
+static struct gs_test_result run_gpusync(const char *cwd, const char *const *env, const char *input,
+                                         const char *const *args)
 {
-    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT};
+    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out[2], err[2], in[2];
     assert_int_equal(pipe(out), 0);
     assert_int_equal(pipe(err), 0);
@@ -116,7 +68,7 @@ static struct result run_gpusync(const char *cwd, const char *const *env, const 
         close(err[0]);
         const char *argv[64];
         int n = 0;
-        argv[n++] = gpusync_path();
+        argv[n++] = gs_test_gpusync();
         for (size_t i = 0; args[i] && n < 63; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
@@ -134,7 +86,7 @@ static struct result run_gpusync(const char *cwd, const char *const *env, const 
         }
     }
     close(in[1]);
-    drain(pid, out[0], err[0], &r);
+    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -147,23 +99,11 @@ static struct result run_gpusync(const char *cwd, const char *const *env, const 
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-static void expect_status(const struct result *r, int want, const char *what)
+static void expect_status(const struct gs_test_result *r, int want, const char *what)
 {
     if (r->status != want)
         fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
                  r->err.data);
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 static int count_lines_with(const char *path, const char *needle)
@@ -198,8 +138,8 @@ static int group_setup(void **state)
 {
     (void)state;
     signal(SIGPIPE, SIG_IGN);
-    if (access(gpusync_path(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gpusync_path());
+    if (access(gs_test_gpusync(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gs_test_gpusync());
         return -1;
     }
     if (gs_test_sshd_start(&shared, NULL) != 0)
@@ -207,14 +147,14 @@ static int group_setup(void **state)
     gs_test_sshd_use_home(&shared, 1);
     snprintf(project, sizeof(project), "%s/work/my project", shared.dir);
     snprintf(remote_dir, sizeof(remote_dir), "%s/remote proj", shared.dir);
-    if (sh("mkdir -p '%s'", project) != 0)
+    if (gs_test_sh("mkdir -p '%s'", project) != 0)
         return -1;
-    struct result r = run_gpusync(project, NULL, NULL,
-                                  ARGS("init", target_of(&shared, "root"), "--path", remote_dir));
+    struct gs_test_result r = run_gpusync(
+        project, NULL, NULL, ARGS("init", target_of(&shared, "root"), "--path", remote_dir));
     int ok = r.status == 0;
     if (!ok)
         fprintf(stderr, "init failed (%d): %s%s\n", r.status, r.out.data, r.err.data);
-    result_release(&r);
+    gs_test_result_release(&r);
     return ok ? 0 : -1;
 }
 
@@ -237,53 +177,53 @@ static int use_shared_home(void **state)
 static void test_cli__help_lists_the_commands(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
     expect_status(&r, 0, "gpusync --help");
     assert_non_null(strstr(r.out.data, "usage: gpusync"));
     assert_non_null(strstr(r.out.data, "init"));
     assert_non_null(strstr(r.out.data, "exec"));
     assert_non_null(strstr(r.out.data, "doctor"));
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("help", "exec"));
     expect_status(&r, 0, "gpusync help exec");
     assert_non_null(strstr(r.out.data, "usage: gpusync exec"));
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_cli__unique_prefix_runs_the_command_help(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("in", "--help"));
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("in", "--help"));
     expect_status(&r, 0, "gpusync in --help");
     assert_non_null(strstr(r.out.data, "usage: gpusync init"));
     assert_non_null(strstr(r.out.data, "--install-key"));
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("doctor", "--help"));
     expect_status(&r, 0, "gpusync doctor --help");
     assert_non_null(strstr(r.out.data, "--json"));
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_cli__unknown_command_exits_2(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("frobnicate"));
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("frobnicate"));
     expect_status(&r, 2, "gpusync frobnicate");
     assert_non_null(strstr(r.err.data, "unknown command"));
     assert_non_null(strstr(r.err.data, "frobnicate"));
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("exec", "--no-such-option", "true"));
     expect_status(&r, 2, "gpusync exec --no-such-option");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("exec"));
     expect_status(&r, 2, "gpusync exec (no command)");
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 /* Two command names from --help sharing their first two letters (push/pull), or skip. */
 static int find_ambiguous_prefix(char *prefix, char *a, char *b)
 {
-    struct result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
     char names[16][32];
     int n = 0;
     const char *p = strstr(r.out.data, "commands:\n");
@@ -291,7 +231,7 @@ static int find_ambiguous_prefix(char *prefix, char *a, char *b)
          p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
         if (sscanf(p, " %31s", names[n]) == 1)
             n++;
-    result_release(&r);
+    gs_test_result_release(&r);
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
             if (strncmp(names[i], names[j], 2) == 0) {
@@ -312,12 +252,12 @@ static void test_cli__ambiguous_prefix_names_the_candidates(void **state)
         print_message("no two commands share a prefix yet; skipped\n");
         skip();
     }
-    struct result r = run_gpusync(NULL, NULL, NULL, ARGS(prefix));
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS(prefix));
     expect_status(&r, 2, "ambiguous prefix");
     assert_non_null(strstr(r.err.data, "ambiguous"));
     assert_non_null(strstr(r.err.data, a));
     assert_non_null(strstr(r.err.data, b));
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 /* ---- init ---- */
@@ -328,7 +268,8 @@ static void test_init__unknown_host_without_accept_fails_4_and_records_nothing(v
     gs_test_sshd_use_home(&shared, 0); /* empty known_hosts */
     char dir[64];
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
-    struct result r = run_gpusync(dir, NULL, NULL, ARGS("init", target_of(&shared, "root")));
+    struct gs_test_result r =
+        run_gpusync(dir, NULL, NULL, ARGS("init", target_of(&shared, "root")));
     expect_status(&r, 4, "init without --accept-new-host-key");
     assert_non_null(strstr(r.err.data, "--accept-new-host-key"));
     assert_non_null(strstr(r.err.data, "SHA256:"));
@@ -339,8 +280,8 @@ static void test_init__unknown_host_without_accept_fails_4_and_records_nothing(v
     assert_int_equal(st.st_size, 0);
     snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", dir);
     assert_int_not_equal(access(cfg, F_OK), 0);
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 static void test_init__accept_new_writes_config_and_known_host(void **state)
@@ -350,7 +291,7 @@ static void test_init__accept_new_writes_config_and_known_host(void **state)
     char dir[64], cfg[128], remote[800], kh[700], entry[64];
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
     snprintf(remote, sizeof(remote), "%s/init-remote", shared.dir);
-    struct result r = run_gpusync(
+    struct gs_test_result r = run_gpusync(
         dir, NULL, NULL,
         ARGS("init", target_of(&shared, "root"), "--path", remote, "--accept-new-host-key"));
     expect_status(&r, 0, "init --accept-new-host-key");
@@ -367,18 +308,18 @@ static void test_init__accept_new_writes_config_and_known_host(void **state)
     struct stat st;
     assert_int_equal(stat(remote, &st), 0); /* the remote directory was created */
     assert_true(S_ISDIR(st.st_mode));
-    result_release(&r);
+    gs_test_result_release(&r);
     /* the project now works from a subdirectory, like git */
     char sub[128];
     snprintf(sub, sizeof(sub), "%s/src/deep", dir);
-    assert_int_equal(sh("mkdir -p '%s'", sub), 0);
+    assert_int_equal(gs_test_sh("mkdir -p '%s'", sub), 0);
     r = run_gpusync(sub, NULL, NULL, ARGS("exec", "pwd"));
     expect_status(&r, 0, "exec from a subdirectory");
     char want[900];
     snprintf(want, sizeof(want), "%s\n", remote);
     assert_string_equal(r.out.data, want);
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 static void test_init__bad_target_is_usage_error(void **state)
@@ -386,13 +327,13 @@ static void test_init__bad_target_is_usage_error(void **state)
     (void)state;
     char dir[64];
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
-    struct result r = run_gpusync(dir, NULL, NULL, ARGS("init", "root@host:99999"));
+    struct gs_test_result r = run_gpusync(dir, NULL, NULL, ARGS("init", "root@host:99999"));
     expect_status(&r, 2, "init with a bad port");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(dir, NULL, NULL, ARGS("init"));
     expect_status(&r, 2, "init without a target");
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 static void test_exec__outside_a_project_fails_with_hint(void **state)
@@ -400,11 +341,11 @@ static void test_exec__outside_a_project_fails_with_hint(void **state)
     (void)state;
     char dir[64];
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-noproj.XXXXXX");
-    struct result r = run_gpusync(dir, NULL, NULL, ARGS("exec", "true"));
+    struct gs_test_result r = run_gpusync(dir, NULL, NULL, ARGS("exec", "true"));
     assert_int_not_equal(r.status, 0);
     assert_non_null(strstr(r.err.data, "gpusync init"));
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 /* ---- exec ---- */
@@ -412,56 +353,57 @@ static void test_exec__outside_a_project_fails_with_hint(void **state)
 static void test_exec__exit_codes_and_signal(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(project, NULL, NULL, ARGS("exec", "true"));
+    struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("exec", "true"));
     expect_status(&r, 0, "exec true");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "exit 7"));
     expect_status(&r, 7, "exec 'exit 7'");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "--", "sh", "-c", "exit 42"));
     expect_status(&r, 42, "exec -- sh -c 'exit 42'");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "kill -TERM $$"));
     expect_status(&r, 143, "exec 'kill -TERM $$'");
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_exec__runs_in_the_remote_project_directory(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(project, NULL, NULL, ARGS("exec", "pwd"));
+    struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("exec", "pwd"));
     expect_status(&r, 0, "exec pwd");
     char want[800];
     snprintf(want, sizeof(want), "%s\n", remote_dir);
     assert_string_equal(r.out.data, want);
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_exec__arguments_reach_the_command_unchanged(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(project, NULL, NULL,
-                                  ARGS("exec", "--", "printf", "<%s>", "a b", "it's", "\"dq\"",
-                                       "$HOME;echo x", "l1\nl2", "-n", "", "*", "\xff\xfe"));
+    struct gs_test_result r =
+        run_gpusync(project, NULL, NULL,
+                    ARGS("exec", "--", "printf", "<%s>", "a b", "it's", "\"dq\"", "$HOME;echo x",
+                         "l1\nl2", "-n", "", "*", "\xff\xfe"));
     expect_status(&r, 0, "exec -- printf ...");
     assert_string_equal(r.out.data, "<a b><it's><\"dq\"><$HOME;echo x><l1\nl2><-n><><*><\xff\xfe>");
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_exec__stdout_stderr_separate_and_stdin_forwarded(void **state)
 {
     (void)state;
-    struct result r =
+    struct gs_test_result r =
         run_gpusync(project, NULL, NULL, ARGS("exec", "echo to-out; echo to-err >&2; exit 3"));
     expect_status(&r, 3, "exec with both streams");
     assert_string_equal(r.out.data, "to-out\n");
     assert_non_null(strstr(r.err.data, "to-err\n"));
     assert_null(strstr(r.out.data, "to-err"));
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_gpusync(project, NULL, "line one\nline 'two' $x\n", ARGS("exec", "cat"));
     expect_status(&r, 0, "exec cat with stdin");
     assert_string_equal(r.out.data, "line one\nline 'two' $x\n");
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 /* ---- doctor ---- */
@@ -479,7 +421,7 @@ static json_t *object_field(json_t *o, const char *key, int type)
 static void test_doctor__json_has_checks_and_facts(void **state)
 {
     (void)state;
-    struct result r = run_gpusync(project, NULL, NULL, ARGS("doctor", "--json"));
+    struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("doctor", "--json"));
     if (r.status != 0 && r.status != 1)
         fail_msg("doctor --json exit %d: %s", r.status, r.err.data);
     json_error_t jerr;
@@ -529,7 +471,7 @@ static void test_doctor__json_has_checks_and_facts(void **state)
     assert_true(json_number_value(disk) > 0);
     object_field(facts, "gpus", JSON_ARRAY);
     json_decref(root);
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 /* ---- --install-key with a password user ---- */
@@ -542,7 +484,7 @@ static int destroy_pw_server(void **state)
 {
     (void)state;
     if (key_dir[0])
-        sh("rm -rf '%s'", key_dir);
+        gs_test_sh("rm -rf '%s'", key_dir);
     key_dir[0] = '\0';
     if (pw_server.dir[0])
         gs_test_sshd_destroy(&pw_server);
@@ -563,9 +505,9 @@ static void relaunch_reading_home_authorized_keys(struct gs_test_sshd *d)
     char config[700], log[700];
     snprintf(config, sizeof(config), "%s/sshd_config", d->dir);
     snprintf(log, sizeof(log), "%s/sshd.log", d->dir);
-    assert_int_equal(sh("sed -i 's|^AuthorizedKeysFile .*|& .ssh/authorized_keys|' '%s' && "
-                        ": > '%s'",
-                        config, log),
+    assert_int_equal(gs_test_sh("sed -i 's|^AuthorizedKeysFile .*|& .ssh/authorized_keys|' '%s' && "
+                                ": > '%s'",
+                                config, log),
                      0);
     for (int attempt = 0; attempt < 50; attempt++) {
         pid_t pid = fork();
@@ -603,9 +545,9 @@ static void test_init__install_key_with_password_once_then_key_only(void **state
     relaunch_reading_home_authorized_keys(&pw_server);
     gs_test_sshd_use_home(&pw_server, 1);
     /* no usable key in HOME: the sandbox's AuthorizedKeysFile would accept it for any user */
-    assert_int_equal(sh("rm -f '%s/.ssh/id_ed25519' '%s/.ssh/id_ed25519.pub' "
-                        "~" PW_USER "/.ssh/authorized_keys",
-                        pw_server.home, pw_server.home),
+    assert_int_equal(gs_test_sh("rm -f '%s/.ssh/id_ed25519' '%s/.ssh/id_ed25519.pub' "
+                                "~" PW_USER "/.ssh/authorized_keys",
+                                pw_server.home, pw_server.home),
                      0);
     char *dir = key_dir, home_env[700], keyfile[800], pub[4096] = "";
     make_dir(key_dir, sizeof(key_dir), "/tmp/gs-e2e-key.XXXXXX");
@@ -615,16 +557,16 @@ static void test_init__install_key_with_password_once_then_key_only(void **state
 
     /* a wrong password: exit 4, nothing installed */
     const char *const bad_pw[] = {home_env, "GPUSYNC_PASSWORD=wrong-" PW_PASSWORD, NULL};
-    struct result r = run_gpusync(dir, bad_pw, NULL,
-                                  ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
+    struct gs_test_result r = run_gpusync(
+        dir, bad_pw, NULL, ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
     expect_status(&r, 4, "init --install-key with a wrong password");
-    result_release(&r);
+    gs_test_result_release(&r);
     assert_int_not_equal(access("/home/" PW_USER "/.ssh/authorized_keys", F_OK), 0);
 
     r = run_gpusync(dir, with_pw, NULL,
                     ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
     expect_status(&r, 0, "init --install-key");
-    result_release(&r);
+    gs_test_result_release(&r);
     snprintf(keyfile, sizeof(keyfile), "%s/.ssh/gpusync_ed25519.pub", pw_server.home);
     FILE *fp = fopen(keyfile, "r");
     assert_non_null(fp);
@@ -641,15 +583,15 @@ static void test_init__install_key_with_password_once_then_key_only(void **state
     r = run_gpusync(dir, with_pw, NULL,
                     ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
     expect_status(&r, 0, "init --install-key, second time");
-    result_release(&r);
+    gs_test_result_release(&r);
     assert_int_equal(count_lines_with(authorized, b64 + 1), 1);
 
     /* and exec works without any password */
     r = run_gpusync(dir, no_pw, NULL, ARGS("exec", "id -un"));
     expect_status(&r, 0, "exec with the installed key");
     assert_string_equal(r.out.data, PW_USER "\n");
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 /* ---- connection lost mid-command ---- */
@@ -662,7 +604,7 @@ static int destroy_lost_server(void **state)
 {
     (void)state;
     if (lost_dir[0])
-        sh("rm -rf '%s'", lost_dir);
+        gs_test_sh("rm -rf '%s'", lost_dir);
     lost_dir[0] = '\0';
     if (lost_server.dir[0])
         gs_test_sshd_destroy(&lost_server);
@@ -739,10 +681,10 @@ static void test_exec__connection_lost_exits_255_quickly(void **state)
     char *dir = lost_dir, remote[700];
     make_dir(lost_dir, sizeof(lost_dir), "/tmp/gs-e2e-lost.XXXXXX");
     snprintf(remote, sizeof(remote), "%s/remote", lost_server.dir);
-    struct result r = run_gpusync(dir, NULL, NULL,
-                                  ARGS("init", target_of(&lost_server, "root"), "--path", remote));
+    struct gs_test_result r = run_gpusync(
+        dir, NULL, NULL, ARGS("init", target_of(&lost_server, "root"), "--path", remote));
     expect_status(&r, 0, "init");
-    result_release(&r);
+    gs_test_result_release(&r);
     struct killer k;
     snprintf(k.marker, sizeof(k.marker), "%s/started", remote);
     pthread_t th;
@@ -755,8 +697,8 @@ static void test_exec__connection_lost_exits_255_quickly(void **state)
     print_message("exec ended %lld ms after start: %s", (long long)took, r.err.data);
     assert_true(took < 15000);
     assert_non_null(strstr(r.err.data, "gpusync: "));
-    result_release(&r);
-    sh("rm -rf '%s'", dir);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
 }
 
 int main(void)

@@ -29,6 +29,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "wansim_harness.h"
 
@@ -40,55 +41,6 @@ static struct gs_test_sshd sshd;
 
 /* ---- running the CLI ---- */
 
-struct result {
-    int status; /* exit code, or 128+N for signal N */
-    struct gs_buf out, err;
-    long maxrss_kb; /* the child's peak resident memory */
-};
-
-static void result_release(struct result *r)
-{
-    gs_buf_release(&r->out);
-    gs_buf_release(&r->err);
-}
-
-static const char *gpusync_path(void)
-{
-    static char path[4096];
-    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
-    return path;
-}
-
-/* Reads both pipes until they close; past the deadline the child is killed and the test fails. */
-static void drain(pid_t pid, int out_fd, int err_fd, struct result *r)
-{
-    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
-    int open_fds = 2;
-    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
-    while (open_fds > 0) {
-        int left = (int)(end - gs_clock_mono_ms());
-        if (left <= 0) {
-            kill(pid, SIGKILL);
-            fail_msg("gpusync did not finish within %d ms", RUN_TIMEOUT_MS);
-        }
-        if (poll(p, 2, left) < 0 && errno != EINTR)
-            fail_msg("poll: %s", strerror(errno));
-        for (int i = 0; i < 2; i++) {
-            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            char chunk[8192];
-            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
-            if (n > 0) {
-                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
-            } else if (n == 0 || errno != EINTR) {
-                close(p[i].fd);
-                p[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-}
-
 /* Execs gpusync with `args` in `cwd` (in the child; never returns). */
 static void exec_gpusync(const char *cwd, const char *const *args)
 {
@@ -97,7 +49,7 @@ static void exec_gpusync(const char *cwd, const char *const *args)
         _exit(126);
     const char *argv[64];
     int n = 0;
-    argv[n++] = gpusync_path();
+    argv[n++] = gs_test_gpusync();
     for (size_t i = 0; args[i] && n < 63; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
@@ -111,9 +63,9 @@ static int decode_status(int status)
 }
 
 /* Runs gpusync in `cwd` with `args` (NULL-terminated), stdin /dev/null, and collects its output. */
-static struct result run_gpusync(const char *cwd, const char *const *args)
+static struct gs_test_result run_gpusync(const char *cwd, const char *const *args)
 {
-    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
+    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out[2], err[2];
     assert_int_equal(pipe(out), 0);
     assert_int_equal(pipe(err), 0);
@@ -130,7 +82,7 @@ static struct result run_gpusync(const char *cwd, const char *const *args)
     }
     close(out[1]);
     close(err[1]);
-    drain(pid, out[0], err[0], &r);
+    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
     int status;
     struct rusage ru;
     assert_int_equal(wait4(pid, &status, 0, &ru), pid);
@@ -178,23 +130,11 @@ static int wait_child(pid_t pid, int ms)
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-static void expect_status(const struct result *r, int want, const char *what)
+static void expect_status(const struct gs_test_result *r, int want, const char *what)
 {
     if (r->status != want)
         fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
                  r->err.data);
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* ---- files ---- */
@@ -226,7 +166,7 @@ static void put_bytes(const char *root, const char *rel, const void *data, size_
     char *slash = strrchr(path, '/');
     *slash = '\0';
     setenv("D", path, 1); /* through the environment: names may hold any byte but NUL */
-    assert_int_equal(sh("mkdir -p -- \"$D\""), 0);
+    assert_int_equal(gs_test_sh("mkdir -p -- \"$D\""), 0);
     *slash = '/';
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0)
@@ -258,7 +198,7 @@ static void make_dirs(const char *root, const char *rel)
     char path[4096];
     path_at(path, sizeof(path), root, rel);
     setenv("D", path, 1);
-    assert_int_equal(sh("mkdir -p -- \"$D\""), 0);
+    assert_int_equal(gs_test_sh("mkdir -p -- \"$D\""), 0);
 }
 
 static void make_link(const char *root, const char *rel, const char *target)
@@ -278,7 +218,7 @@ static void remove_path(const char *root, const char *rel)
     if (lstat(path, &st) != 0)
         fail_msg("test bug: removing %s, which does not exist", path);
     setenv("D", path, 1);
-    assert_int_equal(sh("rm -rf -- \"$D\""), 0);
+    assert_int_equal(gs_test_sh("rm -rf -- \"$D\""), 0);
 }
 
 static void move_path(const char *root, const char *from, const char *to)
@@ -465,10 +405,10 @@ static void proj_new(struct proj *p, int port, const char *transport)
     p->port = port ? port : sshd.port;
     char target[64];
     snprintf(target, sizeof(target), "root@127.0.0.1:%d", p->port);
-    struct result r =
+    struct gs_test_result r =
         run_gpusync(p->local, ARGS("init", target, "--path", p->remote, "--accept-new-host-key"));
     expect_status(&r, 0, "gpusync init");
-    result_release(&r);
+    gs_test_result_release(&r);
     if (transport) {
         char cfg[256];
         snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", p->local);
@@ -492,11 +432,11 @@ static void proj_add_config(struct proj *p, const char *text)
 static void proj_free(struct proj *p)
 {
     if (p->dir[0])
-        sh("umount -l '%s/remote' 2>/dev/null; rm -rf '%s'", p->dir, p->dir);
+        gs_test_sh("umount -l '%s/remote' 2>/dev/null; rm -rf '%s'", p->dir, p->dir);
     p->dir[0] = '\0';
 }
 
-static json_t *parse_json(const struct result *r, const char *what)
+static json_t *parse_json(const struct gs_test_result *r, const char *what)
 {
     json_error_t jerr;
     json_t *o = json_loads(r->out.data, 0, &jerr);
@@ -526,20 +466,20 @@ static void expect_count(json_t *o, const char *key, long long want)
 /* Runs `push --json [extra]` and checks the exit status; returns the summary (caller decrefs). */
 static json_t *push_json_ex(struct proj *p, int want, const char *extra)
 {
-    struct result r = extra ? run_gpusync(p->local, ARGS("push", "--json", extra))
-                            : run_gpusync(p->local, ARGS("push", "--json"));
+    struct gs_test_result r = extra ? run_gpusync(p->local, ARGS("push", "--json", extra))
+                                    : run_gpusync(p->local, ARGS("push", "--json"));
     expect_status(&r, want, "gpusync push --json");
     json_t *o = parse_json(&r, "push --json");
-    result_release(&r);
+    gs_test_result_release(&r);
     return o;
 }
 
 static json_t *status_json(struct proj *p)
 {
-    struct result r = run_gpusync(p->local, ARGS("status", "--json"));
+    struct gs_test_result r = run_gpusync(p->local, ARGS("status", "--json"));
     expect_status(&r, 0, "gpusync status --json");
     json_t *o = parse_json(&r, "status --json");
-    result_release(&r);
+    gs_test_result_release(&r);
     return o;
 }
 
@@ -589,8 +529,8 @@ static int group_setup(void **state)
 {
     (void)state;
     signal(SIGPIPE, SIG_IGN);
-    if (access(gpusync_path(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gpusync_path());
+    if (access(gs_test_gpusync(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gs_test_gpusync());
         return -1;
     }
     if (gs_test_sshd_start(&sshd, NULL) != 0)
@@ -791,9 +731,9 @@ static void test_push__touch_without_change_sends_nothing(void **state)
     proj_new(&cur, 0, NULL);
     generate_tree(cur.local, 3);
     push_compare_drop(&cur, "first sync");
-    assert_int_equal(sh("find '%s' -path '*/.gpusync' -prune -o -type f -exec touch -d "
-                        "'2031-01-01 00:00' {} +",
-                        cur.local),
+    assert_int_equal(gs_test_sh("find '%s' -path '*/.gpusync' -prune -o -type f -exec touch -d "
+                                "'2031-01-01 00:00' {} +",
+                                cur.local),
                      0);
     json_t *o = push_json_ex(&cur, 0, NULL);
     expect_count(o, "sent", 0);
@@ -869,7 +809,7 @@ static void test_push__hostile_names_round_trip(void **state)
     assert_non_null(strstr(shown, "\xef\xbf\xbd")); /* U+FFFD stands for the bad bytes */
     json_decref(o);
     expect_same_tree_opts(cur.local, cur.remote, 1, NULL, "conflict on a non-UTF-8 name");
-    assert_int_equal(sh("find '%s' -name '*" CONFLICT_TAG "*' -delete", cur.remote), 0);
+    assert_int_equal(gs_test_sh("find '%s' -name '*" CONFLICT_TAG "*' -delete", cur.remote), 0);
     put_text(cur.local, "new\nline.txt", "changed\n", 0644);
     move_path(cur.local, "-rf", "--renamed\n\xff");
     remove_path(cur.local, long_name);
@@ -920,7 +860,7 @@ static void test_push__gitignore_and_sync_exclude_are_respected(void **state)
 {
     (void)state;
     proj_new(&cur, 0, NULL);
-    assert_int_equal(sh("cd '%s' && git init -q .", cur.local), 0);
+    assert_int_equal(gs_test_sh("cd '%s' && git init -q .", cur.local), 0);
     put_text(cur.local, ".gitignore", "*.log\nbuild/\n!keep.log\n", 0644);
     put_text(cur.local, "src/sub/.gitignore", "secret-*\n", 0644);
     proj_add_config(&cur, "[sync]\n\texclude = data/*.bin\n\texclude = ckpt/\n");
@@ -981,10 +921,10 @@ static void test_push__dry_run_changes_nothing(void **state)
     struct gs_buf before = GS_BUF_INIT, after = GS_BUF_INIT;
     fingerprint(cur.remote, "", &before);
     json_t *st0 = status_json(&cur);
-    struct result r = run_gpusync(cur.local, ARGS("push", "--dry-run", "--json"));
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("push", "--dry-run", "--json"));
     expect_status(&r, 0, "push --dry-run --json");
     json_t *o = parse_json(&r, "push --dry-run --json");
-    result_release(&r);
+    gs_test_result_release(&r);
     assert_true(json_is_true(json_object_get(o, "dry_run")));
     json_t *ops = json_object_get(o, "ops");
     assert_true(json_is_array(ops));
@@ -994,7 +934,7 @@ static void test_push__dry_run_changes_nothing(void **state)
     r = run_gpusync(cur.local, ARGS("push", "-n"));
     expect_status(&r, 0, "push -n");
     assert_non_null(strstr(r.out.data, "added.py"));
-    result_release(&r);
+    gs_test_result_release(&r);
     fingerprint(cur.remote, "", &after);
     assert_int_equal(before.len, after.len);
     assert_memory_equal(before.data, after.data, before.len);
@@ -1016,10 +956,10 @@ static void test_push__paths_restrict_what_is_sent(void **state)
     put_text(cur.local, "src/models/changed.py", "only this\n", 0644);
     put_text(cur.local, "scripts/later.py", "not yet\n", 0644);
     remove_path(cur.local, "src/models/f002.py");
-    struct result r = run_gpusync(cur.local, ARGS("push", "--json", "src/models"));
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("push", "--json", "src/models"));
     expect_status(&r, 0, "push --json src/models");
     json_t *o = parse_json(&r, "push --json src/models");
-    result_release(&r);
+    gs_test_result_release(&r);
     expect_count(o, "sent", 1);
     expect_count(o, "deleted", 1);
     json_decref(o);
@@ -1059,7 +999,7 @@ static void test_status__json_counts_pending_changes(void **state)
     o = status_json(&cur);
     expect_count(o, "pending", 3);
     json_decref(o);
-    assert_int_equal(sh("touch -d '2030-01-01' '%s/c.py'", cur.local), 0);
+    assert_int_equal(gs_test_sh("touch -d '2030-01-01' '%s/c.py'", cur.local), 0);
     o = status_json(&cur); /* a touch alone is not a pending change */
     expect_count(o, "pending", 3);
     json_decref(o);
@@ -1081,12 +1021,12 @@ static void test_pull__file_and_directory_arrive_whole(void **state)
     snprintf(a, sizeof(a), "%s/out/ckpt.bin", cur.local);
     snprintf(b, sizeof(b), "%s/old-link", cur.local);
     assert_int_equal(link(a, b), 0);
-    struct result r = run_gpusync(cur.local, ARGS("pull", "--json", "out/ckpt.bin"));
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("pull", "--json", "out/ckpt.bin"));
     expect_status(&r, 0, "pull a file");
     json_t *one = parse_json(&r, "pull --json FILE");
     expect_count(one, "bytes", (1 << 20) + 123);
     json_decref(one);
-    result_release(&r);
+    gs_test_result_release(&r);
     snprintf(r1, sizeof(r1), "%s/out/ckpt.bin", cur.remote);
     assert_true(same_bytes(a, r1));
     struct gs_buf old = GS_BUF_INIT;
@@ -1102,7 +1042,7 @@ static void test_pull__file_and_directory_arrive_whole(void **state)
     assert_int_equal(json_array_size(json_object_get(o, "files")), 4);
     expect_count(o, "bytes", (1 << 20) + 123 + 17 + 13);
     json_decref(o);
-    result_release(&r);
+    gs_test_result_release(&r);
     char src[256];
     snprintf(src, sizeof(src), "%s/out", cur.remote);
     struct diff d = {.lroot = dest, .rroot = src};
@@ -1110,7 +1050,7 @@ static void test_pull__file_and_directory_arrive_whole(void **state)
         fail_msg("pulled directory differs: %s", d.why);
     r = run_gpusync(cur.local, ARGS("pull", "no/such/file"));
     assert_int_not_equal(r.status, 0);
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 #define HUGE_SIZE    (320u << 20)
@@ -1128,12 +1068,13 @@ static void test_push__large_file_streams_both_ways_in_bounded_memory(void **sta
 {
     (void)state;
     proj_new(&cur, 0, NULL);
-    assert_int_equal(sh("head -c %u /dev/urandom > '%s/weights.bin'", HUGE_SIZE, cur.local), 0);
-    struct result r = run_gpusync(cur.local, ARGS("push"));
+    assert_int_equal(gs_test_sh("head -c %u /dev/urandom > '%s/weights.bin'", HUGE_SIZE, cur.local),
+                     0);
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("push"));
     expect_status(&r, 0, "push of a large file");
     print_message("push of %u MiB: peak RSS %ld KiB\n", HUGE_SIZE >> 20, r.maxrss_kb);
     assert_true(!rss_checked() || r.maxrss_kb < RSS_LIMIT_KB);
-    result_release(&r);
+    gs_test_result_release(&r);
     expect_same_tree_opts(cur.local, cur.remote, 0, NULL, "large file pushed");
     char dest[256], src[256];
     snprintf(dest, sizeof(dest), "%s/pulled.bin", cur.dir);
@@ -1142,7 +1083,7 @@ static void test_push__large_file_streams_both_ways_in_bounded_memory(void **sta
     expect_status(&r, 0, "pull of a large file");
     print_message("pull of %u MiB: peak RSS %ld KiB\n", HUGE_SIZE >> 20, r.maxrss_kb);
     assert_true(!rss_checked() || r.maxrss_kb < RSS_LIMIT_KB);
-    result_release(&r);
+    gs_test_result_release(&r);
     assert_true(same_bytes(src, dest));
 }
 
@@ -1221,7 +1162,7 @@ static int no_temporaries_left(const char *root)
 {
     int64_t end = gs_clock_mono_ms() + 10000;
     while (gs_clock_mono_ms() < end) {
-        if (sh("find '%s' -name '" TMP_TAG "*' | grep -q .", root) != 0)
+        if (gs_test_sh("find '%s' -name '" TMP_TAG "*' | grep -q .", root) != 0)
             return 1;
         usleep(20000);
     }
@@ -1293,14 +1234,14 @@ static void test_push__server_tree_wiped_then_push_restores_it(void **state)
     proj_new(&cur, 0, NULL);
     generate_tree(cur.local, 17);
     push_compare_drop(&cur, "first sync");
-    assert_int_equal(sh("rm -rf '%s' && mkdir '%s'", cur.remote, cur.remote), 0);
+    assert_int_equal(gs_test_sh("rm -rf '%s' && mkdir '%s'", cur.remote, cur.remote), 0);
     move_path(cur.local, "src/f001.py", "src/f001-moved.py");
     put_text(cur.local, "src/f008.py", "changed meanwhile\n", 0644);
     remove_path(cur.local, "scripts/f005.py");
     json_t *o = push_and_compare(&cur, 0, "push to a wiped server");
     assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
     json_decref(o);
-    assert_int_equal(sh("rm -rf '%s'", cur.remote), 0); /* even the project directory */
+    assert_int_equal(gs_test_sh("rm -rf '%s'", cur.remote), 0); /* even the project directory */
     push_compare_drop(&cur, "push after the project directory itself went");
 }
 
@@ -1330,7 +1271,7 @@ static void test_push__rename_done_on_server_but_not_recorded_converges(void **s
 static void scenario_disk_full(const char *transport)
 {
     proj_new(&cur, 0, transport);
-    if (sh("mount -t tmpfs -o size=2m gs-e2e-full '%s' 2>/dev/null", cur.remote) != 0) {
+    if (gs_test_sh("mount -t tmpfs -o size=2m gs-e2e-full '%s' 2>/dev/null", cur.remote) != 0) {
         print_message("cannot mount a tmpfs here (needs root); skipped\n");
         skip();
     }
@@ -1342,8 +1283,8 @@ static void scenario_disk_full(const char *transport)
     }
     char backup[128];
     snprintf(backup, sizeof(backup), "%s/backup", cur.dir);
-    assert_int_equal(sh("cp -a '%s' '%s'", cur.local, backup), 0);
-    struct result r = run_gpusync(cur.local, ARGS("push"));
+    assert_int_equal(gs_test_sh("cp -a '%s' '%s'", cur.local, backup), 0);
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("push"));
     print_message("push to a full disk: exit %d: %s%s", r.status, r.out.data, r.err.data);
     assert_int_not_equal(r.status, 0);
     assert_true(r.status < 128);
@@ -1355,7 +1296,7 @@ static void scenario_disk_full(const char *transport)
         if (strstr(r.err.data, twice))
             fail_msg("the error repeats itself: %s", r.err.data);
     }
-    result_release(&r);
+    gs_test_result_release(&r);
     struct diff d = {.lroot = backup, .rroot = cur.local};
     if (diff_dir(&d, ""))
         fail_msg("local files changed by a failed push: %s", d.why);
@@ -1365,7 +1306,7 @@ static void scenario_disk_full(const char *transport)
     if (jint(o, "pending") < 1)
         fail_msg("nothing pending after a push that did not fit: %s", json_dumps(o, 0));
     json_decref(o);
-    assert_int_equal(sh("mount -o remount,size=16m '%s'", cur.remote), 0);
+    assert_int_equal(gs_test_sh("mount -o remount,size=16m '%s'", cur.remote), 0);
     expect_convergence_after_fault("push after freeing space");
 }
 

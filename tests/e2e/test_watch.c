@@ -32,6 +32,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "wansim_harness.h"
 
@@ -51,52 +52,12 @@ static struct wansim_proc wan;
 static char saved_queued[32]; /* fs.inotify.max_queued_events to restore, or "" */
 static char immutable[2048];  /* a remote directory made immutable (chattr +i), or "" */
 
-struct result {
-    int status; /* exit code, or 128+N for signal N */
-    struct gs_buf out, err;
-};
-
-static void result_release(struct result *r)
-{
-    gs_buf_release(&r->out);
-    gs_buf_release(&r->err);
-}
-
 /* ---- running programs ---- */
 
-static void drain(pid_t pid, int out_fd, int err_fd, struct result *r)
-{
-    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
-    int open_fds = 2;
-    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
-    while (open_fds > 0) {
-        int left = (int)(end - gs_clock_mono_ms());
-        if (left <= 0) {
-            kill(pid, SIGKILL);
-            fail_msg("a command did not finish within %d ms", RUN_TIMEOUT_MS);
-        }
-        if (poll(p, 2, left) < 0 && errno != EINTR)
-            fail_msg("poll: %s", strerror(errno));
-        for (int i = 0; i < 2; i++) {
-            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            char chunk[8192];
-            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
-            if (n > 0) {
-                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
-            } else if (n == 0 || errno != EINTR) {
-                close(p[i].fd);
-                p[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-}
-
 /* Runs `argv` (argv[0] a path) in `cwd` without a terminal; stdin is /dev/null. */
-static struct result run_prog(const char *cwd, const char *const *argv)
+static struct gs_test_result run_prog(const char *cwd, const char *const *argv)
 {
-    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT};
+    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out[2], err[2];
     assert_int_equal(pipe2(out, O_CLOEXEC), 0);
     assert_int_equal(pipe2(err, O_CLOEXEC), 0);
@@ -115,7 +76,7 @@ static struct result run_prog(const char *cwd, const char *const *argv)
     }
     close(out[1]);
     close(err[1]);
-    drain(pid, out[0], err[0], &r);
+    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -124,25 +85,18 @@ static struct result run_prog(const char *cwd, const char *const *argv)
     return r;
 }
 
-static const char *gpusync_path(void)
-{
-    static char path[4096];
-    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
-    return path;
-}
-
-static struct result gpusync(const char *cwd, const char *const *args)
+static struct gs_test_result gpusync(const char *cwd, const char *const *args)
 {
     const char *argv[32];
     int n = 0;
-    argv[n++] = gpusync_path();
+    argv[n++] = gs_test_gpusync();
     for (size_t i = 0; args[i] && n < 31; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
     return run_prog(cwd, argv);
 }
 
-static void expect_status(const struct result *r, int want, const char *what)
+static void expect_status(const struct gs_test_result *r, int want, const char *what)
 {
     if (r->status != want)
         fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
@@ -152,21 +106,9 @@ static void expect_status(const struct result *r, int want, const char *what)
 /* Runs gpusync in the current project and expects exit 0. */
 static void gs_ok(const char *const *args, const char *what)
 {
-    struct result r = gpusync(cur.local, args);
+    struct gs_test_result r = gpusync(cur.local, args);
     expect_status(&r, 0, what);
-    result_release(&r);
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    gs_test_result_release(&r);
 }
 
 /* ---- files ---- */
@@ -389,9 +331,9 @@ static void expect_trees_equal(const char *when)
     gs_buf_release(&msg); /* before fail_msg, which does not return */
     if (differ) {
         /* the daemon's view, to tell a missed event from a failed push */
-        struct result r = gpusync(cur.local, ARGS("status", "--json"));
+        struct gs_test_result r = gpusync(cur.local, ARGS("status", "--json"));
         print_message("status at the failure: %s", r.out.data);
-        result_release(&r);
+        gs_test_result_release(&r);
         fail_msg("%s: trees differ: %s", when, text);
     }
 }
@@ -430,13 +372,13 @@ static void flush(const char *what)
 /* `gpusync status --json` of the current project (a new reference). */
 static json_t *status_json(void)
 {
-    struct result r = gpusync(cur.local, ARGS("status", "--json"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("status", "--json"));
     expect_status(&r, 0, "gpusync status --json");
     json_error_t jerr;
     json_t *st = json_loads(r.out.data, 0, &jerr);
     if (!st)
         fail_msg("status --json is not JSON (%s): %s", jerr.text, r.out.data);
-    result_release(&r);
+    gs_test_result_release(&r);
     return st;
 }
 
@@ -525,11 +467,11 @@ static int test_teardown(void **state)
     (void)state;
     restore_queued_events();
     if (immutable[0])
-        sh("chattr -i '%s'", immutable);
+        gs_test_sh("chattr -i '%s'", immutable);
     immutable[0] = '\0';
     if (cur.local[0]) {
-        struct result r = gpusync(cur.local, ARGS("watch", "--stop"));
-        result_release(&r);
+        struct gs_test_result r = gpusync(cur.local, ARGS("watch", "--stop"));
+        gs_test_result_release(&r);
         pid_t pid = lock_pid();
         if (pid > 0 && kill(pid, 0) == 0) /* --stop failed: do not leave a daemon behind */
             kill(pid, SIGKILL);
@@ -537,7 +479,7 @@ static int test_teardown(void **state)
     if (wan.pid)
         wansim_stop(&wan);
     if (cur.base[0] && getenv("GS_TEST_KEEP") == NULL)
-        sh("rm -rf '%s'", cur.base);
+        gs_test_sh("rm -rf '%s'", cur.base);
     memset(&cur, 0, sizeof(cur));
     return 0;
 }
@@ -546,8 +488,8 @@ static int group_setup(void **state)
 {
     (void)state;
     signal(SIGPIPE, SIG_IGN);
-    if (access(gpusync_path(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gpusync_path());
+    if (access(gs_test_gpusync(), X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", gs_test_gpusync());
         return -1;
     }
     if (gs_test_sshd_start(&sshd, NULL) != 0)
@@ -582,7 +524,7 @@ static void events_start(struct events *ev)
         if (chdir(cur.local) != 0)
             _exit(126);
         dup2(out[1], 1);
-        execl(gpusync_path(), gpusync_path(), "events", "--json", (char *)NULL);
+        execl(gs_test_gpusync(), gs_test_gpusync(), "events", "--json", (char *)NULL);
         _exit(127);
     }
     close(out[1]);
@@ -709,14 +651,14 @@ static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void 
     st = status_json();
     assert_false(json_is_true(json_object_get(st, "daemon")));
     json_decref(st);
-    struct result r = gpusync(cur.local, ARGS("watch", "--stop"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("watch", "--stop"));
     expect_status(&r, 0, "a second watch --stop");
     assert_non_null(strstr(r.out.data, "no gpusync watch is running"));
-    result_release(&r);
+    gs_test_result_release(&r);
     r = gpusync(cur.local, ARGS("events", "--json"));
     assert_int_not_equal(r.status, 0);
     assert_non_null(strstr(r.err.data, "no gpusync watch is running"));
-    result_release(&r);
+    gs_test_result_release(&r);
     put("a.py", "print(2)\n"); /* without a daemon, flush pushes by itself */
     flush("flush without a daemon");
     expect_remote("a.py", "print(2)\n");
@@ -740,7 +682,7 @@ static void test_watch__foreground_watch_syncs_and_stops_on_sigint(void **state)
         dup2(null, 0);
         dup2(null, 1);
         dup2(null, 2);
-        execl(gpusync_path(), gpusync_path(), "watch", (char *)NULL);
+        execl(gs_test_gpusync(), gs_test_gpusync(), "watch", (char *)NULL);
         _exit(127);
     }
     char sock[2048];
@@ -774,13 +716,13 @@ static void test_watch__second_watch_refuses_with_a_clear_message(void **state)
     snprintf(pid_text, sizeof(pid_text), "%d", (int)pid);
     const char *const *variants[] = {ARGS("watch", "-d"), ARGS("watch")};
     for (size_t i = 0; i < 2; i++) {
-        struct result r = gpusync(cur.local, variants[i]);
+        struct gs_test_result r = gpusync(cur.local, variants[i]);
         if (r.status == 0)
             fail_msg("a second 'gpusync %s' succeeded: %s", variants[i][1] ? "watch -d" : "watch",
                      r.out.data);
         assert_non_null(strstr(r.err.data, "already running"));
         assert_non_null(strstr(r.err.data, pid_text));
-        result_release(&r);
+        gs_test_result_release(&r);
     }
     assert_int_equal(daemon_pid(), pid); /* the first one is untouched */
 }
@@ -791,8 +733,8 @@ static void test_watch__ignored_directories_get_no_watches(void **state)
     proj_init(sshd.port);
     put(".gitignore", "node_modules/\ndata/\n");
     assert_int_equal(
-        sh("cd '%s' && mkdir -p src/a/b node_modules/x/y/z data/d1 data/d2 .git/objects/ab",
-           cur.local),
+        gs_test_sh("cd '%s' && mkdir -p src/a/b node_modules/x/y/z data/d1 data/d2 .git/objects/ab",
+                   cur.local),
         0);
     watch_start();
     flush("first flush");
@@ -809,7 +751,7 @@ static void test_watch__ignored_directories_get_no_watches(void **state)
     assert_int_equal(json_integer_value(json_object_get(st, "watches")), 5);
     json_decref(st);
     expect_trees_equal("after new directories");
-    assert_int_equal(sh("rm -r '%s/src/c'", cur.local), 0);
+    assert_int_equal(gs_test_sh("rm -r '%s/src/c'", cur.local), 0);
     flush("flush after removing a directory");
     st = daemon_status_json();
     assert_int_equal(json_integer_value(json_object_get(st, "watches")), 4);
@@ -835,10 +777,10 @@ static void nvim_append(const char *file, const char *backupcopy, const char *li
     snprintf(opts, sizeof(opts), "set backupskip= backupcopy=%s", backupcopy);
     snprintf(edit, sizeof(edit), "edit %s", file);
     snprintf(normal, sizeof(normal), "normal! Go%s", line);
-    struct result r = run_prog(cur.local, ARGS("nvim", "--headless", "-i", "NONE", "-c", opts, "-c",
-                                               edit, "-c", normal, "-c", "wq"));
+    struct gs_test_result r = run_prog(cur.local, ARGS("nvim", "--headless", "-i", "NONE", "-c",
+                                                       opts, "-c", edit, "-c", normal, "-c", "wq"));
     expect_status(&r, 0, "nvim");
-    result_release(&r);
+    gs_test_result_release(&r);
 }
 
 static void test_watch__nvim_saves_arrive(void **state)
@@ -880,16 +822,17 @@ static void test_watch__vim_saves_arrive(void **state)
     watch_start();
     flush("first flush");
     ino_t v_before = inode_of("v.py"), w_before = inode_of("w.py");
-    struct result r = run_prog(cur.local, ARGS("vim", "-u", "NONE", "-i", "NONE", "-N", "-n", "-es",
-                                               "-c", "set backupskip= backup backupcopy=no", "-c",
-                                               "$put ='x = 2'", "-c", "wq", "v.py"));
+    struct gs_test_result r =
+        run_prog(cur.local, ARGS("vim", "-u", "NONE", "-i", "NONE", "-N", "-n", "-es", "-c",
+                                 "set backupskip= backup backupcopy=no", "-c", "$put ='x = 2'",
+                                 "-c", "wq", "v.py"));
     expect_status(&r, 0, "vim -es (backupcopy=no)");
-    result_release(&r);
+    gs_test_result_release(&r);
     r = run_prog(cur.local,
                  ARGS("vim", "-u", "NONE", "-i", "NONE", "-N", "-n", "-es", "-c",
                       "set backupskip= backupcopy=yes", "-c", "$put ='y = 2'", "-c", "wq", "w.py"));
     expect_status(&r, 0, "vim -es (backupcopy=yes)");
-    result_release(&r);
+    gs_test_result_release(&r);
     assert_true(inode_of("v.py") != v_before); /* backup by rename, new file */
     assert_true(inode_of("w.py") == w_before); /* in place */
     flush("flush after vim saves");
@@ -909,13 +852,13 @@ static void test_watch__emacs_rename_save_arrives(void **state)
     put("notes.txt", "first\n");
     watch_start();
     flush("first flush");
-    struct result r =
+    struct gs_test_result r =
         run_prog(cur.local, ARGS("emacs", "--batch", "--eval",
                                  "(progn (setq backup-enable-predicate (lambda (_name) t))"
                                  " (find-file \"notes.txt\") (goto-char (point-max))"
                                  " (insert \"second\\n\") (save-buffer))"));
     expect_status(&r, 0, "emacs --batch");
-    result_release(&r);
+    gs_test_result_release(&r);
     flush("flush after an emacs save");
     expect_remote("notes.txt", "first\nsecond\n");
     /* Emacs renamed the original to its backup (the project is in /tmp, which its default
@@ -987,8 +930,8 @@ static void test_watch__editor_syscall_sequences_arrive(void **state)
         save_like_vim("vim.c", v);
         save_like_jetbrains("jb.kt", j);
         save_like_vscode("code.ts", c);
-        assert_int_equal(sh("cd '%s' && sed -i 's/lr = .*/lr = 0.0%d/' sed.cfg", cur.local, round),
-                         0);
+        assert_int_equal(
+            gs_test_sh("cd '%s' && sed -i 's/lr = .*/lr = 0.0%d/' sed.cfg", cur.local, round), 0);
         flush("flush after editor saves");
         expect_remote("vim.c", v);
         expect_remote("jb.kt", j);
@@ -1006,11 +949,12 @@ static void test_watch__directory_rename_is_one_remote_rename(void **state)
 {
     (void)state;
     proj_init(sshd.port);
-    assert_int_equal(sh("cd '%s' && mkdir -p big/sub && for i in $(seq 1 990); do echo \"file $i\" "
-                        "> big/f$i.txt; done && for i in $(seq 1 10); do echo \"sub $i\" > "
-                        "big/sub/s$i.txt; done",
-                        cur.local),
-                     0);
+    assert_int_equal(
+        gs_test_sh("cd '%s' && mkdir -p big/sub && for i in $(seq 1 990); do echo \"file $i\" "
+                   "> big/f$i.txt; done && for i in $(seq 1 10); do echo \"sub $i\" > "
+                   "big/sub/s$i.txt; done",
+                   cur.local),
+        0);
     watch_start();
     flush("first flush");
     expect_trees_equal("before the rename");
@@ -1054,7 +998,7 @@ static void test_watch__directory_rename_is_one_remote_rename(void **state)
     assert_int_equal(rename(inside, outside), 0);
     flush("flush after moving the directory out");
     expect_trees_equal("after moving the directory out");
-    assert_int_equal(sh("echo outside > '%s/f7.txt'", outside), 0);
+    assert_int_equal(gs_test_sh("echo outside > '%s/f7.txt'", outside), 0);
     assert_int_equal(rename(outside, inside), 0);
     flush("flush after moving the directory back");
     expect_trees_equal("after moving the directory back");
@@ -1075,19 +1019,19 @@ static void test_watch__flush_reports_a_failed_change_and_retries_it(void **stat
     watch_start();
     flush("first flush");
     path_in(immutable, sizeof(immutable), cur.remote, "locked");
-    if (sh("chattr +i '%s' 2>/dev/null", immutable) != 0) {
+    if (gs_test_sh("chattr +i '%s' 2>/dev/null", immutable) != 0) {
         immutable[0] = '\0';
         print_message("chattr +i is not supported here; skipped\n");
         skip();
     }
     put("locked/new.txt", "new\n");
     put("ok.txt", "ok 2\n");
-    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
     if (r.status == 0)
         fail_msg("flush succeeded although the server could not take locked/new.txt: %s",
                  r.out.data);
     assert_non_null(strstr(r.err.data, "locked/new.txt"));
-    result_release(&r);
+    gs_test_result_release(&r);
     expect_remote("ok.txt", "ok 2\n"); /* the rest went through */
     json_t *st = daemon_status_json();
     assert_true(json_is_string(json_object_get(st, "last_error")));
@@ -1095,7 +1039,7 @@ static void test_watch__flush_reports_a_failed_change_and_retries_it(void **stat
     assert_true(json_integer_value(json_object_get(st, "pending")) >= 1);
     json_decref(st);
 
-    assert_int_equal(sh("chattr -i '%s'", immutable), 0);
+    assert_int_equal(gs_test_sh("chattr -i '%s'", immutable), 0);
     immutable[0] = '\0';
     flush("flush once the server accepts writes again");
     expect_trees_equal("after the retry");
@@ -1174,9 +1118,9 @@ static void test_watch__long_project_path_with_spaces_works(void **state)
     json_t *st = daemon_status_json();
     assert_true(json_is_true(json_object_get(st, "connected")));
     json_decref(st);
-    struct result r = gpusync(cur.local, ARGS("watch", "-d"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("watch", "-d"));
     assert_int_not_equal(r.status, 0);
-    result_release(&r);
+    gs_test_result_release(&r);
     gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
 }
 
@@ -1222,11 +1166,11 @@ static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **st
     assert_int_equal(kill(ev.pid, SIGSTOP), 0);
     /* about 4,000 "synced" events of ~60 bytes: more than a socket buffer holds */
     make_files("many", 4000, 8);
-    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
     kill(ev.pid, SIGCONT);
     events_stop(&ev);
     expect_status(&r, 0, "flush with a stuck event reader");
-    result_release(&r);
+    gs_test_result_release(&r);
     expect_trees_equal("with a stuck event reader");
     put("after.txt", "after\n");
     flush("a later flush");
@@ -1255,7 +1199,7 @@ static void test_watch__paths_that_change_kind_in_one_batch_converge(void **stat
     path_in(abs, sizeof(abs), cur.local, "e");
     assert_int_equal(unlink(abs), 0);
     mkdir_in("e");
-    assert_int_equal(sh("rm -r '%s/y'", cur.local), 0);
+    assert_int_equal(gs_test_sh("rm -r '%s/y'", cur.local), 0);
     put("y", "now a file\n");
     assert_int_equal(kill(pid, SIGCONT), 0);
     flush("flush after the kind changes");
@@ -1277,8 +1221,8 @@ static void test_watch__burst_of_3000_new_files_converges(void **state)
 
 static void git(const char *args)
 {
-    if (sh("cd '%s' && git -c user.name=t -c user.email=t@example.com %s >/dev/null 2>&1",
-           cur.local, args) != 0)
+    if (gs_test_sh("cd '%s' && git -c user.name=t -c user.email=t@example.com %s >/dev/null 2>&1",
+                   cur.local, args) != 0)
         fail_msg("git %s failed", args);
 }
 
@@ -1287,19 +1231,21 @@ static void test_watch__git_checkout_of_500_files_converges(void **state)
     (void)state;
     proj_init(sshd.port);
     git("init -q -b main");
-    assert_int_equal(sh("cd '%s' && mkdir -p src/a src/b && for i in $(seq 1 250); do echo \"main "
-                        "$i\" > src/a/m$i.py; echo \"main b $i\" > src/b/m$i.py; done && mkdir -p "
-                        "only_main && echo x > only_main/x.py",
-                        cur.local),
-                     0);
+    assert_int_equal(
+        gs_test_sh("cd '%s' && mkdir -p src/a src/b && for i in $(seq 1 250); do echo \"main "
+                   "$i\" > src/a/m$i.py; echo \"main b $i\" > src/b/m$i.py; done && mkdir -p "
+                   "only_main && echo x > only_main/x.py",
+                   cur.local),
+        0);
     git("add -A");
     git("commit -q -m main");
     git("checkout -q -b other");
-    assert_int_equal(sh("cd '%s' && for i in $(seq 1 250); do echo \"other $i\" > src/a/m$i.py; "
-                        "echo \"other b $i $i\" > src/b/m$i.py; done && rm -r only_main && mkdir "
-                        "only_other && echo y > only_other/y.py && chmod 755 src/a/m1.py",
-                        cur.local),
-                     0);
+    assert_int_equal(
+        gs_test_sh("cd '%s' && for i in $(seq 1 250); do echo \"other $i\" > src/a/m$i.py; "
+                   "echo \"other b $i $i\" > src/b/m$i.py; done && rm -r only_main && mkdir "
+                   "only_other && echo y > only_other/y.py && chmod 755 src/a/m1.py",
+                   cur.local),
+        0);
     git("add -A");
     git("commit -q -m other");
     git("checkout -q main");
@@ -1336,10 +1282,10 @@ static void test_watch__inotify_overflow_converges(void **state)
     assert_non_null(fp);
     fputs("16\n", fp);
     assert_int_equal(fclose(fp), 0);
-    struct result r = gpusync(cur.local, ARGS("watch", "-d"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("watch", "-d"));
     restore_queued_events();
     expect_status(&r, 0, "gpusync watch -d");
-    result_release(&r);
+    gs_test_result_release(&r);
     flush("first flush");
     expect_trees_equal("before the overflow");
     /* A stopped daemon reads nothing, so 16 queued events overflow for certain. */
@@ -1348,8 +1294,9 @@ static void test_watch__inotify_overflow_converges(void **state)
     make_files("new", 200, 50);
     make_files("keep", 20, 120);
     assert_int_equal(
-        sh("cd '%s' && rm -r gone && mkdir -p deep/a/b && echo z > deep/a/b/z && mv keep kept",
-           cur.local),
+        gs_test_sh(
+            "cd '%s' && rm -r gone && mkdir -p deep/a/b && echo z > deep/a/b/z && mv keep kept",
+            cur.local),
         0);
     assert_int_equal(kill(pid, SIGCONT), 0);
     flush("flush after the overflow");
@@ -1406,11 +1353,11 @@ static void link_fault(const char *fault, const char *heal, int seconds, int edi
     }
     /* A flush that cannot finish gives up when told, with a non-zero exit. */
     int64_t t0 = gs_clock_mono_ms();
-    struct result r = gpusync(cur.local, ARGS("flush", "--timeout", "2"));
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "2"));
     assert_int_not_equal(r.status, 0);
     assert_true(r.err.len > 0);
     assert_true(gs_clock_mono_ms() - t0 < 10000);
-    result_release(&r);
+    gs_test_result_release(&r);
     json_t *st = daemon_status_json();
     assert_false(json_is_true(json_object_get(st, "connected")));
     assert_string_equal(json_string_value(json_object_get(st, "state")), "disconnected");
@@ -1495,10 +1442,11 @@ static void test_watch__directory_renamed_while_disconnected_is_one_rename(void 
 {
     (void)state;
     proj_init(sshd.port);
-    assert_int_equal(sh("cd '%s' && mkdir -p big && for i in $(seq 1 300); do echo \"file $i\" > "
-                        "big/f$i.txt; done",
-                        cur.local),
-                     0);
+    assert_int_equal(
+        gs_test_sh("cd '%s' && mkdir -p big && for i in $(seq 1 300); do echo \"file $i\" > "
+                   "big/f$i.txt; done",
+                   cur.local),
+        0);
     watch_start();
     flush("first flush");
     struct events ev;
@@ -1621,7 +1569,7 @@ static void random_op(unsigned *seed, int i)
         } else if (op < 7) {
             (void)rename(pa, pb);
         } else {
-            (void)sh("rm -rf '%s'", pa);
+            (void)gs_test_sh("rm -rf '%s'", pa);
             if (op == 8) /* a directory becomes a file */
                 write_at(pa, body, (size_t)len, O_TRUNC);
         }
@@ -1676,7 +1624,7 @@ static void random_rounds(int one_batch)
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
     print_message("random operations: seed %u (rerun with GS_TEST_SEED=%u)\n", seed, seed);
     proj_init(sshd.port);
-    assert_int_equal(sh("cd '%s' && mkdir -p d0/s0 d1/s1 d2", cur.local), 0);
+    assert_int_equal(gs_test_sh("cd '%s' && mkdir -p d0/s0 d1/s1 d2", cur.local), 0);
     watch_start();
     flush("first flush");
     pid_t pid = daemon_pid();
