@@ -130,6 +130,29 @@ void gs_cli_json_print(json_t *obj)
     json_decref(obj);
 }
 
+json_t *gs_cli_json_path(const char *p)
+{
+    json_t *s = json_string(p);
+    if (s)
+        return s;
+    struct gs_buf b = GS_BUF_INIT;
+    size_t len = strlen(p), n;
+    for (size_t i = 0; i < len; i += n) {
+        json_t *one = NULL;
+        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
+            ; /* the shortest valid sequence at i, if any */
+        if (one)
+            gs_buf_add(&b, p + i, n);
+        else
+            gs_buf_adds(&b, "\xef\xbf\xbd");
+        n = one ? n : 1;
+        json_decref(one);
+    }
+    s = json_stringn(b.data ? b.data : "", b.len);
+    gs_buf_release(&b);
+    return s;
+}
+
 int gs_cli_fail(struct gs_cli *cli, int code)
 {
     const char *msg = cli->err.msg[0] ? cli->err.msg : gs_error_name(code);

@@ -92,6 +92,10 @@ int gs_cli_connect(struct gs_cli *cli);
  */
 void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
 
+/* A JSON string for a path. Paths are bytes; JSON strings are UTF-8, so a byte that is not part of
+ * a valid sequence becomes U+FFFD (the entry stays visible instead of vanishing). New reference. */
+json_t *gs_cli_json_path(const char *path);
+
 /* Prints "gpusync: <message>" on stderr (or a JSON error object on stdout with --json) and returns
  * the exit code for `code`. */
 int gs_cli_fail(struct gs_cli *cli, int code);

@@ -28,7 +28,8 @@ static void print_table(json_t *runs)
         json_t *dur = json_object_get(r, "duration_ms");
         printf("%-22s %-12s %-10s %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
                str(r, "state"), json_array_size(json_object_get(r, "ranks")), str(r, "gpus"),
-               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0, exit_s);
+               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0,
+               exit_s);
     }
     if (json_array_size(runs) == 0)
         printf("(no runs yet: start one with 'gpusync run')\n");

@@ -113,42 +113,15 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     return rc;
 }
 
-/* A JSON string for a file name, which may hold any byte but NUL while JSON needs UTF-8: each
- * byte that starts no valid UTF-8 sequence becomes U+FFFD. json_pack's "s" would return NULL for
- * such a name and the entry would silently vanish from the output (a pending change, a conflict).
- * Returns a new reference (for json_pack's "o"). */
-static json_t *json_path(const char *p)
-{
-    json_t *s = json_string(p);
-    if (s)
-        return s;
-    struct gs_buf b = GS_BUF_INIT;
-    size_t len = strlen(p), n;
-    for (size_t i = 0; i < len; i += n) {
-        json_t *one = NULL;
-        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
-            ; /* the shortest valid sequence at i, if any */
-        if (one)
-            gs_buf_add(&b, p + i, n);
-        else
-            gs_buf_adds(&b, "\xef\xbf\xbd");
-        n = one ? n : 1;
-        json_decref(one);
-    }
-    s = json_stringn(b.data ? b.data : "", b.len);
-    gs_buf_release(&b);
-    return s;
-}
-
 static void report(struct pull_job *job)
 {
     char b[32];
     if (job->cli->json) {
         json_t *files = json_array();
         for (size_t i = 0; i < job->n; i++)
-            json_array_append_new(files,
-                                  json_pack("{s:o,s:o}", "remote", json_path(job->files[i].remote),
-                                            "local", json_path(job->files[i].local)));
+            json_array_append_new(files, json_pack("{s:o,s:o}", "remote",
+                                                   gs_cli_json_path(job->files[i].remote), "local",
+                                                   gs_cli_json_path(job->files[i].local)));
         gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I}", "v", 1, "ok", 1, "files", files, "bytes",
                                     (json_int_t)job->total));
     } else {

@@ -28,33 +28,6 @@ struct push_ui {
     int replan; /* a rename's source was gone on the server: plan again (see lost_rename) */
 };
 
-/* A JSON string for a file name, which may hold any byte but NUL while JSON needs UTF-8: each
- * byte that starts no valid UTF-8 sequence becomes U+FFFD. json_pack's "s" would return NULL for
- * such a name and the entry would silently vanish from the output (a pending change, a conflict).
- * Returns a new reference (for json_pack's "o"). */
-static json_t *json_path(const char *p)
-{
-    json_t *s = json_string(p);
-    if (s)
-        return s;
-    struct gs_buf b = GS_BUF_INIT;
-    size_t len = strlen(p), n;
-    for (size_t i = 0; i < len; i += n) {
-        json_t *one = NULL;
-        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
-            ; /* the shortest valid sequence at i, if any */
-        if (one)
-            gs_buf_add(&b, p + i, n);
-        else
-            gs_buf_adds(&b, "\xef\xbf\xbd");
-        n = one ? n : 1;
-        json_decref(one);
-    }
-    s = json_stringn(b.data ? b.data : "", b.len);
-    gs_buf_release(&b);
-    return s;
-}
-
 /* A rename that failed because its source is gone: push.c dropped the source from the index
  * (it was renamed by an earlier, interrupted push), and a second pass sends what is missing. */
 static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
@@ -71,15 +44,16 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         if (ui->cli->json)
             json_array_append_new(
                 ui->planned, json_pack("{s:s,s:o,s:I}", "op", gs_plan_op_name(op->type), "path",
-                                       json_path(op->path), "bytes",
+                                       gs_cli_json_path(op->path), "bytes",
                                        (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
         else
             printf("%s\n", line.data);
     } else if (is_lost_rename(op, r)) {
         ui->replan = 1;
     } else if (r->kept) {
-        json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", json_path(op->path),
-                                                       "kept", json_path(r->kept)));
+        json_array_append_new(ui->conflicts,
+                              json_pack("{s:o,s:o}", "path", gs_cli_json_path(op->path), "kept",
+                                        gs_cli_json_path(r->kept)));
         if (!ui->cli->json) {
             gs_progress_end(&ui->bar);
             fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n",
@@ -88,8 +62,8 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     } else if (!r->ok) {
         json_array_append_new(ui->failures,
                               json_pack("{s:s,s:o,s:o}", "op", gs_plan_op_name(op->type), "path",
-                                        json_path(op->path), "error",
-                                        json_path(r->message ? r->message : "")));
+                                        gs_cli_json_path(op->path), "error",
+                                        gs_cli_json_path(r->message ? r->message : "")));
         if (!ui->cli->json) {
             gs_progress_end(&ui->bar);
             if (r->message && strstr(r->message, op->path)) /* it names op and path itself */

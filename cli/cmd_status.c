@@ -13,39 +13,12 @@
 
 static const struct option status_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
 
-/* A JSON string for a file name, which may hold any byte but NUL while JSON needs UTF-8: each
- * byte that starts no valid UTF-8 sequence becomes U+FFFD. json_pack's "s" would return NULL for
- * such a name and the entry would silently vanish from the output (a pending change, a conflict).
- * Returns a new reference (for json_pack's "o"). */
-static json_t *json_path(const char *p)
-{
-    json_t *s = json_string(p);
-    if (s)
-        return s;
-    struct gs_buf b = GS_BUF_INIT;
-    size_t len = strlen(p), n;
-    for (size_t i = 0; i < len; i += n) {
-        json_t *one = NULL;
-        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
-            ; /* the shortest valid sequence at i, if any */
-        if (one)
-            gs_buf_add(&b, p + i, n);
-        else
-            gs_buf_adds(&b, "\xef\xbf\xbd");
-        n = one ? n : 1;
-        json_decref(one);
-    }
-    s = json_stringn(b.data ? b.data : "", b.len);
-    gs_buf_release(&b);
-    return s;
-}
-
 static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     (void)r;
     json_t *ops = ctx;
-    json_array_append_new(
-        ops, json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path", json_path(op->path)));
+    json_array_append_new(ops, json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path",
+                                         gs_cli_json_path(op->path)));
 }
 
 static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st)
