@@ -23,7 +23,7 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
-    int index_reset;        /* gs_session_ready found another server's tree: the index was cleared */
+    int index_reset; /* gs_session_ready found another server's tree: the index was cleared */
 };
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:

@@ -180,7 +180,7 @@ static void test_ignore__editor_scratch_files_are_builtin(void **state)
 {
     (void)state;
     const char *scratch[] = {".#main.py", "#main.py#", "main.py~", "src/.main.py.swp",
-                             ".x.swo", ".x.swx", "4913"};
+                             ".x.swo",    ".x.swx",    "4913"};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         assert_int_equal(gs_ignore_is_builtin(scratch[i]), 1);
     const char *real[] = {"main.py", "notes.swp", "#define.h", "a~b", "49130", "~"};
