@@ -32,7 +32,18 @@ struct push_ui {
  * (it was renamed by an earlier, interrupted push), and a second pass sends what is missing. */
 static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
-    return op->type == GS_OP_RENAME && !r->ok && r->err_no == ENOENT;
+    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
+}
+
+static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
+{
+    json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", gs_cli_json_path(path),
+                                                   "kept", gs_cli_json_path(kept)));
+    if (!ui->cli->json) {
+        gs_progress_end(&ui->bar);
+        fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n", path,
+                kept);
+    }
 }
 
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
@@ -50,15 +61,10 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
             printf("%s\n", line.data);
     } else if (is_lost_rename(op, r)) {
         ui->replan = 1;
+        if (r->moved_aside && r->kept) /* the source was edited there: kept, not moved */
+            report_conflict(ui, op->from, r->kept);
     } else if (r->kept) {
-        json_array_append_new(ui->conflicts,
-                              json_pack("{s:o,s:o}", "path", gs_cli_json_path(op->path), "kept",
-                                        gs_cli_json_path(r->kept)));
-        if (!ui->cli->json) {
-            gs_progress_end(&ui->bar);
-            fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n",
-                    op->path, r->kept);
-        }
+        report_conflict(ui, op->path, r->kept);
     } else if (!r->ok) {
         json_array_append_new(ui->failures,
                               json_pack("{s:s,s:o,s:o}", "op", gs_plan_op_name(op->type), "path",

@@ -125,6 +125,7 @@ static void complete(struct gs_agent *a, const struct gs_proto_msg *m)
     struct gs_fop_result r = {.ok = m->type == GS_MSG_DONE};
     if (m->type == GS_MSG_DONE) {
         r.noop = (m->flags & GS_DONE_NOOP) != 0;
+        r.moved_aside = (m->flags & GS_DONE_MOVED_ASIDE) != 0;
         if (m->path2.len) {
             snprintf(kept, sizeof(kept), "%.*s", (int)m->path2.len, m->path2.p);
             r.kept = kept;
@@ -368,6 +369,10 @@ static int submit_simple(struct gs_agent *a, const struct gs_fop_req *req, uint3
     if (req->type == GS_FOP_DELETE && req->recursive)
         m.flags = GS_DEL_RECURSIVE;
     set_expect(&m, req);
+    if (req->type == GS_FOP_RENAME && req->from_expect == GS_FOP_EXPECT_HASH) {
+        m.expect2.kind = GS_EXPECT_HASH;
+        memcpy(m.expect2.hash, req->from_hash, GS_PROTO_HASH_LEN);
+    }
     return encode(a, &m, err);
 }
 

@@ -34,12 +34,14 @@ struct gs_fop_req {
     uint64_t size;          /* PUT: bytes expected (the file may change; what is read is sent) */
     uint32_t mode;
     int64_t mtime_ns;
-    int recursive;             /* DELETE */
-    enum gs_fop_expect expect; /* about path (RENAME: about path2) */
-    uint8_t hash[16];          /* GS_FOP_EXPECT_HASH: what the server should hold (XXH3-128) */
-    uint8_t content_hash[16];  /* PUT: hash of the content to send; the server refuses to commit
-                                * other bytes (the file changed after it was hashed) */
-    void *ctx;                 /* handed back in the completion */
+    int recursive;                  /* DELETE */
+    enum gs_fop_expect expect;      /* about path (RENAME: about path2) */
+    uint8_t hash[16];               /* GS_FOP_EXPECT_HASH: what the server should hold (XXH3-128) */
+    enum gs_fop_expect from_expect; /* RENAME: what the server should hold at the source */
+    uint8_t from_hash[16];
+    uint8_t content_hash[16]; /* PUT: hash of the content to send; the server refuses to commit
+                               * other bytes (the file changed after it was hashed) */
+    void *ctx;                /* handed back in the completion */
 };
 
 struct gs_fop_result {
@@ -48,6 +50,8 @@ struct gs_fop_result {
     int err_no;          /* errno from the server when !ok (ENOSPC, EPERM, ...) */
     const char *message; /* when !ok; valid during the callback only */
     const char *kept;    /* a conflict copy the server kept, or NULL; valid during the callback */
+    int moved_aside;     /* RENAME not done: its source was edited on the server and is kept as
+                          * `kept`; the destination must be sent afresh */
 };
 
 typedef void (*gs_fop_done_fn)(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r);

@@ -92,7 +92,7 @@ static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_resul
  * reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
 static int lost_rename(struct run *run, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
-    return op->type == GS_OP_RENAME && !r->ok && r->err_no == ENOENT &&
+    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside) &&
            gs_index_delete_subtree(run->idx, op->from, &run->index_err) == 0;
 }
 
@@ -105,7 +105,8 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     run->state[op - run->ops_base] = 2;
     run->st->ops_done++;
     if (lost_rename(run, op, r)) {
-        /* neither a success nor a failure: see lost_rename */
+        /* neither a success nor a failure: see lost_rename (a source kept aside is a conflict) */
+        run->st->conflicts += r->moved_aside;
     } else if (r->ok) {
         count_success(run->st, op);
         run->st->conflicts += r->kept != NULL;
@@ -162,6 +163,7 @@ static void make_request(const char *root, struct gs_plan_op *op, struct gs_buf 
     req->path = op->path;
     req->expect = expect_of(&op->expect, req->hash);
     if (op->type == GS_OP_RENAME) {
+        req->from_expect = expect_of(&op->expect, req->from_hash); /* the plan's is about `from` */
         req->path = op->from;
         req->path2 = op->path;
         req->expect = GS_FOP_EXPECT_ABSENT; /* the destination is new: the plan never chains */

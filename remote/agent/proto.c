@@ -233,6 +233,8 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         w_str(w, m->path), w_u32(w, m->flags), w_expect(w, &m->expect);
         break;
     case GS_MSG_RENAME:
+        w_str(w, m->path), w_str(w, m->path2), w_expect(w, &m->expect), w_expect(w, &m->expect2);
+        break;
     case GS_MSG_SYMLINK:
         w_str(w, m->path), w_str(w, m->path2), w_expect(w, &m->expect);
         break;
@@ -339,6 +341,8 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
         m->path = r_str(r), m->flags = r_u32(r), r_expect(r, &m->expect);
         break;
     case GS_MSG_RENAME:
+        m->path = r_str(r), m->path2 = r_str(r), r_expect(r, &m->expect), r_expect(r, &m->expect2);
+        break;
     case GS_MSG_SYMLINK:
         m->path = r_str(r), m->path2 = r_str(r), r_expect(r, &m->expect);
         break;

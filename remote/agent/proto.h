@@ -149,8 +149,9 @@ enum gs_msg_type {
 enum gs_hello_flags { GS_HELLO_FSYNC = 1u };    /* fsync files and directories before replying */
 enum gs_putend_flags { GS_PUTEND_VERIFY = 1u }; /* compare the written bytes' hash with `hash` */
 enum gs_del_flags { GS_DEL_RECURSIVE = 1u };
-enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u };  /* hash files; include temp files */
-enum gs_done_flags { GS_DONE_NOOP = 1u, GS_DONE_KEPT = 2u }; /* nothing to do; conflict kept */
+enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u }; /* hash files; include temp files */
+/* nothing to do; conflict kept; a RENAME's source was kept aside instead of renamed */
+enum gs_done_flags { GS_DONE_NOOP = 1u, GS_DONE_KEPT = 2u, GS_DONE_MOVED_ASIDE = 4u };
 
 enum gs_expect_kind {
     GS_EXPECT_FORCE = 0,  /* replace whatever is there */
@@ -204,6 +205,7 @@ struct gs_proto_msg {
     struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes */
     struct gs_proto_meta meta;
     struct gs_proto_expect expect;
+    struct gs_proto_expect expect2; /* RENAME: about `from` */
     uint8_t kind;
     uint8_t has_hash; /* set by the decoder for PUT_END/HASH_R/GET_END; LIST entries */
     uint8_t hash[GS_PROTO_HASH_LEN];

@@ -151,6 +151,11 @@ void gs_serve_rename(struct gs_serve *s, const struct gs_proto_msg *m)
         gs_serve_parent(s, m, "rename", to, 1, &tdir, tname) < 0)
         goto out;
     int rc = fstatat(fdir, fname, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+    /* A source edited on the server is not the file the client means to move: keep it aside. */
+    if (rc == 0 && gs_fs_check_expect(fdir, fname, &m->expect2, NULL, kept) == 1) {
+        gs_serve_reply_done(s, m->id, GS_DONE_KEPT | GS_DONE_MOVED_ASIDE, from, kept);
+        goto out;
+    }
     if (rc == 0)
         rc = gs_fs_check_expect(tdir, tname, &m->expect, NULL, kept);
     if (rc >= 0 && renameat(fdir, fname, tdir, tname) < 0)

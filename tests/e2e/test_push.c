@@ -699,16 +699,6 @@ static void scenario_conflict(struct proj *p)
     json_decref(o);
 }
 
-/* Known bugs outside this suite's files run only with GS_TEST_KNOWN_BUGS=1, so the suite stays
- * green while they are open; each names the bug. */
-static void skip_unless_known_bugs_wanted(const char *bug)
-{
-    if (!getenv("GS_TEST_KNOWN_BUGS")) {
-        print_message("known bug, not run (GS_TEST_KNOWN_BUGS=1 runs it): %s\n", bug);
-        skip();
-    }
-}
-
 /* ---- agent transport ---- */
 
 static void test_push__first_sync_mirrors_a_generated_tree(void **state)
@@ -754,10 +744,6 @@ static void test_push__server_edit_is_kept_as_conflict_copy_and_reported(void **
 static void test_push__server_edit_then_local_rename_is_kept_as_conflict(void **state)
 {
     (void)state;
-    skip_unless_known_bugs_wanted(
-        "RENAME carries no expectation about its source (remote/agent/proto.h, serve_ops.c): a "
-        "file edited on the server and renamed locally keeps the server's bytes under the new "
-        "name, status says up to date, and no conflict is reported");
     proj_new(&cur, 0, NULL);
     put_text(cur.local, "a.py", "original\n", 0644);
     push_compare_drop(&cur, "first push");
