@@ -328,7 +328,15 @@ static void put_vanished(struct gs_agent *a, const struct gs_fop_req *req, int e
 static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
                       struct gs_error *err)
 {
-    int fd = open(req->local_file, O_RDONLY | O_CLOEXEC);
+    /* Only a regular file is streamed: the path may have become a directory (open succeeds,
+     * read fails) or a symlink since it was planned; either is a change the next sync sends. */
+    int fd = open(req->local_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EISDIR;
+    }
     if (fd < 0) {
         put_vanished(a, req, errno);
         return 1; /* completed here: no reply to wait for */
@@ -345,8 +353,10 @@ static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
     while (rc == 0 && (n = append_data(a, id, fd)) > 0)
         rc = make_room(a, err);
     close(fd);
-    if (rc == 0 && n < 0)
-        rc = gs_error_errno(err, GS_E_IO, "reading %s", req->local_file);
+    /* A stream that was begun is always ended, even after a read error: the bytes then do not
+     * match the hash, the agent refuses the file and answers, and requests and replies stay in
+     * step (an unanswered stream would shift every later reply onto the wrong request). */
+    (void)n;
     struct gs_proto_msg end = {.type = GS_MSG_PUT_END, .id = id, .flags = GS_PUTEND_VERIFY};
     memcpy(end.hash, req->content_hash, sizeof(end.hash));
     end.has_hash = 1;
