@@ -18,17 +18,10 @@ static const struct option flush_options[] = {
 /* Asks the daemon; returns 0, 1 (no daemon: caller pushes), or an exit code after an error. */
 static int flush_daemon(struct gs_cli *cli, int timeout_s)
 {
-    int fd = gs_control_connect(cli->root.data, NULL);
-    if (fd < 0)
+    json_t *reply;
+    int rc = gs_control_request(cli->root.data, "flush", timeout_s * 1000, &reply, &cli->err);
+    if (rc == GS_E_NOTFOUND)
         return 1;
-    json_t *req = json_pack("{s:s}", "cmd", "flush"), *reply = NULL;
-    struct gs_buf buf = GS_BUF_INIT;
-    int rc = gs_control_send(fd, req, &cli->err);
-    if (rc == 0)
-        rc = gs_control_recv(fd, &buf, &reply, timeout_s * 1000, &cli->err);
-    close(fd);
-    gs_buf_release(&buf);
-    json_decref(req);
     if (rc < 0)
         return gs_cli_fail(cli, rc);
     int ok = json_is_true(json_object_get(reply, "ok"));

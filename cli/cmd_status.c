@@ -50,18 +50,8 @@ static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_st
 /* Asks a running daemon. Returns 0 after printing, 1 when no daemon runs. */
 static int daemon_status(struct gs_cli *cli)
 {
-    int fd = gs_control_connect(cli->root.data, NULL);
-    if (fd < 0)
-        return 1;
-    json_t *req = json_pack("{s:s}", "cmd", "status"), *st = NULL;
-    struct gs_buf buf = GS_BUF_INIT;
-    int rc = gs_control_send(fd, req, NULL);
-    if (rc == 0)
-        rc = gs_control_recv(fd, &buf, &st, 5000, &cli->err);
-    json_decref(req);
-    gs_buf_release(&buf);
-    close(fd);
-    if (rc < 0)
+    json_t *st;
+    if (gs_control_request(cli->root.data, "status", 5000, &st, &cli->err) < 0)
         return 1;
     if (cli->json) {
         gs_cli_json_print(st);

@@ -36,17 +36,10 @@ void gs_run_ctx_release(struct gs_run_ctx *rc)
 
 static int flush_through_daemon(struct gs_cli *cli)
 {
-    int fd = gs_control_connect(cli->root.data, NULL);
-    if (fd < 0)
+    json_t *reply;
+    int rc = gs_control_request(cli->root.data, "flush", 300000, &reply, &cli->err);
+    if (rc == GS_E_NOTFOUND)
         return 1;
-    json_t *req = json_pack("{s:s}", "cmd", "flush"), *reply = NULL;
-    struct gs_buf buf = GS_BUF_INIT;
-    int rc = gs_control_send(fd, req, &cli->err);
-    if (rc == 0)
-        rc = gs_control_recv(fd, &buf, &reply, 300000, &cli->err);
-    close(fd);
-    gs_buf_release(&buf);
-    json_decref(req);
     if (rc == 0 && !json_is_true(json_object_get(reply, "ok")))
         rc = gs_error_set(&cli->err, GS_E_REMOTE, "sync failed: %s",
                           json_string_value(json_object_get(reply, "error")));

@@ -152,3 +152,21 @@ int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, st
         gs_buf_add(buf, chunk, (size_t)n);
     }
 }
+
+int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
+                       struct gs_error *err)
+{
+    *reply = NULL;
+    int fd = gs_control_connect(root, NULL);
+    if (fd < 0)
+        return GS_E_NOTFOUND;
+    json_t *req = json_pack("{s:s}", "cmd", cmd);
+    struct gs_buf buf = GS_BUF_INIT;
+    int rc = gs_control_send(fd, req, err);
+    if (rc == 0)
+        rc = gs_control_recv(fd, &buf, reply, timeout_ms, err);
+    json_decref(req);
+    gs_buf_release(&buf);
+    close(fd);
+    return rc;
+}

@@ -49,6 +49,13 @@ int gs_control_send(int fd, json_t *msg, struct gs_error *err);
  * GS_E_PROTO for a line that is not JSON or has the wrong version. */
 int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err);
 
+/* One request and its answer: connects to the daemon of the project at `root`, sends
+ * {"cmd": cmd}, waits up to `timeout_ms` for the reply and closes. Returns 0 with *reply (a new
+ * reference), GS_E_NOTFOUND when no daemon listens (err untouched), or GS_E_TIMEOUT /
+ * GS_E_DISCONNECTED / GS_E_PROTO with err set. */
+int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
+                       struct gs_error *err);
+
 /* Pops one complete line from `buf` as JSON, or returns 0 with *msg NULL if none is complete. */
 int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err);
 
