@@ -7,7 +7,6 @@
 #include <time.h>
 
 static int log_level = -1;
-static FILE *log_file;
 
 static int level_from_env(void)
 {
@@ -24,11 +23,6 @@ void gs_log_set_level(enum gs_log_level level)
     log_level = (int)level;
 }
 
-void gs_log_set_file(FILE *fp)
-{
-    log_file = fp;
-}
-
 int gs_log_enabled(enum gs_log_level level)
 {
     if (log_level < 0)
@@ -41,7 +35,7 @@ void gs_log(enum gs_log_level level, const char *fmt, ...)
     static const char *tags[] = {"error", "warning", "info", "debug"};
     if (!gs_log_enabled(level))
         return;
-    FILE *out = log_file ? log_file : stderr;
+    FILE *out = stderr;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

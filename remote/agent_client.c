@@ -58,7 +58,6 @@ struct gs_agent {
     int eof;
     struct sync_call *sync[4]; /* calls whose replies the caller consumes, matched by id */
     int n_sync;
-    char *root;
     /* The handshake is pipelined: requests follow HELLO at once, and its answer is checked when
      * it arrives (the agent answers in order, so a refusal comes before any other reply). */
     struct sync_call hello_call;
@@ -460,10 +459,8 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
 {
     c->done = 1;
     sync_remove(a, c);
-    if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC) {
-        a->root = strndup(m->path2.p, m->path2.len);
+    if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC)
         return 0;
-    }
     return a->hello_rc =
                m->type == GS_MSG_ERROR
                    ? gs_error_set(a->hello_err, GS_E_PROTO, "agent handshake refused: %.*s",
@@ -521,11 +518,6 @@ struct gs_fileops *gs_agent_fileops(struct gs_agent *a)
     return &a->ops;
 }
 
-const char *gs_agent_root(const struct gs_agent *a)
-{
-    return a->root ? a->root : "";
-}
-
 void gs_agent_close(struct gs_agent *a)
 {
     if (!a)
@@ -542,7 +534,6 @@ void gs_agent_close(struct gs_agent *a)
     gs_buf_release(&a->errtail);
     free(a->in);
     free(a->q);
-    free(a->root);
     free(a);
 }
 
@@ -674,24 +665,6 @@ int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_lis
     m.path = gs_proto_cstr(path);
     int rc = call(a, &m, &c, err);
     return rc ? rc : st.rc;
-}
-
-static int on_ping(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
-{
-    (void)a, (void)m;
-    c->done = 1;
-    return 0;
-}
-
-int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err)
-{
-    struct sync_call c = {.on_frame = on_ping};
-    struct gs_proto_msg m = {.type = GS_MSG_STAT};
-    m.path = gs_proto_cstr(".gpusync");
-    int64_t start = gs_clock_mono_us();
-    int rc = call(a, &m, &c, err);
-    *rtt_us = gs_clock_mono_us() - start;
-    return rc;
 }
 
 static int on_small_read(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)

@@ -31,9 +31,6 @@ int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err);
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
 
-/* The absolute remote root the agent serves. */
-const char *gs_agent_root(const struct gs_agent *a);
-
 /* Ends the session (closes the agent's stdin, waits for it to exit) and frees `a`. */
 void gs_agent_close(struct gs_agent *a);
 
@@ -77,8 +74,5 @@ int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data,
 
 /* The content hash (XXH3-128) of the remote file `path`. Returns 0, GS_E_NOTFOUND, or an error. */
 int gs_agent_hash(struct gs_agent *a, const char *path, uint8_t hash[16], struct gs_error *err);
-
-/* Measures one request round trip (a STAT of the root). */
-int gs_agent_ping(struct gs_agent *a, int64_t *rtt_us, struct gs_error *err);
 
 #endif

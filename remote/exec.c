@@ -9,7 +9,8 @@
 
 #include "common/clock.h"
 
-int gs_exec_signal_number(const char *name)
+/* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
+static int exec_signal_number(const char *name)
 {
     static const struct {
         const char *name;
@@ -52,7 +53,7 @@ static int exit_result(LIBSSH2_CHANNEL *ch)
     size_t len = 0;
     libssh2_channel_get_exit_signal(ch, &signame, &len, NULL, NULL, NULL, NULL);
     if (signame && len) {
-        int sig = gs_exec_signal_number(signame);
+        int sig = exec_signal_number(signame);
         free(signame);
         return 128 + (sig ? sig : 1);
     }

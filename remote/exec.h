@@ -47,7 +47,4 @@ LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_e
 /* Sends EOF, waits for the close and returns the exit status as gs_exec_run does; frees `ch`. */
 int gs_exec_close(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_error *err);
 
-/* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
-int gs_exec_signal_number(const char *name);
-
 #endif

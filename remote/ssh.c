@@ -253,7 +253,9 @@ static int link_dead(struct gs_ssh *s, int64_t now, int outbound_blocked)
            (s->last_keepalive_ms > s->last_recv_ms || outbound_blocked);
 }
 
-int gs_ssh_tick(struct gs_ssh *s, struct gs_error *err)
+/* Runs the keepalive timer once, between gs_ssh_wait's polls. Returns 0 or
+ * GS_E_DISCONNECTED. */
+static int ssh_tick(struct gs_ssh *s, struct gs_error *err)
 {
     int64_t now = gs_clock_mono_ms();
     int outbound = libssh2_session_block_directions(s->session) & LIBSSH2_SESSION_BLOCK_OUTBOUND;
@@ -298,7 +300,7 @@ int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
             return gs_error_errno(err, GS_E_DISCONNECTED, "%s: poll", s->target);
         if (ready != 0)
             return 0; /* ready, or a signal: let the caller retry its call */
-        int rc = gs_ssh_tick(s, err);
+        int rc = ssh_tick(s, err);
         if (rc < 0)
             return rc;
     }

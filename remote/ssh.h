@@ -66,10 +66,6 @@ int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err);
  * Returns GS_E_DISCONNECTED for socket errors, GS_E_REMOTE otherwise. */
 int gs_ssh_error(struct gs_ssh *s, int rc, const char *what, struct gs_error *err);
 
-/* Runs the keepalive timer once without waiting (for an idle daemon loop). Returns 0 or
- * GS_E_DISCONNECTED. */
-int gs_ssh_tick(struct gs_ssh *s, struct gs_error *err);
-
 /* Measures one round trip (opening and closing a session channel). Returns 0 and the time in
  * microseconds, or a negative code. */
 int gs_ssh_ping(struct gs_ssh *s, int64_t *rtt_us, struct gs_error *err);

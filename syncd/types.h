@@ -11,19 +11,4 @@ enum gs_kind {
     GS_KIND_SYMLINK = 3,
 };
 
-/* Static name for a kind ("file", "dir", "symlink", "none"). */
-static inline const char *gs_kind_name(enum gs_kind k)
-{
-    switch (k) {
-    case GS_KIND_FILE:
-        return "file";
-    case GS_KIND_DIR:
-        return "dir";
-    case GS_KIND_SYMLINK:
-        return "symlink";
-    default:
-        return "none";
-    }
-}
-
 #endif
