@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/path.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
@@ -198,6 +199,47 @@ static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui 
     return rc;
 }
 
+/* Executes the plan, then plans and executes once more after lost renames. */
+static int execute_plan(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
+                        const struct gs_push_opts *o, struct planner *p)
+{
+    gs_progress_init(&ui->bar);
+    int rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p->plan, &p->st, &cli->err);
+    if ((rc == 0 || rc == GS_E_REMOTE) && ui->replan)
+        rc = second_pass(cli, s, ui, o, &p->st, rc);
+    gs_progress_end(&ui->bar);
+    gs_debug("executed %zu operations", p->plan.n_ops);
+    return rc;
+}
+
+/* Plans again, in the foreground, from what the index says now. */
+static int plan_again(struct gs_cli *cli, struct planner *p)
+{
+    gs_plan_release(&p->plan);
+    p->plan = (struct gs_plan)GS_PLAN_INIT;
+    plan_in_background(p);
+    return p->rc < 0 ? gs_error_set(&cli->err, p->rc, "%s", p->err.msg) : 0;
+}
+
+/* A first sync sends while the agent starts (gs_session_go_early) and checks its answer after.
+ * If no agent was cached there, the early requests died with its failed start and nothing was
+ * recorded: once ready has installed one, everything is planned and sent again. */
+static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
+                         const struct gs_push_opts *o, struct planner *p)
+{
+    int rc = execute_plan(cli, s, ui, o, p);
+    struct gs_error ready_err = {0};
+    int ready = gs_session_ready(s, &ready_err);
+    gs_debug("agent answered (%s)", ready == 0 ? s->transport : ready_err.msg);
+    if (ready < 0) {
+        cli->err = ready_err;
+        return ready;
+    }
+    if (rc < 0 && (rc = plan_again(cli, p)) == 0)
+        rc = execute_plan(cli, s, ui, o, p);
+    return rc;
+}
+
 /* Plans (overlapping the connection unless dry), then executes and reports. Returns 0, 1 when
  * some operations failed (reported already), or a negative code with cli->err set. */
 static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
@@ -211,23 +253,18 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     int rc = o->dry_run ? 0 : connect_start(cli, s);
     if (threaded)
         pthread_join(thread, NULL);
+    gs_debug("agent started; %zu operations planned", p.plan.n_ops);
     if (rc == 0 && p.rc < 0)
         rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);
-    if (rc == 0 && !o->dry_run)
-        rc = gs_session_ready(s, &cli->err);
-    if (rc == 0 && s->index_reset) { /* the plan trusted an index that no longer holds */
-        gs_plan_release(&p.plan);
-        p.plan = (struct gs_plan)GS_PLAN_INIT;
-        plan_in_background(&p);
-        if (p.rc < 0)
-            rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);
-    }
-    if (rc == 0) {
-        gs_progress_init(&ui->bar);
-        rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p.plan, &p.st, &cli->err);
-        if ((rc == 0 || rc == GS_E_REMOTE) && ui->replan)
-            rc = second_pass(cli, s, ui, o, &p.st, rc);
-        gs_progress_end(&ui->bar);
+    if (rc == 0 && !o->dry_run && gs_session_go_early(s)) {
+        rc = execute_early(cli, s, ui, o, &p);
+    } else {
+        if (rc == 0 && !o->dry_run)
+            rc = gs_session_ready(s, &cli->err);
+        if (rc == 0 && s->index_reset) /* the plan trusted an index that no longer holds */
+            rc = plan_again(cli, &p);
+        if (rc == 0)
+            rc = execute_plan(cli, s, ui, o, &p);
     }
     if (rc == 0 || rc == GS_E_REMOTE)
         print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport);

@@ -15,6 +15,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "remote/agent/proto.h"
+#include "remote/agent/sync_id.h"
 #include "remote/exec.h"
 
 #define OUT_HIGH_WATER (4u << 20) /* stop queueing and pump when this much is unsent */
@@ -36,14 +37,6 @@ struct sync_call {
     void *state;
 };
 
-/* A small file read into memory, pipelined behind whatever is in flight. */
-struct small_read {
-    struct sync_call call; /* first: the frame handler gets this pointer */
-    struct gs_buf data;
-    int rc;
-    char msg[512];
-};
-
 struct gs_agent {
     struct gs_fileops ops; /* first, so the fileops pointer is the agent */
     struct gs_ssh *ssh;
@@ -61,8 +54,8 @@ struct gs_agent {
     /* The handshake is pipelined: requests follow HELLO at once, and its answer is checked when
      * it arrives (the agent answers in order, so a refusal comes before any other reply). */
     struct sync_call hello_call;
-    struct small_read *early; /* a GET started with the handshake (gs_agent_read_start) */
     int hello_rc;
+    char sync_id[GS_SYNC_ID_MAX + 1]; /* from HELLO_OK: the root's .gpusync/sync-id */
     struct gs_error *hello_err;
 };
 
@@ -459,8 +452,12 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
 {
     c->done = 1;
     sync_remove(a, c);
-    if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC)
+    if (m->type == GS_MSG_HELLO_OK && m->magic == GS_PROTO_MAGIC) {
+        size_t n = m->path.len < GS_SYNC_ID_MAX ? m->path.len : GS_SYNC_ID_MAX;
+        memcpy(a->sync_id, m->path.p, n);
+        a->sync_id[n] = '\0';
         return 0;
+    }
     return a->hello_rc =
                m->type == GS_MSG_ERROR
                    ? gs_error_set(a->hello_err, GS_E_PROTO, "agent handshake refused: %.*s",
@@ -473,8 +470,10 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
  * round trip overlaps whatever the caller does next (gs_agent_wait_ready collects it). */
 static int handshake(struct gs_agent *a, struct gs_error *err)
 {
-    struct gs_proto_msg m = {
-        .type = GS_MSG_HELLO, .magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION};
+    struct gs_proto_msg m = {.type = GS_MSG_HELLO,
+                             .magic = GS_PROTO_MAGIC,
+                             .version = GS_PROTO_VERSION,
+                             .flags = GS_HELLO_SYNC_ID};
     a->hello_call = (struct sync_call){.on_frame = on_hello};
     a->hello_call.id = m.id = new_id(a);
     a->hello_err = err;
@@ -513,6 +512,11 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
     return 0;
 }
 
+const char *gs_agent_sync_id(struct gs_agent *a)
+{
+    return a->sync_id;
+}
+
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a)
 {
     return &a->ops;
@@ -522,14 +526,12 @@ void gs_agent_close(struct gs_agent *a)
 {
     if (!a)
         return;
-    if (a->ch && !a->eof)
-        gs_exec_close(a->ssh, a->ch, NULL);
-    else if (a->ch)
+    /* Every answer that matters has been read (or never will be): the agent exits on EOF, and
+     * waiting for that would cost a round trip at the end of every push. */
+    if (a->ch && !a->eof && !half_sent(a))
+        gs_exec_abandon(a->ssh, a->ch);
+    else if (a->ch && a->eof)
         libssh2_channel_free(a->ch);
-    if (a->early) {
-        gs_buf_release(&a->early->data);
-        free(a->early);
-    }
     gs_proto_buf_release(&a->out);
     gs_buf_release(&a->errtail);
     free(a->in);
@@ -665,92 +667,6 @@ int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_lis
     m.path = gs_proto_cstr(path);
     int rc = call(a, &m, &c, err);
     return rc ? rc : st.rc;
-}
-
-static int on_small_read(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
-{
-    struct small_read *r = (struct small_read *)c;
-    if (m->type == GS_MSG_GET_DATA) {
-        gs_buf_add(&r->data, m->data.p, m->data.len);
-        return 0;
-    }
-    c->done = 1;
-    sync_remove(a, c);
-    if (m->type == GS_MSG_ERROR) {
-        r->rc = m->err == ENOENT ? GS_E_NOTFOUND : GS_E_REMOTE;
-        snprintf(r->msg, sizeof(r->msg), "%.*s", (int)m->text.len, m->text.p);
-    }
-    return 0;
-}
-
-int gs_agent_read_start(struct gs_agent *a, const char *path, struct gs_error *err)
-{
-    if (a->early)
-        return gs_error_set(err, GS_E_ERR, "a read is already in flight");
-    a->early = calloc(1, sizeof(*a->early));
-    if (!a->early)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
-    struct gs_proto_msg m = {.type = GS_MSG_GET};
-    m.path = gs_proto_cstr(path);
-    a->early->call = (struct sync_call){.on_frame = on_small_read};
-    a->early->call.id = m.id = new_id(a);
-    gs_buf_init(&a->early->data);
-    sync_add(a, &a->early->call);
-    int rc = encode(a, &m, err);
-    return rc ? rc : pump(a, 0, err);
-}
-
-int gs_agent_read_finish(struct gs_agent *a, struct gs_buf *out, struct gs_error *err)
-{
-    struct small_read *r = a->early;
-    if (!r)
-        return gs_error_set(err, GS_E_ERR, "no read in flight");
-    int rc = 0;
-    while (rc == 0 && !r->call.done)
-        rc = pump(a, 1, err);
-    if (rc == 0 && r->rc < 0)
-        rc = gs_error_set(err, r->rc, "%s", r->msg);
-    if (rc == 0)
-        gs_buf_add(out, r->data.data ? r->data.data : "", r->data.len);
-    sync_remove(a, &r->call);
-    gs_buf_release(&r->data);
-    free(r);
-    a->early = NULL;
-    return rc;
-}
-
-struct small_write {
-    struct sync_call call;
-    int rc;
-    char msg[512];
-};
-
-static int on_small_write(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
-{
-    struct small_write *w = (struct small_write *)c;
-    c->done = 1;
-    sync_remove(a, c);
-    if (m->type == GS_MSG_ERROR) {
-        w->rc = GS_E_REMOTE;
-        snprintf(w->msg, sizeof(w->msg), "%.*s", (int)m->text.len, m->text.p);
-    }
-    return 0;
-}
-
-int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data, size_t len,
-                         struct gs_error *err)
-{
-    struct small_write w = {.call = {.on_frame = on_small_write}};
-    struct gs_proto_msg m = {.type = GS_MSG_PUT};
-    m.path = gs_proto_cstr(path);
-    m.data = (struct gs_proto_str){data, (uint32_t)len};
-    m.meta.mode = 0644;
-    m.meta.mtime_sec = time(NULL);
-    m.expect.kind = GS_EXPECT_FORCE;
-    int rc = call(a, &m, &w.call, err);
-    if (rc == 0 && w.rc < 0)
-        rc = gs_error_set(err, w.rc, "writing %s on the server: %s", path, w.msg);
-    return rc;
 }
 
 struct hash_call {

@@ -28,10 +28,15 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
  * says why on its stderr, which the message includes. Requests may be submitted before this. */
 int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err);
 
+/* The root's sync id, which the handshake asks for (the agent creates one if there is none; see
+ * remote/agent/sync_id.h): valid once gs_agent_wait_ready succeeded; "" if it could not be made. */
+const char *gs_agent_sync_id(struct gs_agent *a);
+
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
 
-/* Ends the session (closes the agent's stdin, waits for it to exit) and frees `a`. */
+/* Ends the session (closes the agent's stdin; it exits once it has answered what it got) and frees
+ * `a` without waiting for that. */
 void gs_agent_close(struct gs_agent *a);
 
 /* Progress for downloads: bytes received of `total` (0 when unknown). */
@@ -61,16 +66,6 @@ typedef int (*gs_agent_list_fn)(void *ctx, const struct gs_agent_entry *e);
  * The callback returns 0 to go on. Returns 0 or a negative code. */
 int gs_agent_list(struct gs_agent *a, const char *path, int hashes, gs_agent_list_fn fn, void *ctx,
                   struct gs_error *err);
-
-/* Reads a small remote file into memory. read_start sends the request at once (it may be called
- * right after gs_agent_open, to ride along with the handshake); read_finish waits for the answer
- * and appends the bytes to `out`. Returns 0, GS_E_NOTFOUND for a missing file, or an error. */
-int gs_agent_read_start(struct gs_agent *a, const char *path, struct gs_error *err);
-int gs_agent_read_finish(struct gs_agent *a, struct gs_buf *out, struct gs_error *err);
-
-/* Writes `data` to the remote `path` (atomically, replacing what is there) and waits. */
-int gs_agent_write_small(struct gs_agent *a, const char *path, const void *data, size_t len,
-                         struct gs_error *err);
 
 /* The content hash (XXH3-128) of the remote file `path`. Returns 0, GS_E_NOTFOUND, or an error. */
 int gs_agent_hash(struct gs_agent *a, const char *path, uint8_t hash[16], struct gs_error *err);

@@ -82,6 +82,13 @@ int gs_exec_close(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_error *err)
     return close_channel(s, ch, 1, err);
 }
 
+void gs_exec_abandon(struct gs_ssh *s, LIBSSH2_CHANNEL *ch)
+{
+    int rc;
+    GS_SSH_RETRY(s, rc, libssh2_channel_send_eof(ch), 0, NULL);
+    (void)rc; /* a dead connection ends the command as surely as EOF does */
+}
+
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n) {

@@ -47,4 +47,8 @@ LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_e
 /* Sends EOF, waits for the close and returns the exit status as gs_exec_run does; frees `ch`. */
 int gs_exec_close(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_error *err);
 
+/* Sends EOF on `ch` and leaves it to the session, which frees it in gs_ssh_free, instead of waiting
+ * a round trip for an exit status nobody reads: for a command whose answers have all arrived. */
+void gs_exec_abandon(struct gs_ssh *s, LIBSSH2_CHANNEL *ch);
+
 #endif

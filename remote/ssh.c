@@ -194,6 +194,10 @@ void gs_ssh_free(struct gs_ssh *s)
         libssh2_session_set_blocking(s->session, 1);
         libssh2_session_set_timeout(s->session, 200);
         libssh2_session_disconnect(s->session, "gpusync done");
+        /* Channels left open (gs_exec_abandon) would each wait for the server's close: with
+         * the socket shut, their teardown sees a closed connection and ends at once. */
+        if (s->fd >= 0)
+            shutdown(s->fd, SHUT_RDWR);
         while (libssh2_session_free(s->session) == LIBSSH2_ERROR_EAGAIN)
             ;
     }

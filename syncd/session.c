@@ -1,14 +1,11 @@
 /* syncd/session.c: opening and closing what a sync needs (see session.h). */
 #include "syncd/session.h"
 
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/buf.h"
-#include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "remote/agent_install.h"
@@ -57,58 +54,28 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     return rc;
 }
 
-#define SYNC_ID_PATH ".gpusync/sync-id"
-
-static void new_token(char out[33])
-{
-    unsigned char raw[16] = {0};
-    FILE *fp = fopen("/dev/urandom", "rb");
-    if (!fp || fread(raw, 1, sizeof(raw), fp) != sizeof(raw)) {
-        uint64_t t = (uint64_t)gs_clock_wall_ms() ^ ((uint64_t)getpid() << 32);
-        memcpy(raw, &t, sizeof(t));
-    }
-    if (fp)
-        fclose(fp);
-    for (int i = 0; i < 16; i++)
-        snprintf(out + 2 * i, 3, "%02x", raw[i]);
-}
-
-/* Compares the server's token with the index's; see session.h. */
+/* Compares the server's sync id (which the agent's handshake brought, creating one on a first
+ * sync) with the one the index recorded; see session.h. */
 static int verify_server(struct gs_session *s, struct gs_error *err)
 {
-    struct gs_buf remote = GS_BUF_INIT;
-    char *local = NULL, token[33];
+    const char *remote = gs_agent_sync_id(s->agent);
+    char *local = NULL;
     size_t entries = 0;
-    int rc = gs_agent_read_finish(s->agent, &remote, err);
-    if (rc == GS_E_NOTFOUND) {
-        gs_error_clear(err);
-        rc = 0;
-    }
-    while (remote.len && (remote.data[remote.len - 1] == '\n'))
-        remote.data[--remote.len] = '\0';
-    if (rc == 0)
-        rc = gs_index_get_meta(s->idx, "server_token", &local, err);
+    int rc = gs_index_get_meta(s->idx, "server_token", &local, err);
     if (rc == 0)
         rc = gs_index_count(s->idx, &entries, err);
-    int same = local && remote.len && strcmp(local, remote.data) == 0;
+    int same = local && remote[0] && strcmp(local, remote) == 0;
+    if (s->early) /* the index was empty when the requests went out; what they added is true */
+        entries = 0;
     if (rc == 0 && !same && local && entries) {
         gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
                 "recreated?): sending everything again");
         rc = gs_index_clear(s->idx, err);
         s->index_reset = 1;
     }
-    if (rc == 0 && !same) {
-        if (remote.len)
-            snprintf(token, sizeof(token), "%s", remote.data);
-        else
-            new_token(token);
-        if (!remote.len)
-            rc = gs_agent_write_small(s->agent, SYNC_ID_PATH, token, strlen(token), err);
-        if (rc == 0)
-            rc = gs_index_set_meta(s->idx, "server_token", token, err);
-    }
+    if (rc == 0 && !same && remote[0])
+        rc = gs_index_set_meta(s->idx, "server_token", remote, err);
     free(local);
-    gs_buf_release(&remote);
     return rc;
 }
 
@@ -128,8 +95,6 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
         rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
-        if (rc == 0)
-            rc = gs_agent_read_start(s->agent, SYNC_ID_PATH, err);
         if (rc == 0)
             rc = gs_agent_wait_ready(s->agent, err);
         if (rc == 0)
@@ -159,23 +124,35 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     gs_agent_cached_serve_command(remote_dir, &cmd);
     int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
     gs_buf_release(&cmd);
-    return rc ? rc : gs_agent_read_start(s->agent, SYNC_ID_PATH, err);
+    return rc;
+}
+
+int gs_session_go_early(struct gs_session *s)
+{
+    size_t entries = 1;
+    if (s->ops || !s->agent || gs_index_count(s->idx, &entries, NULL) < 0 || entries)
+        return 0;
+    s->early = 1;
+    s->ops = gs_agent_fileops(s->agent);
+    return 1;
 }
 
 int gs_session_ready(struct gs_session *s, struct gs_error *err)
 {
-    if (s->ops)
+    if (s->ops && !s->early)
         return 0;
     if (!s->agent)
         return gs_error_set(err, GS_E_ERR, "gs_session_ready before gs_session_start");
     int rc = gs_agent_wait_ready(s->agent, err);
     if (rc == 0)
         rc = verify_server(s, err);
+    s->early = 0;
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
         snprintf(s->transport, sizeof(s->transport), "agent (cached)");
         return 0;
     }
+    s->ops = NULL;
     if (!err || !strstr(err->msg, GS_AGENT_MISSING))
         return rc;
     gs_agent_close(s->agent);

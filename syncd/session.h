@@ -24,6 +24,7 @@ struct gs_session {
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
     int index_reset; /* gs_session_ready found another server's tree: the index was cleared */
+    int early;       /* ops went out before the agent answered (gs_session_go_early) */
 };
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
@@ -49,6 +50,14 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                      const char *remote_path, struct gs_error *err);
 int gs_session_ready(struct gs_session *s, struct gs_error *err);
+
+/* For a first sync (an index with no entries), lets requests go out between start and ready:
+ * nothing in such a plan depends on what the server holds (every put expects no file there, and
+ * the agent enforces that), so the bytes can cross the link while the server's shell and agent
+ * start. Sets s->ops and returns 1, or returns 0 (not a first sync, SFTP, or already ready).
+ * gs_session_ready must still follow; if it had to install the agent (none was cached, so the
+ * early requests were lost with the failed start), the caller plans and executes again. */
+int gs_session_go_early(struct gs_session *s);
 
 /* Closes the transport only (after a lost connection); the local half stays open. */
 void gs_session_disconnect(struct gs_session *s);

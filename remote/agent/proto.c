@@ -248,6 +248,7 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         break;
     case GS_MSG_HELLO_OK:
         w_u32(w, m->magic), w_u32(w, m->version), w_str(w, m->text), w_str(w, m->path2);
+        w_str(w, m->path);
         break;
     case GS_MSG_DONE:
         w_u32(w, m->flags), w_str(w, m->path2);
@@ -366,6 +367,7 @@ static int decode_reply(struct reader *r, struct gs_proto_msg *m)
     switch (m->type) {
     case GS_MSG_HELLO_OK:
         m->magic = r_u32(r), m->version = r_u32(r), m->text = r_str(r), m->path2 = r_str(r);
+        m->path = r_str(r);
         break;
     case GS_MSG_DONE:
         m->flags = r_u32(r), m->path2 = r_str(r);

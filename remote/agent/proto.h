@@ -63,7 +63,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION      1
+#define GS_PROTO_VERSION      2
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
@@ -125,7 +125,9 @@ enum gs_msg_type {
      * killed agent can leave them: find them this way and DELETE them). */
     GS_MSG_LIST = 0x1c,
 
-    /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) */
+    /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
+     * str sync_id (with GS_HELLO_SYNC_ID: the root's .gpusync/sync-id, created if missing; "" if
+     * it could not be; otherwise "") */
     GS_MSG_HELLO_OK = 0x81,
     /* DONE: u32 flags (GS_DONE_*) | str kept (conflict copy, relative to root; "" if none) */
     GS_MSG_DONE = 0x82,
@@ -146,7 +148,10 @@ enum gs_msg_type {
     GS_MSG_LIST_END = 0x95,
 };
 
-enum gs_hello_flags { GS_HELLO_FSYNC = 1u };    /* fsync files and directories before replying */
+enum gs_hello_flags {
+    GS_HELLO_FSYNC = 1u,  /* fsync files and directories before replying */
+    GS_HELLO_SYNC_ID = 2u /* answer with the root's sync id (remote/agent/sync_id.h) */
+};
 enum gs_putend_flags { GS_PUTEND_VERIFY = 1u }; /* compare the written bytes' hash with `hash` */
 enum gs_del_flags { GS_DEL_RECURSIVE = 1u };
 enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u }; /* hash files; include temp files */

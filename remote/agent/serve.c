@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #endif
 #include "serve_int.h"
+#include "sync_id.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -174,6 +175,10 @@ static int handshake(struct gs_serve *s, const struct gs_proto_frame *f)
     r.version = GS_PROTO_VERSION;
     r.text = gs_proto_cstr(GS_AGENT_VERSION);
     r.path2 = gs_proto_cstr(s->root);
+    char sync_id[GS_SYNC_ID_MAX + 1] = "";
+    if ((m.flags & GS_HELLO_SYNC_ID) && gs_sync_id_get(s->rootfd, sync_id) < 0)
+        sync_id[0] = '\0'; /* the client then records none, and asks again next time */
+    r.path = gs_proto_cstr(sync_id);
     gs_serve_emit(s, &r);
     return s->fatal ? -1 : 0;
 }

@@ -1231,6 +1231,36 @@ static void test_push__server_tree_wiped_then_push_restores_it(void **state)
     push_compare_drop(&cur, "push after the project directory itself went");
 }
 
+/* A first push sends while the agent starts. On a server without this agent build (a new binary
+ * here, so no cache there can hold it) those early bytes die with the failed start: the push must
+ * then install the agent and send everything again, once, with no conflicts. */
+static void test_push__first_push_to_a_server_without_the_agent_installs_it(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    generate_tree(cur.local, 29);
+    char agent[160], marker[160];
+    snprintf(agent, sizeof(agent), "%s/gpusync-agent-new", cur.dir);
+    snprintf(marker, sizeof(marker), "%s/before-install", cur.dir);
+    /* Trailing bytes change the content key and leave the ELF runnable. */
+    assert_int_equal(gs_test_sh("cp '%s' '%s' && echo 'test %d %ld' >>'%s' && touch '%s'",
+                                gs_test_build_path("remote/agent/gpusync-agent"), agent,
+                                (int)getpid(), (long)time(NULL), agent, marker),
+                     0);
+    setenv("GPUSYNC_AGENT", agent, 1);
+    setenv("GPUSYNC_AGENT_SRC", "/nonexistent", 1); /* no source build to fall back on either */
+    json_t *o = push_and_compare(&cur, 0, "first push, agent not on the server");
+    unsetenv("GPUSYNC_AGENT");
+    unsetenv("GPUSYNC_AGENT_SRC");
+    const char *transport = json_string_value(json_object_get(o, "transport"));
+    if (!transport || !strstr(transport, "uploaded"))
+        fail_msg("the agent was not uploaded: transport %s", transport ? transport : "(none)");
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    json_decref(o);
+    /* The server is this machine: drop the test build from its agent cache again. */
+    gs_test_sh("find ~root/.gpusync/bin -newer '%s' -name 'gpusync-agent-*' -delete", marker);
+}
+
 /* The state a push killed at the worst instant leaves: the server renamed, the index never heard.
  * Made here by renaming on the server by hand, so the case is tested every run, not only when the
  * SIGKILL above happens to land between the agent's rename and the index commit. */
@@ -1546,6 +1576,7 @@ int main(void)
         TW(test_push__client_sigkilled_mid_push_then_push_converges),
         T(test_push__rename_done_on_server_but_not_recorded_converges),
         T(test_push__server_tree_wiped_then_push_restores_it),
+        T(test_push__first_push_to_a_server_without_the_agent_installs_it),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_sftp__first_sync_mirrors_a_generated_tree),
         T(test_sftp__every_kind_of_change_is_mirrored),

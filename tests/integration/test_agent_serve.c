@@ -291,6 +291,53 @@ static void test_serve__fsync_mode_still_writes_files(void **state)
     assert_content(f, "synced/file", "durable");
 }
 
+/* Starts a session asking for the sync id; returns it (static storage). */
+static const char *hello_sync_id(struct fx *f)
+{
+    static char id[128];
+    struct gs_proto_msg m = {0}, r;
+    assert_int_equal(agent_h_start(&f->a, f->root, NULL), 0);
+    f->started = 1;
+    m.type = GS_MSG_HELLO;
+    m.magic = GS_PROTO_MAGIC;
+    m.version = GS_PROTO_VERSION;
+    m.flags = GS_HELLO_SYNC_ID;
+    assert_int_equal(agent_h_call(&f->a, &m, &r), 0);
+    assert_int_equal(r.type, GS_MSG_HELLO_OK);
+    snprintf(id, sizeof(id), "%.*s", (int)r.path.len, r.path.p);
+    assert_int_equal(agent_h_close(&f->a), 0);
+    f->started = 0;
+    return id;
+}
+
+static void test_serve__hello_creates_the_sync_id_once_and_answers_it(void **state)
+{
+    struct fx *f = *state;
+    char first[128], path[512], stored[128] = "";
+    snprintf(first, sizeof(first), "%s", hello_sync_id(f));
+    assert_int_equal(strlen(first), 32);
+    assert_int_equal(strspn(first, "0123456789abcdef"), 32);
+    snprintf(path, sizeof(path), "%s/.gpusync/sync-id", f->root);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    assert_non_null(fgets(stored, sizeof(stored), fp));
+    fclose(fp);
+    assert_int_equal(strncmp(stored, first, 32), 0);
+    assert_string_equal(hello_sync_id(f), first); /* a second session keeps it */
+}
+
+static void test_serve__sync_id_behind_a_symlink_is_not_followed(void **state)
+{
+    struct fx *f = *state;
+    char link[512], escaped[512];
+    snprintf(link, sizeof(link), "%s/.gpusync", f->root);
+    assert_true(mkdir(f->root, 0755) == 0 || errno == EEXIST);
+    assert_int_equal(symlink(f->outside, link), 0);
+    assert_string_equal(hello_sync_id(f), "");
+    snprintf(escaped, sizeof(escaped), "%s/sync-id", f->outside);
+    assert_int_equal(access(escaped, F_OK), -1);
+}
+
 /* ---- puts -------------------------------------------------------------------------------- */
 
 static void test_serve__pipelined_puts_are_answered_in_order(void **state)
@@ -909,6 +956,8 @@ int main(void)
         T(test_serve__version_flag_prints_agent_and_protocol_versions),
         T(test_serve__usage_errors_go_to_stderr_not_stdout),
         T(test_serve__fsync_mode_still_writes_files),
+        T(test_serve__hello_creates_the_sync_id_once_and_answers_it),
+        T(test_serve__sync_id_behind_a_symlink_is_not_followed),
         T(test_serve__pipelined_puts_are_answered_in_order),
         T(test_serve__put_replaces_atomically_via_temp_and_rename),
         T(test_serve__put_end_with_wrong_hash_or_size_leaves_target_untouched),

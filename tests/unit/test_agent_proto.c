@@ -73,6 +73,7 @@ static void test_proto__hello_and_hello_ok_round_trip(void **state)
     assert_int_equal(d.version, 7);
     assert_str(d.text, m.text);
     assert_str(d.path2, m.path2);
+    assert_str(d.path, m.path); /* the sync id */
     gs_proto_buf_release(&b);
 }
 
