@@ -154,6 +154,22 @@ static void note_failed(struct daemon *d, const char *path)
     d->failed[d->n_failed++] = strdup(path);
 }
 
+/* Keeps every path of a batch that failed as a whole (its plan could not be built: a local read
+ * error, an unreadable directory; or the index could not be written). The watcher reported those
+ * paths once and no operation of theirs reached on_op, so dropping them would lose the changes
+ * for good: a later flush would answer success while the server still lacks them. They are tried
+ * again as refused operations are (next flush, or the retry timer), not at once, so that a lasting
+ * local error does not spin. A full batch is kept as "", the root. */
+static void keep_failed_batch(struct daemon *d, char **paths, size_t n, int full)
+{
+    if (full) {
+        note_failed(d, "");
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        note_failed(d, paths[i]);
+}
+
 /* Makes the failed paths dirty again. */
 static void retry_failed(struct daemon *d)
 {
@@ -382,6 +398,8 @@ static void sync_batch(struct daemon *d)
             snprintf(d->last_error, sizeof(d->last_error), "%s", err.msg);
         else
             d->last_error[0] = '\0';
+        if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
+            keep_failed_batch(d, paths, n, full);
         d->synced_gen = gen;
         if (st.ops_total)
             d->last_latency_ms = gs_clock_mono_ms() - d->first_event_ms;

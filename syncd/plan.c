@@ -8,9 +8,11 @@
  * subtree is found without a tree structure. */
 #include "syncd/plan.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -201,6 +203,16 @@ static int refresh_cache(struct planner *p, const struct item *it)
     return gs_index_set_local(p->idx, it->path, it->l->size, it->l->mtime_ns, it->l->ino, p->err);
 }
 
+/* 1 when `path` is gone or is no longer a regular file (a hash of it failed for that reason);
+ * 0 when it still is one, so the failure was a real read error. */
+static int no_longer_a_file(const struct planner *p, const char *path)
+{
+    struct stat st;
+    if (fstatat(p->rootfd, path, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT || errno == ENOTDIR;
+    return !S_ISREG(st.st_mode);
+}
+
 static int hash_item(struct planner *p, struct item *it)
 {
     if (stat_matches_cache(it->l, it->r)) {
@@ -210,7 +222,10 @@ static int hash_item(struct planner *p, struct item *it)
     }
     struct gs_error herr = {0};
     int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &herr);
-    if (rc == GS_E_NOTFOUND) { /* removed since the scan: plan it as removed */
+    if (rc == GS_E_NOTFOUND || (rc < 0 && no_longer_a_file(p, it->path))) {
+        /* removed, or replaced by a symlink or a directory, since the scan: plan it as removed.
+         * That change came after the scan, so the watcher reports it and the next push sends
+         * what is there now; failing the whole plan instead would hold back every other path. */
         it->l = NULL;
         return 0;
     }

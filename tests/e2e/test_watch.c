@@ -3,12 +3,13 @@
  * with the local one (kind, mode, size, bytes, symlink target). Cases: real nvim, vim and emacs
  * saves and the JetBrains, VS Code and sed -i syscall sequences; a 1,000-file directory rename seen
  * as one "renamed" event; a 500-file git checkout; a 3,000-file burst; kind changes; an inotify
- * overflow; a refused change; a stuck event reader; a file written without pause; the WAN simulator
- * cut for 30 s and stalled; a put in flight when the link stalled; sshd restarted; a changed host
- * key; the daemon SIGKILLed mid-batch; seeded random operations; a second watch refused; status
- * --json, watch --stop, a foreground watch, bad control requests, a long project path. Environment:
- * GS_TEST_FILTER='*name*' runs a subset; GS_TEST_SEED replays a random seed; GS_TEST_OPLOG=FILE
- * logs the random operations; GS_TEST_KEEP=1 keeps the project folders. */
+ * overflow; a refused change; a batch that cannot be planned (a file under a write lease); a stuck
+ * event reader; a file written without pause; the WAN simulator cut for 30 s and stalled; a put
+ * in flight when the link stalled; sshd restarted; a changed host key; the daemon SIGKILLed
+ * mid-batch; seeded random operations; a second watch refused; status --json, watch --stop, a
+ * foreground watch, bad control requests, a long project path. Environment: GS_TEST_FILTER='*name*'
+ * runs a subset; GS_TEST_SEED replays a random seed; GS_TEST_OPLOG=FILE logs the random
+ * operations; GS_TEST_KEEP=1 keeps the project folders. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1049,6 +1050,50 @@ static void test_watch__flush_reports_a_failed_change_and_retries_it(void **stat
     json_decref(st);
 }
 
+/* A batch whose plan fails as a whole (here a local file under another process's write lease: the
+ * daemon's non-blocking open of it is refused with EAGAIN) keeps all its paths: once the file can
+ * be read, a flush sends every change of that batch, not only those the watcher reports again.
+ * Before, the batch was dropped and a later flush answered success over a change never sent. */
+static void test_watch__a_batch_that_cannot_be_planned_keeps_its_changes(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("leased.txt", "v1\n");
+    put("other.txt", "v1\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, "leased.txt");
+    void (*old_sigio)(int) = signal(SIGIO, SIG_IGN); /* the lease-break notice */
+    int fd = open(abs, O_RDWR | O_CLOEXEC);
+    assert_true(fd >= 0);
+    if (fcntl(fd, F_SETLEASE, F_WRLCK) < 0) {
+        close(fd);
+        signal(SIGIO, old_sigio);
+        print_message("no file leases here (%s); skipped\n", strerror(errno));
+        skip();
+    }
+    assert_int_equal(kill(pid, SIGSTOP), 0); /* both changes are read, and planned, as one batch */
+    assert_int_equal(pwrite(fd, "v2 leased\n", 10, 0), 10);
+    put("other.txt", "v2 other\n");
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    if (r.status == 0)
+        fail_msg("flush succeeded although leased.txt could not be read: %s", r.out.data);
+    assert_non_null(strstr(r.err.data, "leased.txt"));
+    gs_test_result_release(&r);
+    expect_remote("other.txt", "v1\n"); /* the whole batch failed: nothing was sent */
+
+    /* Releasing the lease and closing the file reports leased.txt again, but not other.txt. */
+    assert_int_equal(fcntl(fd, F_SETLEASE, F_UNLCK), 0);
+    assert_int_equal(close(fd), 0);
+    signal(SIGIO, old_sigio);
+    flush("flush once leased.txt can be read");
+    expect_remote("other.txt", "v2 other\n");
+    expect_trees_equal("after the retry");
+}
+
 /* Sends `line` on a new connection to the daemon's socket and returns the one-line answer. */
 static json_t *control_exchange(const char *line)
 {
@@ -1676,6 +1721,7 @@ int main(void)
         T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
         T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
+        T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
         T(test_watch__git_checkout_of_500_files_converges),
         T(test_watch__inotify_overflow_converges),
         T(test_watch__sshd_restart_converges),

@@ -631,6 +631,38 @@ static void test_plan__vanished_file_counts_as_deleted(void **state)
     gs_scan_release(&scan);
 }
 
+/* A file replaced by a symlink or a directory between the scan and the hash is planned as removed,
+ * as a vanished one is: the watcher reports the new kind, and failing the whole plan would hold
+ * back every other change of the batch (a live-sync race under load). */
+static void test_plan__file_that_changed_kind_after_the_scan_counts_as_deleted(void **state)
+{
+    (void)state;
+    put("link.txt", "l");
+    put("dir.txt", "d");
+    put("keep", "k");
+    sync_all();
+    put("link.txt", "changed"); /* stat differs: the plan must read them */
+    put("dir.txt", "changed");
+    put("keep", "kept too");
+    struct gs_scan scan = GS_SCAN_INIT;
+    assert_int_equal(gs_scan_tree(&scan, tmpdir, NULL, NULL), 0);
+    rm_rel("link.txt"); /* both change kind between scan and plan */
+    symlink_rel("keep", "link.txt");
+    rm_rel("dir.txt");
+    mkdir_rel("dir.txt");
+    struct gs_plan pl = GS_PLAN_INIT;
+    struct gs_error err = {0};
+    if (gs_plan_build(&pl, tmpdir, &scan, idx, NULL, &err) != 0)
+        fail_msg("plan: %s", err.msg);
+    dump(&pl);
+    assert_int_equal(pl.n_ops, 3);
+    assert_non_null(find_op(&pl, GS_OP_DELETE, "link.txt"));
+    assert_non_null(find_op(&pl, GS_OP_DELETE, "dir.txt"));
+    assert_non_null(find_op(&pl, GS_OP_PUT, "keep"));
+    gs_plan_release(&pl);
+    gs_scan_release(&scan);
+}
+
 /* ---- a simulated server: a mirror directory that applies each op after checking its
  * expectation, the way the agent would refuse to clobber a server-side change ---- */
 
@@ -944,6 +976,7 @@ int main(void)
         T(test_plan__format_keeps_hostile_names_on_one_line),
         T(test_plan__racy_edit_is_not_missed),
         T(test_plan__vanished_file_counts_as_deleted),
+        T(test_plan__file_that_changed_kind_after_the_scan_counts_as_deleted),
         T(test_plan__random_changes_converge),
     };
 #undef T
