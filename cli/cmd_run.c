@@ -250,30 +250,70 @@ static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const cha
     if (!stop)
         return 130;
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_stop(cli->ssh, rc->agent.data, rc->dir.data, id, &out, &cli->err);
+    int r = gs_run_ctx_agent(cli, rc);
+    if (r == 0)
+        r = gs_run_stop(cli->ssh, rc->agent.data, rc->dir.data, id, &out, &cli->err);
     if (r == 0)
         fprintf(stderr, "gpusync: %s", out.data ? out.data : "stopped\n");
     gs_buf_release(&out);
     return r < 0 ? gs_cli_fail(cli, r) : 130;
 }
 
-static int follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int nprocs,
-                  const struct run_args *a)
+/* What a single-host run prints: the logs, and the line that says it started. */
+struct run_view {
+    struct gs_log_printer printer; /* first: the log callbacks get this pointer */
+    struct gs_cli *cli;
+    const char *id;
+    int nproc;
+};
+
+static void on_started(void *ctx, const struct gs_tail_state *st)
 {
-    struct gs_log_printer printer;
-    gs_log_printer_init(&printer, cli, id,
-                        nprocs > 1 &&
+    struct run_view *v = ctx;
+    if (v->cli->json)
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i}", "v", 1, "ok", 1, "id", v->id, "ranks",
+                                    v->nproc, "master_port", st->port));
+    else
+        fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", v->id,
+                v->nproc, v->nproc == 1 ? "" : "s", gs_ssh_target(v->cli->ssh), st->port);
+}
+
+/* Starts the run and follows its logs until it ends or Ctrl-C. */
+static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
+                             const struct run_args *a)
+{
+    struct run_view v = {.cli = cli, .id = spec->id, .nproc = spec->nproc};
+    gs_log_printer_init(&v.printer, cli, spec->id,
+                        spec->nproc > 1 &&
                             !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int exit_code = 0;
-    int r = gs_run_follow(cli, rc, id, a->ranks, &printer, &interrupted, &exit_code);
-    gs_log_printer_finish(&printer);
+    int r = gs_run_launch_and_follow(cli, rc, spec, a->ranks, on_started, &v.printer, &interrupted,
+                                     &exit_code);
+    gs_log_printer_finish(&v.printer);
     if (r == GS_E_INTERRUPTED)
-        return handle_interrupt(cli, rc, id, a);
+        return handle_interrupt(cli, rc, spec->id, a);
     if (r < 0)
         return gs_cli_fail(cli, r);
     return exit_code;
+}
+
+/* Starts the run and returns (--detach). */
+static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec)
+{
+    long pid = 0;
+    int port = 0;
+    int r = gs_run_ctx_agent(cli, rc);
+    spec->agent = rc->agent.data;
+    if (r == 0)
+        r = gs_run_launch(cli->ssh, spec, &pid, &port, &cli->err);
+    if (r < 0)
+        return gs_cli_fail(cli, r);
+    struct gs_tail_state st = {.port = port};
+    struct run_view v = {.cli = cli, .id = spec->id, .nproc = spec->nproc};
+    on_started(&v, &st);
+    return 0;
 }
 
 static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
@@ -287,8 +327,7 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
         r = pick_gpus(cli, a->gpus ? a->gpus : "1", &gpus, &nproc);
     char id[64];
     make_run_id(id);
-    struct gs_run_spec spec = {.agent = rc->agent.data,
-                               .remote_dir = rc->dir.data,
+    struct gs_run_spec spec = {.remote_dir = rc->dir.data,
                                .id = id,
                                .name = a->name,
                                .nproc = nproc,
@@ -296,21 +335,12 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
                                .max_restarts = a->max_restarts,
                                .argc = c.argc,
                                .argv = c.argv};
-    long pid = 0;
-    int port = 0;
-    if (r == 0)
-        r = gs_run_launch(cli->ssh, &spec, &pid, &port, &cli->err);
+    int code = r < 0       ? gs_cli_fail(cli, r)
+               : a->detach ? launch_detached(cli, rc, &spec)
+                           : launch_and_follow(cli, rc, &spec, a);
     release_command(&c);
     gs_buf_release(&gpus);
-    if (r < 0)
-        return gs_cli_fail(cli, r);
-    if (cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i}", "v", 1, "ok", 1, "id", id, "ranks",
-                                    nproc, "master_port", port));
-    else
-        fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", id, nproc,
-                nproc == 1 ? "" : "s", gs_ssh_target(cli->ssh), port);
-    return a->detach ? 0 : follow(cli, rc, id, nproc, a);
+    return code;
 }
 
 /* ---- multi-node runs ---- */
@@ -738,8 +768,8 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
     if ((r = gs_cli_connect(cli)) < 0)
         return gs_cli_fail(cli, r);
     struct gs_run_ctx rc;
-    r = gs_run_ctx_open(cli, &rc);
-    if (r == 0 && !a.no_sync)
+    gs_run_ctx_init(cli, &rc); /* the agent is found by the launch itself */
+    if (!a.no_sync)
         r = gs_run_sync(cli);
     int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, &a, &rc);
     gs_run_ctx_release(&rc);

@@ -19,13 +19,23 @@
 #include "syncd/index.h"
 #include "syncd/session.h"
 
-int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
+void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc)
 {
     gs_buf_init(&rc->agent);
     gs_buf_init(&rc->dir);
     gs_cli_remote_dir(cli, &rc->dir);
+}
+
+int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc)
+{
     const char *how;
-    return gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
+    return rc->agent.len ? 0 : gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
+}
+
+int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
+{
+    gs_run_ctx_init(cli, rc);
+    return gs_run_ctx_agent(cli, rc);
 }
 
 void gs_run_ctx_release(struct gs_run_ctx *rc)
@@ -250,17 +260,19 @@ static int reconnect(struct gs_cli *cli, volatile sig_atomic_t *interrupted)
     return cli->err.code ? cli->err.code : GS_E_DISCONNECTED;
 }
 
-int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
-                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
-                  int *exit_code)
+/* Follows from `st` on; `first` is the result of a stream already made (1: none yet). */
+static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                       struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                       int *exit_code, struct gs_tail_state *st, int first)
 {
-    struct gs_tail_state st;
-    memset(&st, 0, sizeof(st));
     for (;;) {
-        int r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 1, &st,
+        int r = first;
+        if (r == 1 && (r = gs_run_ctx_agent(cli, rc)) == 0)
+            r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 1, st,
                             gs_log_printer_chunk, printer, interrupted, &cli->err);
-        if (r == 0 && st.finished) {
-            *exit_code = st.exit_code < 0 ? 1 : st.exit_code;
+        first = 1;
+        if (r == 0 && st->finished) {
+            *exit_code = st->exit_code < 0 ? 1 : st->exit_code;
             return 0;
         }
         if (r == GS_E_INTERRUPTED || (r < 0 && r != GS_E_DISCONNECTED && r != GS_E_TIMEOUT))
@@ -269,4 +281,41 @@ int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, con
         if ((r = reconnect(cli, interrupted)) < 0)
             return r;
     }
+}
+
+int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                  int *exit_code)
+{
+    struct gs_tail_state st;
+    memset(&st, 0, sizeof(st));
+    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1);
+}
+
+int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
+                             const char *ranks, gs_started_fn started, struct gs_log_printer *view,
+                             volatile sig_atomic_t *interrupted, int *exit_code)
+{
+    struct gs_tail_state st;
+    memset(&st, 0, sizeof(st));
+    spec->agent = rc->agent.len ? rc->agent.data : NULL;
+    int r = gs_run_launch_follow(cli->ssh, spec, ranks, &st, started, gs_log_printer_chunk, view,
+                                 interrupted, &cli->err);
+    if (r == GS_E_NOTFOUND && !spec->agent && strstr(cli->err.msg, GS_AGENT_MISSING)) {
+        gs_error_clear(&cli->err); /* none cached there yet: install, then launch */
+        if ((r = gs_run_ctx_agent(cli, rc)) == 0) {
+            spec->agent = rc->agent.data;
+            r = gs_run_launch_follow(cli->ssh, spec, ranks, &st, started, gs_log_printer_chunk,
+                                     view, interrupted, &cli->err);
+        }
+    }
+    if (st.launched && !rc->agent.len && st.agent[0])
+        gs_buf_adds(&rc->agent, st.agent);
+    if (!st.launched && (r == GS_E_DISCONNECTED || r == GS_E_TIMEOUT))
+        return gs_error_set(&cli->err, r,
+                            "%s while starting run %s; it may be running: see 'gpusync ps'",
+                            cli->err.msg, spec->id);
+    if (!st.launched && r != GS_E_INTERRUPTED)
+        return r < 0 ? r : gs_error_set(&cli->err, GS_E_REMOTE, "run %s did not start", spec->id);
+    return follow_from(cli, rc, spec->id, ranks, view, interrupted, exit_code, &st, r);
 }

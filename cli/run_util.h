@@ -17,6 +17,10 @@ struct gs_run_ctx {
 
 /* Installs the agent if needed (needs cli->ssh). Returns 0 or a negative code in cli->err. */
 int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc);
+/* As gs_run_ctx_open without asking the server anything: rc->agent stays empty until a command
+ * learns it (gs_run_launch_and_follow) or needs it (gs_run_ctx_agent installs then). */
+void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc);
+int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc);
 void gs_run_ctx_release(struct gs_run_ctx *rc);
 
 /* Makes the server match the local tree before a launch: the daemon's flush when one runs,
@@ -54,5 +58,13 @@ void gs_log_printer_finish(struct gs_log_printer *p);
 int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                   struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
                   int *exit_code);
+
+/* Starts `spec` and follows it as gs_run_follow does, launch and first stream in one exec (see
+ * gs_run_launch_follow). `view` starts with the printer; `started` gets it once the run is up.
+ * Without a known agent, the cached builds are tried first and one is installed only if none is
+ * there. A run that never started returns its error. */
+int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
+                             const char *ranks, gs_started_fn started, struct gs_log_printer *view,
+                             volatile sig_atomic_t *interrupted, int *exit_code);
 
 #endif

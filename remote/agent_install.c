@@ -243,7 +243,7 @@ static void local_keys(char bin_key[40], char src_key[40])
     gs_buf_release(&binary);
 }
 
-void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command)
+void gs_agent_cached_command(const char *body, struct gs_buf *command)
 {
     char bin_key[40], src_key[40];
     local_keys(bin_key, src_key);
@@ -252,10 +252,16 @@ void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *comman
         gs_buf_addf(command, " ~/.gpusync/bin/gpusync-agent-%s", bin_key);
     if (src_key[0])
         gs_buf_addf(command, " ~/.gpusync/bin/gpusync-agent-%s", src_key);
-    gs_buf_addf(command,
-                "; do [ -x \"$a\" ] && mkdir -p -- %s && exec \"$a\" serve --root %s; done; "
-                "echo %s >&2; exit 127",
-                remote_dir, remote_dir, GS_AGENT_MISSING);
+    gs_buf_addf(command, "; do [ -x \"$a\" ] || continue; %s; exit $?; done; echo %s >&2; exit 127",
+                body, GS_AGENT_MISSING);
+}
+
+void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command)
+{
+    struct gs_buf body = GS_BUF_INIT;
+    gs_agent_serve_command(GS_AGENT_CACHED, remote_dir, &body);
+    gs_agent_cached_command(body.data, command);
+    gs_buf_release(&body);
 }
 
 /* Chooses between the static binary (same arch) and a source build; fills `key`. */

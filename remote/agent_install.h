@@ -19,12 +19,16 @@
 int gs_agent_install(struct gs_ssh *ssh, struct gs_buf *agent, const char **how,
                      struct gs_error *err);
 
-/* Appends a remote command that starts an agent already cached on the server (the static build's
- * key or the source build's), serving `remote_dir`, without a separate probe: one exec instead of
- * two. When none is cached it prints GS_AGENT_MISSING on stderr and exits 127; then install. */
-void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command);
-
+/* Appends a remote command that runs `body` with whichever agent build is cached on the server
+ * (the static build's key or the source build's) as GS_AGENT_CACHED, without a separate probe: one
+ * exec instead of two. When none is cached it prints GS_AGENT_MISSING on stderr and exits 127;
+ * then install. */
+void gs_agent_cached_command(const char *body, struct gs_buf *command);
+#define GS_AGENT_CACHED  "\"$a\""
 #define GS_AGENT_MISSING "gpusync-agent-missing"
+
+/* gs_agent_cached_command for an agent serving `remote_dir`. */
+void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command);
 
 /* Appends the remote command that runs `agent` serving `remote_dir` (a quoted shell word). */
 void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command);

@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/shell.h"
+#include "remote/agent_install.h"
 #include "remote/exec.h"
 
 static void base_command(struct gs_buf *cmd, const char *agent, const char *remote_dir,
@@ -15,42 +16,66 @@ static void base_command(struct gs_buf *cmd, const char *agent, const char *remo
     gs_buf_addf(cmd, "cd -- %s && exec %s %s --root .", remote_dir, agent, sub);
 }
 
+/* Appends the launch command for `spec`; with `follow`, the launcher then streams those ranks'
+ * logs. Without spec->agent it runs whichever agent build is cached there. */
+static void launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd)
+{
+    struct gs_buf body = GS_BUF_INIT;
+    gs_buf_addf(&body, "mkdir -p -- %s && cd -- %s && %s%sexec %s launch --root . --id ",
+                spec->remote_dir, spec->remote_dir, spec->extra_env ? spec->extra_env : "",
+                spec->extra_env ? " " : "", spec->agent ? spec->agent : GS_AGENT_CACHED);
+    gs_shell_quote(&body, spec->id);
+    gs_buf_addf(&body, " --nproc %d --max-restarts %d", spec->nproc, spec->max_restarts);
+    if (spec->gpus) {
+        gs_buf_adds(&body, " --gpus ");
+        gs_shell_quote(&body, spec->gpus);
+    }
+    if (spec->name) {
+        gs_buf_adds(&body, " --name ");
+        gs_shell_quote(&body, spec->name);
+    }
+    if (spec->nnodes > 1)
+        gs_buf_addf(&body, " --nnodes %d --node-rank %d", spec->nnodes, spec->node_rank);
+    if (spec->master_addr) {
+        gs_buf_adds(&body, " --master-addr ");
+        gs_shell_quote(&body, spec->master_addr);
+    }
+    if (spec->master_port > 0)
+        gs_buf_addf(&body, " --master-port %d", spec->master_port);
+    if (follow) {
+        gs_buf_adds(&body, " --follow ");
+        gs_shell_quote(&body, follow);
+    }
+    gs_buf_adds(&body, " -- ");
+    gs_shell_quote_argv(&body, spec->argc, spec->argv);
+    if (spec->agent)
+        gs_buf_add(cmd, body.data, body.len);
+    else
+        gs_agent_cached_command(body.data, cmd);
+    gs_buf_release(&body);
+}
+
+/* The error for a launcher that printed no "started" line. */
+static int launch_failed(struct gs_ssh *ssh, const struct gs_buf *out, const struct gs_buf *errout,
+                         struct gs_error *err)
+{
+    const char *why = errout->len ? errout->data : out->len ? out->data : "no answer";
+    int missing = errout->len && strstr(errout->data, GS_AGENT_MISSING);
+    return gs_error_set(err, missing ? GS_E_NOTFOUND : GS_E_REMOTE,
+                        "the run did not start on %s: %s", gs_ssh_target(ssh), why);
+}
+
 int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
                   struct gs_error *err)
 {
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT, errout = GS_BUF_INIT;
-    gs_buf_addf(&cmd, "mkdir -p -- %s && cd -- %s && %s%sexec %s launch --root . --id ",
-                spec->remote_dir, spec->remote_dir, spec->extra_env ? spec->extra_env : "",
-                spec->extra_env ? " " : "", spec->agent);
-    gs_shell_quote(&cmd, spec->id);
-    gs_buf_addf(&cmd, " --nproc %d --max-restarts %d", spec->nproc, spec->max_restarts);
-    if (spec->gpus) {
-        gs_buf_adds(&cmd, " --gpus ");
-        gs_shell_quote(&cmd, spec->gpus);
-    }
-    if (spec->name) {
-        gs_buf_adds(&cmd, " --name ");
-        gs_shell_quote(&cmd, spec->name);
-    }
-    if (spec->nnodes > 1)
-        gs_buf_addf(&cmd, " --nnodes %d --node-rank %d", spec->nnodes, spec->node_rank);
-    if (spec->master_addr) {
-        gs_buf_adds(&cmd, " --master-addr ");
-        gs_shell_quote(&cmd, spec->master_addr);
-    }
-    if (spec->master_port > 0)
-        gs_buf_addf(&cmd, " --master-port %d", spec->master_port);
-    gs_buf_adds(&cmd, " -- ");
-    gs_shell_quote_argv(&cmd, spec->argc, spec->argv);
+    launch_command(spec, NULL, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
     char id[256];
     if (rc == 0 && (!out.data || sscanf(out.data, "started %255s %ld %d", id, pid, port) != 3))
         rc = 1;
     if (rc > 0)
-        rc = gs_error_set(err, GS_E_REMOTE, "the run did not start on %s: %s", gs_ssh_target(ssh),
-                          errout.len ? errout.data
-                          : out.len  ? out.data
-                                     : "no answer");
+        rc = launch_failed(ssh, &out, &errout, err);
     gs_buf_release(&cmd);
     gs_buf_release(&out);
     gs_buf_release(&errout);
@@ -61,10 +86,32 @@ int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid,
 
 struct tail_parser {
     struct gs_buf in;
+    struct gs_buf errout; /* the remote stderr, for a launch that failed */
     struct gs_tail_state *st;
     gs_tail_fn fn;
+    gs_started_fn started;
     void *ctx;
 };
+
+/* "started ID PID PORT AGENT_PATH": the launcher's report when it also follows. */
+static int parse_started(struct tail_parser *p, size_t head)
+{
+    int path_at = 0;
+    struct gs_tail_state *st = p->st;
+    p->in.data[head - 1] = '\0';
+    if (sscanf(p->in.data, "started %*s %ld %d %n", &st->pid, &st->port, &path_at) < 2)
+        return -1;
+    struct gs_buf word = GS_BUF_INIT;
+    if (path_at && p->in.data[path_at])
+        gs_shell_quote(&word, p->in.data + path_at);
+    snprintf(st->agent, sizeof(st->agent), "%s", word.len ? word.data : "");
+    gs_buf_release(&word);
+    st->launched = 1;
+    if (p->started)
+        p->started(p->ctx, st);
+    gs_buf_consume(&p->in, head);
+    return 0;
+}
 
 /* Consumes complete frames from the parser's buffer. Returns 0, or -1 on garbage. */
 static int parse_frames(struct tail_parser *p)
@@ -87,6 +134,9 @@ static int parse_frames(struct tail_parser *p)
             if (off + len > p->st->offset[rank])
                 p->st->offset[rank] = off + len;
             gs_buf_consume(&p->in, head + (size_t)len);
+        } else if (!p->st->launched && strncmp(p->in.data, "started ", 8) == 0) {
+            if (parse_started(p, head) < 0)
+                return -1;
         } else if (p->in.data[0] == 'X' && sscanf(p->in.data, "X %31s %31s", code, state) == 2) {
             p->st->finished = 1;
             p->st->exit_code = strcmp(code, "null") == 0 ? -1 : atoi(code);
@@ -118,6 +168,11 @@ static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct tail_parser
     for (;;) {
         if (interrupted && *interrupted)
             return GS_E_INTERRUPTED;
+        char ebuf[1024];
+        ssize_t e;
+        while ((e = libssh2_channel_read_stderr(ch, ebuf, sizeof(ebuf))) > 0)
+            if (p->errout.len < 4096)
+                gs_buf_add(&p->errout, ebuf, (size_t)e);
         ssize_t n = libssh2_channel_read(ch, buf, sizeof(buf));
         if (n > 0) {
             gs_buf_add(&p->in, buf, (size_t)n);
@@ -150,11 +205,26 @@ static void abandon_channel(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch)
             return; /* gs_ssh_free tries once more */
 }
 
+/* Runs `cmd` and feeds its output to `p` until EOF, an interrupt or an error. Returns 0 with the
+ * command's exit status in *status (-1 if unknown), or a negative code. */
+static int follow_command(struct gs_ssh *ssh, const char *cmd, struct tail_parser *p,
+                          volatile sig_atomic_t *interrupted, int *status, struct gs_error *err)
+{
+    *status = -1;
+    LIBSSH2_CHANNEL *ch = gs_exec_open(ssh, cmd, err);
+    int rc = ch ? pump_tail(ssh, ch, p, interrupted, err) : (err ? err->code : GS_E_REMOTE);
+    if (ch && rc == GS_E_INTERRUPTED)
+        abandon_channel(ssh, ch); /* the remote tail ends when its stdout closes */
+    else if (ch)
+        *status = gs_exec_close(ssh, ch, err);
+    return rc;
+}
+
 int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
                 const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
                 volatile sig_atomic_t *interrupted, struct gs_error *err)
 {
-    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
+    struct gs_buf cmd = GS_BUF_INIT;
     base_command(&cmd, agent, remote_dir, "tail");
     gs_buf_adds(&cmd, " --id ");
     gs_shell_quote(&cmd, id);
@@ -163,19 +233,31 @@ int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
     offsets_arg(st, &cmd);
     if (follow)
         gs_buf_adds(&cmd, " --follow");
-    struct tail_parser p = {.in = GS_BUF_INIT, .st = st, .fn = fn, .ctx = ctx};
-    LIBSSH2_CHANNEL *ch = gs_exec_open(ssh, cmd.data, err);
-    int rc = ch ? pump_tail(ssh, ch, &p, interrupted, err) : (err ? err->code : GS_E_REMOTE);
-    if (ch && rc == GS_E_INTERRUPTED)
-        abandon_channel(ssh, ch); /* the remote tail ends when its stdout closes */
-    else if (ch) {
-        int status = gs_exec_close(ssh, ch, err);
-        if (rc == 0 && status > 0 && !st->finished)
-            rc = gs_error_set(err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
-    }
+    struct tail_parser p = {.st = st, .fn = fn, .ctx = ctx};
+    int status;
+    int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
+    if (rc == 0 && status > 0 && !st->finished)
+        rc = gs_error_set(err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
     gs_buf_release(&p.in);
+    gs_buf_release(&p.errout);
     gs_buf_release(&cmd);
-    gs_buf_release(&errout);
+    return rc;
+}
+
+int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, const char *ranks,
+                         struct gs_tail_state *st, gs_started_fn started, gs_tail_fn fn, void *ctx,
+                         volatile sig_atomic_t *interrupted, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT;
+    launch_command(spec, ranks ? ranks : "all", &cmd);
+    struct tail_parser p = {.st = st, .fn = fn, .started = started, .ctx = ctx};
+    int status;
+    int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
+    if (rc == 0 && !st->launched)
+        rc = launch_failed(ssh, &p.in, &p.errout, err);
+    gs_buf_release(&p.in);
+    gs_buf_release(&p.errout);
+    gs_buf_release(&cmd);
     return rc;
 }
 

@@ -14,7 +14,7 @@
 #define GS_RUNS_MAX_RANKS 256
 
 struct gs_run_spec {
-    const char *agent;      /* remote agent path (shell word) */
+    const char *agent;      /* remote agent path (shell word); NULL: whichever build is cached */
     const char *remote_dir; /* remote project directory (quoted shell word) */
     const char *id;
     const char *name; /* or NULL */
@@ -41,10 +41,27 @@ struct gs_tail_state {
     int finished;
     int exit_code; /* -1 when unknown (a lost run) */
     char state[32];
+    /* Filled by gs_run_launch_follow once the run started: */
+    int launched;
+    long pid;
+    int port;
+    char agent[1024]; /* the agent that launched it, as a shell word for later commands */
 };
 
 /* Called with whole chunks of a rank's log, in order. */
 typedef void (*gs_tail_fn)(void *ctx, int rank, const char *data, size_t len);
+
+/* Called once when the run has started, before any of its logs. */
+typedef void (*gs_started_fn)(void *ctx, const struct gs_tail_state *st);
+
+/* Starts the run and follows its logs (`ranks`) on the same channel: one exec where launch and
+ * tail took two, so the first line comes a round trip and a server shell start sooner. With
+ * spec->agent NULL it tries the cached agent builds; GS_E_NOTFOUND (message containing
+ * GS_AGENT_MISSING) then means none is there: install one and call again. Otherwise returns as
+ * gs_run_tail, or GS_E_REMOTE with the launcher's message if the run did not start. */
+int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, const char *ranks,
+                         struct gs_tail_state *st, gs_started_fn started, gs_tail_fn fn, void *ctx,
+                         volatile sig_atomic_t *interrupted, struct gs_error *err);
 
 /* Streams the logs of run `id` from the offsets in `st`, following until the run ends when
  * `follow`. Returns 0 (st->finished says whether the run ended), GS_E_INTERRUPTED when

@@ -28,18 +28,20 @@
 #include <unistd.h>
 
 #include "jsonw.h"
+#include "runlog.h"
 #include "runs.h"
 
 #define LAUNCH_USAGE                                                                               \
     "usage: gpusync-agent launch --root DIR --id ID --nproc N [--gpus 0,2] [--max-restarts K]\n"   \
     "         [--name NAME] [--nnodes M --node-rank R --master-addr HOST --master-port P]\n"       \
-    "         [--grace-ms MS] -- CMD ARGS...\n"
+    "         [--grace-ms MS] [--follow RANKS] -- CMD ARGS...\n"                                   \
+    "  --follow RANKS  after the 'started' line, stream the run's logs as `tail --follow` does\n"
 
 /* How long processes may survive SIGKILL before the run is declared over without them. */
 #define LAUNCH_UNKILLABLE_MS 10000
 
 struct launch_opts {
-    const char *root, *id, *name, *gpus, *master_addr;
+    const char *root, *id, *name, *gpus, *master_addr, *follow;
     long nproc, max_restarts, nnodes, node_rank, master_port, grace_ms;
     char **cmd; /* NULL-terminated, points into argv */
     char rootabs[PATH_MAX];
@@ -110,6 +112,7 @@ static int opt_string(struct launch_opts *o, const char *name, const char *val)
                        : !strcmp(name, "--name")        ? &o->name
                        : !strcmp(name, "--gpus")        ? &o->gpus
                        : !strcmp(name, "--master-addr") ? &o->master_addr
+                       : !strcmp(name, "--follow")      ? &o->follow
                                                         : NULL;
     if (dst)
         *dst = val;
@@ -717,6 +720,15 @@ static long start_supervisor(struct launch_opts *o, char *why, size_t cap)
     return pid;
 }
 
+/* Streams the new run's logs on stdout, as `tail --follow` would: the client then needs one exec,
+ * not two, between its command and the first log line. */
+static int follow_logs(struct launch_opts *o)
+{
+    char *argv[] = {"tail",    "--root",          (char *)o->root, "--id", (char *)o->id,
+                    "--ranks", (char *)o->follow, "--follow",      NULL};
+    return gs_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
+}
+
 int gs_launch_main(int argc, char **argv)
 {
     struct launch_opts o;
@@ -735,6 +747,13 @@ int gs_launch_main(int argc, char **argv)
         fprintf(stderr, "gpusync-agent launch: run %s did not start: %s\n", o.id, why);
         return 1;
     }
-    printf("started %s %ld %ld\n", o.id, pid, o.master_port);
-    return fflush(stdout) == 0 ? 0 : 1;
+    /* The agent's own path comes last: a client that ran whichever build was cached uses it for
+     * its later commands (tail after a reconnect, stop). */
+    char exe[PATH_MAX] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    printf("started %s %ld %ld %s\n", o.id, pid, o.master_port, exe);
+    if (fflush(stdout) != 0)
+        return 1;
+    return o.follow ? follow_logs(&o) : 0;
 }

@@ -6,6 +6,7 @@
  * two sshd servers. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <setjmp.h>
@@ -24,6 +26,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "tools/wansim_harness.h"
 
@@ -402,6 +405,34 @@ static void test_run__command_exit_code_is_the_runs(void **state)
     assert_int_equal(int_at(st, "exit_code"), 3);
     json_decref(st);
     child_release(&c);
+}
+
+/* `run` launches through whichever agent build is cached, without a probe first. On a server
+ * without this build (a new binary here, no source to build from) the launch finds none,
+ * installs it and launches once: one run, with its logs and exit code. */
+static void test_run__a_server_without_the_agent_gets_it_and_runs_once(void **state)
+{
+    (void)state;
+    char agent[PATH_MAX], marker[PATH_MAX];
+    snprintf(agent, sizeof(agent), "%s/../gpusync-agent-new", project);
+    snprintf(marker, sizeof(marker), "%s/../before-install", project);
+    assert_int_equal(gs_test_sh("cp '%s' '%s' && echo 'run test %d %ld' >>'%s' && touch '%s'",
+                                gs_test_build_path("remote/agent/gpusync-agent"), agent,
+                                (int)getpid(), (long)time(NULL), agent, marker),
+                     0);
+    setenv("GPUSYNC_AGENT", agent, 1);
+    setenv("GPUSYNC_AGENT_SRC", "/nonexistent", 1);
+    struct child c = run_in(
+        project, ARGS("run", "--no-sync", "--cpu", "1", "--", "sh", "-c", "echo ran once; exit 4"));
+    unsetenv("GPUSYNC_AGENT");
+    unsetenv("GPUSYNC_AGENT_SRC");
+    expect_status(&c, 4, "a run through a freshly installed agent");
+    assert_string_equal(c.out.data, "ran once\n");
+    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    assert_int_equal(int_at(st, "exit_code"), 4);
+    json_decref(st);
+    child_release(&c);
+    gs_test_sh("find ~root/.gpusync/bin -newer '%s' -name 'gpusync-agent-*' -delete", marker);
 }
 
 static void test_run__one_rank_crashing_stops_the_others(void **state)
@@ -877,6 +908,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status,
                                use_home),
         cmocka_unit_test_setup(test_run__command_exit_code_is_the_runs, use_home),
+        cmocka_unit_test_setup(test_run__a_server_without_the_agent_gets_it_and_runs_once,
+                               use_home),
         cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),

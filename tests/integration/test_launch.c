@@ -322,10 +322,12 @@ static void launch_env(const struct fx *f, const char *id, const char *const *op
     struct out r = agent_run_env(args, env);
     if (r.status != 0)
         fail_msg("launch %s failed (%d): %s", id, r.status, r.err);
-    char want[128], got_id[128];
+    char want[PATH_MAX + 256], got_id[128], exe[PATH_MAX];
     long s = 0, p = 0;
     assert_int_equal(sscanf(r.text, "started %127s %ld %ld", got_id, &s, &p), 3);
-    snprintf(want, sizeof(want), "started %s %ld %ld\n", id, s, p);
+    /* the agent's own path comes last, for clients that ran whichever build was cached */
+    assert_non_null(realpath(agent_bin(), exe));
+    snprintf(want, sizeof(want), "started %s %ld %ld %s\n", id, s, p, exe);
     assert_string_equal(r.text, want);
     assert_true(s > 1 && p > 0 && p < 65536);
     if (sup)
@@ -801,6 +803,40 @@ static void read_until(int fd, char **buf, size_t *len, const char *want)
     }
 }
 
+/* launch --follow: the started line, then the same frames `tail --follow` gives, until the run
+ * ends; the exit status is the follow's. */
+static void test_launch__follow_streams_the_logs_after_the_started_line(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"launch",
+                          "--root",
+                          f->root,
+                          "--id",
+                          "lf",
+                          "--nproc",
+                          "2",
+                          "--follow",
+                          "all",
+                          "--",
+                          "sh",
+                          "-c",
+                          "echo \"hello from $RANK\"",
+                          NULL};
+    struct out r = agent_run(args);
+    assert_int_equal(r.status, 0);
+    char *nl = memchr(r.text, '\n', r.len);
+    assert_non_null(nl);
+    assert_int_equal(strncmp(r.text, "started lf ", 11), 0);
+    struct frames fr;
+    size_t head = (size_t)(nl - r.text) + 1;
+    parse_frames(r.text + head, r.len - head, &fr);
+    assert_string_equal(fr.x, "X 0 succeeded");
+    assert_string_equal(fr.data[0], "hello from 0\n");
+    assert_string_equal(fr.data[1], "hello from 1\n");
+    frames_release(&fr);
+    free(r.text);
+}
+
 static void test_launch__tail_follow_sees_a_line_within_bounded_time(void **state)
 {
     struct fx *f = *state;
@@ -965,6 +1001,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__tail_from_offsets_resumes_exactly, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_launch__follow_streams_the_logs_after_the_started_line,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__tail_follow_sees_a_line_within_bounded_time,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__run_survives_the_launching_process_exiting,
