@@ -87,10 +87,10 @@ static int gpu_cmp(const void *a, const void *b)
 static int list_gpus(struct gs_cli *cli, struct gpu *gpus, int max)
 {
     struct gs_buf out = GS_BUF_INIT;
-    int rc = gs_exec_capture(cli->ssh,
-                             "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,"
-                             "nounits 2>/dev/null",
-                             &out, NULL, &cli->err);
+    int rc = gs_run_capture(cli,
+                            "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,"
+                            "nounits 2>/dev/null",
+                            &out);
     int n = 0;
     for (char *p = out.data; rc == 0 && p && *p && n < max; p = strchr(p, '\n')) {
         if (*p == '\n')
@@ -123,10 +123,10 @@ static int pick_gpus(struct gs_cli *cli, const char *want, struct gs_buf *list, 
         return gs_error_set(&cli->err, GS_E_USAGE,
                             "%s has no NVIDIA GPU (nvidia-smi found none); run CPU ranks with "
                             "--cpu N",
-                            gs_ssh_target(cli->ssh));
+                            gs_run_target(cli));
     if (have < n)
         return gs_error_set(&cli->err, GS_E_USAGE, "%s has %d GPU%s; --gpus %d asks for more",
-                            gs_ssh_target(cli->ssh), have, have == 1 ? "" : "s", n);
+                            gs_run_target(cli), have, have == 1 ? "" : "s", n);
     qsort(gpus, (size_t)have, sizeof(gpus[0]), gpu_cmp);
     for (int i = 0; i < n; i++)
         gs_buf_addf(list, "%s%d", i ? "," : "", gpus[i].index);
@@ -158,14 +158,36 @@ static void release_command(struct command *c)
         gs_buf_release(&c->words[i]);
 }
 
+/* Asks (through the watch daemon) whether this trainer build is on the server: 0 with its path,
+ * 1 when it must be built, or a negative code. */
+static int trainer_cached(struct gs_cli *cli, struct gs_buf *path)
+{
+    struct gs_buf probe = GS_BUF_INIT, out = GS_BUF_INIT;
+    int rc = gs_trainer_locate(path, &probe, &cli->err);
+    if (rc == 0)
+        rc = gs_run_capture(cli, probe.data, &out);
+    if (rc >= 0)
+        rc = out.data && strstr(out.data, "present") ? 0 : 1;
+    if (rc != 0)
+        gs_buf_reset(path);
+    gs_buf_release(&probe);
+    gs_buf_release(&out);
+    return rc;
+}
+
 /* The bundled trainer: built on the server on first use; its remote path starts with "~", which
  * the launcher's shell must expand, so it runs through sh -c. */
 static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct command *c)
 {
     struct gs_buf path = GS_BUF_INIT, line = GS_BUF_INIT;
     const char *how = "";
-    fprintf(stderr, "gpusync: preparing the bundled trainer on the server...\n");
-    int rc = gs_trainer_install(cli->ssh, &path, &how, &cli->err);
+    int rc = cli->ssh ? 1 : trainer_cached(cli, &path);
+    if (rc == 1) {
+        fprintf(stderr, "gpusync: preparing the bundled trainer on the server...\n");
+        rc = gs_run_ensure_connected(cli);
+        if (rc == 0)
+            rc = gs_trainer_install(cli->ssh, &path, &how, &cli->err);
+    }
     if (rc == 0) {
         gs_buf_addf(&line, "exec %s --device %s", path.data, a->cpu ? "cpu" : "cuda");
         for (int i = 0; i < a->argc; i++) {
@@ -275,7 +297,7 @@ static void on_started(void *ctx, const struct gs_tail_state *st)
                                     v->nproc, "master_port", st->port));
     else
         fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", v->id,
-                v->nproc, v->nproc == 1 ? "" : "s", gs_ssh_target(v->cli->ssh), st->port);
+                v->nproc, v->nproc == 1 ? "" : "s", gs_run_target(v->cli), st->port);
 }
 
 /* Starts the run and follows its logs until it ends or Ctrl-C. */
@@ -765,7 +787,9 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
         a.hosts = cli->cfg.hosts;
     if (a.hosts)
         return run_multi(cli, &a);
-    if ((r = gs_cli_connect(cli)) < 0)
+    /* With a watch daemon connected, everything goes through its spare connection: no handshake
+     * here (gs_run_ensure_connected connects when something must). */
+    if (!gs_run_daemon_ready(cli) && (r = gs_cli_connect(cli)) < 0)
         return gs_cli_fail(cli, r);
     struct gs_run_ctx rc;
     gs_run_ctx_init(cli, &rc); /* the agent is found by the launch itself */

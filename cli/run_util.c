@@ -2,7 +2,9 @@
 #include "cli/run_util.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "common/log.h"
 #include "common/path.h"
 #include "remote/agent_install.h"
+#include "remote/exec.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/index.h"
@@ -29,7 +32,105 @@ void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc)
 int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc)
 {
     const char *how;
-    return rc->agent.len ? 0 : gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
+    if (rc->agent.len)
+        return 0;
+    int r = gs_run_ensure_connected(cli);
+    return r < 0 ? r : gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
+}
+
+int gs_run_ensure_connected(struct gs_cli *cli)
+{
+    return cli->ssh ? 0 : gs_cli_connect(cli);
+}
+
+const char *gs_run_target(struct gs_cli *cli)
+{
+    static char name[512];
+    if (cli->ssh)
+        return gs_ssh_target(cli->ssh);
+    snprintf(name, sizeof(name), "%s%s%s", cli->cfg.user ? cli->cfg.user : "",
+             cli->cfg.user ? "@" : "", cli->cfg.host ? cli->cfg.host : "the server");
+    if (cli->cfg.port)
+        snprintf(name + strlen(name), sizeof(name) - strlen(name), ":%d", cli->cfg.port);
+    return name;
+}
+
+int gs_run_daemon_ready(struct gs_cli *cli)
+{
+    json_t *reply = NULL;
+    int ready = gs_control_request(cli->root.data, "status", 2000, &reply, NULL) == 0 &&
+                json_is_true(json_object_get(reply, "connected"));
+    json_decref(reply);
+    return ready;
+}
+
+/* ---- commands through the watch daemon's relay (syncd/relay.h) ---- */
+
+typedef int (*relay_out_fn)(void *ctx, const char *data, size_t len);
+
+/* Reads an exec stream from the daemon until it ends, stdout to `out_fn`, stderr to `errout`.
+ * Returns the command's exit status (-1 unknown), GS_E_INTERRUPTED, GS_E_DISCONNECTED when the
+ * daemon went away before the end, or GS_E_PROTO. */
+static int relay_read(int fd, struct gs_buf *buf, relay_out_fn out_fn, void *ctx,
+                      struct gs_buf *errout, volatile sig_atomic_t *interrupted)
+{
+    struct gs_buf data = GS_BUF_INIT;
+    int rc = GS_E_DISCONNECTED;
+    for (;;) {
+        char kind;
+        int status = -1, popped;
+        while ((popped = gs_control_frame_pop(buf, &kind, &data, &status)) == 1 && kind != 'x') {
+            if (kind == 'e') {
+                gs_buf_add(errout, data.data, data.len);
+            } else if (out_fn(ctx, data.data, data.len) < 0) {
+                popped = -1;
+                break;
+            }
+        }
+        if (popped == 1 || popped < 0) {
+            rc = popped < 0 ? GS_E_PROTO : status;
+            break;
+        }
+        if (interrupted && *interrupted) {
+            rc = GS_E_INTERRUPTED;
+            break;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        char chunk[32768];
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n <= 0 && !(n < 0 && errno == EINTR))
+            break;
+        if (n > 0)
+            gs_buf_add(buf, chunk, (size_t)n);
+    }
+    gs_buf_release(&data);
+    return rc;
+}
+
+static int append_out(void *ctx, const char *data, size_t len)
+{
+    gs_buf_add(ctx, data, len);
+    return 0;
+}
+
+int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
+{
+    struct gs_buf buf = GS_BUF_INIT, errout = GS_BUF_INIT;
+    int fd = cli->ssh ? GS_E_NOTFOUND : gs_control_exec(cli->root.data, command, &buf, NULL);
+    int rc = fd >= 0 ? relay_read(fd, &buf, append_out, out, &errout, NULL) : fd;
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0) { /* no daemon, or it could not: over our own connection */
+        gs_buf_reset(out);
+        rc = gs_run_ensure_connected(cli);
+        if (rc == 0)
+            rc = gs_exec_capture(cli->ssh, command, out, NULL, &cli->err);
+    }
+    gs_buf_release(&buf);
+    gs_buf_release(&errout);
+    return rc;
 }
 
 int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
@@ -86,6 +187,8 @@ int gs_run_sync(struct gs_cli *cli)
     if (rc != 1)
         return rc;
     struct gs_session s;
+    if ((rc = gs_run_ensure_connected(cli)) < 0)
+        return rc;
     rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
     return rc < 0 ? rc : push_session(cli, &s);
 }
@@ -292,6 +395,40 @@ int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, con
     return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1);
 }
 
+static int feed_stream(void *ctx, const char *data, size_t len)
+{
+    return gs_run_stream_feed(ctx, data, len);
+}
+
+/* Launches and follows through the watch daemon's spare connection: no SSH handshake before the
+ * first log line. Returns as gs_run_launch_follow, or 1 when no daemon could do it (nothing was
+ * started then). */
+static int launch_follow_via_daemon(struct gs_cli *cli, struct gs_run_spec *spec, const char *ranks,
+                                    struct gs_run_stream *p, volatile sig_atomic_t *interrupted)
+{
+    struct gs_buf cmd = GS_BUF_INIT, buf = GS_BUF_INIT;
+    gs_run_launch_command(spec, ranks ? ranks : "all", &cmd);
+    int fd = gs_control_exec(cli->root.data, cmd.data, &buf, NULL);
+    gs_buf_release(&cmd);
+    int rc = 1;
+    if (fd >= 0) {
+        int status = relay_read(fd, &buf, feed_stream, p, &p->errout, interrupted);
+        close(fd);
+        rc = status == GS_E_PROTO
+                 ? gs_error_set(&cli->err, GS_E_PROTO, "garbled log stream from the daemon")
+             : status < 0 ? status
+                          : 0;
+        if (rc == GS_E_DISCONNECTED)
+            gs_error_set(&cli->err, rc, "the watch daemon went away");
+        if (rc == 0 && !p->st->launched)
+            rc = gs_run_stream_launch_failed(p, gs_run_target(cli), &cli->err);
+        if (rc == GS_E_NOTFOUND && !p->st->launched) /* no agent cached there: install here */
+            rc = 1;
+    }
+    gs_buf_release(&buf);
+    return rc;
+}
+
 int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
                              const char *ranks, gs_started_fn started, struct gs_log_printer *view,
                              volatile sig_atomic_t *interrupted, int *exit_code)
@@ -299,7 +436,12 @@ int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     struct gs_tail_state st;
     memset(&st, 0, sizeof(st));
     spec->agent = rc->agent.len ? rc->agent.data : NULL;
-    int r = gs_run_launch_follow(cli->ssh, spec, ranks, &st, started, gs_log_printer_chunk, view,
+    struct gs_run_stream p = {
+        .st = &st, .fn = gs_log_printer_chunk, .started = started, .ctx = view};
+    int r = cli->ssh ? 1 : launch_follow_via_daemon(cli, spec, ranks, &p, interrupted);
+    gs_run_stream_release(&p);
+    if (r == 1 && (r = gs_run_ensure_connected(cli)) == 0)
+        r = gs_run_launch_follow(cli->ssh, spec, ranks, &st, started, gs_log_printer_chunk, view,
                                  interrupted, &cli->err);
     if (r == GS_E_NOTFOUND && !spec->agent && strstr(cli->err.msg, GS_AGENT_MISSING)) {
         gs_error_clear(&cli->err); /* none cached there yet: install, then launch */

@@ -23,6 +23,23 @@ void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc);
 int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc);
 void gs_run_ctx_release(struct gs_run_ctx *rc);
 
+/* Connects cli->ssh unless connected: the run commands go through the watch daemon's spare
+ * connection when one runs (gs_run_capture, gs_run_launch_and_follow) and connect only when
+ * they must. Returns 0 or a negative code in cli->err. */
+int gs_run_ensure_connected(struct gs_cli *cli);
+
+/* The server for messages: as connected, or (through the daemon) as configured. Valid until the
+ * next call. */
+const char *gs_run_target(struct gs_cli *cli);
+
+/* 1 when a watch daemon runs for this project and is connected: its relay can run commands. */
+int gs_run_daemon_ready(struct gs_cli *cli);
+
+/* Runs `command` on the server and appends its stdout to `out`: through the daemon's spare
+ * connection when cli->ssh is not connected and a daemon runs, else over cli->ssh (connecting
+ * first). Returns its exit status (>= 0) or a negative code in cli->err. */
+int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
+
 /* Makes the server match the local tree before a launch: the daemon's flush when one runs,
  * otherwise a push over the existing connection. Prints one line on stderr. */
 int gs_run_sync(struct gs_cli *cli);

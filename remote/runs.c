@@ -18,7 +18,7 @@ static void base_command(struct gs_buf *cmd, const char *agent, const char *remo
 
 /* Appends the launch command for `spec`; with `follow`, the launcher then streams those ranks'
  * logs. Without spec->agent it runs whichever agent build is cached there. */
-static void launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd)
+void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd)
 {
     struct gs_buf body = GS_BUF_INIT;
     gs_buf_addf(&body, "mkdir -p -- %s && cd -- %s && %s%sexec %s launch --root . --id ",
@@ -56,26 +56,26 @@ static void launch_command(const struct gs_run_spec *spec, const char *follow, s
 }
 
 /* The error for a launcher that printed no "started" line. */
-static int launch_failed(struct gs_ssh *ssh, const struct gs_buf *out, const struct gs_buf *errout,
+static int launch_failed(const char *target, const struct gs_buf *out, const struct gs_buf *errout,
                          struct gs_error *err)
 {
     const char *why = errout->len ? errout->data : out->len ? out->data : "no answer";
     int missing = errout->len && strstr(errout->data, GS_AGENT_MISSING);
     return gs_error_set(err, missing ? GS_E_NOTFOUND : GS_E_REMOTE,
-                        "the run did not start on %s: %s", gs_ssh_target(ssh), why);
+                        "the run did not start on %s: %s", target, why);
 }
 
 int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
                   struct gs_error *err)
 {
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT, errout = GS_BUF_INIT;
-    launch_command(spec, NULL, &cmd);
+    gs_run_launch_command(spec, NULL, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
     char id[256];
     if (rc == 0 && (!out.data || sscanf(out.data, "started %255s %ld %d", id, pid, port) != 3))
         rc = 1;
     if (rc > 0)
-        rc = launch_failed(ssh, &out, &errout, err);
+        rc = launch_failed(gs_ssh_target(ssh), &out, &errout, err);
     gs_buf_release(&cmd);
     gs_buf_release(&out);
     gs_buf_release(&errout);
@@ -84,17 +84,8 @@ int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid,
 
 /* ---- following ---- */
 
-struct tail_parser {
-    struct gs_buf in;
-    struct gs_buf errout; /* the remote stderr, for a launch that failed */
-    struct gs_tail_state *st;
-    gs_tail_fn fn;
-    gs_started_fn started;
-    void *ctx;
-};
-
 /* "started ID PID PORT AGENT_PATH": the launcher's report when it also follows. */
-static int parse_started(struct tail_parser *p, size_t head)
+static int parse_started(struct gs_run_stream *p, size_t head)
 {
     int path_at = 0;
     struct gs_tail_state *st = p->st;
@@ -114,7 +105,7 @@ static int parse_started(struct tail_parser *p, size_t head)
 }
 
 /* Consumes complete frames from the parser's buffer. Returns 0, or -1 on garbage. */
-static int parse_frames(struct tail_parser *p)
+static int parse_frames(struct gs_run_stream *p)
 {
     for (;;) {
         char *nl = p->in.len ? memchr(p->in.data, '\n', p->in.len) : NULL;
@@ -148,6 +139,23 @@ static int parse_frames(struct tail_parser *p)
     }
 }
 
+int gs_run_stream_feed(struct gs_run_stream *p, const char *data, size_t len)
+{
+    gs_buf_add(&p->in, data, len);
+    return parse_frames(p);
+}
+
+int gs_run_stream_launch_failed(struct gs_run_stream *p, const char *target, struct gs_error *err)
+{
+    return launch_failed(target, &p->in, &p->errout, err);
+}
+
+void gs_run_stream_release(struct gs_run_stream *p)
+{
+    gs_buf_release(&p->in);
+    gs_buf_release(&p->errout);
+}
+
 static void offsets_arg(const struct gs_tail_state *st, struct gs_buf *cmd)
 {
     int first = 1;
@@ -161,7 +169,7 @@ static void offsets_arg(const struct gs_tail_state *st, struct gs_buf *cmd)
 }
 
 /* Reads the tail channel until EOF, an interrupt or an error. */
-static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct tail_parser *p,
+static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct gs_run_stream *p,
                      volatile sig_atomic_t *interrupted, struct gs_error *err)
 {
     char buf[32768];
@@ -175,8 +183,7 @@ static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct tail_parser
                 gs_buf_add(&p->errout, ebuf, (size_t)e);
         ssize_t n = libssh2_channel_read(ch, buf, sizeof(buf));
         if (n > 0) {
-            gs_buf_add(&p->in, buf, (size_t)n);
-            if (parse_frames(p) < 0)
+            if (gs_run_stream_feed(p, buf, (size_t)n) < 0)
                 return gs_error_set(err, GS_E_PROTO, "garbled log stream from %s",
                                     gs_ssh_target(ssh));
             continue;
@@ -207,7 +214,7 @@ static void abandon_channel(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch)
 
 /* Runs `cmd` and feeds its output to `p` until EOF, an interrupt or an error. Returns 0 with the
  * command's exit status in *status (-1 if unknown), or a negative code. */
-static int follow_command(struct gs_ssh *ssh, const char *cmd, struct tail_parser *p,
+static int follow_command(struct gs_ssh *ssh, const char *cmd, struct gs_run_stream *p,
                           volatile sig_atomic_t *interrupted, int *status, struct gs_error *err)
 {
     *status = -1;
@@ -233,13 +240,12 @@ int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
     offsets_arg(st, &cmd);
     if (follow)
         gs_buf_adds(&cmd, " --follow");
-    struct tail_parser p = {.st = st, .fn = fn, .ctx = ctx};
+    struct gs_run_stream p = {.st = st, .fn = fn, .ctx = ctx};
     int status;
     int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
     if (rc == 0 && status > 0 && !st->finished)
         rc = gs_error_set(err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
-    gs_buf_release(&p.in);
-    gs_buf_release(&p.errout);
+    gs_run_stream_release(&p);
     gs_buf_release(&cmd);
     return rc;
 }
@@ -249,14 +255,13 @@ int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, con
                          volatile sig_atomic_t *interrupted, struct gs_error *err)
 {
     struct gs_buf cmd = GS_BUF_INIT;
-    launch_command(spec, ranks ? ranks : "all", &cmd);
-    struct tail_parser p = {.st = st, .fn = fn, .started = started, .ctx = ctx};
+    gs_run_launch_command(spec, ranks ? ranks : "all", &cmd);
+    struct gs_run_stream p = {.st = st, .fn = fn, .started = started, .ctx = ctx};
     int status;
     int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
     if (rc == 0 && !st->launched)
-        rc = launch_failed(ssh, &p.in, &p.errout, err);
-    gs_buf_release(&p.in);
-    gs_buf_release(&p.errout);
+        rc = gs_run_stream_launch_failed(&p, gs_ssh_target(ssh), err);
+    gs_run_stream_release(&p);
     gs_buf_release(&cmd);
     return rc;
 }

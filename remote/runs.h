@@ -30,6 +30,10 @@ struct gs_run_spec {
     int master_port;         /* 0: the launcher picks a free one (node 0 only) */
 };
 
+/* Appends the remote launch command for `spec`; with `follow` (a ranks list) the launcher then
+ * streams those ranks' logs (gs_run_stream parses them). */
+void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd);
+
 /* Starts the run. Returns 0 and the supervisor pid and master port, or GS_E_REMOTE with the
  * launcher's message. */
 int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
@@ -53,6 +57,23 @@ typedef void (*gs_tail_fn)(void *ctx, int rank, const char *data, size_t len);
 
 /* Called once when the run has started, before any of its logs. */
 typedef void (*gs_started_fn)(void *ctx, const struct gs_tail_state *st);
+
+/* A parser for what `launch --follow` and `tail` print, for output that arrives some other way
+ * than an SSH channel of ours (the watch daemon's relay). */
+struct gs_run_stream {
+    struct gs_buf in;
+    struct gs_buf errout; /* the remote stderr, for a launch that failed */
+    struct gs_tail_state *st;
+    gs_tail_fn fn;
+    gs_started_fn started;
+    void *ctx;
+};
+/* Feeds output bytes. Returns 0, or -1 for garbage. */
+int gs_run_stream_feed(struct gs_run_stream *p, const char *data, size_t len);
+/* The error for a launch that ended with no "started" line (GS_E_NOTFOUND with GS_AGENT_MISSING
+ * when no agent was cached there); frees nothing. */
+int gs_run_stream_launch_failed(struct gs_run_stream *p, const char *target, struct gs_error *err);
+void gs_run_stream_release(struct gs_run_stream *p);
 
 /* Starts the run and follows its logs (`ranks`) on the same channel: one exec where launch and
  * tail took two, so the first line comes a round trip and a server shell start sooner. With

@@ -88,18 +88,47 @@ static int build(struct gs_ssh *ssh, const char *key, const struct gs_buf *tar,
     return rc;
 }
 
+/* The content key of the trainer sources in `tar`. */
+static void trainer_key(const struct gs_buf *tar, char key[20])
+{
+    snprintf(key, 20, "%016llx", (unsigned long long)XXH3_64bits(tar->data, tar->len));
+}
+
+static void add_path(struct gs_buf *path, const char *key)
+{
+    gs_buf_addf(path, "~/.gpusync/trainer-%s/bin/gpusync-train", key);
+}
+
+static void add_probe(struct gs_buf *probe, const char *key)
+{
+    gs_buf_adds(probe, "test -x ");
+    add_path(probe, key);
+    gs_buf_adds(probe, " && echo present; exit 0");
+}
+
+int gs_trainer_locate(struct gs_buf *path, struct gs_buf *probe, struct gs_error *err)
+{
+    struct gs_buf tar = GS_BUF_INIT;
+    char key[20];
+    int rc = pack_sources(&tar, err);
+    if (rc == 0) {
+        trainer_key(&tar, key);
+        add_path(path, key);
+        add_probe(probe, key);
+    }
+    gs_buf_release(&tar);
+    return rc;
+}
+
 int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how,
                        struct gs_error *err)
 {
     struct gs_buf tar = GS_BUF_INIT, probe = GS_BUF_INIT, out = GS_BUF_INIT;
     int rc = pack_sources(&tar, err);
     char key[20];
-    snprintf(key, sizeof(key), "%016llx", (unsigned long long)XXH3_64bits(tar.data, tar.len));
+    trainer_key(&tar, key);
     if (rc == 0) {
-        gs_buf_addf(&probe,
-                    "test -x ~/.gpusync/trainer-%s/bin/gpusync-train && echo present; "
-                    "exit 0",
-                    key);
+        add_probe(&probe, key);
         rc = gs_exec_capture(ssh, probe.data, &out, NULL, err);
     }
     if (rc == 0) {
@@ -109,7 +138,7 @@ int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how
             rc = build(ssh, key, &tar, err);
     }
     if (rc == 0)
-        gs_buf_addf(path, "~/.gpusync/trainer-%s/bin/gpusync-train", key);
+        add_path(path, key);
     gs_buf_release(&tar);
     gs_buf_release(&probe);
     gs_buf_release(&out);

@@ -15,4 +15,9 @@
 int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how,
                        struct gs_error *err);
 
+/* Where this build of the trainer lives on a server (appended to `path`, a shell word) and a
+ * command that prints "present" when it is built there (appended to `probe`): for a caller that
+ * runs the probe some other way and installs only when it is missing. Returns 0 or GS_E_IO. */
+int gs_trainer_locate(struct gs_buf *path, struct gs_buf *probe, struct gs_error *err);
+
 #endif

@@ -170,3 +170,51 @@ int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t
     close(fd);
     return rc;
 }
+
+int gs_control_exec(const char *root, const char *command, struct gs_buf *buf, struct gs_error *err)
+{
+    int fd = gs_control_connect(root, NULL);
+    if (fd < 0)
+        return GS_E_NOTFOUND;
+    json_t *req = json_pack("{s:s,s:s}", "cmd", "exec", "command", command), *reply = NULL;
+    struct gs_error ignored = {0};
+    int rc = gs_control_send(fd, req, &ignored);
+    if (rc == 0)
+        rc = gs_control_recv(fd, buf, &reply, 30000, &ignored);
+    json_decref(req);
+    const char *error = json_string_value(json_object_get(reply, "error"));
+    if (rc == 0 && !json_is_true(json_object_get(reply, "ok")))
+        rc = error && strcmp(error, "unknown command") != 0
+                 ? gs_error_set(err, GS_E_REMOTE, "%s", error)
+                 : GS_E_NOTFOUND; /* a daemon from before the relay */
+    else if (rc < 0)
+        rc = GS_E_NOTFOUND; /* it went away: do the work here */
+    json_decref(reply);
+    if (rc < 0)
+        close(fd);
+    return rc < 0 ? rc : fd;
+}
+
+int gs_control_frame_pop(struct gs_buf *buf, char *kind, struct gs_buf *data, int *status)
+{
+    char *nl = buf->len ? memchr(buf->data, '\n', buf->len) : NULL;
+    if (!nl)
+        return buf->len > 64 ? -1 : 0;
+    size_t head = (size_t)(nl - buf->data) + 1;
+    unsigned long long len;
+    if (buf->data[0] == 'x' && sscanf(buf->data, "x %d", status) == 1) {
+        *kind = 'x';
+        gs_buf_consume(buf, head);
+        return 1;
+    }
+    if ((buf->data[0] != 'o' && buf->data[0] != 'e') || sscanf(buf->data + 1, " %llu", &len) != 1 ||
+        len > (64u << 20))
+        return -1;
+    if (buf->len < head + len)
+        return 0;
+    *kind = buf->data[0];
+    gs_buf_reset(data);
+    gs_buf_add(data, buf->data + head, (size_t)len);
+    gs_buf_consume(buf, head + (size_t)len);
+    return 1;
+}

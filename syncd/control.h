@@ -20,6 +20,12 @@
  *                               {"v":1,"event":"disconnected","message":S}
  *                               {"v":1,"event":"idle"} (the server matches the local tree)
  *   {"v":1,"cmd":"stop"}     -> {"v":1,"ok":true}, then the daemon exits
+ *   {"v":1,"cmd":"exec","command":S}
+ *                            -> {"v":1,"ok":true}, then S's output on the daemon's spare
+ *                               connection (relay.h) as frames, not JSON: "o LEN\n" and LEN bytes
+ *                               of stdout, "e LEN\n" and LEN bytes of stderr, and at the end
+ *                               "x STATUS\n" (its exit status, -1 if unknown); then the daemon
+ *                               closes. Or {"v":1,"ok":false,"error":S} and close.
  *
  * A request with another "v" gets {"v":1,"ok":false,"error":"protocol version ..."}. */
 #ifndef GS_SYNCD_CONTROL_H
@@ -55,6 +61,17 @@ int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, st
  * GS_E_DISCONNECTED / GS_E_PROTO with err set. */
 int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
                        struct gs_error *err);
+
+/* Asks the daemon of the project at `root` to run `command` on the server ("exec" above). Returns
+ * a descriptor whose next bytes are the frames (any already read are left in `buf`), GS_E_NOTFOUND
+ * when no daemon listens or it does not relay (err untouched then), or GS_E_REMOTE with the
+ * daemon's error (it could not reach the server). */
+int gs_control_exec(const char *root, const char *command, struct gs_buf *buf,
+                    struct gs_error *err);
+
+/* Pops one frame of an exec stream from `buf`: returns 1 with *kind 'o' or 'e' and the bytes in
+ * `data` (replaced), or 'x' with *status; 0 when no frame is complete; -1 on garbage. */
+int gs_control_frame_pop(struct gs_buf *buf, char *kind, struct gs_buf *data, int *status);
 
 /* Pops one complete line from `buf` as JSON, or returns 0 with *msg NULL if none is complete. */
 int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err);

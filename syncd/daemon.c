@@ -19,6 +19,7 @@
 #include "common/path.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
+#include "syncd/relay.h"
 #include "syncd/session.h"
 #include "syncd/watch.h"
 
@@ -45,6 +46,7 @@ struct daemon {
     struct gs_session sess;
     struct gs_ssh *ssh;
     int connected;
+    struct gs_relay *relay; /* commands run for clients on a spare connection */
     struct gs_watch *watch;
     int listen_fd, signal_fd;
     struct client clients[MAX_CLIENTS];
@@ -109,15 +111,22 @@ static void show_status(struct daemon *d)
 
 static json_t *status_json(struct daemon *d)
 {
-    return json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
-                     "state", state_name(d), "connected", d->connected, "pending",
-                     (int)(d->n_dirty + d->n_failed), "last_error",
-                     d->last_error[0] ? json_string(d->last_error) : json_null(), "last_latency_ms",
-                     d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
-                     "target", d->connected ? gs_ssh_target(d->ssh) : d->o->cfg->host, "transport",
-                     d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
-                     d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
-                     d->watch && gs_watch_polling(d->watch, NULL));
+    int spare = 0;
+    long relayed = 0;
+    if (d->relay)
+        gs_relay_stats(d->relay, &spare, &relayed);
+    json_t *o = json_pack(
+        "{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1, "state",
+        state_name(d), "connected", d->connected, "pending", (int)(d->n_dirty + d->n_failed),
+        "last_error", d->last_error[0] ? json_string(d->last_error) : json_null(),
+        "last_latency_ms", d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
+        "target", d->connected ? gs_ssh_target(d->ssh) : d->o->cfg->host, "transport",
+        d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
+        d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
+        d->watch && gs_watch_polling(d->watch, NULL));
+    json_object_set_new(o, "spare_ready", json_boolean(spare));
+    json_object_set_new(o, "relayed", json_integer(relayed));
+    return o;
 }
 
 /* ---- the set of changed paths ---- */
@@ -471,9 +480,29 @@ static void start_flush(struct daemon *d, struct client *c)
     d->flush_now = 1;
 }
 
-static void handle_request(struct daemon *d, struct client *c, json_t *req)
+/* Hands client i's connection to the relay, which runs the command and closes it. Returns 1 when
+ * handed over (the client is no longer in the list), 0 after an error reply. */
+static int start_exec(struct daemon *d, int i, json_t *req)
 {
+    const char *command = json_string_value(json_object_get(req, "command"));
+    if (!command) {
+        reply(&d->clients[i], json_pack("{s:b,s:s}", "ok", 0, "error", "missing \"command\""));
+        return 0;
+    }
+    int fd = d->clients[i].fd;
+    gs_buf_release(&d->clients[i].in);
+    d->clients[i] = d->clients[--d->n_clients];
+    gs_relay_exec(d->relay, fd, command);
+    return 1;
+}
+
+/* Answers one request. Returns 1 when client i was handed over (no longer in the list). */
+static int handle_request(struct daemon *d, int i, json_t *req)
+{
+    struct client *c = &d->clients[i];
     const char *cmd = json_string_value(json_object_get(req, "cmd"));
+    if (cmd && strcmp(cmd, "exec") == 0)
+        return start_exec(d, i, req);
     if (!cmd)
         reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "missing \"cmd\""));
     else if (strcmp(cmd, "status") == 0)
@@ -488,6 +517,7 @@ static void handle_request(struct daemon *d, struct client *c, json_t *req)
         d->stop = 1;
     } else
         reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "unknown command"));
+    return 0;
 }
 
 /* Reads from client i; returns 0 if it is still there, -1 if it was dropped. */
@@ -505,8 +535,10 @@ static int serve_client(struct daemon *d, int i)
     json_t *req;
     struct gs_error err = {0};
     while (gs_control_pop(&c->in, &req, &err) == 0 && req) {
-        handle_request(d, c, req);
+        int handed = handle_request(d, i, req);
         json_decref(req);
+        if (handed)
+            return -1;
     }
     if (err.code) { /* garbage or a wrong version: say so and hang up */
         reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", err.msg));
@@ -655,6 +687,8 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
         rc = d->listen_fd;
     if (rc == 0 && (d->signal_fd = open_signals()) < 0)
         rc = gs_error_errno(err, GS_E_IO, "signalfd");
+    if (rc == 0)
+        rc = gs_relay_start(&d->relay, &o->ssh, err);
     const char *why;
     if (rc == 0 && gs_watch_polling(d->watch, &why))
         gs_warn("%s", why);
@@ -674,6 +708,7 @@ static void teardown(struct daemon *d)
     }
     if (d->signal_fd >= 0)
         close(d->signal_fd);
+    gs_relay_stop(d->relay);
     gs_watch_free(d->watch);
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);

@@ -97,6 +97,8 @@ static const struct field status_daemon_spec[] = {
     {"pid", T_INT, 0, NULL},
     {"watches", T_INT, 0, NULL},
     {"polling", T_BOOL, 0, NULL},
+    {"spare_ready", T_BOOL, 0, NULL},
+    {"relayed", T_INT, 0, NULL},
     END,
 };
 static const struct field op_item[] = {{"op", T_STR, 0, NULL}, {"path", T_STR, 0, NULL}, END};

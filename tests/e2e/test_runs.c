@@ -58,8 +58,9 @@ static void child_start(struct child *c, const char *cwd, const char *const *arg
 {
     int out[2], err[2];
     memset(c, 0, sizeof(*c));
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
+    /* Close-on-exec: a daemon the child starts (watch -d) must not keep our pipes open. */
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
     c->pid = fork();
     assert_true(c->pid >= 0);
     if (c->pid == 0) {
@@ -433,6 +434,58 @@ static void test_run__a_server_without_the_agent_gets_it_and_runs_once(void **st
     json_decref(st);
     child_release(&c);
     gs_test_sh("find ~root/.gpusync/bin -newer '%s' -name 'gpusync-agent-*' -delete", marker);
+}
+
+/* status --json of the project's watch daemon. */
+static json_t *daemon_status(void)
+{
+    struct child c = run_in(project, ARGS("status", "--json"));
+    expect_status(&c, 0, "status --json");
+    json_t *st = json_loads(c.out.data, 0, NULL);
+    child_release(&c);
+    assert_non_null(st);
+    return st;
+}
+
+/* With `gpusync watch` running, a run goes through the daemon's spare connection (relay.h):
+ * the same logs, the same exit code, and the daemon counts the command it relayed. */
+static void test_run__with_watch_running_goes_through_the_daemon(void **state)
+{
+    (void)state;
+    struct child w = run_in(project, ARGS("watch", "-d"));
+    expect_status(&w, 0, "watch -d");
+    child_release(&w);
+    int64_t end = gs_clock_mono_ms() + 30000;
+    json_t *st = daemon_status();
+    while (!json_is_true(json_object_get(st, "spare_ready"))) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the daemon's spare connection never became ready");
+        json_decref(st);
+        usleep(100000); /* polling an observable condition, with a deadline */
+        st = daemon_status();
+    }
+    long before = (long)json_integer_value(json_object_get(st, "relayed"));
+    json_decref(st);
+    /* Rank 0 fails only after rank 1 has printed: a failing rank stops the others at once. */
+    struct child c =
+        run_in(project,
+               ARGS("run", "--no-sync", "--cpu", "2", "--", "sh", "-c",
+                    "echo \"rank $RANK of $WORLD_SIZE\"; if [ $RANK = 1 ]; then touch r1; exit 0; "
+                    "fi; while [ ! -e r1 ]; do sleep 0.01; done; rm r1; exit 5"));
+    expect_status(&c, 5, "a run through the watch daemon");
+    assert_non_null(strstr(c.out.data, "[rank 0] rank 0 of 2\n"));
+    assert_non_null(strstr(c.out.data, "[rank 1] rank 1 of 2\n"));
+    json_t *run = run_json(remote, run_id_of(&c), "status.json");
+    assert_int_equal(int_at(run, "exit_code"), 5);
+    json_decref(run);
+    child_release(&c);
+    st = daemon_status();
+    long after = (long)json_integer_value(json_object_get(st, "relayed"));
+    json_decref(st);
+    struct child stop = run_in(project, ARGS("watch", "--stop"));
+    child_release(&stop);
+    if (after < before + 1)
+        fail_msg("the run did not go through the daemon (relayed %ld -> %ld)", before, after);
 }
 
 static void test_run__one_rank_crashing_stops_the_others(void **state)
@@ -904,12 +957,15 @@ static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 
 int main(void)
 {
+    if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*daemon*' */
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status,
                                use_home),
         cmocka_unit_test_setup(test_run__command_exit_code_is_the_runs, use_home),
         cmocka_unit_test_setup(test_run__a_server_without_the_agent_gets_it_and_runs_once,
                                use_home),
+        cmocka_unit_test_setup(test_run__with_watch_running_goes_through_the_daemon, use_home),
         cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),

@@ -1125,6 +1125,124 @@ static json_t *control_exchange(const char *line)
     return msg;
 }
 
+/* Connects to the daemon's control socket and sends `line`. */
+static int control_send_line(const char *line)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int n = snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/.gpusync/daemon.sock", cur.local);
+    assert_true(n > 0 && (size_t)n < sizeof(addr.sun_path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    return fd;
+}
+
+/* Reads everything the daemon sends on `fd` until it closes (or 30 s pass). */
+static void read_to_close(int fd, struct gs_buf *in)
+{
+    int64_t end = gs_clock_mono_ms() + 30000;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            fail_msg("the exec stream did not end: %.*s", (int)in->len, in->data);
+        char chunk[4096];
+        ssize_t got = read(fd, chunk, sizeof(chunk));
+        if (got <= 0)
+            return;
+        gs_buf_add(in, chunk, (size_t)got);
+    }
+}
+
+/* Splits an exec stream (control.h: header line, then o/e/x frames) into its parts. */
+static void parse_exec_stream(const struct gs_buf *in, struct gs_buf *out, struct gs_buf *err,
+                              int *status)
+{
+    const char *p = memchr(in->data, '\n', in->len), *end = in->data + in->len;
+    assert_non_null(p);
+    json_t *head = json_loadb(in->data, (size_t)(p - in->data), 0, NULL);
+    assert_true(json_is_true(json_object_get(head, "ok")));
+    json_decref(head);
+    *status = -99;
+    for (p++; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        assert_non_null(nl);
+        unsigned long len = 0;
+        if (*p == 'x') {
+            assert_int_equal(sscanf(p, "x %d", status), 1);
+            assert_true(nl + 1 == end); /* the end is the end */
+            return;
+        }
+        assert_true((*p == 'o' || *p == 'e') && sscanf(p + 1, " %lu", &len) == 1);
+        assert_true(nl + 1 + len <= end);
+        gs_buf_add(*p == 'o' ? out : err, nl + 1, len);
+        p = nl + 1 + len;
+    }
+    fail_msg("the exec stream has no end frame");
+}
+
+/* The relay (syncd/relay.h): a command run through the daemon gives its stdout, its stderr and its
+ * exit status, byte for byte, and status --json counts it. */
+static void test_watch__exec_through_the_daemon_returns_output_and_status(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    await_connected(1, 20000);
+    int fd = control_send_line("{\"v\":1,\"cmd\":\"exec\",\"command\":"
+                               "\"printf 'out\\\\n\\\\0x'; echo err >&2; exit 3\"}\n");
+    struct gs_buf in = GS_BUF_INIT, out = GS_BUF_INIT, err = GS_BUF_INIT;
+    read_to_close(fd, &in);
+    close(fd);
+    int status;
+    parse_exec_stream(&in, &out, &err, &status);
+    assert_int_equal(status, 3);
+    assert_int_equal(out.len, 6);
+    assert_memory_equal(out.data, "out\n\0x", 6);
+    assert_string_equal(err.data, "err\n");
+    gs_buf_release(&in);
+    gs_buf_release(&out);
+    gs_buf_release(&err);
+    json_t *st = daemon_status_json();
+    assert_true(json_integer_value(json_object_get(st, "relayed")) >= 1);
+    json_decref(st);
+}
+
+/* A client that leaves mid-command ends the command on the server, and the daemon goes on. */
+static void test_watch__exec_client_leaving_ends_the_remote_command(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    watch_start();
+    await_connected(1, 20000);
+    char marker[2048], line[4096];
+    path_in(marker, sizeof(marker), cur.base, "relay-pid");
+    snprintf(line, sizeof(line),
+             "{\"v\":1,\"cmd\":\"exec\",\"command\":\"echo $$ > %s; "
+             "while :; do echo tick; sleep 0.05; done\"}\n",
+             marker);
+    int fd = control_send_line(line);
+    struct gs_buf in = GS_BUF_INIT;
+    while (!strstr(in.data ? in.data : "", "tick")) { /* the command is running */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_true(poll(&p, 1, 20000) > 0);
+        char chunk[512];
+        ssize_t got = read(fd, chunk, sizeof(chunk) - 1);
+        assert_true(got > 0);
+        gs_buf_add(&in, chunk, (size_t)got);
+    }
+    gs_buf_release(&in);
+    close(fd);
+    struct gs_buf pid_text = GS_BUF_INIT;
+    assert_int_equal(slurp(marker, &pid_text), 0);
+    pid_t pid = (pid_t)atoi(pid_text.data);
+    gs_buf_release(&pid_text);
+    assert_true(pid > 1);
+    await_gone(pid);
+    flush("the daemon still syncs");
+}
+
 /* Wrong versions, garbage and unknown commands get an error answer; the daemon carries on. */
 static void test_watch__control_socket_answers_bad_requests_with_errors(void **state)
 {
@@ -1710,6 +1828,8 @@ int main(void)
         T(test_watch__foreground_watch_syncs_and_stops_on_sigint),
         T(test_watch__long_project_path_with_spaces_works),
         T(test_watch__control_socket_answers_bad_requests_with_errors),
+        T(test_watch__exec_through_the_daemon_returns_output_and_status),
+        T(test_watch__exec_client_leaving_ends_the_remote_command),
         T(test_watch__ignored_directories_get_no_watches),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),

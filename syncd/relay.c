@@ -1,0 +1,319 @@
+/* syncd/relay.c: a warm spare connection, and workers that run client commands on it (see
+ * relay.h). */
+#include "syncd/relay.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "remote/exec.h"
+#include "syncd/control.h"
+
+#define SPARE_RETRY_FIRST_MS 1000
+#define SPARE_RETRY_MAX_MS   30000
+
+/* What the spare's channel runs ahead of need: the server's login shell (and whatever its rc
+ * files do: 100+ ms with pyenv or conda there) starts now, then waits for a command on stdin,
+ * ending at EOF, and hands it to /bin/sh. A request then costs one round trip, not a channel
+ * open, an exec and a shell start. */
+#define PRESTART_COMMAND "exec /bin/sh -c \"$(cat)\""
+
+struct gs_relay {
+    const struct gs_ssh_opts *opts;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    struct gs_ssh *spare;      /* connected and unused, or NULL */
+    LIBSSH2_CHANNEL *prestart; /* the spare's waiting shell (PRESTART_COMMAND), or NULL */
+    long relayed;              /* commands handed to workers so far */
+    int stop;
+};
+
+struct job {
+    const struct gs_ssh_opts *opts;
+    struct gs_ssh *ssh;        /* the spare, or NULL: connect first */
+    LIBSSH2_CHANNEL *prestart; /* its waiting shell, or NULL */
+    int fd;
+    char *command;
+};
+
+/* ---- the spare ---- */
+
+/* Waits until the spare is taken (or the relay stops), up to `ms` (-1: no limit). Lock held. */
+static void wait_for_need(struct gs_relay *r, int ms)
+{
+    if (ms < 0) {
+        while (r->spare && !r->stop)
+            pthread_cond_wait(&r->wake, &r->lock);
+        return;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&r->wake, &r->lock, &until);
+}
+
+/* Keeps one connected spare, reconnecting with capped backoff while the server is unreachable. */
+static void *spare_main(void *arg)
+{
+    struct gs_relay *r = arg;
+    int backoff = SPARE_RETRY_FIRST_MS;
+    pthread_mutex_lock(&r->lock);
+    while (!r->stop) {
+        if (r->spare) {
+            wait_for_need(r, -1);
+            continue;
+        }
+        pthread_mutex_unlock(&r->lock);
+        struct gs_ssh *s = NULL;
+        struct gs_error err = {0};
+        int rc = gs_ssh_connect(&s, r->opts, &err);
+        LIBSSH2_CHANNEL *ch = rc == 0 ? gs_exec_open(s, PRESTART_COMMAND, &err) : NULL;
+        pthread_mutex_lock(&r->lock);
+        if (rc == 0) {
+            r->spare = s;
+            r->prestart = ch;
+            backoff = SPARE_RETRY_FIRST_MS;
+            continue;
+        }
+        gs_debug("spare connection: %s", err.msg);
+        wait_for_need(r, backoff);
+        backoff = backoff * 2 > SPARE_RETRY_MAX_MS ? SPARE_RETRY_MAX_MS : backoff * 2;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct gs_error *err)
+{
+    struct gs_relay *r = calloc(1, sizeof(*r));
+    if (!r)
+        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    r->opts = ssh;
+    libssh2_init(0); /* before any thread: libssh2_session_init would do it, racily */
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->wake, NULL);
+    if (pthread_create(&r->thread, NULL, spare_main, r) != 0) {
+        free(r);
+        return gs_error_set(err, GS_E_NOMEM, "cannot start the spare-connection thread");
+    }
+    *out = r;
+    return 0;
+}
+
+void gs_relay_stats(struct gs_relay *r, int *spare_ready, long *relayed)
+{
+    pthread_mutex_lock(&r->lock);
+    *spare_ready = r->spare != NULL;
+    *relayed = r->relayed;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void gs_relay_stop(struct gs_relay *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->stop = 1;
+    pthread_cond_signal(&r->wake);
+    pthread_mutex_unlock(&r->lock);
+    pthread_join(r->thread, NULL);
+    gs_ssh_free(r->spare);
+    pthread_cond_destroy(&r->wake);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+/* ---- workers ---- */
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_frame(int fd, char kind, const char *data, size_t len)
+{
+    char head[32];
+    int n = snprintf(head, sizeof(head), "%c %zu\n", kind, len);
+    return send_all(fd, head, (size_t)n) < 0 || send_all(fd, data, len) < 0 ? -1 : 0;
+}
+
+static int send_header(int fd, const char *error)
+{
+    json_t *msg =
+        error ? json_pack("{s:b,s:s}", "ok", 0, "error", error) : json_pack("{s:b}", "ok", 1);
+    int rc = gs_control_send(fd, msg, NULL);
+    json_decref(msg);
+    return rc;
+}
+
+/* 1 when the client hung up (or sent something, which it never should mid-stream). */
+static int client_gone(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
+}
+
+/* Waits for the server or the client, whichever speaks first, up to 1 s. */
+static void wait_either(struct gs_ssh *s, int fd)
+{
+    int dirs = libssh2_session_block_directions(gs_ssh_session(s));
+    struct pollfd p[2] = {
+        {.fd = gs_ssh_fd(s),
+         .events = (short)((dirs & LIBSSH2_SESSION_BLOCK_OUTBOUND ? POLLOUT : 0) |
+                           (dirs & LIBSSH2_SESSION_BLOCK_INBOUND || !dirs ? POLLIN : 0))},
+        {.fd = fd, .events = POLLIN}};
+    poll(p, 2, 1000);
+}
+
+/* Copies stdout and stderr to the client as frames until the command ends (1), the client leaves
+ * (0) or the connection fails (<0). */
+static int relay_output(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, int fd)
+{
+    char buf[32768];
+    for (;;) {
+        int moved = 0;
+        ssize_t n;
+        while ((n = libssh2_channel_read_stderr(ch, buf, sizeof(buf))) > 0) {
+            if (send_frame(fd, 'e', buf, (size_t)n) < 0)
+                return 0;
+            moved = 1;
+        }
+        n = libssh2_channel_read(ch, buf, sizeof(buf));
+        if (n > 0 && send_frame(fd, 'o', buf, (size_t)n) < 0)
+            return 0;
+        if (n == 0 && libssh2_channel_eof(ch))
+            return 1;
+        if (n < 0 && n != LIBSSH2_ERROR_EAGAIN)
+            return (int)n;
+        if (n > 0 || moved)
+            continue;
+        if (client_gone(fd))
+            return 0;
+        wait_either(s, fd);
+    }
+}
+
+/* Hands the command to the spare's waiting shell. Returns its channel, or NULL if that shell is
+ * gone (the server ended it, or the login shell could not parse PRESTART_COMMAND). */
+static LIBSSH2_CHANNEL *give_to_prestart(struct job *j)
+{
+    LIBSSH2_CHANNEL *ch = j->prestart;
+    const char *p = j->command;
+    size_t left = strlen(p);
+    int rc = 0;
+    char junk[4096];
+    j->prestart = NULL;
+    /* What the login shell's rc files printed is not the command's output; reading also
+     * notices a shell that has gone (its EOF waited unread on the idle connection). */
+    while (libssh2_channel_read(ch, junk, sizeof(junk)) > 0 ||
+           libssh2_channel_read_stderr(ch, junk, sizeof(junk)) > 0)
+        ;
+    while (rc == 0 && left && !libssh2_channel_eof(ch)) {
+        ssize_t n = libssh2_channel_write(ch, p, left);
+        if (n == LIBSSH2_ERROR_EAGAIN)
+            rc = gs_ssh_wait(j->ssh, gs_clock_mono_ms() + 10000, NULL);
+        else if (n < 0)
+            rc = -1;
+        else
+            p += n, left -= (size_t)n;
+    }
+    if (rc == 0 && !left && !libssh2_channel_eof(ch))
+        GS_SSH_RETRY(j->ssh, rc, libssh2_channel_send_eof(ch), gs_clock_mono_ms() + 10000, NULL);
+    if (rc == 0 && !left)
+        return ch;
+    libssh2_channel_free(ch);
+    return NULL;
+}
+
+/* Opens the command's channel: the spare's waiting shell, a new channel on the spare, or a new
+ * connection when the spare has died meanwhile. */
+static LIBSSH2_CHANNEL *open_command(struct job *j, struct gs_error *err)
+{
+    LIBSSH2_CHANNEL *ch = j->prestart ? give_to_prestart(j) : NULL;
+    if (!ch && j->ssh)
+        ch = gs_exec_open(j->ssh, j->command, err);
+    if (ch)
+        return ch;
+    gs_ssh_free(j->ssh);
+    j->ssh = NULL;
+    gs_error_clear(err);
+    if (gs_ssh_connect(&j->ssh, j->opts, err) < 0)
+        return NULL;
+    return gs_exec_open(j->ssh, j->command, err);
+}
+
+static void *worker_main(void *arg)
+{
+    struct job *j = arg;
+    struct gs_error err = {0};
+    int flags = fcntl(j->fd, F_GETFL);
+    fcntl(j->fd, F_SETFL, flags & ~O_NONBLOCK);
+    LIBSSH2_CHANNEL *ch = open_command(j, &err);
+    if (!ch) {
+        send_header(j->fd, err.msg);
+    } else if (send_header(j->fd, NULL) < 0 || relay_output(j->ssh, ch, j->fd) <= 0) {
+        libssh2_channel_send_eof(ch); /* the client left, or the link failed: end it there */
+    } else {
+        char end[32];
+        int n = snprintf(end, sizeof(end), "x %d\n", gs_exec_close(j->ssh, ch, NULL));
+        ch = NULL;
+        send_all(j->fd, end, (size_t)n);
+    }
+    close(j->fd);
+    gs_ssh_free(j->ssh); /* frees a channel left open too */
+    free(j->command);
+    free(j);
+    return NULL;
+}
+
+void gs_relay_exec(struct gs_relay *r, int fd, const char *command)
+{
+    struct job *j = calloc(1, sizeof(*j));
+    char *copy = strdup(command);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (j && copy) {
+        pthread_mutex_lock(&r->lock);
+        *j = (struct job){
+            .opts = r->opts, .ssh = r->spare, .prestart = r->prestart, .fd = fd, .command = copy};
+        r->spare = NULL;
+        r->prestart = NULL;
+        r->relayed++;
+        pthread_cond_signal(&r->wake); /* connect the next spare */
+        pthread_mutex_unlock(&r->lock);
+    }
+    if (!j || !copy || pthread_create(&t, &attr, worker_main, j) != 0) {
+        send_header(fd, "out of memory or threads");
+        close(fd);
+        if (j)
+            gs_ssh_free(j->ssh);
+        free(j);
+        free(copy);
+    }
+    pthread_attr_destroy(&attr);
+}
