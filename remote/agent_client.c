@@ -16,10 +16,15 @@
 #include "common/clock.h"
 #include "remote/agent/proto.h"
 #include "remote/agent/sync_id.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include "remote/exec.h"
 
-#define OUT_HIGH_WATER (4u << 20) /* stop queueing and pump when this much is unsent */
-#define MAX_IN_FLIGHT  8192       /* requests awaiting a reply */
+#define OUT_HIGH_WATER (4u << 20)  /* stop queueing and pump when this much is unsent */
+#define WRITE_BATCH    (32u << 10) /* write once this much is queued (one full SSH packet) */
+#define SMALL_PUT_MAX  (64u << 10) /* files up to this size go as one PUT frame */
+#define MAX_IN_FLIGHT  8192        /* requests awaiting a reply */
 #define READ_CHUNK     (256u << 10)
 #define IN_READ_MAX    (2 * GS_PROTO_MAX_FRAME) /* stop reading replies and dispatch them */
 #define STDERR_KEEP    4096
@@ -245,13 +250,15 @@ static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
     return 0;
 }
 
-/* Keeps the pipeline bounded: pumps until the unsent bytes and pending replies are below limits. */
+/* Keeps the pipeline bounded: pumps until the unsent bytes and pending replies are below limits.
+ * Below WRITE_BATCH nothing is written yet: a packet per small file cost 40 bytes of SSH framing
+ * each (drain writes the rest, so a lone save is not held back). */
 static int make_room(struct gs_agent *a, struct gs_error *err)
 {
     int rc = 0;
     while (rc == 0 && (a->out.len > OUT_HIGH_WATER || a->q_len >= MAX_IN_FLIGHT))
         rc = pump(a, 1, err);
-    return rc == 0 ? pump(a, 0, err) : rc;
+    return rc == 0 && a->out.len >= WRITE_BATCH ? pump(a, 0, err) : rc;
 }
 
 static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
@@ -308,10 +315,61 @@ static ssize_t append_data(struct gs_agent *a, uint32_t id, int fd)
 static void put_vanished(struct gs_agent *a, const struct gs_fop_req *req, int err_no)
 {
     char msg[600];
-    snprintf(msg, sizeof(msg), "%s: %s (changed during sync)", req->path, strerror(err_no));
+    snprintf(msg, sizeof(msg), "%s: %s (changed during sync)", req->path,
+             err_no == EAGAIN ? "its content is not what was planned" : strerror(err_no));
     struct gs_fop_result r = {.ok = 0, .err_no = err_no, .message = msg};
     if (a->ops.done)
         a->ops.done(a->ops.done_ctx, req->ctx, &r);
+}
+
+/* Reads all of the regular file `fd` (at most SMALL_PUT_MAX bytes) into `data`. Returns 0, or -1
+ * when it is longer or unreadable. */
+static int read_small(int fd, struct gs_buf *data)
+{
+    char chunk[8192];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || data->len + (size_t)n > SMALL_PUT_MAX)
+            return -1;
+        gs_buf_add(data, chunk, (size_t)n);
+    }
+    return 0;
+}
+
+/* Sends a small file as one PUT frame: about 50 bytes less than a stream per file, 2.5% of a
+ * tree of 4 KiB files. The agent cannot check these bytes against the plan's hash as it does at
+ * PUT_END, so the check is made here: a file changed since it was hashed is not sent (the next
+ * sync sends its new content). Returns 1 when it was answered here, or 0 / a negative code. */
+static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id, int fd,
+                            struct gs_error *err)
+{
+    struct gs_buf data = GS_BUF_INIT;
+    uint8_t hash[GS_PROTO_HASH_LEN];
+    int rc = read_small(fd, &data);
+    if (rc == 0) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(data.data ? data.data : "", data.len));
+        memcpy(hash, c.digest, sizeof(hash));
+    }
+    if (rc < 0 || memcmp(hash, req->content_hash, sizeof(hash)) != 0) {
+        gs_buf_release(&data);
+        put_vanished(a, req, EAGAIN);
+        return 1;
+    }
+    struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = id};
+    m.path = gs_proto_cstr(req->path);
+    m.data = (struct gs_proto_str){data.data ? data.data : "", (uint32_t)data.len};
+    set_meta(&m, req);
+    set_expect(&m, req);
+    rc = push_pending(a, id, req->ctx);
+    if (rc == 0)
+        rc = encode(a, &m, err);
+    if (rc == 0)
+        a->ops.bytes_sent += data.len;
+    gs_buf_release(&data);
+    return rc;
 }
 
 /* Streams a file as PUT_BEGIN, PUT_DATA..., PUT_END. The END carries the hash the plan computed,
@@ -332,6 +390,11 @@ static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
     if (fd < 0) {
         put_vanished(a, req, errno);
         return 1; /* completed here: no reply to wait for */
+    }
+    if (st.st_size <= (off_t)SMALL_PUT_MAX && req->size <= SMALL_PUT_MAX) {
+        int rc = submit_small_put(a, req, id, fd, err);
+        close(fd);
+        return rc;
     }
     struct gs_proto_msg m = {.type = GS_MSG_PUT_BEGIN, .id = id, .size = req->size};
     m.path = gs_proto_cstr(req->path);

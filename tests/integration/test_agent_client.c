@@ -1,0 +1,253 @@
+/* Integration tests for the agent client's puts (remote/agent_client.c) against the sandbox sshd
+ * and the built agent: small files travel as one PUT frame and are checked against the plan's
+ * hash here, large ones stream; many small puts batched into full SSH packets all arrive. The
+ * server is this machine, so the remote tree is inspected directly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "fixtures/proc.h"
+#include "fixtures/sshd.h"
+#include "remote/agent_client.h"
+#include "remote/agent_install.h"
+#include "remote/ssh.h"
+
+#define MAX_DONE 512
+
+struct fx {
+    char base[64];    /* temporary folder: local/ and remote/ */
+    char local[128];  /* files to upload */
+    char remote[128]; /* the agent's root, seen directly */
+    struct gs_agent *agent;
+    struct gs_fileops *ops;
+    int n_done, n_ok;
+    int err_no[MAX_DONE];
+};
+
+static struct gs_test_sshd g_sshd;
+static struct gs_ssh *g_ssh;
+
+static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r)
+{
+    struct fx *f = cb_ctx;
+    intptr_t i = (intptr_t)req_ctx;
+    assert_true(i >= 0 && i < MAX_DONE);
+    f->n_done++;
+    f->n_ok += r->ok;
+    f->err_no[i] = r->ok ? 0 : r->err_no;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (gs_test_sshd_start(&g_sshd, NULL) < 0)
+        return -1;
+    gs_test_sshd_use_home(&g_sshd, 1);
+    struct gs_ssh_opts o = {.host = "127.0.0.1", .port = g_sshd.port, .user = "root"};
+    struct gs_error err = {0};
+    if (gs_ssh_connect(&g_ssh, &o, &err) < 0) {
+        fprintf(stderr, "connect: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_ssh_free(g_ssh);
+    gs_test_sshd_destroy(&g_sshd);
+    return 0;
+}
+
+static int setup(void **state)
+{
+    struct fx *f = calloc(1, sizeof(*f));
+    snprintf(f->base, sizeof(f->base), "/tmp/gs-agent-client.XXXXXX");
+    if (!f || !mkdtemp(f->base))
+        return -1;
+    snprintf(f->local, sizeof(f->local), "%s/local", f->base);
+    snprintf(f->remote, sizeof(f->remote), "%s/remote", f->base);
+    mkdir(f->local, 0755);
+    struct gs_buf cmd = GS_BUF_INIT;
+    struct gs_error err = {0};
+    gs_agent_serve_command(gs_test_build_path("remote/agent/gpusync-agent"), f->remote, &cmd);
+    int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, &err);
+    if (rc == 0)
+        rc = gs_agent_wait_ready(f->agent, &err);
+    gs_buf_release(&cmd);
+    if (rc < 0) {
+        fprintf(stderr, "agent: %s\n", err.msg);
+        return -1;
+    }
+    f->ops = gs_agent_fileops(f->agent);
+    f->ops->done = on_done;
+    f->ops->done_ctx = f;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    f->ops->close(f->ops);
+    gs_test_sh("rm -rf '%s'", f->base);
+    free(f);
+    return 0;
+}
+
+/* Writes local NAME with `len` bytes of a pattern seeded by `seed`; returns the bytes (malloc'd).
+ */
+static char *make_file(struct fx *f, const char *name, size_t len, unsigned seed)
+{
+    char path[256];
+    char *data = malloc(len + 1);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (char)((i * 31 + seed) % 251);
+    snprintf(path, sizeof(path), "%s/%s", f->local, name);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, len, fp), len);
+    fclose(fp);
+    return data;
+}
+
+static void hash_of(const void *p, size_t n, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+    memcpy(out, c.digest, 16);
+}
+
+/* Submits a put of local NAME (planned content `planned`, `len` bytes) as request `i`. */
+static void submit_put(struct fx *f, const char *name, const char *planned, size_t len, int i)
+{
+    char local[256];
+    snprintf(local, sizeof(local), "%s/%s", f->local, name);
+    struct gs_fop_req req = {.type = GS_FOP_PUT,
+                             .path = name,
+                             .local_file = local,
+                             .size = len,
+                             .mode = 0644,
+                             .mtime_ns = 1700000000LL * 1000000000LL,
+                             .expect = GS_FOP_EXPECT_ABSENT,
+                             .ctx = (void *)(intptr_t)i};
+    hash_of(planned, len, req.content_hash);
+    struct gs_error err = {0};
+    assert_int_equal(f->ops->submit(f->ops, &req, &err), 0);
+}
+
+static void drain(struct fx *f)
+{
+    struct gs_error err = {0};
+    if (f->ops->drain(f->ops, &err) < 0)
+        fail_msg("drain: %s", err.msg);
+}
+
+/* Fails unless remote NAME holds exactly data[0..len). */
+static void expect_remote(struct fx *f, const char *name, const char *data, size_t len)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", f->remote, name);
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        fail_msg("%s is not on the server", name);
+    char *got = malloc(len + 1);
+    size_t n = fread(got, 1, len + 1, fp);
+    fclose(fp);
+    assert_int_equal(n, len);
+    assert_memory_equal(got, data, len);
+    free(got);
+}
+
+static void test_agent_client__small_and_large_puts_arrive_byte_for_byte(void **state)
+{
+    struct fx *f = *state;
+    char *small = make_file(f, "small.txt", 4096, 1);
+    char *edge = make_file(f, "edge.bin", 64 << 10, 2);
+    char *large = make_file(f, "large.bin", (64 << 10) + 1, 3);
+    char *empty = make_file(f, "empty", 0, 4);
+    submit_put(f, "small.txt", small, 4096, 0);
+    submit_put(f, "edge.bin", edge, 64 << 10, 1);
+    submit_put(f, "large.bin", large, (64 << 10) + 1, 2);
+    submit_put(f, "empty", empty, 0, 3);
+    drain(f);
+    assert_int_equal(f->n_ok, 4);
+    expect_remote(f, "small.txt", small, 4096);
+    expect_remote(f, "edge.bin", edge, 64 << 10);
+    expect_remote(f, "large.bin", large, (64 << 10) + 1);
+    expect_remote(f, "empty", empty, 0);
+    free(small);
+    free(edge);
+    free(large);
+    free(empty);
+}
+
+/* The file changed after the plan hashed it: its bytes are not what the index would record, so
+ * nothing is sent and the put reports it (the next sync sends the new content). */
+static void test_agent_client__small_file_changed_since_hashed_is_not_sent(void **state)
+{
+    struct fx *f = *state;
+    char *now = make_file(f, "moving.txt", 100, 5);
+    char planned[100];
+    memcpy(planned, now, sizeof(planned));
+    planned[0] ^= 1;
+    submit_put(f, "moving.txt", planned, sizeof(planned), 0);
+    drain(f);
+    assert_int_equal(f->n_done, 1);
+    assert_int_equal(f->n_ok, 0);
+    assert_int_equal(f->err_no[0], EAGAIN);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/moving.txt", f->remote);
+    assert_int_equal(access(path, F_OK), -1);
+    free(now);
+}
+
+/* Hundreds of small puts, written in batches of whole packets, all arrive and are answered. */
+static void test_agent_client__many_small_puts_all_arrive(void **state)
+{
+    struct fx *f = *state;
+    enum { N = 300 };
+    static char *data[N];
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "f%03d", i);
+        data[i] = make_file(f, name, (size_t)(i * 13 % 700), (unsigned)i);
+        submit_put(f, name, data[i], (size_t)(i * 13 % 700), i);
+    }
+    drain(f);
+    assert_int_equal(f->n_ok, N);
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "f%03d", i);
+        expect_remote(f, name, data[i], (size_t)(i * 13 % 700));
+        free(data[i]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__small_and_large_puts_arrive_byte_for_byte, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__small_file_changed_since_hashed_is_not_sent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__many_small_puts_all_arrive, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
