@@ -158,7 +158,9 @@ struct planner {
 static void *plan_in_background(void *arg)
 {
     struct planner *p = arg;
-    p->rc = gs_push_plan(p->root, p->s->ig, p->s->idx, p->o, &p->plan, &p->st, &p->err);
+    p->rc = gs_session_open_ignore(p->s, &p->err);
+    if (p->rc == 0)
+        p->rc = gs_push_plan(p->root, p->s->ig, p->s->idx, p->o, &p->plan, &p->st, &p->err);
     return NULL;
 }
 
@@ -290,7 +292,7 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     int opened = 0;
     int rc = relative_paths(cli, argc, argv, rel, paths);
     if (rc == 0)
-        opened = (rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
+        opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
     if (rc == 0)
         rc = plan_connect_execute(cli, &s, &ui, &o);
     if (opened)

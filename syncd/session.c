@@ -19,8 +19,8 @@ char *gs_session_remote_id(const struct gs_config *cfg)
     return gs_buf_detach(&b, NULL);
 }
 
-int gs_session_open(struct gs_session *s, const char *root, const struct gs_config *cfg,
-                    struct gs_error *err)
+int gs_session_open_index(struct gs_session *s, const char *root, const struct gs_config *cfg,
+                          struct gs_error *err)
 {
     memset(s, 0, sizeof(*s));
     s->root = strdup(root);
@@ -31,13 +31,27 @@ int gs_session_open(struct gs_session *s, const char *root, const struct gs_conf
     char *remote_id = gs_session_remote_id(cfg);
     int rc = gs_path_mkdir_p(dir.data, 0755, err);
     if (rc == 0)
-        rc = gs_ignore_open(&s->ig, root, (const char *const *)cfg->excludes, cfg->n_excludes, err);
-    if (rc == 0)
         rc = gs_index_open(&s->idx, db.data, remote_id, err);
     free(remote_id);
     gs_buf_release(&dir);
     gs_buf_release(&db);
     if (rc < 0)
+        gs_session_close(s);
+    return rc;
+}
+
+int gs_session_open_ignore(struct gs_session *s, struct gs_error *err)
+{
+    return s->ig ? 0
+                 : gs_ignore_open(&s->ig, s->root, (const char *const *)s->cfg->excludes,
+                                  s->cfg->n_excludes, err);
+}
+
+int gs_session_open(struct gs_session *s, const char *root, const struct gs_config *cfg,
+                    struct gs_error *err)
+{
+    int rc = gs_session_open_index(s, root, cfg, err);
+    if (rc == 0 && (rc = gs_session_open_ignore(s, err)) < 0)
         gs_session_close(s);
     return rc;
 }

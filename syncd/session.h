@@ -32,6 +32,12 @@ struct gs_session {
 int gs_session_open(struct gs_session *s, const char *root, const struct gs_config *cfg,
                     struct gs_error *err);
 
+/* The two halves of gs_session_open, for a caller that opens the ignore rules on another thread:
+ * starting libgit2 reads the system's CA bundle, 8 ms that need not come before connecting. */
+int gs_session_open_index(struct gs_session *s, const char *root, const struct gs_config *cfg,
+                          struct gs_error *err);
+int gs_session_open_ignore(struct gs_session *s, struct gs_error *err);
+
 /* Opens the transport over `ssh` (borrowed) for the remote directory `remote_dir` (a quoted shell
  * word, for the agent) / `remote_path` (raw, for SFTP). Installs the agent if needed; falls back to
  * SFTP when the config says so or no agent can run, recording why in s->transport. */

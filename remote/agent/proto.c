@@ -110,9 +110,9 @@ static void w_meta(struct writer *w, const struct gs_proto_meta *m)
 
 static void w_expect(struct writer *w, const struct gs_proto_expect *e)
 {
-    static const uint8_t zero[GS_PROTO_HASH_LEN];
     w_u8(w, e->kind);
-    w_bytes(w, e->kind == GS_EXPECT_HASH ? e->hash : zero, GS_PROTO_HASH_LEN);
+    if (e->kind == GS_EXPECT_HASH)
+        w_bytes(w, e->hash, GS_PROTO_HASH_LEN);
 }
 
 /* ---- reader: consumes fields, remembers the first failure -------------------------------- */
@@ -184,7 +184,9 @@ static void r_meta(struct reader *r, struct gs_proto_meta *m)
 static void r_expect(struct reader *r, struct gs_proto_expect *e)
 {
     e->kind = r_u8(r);
-    r_hash(r, e->hash);
+    memset(e->hash, 0, GS_PROTO_HASH_LEN);
+    if (e->kind == GS_EXPECT_HASH)
+        r_hash(r, e->hash);
     if (e->kind > GS_EXPECT_HASH)
         r->failed = 1;
 }

@@ -17,7 +17,8 @@
  *                the agent refuses NUL in paths)
  *   hash         16 bytes: XXH3-128 of the content in canonical (big-endian) form, as written
  *                by XXH128_canonicalFromHash. For a symlink, the hash of its target string.
- *   expect       u8 kind (GS_EXPECT_*) then 16 hash bytes (zero unless kind == GS_EXPECT_HASH)
+ *   expect       u8 kind (GS_EXPECT_*), then 16 hash bytes only when kind == GS_EXPECT_HASH
+ *                (v3: a first sync of small files no longer carries 16 zero bytes per file)
  *   meta         u32 mode (permission bits, & 07777) | i64 mtime_sec | u32 mtime_nsec
  * A payload must be consumed exactly: trailing bytes make the frame malformed (ERROR EBADMSG).
  *
@@ -63,7 +64,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION      2
+#define GS_PROTO_VERSION      3
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */

@@ -50,7 +50,9 @@ initial_sync() { # KIND LABEL
     local src=$bench/src-$1
     python3 "$repo/scripts/bench/gen_tree.py" "$1" "$src"
     local bytes
-    bytes=$(du -sb --exclude=.gpusync "$src" | cut -f1)
+    # content bytes: file sizes only (du -sb would add 4 KiB per directory to the floor)
+    bytes=$(find "$src" -path "$src/.gpusync" -prune -o -type f -printf '%s\n' |
+        awk '{s += $1} END {print s}')
     floor=$(awk -v b="$bytes" -v r="$rate" -v t="$rtt_s" 'BEGIN {print b * 8 / (r * 1e6) + t}')
     local g=() r=() t=()
     for i in $(seq 1 "$runs"); do
