@@ -19,6 +19,7 @@
 
 #define SPARE_RETRY_FIRST_MS 1000
 #define SPARE_RETRY_MAX_MS   30000
+#define SPARE_CHECK_MS       60000 /* an idle spare is checked this often (a NAT may drop it) */
 
 /* What the spare's channel runs ahead of need: the server's login shell (and whatever its rc
  * files do: 100+ ms with pyenv or conda there) starts now, then waits for a command on stdin,
@@ -66,15 +67,42 @@ static void wait_for_need(struct gs_relay *r, int ms)
     pthread_cond_timedwait(&r->wake, &r->lock, &until);
 }
 
+/* Checks the idle spare with a round trip, taking it out meanwhile (a request that comes then
+ * connects anew). Lock held on entry and exit. */
+static void check_spare(struct gs_relay *r)
+{
+    struct gs_ssh *s = r->spare;
+    LIBSSH2_CHANNEL *ch = r->prestart;
+    r->spare = NULL;
+    r->prestart = NULL;
+    pthread_mutex_unlock(&r->lock);
+    int64_t rtt;
+    int alive = gs_ssh_ping(s, &rtt, NULL) == 0 && ch && !libssh2_channel_eof(ch);
+    if (!alive) {
+        gs_debug("the spare connection died; connecting another");
+        gs_ssh_free(s); /* frees its channel too */
+    }
+    pthread_mutex_lock(&r->lock);
+    if (alive) {
+        r->spare = s;
+        r->prestart = ch;
+    }
+}
+
 /* Keeps one connected spare, reconnecting with capped backoff while the server is unreachable. */
 static void *spare_main(void *arg)
 {
     struct gs_relay *r = arg;
     int backoff = SPARE_RETRY_FIRST_MS;
+    int64_t checked_ms = gs_clock_mono_ms();
     pthread_mutex_lock(&r->lock);
     while (!r->stop) {
         if (r->spare) {
-            wait_for_need(r, -1);
+            wait_for_need(r, SPARE_CHECK_MS);
+            if (r->spare && !r->stop && gs_clock_mono_ms() - checked_ms >= SPARE_CHECK_MS) {
+                check_spare(r);
+                checked_ms = gs_clock_mono_ms();
+            }
             continue;
         }
         pthread_mutex_unlock(&r->lock);
@@ -87,6 +115,7 @@ static void *spare_main(void *arg)
             r->spare = s;
             r->prestart = ch;
             backoff = SPARE_RETRY_FIRST_MS;
+            checked_ms = gs_clock_mono_ms();
             continue;
         }
         gs_debug("spare connection: %s", err.msg);
@@ -176,18 +205,6 @@ static int client_gone(int fd)
     return poll(&p, 1, 0) > 0;
 }
 
-/* Waits for the server or the client, whichever speaks first, up to 1 s. */
-static void wait_either(struct gs_ssh *s, int fd)
-{
-    int dirs = libssh2_session_block_directions(gs_ssh_session(s));
-    struct pollfd p[2] = {
-        {.fd = gs_ssh_fd(s),
-         .events = (short)((dirs & LIBSSH2_SESSION_BLOCK_OUTBOUND ? POLLOUT : 0) |
-                           (dirs & LIBSSH2_SESSION_BLOCK_INBOUND || !dirs ? POLLIN : 0))},
-        {.fd = fd, .events = POLLIN}};
-    poll(p, 2, 1000);
-}
-
 /* Copies stdout and stderr to the client as frames until the command ends (1), the client leaves
  * (0) or the connection fails (<0). */
 static int relay_output(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, int fd)
@@ -212,7 +229,11 @@ static int relay_output(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, int fd)
             continue;
         if (client_gone(fd))
             return 0;
-        wait_either(s, fd);
+        /* Short waits, to notice a client that left; gs_ssh_wait's keepalives notice a server
+         * that went silent (a dead spare would otherwise leave the client waiting forever). */
+        int rc = gs_ssh_wait(s, gs_clock_mono_ms() + 300, NULL);
+        if (rc < 0 && rc != GS_E_TIMEOUT)
+            return rc;
     }
 }
 

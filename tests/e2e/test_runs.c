@@ -447,11 +447,10 @@ static json_t *daemon_status(void)
     return st;
 }
 
-/* With `gpusync watch` running, a run goes through the daemon's spare connection (relay.h):
- * the same logs, the same exit code, and the daemon counts the command it relayed. */
-static void test_run__with_watch_running_goes_through_the_daemon(void **state)
+/* Starts `watch -d` in the project and waits until its spare connection is ready. Returns the
+ * daemon's count of relayed commands. */
+static long watch_with_spare(void)
 {
-    (void)state;
     struct child w = run_in(project, ARGS("watch", "-d"));
     expect_status(&w, 0, "watch -d");
     child_release(&w);
@@ -464,8 +463,17 @@ static void test_run__with_watch_running_goes_through_the_daemon(void **state)
         usleep(100000); /* polling an observable condition, with a deadline */
         st = daemon_status();
     }
-    long before = (long)json_integer_value(json_object_get(st, "relayed"));
+    long relayed = (long)json_integer_value(json_object_get(st, "relayed"));
     json_decref(st);
+    return relayed;
+}
+
+/* With `gpusync watch` running, a run goes through the daemon's spare connection (relay.h):
+ * the same logs, the same exit code, and the daemon counts the command it relayed. */
+static void test_run__with_watch_running_goes_through_the_daemon(void **state)
+{
+    (void)state;
+    long before = watch_with_spare();
     /* Rank 0 fails only after rank 1 has printed: a failing rank stops the others at once. */
     struct child c =
         run_in(project,
@@ -479,13 +487,50 @@ static void test_run__with_watch_running_goes_through_the_daemon(void **state)
     assert_int_equal(int_at(run, "exit_code"), 5);
     json_decref(run);
     child_release(&c);
-    st = daemon_status();
+    json_t *st = daemon_status();
     long after = (long)json_integer_value(json_object_get(st, "relayed"));
     json_decref(st);
     struct child stop = run_in(project, ARGS("watch", "--stop"));
     child_release(&stop);
     if (after < before + 1)
         fail_msg("the run did not go through the daemon (relayed %ld -> %ld)", before, after);
+}
+
+/* The spare connection died with the server (sshd restarted, its connections killed): the run
+ * still starts, once, over a new connection, and the daemon carries on. */
+static void test_run__through_the_daemon_after_the_server_restarted(void **state)
+{
+    (void)state;
+    long before = watch_with_spare();
+    assert_int_equal(gs_test_sshd_restart(&srv, 0), 0);
+    /* The daemon notices its own connection died and reconnects; its spare stays dead until a
+     * request finds it so. */
+    int64_t end = gs_clock_mono_ms() + 60000;
+    for (;;) {
+        json_t *st = daemon_status();
+        int back = json_is_true(json_object_get(st, "connected")) &&
+                   json_integer_value(json_object_get(st, "pending")) == 0 &&
+                   strcmp(json_string_value(json_object_get(st, "state")), "up_to_date") == 0;
+        json_decref(st);
+        if (back)
+            break;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the daemon did not reconnect after the restart");
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+    struct child c = run_in(project, ARGS("run", "--no-sync", "--cpu", "1", "--", "sh", "-c",
+                                          "echo after the restart; exit 6"));
+    expect_status(&c, 6, "a run after the spare connection died");
+    assert_string_equal(c.out.data, "after the restart\n");
+    child_release(&c);
+    json_t *st = daemon_status();
+    long after = (long)json_integer_value(json_object_get(st, "relayed"));
+    json_decref(st);
+    if (after < before + 1)
+        fail_msg("the run did not go through the daemon (relayed %ld -> %ld)", before, after);
+    struct child stop = run_in(project, ARGS("watch", "--stop"));
+    expect_status(&stop, 0, "watch --stop");
+    child_release(&stop);
 }
 
 static void test_run__one_rank_crashing_stops_the_others(void **state)
@@ -966,6 +1011,7 @@ int main(void)
         cmocka_unit_test_setup(test_run__a_server_without_the_agent_gets_it_and_runs_once,
                                use_home),
         cmocka_unit_test_setup(test_run__with_watch_running_goes_through_the_daemon, use_home),
+        cmocka_unit_test_setup(test_run__through_the_daemon_after_the_server_restarted, use_home),
         cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),
