@@ -39,8 +39,7 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
     } else {
         struct gs_tail_state st;
         memset(&st, 0, sizeof(st));
-        r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 0, &st,
-                        gs_log_printer_chunk, &printer, &interrupted, &cli->err);
+        r = gs_run_tail_any(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
     }
     gs_log_printer_finish(&printer);
     if (r == GS_E_INTERRUPTED)
@@ -69,7 +68,8 @@ static int logs_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
-    r = gs_run_ctx_open(cli, &rc);
+    gs_run_ctx_init(cli, &rc);
+    r = gs_run_connect_unless_daemon(cli);
     if (r == 0)
         r = gs_run_resolve(cli, &rc, optind < argc ? argv[optind] : NULL, &id);
     int code = r < 0 ? gs_cli_fail(cli, r) : show(cli, &rc, id.data, follow, rank, tail);
@@ -86,6 +86,6 @@ const struct gs_cmd gs_cmd_logs = {
             "  --rank N               only rank N (a list such as 0,1 works too)\n"
             "  --tail N               only the last N lines\n"
             "  RUN is a run id or a --name. A copy is kept in .gpusync/runs/<id>/.\n",
-    .flags = GS_CMD_NEED_CONNECTION,
+    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
     .exec = logs_main,
 };

@@ -46,9 +46,10 @@ static int ps_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     struct gs_run_ctx rc;
     struct gs_buf out = GS_BUF_INIT;
-    r = gs_run_ctx_open(cli, &rc);
+    gs_run_ctx_init(cli, &rc);
+    r = gs_run_connect_unless_daemon(cli);
     if (r == 0)
-        r = gs_run_ps(cli->ssh, rc.agent.data, rc.dir.data, &out, &cli->err);
+        r = gs_run_list(cli, &rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     if (r == 0 && !json_is_array(runs))
         r = gs_error_set(&cli->err, GS_E_PROTO, "the agent's run list is not a JSON array");
@@ -69,6 +70,6 @@ const struct gs_cmd gs_cmd_ps = {
     .name = "ps",
     .usage = "ps [--json]",
     .summary = "List runs on the server",
-    .flags = GS_CMD_NEED_CONNECTION,
+    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
     .exec = ps_main,
 };

@@ -272,9 +272,7 @@ static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const cha
     if (!stop)
         return 130;
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_ctx_agent(cli, rc);
-    if (r == 0)
-        r = gs_run_stop(cli->ssh, rc->agent.data, rc->dir.data, id, &out, &cli->err);
+    int r = gs_run_stop_any(cli, rc, id, &out);
     if (r == 0)
         fprintf(stderr, "gpusync: %s", out.data ? out.data : "stopped\n");
     gs_buf_release(&out);

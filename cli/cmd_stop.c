@@ -19,11 +19,12 @@ static int stop_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT, out = GS_BUF_INIT;
-    r = gs_run_ctx_open(cli, &rc);
+    gs_run_ctx_init(cli, &rc);
+    r = gs_run_connect_unless_daemon(cli);
     if (r == 0)
         r = gs_run_resolve(cli, &rc, argv[optind], &id);
     if (r == 0)
-        r = gs_run_stop(cli->ssh, rc.agent.data, rc.dir.data, id.data, &out, &cli->err);
+        r = gs_run_stop_any(cli, &rc, id.data, &out);
     int code = 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);
@@ -41,6 +42,6 @@ const struct gs_cmd gs_cmd_stop = {
     .name = "stop",
     .usage = "stop RUN",
     .summary = "Stop a run: every rank and its children, confirmed gone",
-    .flags = GS_CMD_NEED_CONNECTION,
+    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
     .exec = stop_main,
 };

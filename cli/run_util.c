@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/shell.h"
 #include "remote/agent_install.h"
 #include "remote/exec.h"
 #include "syncd/control.h"
@@ -160,6 +161,56 @@ static int flush_through_daemon(struct gs_cli *cli)
     return rc;
 }
 
+int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
+                         const char *args, struct gs_buf *out, struct gs_buf *errout)
+{
+    struct gs_buf cmd = GS_BUF_INIT, buf = GS_BUF_INIT;
+    int rc_ = GS_E_NOTFOUND;
+    if (!cli->ssh) {
+        gs_run_agent_command(rc->agent.len ? rc->agent.data : NULL, rc->dir.data, sub, args, &cmd);
+        int fd = gs_control_exec(cli->root.data, cmd.data, &buf, NULL);
+        rc_ = fd >= 0 ? relay_read(fd, &buf, append_out, out, errout, NULL) : fd;
+        if (fd >= 0)
+            close(fd);
+        if (rc_ == 127 && errout->len && strstr(errout->data, GS_AGENT_MISSING))
+            rc_ = GS_E_NOTFOUND; /* no agent cached there: install it over our own connection */
+    }
+    if (rc_ < 0) {
+        gs_buf_reset(out);
+        gs_buf_reset(errout);
+        gs_buf_reset(&cmd);
+        rc_ = gs_run_ctx_agent(cli, rc);
+        if (rc_ == 0) {
+            gs_run_agent_command(rc->agent.data, rc->dir.data, sub, args, &cmd);
+            rc_ = gs_exec_capture(cli->ssh, cmd.data, out, errout, &cli->err);
+        }
+    }
+    gs_buf_release(&cmd);
+    gs_buf_release(&buf);
+    return rc_;
+}
+
+int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
+{
+    struct gs_buf args = GS_BUF_INIT, errout = GS_BUF_INIT;
+    gs_buf_adds(&args, "--id ");
+    gs_shell_quote(&args, id);
+    int r = gs_run_agent_capture(cli, rc, "stop", args.data, out, &errout);
+    if (r > 0)
+        r = gs_error_set(&cli->err, GS_E_REMOTE, "stopping run %s: %s", id,
+                         errout.len ? errout.data
+                         : out->len ? out->data
+                                    : "failed");
+    gs_buf_release(&args);
+    gs_buf_release(&errout);
+    return r;
+}
+
+int gs_run_connect_unless_daemon(struct gs_cli *cli)
+{
+    return gs_run_daemon_ready(cli) ? 0 : gs_run_ensure_connected(cli);
+}
+
 /* Pushes over an opened session `s` (closed here) to cli->ssh and prints one line. */
 static int push_session(struct gs_cli *cli, struct gs_session *s)
 {
@@ -231,11 +282,22 @@ int gs_run_sync_node(struct gs_cli *cli)
     return rc < 0 ? rc : push_session(cli, &s);
 }
 
+int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out)
+{
+    struct gs_buf errout = GS_BUF_INIT;
+    int r = gs_run_agent_capture(cli, rc, "ps", "--json", out, &errout);
+    if (r > 0)
+        r = gs_error_set(&cli->err, GS_E_REMOTE, "listing runs failed: %s",
+                         errout.len ? errout.data : "no answer");
+    gs_buf_release(&errout);
+    return r;
+}
+
 /* The newest run whose id or name is `run` (any, when NULL). ps lists newest first. */
 int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id)
 {
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_ps(cli->ssh, rc->agent.data, rc->dir.data, &out, &cli->err);
+    int r = gs_run_list(cli, rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     size_t i;
     json_t *entry;
@@ -363,16 +425,64 @@ static int reconnect(struct gs_cli *cli, volatile sig_atomic_t *interrupted)
     return cli->err.code ? cli->err.code : GS_E_DISCONNECTED;
 }
 
+static int feed_stream(void *ctx, const char *data, size_t len)
+{
+    return gs_run_stream_feed(ctx, data, len);
+}
+
+/* Streams the output of `cmd` through the daemon into `p` (1: no daemon, nothing was run). On
+ * success returns the command's exit status. */
+static int stream_via_daemon(struct gs_cli *cli, const char *cmd, struct gs_run_stream *p,
+                             volatile sig_atomic_t *interrupted)
+{
+    struct gs_buf buf = GS_BUF_INIT;
+    int fd = gs_control_exec(cli->root.data, cmd, &buf, NULL);
+    int rc = 1;
+    if (fd >= 0) {
+        rc = relay_read(fd, &buf, feed_stream, p, &p->errout, interrupted);
+        close(fd);
+        if (rc == GS_E_PROTO)
+            gs_error_set(&cli->err, rc, "garbled log stream from the daemon");
+        else if (rc == GS_E_DISCONNECTED)
+            gs_error_set(&cli->err, rc, "the watch daemon went away");
+    }
+    gs_buf_release(&buf);
+    return rc;
+}
+
+int gs_run_tail_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                    int follow, struct gs_tail_state *st, struct gs_log_printer *printer,
+                    volatile sig_atomic_t *interrupted)
+{
+    if (!cli->ssh && rc->agent.len == 0) {
+        struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
+        gs_run_tail_args(id, ranks, follow, st, &args);
+        gs_run_agent_command(NULL, rc->dir.data, "tail", args.data, &cmd);
+        struct gs_run_stream p = {.st = st, .fn = gs_log_printer_chunk, .ctx = printer};
+        int r = stream_via_daemon(cli, cmd.data, &p, interrupted);
+        int missing = r == 127 && p.errout.len && strstr(p.errout.data, GS_AGENT_MISSING);
+        if (r > 0 && r != 1 && !missing && !st->finished)
+            r = gs_error_set(&cli->err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
+        gs_run_stream_release(&p);
+        gs_buf_release(&cmd);
+        gs_buf_release(&args);
+        if (r <= 0 || (r != 1 && !missing))
+            return r < 0 ? r : 0;
+    }
+    int r = gs_run_ctx_agent(cli, rc);
+    return r < 0 ? r
+                 : gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, follow, st,
+                               gs_log_printer_chunk, printer, interrupted, &cli->err);
+}
+
 /* Follows from `st` on; `first` is the result of a stream already made (1: none yet). */
 static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                        struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
                        int *exit_code, struct gs_tail_state *st, int first)
 {
     for (;;) {
-        int r = first;
-        if (r == 1 && (r = gs_run_ctx_agent(cli, rc)) == 0)
-            r = gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, 1, st,
-                            gs_log_printer_chunk, printer, interrupted, &cli->err);
+        int r =
+            first == 1 ? gs_run_tail_any(cli, rc, id, ranks, 1, st, printer, interrupted) : first;
         first = 1;
         if (r == 0 && st->finished) {
             *exit_code = st->exit_code < 0 ? 1 : st->exit_code;
@@ -395,37 +505,24 @@ int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, con
     return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1);
 }
 
-static int feed_stream(void *ctx, const char *data, size_t len)
-{
-    return gs_run_stream_feed(ctx, data, len);
-}
-
 /* Launches and follows through the watch daemon's spare connection: no SSH handshake before the
  * first log line. Returns as gs_run_launch_follow, or 1 when no daemon could do it (nothing was
  * started then). */
 static int launch_follow_via_daemon(struct gs_cli *cli, struct gs_run_spec *spec, const char *ranks,
                                     struct gs_run_stream *p, volatile sig_atomic_t *interrupted)
 {
-    struct gs_buf cmd = GS_BUF_INIT, buf = GS_BUF_INIT;
+    struct gs_buf cmd = GS_BUF_INIT;
     gs_run_launch_command(spec, ranks ? ranks : "all", &cmd);
-    int fd = gs_control_exec(cli->root.data, cmd.data, &buf, NULL);
+    int rc = stream_via_daemon(cli, cmd.data, p, interrupted);
     gs_buf_release(&cmd);
-    int rc = 1;
-    if (fd >= 0) {
-        int status = relay_read(fd, &buf, feed_stream, p, &p->errout, interrupted);
-        close(fd);
-        rc = status == GS_E_PROTO
-                 ? gs_error_set(&cli->err, GS_E_PROTO, "garbled log stream from the daemon")
-             : status < 0 ? status
-                          : 0;
-        if (rc == GS_E_DISCONNECTED)
-            gs_error_set(&cli->err, rc, "the watch daemon went away");
-        if (rc == 0 && !p->st->launched)
-            rc = gs_run_stream_launch_failed(p, gs_run_target(cli), &cli->err);
-        if (rc == GS_E_NOTFOUND && !p->st->launched) /* no agent cached there: install here */
-            rc = 1;
-    }
-    gs_buf_release(&buf);
+    if (rc == 1)
+        return 1;
+    if (rc >= 0 && !p->st->launched)
+        rc = gs_run_stream_launch_failed(p, gs_run_target(cli), &cli->err);
+    else if (rc > 0)
+        rc = 0;
+    if (rc == GS_E_NOTFOUND && !p->st->launched) /* no agent cached there: install here */
+        rc = 1;
     return rc;
 }
 

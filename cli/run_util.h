@@ -40,6 +40,23 @@ int gs_run_daemon_ready(struct gs_cli *cli);
  * first). Returns its exit status (>= 0) or a negative code in cli->err. */
 int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
 
+/* Runs the agent's `sub` with `args` in the remote project (gs_run_agent_command): through the
+ * daemon with whichever build is cached there when cli->ssh is not connected, else (or when none
+ * is cached) over cli->ssh with the installed agent. stdout goes to `out`, stderr to `errout`.
+ * Returns the exit status (>= 0) or a negative code in cli->err. */
+int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
+                         const char *args, struct gs_buf *out, struct gs_buf *errout);
+
+/* Stops run `id` (the agent's stop, as gs_run_agent_capture runs it); the agent's report goes to
+ * `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */
+int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
+
+/* Connects cli->ssh unless a connected watch daemon can carry the commands. */
+int gs_run_connect_unless_daemon(struct gs_cli *cli);
+
+/* The remote runs as the agent's `ps --json` prints them (a JSON array) in `out`. */
+int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out);
+
 /* Makes the server match the local tree before a launch: the daemon's flush when one runs,
  * otherwise a push over the existing connection. Prints one line on stderr. */
 int gs_run_sync(struct gs_cli *cli);
@@ -69,6 +86,12 @@ void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const cha
 void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len);
 /* Prints any unterminated last lines and frees the buffers. */
 void gs_log_printer_finish(struct gs_log_printer *p);
+
+/* Streams run `id`'s logs from st's offsets as gs_run_tail does, through the daemon when cli->ssh
+ * is not connected and no agent path is known yet. */
+int gs_run_tail_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                    int follow, struct gs_tail_state *st, struct gs_log_printer *printer,
+                    volatile sig_atomic_t *interrupted);
 
 /* Follows run `id` until it ends, reconnecting after a dropped connection and resuming where it
  * stopped. Returns 0 with *exit_code, GS_E_INTERRUPTED on Ctrl-C, or an error. */

@@ -10,10 +10,17 @@
 #include "remote/agent_install.h"
 #include "remote/exec.h"
 
-static void base_command(struct gs_buf *cmd, const char *agent, const char *remote_dir,
-                         const char *sub)
+void gs_run_agent_command(const char *agent, const char *remote_dir, const char *sub,
+                          const char *args, struct gs_buf *cmd)
 {
-    gs_buf_addf(cmd, "cd -- %s && exec %s %s --root .", remote_dir, agent, sub);
+    struct gs_buf body = GS_BUF_INIT;
+    gs_buf_addf(&body, "mkdir -p -- %s && cd -- %s && exec %s %s --root . %s", remote_dir,
+                remote_dir, agent ? agent : GS_AGENT_CACHED, sub, args ? args : "");
+    if (agent)
+        gs_buf_add(cmd, body.data, body.len);
+    else
+        gs_agent_cached_command(body.data, cmd);
+    gs_buf_release(&body);
 }
 
 /* Appends the launch command for `spec`; with `follow`, the launcher then streams those ranks'
@@ -227,25 +234,32 @@ static int follow_command(struct gs_ssh *ssh, const char *cmd, struct gs_run_str
     return rc;
 }
 
+void gs_run_tail_args(const char *id, const char *ranks, int follow, const struct gs_tail_state *st,
+                      struct gs_buf *args)
+{
+    gs_buf_adds(args, "--id ");
+    gs_shell_quote(args, id);
+    gs_buf_adds(args, " --ranks ");
+    gs_shell_quote(args, ranks ? ranks : "all");
+    offsets_arg(st, args);
+    if (follow)
+        gs_buf_adds(args, " --follow");
+}
+
 int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
                 const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
                 volatile sig_atomic_t *interrupted, struct gs_error *err)
 {
-    struct gs_buf cmd = GS_BUF_INIT;
-    base_command(&cmd, agent, remote_dir, "tail");
-    gs_buf_adds(&cmd, " --id ");
-    gs_shell_quote(&cmd, id);
-    gs_buf_adds(&cmd, " --ranks ");
-    gs_shell_quote(&cmd, ranks ? ranks : "all");
-    offsets_arg(st, &cmd);
-    if (follow)
-        gs_buf_adds(&cmd, " --follow");
+    struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
+    gs_run_tail_args(id, ranks, follow, st, &args);
+    gs_run_agent_command(agent, remote_dir, "tail", args.data, &cmd);
     struct gs_run_stream p = {.st = st, .fn = fn, .ctx = ctx};
     int status;
     int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
     if (rc == 0 && status > 0 && !st->finished)
         rc = gs_error_set(err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
     gs_run_stream_release(&p);
+    gs_buf_release(&args);
     gs_buf_release(&cmd);
     return rc;
 }
@@ -266,28 +280,13 @@ int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, con
     return rc;
 }
 
-int gs_run_ps(struct gs_ssh *ssh, const char *agent, const char *remote_dir, struct gs_buf *out,
-              struct gs_error *err)
-{
-    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
-    gs_buf_addf(&cmd, "mkdir -p -- %s && ", remote_dir);
-    base_command(&cmd, agent, remote_dir, "ps --json");
-    int rc = gs_exec_capture(ssh, cmd.data, out, &errout, err);
-    if (rc > 0)
-        rc = gs_error_set(err, GS_E_REMOTE, "listing runs failed: %s",
-                          errout.data ? errout.data : "");
-    gs_buf_release(&cmd);
-    gs_buf_release(&errout);
-    return rc;
-}
-
 int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
                 struct gs_buf *out, struct gs_error *err)
 {
-    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
-    base_command(&cmd, agent, remote_dir, "stop");
-    gs_buf_adds(&cmd, " --id ");
-    gs_shell_quote(&cmd, id);
+    struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT, args = GS_BUF_INIT;
+    gs_buf_adds(&args, "--id ");
+    gs_shell_quote(&args, id);
+    gs_run_agent_command(agent, remote_dir, "stop", args.data, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, out, &errout, err);
     if (rc > 0)
         rc = gs_error_set(err, GS_E_REMOTE, "stopping run %s: %s", id,
@@ -296,5 +295,6 @@ int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
                                       : "failed");
     gs_buf_release(&cmd);
     gs_buf_release(&errout);
+    gs_buf_release(&args);
     return rc;
 }

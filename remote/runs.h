@@ -30,6 +30,12 @@ struct gs_run_spec {
     int master_port;         /* 0: the launcher picks a free one (node 0 only) */
 };
 
+/* Appends the remote command that runs the agent's `sub` ("ps", "tail", "stop") in `remote_dir`
+ * with `args` after its --root: through `agent` (a path), or with agent NULL whichever build is
+ * cached there (gs_agent_cached_command: exit 127 and GS_AGENT_MISSING when none is). */
+void gs_run_agent_command(const char *agent, const char *remote_dir, const char *sub,
+                          const char *args, struct gs_buf *cmd);
+
 /* Appends the remote launch command for `spec`; with `follow` (a ranks list) the launcher then
  * streams those ranks' logs (gs_run_stream parses them). */
 void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd);
@@ -51,6 +57,10 @@ struct gs_tail_state {
     int port;
     char agent[1024]; /* the agent that launched it, as a shell word for later commands */
 };
+
+/* The arguments of `tail` for run `id` from the offsets in `st` (ranks NULL: all). */
+void gs_run_tail_args(const char *id, const char *ranks, int follow, const struct gs_tail_state *st,
+                      struct gs_buf *args);
 
 /* Called with whole chunks of a rank's log, in order. */
 typedef void (*gs_tail_fn)(void *ctx, int rank, const char *data, size_t len);
@@ -90,10 +100,6 @@ int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, con
 int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
                 const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
                 volatile sig_atomic_t *interrupted, struct gs_error *err);
-
-/* Runs `agent ps --json` and stores its output (a JSON array) in `out`. */
-int gs_run_ps(struct gs_ssh *ssh, const char *agent, const char *remote_dir, struct gs_buf *out,
-              struct gs_error *err);
 
 /* Stops run `id` (TERM, then KILL) and confirms no process of it remains. Appends the agent's
  * report to `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */

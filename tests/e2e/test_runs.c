@@ -329,6 +329,16 @@ static int use_home(void **state)
     return 0;
 }
 
+/* Stops a watch daemon a test started, also when the test failed half-way (a daemon left
+ * behind would carry the next tests' runs). */
+static int stop_watch(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("watch", "--stop"));
+    child_release(&c);
+    return 0;
+}
+
 /* ---- the bundled trainer ---- */
 
 static void test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status(void **state)
@@ -483,17 +493,31 @@ static void test_run__with_watch_running_goes_through_the_daemon(void **state)
     expect_status(&c, 5, "a run through the watch daemon");
     assert_non_null(strstr(c.out.data, "[rank 0] rank 0 of 2\n"));
     assert_non_null(strstr(c.out.data, "[rank 1] rank 1 of 2\n"));
-    json_t *run = run_json(remote, run_id_of(&c), "status.json");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    json_t *run = run_json(remote, id, "status.json");
     assert_int_equal(int_at(run, "exit_code"), 5);
     json_decref(run);
     child_release(&c);
+    /* logs, ps and stop go through the daemon too */
+    struct child l = run_in(project, ARGS("logs", id, "--rank", "1"));
+    expect_status(&l, 0, "logs through the watch daemon");
+    assert_string_equal(l.out.data, "rank 1 of 2\n");
+    child_release(&l);
+    struct child p = run_in(project, ARGS("ps", "--json"));
+    expect_status(&p, 0, "ps through the watch daemon");
+    assert_non_null(strstr(p.out.data, id));
+    child_release(&p);
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop of a finished run through the watch daemon");
+    child_release(&s);
     json_t *st = daemon_status();
     long after = (long)json_integer_value(json_object_get(st, "relayed"));
     json_decref(st);
     struct child stop = run_in(project, ARGS("watch", "--stop"));
     child_release(&stop);
-    if (after < before + 1)
-        fail_msg("the run did not go through the daemon (relayed %ld -> %ld)", before, after);
+    if (after < before + 5) /* launch; logs: ps and tail; ps; stop: ps and stop */
+        fail_msg("not everything went through the daemon (relayed %ld -> %ld)", before, after);
 }
 
 /* The spare connection died with the server (sshd restarted, its connections killed): the run
@@ -1010,8 +1034,10 @@ int main(void)
         cmocka_unit_test_setup(test_run__command_exit_code_is_the_runs, use_home),
         cmocka_unit_test_setup(test_run__a_server_without_the_agent_gets_it_and_runs_once,
                                use_home),
-        cmocka_unit_test_setup(test_run__with_watch_running_goes_through_the_daemon, use_home),
-        cmocka_unit_test_setup(test_run__through_the_daemon_after_the_server_restarted, use_home),
+        cmocka_unit_test_setup_teardown(test_run__with_watch_running_goes_through_the_daemon,
+                                        use_home, stop_watch),
+        cmocka_unit_test_setup_teardown(test_run__through_the_daemon_after_the_server_restarted,
+                                        use_home, stop_watch),
         cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),
