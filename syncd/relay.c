@@ -20,6 +20,7 @@
 #define SPARE_RETRY_FIRST_MS 1000
 #define SPARE_RETRY_MAX_MS   30000
 #define SPARE_CHECK_MS       60000 /* an idle spare is checked this often (a NAT may drop it) */
+#define SPARES               2 /* kept ready: a second request soon after one finds a spare too */
 
 /* What the spare's channel runs ahead of need: the server's login shell (and whatever its rc
  * files do: 100+ ms with pyenv or conda there) starts now, then waits for a command on stdin,
@@ -32,9 +33,12 @@ struct gs_relay {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     pthread_t thread;
-    struct gs_ssh *spare;      /* connected and unused, or NULL */
-    LIBSSH2_CHANNEL *prestart; /* the spare's waiting shell (PRESTART_COMMAND), or NULL */
-    long relayed;              /* commands handed to workers so far */
+    struct spare {
+        struct gs_ssh *ssh;        /* connected and unused */
+        LIBSSH2_CHANNEL *prestart; /* its waiting shell (PRESTART_COMMAND), or NULL */
+    } spares[SPARES];
+    int n_spares;
+    long relayed; /* commands handed to workers so far */
     int stop;
 };
 
@@ -48,14 +52,9 @@ struct job {
 
 /* ---- the spare ---- */
 
-/* Waits until the spare is taken (or the relay stops), up to `ms` (-1: no limit). Lock held. */
+/* Waits until a spare is taken (or the relay stops), up to `ms`. Lock held. */
 static void wait_for_need(struct gs_relay *r, int ms)
 {
-    if (ms < 0) {
-        while (r->spare && !r->stop)
-            pthread_cond_wait(&r->wake, &r->lock);
-        return;
-    }
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += ms / 1000;
@@ -67,29 +66,35 @@ static void wait_for_need(struct gs_relay *r, int ms)
     pthread_cond_timedwait(&r->wake, &r->lock, &until);
 }
 
-/* Checks the idle spare with a round trip, taking it out meanwhile (a request that comes then
- * connects anew). Lock held on entry and exit. */
-static void check_spare(struct gs_relay *r)
+/* Checks the idle spares with a round trip each, taking them out meanwhile (a request that comes
+ * then connects anew). Lock held on entry and exit. */
+static void check_spares(struct gs_relay *r)
 {
-    struct gs_ssh *s = r->spare;
-    LIBSSH2_CHANNEL *ch = r->prestart;
-    r->spare = NULL;
-    r->prestart = NULL;
+    struct spare idle[SPARES];
+    int n = r->n_spares;
+    memcpy(idle, r->spares, sizeof(idle));
+    r->n_spares = 0;
     pthread_mutex_unlock(&r->lock);
-    int64_t rtt;
-    int alive = gs_ssh_ping(s, &rtt, NULL) == 0 && ch && !libssh2_channel_eof(ch);
-    if (!alive) {
-        gs_debug("the spare connection died; connecting another");
-        gs_ssh_free(s); /* frees its channel too */
+    int alive[SPARES] = {0};
+    for (int i = 0; i < n; i++) {
+        int64_t rtt;
+        alive[i] = gs_ssh_ping(idle[i].ssh, &rtt, NULL) == 0 && idle[i].prestart &&
+                   !libssh2_channel_eof(idle[i].prestart);
+        if (!alive[i]) {
+            gs_debug("a spare connection died; connecting another");
+            gs_ssh_free(idle[i].ssh); /* frees its channel too */
+        }
     }
     pthread_mutex_lock(&r->lock);
-    if (alive) {
-        r->spare = s;
-        r->prestart = ch;
-    }
+    for (int i = 0; i < n; i++)
+        if (alive[i] && r->n_spares < SPARES)
+            r->spares[r->n_spares++] = idle[i];
+        else if (alive[i])
+            gs_ssh_free(idle[i].ssh);
 }
 
-/* Keeps one connected spare, reconnecting with capped backoff while the server is unreachable. */
+/* Keeps SPARES connected spares, reconnecting with capped backoff while the server is
+ * unreachable. */
 static void *spare_main(void *arg)
 {
     struct gs_relay *r = arg;
@@ -97,10 +102,10 @@ static void *spare_main(void *arg)
     int64_t checked_ms = gs_clock_mono_ms();
     pthread_mutex_lock(&r->lock);
     while (!r->stop) {
-        if (r->spare) {
+        if (r->n_spares == SPARES) {
             wait_for_need(r, SPARE_CHECK_MS);
-            if (r->spare && !r->stop && gs_clock_mono_ms() - checked_ms >= SPARE_CHECK_MS) {
-                check_spare(r);
+            if (r->n_spares && !r->stop && gs_clock_mono_ms() - checked_ms >= SPARE_CHECK_MS) {
+                check_spares(r);
                 checked_ms = gs_clock_mono_ms();
             }
             continue;
@@ -112,10 +117,8 @@ static void *spare_main(void *arg)
         LIBSSH2_CHANNEL *ch = rc == 0 ? gs_exec_open(s, PRESTART_COMMAND, &err) : NULL;
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
-            r->spare = s;
-            r->prestart = ch;
+            r->spares[r->n_spares++] = (struct spare){s, ch};
             backoff = SPARE_RETRY_FIRST_MS;
-            checked_ms = gs_clock_mono_ms();
             continue;
         }
         gs_debug("spare connection: %s", err.msg);
@@ -146,7 +149,7 @@ int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct 
 void gs_relay_stats(struct gs_relay *r, int *spare_ready, long *relayed)
 {
     pthread_mutex_lock(&r->lock);
-    *spare_ready = r->spare != NULL;
+    *spare_ready = r->n_spares > 0;
     *relayed = r->relayed;
     pthread_mutex_unlock(&r->lock);
 }
@@ -160,7 +163,8 @@ void gs_relay_stop(struct gs_relay *r)
     pthread_cond_signal(&r->wake);
     pthread_mutex_unlock(&r->lock);
     pthread_join(r->thread, NULL);
-    gs_ssh_free(r->spare);
+    for (int i = 0; i < r->n_spares; i++)
+        gs_ssh_free(r->spares[i].ssh);
     pthread_cond_destroy(&r->wake);
     pthread_mutex_destroy(&r->lock);
     free(r);
@@ -320,10 +324,9 @@ void gs_relay_exec(struct gs_relay *r, int fd, const char *command)
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (j && copy) {
         pthread_mutex_lock(&r->lock);
+        struct spare sp = r->n_spares ? r->spares[--r->n_spares] : (struct spare){NULL, NULL};
         *j = (struct job){
-            .opts = r->opts, .ssh = r->spare, .prestart = r->prestart, .fd = fd, .command = copy};
-        r->spare = NULL;
-        r->prestart = NULL;
+            .opts = r->opts, .ssh = sp.ssh, .prestart = sp.prestart, .fd = fd, .command = copy};
         r->relayed++;
         pthread_cond_signal(&r->wake); /* connect the next spare */
         pthread_mutex_unlock(&r->lock);

@@ -1,10 +1,10 @@
-/* syncd/relay.h: remote commands for control clients over a warm spare connection.
+/* syncd/relay.h: remote commands for control clients over warm spare connections.
  *
  * A command that connects by itself pays the SSH handshake and authentication first: about five
- * round trips (0.3 s at 50 ms RTT). While `gpusync watch` runs, the daemon keeps one spare
- * connection ready and runs a client's command on it ({"cmd":"exec"}, see control.h): the first
- * request takes the spare and a background thread connects the next. The spare is a connection
- * of its own, used by one worker thread at a time: a libssh2 1.10 session shared between threads,
+ * round trips (0.3 s at 50 ms RTT). While `gpusync watch` runs, the daemon keeps two spare
+ * connections ready and runs a client's command on one ({"cmd":"exec"}, see control.h): a request
+ * takes a spare and a background thread connects the next. A spare is a connection of its own,
+ * used by one worker thread at a time: a libssh2 1.10 session shared between threads,
  * or between channels that write while another has a half-sent packet, is not safe.
  *
  * The control connection then carries the command's output as frames (control.h), until the
@@ -28,7 +28,7 @@ void gs_relay_exec(struct gs_relay *r, int fd, const char *command);
 /* Whether a spare connection is ready now, and how many commands were relayed so far. */
 void gs_relay_stats(struct gs_relay *r, int *spare_ready, long *relayed);
 
-/* Stops the spare thread and frees the spare. Workers still running finish on their own. */
+/* Stops the spare thread and frees the spares. Workers still running finish on their own. */
 void gs_relay_stop(struct gs_relay *r);
 
 #endif
