@@ -18,9 +18,9 @@ mkdir -p "$proj" && echo x >"$proj/a.py"
 gpusync_project "$proj" "$bench/remote/proj" "$wan_port"
 cd "$proj" && "$gpusync" push >/dev/null
 
-# first_lines PAUSE_S: RUNS runs, PAUSE_S apart. A user starts runs seconds apart; the daemon
-# replaces the spare connection a run takes within about 0.4 s (a new one: handshake and the
-# server's shell), and a run that finds none ready connects as a plain command would.
+# first_lines PAUSE_S: RUNS runs, PAUSE_S apart. A user starts runs seconds apart; the daemon keeps
+# two spare connections and replaces one a run takes within about 0.4 s (a new one: handshake and
+# the server's shell); a run that finds none ready connects as a plain command would.
 first_lines() {
     for i in $(seq 1 "${RUNS:-5}"); do
         sleep "$1"
@@ -47,7 +47,7 @@ printf '%-48s %s\n' "run to first log line (s), new connection:" "${firsts[*]}"
 printf '%-48s %s s\n' "  median" "$(median "${firsts[@]}")"
 printf '%-48s %s\n' "run to first log line (s), watch running, 1 s apart:" "${warm[*]}"
 printf '%-48s %s s\n' "  median" "$(median "${warm[@]}")"
-printf '%-48s %s\n' "  back to back (spare not yet replaced):" "${burst[*]}"
+printf '%-48s %s\n' "  back to back (spares not yet replaced):" "${burst[*]}"
 for f in lines lines-warm; do
     label=$([[ $f == lines ]] && echo "new connection" || echo "watch running")
     sort -g "$bench/$f" | awk -v r="$rtt" -v l="$label" '{a[NR]=$1} END {
