@@ -62,7 +62,9 @@ def main():
         sftp = subprocess.Popen(["sftp", "-q", "-b", "-"] + extra, stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, text=True)
     for i in range(n):
-        content = f"sample {i} {time.time_ns()}\n".encode() * 20
+        # The size changes every sample: rsync's quick check (size and whole-second mtime) would
+        # skip a same-size file saved within the second of the previous one.
+        content = f"sample {i} {time.time_ns()}\n".encode() * (20 + i % 2)
         t0 = time.monotonic()
         save(local, content)
         if tool == "rsync":
