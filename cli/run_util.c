@@ -116,22 +116,43 @@ static int append_out(void *ctx, const char *data, size_t len)
     return 0;
 }
 
-int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
+/* Runs `cmd` through the watch daemon's relay, stdout to `out_fn`, stderr to `errout`. Returns 0
+ * with the command's exit status in *status (-1 when unknown), 1 when no daemon could run it
+ * (nothing ran), or a negative code with cli->err set (the daemon went away mid-way, or garbled
+ * the stream). The status travels apart from the result: an exit status of 1 is not "no daemon". */
+static int via_daemon(struct gs_cli *cli, const char *cmd, relay_out_fn out_fn, void *ctx,
+                      struct gs_buf *errout, volatile sig_atomic_t *interrupted, int *status)
 {
-    struct gs_buf buf = GS_BUF_INIT, errout = GS_BUF_INIT;
-    int fd = cli->ssh ? GS_E_NOTFOUND : gs_control_exec(cli->root.data, command, &buf, NULL);
-    int rc = fd >= 0 ? relay_read(fd, &buf, append_out, out, &errout, NULL) : fd;
-    if (fd >= 0)
+    struct gs_buf buf = GS_BUF_INIT;
+    int fd = gs_control_exec(cli->root.data, cmd, &buf, NULL);
+    int rc = 1;
+    if (fd >= 0) {
+        rc = relay_read(fd, &buf, out_fn, ctx, errout, interrupted);
         close(fd);
-    if (rc < 0) { /* no daemon, or it could not: over our own connection */
-        gs_buf_reset(out);
-        rc = gs_run_ensure_connected(cli);
-        if (rc == 0)
-            rc = gs_exec_capture(cli->ssh, command, out, NULL, &cli->err);
+        if (rc >= -1) {
+            *status = rc;
+            rc = 0;
+        } else if (rc == GS_E_PROTO) {
+            gs_error_set(&cli->err, rc, "garbled output from the daemon");
+        } else if (rc == GS_E_DISCONNECTED) {
+            gs_error_set(&cli->err, rc, "the watch daemon went away");
+        }
     }
     gs_buf_release(&buf);
-    gs_buf_release(&errout);
     return rc;
+}
+
+int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
+{
+    struct gs_buf errout = GS_BUF_INIT;
+    int status,
+        rc = cli->ssh ? 1 : via_daemon(cli, command, append_out, out, &errout, NULL, &status);
+    gs_buf_release(&errout);
+    if (rc == 0)
+        return status;
+    gs_buf_reset(out); /* no daemon, or it could not: over our own connection */
+    rc = gs_run_ensure_connected(cli);
+    return rc < 0 ? rc : gs_exec_capture(cli->ssh, command, out, NULL, &cli->err);
 }
 
 int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc)
@@ -164,30 +185,26 @@ static int flush_through_daemon(struct gs_cli *cli)
 int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
                          const char *args, struct gs_buf *out, struct gs_buf *errout)
 {
-    struct gs_buf cmd = GS_BUF_INIT, buf = GS_BUF_INIT;
-    int rc_ = GS_E_NOTFOUND;
+    struct gs_buf cmd = GS_BUF_INIT;
+    int status = 0, r = 1;
     if (!cli->ssh) {
         gs_run_agent_command(rc->agent.len ? rc->agent.data : NULL, rc->dir.data, sub, args, &cmd);
-        int fd = gs_control_exec(cli->root.data, cmd.data, &buf, NULL);
-        rc_ = fd >= 0 ? relay_read(fd, &buf, append_out, out, errout, NULL) : fd;
-        if (fd >= 0)
-            close(fd);
-        if (rc_ == 127 && errout->len && strstr(errout->data, GS_AGENT_MISSING))
-            rc_ = GS_E_NOTFOUND; /* no agent cached there: install it over our own connection */
+        r = via_daemon(cli, cmd.data, append_out, out, errout, NULL, &status);
+        if (r == 0 && status == 127 && gs_agent_reported_missing(errout))
+            r = 1; /* no agent cached there: install it over our own connection */
     }
-    if (rc_ < 0) {
+    if (r != 0) {
         gs_buf_reset(out);
         gs_buf_reset(errout);
         gs_buf_reset(&cmd);
-        rc_ = gs_run_ctx_agent(cli, rc);
-        if (rc_ == 0) {
+        r = gs_run_ctx_agent(cli, rc);
+        if (r == 0) {
             gs_run_agent_command(rc->agent.data, rc->dir.data, sub, args, &cmd);
-            rc_ = gs_exec_capture(cli->ssh, cmd.data, out, errout, &cli->err);
+            status = gs_exec_capture(cli->ssh, cmd.data, out, errout, &cli->err);
         }
     }
     gs_buf_release(&cmd);
-    gs_buf_release(&buf);
-    return rc_;
+    return r < 0 ? r : status;
 }
 
 int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
@@ -430,46 +447,37 @@ static int feed_stream(void *ctx, const char *data, size_t len)
     return gs_run_stream_feed(ctx, data, len);
 }
 
-/* Streams the output of `cmd` through the daemon into `p` (1: no daemon, nothing was run). On
- * success returns the command's exit status. */
-static int stream_via_daemon(struct gs_cli *cli, const char *cmd, struct gs_run_stream *p,
-                             volatile sig_atomic_t *interrupted)
+/* The logs through the daemon: 0 when it could show them, 1 when it could not (no daemon, or no
+ * agent cached there), or a negative code. */
+static int tail_via_daemon(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
+                           const char *ranks, int follow, struct gs_tail_state *st,
+                           struct gs_log_printer *printer, volatile sig_atomic_t *interrupted)
 {
-    struct gs_buf buf = GS_BUF_INIT;
-    int fd = gs_control_exec(cli->root.data, cmd, &buf, NULL);
-    int rc = 1;
-    if (fd >= 0) {
-        rc = relay_read(fd, &buf, feed_stream, p, &p->errout, interrupted);
-        close(fd);
-        if (rc == GS_E_PROTO)
-            gs_error_set(&cli->err, rc, "garbled log stream from the daemon");
-        else if (rc == GS_E_DISCONNECTED)
-            gs_error_set(&cli->err, rc, "the watch daemon went away");
-    }
-    gs_buf_release(&buf);
-    return rc;
+    struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
+    gs_run_tail_args(id, ranks, follow, st, &args);
+    gs_run_agent_command(NULL, rc->dir.data, "tail", args.data, &cmd);
+    struct gs_run_stream p = {.st = st, .fn = gs_log_printer_chunk, .ctx = printer};
+    int status, r = via_daemon(cli, cmd.data, feed_stream, &p, &p.errout, interrupted, &status);
+    if (r == 0 && status == 127 && gs_agent_reported_missing(&p.errout))
+        r = 1;
+    else if (r == 0 && status > 0 && !st->finished)
+        r = gs_error_set(&cli->err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
+    gs_run_stream_release(&p);
+    gs_buf_release(&cmd);
+    gs_buf_release(&args);
+    return r;
 }
 
 int gs_run_tail_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                     int follow, struct gs_tail_state *st, struct gs_log_printer *printer,
                     volatile sig_atomic_t *interrupted)
 {
-    if (!cli->ssh && rc->agent.len == 0) {
-        struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
-        gs_run_tail_args(id, ranks, follow, st, &args);
-        gs_run_agent_command(NULL, rc->dir.data, "tail", args.data, &cmd);
-        struct gs_run_stream p = {.st = st, .fn = gs_log_printer_chunk, .ctx = printer};
-        int r = stream_via_daemon(cli, cmd.data, &p, interrupted);
-        int missing = r == 127 && p.errout.len && strstr(p.errout.data, GS_AGENT_MISSING);
-        if (r > 0 && r != 1 && !missing && !st->finished)
-            r = gs_error_set(&cli->err, GS_E_NOTFOUND, "no run '%s' in the remote project", id);
-        gs_run_stream_release(&p);
-        gs_buf_release(&cmd);
-        gs_buf_release(&args);
-        if (r <= 0 || (r != 1 && !missing))
-            return r < 0 ? r : 0;
-    }
-    int r = gs_run_ctx_agent(cli, rc);
+    int r = cli->ssh || rc->agent.len
+                ? 1
+                : tail_via_daemon(cli, rc, id, ranks, follow, st, printer, interrupted);
+    if (r != 1)
+        return r;
+    r = gs_run_ctx_agent(cli, rc);
     return r < 0 ? r
                  : gs_run_tail(cli->ssh, rc->agent.data, rc->dir.data, id, ranks, follow, st,
                                gs_log_printer_chunk, printer, interrupted, &cli->err);
@@ -513,14 +521,10 @@ static int launch_follow_via_daemon(struct gs_cli *cli, struct gs_run_spec *spec
 {
     struct gs_buf cmd = GS_BUF_INIT;
     gs_run_launch_command(spec, ranks ? ranks : "all", &cmd);
-    int rc = stream_via_daemon(cli, cmd.data, p, interrupted);
+    int status, rc = via_daemon(cli, cmd.data, feed_stream, p, &p->errout, interrupted, &status);
     gs_buf_release(&cmd);
-    if (rc == 1)
-        return 1;
-    if (rc >= 0 && !p->st->launched)
+    if (rc == 0 && !p->st->launched)
         rc = gs_run_stream_launch_failed(p, gs_run_target(cli), &cli->err);
-    else if (rc > 0)
-        rc = 0;
     if (rc == GS_E_NOTFOUND && !p->st->launched) /* no agent cached there: install here */
         rc = 1;
     return rc;

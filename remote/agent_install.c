@@ -256,6 +256,11 @@ void gs_agent_cached_command(const char *body, struct gs_buf *command)
                 body, GS_AGENT_MISSING);
 }
 
+int gs_agent_reported_missing(const struct gs_buf *errout)
+{
+    return errout->len && strstr(errout->data, GS_AGENT_MISSING) != NULL;
+}
+
 void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command)
 {
     struct gs_buf body = GS_BUF_INIT;

@@ -27,6 +27,9 @@ void gs_agent_cached_command(const char *body, struct gs_buf *command);
 #define GS_AGENT_CACHED  "\"$a\""
 #define GS_AGENT_MISSING "gpusync-agent-missing"
 
+/* 1 when a command's stderr says that no agent build was cached (gs_agent_cached_command). */
+int gs_agent_reported_missing(const struct gs_buf *errout);
+
 /* gs_agent_cached_command for an agent serving `remote_dir`. */
 void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command);
 

@@ -10,16 +10,23 @@
 #include "remote/agent_install.h"
 #include "remote/exec.h"
 
+/* Appends `body`, which names the agent as `agent` (GS_AGENT_CACHED when NULL), as it must run:
+ * as it is, or inside the loop over the cached builds. */
+static void add_agent_command(const char *agent, const struct gs_buf *body, struct gs_buf *cmd)
+{
+    if (agent)
+        gs_buf_add(cmd, body->data, body->len);
+    else
+        gs_agent_cached_command(body->data, cmd);
+}
+
 void gs_run_agent_command(const char *agent, const char *remote_dir, const char *sub,
                           const char *args, struct gs_buf *cmd)
 {
     struct gs_buf body = GS_BUF_INIT;
     gs_buf_addf(&body, "mkdir -p -- %s && cd -- %s && exec %s %s --root . %s", remote_dir,
                 remote_dir, agent ? agent : GS_AGENT_CACHED, sub, args ? args : "");
-    if (agent)
-        gs_buf_add(cmd, body.data, body.len);
-    else
-        gs_agent_cached_command(body.data, cmd);
+    add_agent_command(agent, &body, cmd);
     gs_buf_release(&body);
 }
 
@@ -55,10 +62,7 @@ void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, s
     }
     gs_buf_adds(&body, " -- ");
     gs_shell_quote_argv(&body, spec->argc, spec->argv);
-    if (spec->agent)
-        gs_buf_add(cmd, body.data, body.len);
-    else
-        gs_agent_cached_command(body.data, cmd);
+    add_agent_command(spec->agent, &body, cmd);
     gs_buf_release(&body);
 }
 
@@ -67,8 +71,7 @@ static int launch_failed(const char *target, const struct gs_buf *out, const str
                          struct gs_error *err)
 {
     const char *why = errout->len ? errout->data : out->len ? out->data : "no answer";
-    int missing = errout->len && strstr(errout->data, GS_AGENT_MISSING);
-    return gs_error_set(err, missing ? GS_E_NOTFOUND : GS_E_REMOTE,
+    return gs_error_set(err, gs_agent_reported_missing(errout) ? GS_E_NOTFOUND : GS_E_REMOTE,
                         "the run did not start on %s: %s", target, why);
 }
 

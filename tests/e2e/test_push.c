@@ -1239,26 +1239,14 @@ static void test_push__first_push_to_a_server_without_the_agent_installs_it(void
     (void)state;
     proj_new(&cur, 0, NULL);
     generate_tree(cur.local, 29);
-    char agent[160], marker[160];
-    snprintf(agent, sizeof(agent), "%s/gpusync-agent-new", cur.dir);
-    snprintf(marker, sizeof(marker), "%s/before-install", cur.dir);
-    /* Trailing bytes change the content key and leave the ELF runnable. */
-    assert_int_equal(gs_test_sh("cp '%s' '%s' && echo 'test %d %ld' >>'%s' && touch '%s'",
-                                gs_test_build_path("remote/agent/gpusync-agent"), agent,
-                                (int)getpid(), (long)time(NULL), agent, marker),
-                     0);
-    setenv("GPUSYNC_AGENT", agent, 1);
-    setenv("GPUSYNC_AGENT_SRC", "/nonexistent", 1); /* no source build to fall back on either */
+    assert_int_equal(gs_test_fresh_agent_begin(cur.dir), 0);
     json_t *o = push_and_compare(&cur, 0, "first push, agent not on the server");
-    unsetenv("GPUSYNC_AGENT");
-    unsetenv("GPUSYNC_AGENT_SRC");
+    gs_test_fresh_agent_end(cur.dir);
     const char *transport = json_string_value(json_object_get(o, "transport"));
     if (!transport || !strstr(transport, "uploaded"))
         fail_msg("the agent was not uploaded: transport %s", transport ? transport : "(none)");
     assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
     json_decref(o);
-    /* The server is this machine: drop the test build from its agent cache again. */
-    gs_test_sh("find ~root/.gpusync/bin -newer '%s' -name 'gpusync-agent-*' -delete", marker);
 }
 
 /* The state a push killed at the worst instant leaves: the server renamed, the index never heard.

@@ -16,7 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <setjmp.h>
@@ -26,7 +25,6 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
-#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "tools/wansim_harness.h"
 
@@ -424,26 +422,18 @@ static void test_run__command_exit_code_is_the_runs(void **state)
 static void test_run__a_server_without_the_agent_gets_it_and_runs_once(void **state)
 {
     (void)state;
-    char agent[PATH_MAX], marker[PATH_MAX];
-    snprintf(agent, sizeof(agent), "%s/../gpusync-agent-new", project);
-    snprintf(marker, sizeof(marker), "%s/../before-install", project);
-    assert_int_equal(gs_test_sh("cp '%s' '%s' && echo 'run test %d %ld' >>'%s' && touch '%s'",
-                                gs_test_build_path("remote/agent/gpusync-agent"), agent,
-                                (int)getpid(), (long)time(NULL), agent, marker),
-                     0);
-    setenv("GPUSYNC_AGENT", agent, 1);
-    setenv("GPUSYNC_AGENT_SRC", "/nonexistent", 1);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/..", project);
+    assert_int_equal(gs_test_fresh_agent_begin(dir), 0);
     struct child c = run_in(
         project, ARGS("run", "--no-sync", "--cpu", "1", "--", "sh", "-c", "echo ran once; exit 4"));
-    unsetenv("GPUSYNC_AGENT");
-    unsetenv("GPUSYNC_AGENT_SRC");
+    gs_test_fresh_agent_end(dir);
     expect_status(&c, 4, "a run through a freshly installed agent");
     assert_string_equal(c.out.data, "ran once\n");
     json_t *st = run_json(remote, run_id_of(&c), "status.json");
     assert_int_equal(int_at(st, "exit_code"), 4);
     json_decref(st);
     child_release(&c);
-    gs_test_sh("find ~root/.gpusync/bin -newer '%s' -name 'gpusync-agent-*' -delete", marker);
 }
 
 /* status --json of the project's watch daemon. */
