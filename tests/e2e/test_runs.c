@@ -898,36 +898,47 @@ static void second_server(struct gs_test_sshd *b)
                      0);
 }
 
+/* A two-node set-up: a second sshd `b`, a project in work/NAME against the first, and its
+ * remote directories node-aSUFFIX (first server) and node-bSUFFIX (b) joined in `hosts`. */
+struct two_nodes {
+    struct gs_test_sshd b;
+    char dir[700], ra[700], rb[700], hosts[2200];
+};
+
+static void two_nodes_init(struct two_nodes *t, const char *name, const char *suffix)
+{
+    second_server(&t->b);
+    snprintf(t->dir, sizeof(t->dir), "%s/work/%s", srv.dir, name);
+    snprintf(t->ra, sizeof(t->ra), "%s/node-a%s", srv.dir, suffix);
+    snprintf(t->rb, sizeof(t->rb), "%s/node-b%s", t->b.dir, suffix);
+    init_project(t->dir, &srv, 0, t->ra);
+    snprintf(t->hosts, sizeof(t->hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, t->ra,
+             t->b.port, t->rb);
+}
+
 static void test_run__two_nodes_share_the_master_and_connect_across(void **state)
 {
     (void)state;
-    struct gs_test_sshd b;
-    second_server(&b);
-    char dir[700], ra[700], rb[700], hosts[2200];
-    snprintf(dir, sizeof(dir), "%s/work/two", srv.dir);
-    snprintf(ra, sizeof(ra), "%s/node-a", srv.dir);
-    snprintf(rb, sizeof(rb), "%s/node-b", b.dir);
-    init_project(dir, &srv, 0, ra);
+    struct two_nodes t;
+    two_nodes_init(&t, "two", "");
     /* [remote] hosts in the config: node 0 is the configured server, node 1 is b */
-    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
-             rb);
     assert_int_equal(sh("cd '%s' && sed -i 's|^\\[remote\\]$|[remote]\\n\\thosts = %s|' "
                         ".gpusync/config",
-                        dir, hosts),
+                        t.dir, t.hosts),
                      0);
-    assert_int_equal(sh("cd '%s' && echo data > shared.txt", dir), 0);
+    assert_int_equal(sh("cd '%s' && echo data > shared.txt", t.dir), 0);
     char script[2048];
     snprintf(script, sizeof(script), "%s; exec python3 -c \"$0\"", ENV_SCRIPT);
-    struct child c = run_in(dir, ARGS("run", "--accept-new-host-key", "--cpu", "2", "--ranks",
-                                      "all", "--", "sh", "-c", script, TCP_SCRIPT));
+    struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--cpu", "2", "--ranks",
+                                        "all", "--", "sh", "-c", script, TCP_SCRIPT));
     expect_status(&c, 0, "two-node run");
     const char *id = run_id_of(&c);
     /* both nodes were synced */
-    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", dir, ra), 0);
-    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", dir, rb), 0);
+    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", t.dir, t.ra), 0);
+    assert_int_equal(sh("cmp -s '%s/shared.txt' '%s/shared.txt'", t.dir, t.rb), 0);
     int port = 0;
     for (int rank = 0; rank < 4; rank++) {
-        const char *rdir = rank < 2 ? ra : rb;
+        const char *rdir = rank < 2 ? t.ra : t.rb;
         char *log = rank_log(rdir, id, rank);
         check_env_line(log, rank, rank % 2, 4, 2, rank / 2, "127.0.0.1", &port);
         if (rank == 0)
@@ -939,37 +950,30 @@ static void test_run__two_nodes_share_the_master_and_connect_across(void **state
         snprintf(prefix, sizeof(prefix), "[rank %d] ENV", rank);
         assert_non_null(strstr(c.out.data, prefix));
     }
-    json_t *sa = run_json(ra, id, "status.json"), *sb = run_json(rb, id, "status.json");
+    json_t *sa = run_json(t.ra, id, "status.json"), *sb = run_json(t.rb, id, "status.json");
     assert_int_equal(int_at(sa, "master_port"), port);
     assert_int_equal(int_at(sb, "master_port"), port);
     assert_string_equal(str_at(sb, "state"), "succeeded");
     json_decref(sa);
     json_decref(sb);
     child_release(&c);
-    gs_test_sshd_destroy(&b);
+    gs_test_sshd_destroy(&t.b);
 }
 
 static void test_run__two_nodes_one_failing_stops_the_other(void **state)
 {
     (void)state;
-    struct gs_test_sshd b;
-    second_server(&b);
-    char dir[700], ra[700], rb[700], hosts[2200];
-    snprintf(dir, sizeof(dir), "%s/work/two-fail", srv.dir);
-    snprintf(ra, sizeof(ra), "%s/node-a2", srv.dir);
-    snprintf(rb, sizeof(rb), "%s/node-b2", b.dir);
-    init_project(dir, &srv, 0, ra);
-    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
-             rb);
+    struct two_nodes t;
+    two_nodes_init(&t, "two-fail", "2");
     int64_t t0 = gs_clock_mono_ms();
-    struct child c = run_in(dir, ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu",
-                                      "1", "--", "sh", "-c",
-                                      "if [ $GROUP_RANK = 1 ]; then sleep 1; exit 9; fi; "
-                                      "exec sleep 120"));
+    struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu",
+                                        "1", "--", "sh", "-c",
+                                        "if [ $GROUP_RANK = 1 ]; then sleep 1; exit 9; fi; "
+                                        "exec sleep 120"));
     expect_status(&c, 9, "two-node run where node 1 fails");
     assert_true(gs_clock_mono_ms() - t0 < 60000);
     const char *id = run_id_of(&c);
-    json_t *sa = run_json(ra, id, "status.json"), *sb = run_json(rb, id, "status.json");
+    json_t *sa = run_json(t.ra, id, "status.json"), *sb = run_json(t.rb, id, "status.json");
     assert_string_equal(str_at(sb, "state"), "failed");
     assert_string_equal(str_at(sa, "state"), "stopped");
     json_t *r = json_array_get(json_object_get(sa, "ranks"), 0);
@@ -977,24 +981,17 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
     json_decref(sa);
     json_decref(sb);
     child_release(&c);
-    gs_test_sshd_destroy(&b);
+    gs_test_sshd_destroy(&t.b);
 }
 
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
-    struct gs_test_sshd b;
-    second_server(&b);
-    char dir[700], ra[700], rb[700], hosts[2200];
-    snprintf(dir, sizeof(dir), "%s/work/two-int", srv.dir);
-    snprintf(ra, sizeof(ra), "%s/node-a3", srv.dir);
-    snprintf(rb, sizeof(rb), "%s/node-b3", b.dir);
-    init_project(dir, &srv, 0, ra);
-    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, ra, b.port,
-             rb);
+    struct two_nodes t;
+    two_nodes_init(&t, "two-int", "3");
     struct child c;
-    child_start(&c, dir,
-                ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu", "1", "--ranks",
+    child_start(&c, t.dir,
+                ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu", "1", "--ranks",
                      "all", "--", "sh", "-c", "echo up $RANK; exec sleep 120"));
     child_wait_for(&c, "[rank 1] up 1", 60000);
     kill(c.pid, SIGINT);
@@ -1003,7 +1000,7 @@ static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
     child_finish(&c);
     expect_status(&c, 130, "two-node run after two Ctrl-C");
     const char *id = run_id_of(&c);
-    const char *dirs[2] = {ra, rb};
+    const char *dirs[2] = {t.ra, t.rb};
     for (int i = 0; i < 2; i++) {
         json_t *st = run_json(dirs[i], id, "status.json");
         assert_string_equal(str_at(st, "state"), "stopped");
@@ -1011,7 +1008,7 @@ static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
         json_decref(st);
     }
     child_release(&c);
-    gs_test_sshd_destroy(&b);
+    gs_test_sshd_destroy(&t.b);
 }
 
 int main(void)
