@@ -137,14 +137,8 @@ static const char *target_of(const struct gs_test_sshd *d, const char *user)
 static int group_setup(void **state)
 {
     (void)state;
-    signal(SIGPIPE, SIG_IGN);
-    if (access(gs_test_gpusync(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gs_test_gpusync());
+    if (gs_test_sshd_start_for_cli(&shared) != 0)
         return -1;
-    }
-    if (gs_test_sshd_start(&shared, NULL) != 0)
-        return -1;
-    gs_test_sshd_use_home(&shared, 1);
     snprintf(project, sizeof(project), "%s/work/my project", shared.dir);
     snprintf(remote_dir, sizeof(remote_dir), "%s/remote proj", shared.dir);
     if (gs_test_sh("mkdir -p '%s'", project) != 0)

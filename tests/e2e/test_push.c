@@ -528,14 +528,8 @@ static int generate_tree(const char *root, uint64_t seed)
 static int group_setup(void **state)
 {
     (void)state;
-    signal(SIGPIPE, SIG_IGN);
-    if (access(gs_test_gpusync(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gs_test_gpusync());
+    if (gs_test_sshd_start_for_cli(&sshd) != 0)
         return -1;
-    }
-    if (gs_test_sshd_start(&sshd, NULL) != 0)
-        return -1;
-    gs_test_sshd_use_home(&sshd, 1);
     return 0;
 }
 

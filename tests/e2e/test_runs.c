@@ -25,6 +25,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "tools/wansim_harness.h"
 
@@ -43,13 +44,6 @@ struct child {
     struct gs_buf out, err;
     int status; /* exit code, or 128+N for signal N, once reaped */
 };
-
-static const char *gpusync_path(void)
-{
-    static char path[4096];
-    snprintf(path, sizeof(path), "%s", gs_test_build_path("cli/gpusync"));
-    return path;
-}
 
 /* Starts gpusync in `cwd` with `args` (NULL-terminated), stdin at /dev/null and no terminal. */
 static void child_start(struct child *c, const char *cwd, const char *const *args)
@@ -73,7 +67,7 @@ static void child_start(struct child *c, const char *cwd, const char *const *arg
         close(err[0]);
         const char *argv[64];
         int n = 0;
-        argv[n++] = gpusync_path();
+        argv[n++] = gs_test_gpusync();
         for (size_t i = 0; args[i] && n < 63; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
@@ -291,14 +285,8 @@ static void init_project(const char *dir, const struct gs_test_sshd *d, int port
 static int group_setup(void **state)
 {
     (void)state;
-    signal(SIGPIPE, SIG_IGN);
-    if (access(gpusync_path(), X_OK) != 0) {
-        fprintf(stderr, "%s not built\n", gpusync_path());
+    if (gs_test_sshd_start_for_cli(&srv) != 0)
         return -1;
-    }
-    if (gs_test_sshd_start(&srv, NULL) != 0)
-        return -1;
-    gs_test_sshd_use_home(&srv, 1);
     snprintf(project, sizeof(project), "%s/work/proj", srv.dir);
     snprintf(remote, sizeof(remote), "%s/remote proj", srv.dir);
     if (sh("mkdir -p '%s' && echo 'print(1)' > '%s/train.py'", project, project) != 0)
