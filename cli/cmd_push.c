@@ -263,7 +263,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     } else {
         if (rc == 0 && !o->dry_run)
             rc = gs_session_ready(s, &cli->err);
-        if (rc == 0 && s->index_reset) /* the plan trusted an index that no longer holds */
+        /* the plan trusted an index that no longer holds, or that reconciling has changed */
+        if (rc == 0 && (s->index_reset || s->reconciled))
             rc = plan_again(cli, &p);
         if (rc == 0)
             rc = execute_plan(cli, s, ui, o, &p);

@@ -21,13 +21,18 @@ static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_f
                                          gs_cli_json_path(op->path)));
 }
 
-static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st)
+static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st,
+                        size_t unconfirmed)
 {
     char b[32];
     printf("project: %s\nserver:  %s@%s:%d:%s\n", cli->root.data,
            cli->cfg.user ? cli->cfg.user : "", cli->cfg.host, cli->cfg.port ? cli->cfg.port : 22,
            cli->cfg.remote_path ? cli->cfg.remote_path : "");
-    if (json_array_size(ops) == 0) {
+    if (unconfirmed)
+        printf("%zu operation%s of an interrupted sync unconfirmed: the server may hold more "
+               "than the list below ('gpusync push' checks and settles them)\n",
+               unconfirmed, unconfirmed == 1 ? "" : "s");
+    if (json_array_size(ops) == 0 && !unconfirmed) {
         printf("up to date (no daemon running; 'gpusync watch' keeps it so)\n");
         return;
     }
@@ -89,19 +94,25 @@ static int status_main(struct gs_cli *cli, int argc, char **argv)
     json_t *ops = json_array();
     struct gs_push_stats st;
     struct gs_push_opts o = {.dry_run = 1, .on_op = collect_op, .ctx = ops};
-    rc = gs_push_run(cli->root.data, s.ig, s.idx, NULL, &o, &st, &cli->err);
+    /* Operations sent by a process that died before their answer: until a connection settles
+     * them (syncd/reconcile.h) nobody knows what the server holds there, so never "up to date". */
+    size_t unconfirmed = 0;
+    rc = gs_index_intent_count(s.idx, &unconfirmed, &cli->err);
+    if (rc == 0)
+        rc = gs_push_run(cli->root.data, s.ig, s.idx, NULL, &o, &st, &cli->err);
     gs_session_close(&s);
     if (rc < 0) {
         json_decref(ops);
         return gs_cli_fail(cli, rc);
     }
     if (cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:b,s:s,s:i,s:I,s:O}", "v", 1, "ok", 1, "daemon", 0,
-                                    "state", json_array_size(ops) ? "pending" : "up_to_date",
-                                    "pending", (int)json_array_size(ops), "bytes_pending",
-                                    (json_int_t)st.bytes_total, "ops", ops));
+        gs_cli_json_print(
+            json_pack("{s:i,s:b,s:b,s:s,s:i,s:I,s:i,s:O}", "v", 1, "ok", 1, "daemon", 0, "state",
+                      json_array_size(ops) || unconfirmed ? "pending" : "up_to_date", "pending",
+                      (int)json_array_size(ops), "bytes_pending", (json_int_t)st.bytes_total,
+                      "unconfirmed", (int)unconfirmed, "ops", ops));
     else
-        print_human(cli, ops, &st);
+        print_human(cli, ops, &st, unconfirmed);
     json_decref(ops);
     return 0;
 }

@@ -37,6 +37,7 @@ struct pending {
 /* A request whose replies the caller consumes itself (handshake, GET, LIST, ping). */
 struct sync_call {
     uint32_t id;
+    uint32_t span; /* replies come for ids id .. id + span - 1 (0 counts as 1) */
     int done;
     int (*on_frame)(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *call);
     void *state;
@@ -142,9 +143,11 @@ static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, stru
     if (gs_proto_decode(f, &m) != 0)
         return gs_error_set(err, GS_E_PROTO, "malformed %s reply from the agent on %s",
                             gs_proto_type_name(f->type), gs_ssh_target(a->ssh));
-    for (int i = 0; i < a->n_sync; i++)
-        if (m.id == a->sync[i]->id)
-            return a->sync[i]->on_frame(a, &m, a->sync[i]);
+    for (int i = 0; i < a->n_sync; i++) {
+        struct sync_call *c = a->sync[i];
+        if (m.id - c->id < (c->span ? c->span : 1u)) /* unsigned: ids below c->id are huge */
+            return c->on_frame(a, &m, c);
+    }
     if (m.type == GS_MSG_ERROR && m.id == 0)
         return gs_error_set(err, GS_E_PROTO, "the agent on %s refused the session: %.*s",
                             gs_ssh_target(a->ssh), (int)m.text.len, m.text.p);
@@ -487,14 +490,21 @@ static void sync_remove(struct gs_agent *a, struct sync_call *c)
         }
 }
 
-/* Sends `m` and pumps until its sync handler says done. Earlier requests are drained first so
- * their replies cannot interleave. */
-static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
-                struct gs_error *err)
+/* Waits until every earlier request has been answered, the handshake included, so that a
+ * synchronous call's replies cannot interleave with theirs. */
+static int quiesce(struct gs_agent *a, struct gs_error *err)
 {
     int rc = agent_drain(&a->ops, err);
     while (rc == 0 && !a->hello_call.done)
         rc = pump(a, 1, err);
+    return rc;
+}
+
+/* Sends `m` and pumps until its sync handler says done. */
+static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
+                struct gs_error *err)
+{
+    int rc = quiesce(a, err);
     c->id = m->id = new_id(a);
     if (rc == 0)
         rc = encode(a, m, err);
@@ -502,6 +512,70 @@ static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
     while (rc == 0 && !c->done)
         rc = pump(a, 1, err);
     sync_remove(a, c);
+    return rc;
+}
+
+/* ---- probe: a STAT and a HASH per path, all pipelined (one round trip for the lot) ---- */
+
+#define PROBE_CHUNK 1024 /* paths per round trip */
+
+struct probe_call {
+    struct sync_call call; /* first: the handler gets it back as a sync_call */
+    struct gs_fop_stat *out;
+    size_t n, answered;
+};
+
+/* Reply 2i is path i's STAT, 2i + 1 its HASH (an error there: a directory, or no file). */
+static int on_probe(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
+{
+    (void)a;
+    struct probe_call *p = (struct probe_call *)c;
+    uint32_t k = m->id - c->id;
+    struct gs_fop_stat *st = &p->out[k / 2];
+    if (k % 2 == 0 && m->type == GS_MSG_STAT_R) {
+        st->kind = (enum gs_fop_kind)m->kind;
+        st->mode = m->meta.mode;
+        st->size = m->size;
+    } else if (k % 2 == 0) { /* a missing parent is nothing there; a refusal tells nothing */
+        int gone = m->type == GS_MSG_ERROR && (m->err == ENOENT || m->err == ENOTDIR);
+        st->kind = gone ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN;
+    } else if (m->type == GS_MSG_HASH_R && m->has_hash) {
+        st->has_hash = 1;
+        memcpy(st->hash, m->hash, sizeof(st->hash));
+    }
+    c->done = ++p->answered == 2 * p->n;
+    return 0;
+}
+
+static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n,
+                       struct gs_fop_stat *out, struct gs_error *err)
+{
+    int rc = quiesce(a, err);
+    if (a->next_id > UINT32_MAX - 2 * PROBE_CHUNK - 2) /* the ids must not wrap inside the span */
+        a->next_id = 0;
+    struct probe_call p = {
+        .call = {.on_frame = on_probe, .span = (uint32_t)(2 * n)}, .out = out, .n = n};
+    p.call.id = a->next_id + 1;
+    for (size_t i = 0; rc == 0 && i < 2 * n; i++) {
+        struct gs_proto_msg m = {.type = i % 2 ? GS_MSG_HASH : GS_MSG_STAT, .id = new_id(a)};
+        m.path = gs_proto_cstr(paths[i / 2]);
+        rc = encode(a, &m, err);
+    }
+    sync_add(a, &p.call);
+    while (rc == 0 && !p.call.done)
+        rc = pump(a, 1, err);
+    sync_remove(a, &p.call);
+    return rc;
+}
+
+static int agent_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
+                       struct gs_fop_stat *out, struct gs_error *err)
+{
+    struct gs_agent *a = (struct gs_agent *)ops;
+    memset(out, 0, n * sizeof(*out));
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i += PROBE_CHUNK)
+        rc = probe_chunk(a, paths + i, n - i < PROBE_CHUNK ? n - i : PROBE_CHUNK, out + i, err);
     return rc;
 }
 
@@ -562,7 +636,10 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
     if (!a)
         return gs_error_set(err, GS_E_NOMEM, "out of memory");
     a->ssh = ssh;
-    a->ops = (struct gs_fileops){agent_submit, agent_drain, agent_close_ops, NULL, NULL, 0};
+    a->ops = (struct gs_fileops){.submit = agent_submit,
+                                 .drain = agent_drain,
+                                 .probe = agent_probe,
+                                 .close = agent_close_ops};
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);
     a->ch = gs_exec_open(ssh, command, err);

@@ -7,6 +7,7 @@
 #ifndef GS_FILEOPS_H
 #define GS_FILEOPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
@@ -56,12 +57,35 @@ struct gs_fop_result {
 
 typedef void (*gs_fop_done_fn)(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r);
 
+/* What the server holds at one path, as probe reports it. */
+enum gs_fop_kind {
+    GS_FOP_KIND_UNKNOWN = -1, /* could not be told (refused path, permission): assume nothing */
+    GS_FOP_KIND_NONE = 0,     /* nothing there */
+    GS_FOP_KIND_FILE = 1,
+    GS_FOP_KIND_DIR = 2,
+    GS_FOP_KIND_SYMLINK = 3,
+    GS_FOP_KIND_OTHER = 4,
+};
+
+struct gs_fop_stat {
+    enum gs_fop_kind kind;
+    uint32_t mode; /* permission bits */
+    uint64_t size;
+    int has_hash;     /* files: XXH3-128 of the content; symlinks: of the target string */
+    uint8_t hash[16]; /* canonical bytes, as the index keeps them */
+};
+
 struct gs_fileops {
     /* Queues one operation; may run completions of earlier ones. Returns 0, or a negative code
      * when the transport failed (then no further completions come). */
     int (*submit)(struct gs_fileops *ops, const struct gs_fop_req *req, struct gs_error *err);
     /* Waits until every submitted operation has completed. Returns 0 or a transport error. */
     int (*drain)(struct gs_fileops *ops, struct gs_error *err);
+    /* Reports in out[i] what the server holds at paths[i] (content hashed), for the n paths.
+     * Waits for earlier operations first. Returns 0 (a path that cannot be examined is
+     * GS_FOP_KIND_UNKNOWN) or a transport error. */
+    int (*probe)(struct gs_fileops *ops, const char *const *paths, size_t n,
+                 struct gs_fop_stat *out, struct gs_error *err);
     /* Ends the session and frees `ops`. */
     void (*close)(struct gs_fileops *ops);
     gs_fop_done_fn done;

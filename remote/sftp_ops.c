@@ -1237,6 +1237,46 @@ static int ops_drain(struct gs_fileops *ops, struct gs_error *err)
     return rc < 0 ? ops_die(o, rc, err) : 0;
 }
 
+static enum gs_fop_kind kind_of(const struct rstat *st)
+{
+    return !st->exists   ? GS_FOP_KIND_NONE
+           : st->is_dir  ? GS_FOP_KIND_DIR
+           : st->is_link ? GS_FOP_KIND_SYMLINK
+           : st->is_reg  ? GS_FOP_KIND_FILE
+                         : GS_FOP_KIND_OTHER;
+}
+
+/* Probes one path: lstat, then the hash of a file's bytes (read back) or of a link's target.
+ * Returns 0 or a negative transport code; an SFTP refusal leaves the path GS_FOP_KIND_UNKNOWN. */
+static int probe_one(struct sftp_ops *o, const char *rel, struct gs_fop_stat *out,
+                     struct gs_error *err)
+{
+    struct gs_buf full = GS_BUF_INIT;
+    struct rstat st;
+    int rc = r_lstat(o, full_path(o, &full, rel), rel, &st, err);
+    out->kind = rc == 0 ? kind_of(&st) : GS_FOP_KIND_UNKNOWN;
+    out->mode = st.mode;
+    out->size = st.size;
+    if (rc == 0 && (st.is_reg || st.is_link)) {
+        rc = r_hash(o, full.data, rel, &st, out->hash, err);
+        out->has_hash = rc == 0;
+    }
+    gs_buf_release(&full);
+    return rc < 0 ? rc : 0;
+}
+
+static int ops_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
+                     struct gs_fop_stat *out, struct gs_error *err)
+{
+    struct sftp_ops *o = (struct sftp_ops *)ops;
+    memset(out, 0, n * sizeof(*out));
+    int rc = ops_drain(ops, err);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if ((rc = probe_one(o, paths[i], &out[i], &o->dead_err)) < 0)
+            return ops_die(o, rc, err);
+    return rc;
+}
+
 static void ops_close(struct gs_fileops *ops)
 {
     struct sftp_ops *o = (struct sftp_ops *)ops;
@@ -1291,6 +1331,7 @@ int gs_sftp_ops_open(struct gs_fileops **out, struct gs_ssh *ssh, const char *re
     }
     o->base.submit = ops_submit;
     o->base.drain = ops_drain;
+    o->base.probe = ops_probe;
     o->base.close = ops_close;
     o->ssh = ssh;
     o->openssh = is_openssh(ssh);

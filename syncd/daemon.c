@@ -53,9 +53,7 @@ struct daemon {
     int n_clients;
     char **dirty; /* changed paths not yet pushed */
     size_t n_dirty, cap_dirty;
-    int full;                          /* push the whole tree next */
-    struct gs_index_entry *unanswered; /* puts lost with a connection: may have landed anyway */
-    size_t n_unanswered;
+    int full;      /* push the whole tree next */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;
     int64_t next_retry_ms;
@@ -246,32 +244,6 @@ static void disconnect(struct daemon *d, const char *why)
     show_status(d);
 }
 
-/* A put whose answer was lost with the connection may still have reached the server (its bytes
- * were in flight). If the server now holds exactly that content, it is recorded, so the next push
- * does not mistake gpusync's own write for an edit made on the server (a false conflict copy). */
-static void reconcile_unanswered(struct daemon *d)
-{
-    for (size_t i = 0; i < d->n_unanswered; i++) {
-        struct gs_index_entry *e = &d->unanswered[i];
-        uint8_t hash[16];
-        struct gs_error err = {0};
-        if (d->sess.agent && gs_agent_hash(d->sess.agent, e->path, hash, &err) == 0 &&
-            memcmp(hash, e->hash.b, 16) == 0)
-            gs_index_put(d->sess.idx, e, &err);
-        gs_index_entry_release(e);
-    }
-    free(d->unanswered);
-    d->unanswered = NULL;
-    d->n_unanswered = 0;
-}
-
-static void keep_unanswered(void *ctx, const struct gs_plan_op *op)
-{
-    struct daemon *d = ctx;
-    d->unanswered = realloc(d->unanswered, (d->n_unanswered + 1) * sizeof(*d->unanswered));
-    gs_index_entry_copy(&d->unanswered[d->n_unanswered++], &op->record);
-}
-
 static void try_connect(struct daemon *d)
 {
     struct gs_error err = {0};
@@ -287,7 +259,6 @@ static void try_connect(struct daemon *d)
     d->next_connect_ms = 0;
     d->last_error[0] = '\0';
     d->next_check_ms = gs_clock_mono_ms() + LIVENESS_EVERY_MS;
-    reconcile_unanswered(d);
     gs_info("connected to %s (%s)", gs_ssh_target(d->ssh), d->sess.transport);
     broadcast(d, json_pack("{s:s,s:s}", "event", "connected", "target", gs_ssh_target(d->ssh)));
     mark_full(d); /* whatever changed while we were away */
@@ -393,7 +364,6 @@ static void sync_batch(struct daemon *d)
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
-                             .on_unanswered = keep_unanswered,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
@@ -713,9 +683,6 @@ static void teardown(struct daemon *d)
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);
-    for (size_t i = 0; i < d->n_unanswered; i++)
-        gs_index_entry_release(&d->unanswered[i]);
-    free(d->unanswered);
     free_paths(d->failed, d->n_failed);
     if (d->o->status_out) {
         fputs("\n", d->o->status_out);

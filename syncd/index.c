@@ -23,6 +23,10 @@ enum stmt {
     ST_ALL,
     ST_SUB,
     ST_COUNT,
+    ST_INTENT_ADD,
+    ST_INTENT_DROP,
+    ST_INTENT_ALL,
+    ST_INTENT_COUNT,
     ST__COUNT
 };
 
@@ -44,6 +48,11 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_ALL] = "SELECT " ENTRY_COLS " FROM entries ORDER BY path",
     [ST_SUB] = "SELECT " ENTRY_COLS " FROM entries" SUBTREE_WHERE " ORDER BY path",
     [ST_COUNT] = "SELECT count(*) FROM entries",
+    [ST_INTENT_ADD] = "INSERT INTO intents (op, subtree, from_path, " ENTRY_COLS
+                      ") VALUES (?11, ?12, ?13, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    [ST_INTENT_DROP] = "DELETE FROM intents WHERE id = ?1",
+    [ST_INTENT_ALL] = "SELECT " ENTRY_COLS ", id, op, subtree, from_path FROM intents ORDER BY id",
+    [ST_INTENT_COUNT] = "SELECT count(*) FROM intents",
 };
 
 static const char schema_sql[] =
@@ -51,7 +60,14 @@ static const char schema_sql[] =
     "CREATE TABLE IF NOT EXISTS entries ("
     " path BLOB PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,"
     " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB,"
-    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER) WITHOUT ROWID;";
+    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER) WITHOUT ROWID;"
+    /* operations sent whose outcome is unknown (index.h, "intents"); the entry columns describe
+     * what the server holds at `path` once the operation completed */
+    "CREATE TABLE IF NOT EXISTS intents ("
+    " id INTEGER PRIMARY KEY, op INTEGER NOT NULL, subtree INTEGER NOT NULL, from_path BLOB,"
+    " path BLOB NOT NULL, kind INTEGER NOT NULL, mode INTEGER NOT NULL,"
+    " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB,"
+    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER);";
 
 struct gs_index {
     sqlite3 *db;
@@ -182,9 +198,9 @@ int gs_index_get(struct gs_index *idx, const char *path, struct gs_index_entry *
     return ret;
 }
 
-int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs_error *err)
+/* Binds ?1..?10 to the entry columns of `e`. */
+static void bind_entry(sqlite3_stmt *st, const struct gs_index_entry *e)
 {
-    sqlite3_stmt *st = idx->st[ST_PUT];
     bind_text_blob(st, 1, e->path);
     sqlite3_bind_int(st, 2, (int)e->kind);
     sqlite3_bind_int(st, 3, (int)e->mode);
@@ -198,6 +214,12 @@ int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs
         sqlite3_bind_int64(st, 9, e->local_mtime_ns);
         sqlite3_bind_int64(st, 10, (sqlite3_int64)e->local_ino);
     }
+}
+
+int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_PUT];
+    bind_entry(st, e);
     return step_done(idx, st, err, "recording an entry");
 }
 
@@ -280,13 +302,18 @@ int gs_index_foreach(struct gs_index *idx, const char *prefix, gs_index_fn fn, v
     return ret;
 }
 
-int gs_index_count(struct gs_index *idx, size_t *out, struct gs_error *err)
+/* Runs a count(*) statement into *out. */
+static int count_rows(struct gs_index *idx, sqlite3_stmt *st, size_t *out, struct gs_error *err)
 {
-    sqlite3_stmt *st = idx->st[ST_COUNT];
     int rc = sqlite3_step(st);
     *out = rc == SQLITE_ROW ? (size_t)sqlite3_column_int64(st, 0) : 0;
     sqlite3_reset(st);
-    return rc == SQLITE_ROW ? 0 : db_error(idx, err, "counting entries");
+    return rc == SQLITE_ROW ? 0 : db_error(idx, err, "counting rows");
+}
+
+int gs_index_count(struct gs_index *idx, size_t *out, struct gs_error *err)
+{
+    return count_rows(idx, idx->st[ST_COUNT], out, err);
 }
 
 int gs_index_begin(struct gs_index *idx, struct gs_error *err)
@@ -363,7 +390,7 @@ static int claim_remote(struct gs_index *idx, const char *remote_id, struct gs_e
     if (rc == 0)
         rc = meta_get(idx, "remote", &old, err);
     if (rc == 0 && (!old || strcmp(old, remote_id) != 0)) {
-        rc = exec_sql(idx, "DELETE FROM entries", err);
+        rc = exec_sql(idx, "DELETE FROM entries; DELETE FROM intents", err);
         if (rc == 0)
             rc = meta_set(idx, "remote", remote_id, err);
         if (rc == 0)
@@ -453,5 +480,65 @@ int gs_index_set_meta(struct gs_index *idx, const char *key, const char *value,
 
 int gs_index_clear(struct gs_index *idx, struct gs_error *err)
 {
-    return exec_sql(idx, "DELETE FROM entries", err);
+    return exec_sql(idx, "DELETE FROM entries; DELETE FROM intents", err);
+}
+
+/* ---- intents ---- */
+
+void gs_index_intent_release(struct gs_index_intent *in)
+{
+    free(in->from);
+    gs_index_entry_release(&in->after);
+    memset(in, 0, sizeof(*in));
+}
+
+int gs_index_intent_add(struct gs_index *idx, const struct gs_index_intent *in, int64_t *id,
+                        struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_INTENT_ADD];
+    bind_entry(st, &in->after);
+    sqlite3_bind_int(st, 11, in->op);
+    sqlite3_bind_int(st, 12, in->subtree);
+    bind_text_blob(st, 13, in->from);
+    int rc = step_done(idx, st, err, "recording an intent");
+    *id = rc == 0 ? (int64_t)sqlite3_last_insert_rowid(idx->db) : 0;
+    return rc;
+}
+
+int gs_index_intent_drop(struct gs_index *idx, int64_t id, struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_INTENT_DROP];
+    sqlite3_bind_int64(st, 1, id);
+    return step_done(idx, st, err, "dropping an intent");
+}
+
+int gs_index_intent_clear(struct gs_index *idx, struct gs_error *err)
+{
+    return exec_sql(idx, "DELETE FROM intents", err);
+}
+
+int gs_index_intent_count(struct gs_index *idx, size_t *out, struct gs_error *err)
+{
+    return count_rows(idx, idx->st[ST_INTENT_COUNT], out, err);
+}
+
+int gs_index_intent_foreach(struct gs_index *idx, gs_index_intent_fn fn, void *ctx,
+                            struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_INTENT_ALL];
+    int rc, ret = 0;
+    while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct gs_index_intent in = {0};
+        row_to_entry(st, &in.after);
+        in.id = sqlite3_column_int64(st, 10);
+        in.op = sqlite3_column_int(st, 11);
+        in.subtree = sqlite3_column_int(st, 12);
+        in.from = column_str(st, 13);
+        ret = fn(&in, ctx);
+        gs_index_intent_release(&in);
+    }
+    if (ret == 0 && rc != SQLITE_DONE)
+        ret = db_error(idx, err, "listing intents");
+    sqlite3_reset(st);
+    return ret;
 }

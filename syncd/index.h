@@ -117,7 +117,49 @@ int gs_index_get_meta(struct gs_index *idx, const char *key, char **value, struc
 int gs_index_set_meta(struct gs_index *idx, const char *key, const char *value,
                       struct gs_error *err);
 
-/* Forgets every entry (the server no longer holds what the index says), keeping the identity. */
+/* ---- intents: operations sent whose outcome is not yet known ----
+ *
+ * Before a request leaves for the server, the executor records what the server will hold at that
+ * path if the request completes, and commits it; when the reply comes, the intent is dropped in
+ * the same transaction that records the result. An intent still present when a process starts
+ * means an earlier one died (or lost its link) with that request in flight: it may or may not
+ * have reached the server. syncd/reconcile.c asks the server and records what it finds, before
+ * anything is planned. */
+struct gs_index_intent {
+    int64_t id;  /* set by gs_index_intent_add and by the walk */
+    int op;      /* the executor's operation (enum gs_op_type); the index does not interpret it */
+    int subtree; /* a RENAME of a directory with everything below it */
+    char *from;  /* a RENAME's source, or NULL */
+    /* What the server holds at after.path once the operation completed; kind GS_KIND_NONE for a
+     * delete. The local-stat fields are recorded along with it. */
+    struct gs_index_entry after;
+};
+
+/* Frees the strings `in` owns and zeroes it. */
+void gs_index_intent_release(struct gs_index_intent *in);
+
+/* Records `in` (its id is ignored) and stores the new intent's id in *id. Not committed by
+ * itself: the caller commits before the request is sent. */
+int gs_index_intent_add(struct gs_index *idx, const struct gs_index_intent *in, int64_t *id,
+                        struct gs_error *err);
+
+/* Drops intent `id` (absent: no change, returns 0). */
+int gs_index_intent_drop(struct gs_index *idx, int64_t id, struct gs_error *err);
+
+/* Drops every intent. */
+int gs_index_intent_clear(struct gs_index *idx, struct gs_error *err);
+
+/* Number of intents. */
+int gs_index_intent_count(struct gs_index *idx, size_t *out, struct gs_error *err);
+
+/* Calls fn for each intent, oldest first; the intent lives until fn returns, and fn must not
+ * write to the index. A non-zero return from fn stops the walk and is returned. */
+typedef int (*gs_index_intent_fn)(const struct gs_index_intent *in, void *ctx);
+int gs_index_intent_foreach(struct gs_index *idx, gs_index_intent_fn fn, void *ctx,
+                            struct gs_error *err);
+
+/* Forgets every entry and intent (the server no longer holds what the index says), keeping the
+ * identity. */
 int gs_index_clear(struct gs_index *idx, struct gs_error *err);
 
 #endif

@@ -13,6 +13,7 @@
 #include "syncd/scan.h"
 
 #define COMMIT_EVERY_MS 50
+#define INTENT_WINDOW   512 /* intents recorded (and committed) ahead of the requests */
 
 struct run {
     struct gs_index *idx;
@@ -23,6 +24,8 @@ struct run {
     int out_of_space; /* stop sending content: the server's disk is full */
     struct gs_error index_err;
     unsigned char *state; /* per plan op: 0 not sent, 1 sent, 2 answered */
+    int64_t *intent;      /* per plan op: its intent's id in the index, 0 if none */
+    size_t intents_upto;  /* ops below this have their intent recorded */
     const struct gs_plan_op *ops_base;
 };
 
@@ -102,7 +105,11 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     const struct gs_plan_op *op = req_ctx;
     struct gs_fop_result kept = {.ok = 1, .kept = op->path};
     const struct gs_fop_result *r = kept_directory(op, orig) ? &kept : orig;
-    run->state[op - run->ops_base] = 2;
+    size_t i = (size_t)(op - run->ops_base);
+    run->state[i] = 2;
+    /* the outcome is known now: recorded below in the same transaction as the intent's end */
+    gs_index_intent_drop(run->idx, run->intent[i], &run->index_err);
+    run->intent[i] = 0;
     run->st->ops_done++;
     if (lost_rename(run, op, r)) {
         /* neither a success nor a failure: see lost_rename (a source kept aside is a conflict) */
@@ -177,15 +184,46 @@ static void make_request(const char *root, struct gs_plan_op *op, struct gs_buf 
     }
 }
 
-/* After a lost connection, the puts that went out without an answer may still land on the server
- * (their bytes were in flight): the caller can check for them once reconnected. */
-static void report_unanswered(struct run *run, const struct gs_plan *plan, int rc)
+/* What the server holds at op's path once it completed: its record, or nothing for a delete. */
+static struct gs_index_intent intent_of(const struct gs_plan_op *op)
 {
-    if (rc == 0 || !run->opts->on_unanswered)
-        return;
+    struct gs_index_intent in = {
+        .op = (int)op->type, .subtree = op->subtree, .from = op->from, .after = op->record};
+    if (op->type == GS_OP_DELETE)
+        in.after = (struct gs_index_entry){.path = op->path, .kind = GS_KIND_NONE};
+    return in;
+}
+
+/* Records the intents of the next INTENT_WINDOW operations from `first` and commits them (with
+ * whatever completed so far), so that none of their requests can reach the server before the
+ * index knows it may have: a process killed after sending is reconciled by the next one
+ * (syncd/reconcile.h). A window keeps what a crash leaves to probe small in a large push. */
+static int record_intents(struct run *run, const struct gs_plan *plan, size_t first,
+                          struct gs_error *err)
+{
+    size_t end = plan->n_ops - first > INTENT_WINDOW ? first + INTENT_WINDOW : plan->n_ops;
+    int rc = 0;
+    for (size_t i = first; rc == 0 && i < end; i++) {
+        struct gs_index_intent in = intent_of(&plan->ops[i]);
+        rc = gs_index_intent_add(run->idx, &in, &run->intent[i], err);
+    }
+    if (rc == 0)
+        rc = gs_index_commit(run->idx, err);
+    if (rc == 0)
+        rc = gs_index_begin(run->idx, err);
+    run->intents_upto = end;
+    run->last_commit_ms = gs_clock_mono_ms();
+    return rc;
+}
+
+/* Drops the intents of operations that were never sent (a full disk stopped the puts, or the
+ * transport failed first): nothing of theirs can be on the server. Those sent and unanswered keep
+ * theirs, for the next process to reconcile. */
+static void drop_unsent_intents(struct run *run, const struct gs_plan *plan)
+{
     for (size_t i = 0; i < plan->n_ops; i++)
-        if (run->state[i] == 1 && plan->ops[i].type == GS_OP_PUT)
-            run->opts->on_unanswered(run->opts->ctx, &plan->ops[i]);
+        if (run->state[i] == 0 && run->intent[i])
+            gs_index_intent_drop(run->idx, run->intent[i], &run->index_err);
 }
 
 static void report_dry_run(const struct gs_plan *plan, const struct gs_push_opts *o)
@@ -205,6 +243,8 @@ static int execute(const char *root, struct gs_plan *plan, struct run *run, stru
         struct gs_plan_op *op = &plan->ops[i];
         if (run->out_of_space && op->type == GS_OP_PUT)
             continue;
+        if (i >= run->intents_upto && (rc = record_intents(run, plan, i, err)) < 0)
+            break;
         struct gs_fop_req req;
         make_request(root, op, &local, &req);
         if (run->state[i] != 2) /* a put whose file vanished is answered within submit */
@@ -213,6 +253,7 @@ static int execute(const char *root, struct gs_plan *plan, struct run *run, stru
     }
     if (rc == 0)
         rc = run->ops->drain(run->ops, err);
+    drop_unsent_intents(run, plan);
     int crc = gs_index_commit(run->idx, &run->index_err);
     gs_buf_release(&local);
     if (rc == 0 && crc < 0)
@@ -331,13 +372,16 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
                           .st = st,
                           .ops = ops,
                           .state = calloc(plan->n_ops + 1, 1),
+                          .intent = calloc(plan->n_ops + 1, sizeof(int64_t)),
                           .ops_base = plan->ops};
+        if (!run.state || !run.intent)
+            abort();
         ops->done = on_done;
         ops->done_ctx = &run;
         rc = execute(root, plan, &run, err);
         ops->done = NULL;
-        report_unanswered(&run, plan, rc);
         free(run.state);
+        free(run.intent);
     }
     st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
     if (rc == 0 && st->failed)

@@ -1,8 +1,9 @@
 /* syncd/push.h: one sync of the local tree to the server: scan, plan, execute through a
  * transport (remote/fileops.h), recording each completed operation in the index as its reply
  * arrives. Killed at any instant, the next push resumes without losing or repeating an edit:
- * what completed is in the index (committed every 50 ms), and what did not is planned again (the
- * agent treats a put of content it already holds as done). */
+ * what completed is in the index (committed every 50 ms); every request's intent was committed
+ * before it left, so one answered too late, or never, is settled by syncd/reconcile.h before
+ * the next plan; and what did not happen is planned again. */
 #ifndef GS_SYNCD_PUSH_H
 #define GS_SYNCD_PUSH_H
 
@@ -40,9 +41,6 @@ struct gs_push_opts {
     int dry_run; /* plan and report, change nothing (not even the index's cache) */
     gs_push_op_fn on_op;
     gs_push_progress_fn on_progress;
-    /* Called, when the connection broke, for each put that was sent but never answered: its
-     * bytes may still reach the server. op->record says what the server would then hold. */
-    void (*on_unanswered)(void *ctx, const struct gs_plan_op *op);
     void *ctx;
 };
 

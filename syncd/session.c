@@ -10,6 +10,7 @@
 #include "common/path.h"
 #include "remote/agent_install.h"
 #include "remote/sftp_ops.h"
+#include "syncd/reconcile.h"
 
 char *gs_session_remote_id(const struct gs_config *cfg)
 {
@@ -123,6 +124,20 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
     return rc;
 }
 
+/* Settles what an interrupted sync left uncertain (reconcile.h), once the transport is ready and
+ * before anything is sent: s->reconciled says how many operations were in doubt, so that a
+ * caller who planned meanwhile plans again. */
+static int settle_intents(struct gs_session *s, struct gs_error *err)
+{
+    s->reconciled = 0;
+    int rc = gs_reconcile(s->idx, s->ops, &s->reconciled, err);
+    s->settled = rc == 0;
+    if (rc == 0 && s->reconciled)
+        gs_info("checked %zu operation%s an interrupted sync left in flight", s->reconciled,
+                s->reconciled == 1 ? "" : "s");
+    return rc;
+}
+
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                      const char *remote_path, struct gs_error *err)
 {
@@ -131,6 +146,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     s->remote_dir = strdup(remote_dir);
     s->remote_path = strdup(remote_path && *remote_path ? remote_path : ".");
     s->ssh = ssh;
+    s->settled = 0;
     if (s->cfg->transport == GS_TRANSPORT_SFTP)
         return open_sftp(s, ssh, s->remote_path, "[sync] transport = sftp", err);
     /* Start whichever agent build is cached there, in one exec, without waiting for it. */
@@ -143,8 +159,9 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
 
 int gs_session_go_early(struct gs_session *s)
 {
-    size_t entries = 1;
-    if (s->ops || !s->agent || gs_index_count(s->idx, &entries, NULL) < 0 || entries)
+    size_t entries = 1, intents = 1;
+    if (s->ops || !s->agent || gs_index_count(s->idx, &entries, NULL) < 0 || entries ||
+        gs_index_intent_count(s->idx, &intents, NULL) < 0 || intents)
         return 0;
     s->early = 1;
     s->ops = gs_agent_fileops(s->agent);
@@ -153,8 +170,8 @@ int gs_session_go_early(struct gs_session *s)
 
 int gs_session_ready(struct gs_session *s, struct gs_error *err)
 {
-    if (s->ops && !s->early)
-        return 0;
+    if (s->ops && !s->early) /* SFTP, opened by start */
+        return s->settled ? 0 : settle_intents(s, err);
     if (!s->agent)
         return gs_error_set(err, GS_E_ERR, "gs_session_ready before gs_session_start");
     int rc = gs_agent_wait_ready(s->agent, err);
@@ -164,7 +181,7 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
         snprintf(s->transport, sizeof(s->transport), "agent (cached)");
-        return 0;
+        return settle_intents(s, err);
     }
     s->ops = NULL;
     if (!err || !strstr(err->msg, GS_AGENT_MISSING))
@@ -172,7 +189,8 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     gs_agent_close(s->agent);
     s->agent = NULL;
     gs_error_clear(err);
-    return install_and_open(s, s->ssh, err);
+    rc = install_and_open(s, s->ssh, err);
+    return rc ? rc : settle_intents(s, err);
 }
 
 int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,

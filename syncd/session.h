@@ -23,8 +23,10 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
-    int index_reset; /* gs_session_ready found another server's tree: the index was cleared */
-    int early;       /* ops went out before the agent answered (gs_session_go_early) */
+    int index_reset;   /* gs_session_ready found another server's tree: the index was cleared */
+    int early;         /* ops went out before the agent answered (gs_session_go_early) */
+    int settled;       /* ready has reconciled the intents for this connection */
+    size_t reconciled; /* operations an interrupted sync left in doubt, settled by ready */
 };
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
@@ -52,15 +54,20 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
  * Ready also checks that the server still holds the tree the index describes: the first sync
  * leaves a random token in the remote .gpusync/sync-id, kept in the index too; a server that was
  * wiped or recreated lacks it (or has another), and then the index is cleared (s->index_reset) so
- * that everything is sent again instead of trusting a record of files that are gone. */
+ * that everything is sent again instead of trusting a record of files that are gone.
+ *
+ * Ready then settles the intents an interrupted sync left (syncd/reconcile.h) before anything
+ * is sent, setting s->reconciled to their number: a plan made before ready must then be made
+ * again. A transport error while settling fails ready (the intents stay for the next try). Only
+ * ready touches the index, so a caller may plan on another thread until it calls ready. */
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                      const char *remote_path, struct gs_error *err);
 int gs_session_ready(struct gs_session *s, struct gs_error *err);
 
-/* For a first sync (an index with no entries), lets requests go out between start and ready:
- * nothing in such a plan depends on what the server holds (every put expects no file there, and
- * the agent enforces that), so the bytes can cross the link while the server's shell and agent
- * start. Sets s->ops and returns 1, or returns 0 (not a first sync, SFTP, or already ready).
+/* For a first sync (an index with no entries and no intents), lets requests go out between start
+ * and ready: nothing in such a plan depends on what the server holds (every put expects no file
+ * there, and the agent enforces that), so the bytes can cross the link while the server's shell and
+ * agent start. Sets s->ops and returns 1, or returns 0 (not a first sync, SFTP, or already ready).
  * gs_session_ready must still follow; if it had to install the agent (none was cached, so the
  * early requests were lost with the failed start), the caller plans and executes again. */
 int gs_session_go_early(struct gs_session *s);

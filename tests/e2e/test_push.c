@@ -1207,6 +1207,104 @@ static void test_push__client_sigkilled_mid_push_then_push_converges(void **stat
     expect_convergence_after_fault("push after the client was killed");
 }
 
+#define MANY_FILES 2000
+
+/* Waits (bounded) until no agent serves `root`: what a killed client still had in flight has then
+ * landed on the server or died with the agent. */
+static void await_no_agent_for(const char *root)
+{
+    int64_t end = gs_clock_mono_ms() + 30000;
+    while (gs_test_sh("pgrep -f 'gpusync-agent.* serve --root %s$' >/dev/null", root) == 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the agent for %s is still running 30 s after its client died", root);
+        usleep(20000);
+    }
+}
+
+/* How many of many/fNNNN are on the server; fills `there` (MANY_FILES flags). */
+static int many_on_server(char *there)
+{
+    int n = 0;
+    for (int i = 0; i < MANY_FILES; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "many/f%04d", i);
+        there[i] = (char)exists(cur.remote, rel);
+        n += there[i];
+    }
+    return n;
+}
+
+/* Deletes, renames or edits locally each file the server holds, so that a push must act on files
+ * the killed push placed: a file it placed but never recorded would otherwise stay on the server
+ * (delete, rename) or be taken for a server edit (edit: a conflict copy nobody caused). */
+static void change_what_the_server_holds(const char *there)
+{
+    for (int i = 0; i < MANY_FILES; i++) {
+        char rel[64], to[64];
+        snprintf(rel, sizeof(rel), "many/f%04d", i);
+        if (!there[i])
+            continue;
+        if (i % 3 == 0) {
+            remove_path(cur.local, rel);
+        } else if (i % 3 == 1) {
+            snprintf(to, sizeof(to), "many/renamed-%04d", i);
+            move_path(cur.local, rel, to);
+        } else {
+            put_text(cur.local, rel, "edited after the killed push\n", 0644);
+        }
+    }
+}
+
+/* Issue 11, point 2: `kill -9` a push of 2,000 files part way, then delete, rename and edit locally
+ * files the killed push had already placed on the server, and push again (twice). Every request
+ * the push sent was recorded as an intent before it left, so the next push asks the server about
+ * them first and then deletes, renames and replaces what it placed, with no conflict copy. */
+static void test_push__files_a_killed_push_placed_are_deleted_renamed_and_replaced(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts wo = {.target_port = sshd.port, .delay_ms = 25, .rate_mbit = 4};
+    if (wansim_start(&wan, &wo, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    proj_new(&cur, wan.port, NULL);
+    for (int i = 0; i < MANY_FILES; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "many/f%04d", i);
+        put_random(cur.local, rel, 4096, 7000 + (uint64_t)i, 0644);
+    }
+    char log[128], there[MANY_FILES];
+    snprintf(log, sizeof(log), "%s/push.log", cur.dir);
+    pid_t pid = spawn_gpusync(cur.local, log, ARGS("push"));
+    int64_t end = gs_clock_mono_ms() + 60000;
+    while (many_on_server(there) < 200 && gs_clock_mono_ms() < end) {
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("the push ended before 200 files were on the server: see %s", log);
+        usleep(5000);
+    }
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(wait_child(pid, 10000), 128 + SIGKILL);
+    await_no_agent_for(cur.remote);
+    int placed = many_on_server(there);
+    json_t *st = status_json(&cur);
+    print_message("push killed; the server holds %d of %d files; %lld operations unconfirmed\n",
+                  placed, MANY_FILES, jint(st, "unconfirmed"));
+    json_decref(st);
+    assert_true(placed >= 200 && placed < MANY_FILES); /* it really was mid-push */
+    assert_int_equal(wansim_command(&wan, "rate 0", NULL, 0), 0);
+    change_what_the_server_holds(there);
+    for (int pass = 1; pass <= 2; pass++) {
+        json_t *o = push_and_compare(&cur, 0, pass == 1 ? "first push after the kill" : "second");
+        assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+        json_decref(o);
+    }
+    if (!no_temporaries_left(cur.remote))
+        fail_msg("temporary files left on the server");
+    st = status_json(&cur);
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    expect_count(st, "unconfirmed", 0);
+    json_decref(st);
+}
+
 /* Servers are recreated often: the remote tree is gone while the index still describes it. */
 static void test_push__server_tree_wiped_then_push_restores_it(void **state)
 {
@@ -1556,6 +1654,7 @@ int main(void)
         T(test_push__large_file_streams_both_ways_in_bounded_memory),
         TW(test_push__sshd_killed_mid_push_then_push_converges),
         TW(test_push__client_sigkilled_mid_push_then_push_converges),
+        TW(test_push__files_a_killed_push_placed_are_deleted_renamed_and_replaced),
         T(test_push__rename_done_on_server_but_not_recorded_converges),
         T(test_push__server_tree_wiped_then_push_restores_it),
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),

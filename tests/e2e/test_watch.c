@@ -1677,6 +1677,79 @@ static void test_watch__daemon_killed_mid_batch_converges_after_restart(void **s
     expect_trees_equal("after the restart");
 }
 
+/* Waits (bounded) until no agent serves the project's remote root: whatever a killed daemon had
+ * in flight has landed on the server, or died with the agent, by then. */
+static void await_no_agent(void)
+{
+    int64_t end = gs_clock_mono_ms() + 30000;
+    while (gs_test_sh("pgrep -f 'gpusync-agent.* serve --root %s$' >/dev/null", cur.remote) == 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("an agent still serves %s 30 s after its daemon died", cur.remote);
+        usleep(20000);
+    }
+}
+
+/* Issue 11, point 2: the daemon is SIGKILLed with requests in flight; then files it had placed on
+ * the server are deleted, renamed and edited before it is started again. Each request's intent
+ * was committed before it left, so the new daemon first asks the server what landed: the deleted
+ * and renamed files go (the renamed one is not left twice) and the edited ones are replaced
+ * without a conflict copy nobody caused. */
+static void test_watch__daemon_killed_with_requests_in_flight_then_changes_converge(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 25, .rate_mbit = 8};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("a.txt", "a\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    make_files("bulk", N, 16 * 1024); /* about 7 s at 8 Mbit/s */
+    char remote_dir[2048], there[N];
+    snprintf(remote_dir, sizeof(remote_dir), "%s/bulk", cur.remote);
+    int64_t end = gs_clock_mono_ms() + 60000;
+    while (gs_test_sh("[ $(ls '%s' 2>/dev/null | wc -l) -ge 40 ]", remote_dir) != 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("fewer than 40 files reached the server in 60 s");
+        usleep(10000);
+    }
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    await_gone(pid);
+    await_no_agent();
+    int placed = 0;
+    for (int i = 0; i < N; i++) {
+        char rel[64], abs[2048];
+        snprintf(rel, sizeof(rel), "bulk/f%d.bin", i);
+        path_in(abs, sizeof(abs), cur.remote, rel);
+        there[i] = (char)(access(abs, F_OK) == 0);
+        placed += there[i];
+        if (!there[i])
+            continue;
+        char to[64];
+        snprintf(to, sizeof(to), "bulk/renamed%d.bin", i);
+        path_in(abs, sizeof(abs), cur.local, rel);
+        if (i % 3 == 0)
+            assert_int_equal(unlink(abs), 0);
+        else if (i % 3 == 1)
+            rename_in(rel, to);
+        else
+            put(rel, "edited while no daemon ran\n");
+    }
+    print_message("daemon killed with %d of %d files on the server\n", placed, N);
+    assert_true(placed >= 40 && placed < N);
+    char reply[256];
+    assert_int_equal(wansim_command(&wan, "rate 0", reply, sizeof(reply)), 0);
+    watch_start();
+    flush("flush after the restart");
+    expect_trees_equal("after the restart (no conflict copy expected)");
+    json_t *st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+}
+
 /* ---- random operations ---- */
 
 static unsigned rnd(unsigned *seed, unsigned n)
@@ -1842,6 +1915,7 @@ int main(void)
         T(test_watch__reconnect_refuses_a_changed_host_key),
         T(test_watch__directory_renamed_while_disconnected_is_one_rename),
         T(test_watch__daemon_killed_mid_batch_converges_after_restart),
+        T(test_watch__daemon_killed_with_requests_in_flight_then_changes_converge),
         T(test_watch__random_operations_converge),
         T(test_watch__random_operations_in_one_batch_converge),
         T(test_watch__link_stall_converges),

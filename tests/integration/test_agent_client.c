@@ -239,6 +239,46 @@ static void test_agent_client__many_small_puts_all_arrive(void **state)
     }
 }
 
+/* Probe (the question reconciling asks after a crash) reports, in one pipelined batch, what the
+ * server really holds: a file with its content hash, a directory, a symlink with the hash of its
+ * target string, nothing (also below a missing directory), for more paths than one round trip's
+ * chunk; and it follows earlier, unanswered requests rather than overtaking them. */
+static void test_agent_client__probe_reports_what_the_server_holds(void **state)
+{
+    struct fx *f = *state;
+    char *data = make_file(f, "put-first", 1000, 3);
+    submit_put(f, "put-first", data, 1000, 0); /* not drained: probe must wait for it */
+    gs_test_sh("cd '%s' && mkdir -p d && printf abc > d/file && ln -s some/target link", f->remote);
+    enum { N = 1500 };
+    const char **paths = calloc(N, sizeof(*paths));
+    static const char *const named[] = {"put-first", "d", "d/file", "link", "none", "no/dir/x"};
+    for (int i = 0; i < N; i++)
+        paths[i] = i < 6 ? named[i] : "d/file";
+    struct gs_fop_stat *st = calloc(N, sizeof(*st));
+    struct gs_error err = {0};
+    if (f->ops->probe(f->ops, paths, N, st, &err) < 0)
+        fail_msg("probe: %s", err.msg);
+    assert_int_equal(f->n_ok, 1);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data, 1000));
+    assert_int_equal(st[0].kind, GS_FOP_KIND_FILE);
+    assert_true(st[0].has_hash && memcmp(st[0].hash, c.digest, 16) == 0);
+    assert_int_equal(st[0].size, 1000);
+    assert_int_equal(st[1].kind, GS_FOP_KIND_DIR);
+    assert_int_equal(st[1].has_hash, 0);
+    XXH128_canonicalFromHash(&c, XXH3_128bits("abc", 3));
+    for (int i = 2; i < N; i += i == 2 ? 4 : 1) /* path 2 and every one from 6 on: d/file */
+        assert_true(st[i].kind == GS_FOP_KIND_FILE && memcmp(st[i].hash, c.digest, 16) == 0);
+    XXH128_canonicalFromHash(&c, XXH3_128bits("some/target", 11));
+    assert_int_equal(st[3].kind, GS_FOP_KIND_SYMLINK);
+    assert_true(st[3].has_hash && memcmp(st[3].hash, c.digest, 16) == 0);
+    assert_int_equal(st[4].kind, GS_FOP_KIND_NONE);
+    assert_int_equal(st[5].kind, GS_FOP_KIND_NONE);
+    free(st);
+    free(paths);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +288,8 @@ int main(void)
             test_agent_client__small_file_changed_since_hashed_is_not_sent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__many_small_puts_all_arrive, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__probe_reports_what_the_server_holds,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
