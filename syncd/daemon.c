@@ -124,7 +124,9 @@ static json_t *status_json(struct daemon *d)
         d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
         d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
         d->watch && gs_watch_polling(d->watch, NULL));
-    json_object_set_new(o, "spare_ready", json_boolean(spare));
+    /* a spare is a separate connection to the same server: while the daemon cannot reach it, the
+     * relay is rechecking its spares (see disconnect), and none is known to be usable */
+    json_object_set_new(o, "spare_ready", json_boolean(spare && d->connected));
     json_object_set_new(o, "relayed", json_integer(relayed));
     return o;
 }
@@ -237,6 +239,8 @@ static void disconnect(struct daemon *d, const char *why)
     d->ssh = NULL;
     int was = d->connected;
     d->connected = 0;
+    if (was && d->relay)
+        gs_relay_recheck(d->relay); /* the spares may have died with this connection */
     snprintf(d->last_error, sizeof(d->last_error), "%s", why);
     int jitter = d->backoff_ms / 5;
     d->next_connect_ms = gs_clock_mono_ms() + d->backoff_ms + (jitter ? rand() % jitter : 0);
@@ -624,6 +628,8 @@ static void run_timers(struct daemon *d)
         try_connect(d);
         if (!d->connected)
             refuse_flushes(d);
+        else if (d->relay)
+            gs_relay_recheck(d->relay); /* the server is back: make the spares now */
     }
     if (d->n_failed && d->connected && now >= d->next_retry_ms)
         retry_failed(d);

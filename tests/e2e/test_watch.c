@@ -1619,6 +1619,58 @@ static void test_watch__flush_after_an_outage_connects_at_once(void **state)
     expect_remote("a.py", "v2\n");
 }
 
+/* Polls status --json until spare_ready is `want`; fails after `limit_ms`. */
+static void await_spare_ready(int want, int limit_ms)
+{
+    int64_t start = gs_clock_mono_ms();
+    for (;;) {
+        json_t *st = daemon_status_json();
+        int ready = json_is_true(json_object_get(st, "spare_ready"));
+        json_decref(st);
+        if (ready == want)
+            return;
+        if (gs_clock_mono_ms() - start > limit_ms)
+            fail_msg("spare_ready still %s after %d ms", ready ? "true" : "false", limit_ms);
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+}
+
+/* Connections open through the WAN simulator now (its "stats" answer). */
+static int wan_open_connections(void)
+{
+    char reply[256];
+    if (wansim_command(&wan, "stats", reply, sizeof(reply)) != 0)
+        fail_msg("wansim stats: %s", reply);
+    const char *open = strstr(reply, " open=");
+    if (!open)
+        fail_msg("wansim stats: no open= in '%s'", reply);
+    return atoi(open + 6);
+}
+
+/* spare_ready says a spare connection is usable now: never while the server cannot be reached,
+ * and once it is back, only when a spare (a connection of its own besides the daemon's) is open
+ * again: the spares the outage killed are not offered. */
+static void test_watch__spare_is_not_ready_while_disconnected(void **state)
+{
+    (void)state;
+    wan_project_start();
+    await_spare_ready(1, 30000);
+    assert_true(wan_open_connections() >= 2); /* the daemon's and a spare */
+    wan_ok("cut");
+    await_connected(0, 30000);
+    json_t *st = daemon_status_json();
+    if (json_is_true(json_object_get(st, "spare_ready")))
+        fail_msg("spare_ready while disconnected: %s", json_dumps(st, JSON_COMPACT));
+    json_decref(st);
+    wan_ok("restore");
+    flush("flush after the link came back");
+    await_spare_ready(1, 30000);
+    int open = wan_open_connections();
+    if (open < 2)
+        fail_msg("spare_ready, but only %d connection open (the daemon's): the spare is dead",
+                 open);
+}
+
 static void test_watch__link_stall_converges(void **state)
 {
     (void)state;
@@ -1934,6 +1986,7 @@ int main(void)
         T(test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict),
         T(test_watch__link_cut_for_30s_converges_with_nothing_lost),
         T(test_watch__flush_after_an_outage_connects_at_once),
+        T(test_watch__spare_is_not_ready_while_disconnected),
     };
 #undef T
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
