@@ -67,7 +67,8 @@ const struct gs_cmd gs_cmd_flush = {
     .usage = "flush [--timeout SECONDS]",
     .summary = "Wait until the server has every change made so far",
     .help = "  --timeout SECONDS      give up after this long (default 300)\n"
-            "  Without a running 'gpusync watch', pushes instead.\n",
+            "  With 'gpusync watch' disconnected, it reconnects at once, and fails if the\n"
+            "  server cannot be reached. Without a running 'gpusync watch', pushes instead.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = flush_main,
 };

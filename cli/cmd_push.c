@@ -26,11 +26,12 @@ struct push_ui {
     struct gs_cli *cli;
     struct gs_progress bar;
     json_t *conflicts, *failures, *planned;
-    int replan; /* a rename's source was gone on the server: plan again (see lost_rename) */
+    json_t *lost; /* paths of renames whose source was gone on the server: pushed again */
 };
 
 /* A rename that failed because its source is gone: push.c dropped the source from the index
- * (it was renamed by an earlier, interrupted push), and a second pass sends what is missing. */
+ * (it was renamed by an earlier, interrupted push), and a second pass over its paths sends what is
+ * missing. */
 static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
@@ -61,7 +62,8 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         else
             printf("%s\n", line.data);
     } else if (is_lost_rename(op, r)) {
-        ui->replan = 1;
+        json_array_append_new(ui->lost, json_string(op->path));
+        json_array_append_new(ui->lost, json_string(op->from));
         if (r->moved_aside && r->kept) /* the source was edited there: kept, not moved */
             report_conflict(ui, op->from, r->kept);
     } else if (r->kept) {
@@ -184,20 +186,28 @@ static void add_stats(struct gs_push_stats *to, const struct gs_push_stats *from
 }
 
 /* After lost renames (an earlier push was killed after the server renamed but before the index
- * recorded it), plans and executes once more, so this push still converges. */
+ * recorded it), plans and executes once more over those renames' paths only, so this push still
+ * converges. The rest of the tree had its answer in the first pass: planning it again would send
+ * each refused operation a second time and report it twice. */
 static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
-                       const struct gs_push_opts *o, struct gs_push_stats *st, int first_rc)
+                       const struct gs_push_opts *o, struct gs_push_stats *st)
 {
+    size_t n = json_array_size(ui->lost);
+    const char **paths = calloc(n + 1, sizeof(*paths));
+    for (size_t i = 0; i < n; i++)
+        paths[i] = json_string_value(json_array_get(ui->lost, i));
+    struct gs_push_opts lost = *o;
+    lost.paths = paths;
+    lost.n_paths = n;
     struct gs_push_stats again;
-    ui->replan = 0;
-    struct gs_error first_err = cli->err;
-    int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, o, &again, &cli->err);
+    int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, &lost, &again, &cli->err);
     add_stats(st, &again);
     st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
-    if (rc == 0 && first_rc == GS_E_REMOTE) { /* the first pass's failures still stand */
-        cli->err = first_err;
-        return first_rc;
-    }
+    json_array_clear(ui->lost);
+    free(paths);
+    if ((rc == 0 || rc == GS_E_REMOTE) && st->failed) /* one message for both passes */
+        rc = gs_error_set(&cli->err, GS_E_REMOTE, "%zu of %zu operations failed; first: %s",
+                          st->failed, st->ops_total, st->first_error);
     return rc;
 }
 
@@ -207,8 +217,8 @@ static int execute_plan(struct gs_cli *cli, struct gs_session *s, struct push_ui
 {
     gs_progress_init(&ui->bar);
     int rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p->plan, &p->st, &cli->err);
-    if ((rc == 0 || rc == GS_E_REMOTE) && ui->replan)
-        rc = second_pass(cli, s, ui, o, &p->st, rc);
+    if ((rc == 0 || rc == GS_E_REMOTE) && json_array_size(ui->lost))
+        rc = second_pass(cli, s, ui, o, &p->st);
     gs_progress_end(&ui->bar);
     gs_debug("executed %zu operations", p->plan.n_ops);
     return rc;
@@ -225,7 +235,9 @@ static int plan_again(struct gs_cli *cli, struct planner *p)
 
 /* A first sync sends while the agent starts (gs_session_go_early) and checks its answer after.
  * If no agent was cached there, the early requests died with its failed start and nothing was
- * recorded: once ready has installed one, everything is planned and sent again. */
+ * recorded: once ready has installed one, everything is planned and sent again, and the first
+ * pass's outcomes are dropped with it. Otherwise the agent answered every request, and a refusal
+ * (a full disk) is this push's answer for that operation, not a reason to send it again. */
 static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                          const struct gs_push_opts *o, struct planner *p)
 {
@@ -237,7 +249,11 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
         cli->err = ready_err;
         return ready;
     }
-    if (rc < 0 && (rc = plan_again(cli, p)) == 0)
+    if (!s->early_lost)
+        return rc;
+    json_array_clear(ui->failures);
+    json_array_clear(ui->conflicts);
+    if ((rc = plan_again(cli, p)) == 0)
         rc = execute_plan(cli, s, ui, o, p);
     return rc;
 }
@@ -282,8 +298,11 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     struct gs_buf *rel = calloc((size_t)argc + 1, sizeof(*rel));
     const char **paths = calloc((size_t)argc + 1, sizeof(*paths));
     struct gs_session s;
-    struct push_ui ui = {
-        .cli = cli, .conflicts = json_array(), .failures = json_array(), .planned = json_array()};
+    struct push_ui ui = {.cli = cli,
+                         .conflicts = json_array(),
+                         .failures = json_array(),
+                         .planned = json_array(),
+                         .lost = json_array()};
     struct gs_push_opts o = {.paths = paths,
                              .n_paths = (size_t)argc,
                              .dry_run = dry_run,
@@ -305,6 +324,7 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     json_decref(ui.conflicts);
     json_decref(ui.failures);
     json_decref(ui.planned);
+    json_decref(ui.lost);
     return rc < 0 ? gs_cli_fail(cli, rc) : rc;
 }
 

@@ -122,7 +122,9 @@ static json_t *status_json(struct daemon *d)
         d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
         d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
         d->watch && gs_watch_polling(d->watch, NULL));
-    json_object_set_new(o, "spare_ready", json_boolean(spare));
+    /* a spare is a separate connection to the same server: while the daemon cannot reach it, the
+     * relay is rechecking its spares (see disconnect), and none is known to be usable */
+    json_object_set_new(o, "spare_ready", json_boolean(spare && d->connected));
     json_object_set_new(o, "relayed", json_integer(relayed));
     return o;
 }
@@ -235,6 +237,8 @@ static void disconnect(struct daemon *d, const char *why)
     d->ssh = NULL;
     int was = d->connected;
     d->connected = 0;
+    if (was && d->relay)
+        gs_relay_recheck(d->relay); /* the spares may have died with this connection */
     snprintf(d->last_error, sizeof(d->last_error), "%s", why);
     int jitter = d->backoff_ms / 5;
     d->next_connect_ms = gs_clock_mono_ms() + d->backoff_ms + (jitter ? rand() % jitter : 0);
@@ -314,6 +318,25 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         gs_warn("%s %s: %s", r->ok ? "conflict" : "error", op->path,
                 r->ok ? r->kept : (r->message ? r->message : "failed"));
     broadcast(d, ev);
+}
+
+/* Answers every waiting flush with an error: a connection attempt failed, so the server cannot be
+ * known to match (a flush that waited for the next attempt would answer a user who asked now
+ * only after the backoff, up to BACKOFF_MAX_MS). */
+static void refuse_flushes(struct daemon *d)
+{
+    char why[1200];
+    snprintf(why, sizeof(why), "the server cannot be reached now: %s", d->last_error);
+    for (int i = 0; i < d->n_clients; i++) {
+        struct client *c = &d->clients[i];
+        if (!c->flush_gen)
+            continue;
+        json_t *reply = json_pack("{s:b,s:s}", "ok", 0, "error", why);
+        if (gs_control_send(c->fd, reply, NULL) < 0)
+            c->dead = 1;
+        json_decref(reply);
+        c->flush_gen = 0;
+    }
 }
 
 /* Answers the flushes this batch satisfied; `error` (or NULL) says why the server does not match
@@ -448,6 +471,8 @@ static void start_flush(struct daemon *d, struct client *c)
         mark_full(d);
     c->flush_start_ms = gs_clock_mono_ms();
     d->flush_now = 1;
+    if (!d->connected) /* a user asks now: try at once, not when the backoff ends */
+        d->next_connect_ms = c->flush_start_ms;
 }
 
 /* Hands client i's connection to the relay, which runs the command and closes it. Returns 1 when
@@ -543,7 +568,7 @@ static int next_timeout(const struct daemon *d, int64_t now)
     }
     if (!d->connected && d->next_connect_ms && d->next_connect_ms < t)
         t = d->next_connect_ms;
-    if (d->flush_now)
+    if (d->flush_now && d->connected) /* disconnected, a flush waits for the connection */
         t = now;
     return t <= now ? 0 : (int)(t - now);
 }
@@ -569,8 +594,13 @@ static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
 static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
-    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms)
+    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms) {
         try_connect(d);
+        if (!d->connected)
+            refuse_flushes(d);
+        else if (d->relay)
+            gs_relay_recheck(d->relay); /* the server is back: make the spares now */
+    }
     if (d->n_failed && d->connected && now >= d->next_retry_ms)
         retry_failed(d);
     if (gs_watch_polling(d->watch, NULL) && now >= d->next_poll_ms) {

@@ -39,6 +39,7 @@ struct gs_relay {
     } spares[SPARES];
     int n_spares;
     long relayed; /* commands handed to workers so far */
+    int recheck;  /* gs_relay_recheck: check the spares now, connect without backoff */
     int stop;
 };
 
@@ -102,6 +103,14 @@ static void *spare_main(void *arg)
     int64_t checked_ms = gs_clock_mono_ms();
     pthread_mutex_lock(&r->lock);
     while (!r->stop) {
+        if (r->recheck) {
+            r->recheck = 0;
+            backoff = SPARE_RETRY_FIRST_MS;
+            if (r->n_spares)
+                check_spares(r);
+            checked_ms = gs_clock_mono_ms();
+            continue;
+        }
         if (r->n_spares == SPARES) {
             wait_for_need(r, SPARE_CHECK_MS);
             if (r->n_spares && !r->stop && gs_clock_mono_ms() - checked_ms >= SPARE_CHECK_MS) {
@@ -151,6 +160,14 @@ void gs_relay_stats(struct gs_relay *r, int *spare_ready, long *relayed)
     pthread_mutex_lock(&r->lock);
     *spare_ready = r->n_spares > 0;
     *relayed = r->relayed;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void gs_relay_recheck(struct gs_relay *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->recheck = 1;
+    pthread_cond_signal(&r->wake);
     pthread_mutex_unlock(&r->lock);
 }
 

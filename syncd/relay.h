@@ -25,6 +25,12 @@ int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct 
  * spare connection if one is ready, else on a new one. */
 void gs_relay_exec(struct gs_relay *r, int fd, const char *command);
 
+/* The daemon's own connection to the server was lost or made again: the spares, connections to
+ * the same server, may have died with it, or can be made now. Has the spare thread check each
+ * idle spare with a round trip at once (not at its next periodic check; meanwhile none is
+ * offered) and connect missing ones without waiting out its backoff. Returns at once. */
+void gs_relay_recheck(struct gs_relay *r);
+
 /* Whether a spare connection is ready now, and how many commands were relayed so far. */
 void gs_relay_stats(struct gs_relay *r, int *spare_ready, long *relayed);
 

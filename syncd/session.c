@@ -177,6 +177,7 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     int rc = gs_agent_wait_ready(s->agent, err);
     if (rc == 0)
         rc = verify_server(s, err);
+    int early = s->early;
     s->early = 0;
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
@@ -188,6 +189,7 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
         return rc;
     gs_agent_close(s->agent);
     s->agent = NULL;
+    s->early_lost = early; /* the requests sent early went to a shell that found no agent */
     gs_error_clear(err);
     rc = install_and_open(s, s->ssh, err);
     return rc ? rc : settle_intents(s, err);

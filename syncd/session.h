@@ -25,6 +25,7 @@ struct gs_session {
     char *remote_path;      /* raw, for SFTP */
     int index_reset;   /* gs_session_ready found another server's tree: the index was cleared */
     int early;         /* ops went out before the agent answered (gs_session_go_early) */
+    int early_lost;    /* gs_session_ready had to install the agent: the early ops were lost */
     int settled;       /* ready has reconciled the intents for this connection */
     size_t reconciled; /* operations an interrupted sync left in doubt, settled by ready */
 };
@@ -69,7 +70,9 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err);
  * there, and the agent enforces that), so the bytes can cross the link while the server's shell and
  * agent start. Sets s->ops and returns 1, or returns 0 (not a first sync, SFTP, or already ready).
  * gs_session_ready must still follow; if it had to install the agent (none was cached, so the
- * early requests were lost with the failed start), the caller plans and executes again. */
+ * early requests were lost with the failed start, and nothing they asked for was done), it sets
+ * s->early_lost and the caller plans and executes again. Otherwise every early request was
+ * answered by the agent, refusals included, and must not be sent a second time. */
 int gs_session_go_early(struct gs_session *s);
 
 /* Closes the transport only (after a lost connection); the local half stays open. */

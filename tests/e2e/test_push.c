@@ -1406,6 +1406,139 @@ static void scenario_disk_full(const char *transport)
     expect_convergence_after_fault("push after freeing space");
 }
 
+/* nftw callback over cur.remote: counts the regular files outside .gpusync/ (what pushes really
+ * delivered) and sums their sizes; each must hold the bytes of the same path under held_local. */
+static const char *held_local;
+static size_t held_files;
+static uint64_t held_bytes;
+
+static int count_held(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)flag;
+    const char *rel = path + ftw->base;
+    for (const char *p = path; (p = strstr(p, "/.gpusync")) != NULL; p++)
+        if (p[9] == '/' || p[9] == '\0')
+            return 0;
+    if (!S_ISREG(st->st_mode) || strstr(rel, TMP_TAG))
+        return 0;
+    char lp[4096];
+    snprintf(lp, sizeof(lp), "%s/%s", held_local, path + strlen(cur.remote) + 1);
+    if (!same_bytes(lp, path))
+        fail_msg("the server holds %s, which matches no local file", path);
+    held_files++;
+    held_bytes += (uint64_t)st->st_size;
+    return 0;
+}
+
+/* Fails unless `failures` (a push summary's) has `failed_count` entries, each path once, and none
+ * of them on the server. */
+static void expect_failures_true(json_t *o)
+{
+    char *text = json_dumps(o, 0);
+    json_t *failures = json_object_get(o, "failures");
+    if (jint(o, "failed_count") < 1 || (size_t)jint(o, "failed_count") != json_array_size(failures))
+        fail_msg("failed_count and failures disagree: %s", text);
+    for (size_t i = 0; i < json_array_size(failures); i++) {
+        const char *path = json_string_value(json_object_get(json_array_get(failures, i), "path"));
+        assert_non_null(path);
+        if (exists(cur.remote, path))
+            fail_msg("%s is listed as failed but reached the server: %s", path, text);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(path,
+                        json_string_value(json_object_get(json_array_get(failures, j), "path"))))
+                fail_msg("%s is listed as failed twice: %s", path, text);
+    }
+    free(text);
+}
+
+/* The summary of a push that ran out of space tells the truth: `sent` and `bytes` are the files
+ * the server holds now, and each failed operation is listed once, and is missing there. */
+static void scenario_disk_full_summary(const char *transport)
+{
+    proj_new(&cur, 0, transport);
+    if (gs_test_sh("mount -t tmpfs -o size=2m gs-e2e-full '%s' 2>/dev/null", cur.remote) != 0) {
+        print_message("cannot mount a tmpfs here (needs root); skipped\n");
+        skip();
+    }
+    put_text(cur.local, "small.py", "print(1)\n", 0644);
+    for (int i = 0; i < 5; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "weights/w%d.bin", i);
+        put_random(cur.local, rel, 700 * 1024, 50 + (uint64_t)i, 0644);
+    }
+    json_t *o = push_json_ex(&cur, 1, NULL);
+    char *text = json_dumps(o, 0);
+    print_message("push to a full disk: %s\n", text);
+    held_local = cur.local;
+    held_files = 0;
+    held_bytes = 0;
+    assert_int_equal(nftw(cur.remote, count_held, 16, FTW_PHYS), 0);
+    if (held_files == 0 || held_files == 6)
+        fail_msg("the disk was not full part way: %zu files arrived", held_files);
+    if (jint(o, "sent") != (long long)held_files || jint(o, "bytes") != (long long)held_bytes)
+        fail_msg("the server holds %zu files (%llu B); the summary says: %s", held_files,
+                 (unsigned long long)held_bytes, text);
+    expect_failures_true(o);
+    free(text);
+    json_decref(o);
+}
+
+/* A push that meets a rename the server already did (the second pass, see
+ * test_push__rename_done_on_server_but_not_recorded_converges) and a full disk: the second pass
+ * sends what the rename left missing, not the refused files once more. */
+static void scenario_disk_full_with_lost_rename(const char *transport)
+{
+    proj_new(&cur, 0, transport);
+    if (gs_test_sh("mount -t tmpfs -o size=2m gs-e2e-full '%s' 2>/dev/null", cur.remote) != 0) {
+        print_message("cannot mount a tmpfs here (needs root); skipped\n");
+        skip();
+    }
+    put_text(cur.local, "a.py", "print('a')\n", 0644);
+    put_text(cur.local, "b.py", "print('b')\n", 0644);
+    push_compare_drop(&cur, "first sync");
+    move_path(cur.local, "a.py", "a2.py");
+    move_path(cur.remote, "a.py", "a2.py");
+    for (int i = 0; i < 4; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "w%d.bin", i);
+        put_random(cur.local, rel, 700 * 1024, 70 + (uint64_t)i, 0644);
+    }
+    json_t *o = push_json_ex(&cur, 1, NULL);
+    char *text = json_dumps(o, 0);
+    print_message("lost rename, then a full disk: %s\n", text);
+    free(text);
+    expect_failures_true(o);
+    held_local = cur.local;
+    held_files = 0;
+    assert_int_equal(nftw(cur.remote, count_held, 16, FTW_PHYS), 0);
+    assert_true(exists(cur.remote, "a2.py"));
+    json_decref(o);
+}
+
+static void test_push__lost_rename_on_a_full_disk_reports_each_failure_once(void **state)
+{
+    (void)state;
+    scenario_disk_full_with_lost_rename(NULL);
+}
+
+static void test_sftp__lost_rename_on_a_full_disk_reports_each_failure_once(void **state)
+{
+    (void)state;
+    scenario_disk_full_with_lost_rename("sftp");
+}
+
+static void test_push__remote_disk_full_summary_counts_what_arrived(void **state)
+{
+    (void)state;
+    scenario_disk_full_summary(NULL);
+}
+
+static void test_sftp__remote_disk_full_summary_counts_what_arrived(void **state)
+{
+    (void)state;
+    scenario_disk_full_summary("sftp");
+}
+
 static void test_push__remote_disk_full_fails_clearly_then_converges(void **state)
 {
     (void)state;
@@ -1659,10 +1792,14 @@ int main(void)
         T(test_push__server_tree_wiped_then_push_restores_it),
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
+        T(test_push__remote_disk_full_summary_counts_what_arrived),
+        T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),
         T(test_sftp__first_sync_mirrors_a_generated_tree),
         T(test_sftp__every_kind_of_change_is_mirrored),
         T(test_sftp__server_edit_is_kept_as_conflict_copy_and_reported),
         T(test_sftp__remote_disk_full_fails_clearly_then_converges),
+        T(test_sftp__remote_disk_full_summary_counts_what_arrived),
+        T(test_sftp__lost_rename_on_a_full_disk_reports_each_failure_once),
         T(test_push__random_changes_converge_every_batch),
         T(test_sftp__random_changes_converge_every_batch),
     };

@@ -1533,6 +1533,144 @@ static void test_watch__link_cut_for_30s_converges_with_nothing_lost(void **stat
     link_fault("cut", "restore", 30, 1);
 }
 
+/* Starts the WAN simulator in front of the sandbox sshd, a project behind it and its daemon, with
+ * "a.py" synced. */
+static void wan_project_start(void)
+{
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("a.py", "v1\n");
+    watch_start();
+    flush("first flush");
+}
+
+static void wan_ok(const char *cmd)
+{
+    char reply[256];
+    if (wansim_command(&wan, cmd, reply, sizeof(reply)) != 0)
+        fail_msg("wansim %s: %s", cmd, reply);
+}
+
+/* Polls status --json until the daemon reports the link down; returns when the last answer that
+ * still said connected was asked for: the daemon disconnected after that instant. */
+static int64_t await_disconnected_since(int limit_ms)
+{
+    int64_t start = gs_clock_mono_ms(), asked = start;
+    for (;;) {
+        int64_t now = gs_clock_mono_ms();
+        json_t *st = daemon_status_json();
+        int connected = json_is_true(json_object_get(st, "connected"));
+        json_decref(st);
+        if (!connected)
+            return asked;
+        asked = now;
+        if (now - start > limit_ms)
+            fail_msg("daemon still connected after %d ms", limit_ms);
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+}
+
+/* A flush while the daemon is disconnected is a user asking now: the daemon tries to connect at
+ * once, not when its reconnect backoff (grown over the outage) ends, and answers once the change
+ * is on the server.
+ *
+ * The daemon's next attempt is not in status --json (a new field would bump the JSON contract),
+ * so it is bounded from its schedule (syncd/daemon.c): attempts 0.5, 1, 2 and 4 s apart (each
+ * plus up to 20 % jitter) after the disconnect, so by 9 s after it the next attempt is at least
+ * 8 s away, at the earliest 15.5 s after the disconnect. The link is restored past that 9 s, and
+ * the flush must end before that next attempt was due, and within 4 s. A flush before that, while
+ * the link is still cut, fails at once instead of waiting. */
+static void test_watch__flush_after_an_outage_connects_at_once(void **state)
+{
+    (void)state;
+    wan_project_start();
+    wan_ok("cut");
+    int64_t down_after = await_disconnected_since(30000), seen_down = gs_clock_mono_ms();
+    put("a.py", "v2\n");
+    while (gs_clock_mono_ms() < seen_down + 9000 + 500) {
+        json_t *st = daemon_status_json();
+        if (json_is_true(json_object_get(st, "connected")))
+            fail_msg("the daemon reconnected through a cut link");
+        json_decref(st);
+        usleep(200000); /* the outage lasts while the backoff grows: pacing, no event to await */
+    }
+    /* while the server cannot be reached, a flush fails at once with the reason (the daemon's
+     * refusal, exit 5: not the client giving up after --timeout) */
+    int64_t f0 = gs_clock_mono_ms();
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
+    print_message("flush while cut: exit %d in %lld ms: %s", r.status,
+                  (long long)(gs_clock_mono_ms() - f0), r.err.data);
+    expect_status(&r, 5, "gpusync flush while the link is cut");
+    assert_true(gs_clock_mono_ms() - f0 < 10000);
+    gs_test_result_release(&r);
+    int64_t due = down_after + 15500; /* that attempt put the next one 16 s later still */
+    wan_ok("restore");
+    int64_t t0 = gs_clock_mono_ms();
+    flush("flush after the link came back");
+    int64_t t1 = gs_clock_mono_ms();
+    print_message("flush took %lld ms; the daemon's own next attempt was at least %lld ms away\n",
+                  (long long)(t1 - t0), (long long)(due - t0));
+    if (t1 - t0 > 4000 || t1 >= due)
+        fail_msg("flush took %lld ms: it waited for the backoff (next attempt >= %lld ms away)",
+                 (long long)(t1 - t0), (long long)(due - t0));
+    expect_remote("a.py", "v2\n");
+}
+
+/* Polls status --json until spare_ready is `want`; fails after `limit_ms`. */
+static void await_spare_ready(int want, int limit_ms)
+{
+    int64_t start = gs_clock_mono_ms();
+    for (;;) {
+        json_t *st = daemon_status_json();
+        int ready = json_is_true(json_object_get(st, "spare_ready"));
+        json_decref(st);
+        if (ready == want)
+            return;
+        if (gs_clock_mono_ms() - start > limit_ms)
+            fail_msg("spare_ready still %s after %d ms", ready ? "true" : "false", limit_ms);
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+}
+
+/* Connections open through the WAN simulator now (its "stats" answer). */
+static int wan_open_connections(void)
+{
+    char reply[256];
+    if (wansim_command(&wan, "stats", reply, sizeof(reply)) != 0)
+        fail_msg("wansim stats: %s", reply);
+    const char *open = strstr(reply, " open=");
+    if (!open)
+        fail_msg("wansim stats: no open= in '%s'", reply);
+    return atoi(open + 6);
+}
+
+/* spare_ready says a spare connection is usable now: never while the server cannot be reached,
+ * and once it is back, only when a spare (a connection of its own besides the daemon's) is open
+ * again: the spares the outage killed are not offered. */
+static void test_watch__spare_is_not_ready_while_disconnected(void **state)
+{
+    (void)state;
+    wan_project_start();
+    await_spare_ready(1, 30000);
+    assert_true(wan_open_connections() >= 2); /* the daemon's and a spare */
+    wan_ok("cut");
+    await_connected(0, 30000);
+    json_t *st = daemon_status_json();
+    if (json_is_true(json_object_get(st, "spare_ready")))
+        fail_msg("spare_ready while disconnected: %s", json_dumps(st, JSON_COMPACT));
+    json_decref(st);
+    wan_ok("restore");
+    flush("flush after the link came back");
+    await_spare_ready(1, 30000);
+    int open = wan_open_connections();
+    if (open < 2)
+        fail_msg("spare_ready, but only %d connection open (the daemon's): the spare is dead",
+                 open);
+}
+
 static void test_watch__link_stall_converges(void **state)
 {
     (void)state;
@@ -1921,6 +2059,8 @@ int main(void)
         T(test_watch__link_stall_converges),
         T(test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict),
         T(test_watch__link_cut_for_30s_converges_with_nothing_lost),
+        T(test_watch__flush_after_an_outage_connects_at_once),
+        T(test_watch__spare_is_not_ready_while_disconnected),
     };
 #undef T
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
