@@ -11,7 +11,7 @@
  * when an earlier one failed; one line per sequence, a summary table at the end, and the test
  * fails if any sequence did.
  *
- * Environment: GS_FAULT_SEQUENCES (default 4; 1 when GS_TEST_SEED is set), GS_FAULT_OPS (random
+ * Environment: GS_FAULT_SEQUENCES (default 5; 1 when GS_TEST_SEED is set), GS_FAULT_OPS (random
  * operations per sequence, default 40), GS_TEST_SEED (sequence k runs seed+k), GS_FAULT_KINDS
  * (a subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut, any unique
  * prefix), GS_TEST_KEEP=1 (keep every project folder) or =failed (keep failed ones),
@@ -268,16 +268,17 @@ static void write_random_file(const char *abs, unsigned *rng, size_t size)
     free(data);
 }
 
-/* Writes 2-4 files of 32-384 KiB at random paths of the operations' namespace, so that a kill
- * finds transfers under way and later operations rename and delete what the burst placed. */
-static void burst(unsigned seed)
+/* Writes `min` to 2*min-1 files of `min_kib` to 11*min_kib KiB at random paths of the operations'
+ * namespace, so that a kill finds transfers under way and later operations rename and delete what
+ * the burst placed. */
+static void burst(unsigned seed, int min, unsigned min_kib)
 {
-    int n = 2 + (int)gs_test_rnd(&seed, 3);
+    int n = min + (int)gs_test_rnd(&seed, (unsigned)min);
     for (int i = 0; i < n; i++) {
         char rel[128], abs[700];
         gs_test_random_path(&seed, rel, sizeof(rel), 0);
         snprintf(abs, sizeof(abs), "%s/%s", cur.local, rel);
-        write_random_file(abs, &seed, (32 + gs_test_rnd(&seed, 353)) * 1024);
+        write_random_file(abs, &seed, (min_kib + gs_test_rnd(&seed, 10 * min_kib + 1)) * 1024);
     }
 }
 
@@ -320,7 +321,8 @@ static void plan_faults(unsigned seed)
 }
 
 /* Starts fault `f` (phase 1) and says when its next phase is due. The phases:
- *   push-kill:   burst, start `gpusync push`; after 50 + d2 ms (up to ~1 s) SIGKILL it.
+ *   push-kill:   a bigger burst (about 3.5 MB, 0.7 s at the link's 40 Mbit/s, which the daemon
+ *                shares), start `gpusync push`; after 100 + 1.5 * d2 ms (up to 1.6 s) SIGKILL it.
  *   daemon-kill: burst; after d2 ms SIGKILL the daemon; d1 ms later `watch -d` again.
  *   sshd-kill:   SIGKILL sshd and all below it; d1 ms later restart it.
  *   stall, cut:  stall (cut) the link; d1 ms later resume (restore) it. */
@@ -334,16 +336,16 @@ static void fault_begin(struct fault *f, int op)
                 op);
     switch (f->kind) {
     case F_PUSH:
-        burst(f->burst_seed);
+        burst(f->burst_seed, 3, 96);
         {
             char log[600];
             snprintf(log, sizeof(log), "%s/push.log", cur.base);
             cur.push_pid = spawn_gpusync(ARGS("push"), log, NULL, NULL);
         }
-        cur.next_at = now + 50 + f->d2_ms;
+        cur.next_at = now + 100 + f->d2_ms * 3 / 2;
         break;
     case F_DAEMON:
-        burst(f->burst_seed);
+        burst(f->burst_seed, 2, 32);
         cur.next_at = now + f->d2_ms;
         break;
     case F_SSHD:
@@ -371,7 +373,9 @@ static void push_kill(void)
         kill(cur.push_pid, SIGKILL);
         assert_int_equal(waitpid(cur.push_pid, &status, 0), cur.push_pid);
     }
-    gs_buf_adds(&cur.faults_text, done ? "(push had ended)" : "");
+    if (done)
+        gs_buf_addf(&cur.faults_text, "(push had ended: exit %d)",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
     cur.push_pid = 0;
 }
 
@@ -731,7 +735,7 @@ static void read_settings(void)
 {
     const char *seed = getenv("GS_TEST_SEED");
     set.seed = seed ? (unsigned)strtoul(seed, NULL, 10) : (unsigned)time(NULL);
-    set.sequences = env_int("GS_FAULT_SEQUENCES", seed ? 1 : 4);
+    set.sequences = env_int("GS_FAULT_SEQUENCES", seed ? 1 : 5);
     set.ops = env_int("GS_FAULT_OPS", 40);
     set.kinds = parse_kinds(getenv("GS_FAULT_KINDS"));
     set.keep = getenv("GS_TEST_KEEP");
