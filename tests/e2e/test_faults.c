@@ -14,11 +14,12 @@
  * Environment: GS_FAULT_SEQUENCES (default 5; 1 when GS_TEST_SEED is set), GS_FAULT_OPS (random
  * operations per sequence, default 40), GS_TEST_SEED (sequence k runs seed+k), GS_FAULT_KINDS
  * (a subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut, any unique
- * prefix), GS_TEST_KEEP=1 (keep every project folder) or =failed (keep failed ones),
- * GS_TEST_OPLOG=FILE (log the operations). The operations, the faults, where they fall in the
- * sequence and how long they last follow from the seed alone (the faults draw from their own
- * stream, so dropping kinds with GS_FAULT_KINDS leaves the operations unchanged); what the daemon
- * has sent when a fault hits is timing, and is not. */
+ * prefix; a planned fault of another kind becomes one of these, at the same place), GS_TEST_KEEP=1
+ * (keep every project folder) or =failed (keep failed ones), GS_TEST_OPLOG=FILE (log the
+ * operations). The operations, the faults, where they fall in the sequence and how long they last
+ * follow from the seed alone (the faults draw from their own stream, so GS_FAULT_KINDS leaves the
+ * operations, and the faults of the kinds it keeps, as they were); what the daemon has sent when a
+ * fault hits is timing, and is not. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -65,7 +66,6 @@ struct fault {
     enum fault_kind kind; /* what */
     int d1_ms, d2_ms;     /* phase lengths (see fault_step) */
     unsigned burst_seed;  /* the files written just before a kill */
-    int enabled;          /* kind selected by GS_FAULT_KINDS */
 };
 
 /* Settings from the environment. */
@@ -296,6 +296,19 @@ static void daemon_start(const char *what)
 
 /* ---- the fault schedule ---- */
 
+/* The (r mod n)th of the kinds GS_FAULT_KINDS selected. */
+static enum fault_kind selected_kind(unsigned r)
+{
+    int n = 0, pick;
+    for (int i = 0; i < F_KINDS; i++)
+        n += (set.kinds >> i) & 1;
+    pick = (int)(r % (unsigned)n);
+    for (int i = 0; i < F_KINDS; i++)
+        if (((set.kinds >> i) & 1) && pick-- == 0)
+            return (enum fault_kind)i;
+    return F_STALL;
+}
+
 /* Plans 1 to ops/13+1 faults at distinct operations, from the seed's fault stream. */
 static void plan_faults(unsigned seed)
 {
@@ -309,7 +322,8 @@ static void plan_faults(unsigned seed)
         f->d1_ms = 500 + (int)gs_test_rnd(&rng, 5501); /* outage 0.5-6 s */
         f->d2_ms = (int)gs_test_rnd(&rng, 1001);
         f->burst_seed = (unsigned)rand_r(&rng);
-        f->enabled = (set.kinds >> f->kind) & 1;
+        if (!((set.kinds >> f->kind) & 1)) /* excluded: one of the selected kinds instead */
+            f->kind = selected_kind(f->burst_seed);
     }
     /* in operation order (insertion sort: a handful of entries) */
     for (int i = 1; i < cur.n_plan; i++)
@@ -452,8 +466,6 @@ static void faults_before(int op)
 {
     while (cur.next_fault < cur.n_plan && cur.plan[cur.next_fault].at_op <= op) {
         struct fault *f = &cur.plan[cur.next_fault++];
-        if (!f->enabled)
-            continue;
         fault_finish();
         fault_begin(f, op);
     }
