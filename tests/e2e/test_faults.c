@@ -334,12 +334,14 @@ static void plan_faults(unsigned seed)
         }
 }
 
-/* Starts fault `f` (phase 1) and says when its next phase is due. The phases:
+/* Starts fault `f` and says when its next phase is due. Every kind starts with a burst of
+ * writes, so that the fault tends to find transfers under way; its random delay places it. The
+ * phases:
  *   push-kill:   a bigger burst (about 3.5 MB, 0.7 s at the link's 40 Mbit/s, which the daemon
  *                shares), start `gpusync push`; after 100 + 1.5 * d2 ms (up to 1.6 s) SIGKILL it.
  *   daemon-kill: burst; after d2 ms SIGKILL the daemon; d1 ms later `watch -d` again.
- *   sshd-kill:   SIGKILL sshd and all below it; d1 ms later restart it.
- *   stall, cut:  stall (cut) the link; d1 ms later resume (restore) it. */
+ *   sshd-kill:   burst; after d2 ms SIGKILL sshd and all below it; d1 ms later restart it.
+ *   stall, cut:  burst; after d2 / 4 ms stall (cut) the link; d1 ms later resume (restore) it. */
 static void fault_begin(struct fault *f, int op)
 {
     int64_t now = gs_clock_mono_ms();
@@ -348,34 +350,16 @@ static void fault_begin(struct fault *f, int op)
     cur.injected[f->kind]++;
     gs_buf_addf(&cur.faults_text, "%s%s@%d", cur.faults_text.len ? " " : "", fault_names[f->kind],
                 op);
-    switch (f->kind) {
-    case F_PUSH:
+    if (f->kind == F_PUSH) {
+        char log[600];
         burst(f->burst_seed, 3, 96);
-        {
-            char log[600];
-            snprintf(log, sizeof(log), "%s/push.log", cur.base);
-            cur.push_pid = spawn_gpusync(ARGS("push"), log, NULL, NULL);
-        }
+        snprintf(log, sizeof(log), "%s/push.log", cur.base);
+        cur.push_pid = spawn_gpusync(ARGS("push"), log, NULL, NULL);
         cur.next_at = now + 100 + f->d2_ms * 3 / 2;
-        break;
-    case F_DAEMON:
-        burst(f->burst_seed, 2, 32);
-        cur.next_at = now + f->d2_ms;
-        break;
-    case F_SSHD:
-        gs_test_sshd_kill(&sshd);
-        cur.next_at = now + f->d1_ms;
-        break;
-    case F_STALL:
-    case F_CUT:
-        wan_command(f->kind == F_STALL ? "stall" : "cut");
-        cur.next_at = now + f->d1_ms;
-        break;
-    default:
-        break;
+        return;
     }
-    if (f->kind != F_PUSH && f->kind != F_DAEMON)
-        gs_buf_addf(&cur.faults_text, "/%.1fs", f->d1_ms / 1000.0);
+    burst(f->burst_seed, 2, 32);
+    cur.next_at = now + (f->kind == F_STALL || f->kind == F_CUT ? f->d2_ms / 4 : f->d2_ms);
 }
 
 /* Kills the concurrent push; notes whether it had already finished. */
@@ -393,25 +377,36 @@ static void push_kill(void)
     cur.push_pid = 0;
 }
 
-/* Runs the active fault's next phase. */
-static void fault_step(void)
+/* Injects the fault (phase 1 of every kind but push-kill). */
+static void fault_inject(struct fault *f)
 {
-    struct fault *f = cur.active;
-    int64_t now = gs_clock_mono_ms();
-    if (f->kind == F_DAEMON && cur.phase == 1) {
-        pid_t pid = daemon_pid();
-        if (pid > 0) {
+    pid_t pid;
+    switch (f->kind) {
+    case F_DAEMON:
+        if ((pid = daemon_pid()) > 0) {
             kill(pid, SIGKILL);
             await_gone(pid);
         } else {
             problem("no daemon ran when daemon-kill came");
         }
         cur.daemon_down = 1;
-        cur.phase = 2;
-        cur.next_at = now + f->d1_ms;
-        gs_buf_addf(&cur.faults_text, "/%.1fs", f->d1_ms / 1000.0);
-        return;
+        break;
+    case F_SSHD:
+        gs_test_sshd_kill(&sshd);
+        break;
+    case F_STALL:
+    case F_CUT:
+        wan_command(f->kind == F_STALL ? "stall" : "cut");
+        break;
+    default:
+        break;
     }
+    gs_buf_addf(&cur.faults_text, "/%.1fs", f->d1_ms / 1000.0);
+}
+
+/* Ends the fault (its last phase). */
+static void fault_heal(struct fault *f)
+{
     switch (f->kind) {
     case F_PUSH:
         push_kill();
@@ -433,6 +428,19 @@ static void fault_step(void)
     default:
         break;
     }
+}
+
+/* Runs the active fault's next phase. */
+static void fault_step(void)
+{
+    struct fault *f = cur.active;
+    if (f->kind != F_PUSH && cur.phase == 1) {
+        fault_inject(f);
+        cur.phase = 2;
+        cur.next_at = gs_clock_mono_ms() + f->d1_ms;
+        return;
+    }
+    fault_heal(f);
     cur.active = NULL;
 }
 
