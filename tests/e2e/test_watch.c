@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
+#include "fixtures/tree.h"
 #include "wansim_harness.h"
 
 #define RUN_TIMEOUT_MS 180000
@@ -169,28 +170,12 @@ static void rename_in(const char *from, const char *to)
         fail_msg("rename %s -> %s: %s", a, b, strerror(errno));
 }
 
-/* Reads a whole file into `b` (reset first); returns 0 or -1. */
-static int slurp(const char *abs, struct gs_buf *b)
-{
-    gs_buf_reset(b);
-    int fd = open(abs, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    char chunk[65536];
-    ssize_t n;
-    while ((n = read(fd, chunk, sizeof(chunk))) > 0)
-        gs_buf_add(b, chunk, (size_t)n);
-    close(fd);
-    gs_buf_grow(b, 0);
-    return n < 0 ? -1 : 0;
-}
-
 static void expect_remote(const char *rel, const char *want)
 {
     char abs[2048];
     struct gs_buf b = GS_BUF_INIT;
     path_in(abs, sizeof(abs), cur.remote, rel);
-    if (slurp(abs, &b) != 0)
+    if (gs_test_slurp(abs, &b) != 0)
         fail_msg("remote %s: %s", rel, strerror(errno));
     if (b.len != strlen(want) || memcmp(b.data, want, b.len) != 0)
         fail_msg("remote %s holds\n%s\nwant\n%s", rel, b.data, want);
@@ -198,32 +183,6 @@ static void expect_remote(const char *rel, const char *want)
 }
 
 /* ---- comparing trees ---- */
-
-/* Editors' scratch files, which gpusync never syncs: Emacs locks (.#f), autosaves (#f#) and
- * backups (f~), Vim swap files and Vim's 4913 probe. */
-static int editor_scratch(const char *name)
-{
-    size_t len = strlen(name);
-    if (!strncmp(name, ".#", 2) || (len > 2 && name[0] == '#' && name[len - 1] == '#'))
-        return 1;
-    if (len > 1 && name[len - 1] == '~')
-        return 1;
-    if (name[0] == '.' && len > 5 &&
-        (!strcmp(name + len - 4, ".swp") || !strcmp(name + len - 4, ".swo") ||
-         !strcmp(name + len - 4, ".swx")))
-        return 1;
-    return !strcmp(name, "4913");
-}
-
-/* Never synced (built-in or .gitignore'd in these tests), on both sides. */
-static int skipped(const char *name)
-{
-    static const char *const names[] = {".", "..", ".gpusync", ".git", "node_modules", "data"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(name, names[i]) == 0)
-            return 1;
-    return editor_scratch(name);
-}
 
 static void expect_remote_absent(const char *rel)
 {
@@ -243,90 +202,12 @@ static void expect_local_present(const char *rel)
         fail_msg("%s is missing locally: %s", rel, strerror(errno));
 }
 
-static int keep_entry(const struct dirent *de)
-{
-    return !skipped(de->d_name);
-}
-
-static int diff_entry(const char *a, const char *b, const char *rel, struct gs_buf *msg);
-
-/* Compares the directories a/rel and b/rel; appends the first difference to `msg`. */
-static int diff_dir(const char *a, const char *b, const char *rel, struct gs_buf *msg)
-{
-    char pa[2048], pb[2048];
-    snprintf(pa, sizeof(pa), "%s/%s", a, rel);
-    snprintf(pb, sizeof(pb), "%s/%s", b, rel);
-    struct dirent **la = NULL, **lb = NULL;
-    int na = scandir(pa, &la, keep_entry, alphasort), nb = scandir(pb, &lb, keep_entry, alphasort);
-    int rc = 0;
-    if (na < 0 || nb < 0) {
-        gs_buf_addf(msg, "cannot list %s or %s", pa, pb);
-        rc = -1;
-    }
-    for (int i = 0, j = 0; rc == 0 && (i < na || j < nb);) {
-        int c = i >= na ? 1 : j >= nb ? -1 : strcmp(la[i]->d_name, lb[j]->d_name);
-        if (c != 0) {
-            gs_buf_addf(msg, "%s%s%s only on the %s side", rel, *rel ? "/" : "",
-                        c < 0 ? la[i]->d_name : lb[j]->d_name, c < 0 ? "local" : "remote");
-            rc = -1;
-            break;
-        }
-        char child[1024];
-        snprintf(child, sizeof(child), "%s%s%s", rel, *rel ? "/" : "", la[i]->d_name);
-        rc = diff_entry(a, b, child, msg);
-        i++, j++;
-    }
-    for (int i = 0; i < na; i++)
-        free(la[i]);
-    for (int j = 0; j < nb; j++)
-        free(lb[j]);
-    free(la);
-    free(lb);
-    return rc;
-}
-
-static int diff_entry(const char *a, const char *b, const char *rel, struct gs_buf *msg)
-{
-    char pa[2048], pb[2048];
-    snprintf(pa, sizeof(pa), "%s/%s", a, rel);
-    snprintf(pb, sizeof(pb), "%s/%s", b, rel);
-    struct stat sa, sb;
-    if (lstat(pa, &sa) != 0 || lstat(pb, &sb) != 0)
-        return gs_buf_addf(msg, "%s vanished", rel), -1;
-    if ((sa.st_mode & S_IFMT) != (sb.st_mode & S_IFMT))
-        return gs_buf_addf(msg, "%s: kind differs", rel), -1;
-    if (S_ISDIR(sa.st_mode))
-        return diff_dir(a, b, rel, msg);
-    if (S_ISLNK(sa.st_mode)) {
-        char ta[1024] = "", tb[1024] = "";
-        ssize_t la = readlink(pa, ta, sizeof(ta) - 1), lb = readlink(pb, tb, sizeof(tb) - 1);
-        if (la < 0 || lb < 0 || la != lb || memcmp(ta, tb, (size_t)la) != 0)
-            return gs_buf_addf(msg, "%s: symlink target differs", rel), -1;
-        return 0;
-    }
-    if ((sa.st_mode & 07777) != (sb.st_mode & 07777))
-        return gs_buf_addf(msg, "%s: mode %o vs %o", rel, sa.st_mode & 07777, sb.st_mode & 07777),
-               -1;
-    if (sa.st_size != sb.st_size)
-        return gs_buf_addf(msg, "%s: size %lld vs %lld", rel, (long long)sa.st_size,
-                           (long long)sb.st_size),
-               -1;
-    struct gs_buf ca = GS_BUF_INIT, cb = GS_BUF_INIT;
-    int same = slurp(pa, &ca) == 0 && slurp(pb, &cb) == 0 && ca.len == cb.len &&
-               memcmp(ca.data, cb.data, ca.len) == 0;
-    gs_buf_release(&ca);
-    gs_buf_release(&cb);
-    if (!same)
-        return gs_buf_addf(msg, "%s: content differs", rel), -1;
-    return 0;
-}
-
 /* Fails the test unless the remote tree equals the local one (ignored names aside). */
 static void expect_trees_equal(const char *when)
 {
     struct gs_buf msg = GS_BUF_INIT;
     char text[2048] = "";
-    int differ = diff_dir(cur.local, cur.remote, "", &msg) != 0;
+    int differ = gs_test_tree_diff(cur.local, cur.remote, 0, &msg) != 0;
     if (differ)
         snprintf(text, sizeof(text), "%s", msg.data);
     gs_buf_release(&msg); /* before fail_msg, which does not return */
@@ -1229,7 +1110,7 @@ static void test_watch__exec_client_leaving_ends_the_remote_command(void **state
     gs_buf_release(&in);
     close(fd);
     struct gs_buf pid_text = GS_BUF_INIT;
-    assert_int_equal(slurp(marker, &pid_text), 0);
+    assert_int_equal(gs_test_slurp(marker, &pid_text), 0);
     pid_t pid = (pid_t)atoi(pid_text.data);
     gs_buf_release(&pid_text);
     assert_true(pid > 1);
@@ -1890,99 +1771,6 @@ static void test_watch__daemon_killed_with_requests_in_flight_then_changes_conve
 
 /* ---- random operations ---- */
 
-static unsigned rnd(unsigned *seed, unsigned n)
-{
-    return (unsigned)rand_r(seed) % n;
-}
-
-/* A random path in a small namespace, so operations collide often; files and directories share
- * names (n0..n2), so a path also changes kind. */
-static void random_path(unsigned *seed, char *out, size_t size, int want_dir)
-{
-    static const char *const dirs[] = {"", "d0/", "d1/", "d0/s0/", "d1/s1/", "d2/"};
-    const char *d = dirs[rnd(seed, 6)];
-    if (want_dir)
-        snprintf(out, size, "%sn%u", d, rnd(seed, 3));
-    else
-        snprintf(out, size, "%sn%u", d, rnd(seed, 6));
-}
-
-static void random_op(unsigned *seed, int i)
-{
-    char a[128], b[128], pa[2048], pb[2048], body[256];
-    int dir_op = rnd(seed, 10) < 3;
-    random_path(seed, a, sizeof(a), dir_op);
-    random_path(seed, b, sizeof(b), dir_op);
-    path_in(pa, sizeof(pa), cur.local, a);
-    path_in(pb, sizeof(pb), cur.local, b);
-    unsigned op = rnd(seed, 9);
-    int len = snprintf(body, sizeof(body), "op %d %s\n", i, a);
-    FILE *log = getenv("GS_TEST_OPLOG") ? fopen(getenv("GS_TEST_OPLOG"), "a") : NULL;
-    if (log) { /* to replay a failing seed by hand */
-        fprintf(log, "%d %s op %u %s %s\n", i, dir_op ? "dir" : "file", op, a, b);
-        fclose(log);
-    }
-    if (dir_op) {
-        if (op < 4 && mkdir(pa, 0755) == 0) {
-            /* files that land before the watcher can watch the new directory */
-            for (int k = 0; k < 3; k++) {
-                char f[2100];
-                snprintf(f, sizeof(f), "%s/new%d", pa, k);
-                int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-                if (fd >= 0 && write(fd, body, (size_t)len) == len)
-                    close(fd);
-                else if (fd >= 0)
-                    close(fd);
-            }
-        } else if (op < 7) {
-            (void)rename(pa, pb);
-        } else {
-            (void)gs_test_sh("rm -rf '%s'", pa);
-            if (op == 8) /* a directory becomes a file */
-                write_at(pa, body, (size_t)len, O_TRUNC);
-        }
-        return;
-    }
-    int fd;
-    switch (op) {
-    case 0:
-    case 1:
-    case 2: /* create or rewrite */
-        fd = open(pa, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        break;
-    case 3: /* append */
-        fd = open(pa, O_WRONLY | O_APPEND);
-        break;
-    case 4:
-        if (rnd(seed, 2) && unlink(pa) == 0) /* a file becomes a directory */
-            (void)mkdir(pa, 0755);
-        else
-            (void)unlink(pa);
-        return;
-    case 5:
-        (void)rename(pa, pb);
-        return;
-    case 6:
-        (void)chmod(pa, rnd(seed, 2) ? 0755 : 0600);
-        return;
-    case 7:
-        (void)unlink(pa);
-        (void)symlink(b, pa);
-        return;
-    default: /* safe write over it */
-        fd = open(pb, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0 && write(fd, body, (size_t)len) == len && close(fd) == 0)
-            (void)rename(pb, pa);
-        return;
-    }
-    if (fd >= 0) {
-        if (write(fd, body, (size_t)len) != len) {
-            /* a full disk would show as a tree difference */
-        }
-        close(fd);
-    }
-}
-
 /* Four rounds of 250 random operations, each followed by a flush and a comparison. With
  * `one_batch` the daemon is stopped during each round, so that it reads the whole round at once
  * and pushes it as one batch (what a slow daemon, or one under ASan, does anyway). */
@@ -2000,7 +1788,7 @@ static void random_rounds(int one_batch)
         if (one_batch)
             assert_int_equal(kill(pid, SIGSTOP), 0);
         for (int i = 0; i < 250; i++)
-            random_op(&seed, round * 250 + i);
+            gs_test_random_op(cur.local, &seed, round * 250 + i);
         if (one_batch)
             assert_int_equal(kill(pid, SIGCONT), 0);
         flush("flush after random operations");
