@@ -64,6 +64,7 @@ struct daemon {
     int backoff_ms;
     int64_t next_check_ms, next_poll_ms, last_wall_ms, last_mono_ms;
     int syncing, stop;
+    int lost_renames; /* renames of this batch whose source was gone on the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
     int64_t batch_start_ms;
@@ -293,6 +294,13 @@ static void check_liveness(struct daemon *d)
 
 /* ---- pushing a batch ---- */
 
+/* A rename whose source was gone on the server (or edited there, and kept aside): push.c dropped
+ * the source from the index, so planning both paths again sends the destination afresh. */
+static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
+}
+
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     struct daemon *d = ctx;
@@ -300,7 +308,14 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         return;
     int64_t ms = gs_clock_mono_ms() - d->first_event_ms;
     json_t *ev;
-    if (!r->ok) {
+    if (is_lost_rename(op, r)) {
+        mark_dirty(d, op->path);
+        mark_dirty(d, op->from);
+        d->lost_renames++;
+        if (!r->kept)
+            return;
+        ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
+    } else if (!r->ok) {
         note_failed(d, op->path);
         if (op->type == GS_OP_RENAME)
             note_failed(d, op->from);
@@ -390,6 +405,7 @@ static void sync_batch(struct daemon *d)
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
+    d->lost_renames = 0;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
     if (is_transport_error(rc)) {
@@ -402,7 +418,10 @@ static void sync_batch(struct daemon *d)
             d->last_error[0] = '\0';
         if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
             keep_failed_batch(d, paths, n, full);
-        d->synced_gen = gen;
+        if (d->lost_renames) /* not synced yet: their paths go out in the next batch, at once */
+            d->flush_now = 1;
+        else
+            d->synced_gen = gen;
         if (st.ops_total)
             d->last_latency_ms = gs_clock_mono_ms() - d->first_event_ms;
         d->next_retry_ms = gs_clock_mono_ms() + RETRY_FAILED_MS;

@@ -1614,6 +1614,31 @@ static void test_watch__sshd_restart_converges(void **state)
 
 /* A directory renamed while the server is unreachable is still one rename once it is back (the
  * daemon then pushes the whole tree, so the plan, not the watcher, must pair the paths). */
+/* A rename the server already has (an earlier session's reply was lost, or someone renamed it
+ * there too) finds no source: the daemon then sends the destination afresh in the same flush,
+ * rather than answering the flush while the server lacks the file and retrying 10 s later. */
+static void test_watch__a_rename_whose_source_is_gone_still_syncs_before_flush_returns(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("keep.txt", "k\n");
+    put("old.txt", "renamed content\n");
+    watch_start();
+    flush("first flush");
+    char a[2048], b[2048];
+    path_in(a, sizeof(a), cur.remote, "old.txt");
+    path_in(b, sizeof(b), cur.remote, "elsewhere.txt");
+    assert_int_equal(rename(a, b), 0); /* the server's copy is no longer where the index says */
+    rename_in("old.txt", "new.txt");
+    flush("flush after the rename");
+    expect_remote("new.txt", "renamed content\n");
+    json_t *st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+    assert_int_equal(unlink(b), 0); /* not gpusync's: the comparison is about its own writes */
+    expect_trees_equal("after the flush");
+}
+
 static void test_watch__directory_renamed_while_disconnected_is_one_rename(void **state)
 {
     (void)state;
@@ -1840,6 +1865,7 @@ int main(void)
         T(test_watch__sshd_restart_converges),
         T(test_watch__reconnect_refuses_a_changed_host_key),
         T(test_watch__directory_renamed_while_disconnected_is_one_rename),
+        T(test_watch__a_rename_whose_source_is_gone_still_syncs_before_flush_returns),
         T(test_watch__daemon_killed_mid_batch_converges_after_restart),
         T(test_watch__daemon_killed_with_requests_in_flight_then_changes_converge),
         T(test_watch__random_operations_converge),
