@@ -31,6 +31,7 @@
 #define BACKOFF_MAX_MS    30000
 #define SUSPEND_JUMP_MS   3000  /* wall clock ran this far ahead of the monotonic one: we slept */
 #define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
+#define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
 
 struct client {
     int fd;
@@ -69,6 +70,7 @@ struct daemon {
     char last_error[1024];
     int64_t last_latency_ms;
     int64_t batch_start_ms;
+    int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
 };
 
 /* ---- events and status ---- */
@@ -294,6 +296,32 @@ static void try_connect(struct daemon *d)
     d->flush_now = 1;
 }
 
+/* Takes the project's sync lock (session.h) without waiting. When a push or pull of this project
+ * holds it, returns 0 and defers connecting and batching by LOCK_RETRY_MS: not a failure, so no
+ * backoff. A lock that cannot be taken at all is logged, and the work goes on without it. */
+static int take_sync_lock(struct daemon *d)
+{
+    struct gs_error err = {0};
+    int rc = gs_session_lock(&d->sess, 0, &err);
+    if (rc < 0)
+        gs_warn("%s; syncing without it", err.msg);
+    if (rc != 1)
+        return 1;
+    d->lock_retry_ms = gs_clock_mono_ms() + LOCK_RETRY_MS;
+    return 0;
+}
+
+/* try_connect under the sync lock, or later: the agent it starts fences out any other session. */
+static void connect_when_free(struct daemon *d)
+{
+    if (!take_sync_lock(d)) {
+        d->next_connect_ms = d->lock_retry_ms;
+        return;
+    }
+    try_connect(d);
+    gs_session_unlock(&d->sess);
+}
+
 /* An idle link is checked with a real round trip; a dead one is noticed within seconds. */
 static void check_liveness(struct daemon *d)
 {
@@ -419,6 +447,15 @@ static void sync_batch(struct daemon *d)
     }
     free_paths(paths, n);
     show_status(d);
+}
+
+/* sync_batch under the sync lock, or in LOCK_RETRY_MS while a push or pull holds it. */
+static void sync_batch_when_free(struct daemon *d)
+{
+    if (!take_sync_lock(d))
+        return;
+    sync_batch(d);
+    gs_session_unlock(&d->sess);
 }
 
 /* A batch goes out after a short quiet spell, or when it has waited long enough, or at once for
@@ -575,6 +612,8 @@ static int next_timeout(const struct daemon *d, int64_t now)
         t = d->next_connect_ms;
     if (d->flush_now)
         t = now;
+    if (t < d->lock_retry_ms) /* connecting and batching wait for the sync lock */
+        t = d->lock_retry_ms;
     return t <= now ? 0 : (int)(t - now);
 }
 
@@ -600,15 +639,15 @@ static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms)
-        try_connect(d);
+        connect_when_free(d);
     if (d->n_failed && d->connected && now >= d->next_retry_ms)
         retry_failed(d);
     if (gs_watch_polling(d->watch, NULL) && now >= d->next_poll_ms) {
         d->next_poll_ms = now + POLL_FALLBACK_MS;
         mark_full(d);
     }
-    if (batch_due(d, now))
-        sync_batch(d);
+    if (batch_due(d, now) && now >= d->lock_retry_ms)
+        sync_batch_when_free(d);
     else
         check_liveness(d);
 }
@@ -733,7 +772,7 @@ int gs_daemon_run(const struct gs_daemon_opts *o, struct gs_error *err)
                 gs_warn("cannot signal readiness");
             close(o->ready_fd);
         }
-        try_connect(&d);
+        connect_when_free(&d);
         loop(&d);
     }
     teardown(&d);
