@@ -216,7 +216,13 @@ static int serve_agents(pid_t *pids, int max)
         if (pid <= 0)
             continue;
         cmdline(pid, cmd, sizeof(cmd));
-        if (strstr(cmd, "gpusync-agent") && strstr(cmd, want))
+        char *space = strchr(cmd, ' '), *base;
+        if (space)
+            *space = '\0';
+        base = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
+        /* argv[0] itself: not the login shell that is about to exec it (its -c names both) */
+        if (space && !strncmp(base, "gpusync-agent", 13) &&
+            !strncmp(space + 1, want + 1, strlen(want + 1)))
             pids[n++] = pid;
     }
     closedir(d);
