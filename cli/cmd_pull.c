@@ -138,7 +138,9 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
         return gs_cli_fail(cli, rc);
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    rc = gs_cli_connect(cli);
+    rc = gs_session_lock(&s, 1, &cli->err); /* one agent session per project (session.h) */
+    if (rc == 0)
+        rc = gs_cli_connect(cli);
     if (rc == 0)
         rc = gs_session_connect(&s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
     if (rc == 0 && !s.agent)

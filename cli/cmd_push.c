@@ -313,6 +313,8 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     int rc = relative_paths(cli, argc, argv, rel, paths);
     if (rc == 0)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
+    if (rc == 0 && !dry_run) /* one agent session per project at a time (session.h) */
+        rc = gs_session_lock(&s, 1, &cli->err);
     if (rc == 0)
         rc = plan_connect_execute(cli, &s, &ui, &o);
     if (opened)

@@ -233,7 +233,9 @@ static int push_session(struct gs_cli *cli, struct gs_session *s)
 {
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    int rc = gs_session_connect(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
+    int rc = gs_session_lock(s, 1, &cli->err); /* one agent session per project (session.h) */
+    if (rc == 0)
+        rc = gs_session_connect(s, cli->ssh, dir.data, cli->cfg.remote_path, &cli->err);
     struct gs_push_stats st;
     struct gs_push_opts o = {0};
     if (rc == 0)

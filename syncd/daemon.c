@@ -31,6 +31,7 @@
 #define BACKOFF_MAX_MS    30000
 #define SUSPEND_JUMP_MS   3000  /* wall clock ran this far ahead of the monotonic one: we slept */
 #define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
+#define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
 
 struct client {
     int fd;
@@ -68,6 +69,7 @@ struct daemon {
     char last_error[1024];
     int64_t last_latency_ms;
     int64_t batch_start_ms;
+    int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
 };
 
 /* ---- events and status ---- */
@@ -270,6 +272,33 @@ static void try_connect(struct daemon *d)
     d->flush_now = 1;
 }
 
+/* Takes the project's sync lock (session.h) without waiting. When a push or pull of this project
+ * holds it, returns 0 and defers connecting and batching by LOCK_RETRY_MS: not a failure, so no
+ * backoff. A lock that cannot be taken at all is logged, and the work goes on without it. */
+static int take_sync_lock(struct daemon *d)
+{
+    struct gs_error err = {0};
+    int rc = gs_session_lock(&d->sess, 0, &err);
+    if (rc < 0)
+        gs_warn("%s; syncing without it", err.msg);
+    if (rc != 1)
+        return 1;
+    d->lock_retry_ms = gs_clock_mono_ms() + LOCK_RETRY_MS;
+    return 0;
+}
+
+/* try_connect under the sync lock, or later: the agent it starts fences out any other session. */
+static int connect_when_free(struct daemon *d)
+{
+    if (!take_sync_lock(d)) {
+        d->next_connect_ms = d->lock_retry_ms;
+        return 0;
+    }
+    try_connect(d);
+    gs_session_unlock(&d->sess);
+    return 1;
+}
+
 /* An idle link is checked with a real round trip; a dead one is noticed within seconds. */
 static void check_liveness(struct daemon *d)
 {
@@ -433,6 +462,15 @@ static void sync_batch(struct daemon *d)
     show_status(d);
 }
 
+/* sync_batch under the sync lock, or in LOCK_RETRY_MS while a push or pull holds it. */
+static void sync_batch_when_free(struct daemon *d)
+{
+    if (!take_sync_lock(d))
+        return;
+    sync_batch(d);
+    gs_session_unlock(&d->sess);
+}
+
 /* A batch goes out after a short quiet spell, or when it has waited long enough, or at once for
  * a flush. */
 static int batch_due(const struct daemon *d, int64_t now)
@@ -589,6 +627,8 @@ static int next_timeout(const struct daemon *d, int64_t now)
         t = d->next_connect_ms;
     if (d->flush_now && d->connected) /* disconnected, a flush waits for the connection */
         t = now;
+    if (t < d->lock_retry_ms) /* connecting and batching wait for the sync lock */
+        t = d->lock_retry_ms;
     return t <= now ? 0 : (int)(t - now);
 }
 
@@ -613,8 +653,8 @@ static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
 static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
-    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms) {
-        try_connect(d);
+    /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
+    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms && connect_when_free(d)) {
         if (!d->connected)
             refuse_flushes(d);
         else if (d->relay)
@@ -626,8 +666,8 @@ static void run_timers(struct daemon *d)
         d->next_poll_ms = now + POLL_FALLBACK_MS;
         mark_full(d);
     }
-    if (batch_due(d, now))
-        sync_batch(d);
+    if (batch_due(d, now) && now >= d->lock_retry_ms)
+        sync_batch_when_free(d);
     else
         check_liveness(d);
 }
@@ -749,7 +789,7 @@ int gs_daemon_run(const struct gs_daemon_opts *o, struct gs_error *err)
                 gs_warn("cannot signal readiness");
             close(o->ready_fd);
         }
-        try_connect(&d);
+        connect_when_free(&d);
         loop(&d);
     }
     teardown(&d);

@@ -1,9 +1,13 @@
 /* syncd/session.c: opening and closing what a sync needs (see session.h). */
 #include "syncd/session.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "common/buf.h"
 #include "common/log.h"
@@ -202,6 +206,41 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
     return rc ? rc : gs_session_ready(s, err);
 }
 
+int gs_session_lock(struct gs_session *s, int wait, struct gs_error *err)
+{
+    if (s->locked)
+        return 0;
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, s->root, GS_SESSION_LOCK);
+    int rc = 0, fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        rc = gs_error_errno(err, GS_E_IO, "cannot open %s (check the permissions of .gpusync)",
+                            path.data);
+    while (rc == 0 && flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) < 0) {
+        if (errno == EWOULDBLOCK && !wait)
+            rc = 1;
+        else if (errno != EINTR)
+            rc = gs_error_errno(err, GS_E_IO, "cannot lock %s", path.data);
+    }
+    if (rc == 0) {
+        s->lock_fd = fd;
+        s->locked = 1;
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    gs_buf_release(&path);
+    return rc;
+}
+
+void gs_session_unlock(struct gs_session *s)
+{
+    if (!s->locked)
+        return;
+    close(s->lock_fd); /* drops the flock */
+    s->locked = 0;
+    s->lock_fd = -1;
+}
+
 void gs_session_disconnect(struct gs_session *s)
 {
     if (s->ops)
@@ -215,6 +254,7 @@ void gs_session_disconnect(struct gs_session *s)
 void gs_session_close(struct gs_session *s)
 {
     gs_session_disconnect(s);
+    gs_session_unlock(s); /* after the agent's channel is gone */
     gs_index_close(s->idx);
     gs_ignore_free(s->ig);
     free(s->root);

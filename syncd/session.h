@@ -28,7 +28,11 @@ struct gs_session {
     int early_lost;    /* gs_session_ready had to install the agent: the early ops were lost */
     int settled;       /* ready has reconciled the intents for this connection */
     size_t reconciled; /* operations an interrupted sync left in doubt, settled by ready */
+    int locked;        /* lock_fd holds .gpusync/sync.lock (gs_session_lock) */
+    int lock_fd;
 };
+
+#define GS_SESSION_LOCK ".gpusync/sync.lock" /* relative to the project root */
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
  * it must outlive the session). Returns 0 or a negative code; on failure nothing stays open. */
@@ -75,10 +79,24 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err);
  * answered by the agent, refusals included, and must not be sent a second time. */
 int gs_session_go_early(struct gs_session *s);
 
+/* Serialises the syncs of one project on this machine. The agent fences out any earlier session on
+ * its root (remote/agent/fence.h), so two gpusync processes that opened sessions to one server at
+ * once (a push while `watch` runs) would kill each other's agents. Every command that opens an
+ * agent session (push, pull, the sync before a run, the daemon) holds this lock (flock(2) on
+ * .gpusync/sync.lock, not inherited by children) from before it starts the agent until it is done
+ * with it. With `wait` it blocks until the lock is free (for the daemon's current batch at most);
+ * without, it returns 1 at once when another process holds it. Returns 0 once held (or already
+ * held), 1 (busy, nothing held), or a negative code with err set when the lock file cannot be
+ * opened or locked (nothing held then either). gs_session_close releases it too. */
+int gs_session_lock(struct gs_session *s, int wait, struct gs_error *err);
+
+/* Releases the lock taken by gs_session_lock; nothing happens if none is held. */
+void gs_session_unlock(struct gs_session *s);
+
 /* Closes the transport only (after a lost connection); the local half stays open. */
 void gs_session_disconnect(struct gs_session *s);
 
-/* Closes everything. Safe on a zeroed session. */
+/* Closes everything, the sync lock included. Safe on a zeroed session. */
 void gs_session_close(struct gs_session *s);
 
 /* The index's remote identity for `cfg`: "user@host:port:path" (malloc'd). */

@@ -97,6 +97,7 @@ static int cmd_serve(int argc, char **argv)
         return 1;
     }
     s.fsync = fsync_all;
+    s.writer = 1; /* the only writer of root once HELLO is answered (fence.h) */
     int status = gs_serve_run(&s, 0);
     gs_serve_release(&s);
     return status;

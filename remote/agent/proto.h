@@ -28,6 +28,21 @@
  * carry the request's id. The client must read replies while it writes requests (the agent
  * blocks writing replies when the pipe is full). End the session by closing the agent's stdin.
  *
+ * ONE WRITER (v4). Before it answers HELLO, a `serve` agent takes an exclusive POSIX record lock
+ * on <root>/.gpusync/writer.lock. If an earlier session still holds it (its link stalled, its
+ * process stopped), the new agent checks in /proc that the holder is a `gpusync-agent ... serve`
+ * process, kills it (SIGKILL) and waits (at most 10 s) until the kernel releases the lock, which
+ * happens only after that process has exited: nothing the old session still held (requests in
+ * its buffers, in the pipe from sshd, in TCP) can reach the tree afterwards. A holder that cannot
+ * be verified (not an agent, another host, another user) is never killed: the answer is ERROR
+ * EBUSY naming the pid and root, and the agent exits with status 2. So a client of version 4
+ * knows that a session that answered HELLO_OK is the only writer of its root until it ends
+ * (unless no lock can exist there at all: a symlink as .gpusync, a read-only root, a file system
+ * without locks; then the agent serves unfenced, as before v4, and says so on stderr). The
+ * `launch`, `tail`, `ps` and `stop` commands take no lock. Clients on one machine must not run
+ * two sessions on one root at once, or they fence each other out (gpusync serialises its own
+ * sessions with a local lock, syncd/session.h).
+ *
  * PATHS are relative to the agent's root: no leading '/', no empty, "." or ".." components, no
  * NUL, components <= 255 bytes, whole path <= GS_PROTO_MAX_PATH. A path that fails these rules,
  * or whose parent components are not real directories (a symlink is never followed), is refused
@@ -44,7 +59,13 @@
  * WRITES. PUT, streamed puts and SYMLINK write `.gpusync-tmp-<pid>-<n>` in the target's
  * directory (missing parents are created), set mode and mtime (ns), optionally fsync, then
  * rename(2) over the target. On any failure (ENOSPC included) the temporary file is removed and
- * the target is left as it was; the session goes on.
+ * the target is left as it was; the session goes on. The writer lock file holds the writing
+ * agent's pid and is emptied when a session ends at end of input, so a non-empty file at
+ * acquisition means the previous writer died (killed, crashed, fenced out): then, before
+ * answering HELLO, the new agent removes every `.gpusync-tmp-<digits>-<digits>` under the root
+ * (except in .gpusync/runs) whose pid is not its own. That is safe because every agent that
+ * writes temporaries holds the lock. Other names (the SFTP fallback's `.gpusync-tmp-<pid>`) are
+ * left alone.
  *
  * ERRORS (ERROR.errno). Fatal, the agent exits with status 2 after replying: EPROTO (first
  * frame not a HELLO), EPROTONOSUPPORT (version mismatch), EMSGSIZE (length out of range).
@@ -64,7 +85,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION      3
+#define GS_PROTO_VERSION      4           /* v4: one writer per root (ONE WRITER above) */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */

@@ -149,6 +149,29 @@ static handler_fn handler_for(uint8_t type)
     }
 }
 
+/* Makes this session the root's only writer (fence.h) before any request is executed. A holder
+ * that may not be killed ends the session (-1, after an ERROR reply). Where no lock can be taken
+ * at all (a symlink as .gpusync, a read-only root, no lock support), the session goes on unfenced,
+ * as agents before v4 did, and says so on stderr. Returns 0 or -1. */
+static int take_writer_lock(struct gs_serve *s, uint32_t id)
+{
+    char why[900];
+    int rc = gs_fence_acquire(&s->fence, s->rootfd, s->root, why, sizeof(why));
+    if (rc == -EBUSY) {
+        gs_serve_reply_error(s, id, EBUSY, "%s", why);
+        s->fatal = EXIT_PROTOCOL;
+        return -1;
+    }
+    if (rc < 0)
+        fprintf(stderr, "gpusync-agent: %s; serving without the writer lock\n", why);
+    else if (s->fence.killed || s->fence.swept)
+        fprintf(stderr,
+                "gpusync-agent: took over %s (stopped agent %ld, removed %ld stale temporary "
+                "files)\n",
+                s->root, s->fence.killed, s->fence.swept);
+    return 0;
+}
+
 /* Answers the first frame, which must be a HELLO of our version. */
 static int handshake(struct gs_serve *s, const struct gs_proto_frame *f)
 {
@@ -166,6 +189,8 @@ static int handshake(struct gs_serve *s, const struct gs_proto_frame *f)
         s->fatal = EXIT_PROTOCOL;
         return -1;
     }
+    if (s->writer && take_writer_lock(s, f->id) < 0)
+        return -1;
     s->fsync = s->fsync || (m.flags & GS_HELLO_FSYNC);
     s->greeted = 1;
     struct gs_proto_msg r = {0};
@@ -264,6 +289,7 @@ int gs_serve_init(struct gs_serve *s, const char *root, int create, gs_serve_wri
 {
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
+    gs_fence_init(&s->fence);
     s->write = write;
     s->write_ctx = ctx;
     int rc = create ? mkdir_p(root) : 0;
@@ -290,12 +316,14 @@ void gs_serve_release(struct gs_serve *s)
         if (s->streams[i].used)
             gs_serve_stream_free(&s->streams[i]);
     free(s->streams);
+    gs_fence_release(&s->fence, s->clean_end); /* after the streams' temporaries are gone */
     if (s->rootfd >= 0)
         close(s->rootfd);
     free(s->root);
     gs_proto_buf_release(&s->out);
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
+    gs_fence_init(&s->fence);
 }
 
 /* Milliseconds on a monotonic clock. */
@@ -366,6 +394,7 @@ int gs_serve_run(struct gs_serve *s, int infd)
                 s->fatal == EXIT_PROTOCOL ? "protocol error" : "cannot write replies");
         status = s->fatal;
     }
+    s->clean_end = status == 0;
     gs_proto_buf_release(&in);
     return status;
 }

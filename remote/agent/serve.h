@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fence.h"
 #include "proto.h"
 
 #define GS_AGENT_VERSION "0.1.0"
@@ -27,6 +28,9 @@ struct gs_serve {
     gs_serve_write_fn write;
     void *write_ctx;
     struct gs_serve_stream *streams; /* GS_PROTO_MAX_STREAMS slots, owned */
+    int writer;                      /* take the root's writer lock in the handshake (fence.h) */
+    struct gs_fence fence;           /* that lock, held from HELLO_OK to gs_serve_release */
+    int clean_end;                   /* gs_serve_run ended at end of input, no error */
 };
 
 /* Opens the root (creating it with mkdir -p if create is set) and prepares a session writing
@@ -35,10 +39,14 @@ struct gs_serve {
 int gs_serve_init(struct gs_serve *s, const char *root, int create, gs_serve_write_fn write,
                   void *ctx, char *err, size_t errlen);
 
-/* Removes the temporary files of streams still open and frees everything. */
+/* Removes the temporary files of streams still open, releases the writer lock (marking a clean end
+ * when gs_serve_run saw one, so the next session does not sweep) and frees everything. */
 void gs_serve_release(struct gs_serve *s);
 
-/* Executes one frame. Returns 0 to go on, -1 when the session must end (s->fatal set). */
+/* Executes one frame. The first must be a HELLO; with s->writer set, the session takes the root's
+ * writer lock before answering it (fencing out a previous session, fence.h); a lock held by
+ * something it may not kill is an ERROR EBUSY reply that ends the session. Returns 0 to go on, -1
+ * when the session must end (s->fatal set). */
 int gs_serve_frame(struct gs_serve *s, const struct gs_proto_frame *f);
 
 /* Executes the complete frames at the start of p[0..n) and returns the number of bytes used

@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "integration/agent_harness.h"
@@ -28,6 +30,8 @@ struct fx {
     int mounted;
     struct agent_h a;
     int started;
+    struct agent_h b; /* a second session on the same root */
+    int b_started;
 };
 
 /* A reply copied out of the harness buffer. */
@@ -208,6 +212,8 @@ static int teardown(void **state)
     char cmd[PATH_MAX + 32];
     if (f->started)
         agent_h_close(&f->a);
+    if (f->b_started)
+        agent_h_close(&f->b);
     if (f->mounted)
         umount(f->root);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->base);
@@ -860,6 +866,211 @@ static void test_serve__mkdir_rename_symlink_and_recursive_delete(void **state)
     assert_int_equal(sr.kind, GS_KIND_NONE);
 }
 
+/* ---- one writer per root (fence.h) ------------------------------------------------------- */
+
+/* Writes `data` to root/rel, creating the missing directories. */
+static void plant(struct fx *f, const char *rel, const char *data)
+{
+    char p[PATH_MAX], cmd[PATH_MAX + 32];
+    at(f, rel, p);
+    snprintf(cmd, sizeof(cmd), "mkdir -p \"$(dirname '%s')\"", p);
+    assert_int_equal(system(cmd), 0);
+    write_file(p, data);
+}
+
+static int exists(struct fx *f, const char *rel)
+{
+    char p[PATH_MAX];
+    struct stat st;
+    at(f, rel, p);
+    return lstat(p, &st) == 0;
+}
+
+/* The bytes of root/.gpusync/writer.lock ("" if empty or missing), in a static buffer. */
+static const char *lock_content(struct fx *f)
+{
+    static char buf[64];
+    char p[PATH_MAX];
+    at(f, ".gpusync/writer.lock", p);
+    char *got = slurp(p, NULL);
+    snprintf(buf, sizeof(buf), "%s", got ? got : "");
+    free(got);
+    return buf;
+}
+
+/* Entries in /proc/PID/fd: 0 once the process has closed its files on its way out. */
+static int open_fds(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
+    int n = count_entries(p);
+    return n < 0 ? 0 : n;
+}
+
+/* A process that is not a gpusync agent holds the writer lock: a child of this test. */
+static pid_t hold_lock_elsewhere(struct fx *f)
+{
+    char p[PATH_MAX];
+    int ready[2];
+    plant(f, ".gpusync/writer.lock", "");
+    at(f, ".gpusync/writer.lock", p);
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        int fd = open(p, O_RDWR);
+        if (fd < 0 || fcntl(fd, F_SETLK, &l) < 0 || write(ready[1], "L", 1) != 1)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    char c = 0;
+    close(ready[1]);
+    assert_int_equal(read(ready[0], &c, 1), 1); /* the child holds the lock now */
+    close(ready[0]);
+    return pid;
+}
+
+/* A session whose link hangs (its agent stopped, a request still in its pipe) is fenced out by the
+ * next one: the old agent has exited before the new one answers HELLO, and its request never
+ * lands, not even once it could run again. */
+static void test_serve__a_new_session_kills_a_stopped_one_and_its_requests_never_land(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg r;
+    start(f);
+    pid_t old = f->a.pid;
+    assert_int_equal(kill(old, SIGSTOP), 0);
+    struct gs_proto_msg stale = put_msg("f.txt", "stale", GS_EXPECT_FORCE, NULL);
+    agent_h_queue(&f->a, &stale);
+    assert_int_equal(agent_h_flush(&f->a), 0); /* in the stopped agent's stdin */
+
+    assert_int_equal(agent_h_open(&f->b, f->root, NULL, 0), 0);
+    f->b_started = 1;
+    int fds_at_hello = open_fds(old); /* 0: exited (its lock went with its files) */
+    kill(old, SIGCONT);               /* had it survived, it would run the stale put now */
+    f->started = 0;
+    int old_status = agent_h_close(&f->a);
+    assert_int_equal(fds_at_hello, 0);
+    assert_int_equal(old_status, 128 + SIGKILL);
+
+    struct gs_proto_msg st = req(GS_MSG_STAT, "f.txt");
+    assert_int_equal(agent_h_call(&f->b, &st, &r), 0);
+    assert_int_equal(r.type, GS_MSG_STAT_R);
+    assert_int_equal(r.kind, GS_KIND_NONE);
+    struct gs_proto_msg fresh = put_msg("f.txt", "fresh", GS_EXPECT_ABSENT, NULL);
+    assert_int_equal(agent_h_call(&f->b, &fresh, &r), 0);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_int_equal(r.flags & GS_DONE_KEPT, 0);
+    f->b_started = 0;
+    assert_int_equal(agent_h_close(&f->b), 0);
+    assert_content(f, "f.txt", "fresh");
+    assert_int_equal(count_prefixed(f->root, "f.txt" GS_PROTO_CONFLICT_TAG), 0);
+}
+
+/* A lock holder that is not a gpusync agent is never killed: the session is refused with EBUSY
+ * (naming the pid and the root), and nothing queued behind HELLO is executed. */
+static void test_serve__a_holder_that_is_no_agent_is_left_alone_and_refused(void **state)
+{
+    struct fx *f = *state;
+    struct gs_proto_msg m = {0}, r;
+    pid_t holder = hold_lock_elsewhere(f);
+    assert_int_equal(agent_h_start(&f->a, f->root, NULL), 0);
+    m.type = GS_MSG_HELLO;
+    m.magic = GS_PROTO_MAGIC;
+    m.version = GS_PROTO_VERSION;
+    agent_h_queue(&f->a, &m);
+    struct gs_proto_msg p = put_msg("never.txt", "no", GS_EXPECT_FORCE, NULL);
+    agent_h_queue(&f->a, &p);
+    assert_int_equal(agent_h_recv(&f->a, &r), 0);
+    struct rep c;
+    copy_reply(&r, &c);
+    assert_int_equal(c.type, GS_MSG_ERROR);
+    assert_int_equal(c.err, EBUSY);
+    char pid[32], real[PATH_MAX];
+    snprintf(pid, sizeof(pid), "pid %d", (int)holder);
+    assert_non_null(realpath(f->root, real));
+    assert_non_null(strstr(c.text, pid));
+    assert_non_null(strstr(c.text, real));
+    assert_int_equal(agent_h_close(&f->a), 2);
+    assert_int_equal(waitpid(holder, NULL, WNOHANG), 0); /* still alive */
+    assert_false(exists(f, "never.txt"));
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+}
+
+/* After an unclean end (the lock file still names a writer), the next session removes the agent
+ * temporaries it finds anywhere (.gpusync/runs aside), and nothing else. */
+static void test_serve__an_unclean_end_is_swept_before_hello(void **state)
+{
+    struct fx *f = *state;
+    static const char *const swept[] = {".gpusync-tmp-4242-7", "sub/deeper/.gpusync-tmp-999999-1",
+                                        ".gpusync/.gpusync-tmp-77-3"};
+    static const char *const kept[] = {"sub/.gpusync-tmp-123",
+                                       "sub/.gpusync-tmp-12-",
+                                       "sub/.gpusync-tmp-1-2x",
+                                       "sub/normal.txt",
+                                       ".gpusync/runs/r1/.gpusync-tmp-5-1",
+                                       "sub/.gpusync-tmp-a-1"};
+    for (size_t i = 0; i < 3; i++)
+        plant(f, swept[i], "partial");
+    for (size_t i = 0; i < 6; i++)
+        plant(f, kept[i], "keep");
+    char outside_tmp[PATH_MAX], link[PATH_MAX];
+    snprintf(outside_tmp, sizeof(outside_tmp), "%s/.gpusync-tmp-1-1", f->outside);
+    write_file(outside_tmp, "outside");
+    at(f, "link", link);
+    assert_int_equal(symlink(f->outside, link), 0);
+    plant(f, ".gpusync/writer.lock", "4242\n");
+    start(f);
+    for (size_t i = 0; i < 3; i++)
+        assert_false(exists(f, swept[i]));
+    for (size_t i = 0; i < 6; i++)
+        assert_true(exists(f, kept[i]));
+    assert_int_equal(access(outside_tmp, F_OK), 0);
+    char want[32];
+    snprintf(want, sizeof(want), "%d\n", (int)f->a.pid);
+    assert_string_equal(lock_content(f), want);
+}
+
+/* A clean end empties the lock file and the next session sweeps nothing; an agent killed
+ * mid-upload leaves its writer's pid there, and then the next session removes its partial file. */
+static void test_serve__only_an_unclean_end_triggers_the_sweep(void **state)
+{
+    struct fx *f = *state;
+    char want[32];
+    start(f);
+    snprintf(want, sizeof(want), "%d\n", (int)f->a.pid);
+    assert_string_equal(lock_content(f), want);
+    f->started = 0;
+    assert_int_equal(agent_h_close(&f->a), 0);
+    assert_string_equal(lock_content(f), "");
+
+    plant(f, "d/.gpusync-tmp-31337-1", "planted");
+    start(f); /* after a clean end: no sweep */
+    assert_true(exists(f, "d/.gpusync-tmp-31337-1"));
+    struct gs_proto_msg b = req(GS_MSG_PUT_BEGIN, "d/big.bin"), d = req(GS_MSG_PUT_DATA, "");
+    b.id = d.id = 40;
+    b.size = 100;
+    d.data = gs_proto_cstr("the first part of a file that never completes");
+    agent_h_queue(&f->a, &b);
+    agent_h_queue(&f->a, &d);
+    struct gs_proto_msg st = req(GS_MSG_STAT, "d/big.bin");
+    assert_int_equal(call(f, &st).type, GS_MSG_STAT_R); /* the DATA frame was written */
+    char dir[PATH_MAX];
+    at(f, "d", dir);
+    assert_int_equal(count_prefixed(dir, GS_PROTO_TMP_PREFIX), 2);
+    assert_int_equal(kill(f->a.pid, SIGKILL), 0);
+    f->started = 0;
+    assert_int_equal(agent_h_close(&f->a), 128 + SIGKILL);
+    assert_true(lock_content(f)[0] != '\0');
+
+    start(f);
+    assert_int_equal(count_prefixed(dir, GS_PROTO_TMP_PREFIX), 0);
+    assert_false(exists(f, "d/big.bin"));
+}
+
 /* ---- hostile input ----------------------------------------------------------------------- */
 
 static void test_serve__garbage_before_handshake_is_an_error_and_clean_exit(void **state)
@@ -923,7 +1134,12 @@ static void test_serve__truncated_frame_at_end_of_input_exits_cleanly(void **sta
     agent_h_queue_raw(&f->a, cut, sizeof(cut));
     f->started = 0;
     assert_int_equal(agent_h_close(&f->a), 2);
-    assert_int_equal(count_entries(f->root), 0);
+    /* Nothing but the session's own writer lock (.gpusync/writer.lock, protocol v4). */
+    char meta[PATH_MAX];
+    at(f, ".gpusync", meta);
+    assert_int_equal(count_entries(f->root), 1);
+    assert_int_equal(count_entries(meta), 1);
+    assert_int_equal(count_prefixed(meta, "writer.lock"), 1);
 }
 
 static void test_serve__random_garbage_never_crashes_or_writes_outside(void **state)
@@ -970,6 +1186,10 @@ int main(void)
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
+        T(test_serve__a_new_session_kills_a_stopped_one_and_its_requests_never_land),
+        T(test_serve__a_holder_that_is_no_agent_is_left_alone_and_refused),
+        T(test_serve__an_unclean_end_is_swept_before_hello),
+        T(test_serve__only_an_unclean_end_triggers_the_sweep),
         T(test_serve__garbage_before_handshake_is_an_error_and_clean_exit),
         T(test_serve__oversized_frame_is_an_error_and_clean_exit),
         T(test_serve__unknown_and_malformed_frames_get_errors_and_session_goes_on),

@@ -19,7 +19,7 @@ if ! "$cc" -fsanitize=fuzzer,address -o "$out/probe" "$probe" 2>/dev/null; then
     exit 77
 fi
 flags="-std=c99 -g -O1 -Wall -Wextra -Werror -I$src"
-srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $src/proto.c $src/sync_id.c"
+srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $src/proto.c $src/sync_id.c $src/fence.c"
 # shellcheck disable=SC2086
 "$cc" $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_serve" "$src/fuzz/fuzz_serve.c" $srcs || exit 1
