@@ -107,37 +107,6 @@ struct totals {
 
 /* ---- running gpusync ---- */
 
-/* Reads the child's pipes until both close or `deadline` passes; returns 0, or -1 on timeout. */
-static int drain_until(int out_fd, int err_fd, struct gs_test_result *r, int64_t deadline)
-{
-    struct pollfd p[2] = {{.fd = out_fd, .events = POLLIN}, {.fd = err_fd, .events = POLLIN}};
-    int open_fds = 2;
-    while (open_fds > 0) {
-        int left = (int)(deadline - gs_clock_mono_ms());
-        if (left <= 0)
-            break;
-        if (poll(p, 2, left) < 0 && errno != EINTR)
-            break;
-        for (int i = 0; i < 2; i++) {
-            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            char chunk[8192];
-            ssize_t n = read(p[i].fd, chunk, sizeof(chunk));
-            if (n > 0) {
-                gs_buf_add(i ? &r->err : &r->out, chunk, (size_t)n);
-            } else if (n == 0 || errno != EINTR) {
-                close(p[i].fd);
-                p[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-    for (int i = 0; i < 2; i++)
-        if (p[i].fd >= 0)
-            close(p[i].fd);
-    return open_fds > 0 ? -1 : 0;
-}
-
 /* Starts gpusync `args` in the project, stdin /dev/null, in its own session. With `log` set,
  * stdout and stderr go there (append); otherwise into the pipes *out_fd and *err_fd. */
 static pid_t spawn_gpusync(const char *const *args, const char *log, int *out_fd, int *err_fd)
@@ -180,7 +149,7 @@ static struct gs_test_result gs_run(const char *const *args)
     struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out, err, status;
     pid_t pid = spawn_gpusync(args, NULL, &out, &err);
-    int timed_out = drain_until(out, err, &r, gs_clock_mono_ms() + CMD_TIMEOUT_MS) < 0;
+    int timed_out = gs_test_drain_until(out, err, &r, gs_clock_mono_ms() + CMD_TIMEOUT_MS) < 0;
     if (timed_out)
         kill(pid, SIGKILL);
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -230,27 +199,8 @@ static int gs_expect_ok(const char *const *args, const char *what)
 /* The pid in the project's daemon lock if that process lives, else 0. */
 static pid_t daemon_pid(void)
 {
-    char path[600], buf[32] = "";
-    snprintf(path, sizeof(path), "%s/.gpusync/daemon.lock", cur.local);
-    FILE *fp = fopen(path, "r");
-    if (!fp)
-        return 0;
-    if (!fgets(buf, sizeof(buf), fp))
-        buf[0] = '\0';
-    fclose(fp);
-    pid_t pid = (pid_t)atoi(buf);
+    pid_t pid = gs_test_daemon_lock_pid(cur.local);
     return pid > 0 && kill(pid, 0) == 0 ? pid : 0;
-}
-
-/* Waits (bounded) until `pid`, which is not our child, has gone. */
-static void await_gone(pid_t pid)
-{
-    int64_t end = gs_clock_mono_ms() + 10000;
-    while (kill(pid, 0) == 0) {
-        if (gs_clock_mono_ms() > end)
-            fail_msg("process %d still alive 10 s after SIGKILL", (int)pid);
-        usleep(10000); /* polling a process exit, with a deadline */
-    }
 }
 
 static void write_random_file(const char *abs, unsigned *rng, size_t size)
@@ -385,7 +335,7 @@ static void fault_inject(struct fault *f)
     case F_DAEMON:
         if ((pid = daemon_pid()) > 0) {
             kill(pid, SIGKILL);
-            await_gone(pid);
+            gs_test_await_gone(pid);
         } else {
             problem("no daemon ran when daemon-kill came");
         }
@@ -570,7 +520,7 @@ static void quiesce(void)
     pid_t pid = daemon_pid();
     if (pid > 0) {
         kill(pid, SIGKILL);
-        await_gone(pid);
+        gs_test_await_gone(pid);
     }
     int64_t end = gs_clock_mono_ms() + QUIET_LIMIT_MS;
     int n;

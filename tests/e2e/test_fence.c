@@ -252,17 +252,6 @@ static pid_t parent_of(pid_t pid)
     return (pid_t)ppid;
 }
 
-/* Waits (10 s at most) until pid no longer exists (a zombie still does). */
-static void await_gone(pid_t pid)
-{
-    int64_t end = gs_clock_mono_ms() + 10000;
-    while (kill(pid, 0) == 0) {
-        if (gs_clock_mono_ms() > end)
-            fail_msg("process %d still exists", (int)pid);
-        usleep(20000); /* polling an observable condition, with a deadline */
-    }
-}
-
 /* ---- the project and its daemon ---- */
 
 static void proj_init(void)
@@ -405,7 +394,7 @@ static void test_fence__a_stalled_session_never_writes_after_the_new_one(void **
     kill(session, SIGCONT);
     kill(agent, SIGCONT);
     cur.stopped[0] = cur.stopped[1] = 0;
-    await_gone(agent); /* whatever it still held has landed by now, or never will */
+    gs_test_await_gone(agent); /* whatever it still held has landed by now, or never will */
     expect_remote("f.txt", "B\n");
     assert_int_equal(count_named(cur.remote, ".gpusync-conflict-"), 0);
     flush("flush after the old session ended");
@@ -433,7 +422,7 @@ static void test_fence__a_killed_upload_leaves_no_temporary_after_the_next_push(
     struct gs_test_result r = finish(push, out, err);
     assert_int_not_equal(r.status, 0);
     gs_test_result_release(&r);
-    await_gone(agent);
+    gs_test_await_gone(agent);
     assert_true(count_named(cur.remote, ".gpusync-tmp-") > 0); /* what the kill left */
 
     gs_ok(ARGS("push"), "push after the killed one");

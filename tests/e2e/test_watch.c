@@ -301,28 +301,9 @@ static int64_t await_connected(int want, int limit_ms)
     }
 }
 
-static void await_gone(pid_t pid)
-{
-    int64_t end = gs_clock_mono_ms() + 10000;
-    while (kill(pid, 0) == 0) {
-        if (gs_clock_mono_ms() > end)
-            fail_msg("process %d still alive", (int)pid);
-        usleep(20000);
-    }
-}
-
-/* The pid recorded in the project's daemon lock, or 0. */
 static pid_t lock_pid(void)
 {
-    char path[2048], buf[32] = "";
-    snprintf(path, sizeof(path), "%s/.gpusync/daemon.lock", cur.local);
-    FILE *fp = fopen(path, "r");
-    if (!fp)
-        return 0;
-    if (!fgets(buf, sizeof(buf), fp))
-        buf[0] = '\0';
-    fclose(fp);
-    return (pid_t)atoi(buf);
+    return gs_test_daemon_lock_pid(cur.local);
 }
 
 static void restore_queued_events(void)
@@ -515,7 +496,7 @@ static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void 
     events_start(&ev);
     events_mark(&ev, "marker");
     gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
-    await_gone(pid);
+    gs_test_await_gone(pid);
     int status;
     assert_int_equal(waitpid(ev.pid, &status, 0), ev.pid); /* the stream ends with the daemon */
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -1114,7 +1095,7 @@ static void test_watch__exec_client_leaving_ends_the_remote_command(void **state
     pid_t pid = (pid_t)atoi(pid_text.data);
     gs_buf_release(&pid_text);
     assert_true(pid > 1);
-    await_gone(pid);
+    gs_test_await_gone(pid);
     flush("the daemon still syncs");
 }
 
@@ -1714,7 +1695,7 @@ static void test_watch__daemon_killed_mid_batch_converges_after_restart(void **s
     int synced = events_count(&ev, "synced", "bulk/");
     events_stop(&ev);
     print_message("killed after %d of 400 files were reported synced\n", synced);
-    await_gone(pid);
+    gs_test_await_gone(pid);
     put("a.txt", "changed while no daemon ran\n");
     watch_start();
     flush("flush after the restart");
@@ -1761,7 +1742,7 @@ static void test_watch__daemon_killed_with_requests_in_flight_then_changes_conve
         usleep(10000);
     }
     assert_int_equal(kill(pid, SIGKILL), 0);
-    await_gone(pid);
+    gs_test_await_gone(pid);
     await_no_agent();
     int placed = 0;
     for (int i = 0; i < N; i++) {
