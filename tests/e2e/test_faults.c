@@ -378,6 +378,7 @@ static void fault_heal(struct fault *f)
     default:
         break;
     }
+    gs_test_clear_stale_pyenv_lock(); /* shells the fault killed (see sshd.h) */
 }
 
 /* Runs the active fault's next phase. */
@@ -550,6 +551,7 @@ static void check_debris(void)
 /* Makes sure a daemon runs, flushes, and checks everything the sequence must end with. */
 static void seq_check(void)
 {
+    gs_test_clear_stale_pyenv_lock(); /* a shell killed late by a fault (see sshd.h) */
     if (!daemon_pid()) {
         problem("no daemon running at the end (it died without being killed)");
         daemon_start("watch -d at the end");
