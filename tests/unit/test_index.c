@@ -408,95 +408,95 @@ static void test_index__sigkill_mid_write_leaves_consistent_index(void **state)
 
 /* ---- intents ---- */
 
-    struct seen_intents {
-        int n;
-        int64_t ids[8];
-        int ops[8];
-        char paths[8][64];
-        char from[8][64];
-        int has_hash[8];
-    };
+struct seen_intents {
+    int n;
+    int64_t ids[8];
+    int ops[8];
+    char paths[8][64];
+    char from[8][64];
+    int has_hash[8];
+};
 
-    static int note_intent(const struct gs_index_intent *in, void *ctx)
-    {
-        struct seen_intents *s = ctx;
-        s->ids[s->n] = in->id;
-        s->ops[s->n] = in->op;
-        s->has_hash[s->n] = in->after.has_hash;
-        snprintf(s->paths[s->n], sizeof(s->paths[0]), "%s", in->after.path);
-        snprintf(s->from[s->n], sizeof(s->from[0]), "%s", in->from ? in->from : "-");
-        s->n++;
-        return 0;
-    }
+static int note_intent(const struct gs_index_intent *in, void *ctx)
+{
+    struct seen_intents *s = ctx;
+    s->ids[s->n] = in->id;
+    s->ops[s->n] = in->op;
+    s->has_hash[s->n] = in->after.has_hash;
+    snprintf(s->paths[s->n], sizeof(s->paths[0]), "%s", in->after.path);
+    snprintf(s->from[s->n], sizeof(s->from[0]), "%s", in->from ? in->from : "-");
+    s->n++;
+    return 0;
+}
 
-    static int64_t add_intent(struct gs_index * idx, int op, const char *path, const char *from)
-    {
-        struct gs_index_intent in = {
-            .op = op, .from = (char *)from, .after = {.path = (char *)path, .kind = GS_KIND_FILE}};
-        if (op == 2) {
-            in.after.has_hash = 1;
-            memset(in.after.hash.b, 0xab, GS_HASH_LEN);
-        }
-        int64_t id = 0;
-        assert_int_equal(gs_index_intent_add(idx, &in, &id, NULL), 0);
-        assert_true(id > 0);
-        return id;
+static int64_t add_intent(struct gs_index *idx, int op, const char *path, const char *from)
+{
+    struct gs_index_intent in = {
+        .op = op, .from = (char *)from, .after = {.path = (char *)path, .kind = GS_KIND_FILE}};
+    if (op == 2) {
+        in.after.has_hash = 1;
+        memset(in.after.hash.b, 0xab, GS_HASH_LEN);
     }
+    int64_t id = 0;
+    assert_int_equal(gs_index_intent_add(idx, &in, &id, NULL), 0);
+    assert_true(id > 0);
+    return id;
+}
 
-    /* An intent committed before its request left survives the process (here: the handle closing
-     * without a drop), in order, with its fields; dropping one removes only that one. */
-    static void test_index__intents_persist_in_order_until_dropped(void **state)
-    {
-        (void)state;
-        struct gs_index *idx = open_idx(REMOTE);
-        int64_t a = add_intent(idx, 2, "b/put.py", NULL);
-        int64_t b = add_intent(idx, 0, "new/name", "old/name");
-        add_intent(idx, 5, "gone.txt", NULL);
-        gs_index_close(idx);
-        idx = open_idx(REMOTE);
-        struct seen_intents s = {0};
-        assert_int_equal(gs_index_intent_foreach(idx, note_intent, &s, NULL), 0);
-        assert_int_equal(s.n, 3);
-        assert_true(s.ids[0] == a && s.ids[1] == b);
-        assert_string_equal(s.paths[0], "b/put.py");
-        assert_int_equal(s.has_hash[0], 1);
-        assert_string_equal(s.from[1], "old/name");
-        assert_int_equal(s.ops[2], 5);
-        assert_int_equal(gs_index_intent_drop(idx, b, NULL), 0);
-        size_t n = 0;
-        assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
-        assert_int_equal(n, 2);
-        gs_index_close(idx);
-    }
+/* An intent committed before its request left survives the process (here: the handle closing
+ * without a drop), in order, with its fields; dropping one removes only that one. */
+static void test_index__intents_persist_in_order_until_dropped(void **state)
+{
+    (void)state;
+    struct gs_index *idx = open_idx(REMOTE);
+    int64_t a = add_intent(idx, 2, "b/put.py", NULL);
+    int64_t b = add_intent(idx, 0, "new/name", "old/name");
+    add_intent(idx, 5, "gone.txt", NULL);
+    gs_index_close(idx);
+    idx = open_idx(REMOTE);
+    struct seen_intents s = {0};
+    assert_int_equal(gs_index_intent_foreach(idx, note_intent, &s, NULL), 0);
+    assert_int_equal(s.n, 3);
+    assert_true(s.ids[0] == a && s.ids[1] == b);
+    assert_string_equal(s.paths[0], "b/put.py");
+    assert_int_equal(s.has_hash[0], 1);
+    assert_string_equal(s.from[1], "old/name");
+    assert_int_equal(s.ops[2], 5);
+    assert_int_equal(gs_index_intent_drop(idx, b, NULL), 0);
+    size_t n = 0;
+    assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    gs_index_close(idx);
+}
 
-    /* An intent added inside a transaction that is rolled back never existed; clearing the index (a
-     * wiped server) or opening it for another remote forgets intents too: they describe requests to
-     * a tree that is gone. */
-    static void test_index__intents_follow_transactions_and_clears(void **state)
-    {
-        (void)state;
-        struct gs_index *idx = open_idx(REMOTE);
-        size_t n = 9;
-        assert_int_equal(gs_index_begin(idx, NULL), 0);
-        add_intent(idx, 2, "x", NULL);
-        assert_int_equal(gs_index_rollback(idx, NULL), 0);
-        assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
-        assert_int_equal(n, 0);
-        add_intent(idx, 2, "y", NULL);
-        assert_int_equal(gs_index_clear(idx, NULL), 0);
-        assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
-        assert_int_equal(n, 0);
-        add_intent(idx, 2, "z", NULL);
-        gs_index_close(idx);
-        idx = open_idx("root@other.example:22:/p");
-        assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
-        assert_int_equal(n, 0);
-        gs_index_close(idx);
-    }
+/* An intent added inside a transaction that is rolled back never existed; clearing the index (a
+ * wiped server) or opening it for another remote forgets intents too: they describe requests to
+ * a tree that is gone. */
+static void test_index__intents_follow_transactions_and_clears(void **state)
+{
+    (void)state;
+    struct gs_index *idx = open_idx(REMOTE);
+    size_t n = 9;
+    assert_int_equal(gs_index_begin(idx, NULL), 0);
+    add_intent(idx, 2, "x", NULL);
+    assert_int_equal(gs_index_rollback(idx, NULL), 0);
+    assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    add_intent(idx, 2, "y", NULL);
+    assert_int_equal(gs_index_clear(idx, NULL), 0);
+    assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    add_intent(idx, 2, "z", NULL);
+    gs_index_close(idx);
+    idx = open_idx("root@other.example:22:/p");
+    assert_int_equal(gs_index_intent_count(idx, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    gs_index_close(idx);
+}
 
 int main(void)
 {
-    #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_index__round_trip_keeps_every_field),
         T(test_index__database_is_in_wal_mode),
