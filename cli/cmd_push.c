@@ -29,14 +29,6 @@ struct push_ui {
     json_t *lost; /* paths of renames whose source was gone on the server: pushed again */
 };
 
-/* A rename that failed because its source is gone: push.c dropped the source from the index
- * (it was renamed by an earlier, interrupted push), and a second pass over its paths sends what is
- * missing. */
-static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
-{
-    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
-}
-
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
 {
     json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", gs_cli_json_path(path),
@@ -61,7 +53,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
                                        (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
         else
             printf("%s\n", line.data);
-    } else if (is_lost_rename(op, r)) {
+    } else if (gs_push_lost_rename(op, r)) {
         json_array_append_new(ui->lost, json_string(op->path));
         json_array_append_new(ui->lost, json_string(op->from));
         if (r->moved_aside && r->kept) /* the source was edited there: kept, not moved */

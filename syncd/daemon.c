@@ -323,13 +323,6 @@ static void check_liveness(struct daemon *d)
 
 /* ---- pushing a batch ---- */
 
-/* A rename whose source was gone on the server (or edited there, and kept aside): push.c dropped
- * the source from the index, so planning both paths again sends the destination afresh. */
-static int is_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
-{
-    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
-}
-
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     struct daemon *d = ctx;
@@ -337,7 +330,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         return;
     int64_t ms = gs_clock_mono_ms() - d->first_event_ms;
     json_t *ev;
-    if (is_lost_rename(op, r)) {
+    if (gs_push_lost_rename(op, r)) {
         mark_dirty(d, op->path);
         mark_dirty(d, op->from);
         d->lost_renames++;

@@ -93,9 +93,14 @@ static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_resul
  * new, which the server accepts without a conflict when it already holds those bytes, and
  * anything else there is kept as a conflict copy as usual. Nothing is lost. The operation still
  * reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
+int gs_push_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
+}
+
 static int lost_rename(struct run *run, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
-    return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside) &&
+    return gs_push_lost_rename(op, r) &&
            gs_index_delete_subtree(run->idx, op->from, &run->index_err) == 0;
 }
 

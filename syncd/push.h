@@ -44,6 +44,12 @@ struct gs_push_opts {
     void *ctx;
 };
 
+/* 1 when `r` answers a RENAME whose source the server no longer had where the index said (renamed
+ * by an earlier session whose reply was lost, or edited there and kept aside as `r->kept`). The
+ * executor then drops the source from the index; a caller plans `op->path` and `op->from` again,
+ * which sends the destination afresh. */
+int gs_push_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r);
+
 /* Makes the server match the tree at `root`. `ops` may be NULL for a dry run. Fills `st` (also on
  * failure). Returns 0 when every operation succeeded (conflicts are successes: the server's copy
  * was kept); GS_E_REMOTE when some failed (st->first_error says which; the rest were done);
