@@ -152,10 +152,18 @@ static int establish(struct gs_ssh *s, const struct gs_target *t, const struct g
 {
     int timeout = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
     snprintf(s->target, sizeof(s->target), "%s@%s:%d", t->user, t->hostname, t->port);
-    struct gs_hostkey_policy policy = {.known_hosts = opts->known_hosts,
+    const char *user_files[1] = {opts->known_hosts};
+    struct gs_hostkey_policy policy = {.user_files = (const char *const *)t->user_known_hosts,
+                                       .n_user_files = t->n_user_known_hosts,
+                                       .global_files = (const char *const *)t->global_known_hosts,
+                                       .n_global_files = t->n_global_known_hosts,
                                        .accept_new = opts->accept_new_host_key,
                                        .confirm = opts->confirm,
                                        .prompt_ctx = opts->prompt_ctx};
+    if (opts->known_hosts) { /* an explicit file replaces the user's */
+        policy.user_files = user_files;
+        policy.n_user_files = 1;
+    }
     gs_hostkey_prefer_known_type(s->session, &policy, t->hostname, t->port);
     s->fd = open_socket(t->hostname, t->port, timeout, err);
     if (s->fd < 0)

@@ -28,7 +28,7 @@ struct gs_ssh_opts {
     const char *user;        /* NULL: from ssh -G, else $USER */
     const char *identity;    /* an identity file to try before the defaults; may be NULL */
     const char *password;    /* GPUSYNC_PASSWORD or --password-stdin; may be NULL */
-    const char *known_hosts; /* NULL: ~/.ssh/known_hosts */
+    const char *known_hosts; /* NULL: the files OpenSSH reads (ssh -G); else only this one */
     int accept_new_host_key; /* record an unknown host key without asking */
     int connect_timeout_ms;  /* 0: 10 s */
     int keepalive_ms;        /* 0: 5 s */

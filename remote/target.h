@@ -15,6 +15,12 @@ struct gs_target {
     char *user;
     char **identities; /* identity files to try, in order, "~" expanded; may not exist */
     size_t n_identities;
+    /* known_hosts files OpenSSH reads for it (UserKnownHostsFile, GlobalKnownHostsFile), "~"
+     * expanded */
+    char **user_known_hosts;
+    size_t n_user_known_hosts;
+    char **global_known_hosts;
+    size_t n_global_known_hosts;
 };
 
 /* Fills `t` for `host` with explicit overrides `port` (0: none) and `user` (NULL: none).
