@@ -218,6 +218,7 @@ static void check_shell_noise(struct gs_cli *cli, struct doctor *d)
 {
     const char *noise = gs_ssh_shell_noise(cli->ssh);
     json_object_set_new(d->facts, "shell_noise", *noise ? json_string(noise) : json_null());
+    json_object_set_new(d->facts, "shell_noise_files", json_null());
     if (!*noise) {
         add_check(d, "shell", "ok", NULL, "prints nothing before commands");
         return;

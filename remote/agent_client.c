@@ -739,7 +739,11 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
         gs_buf_add(&tmp, local, (size_t)(slash - local) + 1);
     gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
     struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
-    st.fd = open(tmp.data, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* a fresh file, never through a link someone left at that name */
+    int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    st.fd = open(tmp.data, flags, 0600);
+    if (st.fd < 0 && errno == EEXIST && unlink(tmp.data) == 0) /* a killed pull's leftover */
+        st.fd = open(tmp.data, flags, 0600);
     if (st.fd < 0) {
         int rc = gs_error_errno(err, GS_E_IO, "cannot create %s", tmp.data);
         gs_buf_release(&tmp);
@@ -774,6 +778,12 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
     struct gs_proto_entry e;
     int more = 0;
     while (st->rc == 0 && (more = gs_proto_list_next(m, &pos, &e)) > 0) {
+        if (gs_proto_check_path(e.path.p, e.path.len, 0) != 0) {
+            st->rc = gs_error_set(st->err, GS_E_PROTO,
+                                  "the agent listed an unsafe path (\"%.*s\"); refused",
+                                  (int)(e.path.len > 200 ? 200 : e.path.len), e.path.p);
+            break;
+        }
         char *path = strndup(e.path.p, e.path.len), *link = strndup(e.link.p, e.link.len);
         struct gs_agent_entry out = {.path = path,
                                      .kind = e.kind,
