@@ -62,6 +62,31 @@ static void set_paths(char ***list, size_t *n, const char *value, size_t len)
     }
 }
 
+/* 1 for one of OpenSSH's default key names (~/.ssh/id_rsa, id_ed25519...), which `ssh -G` lists
+ * when the config names no IdentityFile. */
+static int is_default_key_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return base && strncmp(base + 1, "id_", 3) == 0 && base - path >= 5 &&
+           strncmp(base - 5, "/.ssh", 5) == 0;
+}
+
+/* Puts GS_TARGET_MANAGED_KEY after the keys an ~/.ssh/config names for this host and before the
+ * default ones: each key that fails counts towards the server's MaxAuthTries, and the managed
+ * key exists only because gpusync installed it somewhere, so it must not wait behind id_rsa. */
+static void add_managed_key(struct gs_target *t)
+{
+    size_t n = t->n_identities, at = 0;
+    add_identity(t, GS_TARGET_MANAGED_KEY, strlen(GS_TARGET_MANAGED_KEY));
+    if (t->n_identities == n)
+        return; /* an IdentityFile names it already: keep the config's order */
+    while (at < n && !is_default_key_name(t->identities[at]))
+        at++;
+    char *managed = t->identities[n];
+    memmove(&t->identities[at + 1], &t->identities[at], (n - at) * sizeof(char *));
+    t->identities[at] = managed;
+}
+
 /* Applies one "key value" line of ssh -G output. */
 static void apply_line(struct gs_target *t, const char *line, size_t len)
 {
@@ -232,12 +257,20 @@ int gs_target_resolve(struct gs_target *t, const char *host, int port, const cha
     t->alias = strdup(host);
     if (host[0] != '-' && ssh_config_may_apply())
         ask_ssh_g(t, host, port, user);
+    add_managed_key(t);
     if (port)
         t->port = port;
     if (user)
         set_string(&t->user, user, strlen(user));
     apply_defaults(t);
     return 0;
+}
+
+char *gs_target_id(const struct gs_target *t)
+{
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_addf(&b, "%s@%s:%d", t->user, t->hostname, t->port);
+    return gs_buf_detach(&b, NULL);
 }
 
 void gs_target_release(struct gs_target *t)

@@ -145,6 +145,54 @@ static void test_resolve__alias_from_home_ssh_config(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Index of `name` under HOME/.ssh among t's identities, or -1. */
+static int identity_index(const struct gs_target *t, const char *home, const char *name)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "%s/.ssh/%s", home, name);
+    for (size_t i = 0; i < t->n_identities; i++)
+        if (strcmp(t->identities[i], want) == 0)
+            return (int)i;
+    return -1;
+}
+
+static void test_resolve__managed_key_after_configured_keys_before_defaults(void **state)
+{
+    (void)state;
+    char home[] = "/tmp/gs-test-target-key.XXXXXX";
+    assert_non_null(mkdtemp(home));
+    setenv("HOME", home, 1);
+    struct gs_target t;
+    /* no ssh config: gpusync's key comes first */
+    assert_int_equal(gs_target_resolve(&t, "plainhost.invalid", 0, NULL, NULL), 0);
+    assert_int_equal(identity_index(&t, home, "gpusync_ed25519"), 0);
+    assert_true(identity_index(&t, home, "id_ed25519") > 0);
+    gs_target_release(&t);
+    if (gs_proc_in_path("ssh")) {
+        /* an alias with its own IdentityFile: that key, then gpusync's, then the defaults */
+        char path[128];
+        snprintf(path, sizeof(path), "%s/.ssh", home);
+        assert_int_equal(mkdir(path, 0700), 0);
+        snprintf(path, sizeof(path), "%s/.ssh/config", home);
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fputs("Host gs-key-alias\n    HostName 10.9.8.7\n    IdentityFile ~/.ssh/lab_key\n", fp);
+        fclose(fp);
+        assert_int_equal(gs_target_resolve(&t, "gs-key-alias", 0, NULL, NULL), 0);
+        assert_int_equal(identity_index(&t, home, "lab_key"), 0);
+        assert_int_equal(identity_index(&t, home, "gpusync_ed25519"), 1);
+        assert_true(identity_index(&t, home, "id_rsa") > 1);
+        gs_target_release(&t);
+        /* ssh's own default list (id_rsa first): gpusync's key before all of it */
+        assert_int_equal(gs_target_resolve(&t, "other-host.invalid", 0, NULL, NULL), 0);
+        assert_int_equal(identity_index(&t, home, "gpusync_ed25519"), 0);
+        gs_target_release(&t);
+    }
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", home);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_resolve__host_with_leading_dash_is_not_passed_as_option(void **state)
 {
     (void)state;
@@ -164,6 +212,7 @@ int main(void)
         cmocka_unit_test(test_resolve__empty_host_is_usage_error),
         cmocka_unit_test(test_resolve__defaults_port_22_and_default_identities),
         cmocka_unit_test(test_resolve__alias_from_home_ssh_config),
+        cmocka_unit_test(test_resolve__managed_key_after_configured_keys_before_defaults),
         cmocka_unit_test(test_resolve__host_with_leading_dash_is_not_passed_as_option),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
