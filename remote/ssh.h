@@ -30,6 +30,8 @@ struct gs_ssh_opts {
     const char *password;    /* GPUSYNC_PASSWORD or --password-stdin; may be NULL */
     const char *known_hosts; /* NULL: the files OpenSSH reads (ssh -G); else only this one */
     int accept_new_host_key; /* record an unknown host key without asking */
+    int installing_key;      /* the login is for installing a key (init --install-key, hosts
+                              * add): auth's advice must not point back to that */
     int connect_timeout_ms;  /* 0: 10 s */
     int keepalive_ms;        /* 0: 5 s */
     int dead_after_ms;       /* 0: 15 s without any byte from the server while waiting */
