@@ -139,5 +139,6 @@ extern const struct gs_cmd gs_cmd_run;
 extern const struct gs_cmd gs_cmd_logs;
 extern const struct gs_cmd gs_cmd_ps;
 extern const struct gs_cmd gs_cmd_stop;
+extern const struct gs_cmd gs_cmd_hosts;
 
 #endif
