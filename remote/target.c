@@ -19,10 +19,28 @@ static void set_string(char **slot, const char *value, size_t len)
     *slot = strndup(value, len);
 }
 
+/* `path` (len bytes) as "~/..." when it lies in the passwd home and $HOME is elsewhere: ssh -G
+ * prints some files (UserKnownHostsFile) with "~" already expanded from the passwd home, but
+ * gpusync follows $HOME (see home_ssh_config), as it does for the files ssh -G leaves as "~/".
+ * Returns a malloc'd copy. */
+static char *follow_home(const char *path, size_t len)
+{
+    const char *home = getenv("HOME");
+    struct passwd *pw = getpwuid(getuid());
+    size_t plen = pw && pw->pw_dir ? strlen(pw->pw_dir) : 0;
+    if (!home || plen < 2 || strcmp(pw->pw_dir, home) == 0 || len <= plen ||
+        memcmp(path, pw->pw_dir, plen) != 0 || path[plen] != '/')
+        return strndup(path, len);
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, "~");
+    gs_buf_add(&b, path + plen, len - plen);
+    return gs_buf_detach(&b, NULL);
+}
+
 /* Appends a path ("~" expanded) to a list unless it is there already. */
 static void add_path(char ***list, size_t *n, const char *path, size_t len)
 {
-    char *raw = strndup(path, len);
+    char *raw = follow_home(path, len);
     char *expanded = gs_path_expand_home(raw);
     free(raw);
     for (size_t i = 0; i < *n; i++)

@@ -1,5 +1,6 @@
 /* tests/unit/test_target.c: resolving a target: parsing `ssh -G` output, and an ~/.ssh/config
  * alias resolved through the real OpenSSH client with HOME pointed at a temporary directory. */
+#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,6 +49,25 @@ static void test_apply_ssh_g__ignores_unknown_and_malformed_lines(void **state)
     assert_string_equal(t.hostname, "h"); /* the last line has no newline */
     assert_int_equal(t.port, 0);
     assert_null(t.user);
+    gs_target_release(&t);
+}
+
+static void test_apply_ssh_g__passwd_home_paths_follow_home(void **state)
+{
+    (void)state;
+    /* ssh -G prints UserKnownHostsFile expanded from the passwd home; gpusync follows $HOME */
+    struct passwd *pw = getpwuid(getuid());
+    if (!pw || !pw->pw_dir || strlen(pw->pw_dir) < 2)
+        skip();
+    setenv("HOME", "/tmp/gs-other-home", 1);
+    char out[1024];
+    snprintf(out, sizeof(out), "userknownhostsfile %s/.ssh/known_hosts /srv/kh\n", pw->pw_dir);
+    struct gs_target t;
+    memset(&t, 0, sizeof(t));
+    gs_target_apply_ssh_g(&t, out);
+    assert_int_equal(t.n_user_known_hosts, 2);
+    assert_string_equal(t.user_known_hosts[0], "/tmp/gs-other-home/.ssh/known_hosts");
+    assert_string_equal(t.user_known_hosts[1], "/srv/kh");
     gs_target_release(&t);
 }
 
@@ -208,6 +228,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apply_ssh_g__reads_hostname_port_user_identities),
         cmocka_unit_test(test_apply_ssh_g__ignores_unknown_and_malformed_lines),
+        cmocka_unit_test(test_apply_ssh_g__passwd_home_paths_follow_home),
         cmocka_unit_test(test_resolve__explicit_port_and_user_override),
         cmocka_unit_test(test_resolve__empty_host_is_usage_error),
         cmocka_unit_test(test_resolve__defaults_port_22_and_default_identities),
