@@ -87,9 +87,15 @@ static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
 {
     struct gs_cli cli = {.root = GS_BUF_INIT};
     cli.interactive = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
-    const char *pw = getenv("GPUSYNC_PASSWORD");
+    char *pw = getenv("GPUSYNC_PASSWORD");
     if (pw && *pw)
         cli.password = strdup(pw);
+    /* Read once. Unsetting keeps it from the programs we start (ssh -G, ssh-keygen); clearing the
+     * bytes in place also empties the copy a forked watch daemon would still show in
+     * /proc/PID/environ, which is the process's original environment block. */
+    if (pw)
+        memset(pw, 0, strlen(pw));
+    unsetenv("GPUSYNC_PASSWORD");
     int rc = cmd->exec(&cli, argc, argv);
     cli_release(&cli);
     return rc;

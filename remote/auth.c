@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@ struct auth_run {
     int rsa_only_candidate; /* an RSA key was found and tried */
     int usable_key_found;   /* a non-RSA key was found */
     const char *password;   /* for the keyboard-interactive callback */
+    char unanswered[160];   /* a keyboard-interactive prompt that was not for the password */
     int passwords_rejected; /* passwords the server answered "wrong" to */
     char last_key[4096];    /* the identity file tried last (a copy: paths are freed) */
     char missing_key[4200]; /* "PATH: why", when the config's identity file cannot be read */
@@ -154,16 +156,42 @@ static int try_identities(struct auth_run *run, struct gs_error *err)
     return rc;
 }
 
+int gs_auth_is_password_prompt(const char *prompt, size_t len)
+{
+    for (size_t i = 0; i + 8 <= len; i++)
+        if (strncasecmp(prompt + i, "password", 8) == 0)
+            return 1;
+    return 0;
+}
+
+/* The login in progress on this thread, for kbd_callback: libssh2 hands the callback the session's
+ * abstract pointer, which is the gs_ssh its socket hook needs, so it cannot carry the run. */
+static __thread struct auth_run *kbd_run;
+
+/* Answers the server's prompts: the password only where the prompt asks for a password; any
+ * other (a one-time code) is asked of the user on a terminal, or left unanswered and named. */
 static void kbd_callback(const char *name, int name_len, const char *instruction,
                          int instruction_len, int num_prompts,
                          const LIBSSH2_USERAUTH_KBDINT_PROMPT *prompts,
                          LIBSSH2_USERAUTH_KBDINT_RESPONSE *responses, void **abstract)
 {
-    (void)name, (void)name_len, (void)instruction, (void)instruction_len, (void)prompts;
-    struct auth_run *run = *abstract;
+    (void)name, (void)name_len, (void)instruction, (void)instruction_len, (void)abstract;
+    struct auth_run *run = kbd_run;
     for (int i = 0; i < num_prompts; i++) {
-        responses[i].text = strdup(run->password);
-        responses[i].length = (unsigned)strlen(run->password);
+        const char *text = (const char *)prompts[i].text;
+        char *answer = NULL;
+        if (gs_auth_is_password_prompt(text, prompts[i].length)) {
+            answer = strdup(run->password);
+        } else {
+            char question[160];
+            snprintf(question, sizeof(question), "%.*s", (int)prompts[i].length, text);
+            answer = run->opts->ask_secret ? run->opts->ask_secret(run->opts->prompt_ctx, question)
+                                           : NULL;
+            if (!answer)
+                snprintf(run->unanswered, sizeof(run->unanswered), "%s", question);
+        }
+        responses[i].text = answer ? answer : strdup("");
+        responses[i].length = (unsigned)strlen(responses[i].text);
     }
 }
 
@@ -183,14 +211,14 @@ static int send_password(struct auth_run *run, const char *methods, const char *
      * attempt, not two (servers count them towards MaxAuthTries and fail2ban). */
     if (!strstr(methods, "password") && strstr(methods, "keyboard-interactive")) {
         run->password = password;
-        void **abstract = libssh2_session_abstract(session);
-        void *saved = *abstract;
-        *abstract = run;
+        kbd_run = run;
         GS_SSH_RETRY(run->s, rc,
                      libssh2_userauth_keyboard_interactive_ex(session, user, ulen, kbd_callback), 0,
                      err);
-        *abstract = saved;
+        kbd_run = NULL;
     }
+    if (rc == LIBSSH2_ERROR_AUTHENTICATION_FAILED && run->unanswered[0])
+        return 0; /* not the password's fault: auth_failed names the prompt */
     if (rc == LIBSSH2_ERROR_AUTHENTICATION_FAILED)
         run->passwords_rejected++;
     return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT ? rc : 0;
@@ -229,6 +257,12 @@ static int auth_failed(struct auth_run *run, const char *methods, struct gs_erro
     const char *target = gs_ssh_target(run->s);
     const char *tried = run->tried.len ? run->tried.data : "nothing";
     int installing = run->opts->installing_key;
+    if (run->unanswered[0])
+        return gs_error_set(err, GS_E_AUTH,
+                            "authentication to %s failed: the server asked \"%s\", which is not a "
+                            "password prompt and needs a terminal to answer (tried: %s). Run the "
+                            "command in a terminal, or install a key there with --install-key",
+                            target, run->unanswered, tried);
     if (run->passwords_rejected)
         return gs_error_set(err, GS_E_AUTH,
                             "authentication to %s failed: password rejected%s (tried: %s). Check "

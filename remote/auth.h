@@ -27,4 +27,8 @@ int gs_auth_managed_key_ensure(struct gs_error *err);
  * cannot be read), GS_E_REMOTE (the server's file could not be changed) or a connection error. */
 int gs_auth_managed_key_install(struct gs_ssh *s, int *added, struct gs_error *err);
 
+/* Whether a keyboard-interactive prompt asks for the password ("Password: ", "root@h's
+ * password:"), the only prompts the password is given to (exposed for tests). */
+int gs_auth_is_password_prompt(const char *prompt, size_t len);
+
 #endif

@@ -35,52 +35,12 @@ static char home_env[700];               /* "HOME=..." (A's sandbox home) */
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define ENV(...)  ((const char *const[]){home_env, __VA_ARGS__, NULL})
 
-/* Runs gpusync in `cwd` with `env` ("K=V" to set, "K" to unset) and `args`, stdin /dev/null and
- * no controlling terminal, as in CI or an editor. */
+/* Runs gpusync in `cwd` with `env` ("K=V" to set, "K" to unset) and `args`, stdin empty and no
+ * controlling terminal, as in CI or an editor. */
 static struct gs_test_result gpusync_in(const char *cwd, const char *const *env,
                                         const char *const *args)
 {
-    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
-    int out[2], err[2];
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setsid(); /* no controlling terminal: /dev/tty cannot be opened */
-        if (chdir(cwd) != 0)
-            _exit(126);
-        for (size_t i = 0; env && env[i]; i++) {
-            const char *eq = strchr(env[i], '=');
-            char key[128];
-            snprintf(key, sizeof(key), "%.*s", eq ? (int)(eq - env[i]) : (int)strlen(env[i]),
-                     env[i]);
-            if (eq)
-                setenv(key, eq + 1, 1);
-            else
-                unsetenv(key);
-        }
-        int in = open("/dev/null", O_RDONLY);
-        dup2(in, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        close(out[0]);
-        close(err[0]);
-        const char *argv[64] = {gs_test_gpusync()};
-        for (size_t i = 0; args[i] && i < 62; i++)
-            argv[i + 1] = args[i];
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    gs_buf_grow(&r.out, 0);
-    gs_buf_grow(&r.err, 0);
-    return r;
+    return gs_test_run_gpusync(cwd, env, NULL, args, RUN_TIMEOUT_MS);
 }
 
 static void expect_status(const struct gs_test_result *r, int want, const char *what)
@@ -234,6 +194,20 @@ static void test_keys__second_project_logs_in_with_the_managed_key(void **state)
     expect_status(&r, 0, "exec in the second project");
     assert_string_equal(r.out.data, USER_A "\n");
     gs_test_result_release(&r);
+}
+
+/* GPUSYNC_PASSWORD is read once: the watch daemon (and any other child) must not carry it. */
+static void test_keys__the_password_does_not_stay_in_the_environment(void **state)
+{
+    (void)state;
+    const char *dir = init_with_key("envcheck");
+    expect_run(dir, ENV("GPUSYNC_PASSWORD=" PASSWORD), ARGS("watch", "-d"), 0, "watch -d");
+    pid_t daemon = gs_test_daemon_lock_pid(dir);
+    assert_true(daemon > 0);
+    int leaked =
+        gs_test_sh("tr '\\0' '\\n' < /proc/%d/environ | grep -qF '" PASSWORD "'", (int)daemon);
+    expect_run(dir, NULL, ARGS("watch", "--stop"), 0, "watch --stop");
+    assert_int_equal(leaked, 1); /* grep found nothing */
 }
 
 /* Replaces USER_A's authorized_keys with `text` (printf format, no arguments). */
@@ -467,6 +441,8 @@ int main(void)
         cmocka_unit_test_setup(test_keys__second_project_logs_in_with_the_managed_key, fresh_state),
         cmocka_unit_test_setup(test_keys__install_adds_the_key_once_whatever_is_there, fresh_state),
         cmocka_unit_test_setup(test_keys__wrong_password_is_reported_as_rejected, fresh_state),
+        cmocka_unit_test_setup(test_keys__the_password_does_not_stay_in_the_environment,
+                               fresh_state),
         cmocka_unit_test_setup(
             test_keys__install_key_without_password_or_terminal_asks_for_the_password, fresh_state),
         cmocka_unit_test_setup(test_keys__missing_identity_file_is_named_not_blamed_on_rsa,
