@@ -63,7 +63,18 @@ int gs_fs_check_expect(int dirfd, const char *name, const struct gs_proto_expect
  * symlink. Returns 0 or the first negative errno (what could be removed is removed). */
 int gs_fs_remove_tree(int dirfd, const char *name);
 
-/* Applies mode and mtime to an open file. Returns 0 or a negative errno. */
+/* The permission bits the agent applies for a requested mode: mode & 07777 without setuid and
+ * setgid. Those are never mirrored: where the agent runs as root they would make a root-owned
+ * set-id program out of any uploaded file. The sticky bit is kept. */
+mode_t gs_fs_safe_mode(uint32_t mode);
+
+/* Applies gs_fs_safe_mode(mode) to dirfd/name, never through a symlink: the entry is opened with
+ * O_NOFOLLOW and changed through that descriptor, so a symlink swapped in at any moment is
+ * refused, not followed. Returns 0, -ELOOP for a symlink, or another negative errno. */
+int gs_fs_chmod_entry(int dirfd, const char *name, uint32_t mode);
+
+/* Applies gs_fs_safe_mode(meta->mode) and mtime to an open file. Returns 0 or a negative
+ * errno. */
 int gs_fs_set_meta(int fd, const struct gs_proto_meta *meta);
 
 /* Fills a meta from a stat. */

@@ -626,6 +626,111 @@ static void test_serve__path_escapes_are_refused(void **state)
     assert_int_equal(count_entries(f->outside), 1);
 }
 
+/* Mode bits of path (lstat), or -1. */
+static int mode_of(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) < 0 ? -1 : (int)(st.st_mode & 07777);
+}
+
+/* In a child: swaps root/a and root/b (atomically, RENAME_EXCHANGE) until killed. */
+static pid_t start_swapper(struct fx *f, const char *a, const char *b)
+{
+    char pa[PATH_MAX], pb[PATH_MAX];
+    at(f, a, pa);
+    at(f, b, pb);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        for (;;)
+            if (renameat2(AT_FDCWD, pa, AT_FDCWD, pb, RENAME_EXCHANGE) < 0)
+                _exit(1);
+    return pid;
+}
+
+/* Sends count CHMOD and MKDIR requests for path (alternating, pipelined) and reads every
+ * reply, each DONE or ERROR ELOOP. */
+static void chmod_and_mkdir_burst(struct fx *f, const char *path, int count)
+{
+    for (int i = 0; i < count; i++) {
+        struct gs_proto_msg m = req(i % 2 ? GS_MSG_MKDIR : GS_MSG_CHMOD, path);
+        m.meta.mode = 0757;
+        agent_h_queue(&f->a, &m);
+    }
+    for (int i = 0; i < count; i++) {
+        struct gs_proto_msg r;
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_true(r.type == GS_MSG_DONE || (r.type == GS_MSG_ERROR && r.err == ELOOP));
+    }
+}
+
+/* CHMOD and MKDIR check that the entry is no symlink before they change its mode. A symlink
+ * swapped in right after that check must not be followed: before the fix, an unreadable entry
+ * (the swapped-in link fails O_NOFOLLOW) fell back to fchmodat, which follows links, and a file
+ * outside the root went from 0600 to 0757 within a few hundred requests. The swap is a race, so
+ * this runs up to 20,000 requests; the fixed agent never follows a link, whatever the timing. */
+static void test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in(void **state)
+{
+    struct fx *f = *state;
+    char victim[PATH_MAX], p[PATH_MAX];
+    start(f);
+    snprintf(victim, sizeof(victim), "%s/victim", f->outside);
+    write_file(victim, "precious");
+    assert_int_equal(chmod(victim, 0600), 0);
+    at(f, "d", p);
+    assert_int_equal(mkdir(p, 0700), 0);
+    at(f, "lnk", p);
+    assert_int_equal(symlink(victim, p), 0);
+    pid_t swapper = start_swapper(f, "d", "lnk");
+    for (int round = 0; round < 40 && mode_of(victim) == 0600; round++)
+        chmod_and_mkdir_burst(f, "d", 500);
+    kill(swapper, SIGKILL);
+    waitpid(swapper, NULL, 0);
+    assert_int_equal(mode_of(victim), 0600);
+}
+
+/* setuid and setgid are never mirrored (where the agent runs as root, a pushed file would become
+ * a root set-id program); every other bit is, sticky included, on every path that sets a mode. */
+static void test_serve__setuid_and_setgid_bits_are_never_mirrored(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    uint8_t data[100] = {0};
+    start(f);
+    struct gs_proto_msg m = put_msg("bin/tool", "#!/bin/sh\n", GS_EXPECT_ABSENT, NULL);
+    m.meta.mode = 06755;
+    assert_int_equal(call(f, &m).type, GS_MSG_DONE);
+    at(f, "bin/tool", p);
+    assert_int_equal(mode_of(p), 0755);
+
+    struct gs_proto_msg b = req(GS_MSG_PUT_BEGIN, "bin/streamed");
+    b.size = sizeof(data);
+    b.meta.mode = 04711;
+    agent_h_queue(&f->a, &b);
+    struct gs_proto_msg d = req(GS_MSG_PUT_DATA, "");
+    d.id = b.id;
+    d.data.p = (const char *)data;
+    d.data.len = sizeof(data);
+    agent_h_queue(&f->a, &d);
+    struct gs_proto_msg e = req(GS_MSG_PUT_END, "");
+    e.id = b.id;
+    assert_int_equal(call(f, &e).type, GS_MSG_DONE);
+    at(f, "bin/streamed", p);
+    assert_int_equal(mode_of(p), 0711);
+
+    struct gs_proto_msg c = req(GS_MSG_CHMOD, "bin/tool");
+    c.meta.mode = 04750;
+    assert_int_equal(call(f, &c).type, GS_MSG_DONE);
+    at(f, "bin/tool", p);
+    assert_int_equal(mode_of(p), 0750);
+
+    struct gs_proto_msg mk = req(GS_MSG_MKDIR, "shared");
+    mk.meta.mode = 03775;
+    assert_int_equal(call(f, &mk).type, GS_MSG_DONE);
+    at(f, "shared", p);
+    assert_int_equal(mode_of(p), 01775);
+}
+
 static void test_serve__hostile_names_work(void **state)
 {
     struct fx *f = *state;
@@ -1182,6 +1287,8 @@ int main(void)
         T(test_serve__expected_absent_but_present_is_kept_unless_identical),
         T(test_serve__delete_conflict_keeps_server_copy),
         T(test_serve__path_escapes_are_refused),
+        T(test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in),
+        T(test_serve__setuid_and_setgid_bits_are_never_mirrored),
         T(test_serve__hostile_names_work),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
