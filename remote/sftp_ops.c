@@ -486,6 +486,8 @@ static int conflicts(const struct gs_fop_req *req, const struct rstat *st)
 {
     if (!st->exists || req->expect == GS_FOP_EXPECT_FORCE)
         return 0;
+    if (req->expect == GS_FOP_EXPECT_DIR)
+        return !st->is_dir;
     if (req->expect == GS_FOP_EXPECT_HASH)
         return !st->is_reg && !st->is_link;
     if (req->type == GS_FOP_PUT)

@@ -74,8 +74,8 @@ int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dir
 
 int gs_fs_open_dir(int rootfd, const char *path)
 {
-    if (path[0] == '\0') {
-        int fd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+    if (path[0] == '\0') { /* a new open, not a dup: a dup would share the read position */
+        int fd = openat(rootfd, ".", DIR_FLAGS);
         return fd < 0 ? -errno : fd;
     }
     char name[GS_FS_NAME_MAX + 1];
@@ -255,6 +255,8 @@ static int entry_matches(int dirfd, const char *name, const struct stat *st,
 {
     uint8_t have[GS_PROTO_HASH_LEN];
     uint64_t size;
+    if (expect->kind == GS_EXPECT_DIR)
+        return S_ISDIR(st->st_mode);
     if (!S_ISREG(st->st_mode) && !S_ISLNK(st->st_mode))
         return 0;
     if (expect->kind != GS_EXPECT_HASH && !new_hash)

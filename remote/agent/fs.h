@@ -53,6 +53,7 @@ int gs_fs_tmp_symlink(int dirfd, const char *target, char tmp[64]);
 
 /* Checks dirfd/name against an expectation before it is replaced or deleted. new_hash, if not
  * NULL, is the hash of the content about to be written (equal content is never a conflict).
+ * GS_EXPECT_DIR matches a directory only (anything else in its place is kept).
  * If the entry does not match, it is renamed to NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N] and
  * that name is stored in kept (256 bytes) and 1 returned. Returns 0 if nothing had to be kept
  * (missing, forced, or matching), or a negative errno (the entry is then untouched). */
