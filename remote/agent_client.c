@@ -805,15 +805,21 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
     return 0;
 }
 
-/* Hands a path the agent left out of the listing to the callback (kind 0, `skipped` set). */
+/* Hands a path the agent left out of the listing to the callback (kind 0, `skipped` set). Its
+ * length may pass the wire limit (that can be why it was skipped); its form may not. */
 static int list_skipped(const struct gs_proto_msg *m, struct list_state *st)
 {
+    if (st->rc == 0 && gs_proto_check_path(m->path.p, m->path.len, 0) == -EPERM)
+        st->rc = gs_error_set(st->err, GS_E_PROTO,
+                              "the agent reported an unsafe path (\"%.*s\"); refused",
+                              (int)(m->path.len > 200 ? 200 : m->path.len), m->path.p);
+    if (st->rc != 0)
+        return 0;
     char *path = strndup(m->path.p, m->path.len);
     if (!path)
         return gs_error_set(st->err, GS_E_NOMEM, "out of memory");
     struct gs_agent_entry out = {.path = path, .skipped = m->err ? m->err : EIO, .link = ""};
-    if (st->rc == 0)
-        st->rc = st->fn(st->ctx, &out);
+    st->rc = st->fn(st->ctx, &out);
     free(path);
     return 0;
 }
