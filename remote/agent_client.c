@@ -274,6 +274,7 @@ static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
         [GS_FOP_EXPECT_FORCE] = GS_EXPECT_FORCE,
         [GS_FOP_EXPECT_ABSENT] = GS_EXPECT_ABSENT,
         [GS_FOP_EXPECT_HASH] = GS_EXPECT_HASH,
+        [GS_FOP_EXPECT_DIR] = GS_EXPECT_DIR,
     };
     m->expect.kind = kinds[req->expect];
     if (req->expect == GS_FOP_EXPECT_HASH)
@@ -444,6 +445,8 @@ static int submit_simple(struct gs_agent *a, const struct gs_fop_req *req, uint3
     if (req->type == GS_FOP_RENAME && req->from_expect == GS_FOP_EXPECT_HASH) {
         m.expect2.kind = GS_EXPECT_HASH;
         memcpy(m.expect2.hash, req->from_hash, GS_PROTO_HASH_LEN);
+    } else if (req->type == GS_FOP_RENAME && req->from_expect == GS_FOP_EXPECT_DIR) {
+        m.expect2.kind = GS_EXPECT_DIR;
     }
     return encode(a, &m, err);
 }
@@ -802,11 +805,32 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
     return 0;
 }
 
+/* Hands a path the agent left out of the listing to the callback (kind 0, `skipped` set). Its
+ * length may pass the wire limit (that can be why it was skipped); its form may not. */
+static int list_skipped(const struct gs_proto_msg *m, struct list_state *st)
+{
+    if (st->rc == 0 && gs_proto_check_path(m->path.p, m->path.len, 0) == -EPERM)
+        st->rc = gs_error_set(st->err, GS_E_PROTO,
+                              "the agent reported an unsafe path (\"%.*s\"); refused",
+                              (int)(m->path.len > 200 ? 200 : m->path.len), m->path.p);
+    if (st->rc != 0)
+        return 0;
+    char *path = strndup(m->path.p, m->path.len);
+    if (!path)
+        return gs_error_set(st->err, GS_E_NOMEM, "out of memory");
+    struct gs_agent_entry out = {.path = path, .skipped = m->err ? m->err : EIO, .link = ""};
+    st->rc = st->fn(st->ctx, &out);
+    free(path);
+    return 0;
+}
+
 static int on_list(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
     struct list_state *st = c->state;
     if (m->type == GS_MSG_LIST_ENTRIES)
         return list_entries(m, st);
+    if (m->type == GS_MSG_LIST_SKIPPED)
+        return list_skipped(m, st);
     c->done = 1;
     if (m->type == GS_MSG_ERROR && st->rc == 0)
         st->rc = reply_error(a, m, st->err);

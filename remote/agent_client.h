@@ -48,10 +48,15 @@ typedef void (*gs_agent_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
                  gs_agent_progress_fn progress, void *ctx, struct gs_error *err);
 
-/* One entry of a remote listing. Strings are valid during the callback only. */
+/* One entry of a remote listing. Strings are valid during the callback only. An entry the agent
+ * left out has kind 0 and `skipped` set (only `path` is filled then): ENAMETOOLONG for a path too
+ * long to be named in a request, ELOOP for a directory whose contents lie too deep to be walked,
+ * or the errno of a directory that could not be opened. Such a path is for reporting only: it
+ * may be longer than any request can name. */
 struct gs_agent_entry {
     const char *path;
-    int kind; /* 1 file, 2 dir, 3 symlink, 4 other */
+    int kind;    /* 1 file, 2 dir, 3 symlink, 4 other; 0 when skipped */
+    int skipped; /* 0, or why the agent left this path out of the listing */
     uint32_t mode;
     int64_t mtime_ns;
     uint64_t size;

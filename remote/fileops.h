@@ -25,6 +25,7 @@ enum gs_fop_expect {
     GS_FOP_EXPECT_FORCE,  /* replace whatever is there */
     GS_FOP_EXPECT_ABSENT, /* nothing should be there */
     GS_FOP_EXPECT_HASH,   /* a file (or symlink) with `hash` should be there */
+    GS_FOP_EXPECT_DIR,    /* a directory should be there: anything else is kept, not removed */
 };
 
 struct gs_fop_req {

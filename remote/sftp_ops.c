@@ -19,7 +19,6 @@
 #include "common/buf.h"
 #include "remote/sftp.h"
 
-#define OPS_HASH_MAX   (8u << 20) /* larger server files are checked by kind and size only */
 #define OPS_CHUNK      (4u << 20) /* bytes per libssh2_sftp_write: lets 1.10 pipeline */
 #define OPS_NAME_MAX   255
 #define OPS_TREE_DEPTH 256
@@ -46,6 +45,12 @@ struct put_entry {
     char *msg, *kept; /* malloc'd copies, or NULL */
 };
 
+/* A set of relative directory paths (open addressing, XXH3 of the bytes). */
+struct dir_set {
+    char **slot;
+    size_t cap, n; /* cap is 0 or a power of two */
+};
+
 struct sftp_ops {
     struct gs_fileops base; /* first: the engine holds a pointer to it */
     struct gs_sftp_pool pool;
@@ -61,8 +66,9 @@ struct sftp_ops {
     /* the window of overlapped PUTs, oldest first: win[(win_head + i) % GS_SFTP_POOL_MAX] */
     struct put_entry *win[GS_SFTP_POOL_MAX];
     int win_head, win_n;
-    int pool_full; /* the server refused another channel */
-    int single;    /* GPUSYNC_SFTP_SEQUENTIAL: no window (for comparisons) */
+    int pool_full;       /* the server refused another channel */
+    int single;          /* GPUSYNC_SFTP_SEQUENTIAL: no window (for comparisons) */
+    struct dir_set dirs; /* directories below the root seen to be real (see check_parents) */
 };
 
 /* What lstat says about a remote path. */
@@ -182,6 +188,59 @@ static size_t dir_len(const char *p)
     return s ? (size_t)(s - p) : 0;
 }
 
+/* The permission bits a request may set on the server: never setuid or setgid (the agent's
+ * rule, remote/agent/fs.h: where sftp-server runs as root they would make root set-id programs
+ * of pushed files). */
+static uint32_t safe_mode(uint32_t mode)
+{
+    return mode & 07777 & ~06000u;
+}
+
+/* ---- the set of directories seen to be real ------------------------------------------------ */
+
+static size_t set_slot(const struct dir_set *s, const char *p, size_t len)
+{
+    size_t i = (size_t)XXH3_64bits(p, len) & (s->cap - 1);
+    while (s->slot[i] && (strlen(s->slot[i]) != len || memcmp(s->slot[i], p, len) != 0))
+        i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+static int set_has(const struct dir_set *s, const char *p, size_t len)
+{
+    return s->cap && s->slot[set_slot(s, p, len)] != NULL;
+}
+
+static void set_clear(struct dir_set *s)
+{
+    for (size_t i = 0; i < s->cap; i++)
+        free(s->slot[i]);
+    free(s->slot);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Adds p[0..len) (nothing if present); doubles the table at half full. */
+static void set_add(struct dir_set *s, const char *p, size_t len)
+{
+    if (2 * (s->n + 1) > s->cap) {
+        struct dir_set big = {calloc(s->cap ? 2 * s->cap : 64, sizeof(char *)),
+                              s->cap ? 2 * s->cap : 64, s->n};
+        if (!big.slot)
+            abort(); /* as gs_buf: nothing useful to do without memory */
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->slot[i])
+                big.slot[set_slot(&big, s->slot[i], strlen(s->slot[i]))] = s->slot[i];
+        free(s->slot);
+        *s = big;
+    }
+    size_t i = set_slot(s, p, len);
+    if (s->slot[i])
+        return;
+    if (!(s->slot[i] = strndup(p, len)))
+        abort();
+    s->n++;
+}
+
 /* ---- single SFTP calls --------------------------------------------------------------------- */
 
 static int r_lstat(struct sftp_ops *o, const char *full, const char *rel, struct rstat *st,
@@ -225,7 +284,7 @@ static int r_chmod(struct sftp_ops *o, const char *full, const char *rel, uint32
     LIBSSH2_SFTP_ATTRIBUTES a;
     memset(&a, 0, sizeof(a));
     a.flags = LIBSSH2_SFTP_ATTR_PERMISSIONS;
-    a.permissions = mode & 07777;
+    a.permissions = safe_mode(mode);
     return r_setstat(o, full, rel, &a, err);
 }
 
@@ -345,6 +404,55 @@ static int mkdir_parent(struct sftp_ops *o, const char *full, const char *rel, s
         return gs_error_set(err, GS_E_NOMEM, "out of memory");
     int rc = mkdir_p(o, parent, rel, 0755, err);
     free(parent);
+    return rc;
+}
+
+/* Records why a path is refused: `dir`, a parent of it, is a symlink or no directory. */
+static int refuse_parent(struct sftp_ops *o, int e, const char *what, const char *rel, size_t dir)
+{
+    gs_buf_reset(&o->msg);
+    gs_buf_addf(&o->msg, "%s %s on %s: %.*s is %s on the server; gpusync never writes through it",
+                what, rel, gs_ssh_target(o->ssh), (int)dir, rel,
+                e == ELOOP ? "a symlink" : "not a directory");
+    return e;
+}
+
+/* 1 when every parent directory of rel is in the set of directories seen to be real. */
+static int parents_known(const struct sftp_ops *o, const char *rel)
+{
+    for (const char *s = strchr(rel, '/'); s; s = strchr(s + 1, '/'))
+        if (!set_has(&o->dirs, rel, (size_t)(s - rel)))
+            return 0;
+    return 1;
+}
+
+/* Refuses rel when one of its parent directories below the root is a symlink or not a
+ * directory, as the agent does: the SFTP server resolves paths itself and follows every link, so
+ * a directory replaced by a link on the server would let a write or delete land outside the
+ * root. Each directory is looked at (lstat) once; those seen to be real are remembered until
+ * the next drain, or until a delete, rename or conflict copy may have changed them. The first
+ * missing directory ends the check: mkdir creates real ones below it. Returns 0, ELOOP or
+ * ENOTDIR (message in o->msg), another positive errno, or a negative transport code. */
+static int check_parents(struct sftp_ops *o, const char *what, const char *rel,
+                         struct gs_error *err)
+{
+    struct gs_buf full = GS_BUF_INIT;
+    int rc = 0;
+    for (const char *s = strchr(rel, '/'); s && rc == 0; s = strchr(s + 1, '/')) {
+        size_t n = (size_t)(s - rel);
+        struct rstat st;
+        if (set_has(&o->dirs, rel, n))
+            continue;
+        gs_buf_reset(&full);
+        gs_buf_addf(&full, "%s/%.*s", o->root, (int)n, rel);
+        if ((rc = r_lstat(o, full.data, rel, &st, err)) != 0 || !st.exists)
+            break;
+        if (st.is_link || !st.is_dir)
+            rc = refuse_parent(o, st.is_link ? ELOOP : ENOTDIR, what, rel, n);
+        else
+            set_add(&o->dirs, rel, n);
+    }
+    gs_buf_release(&full);
     return rc;
 }
 
@@ -471,6 +579,7 @@ static int keep_conflict(struct sftp_ops *o, const char *full, const char *rel,
             rc = st.exists ? EEXIST : r_rename(o, full, to.data, rel, err);
     }
     if (rc == 0) {
+        set_clear(&o->dirs); /* what was moved aside may have been a directory */
         gs_buf_reset(&o->kept);
         gs_buf_add(&o->kept, rel, (size_t)(strrchr(rel, '/') ? dir_len(rel) + 1 : 0));
         gs_buf_adds(&o->kept, to.data + (base - full));
@@ -486,6 +595,8 @@ static int conflicts(const struct gs_fop_req *req, const struct rstat *st)
 {
     if (!st->exists || req->expect == GS_FOP_EXPECT_FORCE)
         return 0;
+    if (req->expect == GS_FOP_EXPECT_DIR)
+        return !st->is_dir;
     if (req->expect == GS_FOP_EXPECT_HASH)
         return !st->is_reg && !st->is_link;
     if (req->type == GS_FOP_PUT)
@@ -534,15 +645,16 @@ static int r_hash(struct sftp_ops *o, const char *full, const char *rel, const s
 
 /* Sets *edited when the entry `st` at `full` is not what req->expect says gpusync left there.
  * conflicts() judges by kind and size; for GS_FOP_EXPECT_HASH the content is hashed too (read
- * back, up to OPS_HASH_MAX bytes), because accepting any file would let a PUT or DELETE destroy
- * an edit made on the server, which design decision 10 forbids. Content that already equals what
- * a PUT sends (an interrupted push) is no conflict. Returns 0 or an error as r_hash. */
+ * back whole, whatever its size), because accepting any file would let a PUT or DELETE destroy
+ * an edit made on the server, which design decision 10 forbids: a size limit here once let
+ * edits of files over 8 MiB be overwritten. Content that already equals what a PUT sends (an
+ * interrupted push) is no conflict. Returns 0 or an error as r_hash. */
 static int check_edit(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
                       const char *rel, const struct rstat *st, int *edited, struct gs_error *err)
 {
     *edited = conflicts(req, st);
     if (*edited || !st->exists || req->expect != GS_FOP_EXPECT_HASH ||
-        (!st->is_link && (!st->is_reg || st->size > OPS_HASH_MAX)))
+        (!st->is_link && !st->is_reg))
         return 0;
     uint8_t have[16];
     int rc = r_hash(o, full, rel, st, have, err);
@@ -639,7 +751,7 @@ static void set_meta_attrs(const struct gs_fop_req *req, LIBSSH2_SFTP_ATTRIBUTES
         sec--;
     memset(a, 0, sizeof(*a));
     a->flags = LIBSSH2_SFTP_ATTR_PERMISSIONS | LIBSSH2_SFTP_ATTR_ACMODTIME;
-    a->permissions = req->mode ? req->mode & 07777 : 0644;
+    a->permissions = req->mode ? safe_mode(req->mode) : 0644;
     a->atime = a->mtime = (unsigned long)sec;
 }
 
@@ -711,7 +823,9 @@ static int op_put(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_er
     struct rstat st;
     full_path(o, &full, req->path);
     tmp_path(&tmp, full.data);
-    int rc = r_lstat(o, full.data, req->path, &st, err);
+    int rc = check_parents(o, "put", req->path, err);
+    if (rc == 0)
+        rc = r_lstat(o, full.data, req->path, &st, err);
     if (rc == 0 && st.is_dir && !conflicts(req, &st))
         rc = op_fail(o, EISDIR, "put", req->path);
     if (rc == 0 && (rc = upload_tmp(o, req, tmp.data, err)) == 0) {
@@ -733,17 +847,21 @@ static int op_mkdir(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_
 {
     struct gs_buf full = GS_BUF_INIT;
     struct rstat st;
-    uint32_t mode = req->mode ? req->mode & 07777 : 0755;
+    uint32_t mode = req->mode ? safe_mode(req->mode) : 0755;
     full_path(o, &full, req->path);
-    int rc = r_lstat(o, full.data, req->path, &st, err);
+    int rc = check_parents(o, "mkdir", req->path, err);
+    if (rc == 0)
+        rc = r_lstat(o, full.data, req->path, &st, err);
     if (rc == 0 && st.exists && !st.is_dir)
         rc = op_fail(o, st.is_link ? ELOOP : EEXIST, "mkdir", req->path);
     else if (rc == 0 && !st.exists)
         rc = mkdir_p(o, full.data, req->path, mode, err);
-    res->noop = st.exists && st.is_dir && st.mode == mode;
+    res->noop = rc == 0 && st.exists && st.is_dir && st.mode == mode;
     /* the server's umask applied to a new directory; an old one may have another mode */
     if (rc == 0 && !res->noop)
         rc = r_chmod(o, full.data, req->path, mode, err);
+    if (rc == 0)
+        set_add(&o->dirs, req->path, strlen(req->path));
     gs_buf_release(&full);
     return rc;
 }
@@ -754,7 +872,9 @@ static int op_delete(struct sftp_ops *o, const struct gs_fop_req *req, struct gs
     struct gs_buf full = GS_BUF_INIT;
     struct rstat st;
     full_path(o, &full, req->path);
-    int rc = r_lstat(o, full.data, req->path, &st, err);
+    int rc = check_parents(o, "delete", req->path, err);
+    if (rc == 0)
+        rc = r_lstat(o, full.data, req->path, &st, err);
     res->noop = rc == 0 && !st.exists;
     int edited = 0;
     if (rc == 0 && st.exists)
@@ -772,10 +892,14 @@ static int op_delete(struct sftp_ops *o, const struct gs_fop_req *req, struct gs
 static int op_rename(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_error *err)
 {
     struct gs_buf from = GS_BUF_INIT, to = GS_BUF_INIT;
-    struct rstat sf, st;
+    struct rstat sf = {0}, st = {0};
     full_path(o, &from, req->path);
     full_path(o, &to, req->path2);
-    int rc = r_lstat(o, from.data, req->path, &sf, err);
+    int rc = check_parents(o, "rename", req->path, err);
+    if (rc == 0)
+        rc = check_parents(o, "rename to", req->path2, err);
+    if (rc == 0)
+        rc = r_lstat(o, from.data, req->path, &sf, err);
     if (rc == 0 && !sf.exists)
         rc = op_fail(o, ENOENT, "rename", req->path);
     if (rc == 0)
@@ -784,7 +908,8 @@ static int op_rename(struct sftp_ops *o, const struct gs_fop_req *req, struct gs
         rc = clear_target(o, req, to.data, req->path2, &st, err);
     if (rc == 0)
         rc = r_rename(o, from.data, to.data, req->path, err);
-    if (rc == ENOENT && !st.exists && (rc = mkdir_parent(o, to.data, req->path2, err)) == 0)
+    if (rc == ENOENT && sf.exists && !st.exists &&
+        (rc = mkdir_parent(o, to.data, req->path2, err)) == 0)
         rc = r_rename(o, from.data, to.data, req->path, err);
     gs_buf_release(&from);
     gs_buf_release(&to);
@@ -798,7 +923,9 @@ static int op_symlink(struct sftp_ops *o, const struct gs_fop_req *req, struct g
     struct rstat st;
     char have[4096] = "";
     full_path(o, &full, req->path);
-    int rc = r_lstat(o, full.data, req->path, &st, err);
+    int rc = check_parents(o, "symlink", req->path, err);
+    if (rc == 0)
+        rc = r_lstat(o, full.data, req->path, &st, err);
     if (rc == 0 && st.is_link)
         rc = r_readlink(o, full.data, req->path, have, sizeof(have), err);
     res->noop = rc == 0 && st.is_link && strcmp(have, req->path2) == 0;
@@ -819,7 +946,9 @@ static int op_chmod(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_
     struct gs_buf full = GS_BUF_INIT;
     struct rstat st;
     full_path(o, &full, req->path);
-    int rc = r_lstat(o, full.data, req->path, &st, err);
+    int rc = check_parents(o, "chmod", req->path, err);
+    if (rc == 0)
+        rc = r_lstat(o, full.data, req->path, &st, err);
     if (rc == 0 && !st.exists)
         rc = op_fail(o, ENOENT, "chmod", req->path);
     else if (rc == 0 && st.is_link) /* setstat would follow it; links have no mode of their own */
@@ -845,11 +974,13 @@ static int run_op(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_fo
     case GS_FOP_MKDIR:
         rc = op_mkdir(o, req, res, err);
         break;
-    case GS_FOP_DELETE:
+    case GS_FOP_DELETE: /* a directory it removes or moves is no longer known to be one */
         rc = op_delete(o, req, res, err);
+        set_clear(&o->dirs);
         break;
     case GS_FOP_RENAME:
         rc = op_rename(o, req, err);
+        set_clear(&o->dirs);
         break;
     case GS_FOP_SYMLINK:
         rc = op_symlink(o, req, res, err);
@@ -1214,7 +1345,8 @@ static int ops_submit(struct gs_fileops *ops, const struct gs_fop_req *req, stru
     struct gs_fop_result res;
     if (o->dead)
         return gs_error_set(err, o->dead_err.code, "%s", o->dead_err.msg);
-    if (win_fits(o, req)) {
+    /* a PUT into a directory not yet checked runs alone once: check_parents uses channel 0 */
+    if (win_fits(o, req) && parents_known(o, req->path)) {
         int rc = win_submit(o, req, &o->dead_err);
         return rc < 0 ? ops_die(o, rc, err) : 0;
     }
@@ -1234,6 +1366,7 @@ static int ops_drain(struct gs_fileops *ops, struct gs_error *err)
     if (o->dead)
         return gs_error_set(err, o->dead_err.code, "%s", o->dead_err.msg);
     int rc = win_pump(o, 1, &o->dead_err);
+    set_clear(&o->dirs); /* the next batch looks again: the server may change meanwhile */
     return rc < 0 ? ops_die(o, rc, err) : 0;
 }
 
@@ -1252,8 +1385,10 @@ static int probe_one(struct sftp_ops *o, const char *rel, struct gs_fop_stat *ou
                      struct gs_error *err)
 {
     struct gs_buf full = GS_BUF_INIT;
-    struct rstat st;
-    int rc = r_lstat(o, full_path(o, &full, rel), rel, &st, err);
+    struct rstat st = {0};
+    int rc = check_parents(o, "probe", rel, err); /* what lies behind a link is not ours */
+    if (rc == 0)
+        rc = r_lstat(o, full_path(o, &full, rel), rel, &st, err);
     out->kind = rc == 0 ? kind_of(&st) : GS_FOP_KIND_UNKNOWN;
     out->mode = st.mode;
     out->size = st.size;
@@ -1296,6 +1431,7 @@ static void ops_close(struct gs_fileops *ops)
         for (int i = 0; i < o->pool.n; i++)
             libssh2_sftp_shutdown(o->pool.chan[i]);
     }
+    set_clear(&o->dirs);
     free(o->root);
     free(o->iobuf);
     gs_buf_release(&o->msg);

@@ -12,13 +12,21 @@
  *   - Replace is not atomic: OpenSSH's SFTP rename refuses to overwrite and libssh2 1.10 has no
  *     posix-rename, so a PUT uploads to "<path>.gpusync-tmp-<pid>", then unlinks the old target,
  *     then renames. A reader can see the path missing for one round trip, never a partial file.
- *   - Conflicts are detected by kind and size only: SFTP cannot hash a remote file without
- *     downloading it. GS_FOP_EXPECT_ABSENT keeps what is there as NAME.gpusync-conflict-YYYYmmdd-
- *     HHMMSS[-N] (local time of the client) when it is not a regular file or its size differs
- *     from req->size (an equal-sized regular file is taken to be ours, from an interrupted push);
- *     for DELETE, RENAME and SYMLINK, anything there is kept, except a symlink already pointing at
- *     the requested target. GS_FOP_EXPECT_HASH accepts any regular file or symlink (an edit made
- *     on the server goes undetected) and keeps only a directory in the way.
+ *   - SFTP cannot hash a remote file without downloading it, so GS_FOP_EXPECT_HASH reads the
+ *     server's file back whole before replacing or deleting it (whatever its size: a large file
+ *     costs its download once more) and keeps it as NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N]
+ *     (local time of the client) when its content differs (a directory in the way is kept too).
+ *     GS_FOP_EXPECT_ABSENT judges by kind and size only: what is there is kept when it is not a
+ *     regular file or its size differs from req->size (an equal-sized regular file is taken to
+ *     be ours, from an interrupted push); for DELETE, RENAME and SYMLINK, anything there is
+ *     kept, except a symlink already pointing at the requested target. GS_FOP_EXPECT_DIR keeps
+ *     anything that is not a directory.
+ *   - The server resolves paths itself and follows symlinks, so before any write, delete,
+ *     rename, chmod or probe every parent directory below the root is looked at (lstat, once
+ *     per directory between two drains): a path through a symlink or a non-directory is refused
+ *     with ELOOP or ENOTDIR, as the agent refuses it. A link swapped in between that check and
+ *     the operation is not caught: SFTP has no equivalent of openat(O_NOFOLLOW).
+ *   - Modes are sent without setuid and setgid (as the agent applies them).
  *   - mtime travels as whole seconds (SFTP v3 has 32-bit second times); atime is set to mtime.
  *   - OpenSSH reports most failures as a bare SSH_FX_FAILURE. A failed open, write or close is
  *     reported as ENOSPC when the server's filesystem (statvfs@openssh.com) is out of space or
@@ -27,8 +35,7 @@
  *     banner decides which order is sent. libssh2 1.10 misreads the status of SSH_FXP_SYMLINK
  *     (measured: a created link reported as a failure), so a symlink is checked by reading it
  *     back, one more round trip.
- * Paths are not checked to stay inside the root (the server applies its own permissions); the
- * sync engine only sends paths from its own scan. */
+ * Paths are not checked for ".." (the sync engine only sends paths from its own scan). */
 #ifndef GS_SFTP_OPS_H
 #define GS_SFTP_OPS_H
 

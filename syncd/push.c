@@ -147,6 +147,8 @@ static enum gs_fop_expect expect_of(const struct gs_plan_expect *e, uint8_t hash
         memcpy(hash, h.b, 16);
         return GS_FOP_EXPECT_HASH;
     }
+    case GS_EXPECT_DIR: /* a file that replaced it on the server is kept, not deleted */
+        return GS_FOP_EXPECT_DIR;
     default:
         return GS_FOP_EXPECT_FORCE;
     }

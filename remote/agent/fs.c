@@ -1,8 +1,8 @@
 /* Path-safe file system helpers for the agent (see fs.h): resolution without following
  * symlinks, temporary names, conflict copies, hashing and tree removal. */
-/* POSIX.1-2008 with XSI (realpath); _GNU_SOURCE from the top-level build is fine too. */
-#ifndef _XOPEN_SOURCE
-#define _XOPEN_SOURCE 700
+/* GNU for O_PATH (Linux, as the rest of the agent); the top-level build defines it too. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
 #endif
 #include "fs.h"
 
@@ -74,8 +74,8 @@ int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dir
 
 int gs_fs_open_dir(int rootfd, const char *path)
 {
-    if (path[0] == '\0') {
-        int fd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+    if (path[0] == '\0') { /* a new open, not a dup: a dup would share the read position */
+        int fd = openat(rootfd, ".", DIR_FLAGS);
         return fd < 0 ? -errno : fd;
     }
     char name[GS_FS_NAME_MAX + 1];
@@ -255,6 +255,8 @@ static int entry_matches(int dirfd, const char *name, const struct stat *st,
 {
     uint8_t have[GS_PROTO_HASH_LEN];
     uint64_t size;
+    if (expect->kind == GS_EXPECT_DIR)
+        return S_ISDIR(st->st_mode);
     if (!S_ISREG(st->st_mode) && !S_ISLNK(st->st_mode))
         return 0;
     if (expect->kind != GS_EXPECT_HASH && !new_hash)
@@ -327,13 +329,49 @@ int gs_fs_remove_tree(int dirfd, const char *name)
     return rc;
 }
 
+mode_t gs_fs_safe_mode(uint32_t mode)
+{
+    return (mode_t)(mode & 07777 & ~(uint32_t)(S_ISUID | S_ISGID));
+}
+
+/* Sets the mode of the inode that fd (an O_PATH descriptor) refers to. fchmod refuses O_PATH
+ * descriptors, so go through /proc/self/fd: that link names the inode itself, and resolving it
+ * walks no directory of the tree, so no symlink there can redirect it. */
+static int chmod_opath(int fd, mode_t mode)
+{
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    return chmod(proc, mode) < 0 ? -errno : 0;
+}
+
+int gs_fs_chmod_entry(int dirfd, const char *name, uint32_t mode)
+{
+    mode_t safe = gs_fs_safe_mode(mode);
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        int rc = fchmod(fd, safe) < 0 ? -errno : 0;
+        close(fd);
+        return rc;
+    }
+    if (errno == ELOOP)
+        return -ELOOP;
+    /* Unreadable (a file mode 0200, a socket): pin the entry itself, then check what it is. */
+    fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? -errno : S_ISLNK(st.st_mode) ? -ELOOP : chmod_opath(fd, safe);
+    close(fd);
+    return rc;
+}
+
 int gs_fs_set_meta(int fd, const struct gs_proto_meta *meta)
 {
     struct timespec ts[2];
     ts[0].tv_sec = (time_t)meta->mtime_sec;
     ts[0].tv_nsec = (long)meta->mtime_nsec;
     ts[1] = ts[0];
-    if (fchmod(fd, (mode_t)(meta->mode & 07777)) < 0 || futimens(fd, ts) < 0)
+    if (fchmod(fd, gs_fs_safe_mode(meta->mode)) < 0 || futimens(fd, ts) < 0)
         return -errno;
     return 0;
 }

@@ -53,6 +53,7 @@ int gs_fs_tmp_symlink(int dirfd, const char *target, char tmp[64]);
 
 /* Checks dirfd/name against an expectation before it is replaced or deleted. new_hash, if not
  * NULL, is the hash of the content about to be written (equal content is never a conflict).
+ * GS_EXPECT_DIR matches a directory only (anything else in its place is kept).
  * If the entry does not match, it is renamed to NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N] and
  * that name is stored in kept (256 bytes) and 1 returned. Returns 0 if nothing had to be kept
  * (missing, forced, or matching), or a negative errno (the entry is then untouched). */
@@ -63,7 +64,18 @@ int gs_fs_check_expect(int dirfd, const char *name, const struct gs_proto_expect
  * symlink. Returns 0 or the first negative errno (what could be removed is removed). */
 int gs_fs_remove_tree(int dirfd, const char *name);
 
-/* Applies mode and mtime to an open file. Returns 0 or a negative errno. */
+/* The permission bits the agent applies for a requested mode: mode & 07777 without setuid and
+ * setgid. Those are never mirrored: where the agent runs as root they would make a root-owned
+ * set-id program out of any uploaded file. The sticky bit is kept. */
+mode_t gs_fs_safe_mode(uint32_t mode);
+
+/* Applies gs_fs_safe_mode(mode) to dirfd/name, never through a symlink: the entry is opened with
+ * O_NOFOLLOW and changed through that descriptor, so a symlink swapped in at any moment is
+ * refused, not followed. Returns 0, -ELOOP for a symlink, or another negative errno. */
+int gs_fs_chmod_entry(int dirfd, const char *name, uint32_t mode);
+
+/* Applies gs_fs_safe_mode(meta->mode) and mtime to an open file. Returns 0 or a negative
+ * errno. */
 int gs_fs_set_meta(int fd, const struct gs_proto_meta *meta);
 
 /* Fills a meta from a stat. */

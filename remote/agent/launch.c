@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "jsonw.h"
+#include "pgroup.h"
 #include "runlog.h"
 #include "runs.h"
 
@@ -353,7 +354,7 @@ static int spawn_one(struct sup *s, struct gs_runs_rank *r, int restart)
     if (pid > 0) {
         /* Both sides set the group, so a kill right after fork already reaches it. */
         setpgid(pid, pid);
-        r->pid = r->pgid = pid;
+        gs_pgroup_record(r, pid);
         s->alive++;
         while (read(p[0], &e, sizeof(e)) < 0 && errno == EINTR)
             ;
@@ -408,24 +409,35 @@ static void save_status(struct sup *s)
     gs_runs_write_status(s->o->dir, &s->st);
 }
 
-static int group_alive(long pgid)
+/* 1 while some rank group is still the run's and not empty; marks the others gone (pgroup.h)
+ * and saves that, so neither this loop nor `stop` ever signals them again. */
+static int groups_alive(struct sup *s)
 {
-    return pgid > 1 && !(kill((pid_t)-pgid, 0) < 0 && errno == ESRCH);
+    int alive = 0, gone_before = 0, gone_after = 0;
+    for (int i = 0; i < s->st.nranks; i++) {
+        gone_before += s->st.ranks[i].group_gone;
+        alive |= gs_pgroup_alive(&s->st.ranks[i]);
+        gone_after += s->st.ranks[i].group_gone;
+    }
+    if (gone_after != gone_before)
+        save_status(s);
+    return alive;
 }
 
-static int groups_alive(const struct sup *s)
+/* 1 while a rank has exited but its group has not yet been seen empty: its leftover members are
+ * not our children (no SIGCHLD), so the loop looks at the group on a timer. */
+static int groups_orphaned(const struct sup *s)
 {
     for (int i = 0; i < s->st.nranks; i++)
-        if (group_alive(s->st.ranks[i].pgid))
+        if (s->st.ranks[i].exit_code >= 0 && !s->st.ranks[i].group_gone)
             return 1;
     return 0;
 }
 
-static void signal_groups(const struct sup *s, int sig)
+static void signal_groups(struct sup *s, int sig)
 {
     for (int i = 0; i < s->st.nranks; i++)
-        if (s->st.ranks[i].pgid > 1)
-            kill((pid_t)-s->st.ranks[i].pgid, sig);
+        gs_pgroup_signal(&s->st.ranks[i], sig);
 }
 
 /* SIGTERM to every rank group, with SIGKILL due after the grace period. */
@@ -448,6 +460,7 @@ static void rank_exited(struct sup *s, pid_t pid, int ws)
         r->signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
         r->exit_code = WIFSIGNALED(ws) ? 128 + r->signal : WEXITSTATUS(ws);
         s->alive--;
+        gs_pgroup_alive(r); /* the leader was the only member: its number is free from now on */
         if (r->exit_code != 0 && s->first_fail < 0 && !s->terminating) {
             s->first_fail = r->exit_code;
             terminate(s);
@@ -482,7 +495,7 @@ static void on_signal(struct sup *s, int sig)
  * leftover members are not our children (they give no SIGCHLD). */
 static int next_timeout(const struct sup *s)
 {
-    long long t = s->alive == 0 ? 20 : -1;
+    long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
     if (s->kill_at) {
         long long left = s->kill_at - gs_runs_mono_ms();
         left = left < 0 ? 0 : left;
@@ -497,7 +510,7 @@ static int next_timeout(const struct sup *s)
 static void wait_group(struct sup *s)
 {
     long long killed_at = 0;
-    while (s->alive > 0 || groups_alive(s)) {
+    while (groups_alive(s) || s->alive > 0) { /* every pass: a group seen empty is let go */
         if (s->alive == 0)
             terminate(s); /* leftovers of ranks that exited: they must not outlive the run */
         struct pollfd p = {s->sfd, POLLIN, 0};
@@ -511,7 +524,7 @@ static void wait_group(struct sup *s)
         long long now = gs_runs_mono_ms();
         if (killed_at && now - killed_at > LAUNCH_UNKILLABLE_MS) {
             for (int i = 0; i < s->st.nranks; i++)
-                if (group_alive(s->st.ranks[i].pgid))
+                if (gs_pgroup_alive(&s->st.ranks[i]))
                     fprintf(stderr, "gpusync-agent: run %s: process group %ld survived SIGKILL\n",
                             s->o->id, s->st.ranks[i].pgid);
             return;

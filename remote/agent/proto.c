@@ -188,7 +188,7 @@ static void r_expect(struct reader *r, struct gs_proto_expect *e)
     memset(e->hash, 0, GS_PROTO_HASH_LEN);
     if (e->kind == GS_EXPECT_HASH)
         r_hash(r, e->hash);
-    if (e->kind > GS_EXPECT_HASH)
+    if (e->kind > GS_EXPECT_DIR)
         r->failed = 1;
 }
 
@@ -273,6 +273,9 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         break;
     case GS_MSG_LIST_END:
         w_u64(w, m->size);
+        break;
+    case GS_MSG_LIST_SKIPPED:
+        w_u32(w, (uint32_t)m->err), w_str(w, m->path);
         break;
     default:
         return -1;
@@ -400,6 +403,9 @@ static int decode_reply(struct reader *r, struct gs_proto_msg *m)
         break;
     case GS_MSG_LIST_END:
         m->size = r_u64(r);
+        break;
+    case GS_MSG_LIST_SKIPPED:
+        m->err = (int32_t)r_u32(r), m->path = r_str(r);
         break;
     default:
         return -2;
@@ -531,6 +537,8 @@ const char *gs_proto_type_name(uint8_t type)
         return "LIST_ENTRIES";
     case GS_MSG_LIST_END:
         return "LIST_END";
+    case GS_MSG_LIST_SKIPPED:
+        return "LIST_SKIPPED";
     default:
         return "UNKNOWN";
     }

@@ -20,6 +20,8 @@
  *   expect       u8 kind (GS_EXPECT_*), then 16 hash bytes only when kind == GS_EXPECT_HASH
  *                (v3: a first sync of small files no longer carries 16 zero bytes per file)
  *   meta         u32 mode (permission bits, & 07777) | i64 mtime_sec | u32 mtime_nsec
+ *                (the agent applies a requested mode without setuid and setgid: they are never
+ *                mirrored, since an agent running as root would create root set-id programs)
  * A payload must be consumed exactly: trailing bytes make the frame malformed (ERROR EBADMSG).
  *
  * SESSION. The client sends HELLO first; the agent answers HELLO_OK (or ERROR and exits, e.g.
@@ -55,6 +57,8 @@
  * would exceed 255 bytes) in the same directory and reports that path in DONE.kept. A put or
  * symlink whose new content equals what is already there is never a conflict (idempotent resume).
  * A target that is missing while the client expected a hash is not a conflict (nothing to keep).
+ * GS_EXPECT_DIR (v5) says a directory should be there: anything else (a file or symlink that
+ * replaced the directory on the server) is kept as a conflict copy, never removed.
  *
  * WRITES. PUT, streamed puts and SYMLINK write `.gpusync-tmp-<pid>-<n>` in the target's
  * directory (missing parents are created), set mode and mtime (ns), optionally fsync, then
@@ -85,12 +89,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION      4           /* v4: one writer per root (ONE WRITER above) */
+#define GS_PROTO_VERSION      5 /* v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: one writer per root */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
 #define GS_PROTO_MAX_PAYLOAD  (GS_PROTO_MAX_FRAME - 5u)
 #define GS_PROTO_MAX_PATH     4096u
+#define GS_PROTO_LIST_DEPTH   256u       /* LIST walks directories down to this depth */
 #define GS_PROTO_CHUNK        (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
 #define GS_PROTO_PUT_INLINE   (1u << 20) /* files up to this size fit a single PUT (advice) */
 #define GS_PROTO_MAX_STREAMS  16         /* put streams (PUT_BEGIN..PUT_END) open at once */
@@ -124,7 +129,7 @@ enum gs_msg_type {
     /* DELETE: str path | u32 flags (GS_DEL_*) | expect. Removes a file, symlink or empty dir
      * (GS_DEL_RECURSIVE: a whole directory tree; only for trees the client wrote). A missing
      * target is DONE with NOOP. A non-matching target is renamed to its conflict name instead
-     * (DONE with KEPT). For directories send GS_EXPECT_FORCE (a directory has no hash). */
+     * (DONE with KEPT). For directories send GS_EXPECT_DIR (a directory has no hash). */
     GS_MSG_DELETE = 0x15,
     /* RENAME: str from | str to | expect (about `to`). Missing `from`: ERROR ENOENT (after a
      * crash, STAT `to` to learn whether the rename already happened). */
@@ -144,7 +149,10 @@ enum gs_msg_type {
     /* LIST: str path ("" = root) | u32 flags (GS_LIST_*). Replies LIST_ENTRIES* then LIST_END,
      * or ERROR (entries already sent are then void). Walks without following symlinks; the
      * starting path itself is not listed; `.gpusync-tmp-*` names only with GS_LIST_TMP (a
-     * killed agent can leave them: find them this way and DELETE them). */
+     * killed agent can leave them: find them this way and DELETE them). An entry whose path
+     * would pass GS_PROTO_MAX_PATH (no request could name it) is not listed, and the contents
+     * of a directory GS_PROTO_LIST_DEPTH levels down are not walked: each such case is one
+     * LIST_SKIPPED frame among the entries (v5), and the listing goes on. */
     GS_MSG_LIST = 0x1c,
 
     /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
@@ -168,6 +176,10 @@ enum gs_msg_type {
     GS_MSG_LIST_ENTRIES = 0x94,
     /* LIST_END: u64 number of entries sent */
     GS_MSG_LIST_END = 0x95,
+    /* LIST_SKIPPED: i32 errno | str path. What a LIST left out: ENAMETOOLONG, an entry whose
+     * path (given whole, so it may pass GS_PROTO_MAX_PATH) is too long to be named in a request;
+     * ELOOP, a directory (listed itself) whose contents lie too deep to be walked. */
+    GS_MSG_LIST_SKIPPED = 0x96,
 };
 
 enum gs_hello_flags {
@@ -184,6 +196,7 @@ enum gs_expect_kind {
     GS_EXPECT_FORCE = 0,  /* replace whatever is there */
     GS_EXPECT_ABSENT = 1, /* nothing should be there */
     GS_EXPECT_HASH = 2,   /* a file (or symlink) with this hash should be there */
+    GS_EXPECT_DIR = 3,    /* a directory should be there (v5) */
 };
 
 enum gs_kind {
@@ -225,7 +238,7 @@ struct gs_proto_msg {
     uint8_t type;
     uint32_t id;
     uint32_t magic, version, flags; /* HELLO, HELLO_OK; flags also PUT_END/DELETE/LIST/DONE */
-    struct gs_proto_str path;       /* also RENAME.from */
+    struct gs_proto_str path;       /* also RENAME.from, LIST_SKIPPED */
     struct gs_proto_str path2;      /* RENAME.to, SYMLINK target, STAT/LIST link target,
                                      * HELLO_OK root, DONE kept */
     struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message */
@@ -237,7 +250,7 @@ struct gs_proto_msg {
     uint8_t has_hash; /* set by the decoder for PUT_END/HASH_R/GET_END; LIST entries */
     uint8_t hash[GS_PROTO_HASH_LEN];
     uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count */
-    int32_t err;    /* ERROR */
+    int32_t err;    /* ERROR, LIST_SKIPPED */
     uint32_t count; /* LIST_ENTRIES: number of entries (decode them with gs_proto_list_next) */
     struct gs_proto_str entries; /* LIST_ENTRIES: the packed entries */
 };

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "jsonw.h"
+#include "pgroup.h"
 
 void gs_runs_status_release(struct gs_runs_status *st)
 {
@@ -119,6 +120,13 @@ int gs_runs_write_atomic(const char *dir, const char *name, const char *data, si
     return rc;
 }
 
+/* 1 if obj's key holds JSON true. */
+static int json_true(struct gs_json_span obj, const char *key)
+{
+    struct gs_json_span v;
+    return gs_json_get(obj, key, &v) == 0 && v.n == 4 && memcmp(v.p, "true", 4) == 0;
+}
+
 /* Writes an int that -1 (or, for signals, 0) turns into null. */
 static void jw_opt(struct gs_jw *w, const char *key, long long v, long long null_value)
 {
@@ -144,6 +152,10 @@ static void status_ranks_json(struct gs_jw *w, const struct gs_runs_status *st)
         gs_jw_int(w, r->pid);
         gs_jw_key(w, "pgid");
         gs_jw_int(w, r->pgid);
+        gs_jw_key(w, "pgid_start");
+        gs_jw_int(w, r->pgid_start);
+        gs_jw_key(w, "group_gone");
+        gs_jw_raw(w, r->group_gone ? "true" : "false", r->group_gone ? 4 : 5);
         jw_opt(w, "exit_code", r->exit_code, -1);
         jw_opt(w, "signal", r->signal, 0);
         gs_jw_obj_end(w);
@@ -253,6 +265,8 @@ static int parse_ranks(struct gs_json_span arr, struct gs_runs_status *st)
         r->local_rank = (int)gs_json_get_int(e, "local_rank", -1);
         r->pid = (long)gs_json_get_int(e, "pid", 0);
         r->pgid = (long)gs_json_get_int(e, "pgid", 0);
+        r->pgid_start = gs_json_get_int(e, "pgid_start", 0);
+        r->group_gone = json_true(e, "group_gone");
         r->exit_code = (int)gs_json_get_int(e, "exit_code", -1);
         r->signal = (int)gs_json_get_int(e, "signal", 0);
     }
@@ -529,26 +543,20 @@ int gs_ps_main(int argc, char **argv)
 
 /* ---- stop -------------------------------------------------------------------------------- */
 
-/* Returns 1 if any process of group pgid exists (zombies count until reaped). */
-static int group_alive(long pgid)
+/* Returns 1 if any rank group of st is still the run's and not empty (pgroup.h: a recorded
+ * pgid whose number now belongs to someone else, or that was seen empty, is not). */
+static int any_group_alive(struct gs_runs_status *st)
 {
-    return pgid > 1 && !(kill((pid_t)-pgid, 0) < 0 && errno == ESRCH);
+    int alive = 0;
+    for (int i = 0; i < st->nranks; i++)
+        alive |= gs_pgroup_alive(&st->ranks[i]);
+    return alive;
 }
 
-/* Returns 1 if any rank group of st is alive. */
-static int any_group_alive(const struct gs_runs_status *st)
+static void kill_groups(struct gs_runs_status *st, int sig)
 {
     for (int i = 0; i < st->nranks; i++)
-        if (group_alive(st->ranks[i].pgid))
-            return 1;
-    return 0;
-}
-
-static void kill_groups(const struct gs_runs_status *st, int sig)
-{
-    for (int i = 0; i < st->nranks; i++)
-        if (st->ranks[i].pgid > 1)
-            kill((pid_t)-st->ranks[i].pgid, sig);
+        gs_pgroup_signal(&st->ranks[i], sig);
 }
 
 /* Sleeps about ms milliseconds (used only while waiting on processes that are not our
@@ -562,7 +570,7 @@ static void nap_ms(long ms)
 
 /* Waits up to ms for the supervisor to let go of its lock and the groups to empty. Returns 1
  * when everything is gone. */
-static int wait_gone(const char *dir, const struct gs_runs_status *st, long ms)
+static int wait_gone(const char *dir, struct gs_runs_status *st, long ms)
 {
     long long deadline = gs_runs_mono_ms() + ms;
     for (;;) {

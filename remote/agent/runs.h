@@ -18,6 +18,8 @@ struct gs_runs_rank {
     int rank, local_rank;
     long pid, pgid;
     int exit_code, signal;
+    long long pgid_start; /* the group leader's start time (pgroup.h); 0 when unknown */
+    int group_gone;       /* the group was seen empty or its number reused: never signal it */
 };
 
 /* The contents of status.json. */

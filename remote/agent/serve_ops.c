@@ -16,22 +16,6 @@
 
 /* ---- directory and metadata ops ---------------------------------------------------------- */
 
-/* Applies mode to dirfd/name (not a symlink). Returns 0 or a negative errno. */
-static int chmod_entry(int dirfd, const char *name, uint32_t mode)
-{
-    struct stat st;
-    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return -errno;
-    if (S_ISLNK(st.st_mode))
-        return -ELOOP;
-    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) /* unreadable: the lstat above showed it is no symlink */
-        return fchmodat(dirfd, name, (mode_t)mode, 0) < 0 ? -errno : 0;
-    int rc = fchmod(fd, (mode_t)mode) < 0 ? -errno : 0;
-    close(fd);
-    return rc;
-}
-
 /* Opens the parent of a checked path without creating anything, or replies ERROR. */
 int gs_serve_parent(struct gs_serve *s, const struct gs_proto_msg *m, const char *op,
                     const char *path, int create, int *dirfd, char *name)
@@ -60,7 +44,7 @@ void gs_serve_mkdir(struct gs_serve *s, const struct gs_proto_msg *m)
             flags = GS_DONE_NOOP;
         }
         if (rc == 0)
-            rc = chmod_entry(dirfd, name, m->meta.mode);
+            rc = gs_fs_chmod_entry(dirfd, name, m->meta.mode);
         if (rc == 0 && s->fsync)
             fsync(dirfd);
         if (rc < 0)
@@ -79,7 +63,7 @@ void gs_serve_chmod(struct gs_serve *s, const struct gs_proto_msg *m)
     if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     if (gs_serve_parent(s, m, "chmod", path, 0, &dirfd, name) == 0) {
-        int rc = chmod_entry(dirfd, name, m->meta.mode);
+        int rc = gs_fs_chmod_entry(dirfd, name, m->meta.mode);
         if (rc < 0)
             gs_serve_reply_op_error(s, m->id, rc, "chmod", path);
         else

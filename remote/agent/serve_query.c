@@ -15,8 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define LIST_FRAME     (64u << 10) /* payload bytes per LIST_ENTRIES frame */
-#define LIST_MAX_DEPTH 256
+#define LIST_FRAME (64u << 10) /* payload bytes per LIST_ENTRIES frame */
 
 /* ---- queries ----------------------------------------------------------------------------- */
 
@@ -185,6 +184,34 @@ static int list_one(struct lister *l, int dirfd, const char *name, const struct 
     return rc;
 }
 
+/* Reports what the walk leaves out (LIST_SKIPPED with err for the path in l->rel) between two
+ * LIST_ENTRIES frames, so one odd entry costs its report instead of the whole listing. */
+static int list_skip(struct lister *l, int err)
+{
+    struct gs_proto_msg r = {0};
+    r.type = GS_MSG_LIST_SKIPPED;
+    r.id = l->id;
+    r.err = err;
+    r.path = gs_proto_cstr(l->rel);
+    gs_proto_list_end(&l->s->out, l->mark);
+    gs_serve_emit(l->s, &r);
+    return gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0 ? -ENOMEM : 0;
+}
+
+static int list_dir(struct lister *l, int fd, size_t len, int depth);
+
+/* Walks into directory dirfd/name (path l->rel) unless it lies too deep or cannot be opened;
+ * either is reported as skipped. */
+static int list_descend(struct lister *l, int dirfd, const char *name, int depth)
+{
+    if (depth + 1 > (int)GS_PROTO_LIST_DEPTH)
+        return list_skip(l, ELOOP);
+    int sub = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0)
+        return errno == ENOENT ? 0 : list_skip(l, errno); /* ENOENT: removed meanwhile */
+    return list_dir(l, sub, strlen(l->rel), depth + 1);
+}
+
 /* Lists the directory open as fd (closed here); l->rel holds its path (prefix) of len bytes. */
 static int list_dir(struct lister *l, int fd, size_t len, int depth)
 {
@@ -203,18 +230,12 @@ static int list_dir(struct lister *l, int fd, size_t len, int depth)
             continue;
         if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* vanished meanwhile */
-        size_t nl = strlen(n);
-        if (len + nl + 2 > sizeof(l->rel) || depth > LIST_MAX_DEPTH) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
+        /* l->rel has room for any directory path LIST reaches plus one name */
         snprintf(l->rel + len, sizeof(l->rel) - len, "%s%s", len ? "/" : "", n);
-        rc = list_one(l, dirfd(d), n, &st);
-        if (rc == 0 && S_ISDIR(st.st_mode)) {
-            int sub = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (sub >= 0)
-                rc = list_dir(l, sub, strlen(l->rel), depth + 1);
-        }
+        if (strlen(l->rel) > GS_PROTO_MAX_PATH)
+            rc = list_skip(l, ENAMETOOLONG);
+        else if ((rc = list_one(l, dirfd(d), n, &st)) == 0 && S_ISDIR(st.st_mode))
+            rc = list_descend(l, dirfd(d), n, depth);
         l->rel[len] = '\0';
     }
     closedir(d);

@@ -123,6 +123,8 @@ static const struct field rank_item[] = {
     {"local_rank", T_INT, 0, NULL},
     {"pid", T_INT, 0, NULL},
     {"pgid", T_INT, 0, NULL},
+    {"pgid_start", T_INT, 0, NULL},
+    {"group_gone", T_BOOL, 0, NULL},
     {"exit_code", T_INT | T_NULL, 0, NULL},
     {"signal", T_INT | T_NULL, 0, NULL},
     END,

@@ -693,6 +693,32 @@ static void scenario_conflict(struct proj *p)
     json_decref(o);
 }
 
+/* A directory gpusync made, deleted locally, that a file replaced on the server: the file is
+ * kept as a conflict copy and reported, not deleted (the delete used to carry no expectation). */
+static void scenario_dir_replaced_by_a_file(struct proj *p)
+{
+    make_dirs(p->local, "out");
+    push_compare_drop(p, "first push");
+    remove_path(p->remote, "out");
+    put_text(p->remote, "out", "a file made on the server\n", 0644);
+    remove_path(p->local, "out");
+    json_t *o = push_json_ex(p, 0, NULL);
+    json_t *conflicts = json_object_get(o, "conflicts");
+    if (json_array_size(conflicts) != 1)
+        fail_msg("want the server's file reported as a conflict: %s", json_dumps(o, 0));
+    json_t *c = json_array_get(conflicts, 0);
+    assert_string_equal(json_string_value(json_object_get(c, "path")), "out");
+    const char *kept = json_string_value(json_object_get(c, "kept"));
+    char path[512];
+    struct gs_buf b = GS_BUF_INIT;
+    snprintf(path, sizeof(path), "%s/%s", p->remote, kept);
+    assert_int_equal(slurp(path, &b), 0);
+    assert_string_equal(b.data, "a file made on the server\n");
+    gs_buf_release(&b);
+    json_decref(o);
+    assert_false(exists(p->remote, "out"));
+}
+
 /* ---- agent transport ---- */
 
 static void test_push__first_sync_mirrors_a_generated_tree(void **state)
@@ -733,6 +759,13 @@ static void test_push__server_edit_is_kept_as_conflict_copy_and_reported(void **
     (void)state;
     proj_new(&cur, 0, NULL);
     scenario_conflict(&cur);
+}
+
+static void test_push__directory_replaced_by_a_file_on_the_server_is_kept(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    scenario_dir_replaced_by_a_file(&cur);
 }
 
 static void test_push__server_edit_then_local_rename_is_kept_as_conflict(void **state)
@@ -1579,6 +1612,13 @@ static void test_sftp__server_edit_is_kept_as_conflict_copy_and_reported(void **
     scenario_conflict(&cur);
 }
 
+static void test_sftp__directory_replaced_by_a_file_on_the_server_is_kept(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, "sftp");
+    scenario_dir_replaced_by_a_file(&cur);
+}
+
 /* ---- randomised convergence ---- */
 
 struct pool {
@@ -1776,6 +1816,7 @@ int main(void)
         T(test_push__every_kind_of_change_is_mirrored),
         T(test_push__touch_without_change_sends_nothing),
         T(test_push__server_edit_is_kept_as_conflict_copy_and_reported),
+        T(test_push__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_push__server_edit_then_local_rename_is_kept_as_conflict),
         T(test_push__hostile_names_round_trip),
         T(test_push__symlink_out_of_the_tree_is_mirrored_not_followed),
@@ -1797,6 +1838,7 @@ int main(void)
         T(test_sftp__first_sync_mirrors_a_generated_tree),
         T(test_sftp__every_kind_of_change_is_mirrored),
         T(test_sftp__server_edit_is_kept_as_conflict_copy_and_reported),
+        T(test_sftp__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_sftp__remote_disk_full_fails_clearly_then_converges),
         T(test_sftp__remote_disk_full_summary_counts_what_arrived),
         T(test_sftp__lost_rename_on_a_full_disk_reports_each_failure_once),

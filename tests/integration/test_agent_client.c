@@ -279,6 +279,65 @@ static void test_agent_client__probe_reports_what_the_server_holds(void **state)
     free(data);
 }
 
+/* What a listing handed to its callback. */
+struct seen {
+    int entries, skipped, skip_errno, has_a;
+    size_t skip_len;
+};
+
+static int on_entry(void *ctx, const struct gs_agent_entry *e)
+{
+    struct seen *s = ctx;
+    if (e->skipped) {
+        s->skipped++;
+        s->skip_errno = e->skipped;
+        s->skip_len = strlen(e->path);
+        assert_int_equal(e->kind, 0);
+    } else {
+        s->entries++;
+        s->has_a |= strcmp(e->path, "a") == 0;
+    }
+    return 0;
+}
+
+/* A tree too deep for the agent's walk costs one skipped entry, handed to the callback with its
+ * path and errno, and the rest of the listing arrives (the whole LIST used to fail). */
+static void test_agent_client__list_hands_over_what_the_agent_skipped(void **state)
+{
+    struct fx *f = *state;
+    gs_test_sh("cd '%s' && touch a && mkdir -p $(printf 'd/%%.0s' $(seq 300))", f->remote);
+    struct seen s = {0};
+    struct gs_error err = {0};
+    if (gs_agent_list(f->agent, "", 0, on_entry, &s, &err) < 0)
+        fail_msg("list: %s", err.msg);
+    assert_true(s.has_a);
+    assert_int_equal(s.skipped, 1);
+    assert_int_equal(s.skip_errno, ELOOP);
+    assert_int_equal(s.skip_len, 2 * 257 - 1); /* d/d/.../d: the directory 257 levels down */
+    assert_true(s.entries >= 1 + 257);
+}
+
+/* A DELETE expecting a directory (what push sends for one) keeps a file that replaced it on the
+ * server as a conflict copy instead of unlinking it. */
+static void test_agent_client__delete_expecting_a_directory_keeps_a_file(void **state)
+{
+    struct fx *f = *state;
+    gs_test_sh("printf 'made on the server' > '%s/dir'", f->remote);
+    struct gs_fop_req req = {.type = GS_FOP_DELETE,
+                             .path = "dir",
+                             .recursive = 1,
+                             .expect = GS_FOP_EXPECT_DIR,
+                             .ctx = (void *)(intptr_t)0};
+    struct gs_error err = {0};
+    assert_int_equal(f->ops->submit(f->ops, &req, &err), 0);
+    drain(f);
+    assert_int_equal(f->n_ok, 1);
+    assert_int_equal(gs_test_sh("test ! -e '%s/dir' && grep -qx 'made on the server' "
+                                "'%s'/dir.gpusync-conflict-*",
+                                f->remote, f->remote),
+                     0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +349,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__probe_reports_what_the_server_holds,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__list_hands_over_what_the_agent_skipped,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__delete_expecting_a_directory_keeps_a_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -16,9 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "integration/agent_harness.h"
@@ -565,6 +568,41 @@ static void test_serve__delete_conflict_keeps_server_copy(void **state)
     assert_true(r.flags & GS_DONE_NOOP);
 }
 
+/* A directory gpusync made and now deletes may have been replaced on the server by a file or a
+ * symlink: with GS_EXPECT_DIR that is kept as a conflict copy (before v5 the client sent FORCE
+ * for directories and the file was unlinked). A directory there is deleted as before. */
+static void test_serve__delete_expecting_a_directory_keeps_what_replaced_it(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    start(f);
+    at(f, "was_dir", p);
+    write_file(p, "a file made on the server");
+    struct gs_proto_msg d = req(GS_MSG_DELETE, "was_dir");
+    d.flags = GS_DEL_RECURSIVE;
+    d.expect.kind = GS_EXPECT_DIR;
+    struct rep r = call(f, &d);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_kept(f, &r, "was_dir", "a file made on the server");
+    assert_int_equal(access(p, F_OK), -1);
+
+    at(f, "link_dir", p);
+    assert_int_equal(symlink(f->outside, p), 0);
+    d.path = gs_proto_cstr("link_dir");
+    r = call(f, &d);
+    assert_true(r.flags & GS_DONE_KEPT);
+    assert_int_equal(access(p, F_OK), -1);
+
+    put(f, "real_dir/x", "1");
+    d.path = gs_proto_cstr("real_dir");
+    r = call(f, &d);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_int_equal(r.flags & GS_DONE_KEPT, 0);
+    at(f, "real_dir", p);
+    assert_int_equal(access(p, F_OK), -1);
+    assert_int_equal(count_prefixed(f->root, "real_dir"), 0);
+}
+
 /* ---- path safety ------------------------------------------------------------------------- */
 
 static void test_serve__path_escapes_are_refused(void **state)
@@ -626,6 +664,144 @@ static void test_serve__path_escapes_are_refused(void **state)
     assert_int_equal(count_entries(f->outside), 1);
 }
 
+#define RACE_MS 2500 /* how long each op of the symlink-swap race runs */
+
+/* Mode bits of path (lstat), or -1. */
+static int mode_of(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) < 0 ? -1 : (int)(st.st_mode & 07777);
+}
+
+/* In a child: swaps root/a and root/b (atomically, RENAME_EXCHANGE) until killed. */
+static pid_t start_swapper(struct fx *f, const char *a, const char *b)
+{
+    char pa[PATH_MAX], pb[PATH_MAX];
+    at(f, a, pa);
+    at(f, b, pb);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        for (;;)
+            if (renameat2(AT_FDCWD, pa, AT_FDCWD, pb, RENAME_EXCHANGE) < 0)
+                _exit(1);
+    return pid;
+}
+
+/* Sends count requests of type for path, mode 0757, pipelined, and reads every reply: DONE,
+ * or an ERROR for what the agent refuses (ELOOP for a link, ENXIO or EEXIST for a socket). */
+static void mode_burst(struct fx *f, uint8_t type, const char *path, int count)
+{
+    for (int i = 0; i < count; i++) {
+        struct gs_proto_msg m = req(type, path);
+        m.meta.mode = 0757;
+        agent_h_queue(&f->a, &m);
+    }
+    for (int i = 0; i < count; i++) {
+        struct gs_proto_msg r;
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_true(r.type == GS_MSG_DONE || r.type == GS_MSG_ERROR);
+    }
+}
+
+/* Binds a UNIX socket at root/rel: a file that open(2) refuses (ENXIO), even for root. */
+static void make_socket_file(struct fx *f, const char *rel)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char p[PATH_MAX];
+    at(f, rel, p);
+    assert_true(strlen(p) < sizeof(sa.sun_path));
+    strcpy(sa.sun_path, p);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd);
+}
+
+/* Runs bursts of type on root/name while name and a symlink to the victim swap places, for
+ * RACE_MS, or until the victim's mode changed. */
+static void swap_and_burst(struct fx *f, uint8_t type, const char *name, const char *victim)
+{
+    char p[PATH_MAX], link[64];
+    snprintf(link, sizeof(link), "%s.lnk", name);
+    at(f, link, p);
+    assert_int_equal(symlink(victim, p), 0);
+    pid_t swapper = start_swapper(f, name, link);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        mode_burst(f, type, name, 500);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (mode_of(victim) == 0600 &&
+             (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < RACE_MS);
+    kill(swapper, SIGKILL);
+    waitpid(swapper, NULL, 0);
+}
+
+/* CHMOD and MKDIR check that the entry is no symlink before they change its mode. A symlink
+ * swapped in right after that check must not be followed: before the fix, an entry that could
+ * not be opened (a socket, or the swapped-in link refused by O_NOFOLLOW) fell back to fchmodat,
+ * which follows links, and a file outside the root went from 0600 to 0757. The swap is a race:
+ * each op runs for RACE_MS (the old agent lost it after 0.1 to 2 s of this on a loaded 2-core
+ * machine, at once on an idle one); the fixed agent never follows a link, whatever the timing. */
+static void test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in(void **state)
+{
+    struct fx *f = *state;
+    char victim[PATH_MAX], p[PATH_MAX];
+    start(f);
+    snprintf(victim, sizeof(victim), "%s/victim", f->outside);
+    write_file(victim, "precious");
+    assert_int_equal(chmod(victim, 0600), 0);
+    at(f, "d", p);
+    assert_int_equal(mkdir(p, 0700), 0);
+    swap_and_burst(f, GS_MSG_MKDIR, "d", victim);
+    assert_int_equal(mode_of(victim), 0600);
+    make_socket_file(f, "sock");
+    swap_and_burst(f, GS_MSG_CHMOD, "sock", victim);
+    assert_int_equal(mode_of(victim), 0600);
+}
+
+/* setuid and setgid are never mirrored (where the agent runs as root, a pushed file would become
+ * a root set-id program); every other bit is, sticky included, on every path that sets a mode. */
+static void test_serve__setuid_and_setgid_bits_are_never_mirrored(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    uint8_t data[100] = {0};
+    start(f);
+    struct gs_proto_msg m = put_msg("bin/tool", "#!/bin/sh\n", GS_EXPECT_ABSENT, NULL);
+    m.meta.mode = 06755;
+    assert_int_equal(call(f, &m).type, GS_MSG_DONE);
+    at(f, "bin/tool", p);
+    assert_int_equal(mode_of(p), 0755);
+
+    struct gs_proto_msg b = req(GS_MSG_PUT_BEGIN, "bin/streamed");
+    b.size = sizeof(data);
+    b.meta.mode = 04711;
+    agent_h_queue(&f->a, &b);
+    struct gs_proto_msg d = req(GS_MSG_PUT_DATA, "");
+    d.id = b.id;
+    d.data.p = (const char *)data;
+    d.data.len = sizeof(data);
+    agent_h_queue(&f->a, &d);
+    struct gs_proto_msg e = req(GS_MSG_PUT_END, "");
+    e.id = b.id;
+    assert_int_equal(call(f, &e).type, GS_MSG_DONE);
+    at(f, "bin/streamed", p);
+    assert_int_equal(mode_of(p), 0711);
+
+    struct gs_proto_msg c = req(GS_MSG_CHMOD, "bin/tool");
+    c.meta.mode = 04750;
+    assert_int_equal(call(f, &c).type, GS_MSG_DONE);
+    at(f, "bin/tool", p);
+    assert_int_equal(mode_of(p), 0750);
+
+    struct gs_proto_msg mk = req(GS_MSG_MKDIR, "shared");
+    mk.meta.mode = 03775;
+    assert_int_equal(call(f, &mk).type, GS_MSG_DONE);
+    at(f, "shared", p);
+    assert_int_equal(mode_of(p), 01775);
+}
+
 static void test_serve__hostile_names_work(void **state)
 {
     struct fx *f = *state;
@@ -680,6 +856,88 @@ static void test_serve__hostile_names_work(void **state)
     }
     assert_true(found);
     assert_int_equal(entries, 7); /* six names and one conflict copy */
+}
+
+/* What one LIST returned: entries, and the LIST_SKIPPED reports (errno and path length). */
+struct listing {
+    int entries, skipped, err[8];
+    size_t len[8];
+};
+
+static struct listing list_all(struct fx *f, const char *path)
+{
+    struct gs_proto_msg l = req(GS_MSG_LIST, path), r;
+    struct listing out = {0};
+    agent_h_queue(&f->a, &l);
+    for (;;) {
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_int_equal(r.id, l.id);
+        if (r.type == GS_MSG_ERROR)
+            fail_msg("LIST %s: %.*s", path, (int)r.text.len, r.text.p);
+        if (r.type == GS_MSG_LIST_END)
+            break;
+        if (r.type == GS_MSG_LIST_SKIPPED && out.skipped < 8) {
+            out.err[out.skipped] = r.err;
+            out.len[out.skipped++] = r.path.len;
+            continue;
+        }
+        assert_int_equal(r.type, GS_MSG_LIST_ENTRIES);
+        out.entries += (int)r.count;
+    }
+    assert_true(r.size == (uint64_t)out.entries);
+    return out;
+}
+
+/* Creates a chain of n directories named name below dirfd (closed here); returns the deepest,
+ * open. Paths this long only work relative to a descriptor. */
+static int make_chain(int dirfd, const char *name, int n)
+{
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(mkdirat(dirfd, name, 0755), 0);
+        int sub = openat(dirfd, name, O_RDONLY | O_DIRECTORY);
+        assert_true(sub >= 0);
+        close(dirfd);
+        dirfd = sub;
+    }
+    return dirfd;
+}
+
+/* One entry whose path passes GS_PROTO_MAX_PATH, or a tree deeper than GS_PROTO_LIST_DEPTH, is
+ * skipped and reported (LIST_SKIPPED), and the rest of the listing arrives; before v5 either made
+ * the whole LIST fail with ENAMETOOLONG. */
+static void test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees(void **state)
+{
+    struct fx *f = *state;
+    char name[256];
+    start(f);
+    put(f, "ok.txt", "listed");
+    int before = list_all(f, "").entries; /* ok.txt and the agent's own .gpusync files */
+    memset(name, 'n', 255);
+    name[255] = '\0';
+    int root = open(f->root, O_RDONLY | O_DIRECTORY);
+    int deepest = make_chain(root, name, 16); /* 16 * 256 - 1 = 4095 bytes: still listed */
+    int fd = openat(deepest, "tail", O_WRONLY | O_CREAT, 0644); /* 4100 bytes */
+    assert_true(fd >= 0);
+    close(fd);
+    close(make_chain(deepest, name, 1)); /* 4351 bytes, with a directory below */
+    struct listing l = list_all(f, "");
+    assert_int_equal(l.entries, before + 16);
+    assert_int_equal(l.skipped, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(l.err[i], ENAMETOOLONG);
+        assert_true(l.len[i] == 4100 || l.len[i] == 4351);
+    }
+
+    struct gs_proto_msg d = req(GS_MSG_DELETE, name);
+    d.flags = GS_DEL_RECURSIVE;
+    assert_int_equal(call(f, &d).type, GS_MSG_DONE);
+    root = open(f->root, O_RDONLY | O_DIRECTORY);
+    close(make_chain(root, "d", (int)GS_PROTO_LIST_DEPTH + 44));
+    l = list_all(f, "");
+    assert_int_equal(l.entries, before + (int)GS_PROTO_LIST_DEPTH + 1);
+    assert_int_equal(l.skipped, 1);
+    assert_int_equal(l.err[0], ELOOP);
+    assert_int_equal(l.len[0], 2 * (GS_PROTO_LIST_DEPTH + 1) - 1); /* d/d/.../d, 257 levels */
 }
 
 /* ---- large files ------------------------------------------------------------------------- */
@@ -1181,8 +1439,12 @@ int main(void)
         T(test_serve__put_conflict_keeps_server_copy_and_reports_it),
         T(test_serve__expected_absent_but_present_is_kept_unless_identical),
         T(test_serve__delete_conflict_keeps_server_copy),
+        T(test_serve__delete_expecting_a_directory_keeps_what_replaced_it),
         T(test_serve__path_escapes_are_refused),
+        T(test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in),
+        T(test_serve__setuid_and_setgid_bits_are_never_mirrored),
         T(test_serve__hostile_names_work),
+        T(test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),

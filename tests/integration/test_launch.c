@@ -23,12 +23,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/sched.h>
 
 #define WAIT_MS 20000 /* upper bound for anything a test awaits */
 
@@ -381,6 +384,7 @@ static int teardown(void **state)
     }
     json_decref(runs);
     free(r.text);
+    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0); /* a failed pid-reuse test may have left it on */
     nftw(f->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     free(f);
     alarm(0);
@@ -644,6 +648,147 @@ static void test_launch__lost_supervisor_is_reported_and_stop_cleans_up(void **s
     assert_no_process_left(st);
     json_decref(st);
     st = load_json(f, "lost", "status.json");
+    assert_string_equal(jstr(st, "state"), "stopped");
+    json_decref(st);
+}
+
+/* ---- pid reuse ---------------------------------------------------------------------------- */
+
+/* Starts a process with exactly pid `want` (clone3 with set_tid, root only) that leads its own
+ * process group and waits to be killed: an unrelated group that took over a number a run once
+ * used. Skips the test where the kernel or the privileges do not allow it. */
+static pid_t spawn_with_pid(long want)
+{
+    pid_t tid = (pid_t)want;
+    struct clone_args ca;
+    memset(&ca, 0, sizeof(ca));
+    ca.exit_signal = SIGCHLD;
+    ca.set_tid = (uint64_t)(uintptr_t)&tid;
+    ca.set_tid_size = 1;
+    long pid = syscall(SYS_clone3, &ca, sizeof(ca));
+    if (pid == 0) {
+        setpgid(0, 0);
+        for (;;)
+            pause();
+    }
+    if (pid < 0 && (errno == EPERM || errno == ENOSYS || errno == EINVAL || errno == E2BIG))
+        skip(); /* no clone3 with set_tid here (before Linux 5.5, or not privileged) */
+    if (pid < 0)
+        fail_msg("clone3 with pid %ld: %s", want, strerror(errno));
+    setpgid((pid_t)pid, (pid_t)pid);
+    return (pid_t)pid;
+}
+
+/* Returns once a process started now would get a later start time than `ticks` (pgroup.h tells
+ * groups apart by their leader's start time, which has clock-tick resolution, CLOCK_BOOTTIME). */
+static void await_tick_after(long long ticks)
+{
+    long hz = sysconf(_SC_CLK_TCK);
+    for (;;) {
+        struct timespec ts, tick = {0, 1000000000L / hz};
+        clock_gettime(CLOCK_BOOTTIME, &ts);
+        if ((long long)ts.tv_sec * hz + ts.tv_nsec / tick.tv_nsec > ticks)
+            return;
+        nanosleep(&tick, NULL); /* waiting for time itself to pass: no event to wait on */
+    }
+}
+
+/* 1 while pid, our child, has not exited. */
+static int child_alive(pid_t pid)
+{
+    return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+static void kill_child(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* Waits (inotify) until status.json records an exit for rank i; returns the status. */
+static json_t *await_rank_exit(const struct fx *f, const char *id, size_t i)
+{
+    char dir[PATH_MAX];
+    run_dir(f, id, dir, sizeof(dir));
+    int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(inotify_add_watch(ifd, dir, IN_MOVED_TO | IN_CREATE) >= 0);
+    long long end = now_ms() + WAIT_MS;
+    for (;;) {
+        json_t *st = load_json(f, id, "status.json");
+        json_t *r = st ? json_array_get(json_object_get(st, "ranks"), i) : NULL;
+        if (r && json_is_integer(json_object_get(r, "exit_code"))) {
+            close(ifd);
+            return st;
+        }
+        json_decref(st);
+        if (now_ms() > end)
+            fail_msg("run %s: rank %zu never exited", id, i);
+        struct pollfd p = {ifd, POLLIN, 0};
+        poll(&p, 1, (int)(end - now_ms()));
+        char ev[4096];
+        while (read(ifd, ev, sizeof(ev)) > 0)
+            ;
+    }
+}
+
+/* Rank 0 ends first and its process group empties; when rank 1 then fails, the supervisor stops
+ * the run's groups. Rank 0's number is by then free for anyone: a process that took it (here made
+ * to, with clone3) must not be signalled. Before the fix the supervisor sent SIGTERM to every
+ * recorded pgid, and this unrelated group died. */
+static void test_launch__an_exited_ranks_pgid_reused_is_never_signalled(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {
+        "--nproc", "2",  "--grace-ms", "200",
+        "--",      "sh", "-c",         "if [ $RANK = 0 ]; then exit 0; fi; exec sleep 1000",
+        NULL};
+    launch(f, "reuse", opts);
+    json_t *st = await_rank_exit(f, "reuse", 0);
+    long pgid0 = (long)jint(jrank(st, 0), "pgid"), pid1 = (long)jint(jrank(st, 1), "pid");
+    json_decref(st);
+    pid_t other = spawn_with_pid(pgid0);
+    assert_int_equal(kill((pid_t)pid1, SIGKILL), 0); /* rank 1 fails: the others are stopped */
+    st = await_end(f, "reuse");
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "exit_code"), 128 + SIGKILL);
+    int alive = child_alive(other);
+    kill_child(other);
+    assert_true(alive);
+    assert_true(json_is_true(json_object_get(jrank(st, 0), "group_gone")));
+    json_decref(st);
+}
+
+/* A lost run (supervisor and ranks killed, status.json still "running") is stopped later, when
+ * its rank's pgid already belongs to an unrelated process group: stop must not touch that group
+ * and still report the run stopped. Before the fix stop sent SIGKILL to every recorded pgid. */
+static void test_launch__stop_of_a_lost_run_never_signals_a_reused_pgid(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1", "--", "sleep", "1000", NULL};
+    long sup;
+    /* as a subreaper, this test adopts the supervisor and then its rank, and learns of each
+     * one's end by reaping it */
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+    launch_env(f, "lost2", opts, NULL, &sup, NULL);
+    json_t *st = load_json(f, "lost2", "status.json");
+    long pgid = (long)jint(jrank(st, 0), "pgid");
+    long long start = json_integer_value(json_object_get(jrank(st, 0), "pgid_start"));
+    json_decref(st);
+    assert_int_equal(kill((pid_t)sup, SIGKILL), 0);
+    assert_int_equal(waitpid((pid_t)sup, NULL, 0), (pid_t)sup);
+    assert_int_equal(waitpid((pid_t)pgid, NULL, 0), (pid_t)pgid); /* died of its parent's death */
+    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    await_tick_after(start); /* real pid reuse takes a whole wrap of the pid space, not a tick */
+    pid_t other = spawn_with_pid(pgid);
+    const char *stop[] = {"stop", "--root", f->root, "--id", "lost2", "--grace-ms", "100", NULL};
+    struct out r = agent_run(stop);
+    int alive = child_alive(other);
+    kill_child(other);
+    assert_true(alive);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.text, "stopped lost2\n");
+    free(r.text);
+    st = load_json(f, "lost2", "status.json");
     assert_string_equal(jstr(st, "state"), "stopped");
     json_decref(st);
 }
@@ -996,6 +1141,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_launch__stop_kills_every_process_even_those_ignoring_term, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__lost_supervisor_is_reported_and_stop_cleans_up,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__an_exited_ranks_pgid_reused_is_never_signalled,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__stop_of_a_lost_run_never_signals_a_reused_pgid,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__missing_command_fails_launch_and_the_run,
                                         setup, teardown),

@@ -21,6 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "fixtures/sshd.h"
 #include "remote/sftp_ops.h"
 #include "remote/ssh.h"
@@ -560,6 +563,198 @@ static void test_sftp_ops__delete_file_link_tree_without_following_links(void **
     assert_true(d->noop);
 }
 
+/* XXH3-128 of dir/rel in canonical bytes, as the index keeps it. */
+static void hash_of(const char *dir, const char *rel, uint8_t out[16])
+{
+    size_t len;
+    char *data = read_all(dir, rel, &len);
+    assert_non_null(data);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data, len));
+    memcpy(out, c.digest, 16);
+    free(data);
+}
+
+/* Flips one byte in the middle of dir/rel, in place: same size, same kind, other content. */
+static void edit_in_place(const char *dir, const char *rel)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    off_t mid = lseek(fd, 0, SEEK_END) / 2;
+    char c;
+    assert_int_equal(pread(fd, &c, 1, mid), 1);
+    c ^= 0x5a;
+    assert_int_equal(pwrite(fd, &c, 1, mid), 1);
+    close(fd);
+}
+
+/* Asserts that `kept` (relative to the remote root) holds the bytes of local file `want`. */
+static void assert_kept_bytes(struct fx *f, const struct done *d, const char *want_path)
+{
+    size_t a_len = 0, b_len = 0;
+    assert_true(d->has_kept);
+    char *a = read_all(f->base, want_path, &a_len), *b = read_all(f->remote, d->kept, &b_len);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a_len, b_len);
+    assert_memory_equal(a, b, a_len);
+    free(a);
+    free(b);
+}
+
+/* A server edit of a file gpusync wrote is kept before a PUT or DELETE replaces it, whatever its
+ * size: the content is compared, not only the kind (files over 8 MiB once were not hashed, and
+ * an edit of one was overwritten or deleted without a copy). */
+static void test_sftp_ops__server_edit_of_a_large_file_is_kept_before_put_and_delete(void **state)
+{
+    struct fx *f = *state;
+    size_t n = (9u << 20) + 7;
+    char *data = malloc(n);
+    uint8_t ours[16];
+    for (size_t i = 0; i < n; i++)
+        data[i] = (char)(i * 2654435761u >> 13);
+    open_ops(f, f->remote);
+    write_local(f->local, "ckpt.bin", data, n, 0644);
+    struct done *d = run(f, put_req(f, "ckpt.bin", 0644, 0, GS_FOP_EXPECT_ABSENT));
+    assert_true(d->ok);
+    hash_of(f->remote, "ckpt.bin", ours);
+
+    edit_in_place(f->remote, "ckpt.bin");
+    char cmd[PATH_MAX];
+    snprintf(cmd, sizeof(cmd), "cp '%s/ckpt.bin' '%s/edited'", f->remote, f->base);
+    assert_int_equal(system(cmd), 0);
+    data[0] ^= 1; /* the laptop's next version */
+    write_local(f->local, "ckpt.bin", data, n, 0644);
+    struct gs_fop_req r = put_req(f, "ckpt.bin", 0644, 0, GS_FOP_EXPECT_HASH);
+    memcpy(r.hash, ours, 16);
+    d = run(f, r);
+    assert_true(d->ok);
+    assert_kept_bytes(f, d, "edited");
+    assert_same_bytes(f, "ckpt.bin");
+
+    hash_of(f->remote, "ckpt.bin", ours);
+    edit_in_place(f->remote, "ckpt.bin");
+    snprintf(cmd, sizeof(cmd), "cp '%s/ckpt.bin' '%s/edited'", f->remote, f->base);
+    assert_int_equal(system(cmd), 0);
+    struct gs_fop_req del = op_req(GS_FOP_DELETE, "ckpt.bin", NULL, 0);
+    del.expect = GS_FOP_EXPECT_HASH;
+    memcpy(del.hash, ours, 16);
+    d = run(f, del);
+    assert_true(d->ok);
+    assert_kept_bytes(f, d, "edited");
+    assert_false(exists_at(f->remote, "ckpt.bin"));
+    free(data);
+}
+
+/* Asserts that op failed with ELOOP naming the symlinked directory `via`, and left `outside` as
+ * it was (one file, "precious", 0600). */
+static void assert_refused_via(struct fx *f, struct gs_fop_req req, const char *via,
+                               const char *outside)
+{
+    struct done *d = run(f, req);
+    if (d->ok || d->err_no != ELOOP)
+        fail_msg("%s %s: ok %d, errno %d (%s)", req.type == GS_FOP_PUT ? "put" : "op", req.path,
+                 d->ok, d->err_no, d->message);
+    assert_non_null(strstr(d->message, via));
+    assert_int_equal(count_names(outside, ""), 1);
+    assert_int_equal(lstat_at(outside, "precious").st_mode & 07777, 0600);
+    size_t len;
+    char *v = read_all(outside, "precious", &len);
+    assert_int_equal(len, 13);
+    assert_memory_equal(v, "do not change", 13);
+    free(v);
+}
+
+/* A directory replaced on the server by a symlink (here to a folder outside the root) is never
+ * written, deleted, renamed or chmod'ed through, at any depth: the agent refuses such paths with
+ * ELOOP, and so does the SFTP transport now (it used to write through the link). */
+static void test_sftp_ops__a_symlinked_directory_is_never_written_through(void **state)
+{
+    struct fx *f = *state;
+    char outside[PATH_MAX], link[PATH_MAX];
+    open_ops(f, f->remote);
+    snprintf(outside, sizeof(outside), "%s/outside", f->base);
+    mkdir(outside, 0755);
+    write_local(outside, "precious", "do not change", 13, 0600);
+    put_text(f, "real/keep", "inside");
+    snprintf(link, sizeof(link), "%s/link", f->remote);
+    assert_int_equal(symlink(outside, link), 0);
+    snprintf(link, sizeof(link), "%s/real/deeper", f->remote);
+    assert_int_equal(symlink("../../../outside", link), 0);
+    write_local(f->local, "link/new", "escape", 6, 0644);
+    write_local(f->local, "real/deeper/new", "escape", 6, 0644);
+
+    assert_refused_via(f, put_req(f, "link/new", 0644, 0, GS_FOP_EXPECT_ABSENT), "link", outside);
+    assert_refused_via(f, put_req(f, "real/deeper/new", 0644, 0, GS_FOP_EXPECT_FORCE),
+                       "real/deeper", outside);
+    struct gs_fop_req over = put_req(f, "link/new", 0644, 0, GS_FOP_EXPECT_FORCE);
+    over.path = "link/precious";
+    assert_refused_via(f, over, "link", outside);
+    assert_refused_via(f, op_req(GS_FOP_MKDIR, "link/sub/more", NULL, 0755), "link", outside);
+    struct gs_fop_req del = op_req(GS_FOP_DELETE, "real/deeper/precious", NULL, 0);
+    assert_refused_via(f, del, "real/deeper", outside);
+    assert_refused_via(f, op_req(GS_FOP_CHMOD, "link/precious", NULL, 0777), "link", outside);
+    assert_refused_via(f, op_req(GS_FOP_RENAME, "link/precious", "stolen", 0), "link", outside);
+    assert_refused_via(f, op_req(GS_FOP_RENAME, "real/keep", "link/planted", 0), "link", outside);
+    assert_refused_via(f, op_req(GS_FOP_SYMLINK, "link/l", "x", 0), "link", outside);
+
+    /* What the link points to is not reported as the server's either. */
+    const char *paths[] = {"link/precious", "real/keep"};
+    struct gs_fop_stat seen[2];
+    struct gs_error err = {0};
+    assert_int_equal(f->ops->probe(f->ops, paths, 2, seen, &err), 0);
+    assert_int_equal(seen[0].kind, GS_FOP_KIND_UNKNOWN);
+    assert_int_equal(seen[1].kind, GS_FOP_KIND_FILE);
+    assert_true(exists_at(f->remote, "real/keep"));
+}
+
+/* A DELETE that expects a directory keeps whatever else is there (a file that replaced the
+ * directory on the server) as a conflict copy, and removes a directory as before. */
+static void test_sftp_ops__delete_expecting_a_directory_keeps_a_file_in_its_place(void **state)
+{
+    struct fx *f = *state;
+    open_ops(f, f->remote);
+    write_local(f->remote, "was_a_dir", "server file", 11, 0644);
+    write_local(f->base, "server_copy", "server file", 11, 0644);
+    struct gs_fop_req r = op_req(GS_FOP_DELETE, "was_a_dir", NULL, 0);
+    r.expect = GS_FOP_EXPECT_DIR;
+    r.recursive = 1;
+    struct done *d = run(f, r);
+    assert_true(d->ok);
+    assert_kept_bytes(f, d, "server_copy");
+    assert_false(exists_at(f->remote, "was_a_dir"));
+
+    put_text(f, "still_a_dir/x", "1");
+    r.path = "still_a_dir";
+    d = run(f, r);
+    assert_true(d->ok);
+    assert_false(d->has_kept);
+    assert_false(exists_at(f->remote, "still_a_dir"));
+    assert_int_equal(count_names(f->remote, "gpusync-conflict"), 1);
+}
+
+/* setuid and setgid never reach the server (sftp-server may run as root, and a pushed file
+ * would become a root set-id program), on every path that sets a mode; the sticky bit does. */
+static void test_sftp_ops__setuid_and_setgid_bits_are_never_mirrored(void **state)
+{
+    struct fx *f = *state;
+    open_ops(f, f->remote);
+    write_local(f->local, "small", "#!/bin/sh\n", 10, 0755);
+    char *big = calloc(1, 512u << 10);
+    write_local(f->local, "big", big, 512u << 10, 0755);
+    free(big);
+    assert_true(run(f, put_req(f, "small", 06755, 0, GS_FOP_EXPECT_ABSENT))->ok); /* window */
+    assert_true(run(f, put_req(f, "big", 04711, 0, GS_FOP_EXPECT_ABSENT))->ok);   /* alone */
+    assert_int_equal(lstat_at(f->remote, "small").st_mode & 07777, 0755);
+    assert_int_equal(lstat_at(f->remote, "big").st_mode & 07777, 0711);
+    assert_true(run(f, op_req(GS_FOP_CHMOD, "small", NULL, 04750))->ok);
+    assert_int_equal(lstat_at(f->remote, "small").st_mode & 07777, 0750);
+    assert_true(run(f, op_req(GS_FOP_MKDIR, "shared", NULL, 03775))->ok);
+    assert_int_equal(lstat_at(f->remote, "shared").st_mode & 07777, 01775);
+}
+
 static void test_sftp_ops__completions_arrive_in_submission_order(void **state)
 {
     struct fx *f = *state;
@@ -756,6 +951,10 @@ int main(void)
         T(symlink_stores_target_verbatim_and_replaces_old_link),
         T(chmod_sets_mode_and_reports_missing_path),
         T(delete_file_link_tree_without_following_links),
+        T(server_edit_of_a_large_file_is_kept_before_put_and_delete),
+        T(a_symlinked_directory_is_never_written_through),
+        T(delete_expecting_a_directory_keeps_a_file_in_its_place),
+        T(setuid_and_setgid_bits_are_never_mirrored),
         T(completions_arrive_in_submission_order),
         T(many_small_puts_overlap_and_complete_in_order),
         T(close_without_drain_finishes_puts_in_flight),

@@ -113,6 +113,26 @@ static void test_proto__expect_hash_is_zeroed_unless_kind_hash(void **state)
     gs_proto_buf_release(&b);
 }
 
+/* v5: a directory expectation (kind only, like ABSENT) and the LIST_SKIPPED report. */
+static void test_proto__expect_dir_and_list_skipped_round_trip(void **state)
+{
+    (void)state;
+    struct gs_proto_buf b;
+    struct gs_proto_msg m = sample(GS_MSG_DELETE), d;
+    m.expect.kind = GS_EXPECT_DIR;
+    round_trip(&m, &b, &d);
+    assert_int_equal(d.expect.kind, GS_EXPECT_DIR);
+    gs_proto_buf_release(&b);
+
+    m = sample(GS_MSG_LIST_SKIPPED);
+    m.err = 36; /* ENAMETOOLONG */
+    round_trip(&m, &b, &d);
+    assert_int_equal(d.err, 36);
+    assert_str(d.path, m.path);
+    assert_string_equal(gs_proto_type_name(GS_MSG_LIST_SKIPPED), "LIST_SKIPPED");
+    gs_proto_buf_release(&b);
+}
+
 static void test_proto__data_frames_round_trip(void **state)
 {
     (void)state;
@@ -307,11 +327,12 @@ static int decode_resized(uint8_t type, int delta)
 static void test_proto__truncated_or_padded_payloads_are_malformed(void **state)
 {
     (void)state;
-    uint8_t types[] = {GS_MSG_HELLO,  GS_MSG_PUT,      GS_MSG_PUT_BEGIN, GS_MSG_PUT_END,
-                       GS_MSG_MKDIR,  GS_MSG_DELETE,   GS_MSG_RENAME,    GS_MSG_SYMLINK,
-                       GS_MSG_CHMOD,  GS_MSG_STAT,     GS_MSG_HASH,      GS_MSG_GET,
-                       GS_MSG_LIST,   GS_MSG_HELLO_OK, GS_MSG_DONE,      GS_MSG_ERROR,
-                       GS_MSG_STAT_R, GS_MSG_HASH_R,   GS_MSG_GET_END,   GS_MSG_LIST_END};
+    uint8_t types[] = {GS_MSG_HELLO,       GS_MSG_PUT,      GS_MSG_PUT_BEGIN, GS_MSG_PUT_END,
+                       GS_MSG_MKDIR,       GS_MSG_DELETE,   GS_MSG_RENAME,    GS_MSG_SYMLINK,
+                       GS_MSG_CHMOD,       GS_MSG_STAT,     GS_MSG_HASH,      GS_MSG_GET,
+                       GS_MSG_LIST,        GS_MSG_HELLO_OK, GS_MSG_DONE,      GS_MSG_ERROR,
+                       GS_MSG_STAT_R,      GS_MSG_HASH_R,   GS_MSG_GET_END,   GS_MSG_LIST_END,
+                       GS_MSG_LIST_SKIPPED};
     for (size_t i = 0; i < sizeof(types); i++) {
         assert_int_equal(decode_resized(types[i], -1), -1);
         assert_int_equal(decode_resized(types[i], +1), -1);
@@ -360,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_proto__hello_and_hello_ok_round_trip),
         cmocka_unit_test(test_proto__put_and_put_begin_round_trip),
         cmocka_unit_test(test_proto__expect_hash_is_zeroed_unless_kind_hash),
+        cmocka_unit_test(test_proto__expect_dir_and_list_skipped_round_trip),
         cmocka_unit_test(test_proto__data_frames_round_trip),
         cmocka_unit_test(test_proto__put_end_round_trip),
         cmocka_unit_test(test_proto__path_requests_round_trip),

@@ -32,8 +32,10 @@ mkdir -p "$corpus"
 "$out/fuzz_seeds" "$corpus" || exit 1
 # The test run is reproducible: a fixed seed and a fixed number of inputs (bounded by time too),
 # so a CI failure can be replayed exactly. GS_FUZZ_SEED=0 and GS_FUZZ_RUNS=-1 explore freely.
+# -print_pcs=1 starts libFuzzer's symbolizer helper (pipes that stay open) at the first new PC,
+# on every run: the target's descriptor-leak check must hold with it, not only when it is idle.
 GS_FUZZ_DIR="$work" "$out/fuzz_serve" -seed="${GS_FUZZ_SEED:-1}" -runs="${GS_FUZZ_RUNS:-20000}" \
-    -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+    -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_pcs=1 \
     -artifact_prefix="$out/" -print_final_stats=1 "$corpus" 2>"$out/fuzz.log"
 rc=$?
 tail -n 15 "$out/fuzz.log"
