@@ -57,6 +57,11 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
                             "the server listed %s, which is not under %s; pull refused", e->path,
                             job->remote_base);
     const char *rest = e->path + blen + 1;
+    if (e->skipped) { /* too long, or too deep to walk: said, not silently missing */
+        fprintf(stderr, "gpusync: %s was not pulled: the server cannot list it (%s)\n", e->path,
+                strerror(e->skipped));
+        return 0;
+    }
     struct gs_buf local = GS_BUF_INIT;
     gs_path_join(&local, job->local_base, rest);
     if (e->kind == 2) /* the listing can name a directory before LOCAL_PATH itself exists */
