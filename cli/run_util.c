@@ -5,19 +5,23 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/progress.h"
+#include "cli/run_local.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "common/shell.h"
 #include "remote/agent_install.h"
 #include "remote/exec.h"
+#include "remote/target.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/index.h"
@@ -349,21 +353,6 @@ void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const cha
     p->prefix = prefix;
 }
 
-static void keep_local(struct gs_log_printer *p, int rank, const char *data, size_t len)
-{
-    struct gs_buf path = GS_BUF_INIT;
-    gs_buf_addf(&path, "%s/.gpusync/runs/%s", p->cli->root.data, p->id);
-    gs_path_mkdir_p(path.data, 0755, NULL);
-    gs_buf_addf(&path, "/rank%d.log", rank);
-    int fd = open(path.data, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        if (write(fd, data, len) != (ssize_t)len)
-            gs_warn("cannot keep a local copy of %s", path.data);
-        close(fd);
-    }
-    gs_buf_release(&path);
-}
-
 static void emit_line(struct gs_log_printer *p, int rank, const char *line, size_t len)
 {
     struct gs_buf *out = p->tail_lines > 0 ? &p->kept : NULL;
@@ -381,12 +370,13 @@ static void emit_line(struct gs_log_printer *p, int rank, const char *line, size
     fputc('\n', stdout);
 }
 
-void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len)
+void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len)
 {
     struct gs_log_printer *p = ctx;
     if (p->lock)
         pthread_mutex_lock(p->lock);
-    keep_local(p, rank, data, len);
+    if (!p->from_local_copy)
+        gs_run_local_keep(p->cli->root.data, p->id, rank, off, data, len);
     struct gs_buf *part = &p->partial[rank];
     gs_buf_add(part, data, len);
     size_t start = 0;

@@ -72,18 +72,19 @@ int gs_run_sync_node(struct gs_cli *cli);
 int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id);
 
 /* Prints rank logs as whole lines with "[rank N] " prefixes (when `prefix`), keeping a local copy
- * in .gpusync/runs/<id>/rankN.log. */
+ * in .gpusync/runs/<id>/ (run_local.h). */
 struct gs_log_printer {
     struct gs_cli *cli;
     const char *id;
     int prefix;
-    int tail_lines; /* >0: print only the last N lines (logs --tail) when done */
+    int from_local_copy; /* printing the local copy itself: nothing to keep */
+    int tail_lines;      /* >0: print only the last N lines (logs --tail) when done */
     struct gs_buf partial[GS_RUNS_MAX_RANKS];
     struct gs_buf kept;    /* for --tail: everything, trimmed at the end */
     pthread_mutex_t *lock; /* held around each chunk when several threads print; or NULL */
 };
 void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix);
-void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len);
+void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len);
 /* Prints any unterminated last lines and frees the buffers. */
 void gs_log_printer_finish(struct gs_log_printer *p);
 
