@@ -48,16 +48,28 @@ int gs_run_ensure_connected(struct gs_cli *cli)
     return cli->ssh ? 0 : gs_cli_connect(cli);
 }
 
+/* The server as the watch daemon's connection names it (gs_ssh_target's form), learnt by
+ * gs_run_daemon_ready; "" until then. */
+static char daemon_target[512];
+
 const char *gs_run_target(struct gs_cli *cli)
 {
     static char name[512];
+    struct gs_target t;
+    struct gs_error ignored = {0};
     if (cli->ssh)
         return gs_ssh_target(cli->ssh);
-    snprintf(name, sizeof(name), "%s%s%s", cli->cfg.user ? cli->cfg.user : "",
-             cli->cfg.user ? "@" : "", cli->cfg.host ? cli->cfg.host : "the server");
-    if (cli->cfg.port)
-        snprintf(name + strlen(name), sizeof(name) - strlen(name), ":%d", cli->cfg.port);
-    return name;
+    if (daemon_target[0])
+        return daemon_target;
+    /* Not connected: the name a connection would print, user@hostname:port as ssh -G resolves
+     * them, so that messages name the server one way with or without the daemon. */
+    if (cli->cfg.host &&
+        gs_target_resolve(&t, cli->cfg.host, cli->cfg.port, cli->cfg.user, &ignored) == 0) {
+        snprintf(name, sizeof(name), "%s@%s:%d", t.user, t.hostname, t.port);
+        gs_target_release(&t);
+        return name;
+    }
+    return cli->cfg.host ? cli->cfg.host : "the server";
 }
 
 int gs_run_daemon_ready(struct gs_cli *cli)
@@ -65,6 +77,9 @@ int gs_run_daemon_ready(struct gs_cli *cli)
     json_t *reply = NULL;
     int ready = gs_control_request(cli->root.data, "status", 2000, &reply, NULL) == 0 &&
                 json_is_true(json_object_get(reply, "connected"));
+    const char *target = json_string_value(json_object_get(reply, "target"));
+    if (ready && target)
+        snprintf(daemon_target, sizeof(daemon_target), "%s", target);
     json_decref(reply);
     return ready;
 }
@@ -211,12 +226,69 @@ int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *
     return r < 0 ? r : status;
 }
 
+/* The notice's thread: prints the line unless the wait ends first. */
+static void *notice_main(void *arg)
+{
+    struct gs_run_notice *n = arg;
+    struct timespec at;
+    clock_gettime(CLOCK_REALTIME, &at);
+    at.tv_sec += n->after_ms / 1000;
+    at.tv_nsec += (long)(n->after_ms % 1000) * 1000000L;
+    at.tv_sec += at.tv_nsec / 1000000000L;
+    at.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&n->lock);
+    int rc = 0;
+    while (!n->over && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&n->cond, &n->lock, &at);
+    if (!n->over)
+        fprintf(stderr, "gpusync: %s\n", n->text);
+    pthread_mutex_unlock(&n->lock);
+    return NULL;
+}
+
+void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n->text, sizeof(n->text), fmt, ap);
+    va_end(ap);
+    n->over = 0;
+    n->after_ms = after_ms;
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_cond_init(&n->cond, NULL);
+    /* SIGINT stays with the main thread, which handles it. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    n->running = pthread_create(&n->thread, NULL, notice_main, n) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+void gs_run_notice_end(struct gs_run_notice *n)
+{
+    pthread_mutex_lock(&n->lock);
+    n->over = 1;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->lock);
+    if (n->running)
+        pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->lock);
+}
+
 int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
 {
     struct gs_buf args = GS_BUF_INIT, errout = GS_BUF_INIT;
+    struct gs_run_notice notice;
     gs_buf_adds(&args, "--id ");
     gs_shell_quote(&args, id);
+    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
+                        "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
+                        "still running 10 s after it get SIGKILL",
+                        id);
     int r = gs_run_agent_capture(cli, rc, "stop", args.data, out, &errout);
+    gs_run_notice_end(&notice);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "stopping run %s: %s", id,
                          errout.len ? errout.data

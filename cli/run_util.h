@@ -47,8 +47,25 @@ int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
 int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
                          const char *args, struct gs_buf *out, struct gs_buf *errout);
 
+/* A line for a wait that may be long: printed on stderr ("gpusync: TEXT") only if the wait
+ * lasts more than `after_ms`, so a quick answer stays quiet and a slow one says what it waits
+ * for. Uses a thread; gs_run_notice_end must follow every gs_run_notice_begin. */
+struct gs_run_notice {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int over, running, after_ms;
+    char text[512];
+};
+#define GS_RUN_NOTICE_MS 2000
+void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void gs_run_notice_end(struct gs_run_notice *n);
+
 /* Stops run `id` (the agent's stop, as gs_run_agent_capture runs it); the agent's report goes to
- * `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */
+ * `out`. Says what it waits for when that takes more than GS_RUN_NOTICE_MS (ranks that ignore
+ * SIGTERM are killed after a grace of 10 s). Returns 0, or GS_E_REMOTE when something survived
+ * or the run is unknown. */
 int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
 
 /* Connects cli->ssh unless a connected watch daemon can carry the commands. */
