@@ -90,6 +90,13 @@ int gs_cli_load_project(struct gs_cli *cli)
     return rc;
 }
 
+/* A long wait in the connection layer, said on stderr (stdout may carry JSON). */
+static void notice_on_stderr(void *ctx, const char *message)
+{
+    (void)ctx;
+    fprintf(stderr, "gpusync: %s\n", message);
+}
+
 void gs_cli_ssh_opts(struct gs_cli *cli, struct gs_ssh_opts *opts)
 {
     *opts = (struct gs_ssh_opts){
@@ -101,6 +108,7 @@ void gs_cli_ssh_opts(struct gs_cli *cli, struct gs_ssh_opts *opts)
         .accept_new_host_key = cli->accept_new_host_key,
         .confirm = cli->interactive ? gs_cli_tty_confirm : NULL,
         .ask_secret = cli->interactive && !cli->password ? gs_cli_tty_secret : NULL,
+        .notice = notice_on_stderr,
     };
 }
 

@@ -90,6 +90,13 @@ void gs_cli_ssh_opts(struct gs_cli *cli, struct gs_ssh_opts *opts);
 /* Connects to the configured server (cli->cfg). Returns 0 or a GS_E_* code with cli->err set. */
 int gs_cli_connect(struct gs_cli *cli);
 
+/* Makes sure gpusync's own key (GS_TARGET_MANAGED_KEY) logs in to the configured server: creates
+ * it if needed, logs in (with the password only when no key works; asked on a terminal when none
+ * was given), adds it to ~/.ssh/authorized_keys unless it is there, then logs in again with keys
+ * alone. Leaves that connection in cli->ssh and sets *added when the key was written. Returns 0
+ * or a GS_E_* code with cli->err set. Defined in cmd_init.c; `hosts add` uses it too. */
+int gs_cli_install_key(struct gs_cli *cli, int *added);
+
 /* The remote project directory as a shell word, quoted; relative paths are under the remote home.
  */
 void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
@@ -134,5 +141,6 @@ extern const struct gs_cmd gs_cmd_run;
 extern const struct gs_cmd gs_cmd_logs;
 extern const struct gs_cmd gs_cmd_ps;
 extern const struct gs_cmd gs_cmd_stop;
+extern const struct gs_cmd gs_cmd_hosts;
 
 #endif

@@ -36,6 +36,22 @@ static const char probe_script[] =
     "fi\n"
     "exit 0\n";
 
+/* Run only when the shell printed before a command: sources each startup file a non-interactive
+ * SSH shell reads, alone, in a shell that reads nothing else, and names those that print. (The
+ * file runs once more; it already ran for every command gpusync started.) */
+static const char noisy_files_script[] =
+    "s=$(getent passwd \"$(id -un)\" 2>/dev/null | cut -d: -f7); echo shell=${s:-?}\n"
+    "case $s in\n"
+    "*bash) files=\"/etc/bash.bashrc $HOME/.bashrc\"; sh_cmd='bash --norc --noprofile' ;;\n"
+    "*zsh) files=\"/etc/zsh/zshenv $HOME/.zshenv\"; sh_cmd='zsh -f' ;;\n"
+    "*) files=; sh_cmd= ;;\n"
+    "esac\n"
+    "for f in $files; do\n"
+    "  [ -r \"$f\" ] || continue\n"
+    "  [ -n \"$($sh_cmd -c '. \"$1\"' _ \"$f\" </dev/null 2>&1 | head -c 1)\" ] && echo noisy=$f\n"
+    "done\n"
+    "exit 0\n";
+
 struct check {
     const char *name;
     const char *status; /* ok, warn, fail */
@@ -184,6 +200,51 @@ static void check_system(struct doctor *d, const char *out)
                   "%.1f GiB free at the remote path", gib);
 }
 
+/* The first line of what the shell printed, for the report. */
+static void first_noise_line(const char *noise, char *out, size_t size)
+{
+    while (*noise == '\n' || *noise == '\r')
+        noise++;
+    size_t n = strcspn(noise, "\r\n");
+    snprintf(out, size, "%.*s%s", (int)(n < 100 ? n : 100), noise, noise[n] ? " ..." : "");
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = ' ';
+}
+
+/* The server's login shell printing in a non-interactive session breaks SFTP, scp and rsync (the
+ * agent reads past it): name the file that prints, and how to quiet it. */
+static void check_shell_noise(struct gs_cli *cli, struct doctor *d)
+{
+    const char *noise = gs_ssh_shell_noise(cli->ssh);
+    json_object_set_new(d->facts, "shell_noise", *noise ? json_string(noise) : json_null());
+    json_object_set_new(d->facts, "shell_noise_files", json_null());
+    if (!*noise) {
+        add_check(d, "shell", "ok", NULL, "prints nothing before commands");
+        return;
+    }
+    char first[128];
+    first_noise_line(noise, first, sizeof(first));
+    struct gs_buf out = GS_BUF_INIT, files = GS_BUF_INIT;
+    struct gs_error ignored = {0};
+    gs_exec_capture(cli->ssh, noisy_files_script, &out, NULL, &ignored);
+    for (const char *p = out.data ? strstr(out.data, "noisy=") : NULL; p;
+         p = strstr(p + 1, "\nnoisy=")) {
+        p += *p == '\n' ? 7 : 6;
+        gs_buf_addf(&files, "%s%.*s", files.len ? ", " : "", (int)strcspn(p, "\n"), p);
+    }
+    json_object_set_new(d->facts, "shell_noise_files", json_string(files.len ? files.data : ""));
+    int sftp = cli->cfg.transport == GS_TRANSPORT_SFTP;
+    add_check(
+        d, "shell", sftp ? "fail" : "warn",
+        "wrap what prints in `if [[ $- == *i* ]]; then ... fi` so only interactive shells run "
+        "it; SFTP, scp and rsync cannot work until then (gpusync's agent reads past it)",
+        "%s prints \"%s\" in non-interactive shells",
+        files.len ? files.data : "a startup file of the login shell", first);
+    gs_buf_release(&out);
+    gs_buf_release(&files);
+}
+
 static int latency_ms(struct gs_cli *cli, double *ms)
 {
     int64_t best = -1;
@@ -220,6 +281,7 @@ static void check_remote(struct gs_cli *cli, struct doctor *d)
         check_system(d, out.data ? out.data : "");
         check_gpus(d, out.data ? out.data : "");
         check_toolchain(d, out.data ? out.data : "");
+        check_shell_noise(cli, d);
     }
     gs_buf_release(&dir);
     gs_buf_release(&script);

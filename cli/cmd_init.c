@@ -1,20 +1,17 @@
 /* cli/cmd_init.c: `gpusync init [user@]host[:port]`: writes .gpusync/config, verifies the
  * connection and creates the remote project directory. With --install-key it makes a dedicated
  * ed25519 key (libssh2 1.10 cannot use RSA against OpenSSH 8.8+) and installs it with the password
- * once, so later commands need no password. Running it again is safe. */
+ * once; every later command, and every other project on that server, logs in with it (it is always
+ * among the keys tried). Running it again is safe: the key is never added twice. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/path.h"
-#include "common/proc.h"
-#include "common/shell.h"
+#include "remote/auth.h"
 #include "remote/exec.h"
-
-#define GS_KEY_FILE "~/.ssh/gpusync_ed25519"
 
 enum { OPT_PATH = 2000, OPT_INSTALL_KEY };
 
@@ -64,86 +61,51 @@ static int apply_args(struct gs_cli *cli, const struct init_args *a)
     return 0;
 }
 
-/* Creates ~/.ssh/gpusync_ed25519 with ssh-keygen unless it exists. */
-static int ensure_key(struct gs_cli *cli, const char *key)
+/* Connects for installing the key: with the password when no key works (asked on a terminal if
+ * none was given), or, when `key_only`, with keys alone, to prove that the installed key works. */
+static int connect_for_key(struct gs_cli *cli, int key_only)
 {
-    if (gs_path_exists(key))
-        return 0;
-    char *dir = strdup(key);
-    *strrchr(dir, '/') = '\0';
-    mkdir(dir, 0700);
-    free(dir);
-    char *argv[] = {"ssh-keygen", "-q",      "-t", "ed25519",   "-N", "",
-                    "-C",         "gpusync", "-f", (char *)key, NULL};
-    struct gs_buf out = GS_BUF_INIT;
-    int rc = gs_proc_capture(argv, &out, &cli->err);
-    gs_buf_release(&out);
-    if (rc != 0)
-        return rc < 0
-                   ? rc
-                   : gs_error_set(&cli->err, GS_E_IO,
-                                  "ssh-keygen could not create %s (install openssh-client)", key);
-    return 0;
+    struct gs_ssh_opts opts;
+    gs_cli_ssh_opts(cli, &opts);
+    opts.installing_key = !key_only;
+    if (key_only) {
+        opts.password = NULL;
+        opts.ask_secret = NULL;
+    }
+    return gs_ssh_connect(&cli->ssh, &opts, &cli->err);
 }
 
-static int read_public_key(struct gs_cli *cli, const char *key, struct gs_buf *pub)
+int gs_cli_install_key(struct gs_cli *cli, int *added)
 {
-    struct gs_buf path = GS_BUF_INIT;
-    gs_buf_addf(&path, "%s.pub", key);
-    FILE *fp = fopen(path.data, "r");
-    int rc = fp ? 0 : gs_error_errno(&cli->err, GS_E_IO, "cannot read %s", path.data);
-    char line[4096];
-    if (fp && fgets(line, sizeof(line), fp)) {
-        line[strcspn(line, "\r\n")] = '\0';
-        gs_buf_adds(pub, line);
-    }
-    if (fp)
-        fclose(fp);
-    gs_buf_release(&path);
+    int rc = gs_auth_managed_key_ensure(&cli->err);
+    if (rc == 0)
+        rc = connect_for_key(cli, 0);
+    if (rc == 0)
+        rc = gs_auth_managed_key_install(cli->ssh, added, &cli->err);
+    if (rc < 0)
+        return rc;
+    char target[512];
+    snprintf(target, sizeof(target), "%s", gs_ssh_target(cli->ssh));
+    gs_ssh_free(cli->ssh);
+    cli->ssh = NULL;
+    rc = connect_for_key(cli, 1);
+    if (rc == GS_E_AUTH)
+        gs_error_set(&cli->err, rc,
+                     "%s: %s.pub is in ~/.ssh/authorized_keys there, but the server does not take "
+                     "it; check sshd's AuthorizedKeysFile and the permissions of ~/.ssh",
+                     target, GS_TARGET_MANAGED_KEY);
     return rc;
 }
 
-/* Appends the key to the server's authorized_keys unless it is already there (idempotent). */
-static int install_key(struct gs_cli *cli, const char *key)
-{
-    struct gs_buf pub = GS_BUF_INIT, cmd = GS_BUF_INIT;
-    int rc = read_public_key(cli, key, &pub);
-    if (rc == 0) {
-        gs_buf_adds(&cmd, "umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-                          "{ grep -qxF -- ");
-        gs_shell_quote(&cmd, pub.data);
-        gs_buf_adds(&cmd, " ~/.ssh/authorized_keys || printf '%s\\n' ");
-        gs_shell_quote(&cmd, pub.data);
-        gs_buf_adds(&cmd, " >> ~/.ssh/authorized_keys; }");
-        rc = gs_exec_capture(cli->ssh, cmd.data, NULL, NULL, &cli->err);
-        if (rc > 0)
-            rc = gs_error_set(&cli->err, GS_E_REMOTE,
-                              "could not add the key to ~/.ssh/authorized_keys on the server");
-    }
-    gs_buf_release(&pub);
-    gs_buf_release(&cmd);
-    return rc;
-}
-
-/* With --install-key: connect (password allowed), install, then prove the key works alone. */
+/* With --install-key: install the managed key, and name it in the config. */
 static int do_install_key(struct gs_cli *cli)
 {
-    char *key = gs_path_expand_home(GS_KEY_FILE);
-    int rc = ensure_key(cli, key);
-    if (rc == 0)
-        rc = gs_cli_connect(cli);
-    if (rc == 0)
-        rc = install_key(cli, key);
+    int added;
+    int rc = gs_cli_install_key(cli, &added);
     if (rc == 0) {
         free(cli->cfg.identity);
-        cli->cfg.identity = strdup(GS_KEY_FILE);
-        gs_ssh_free(cli->ssh);
-        cli->ssh = NULL;
-        free(cli->password);
-        cli->password = NULL; /* the reconnect must succeed with the key alone */
-        rc = gs_cli_connect(cli);
+        cli->cfg.identity = strdup(GS_TARGET_MANAGED_KEY);
     }
-    free(key);
     return rc;
 }
 
@@ -235,7 +197,7 @@ const struct gs_cmd gs_cmd_init = {
             "                         under the remote home)\n"
             "  --install-key          create ~/.ssh/gpusync_ed25519 and install it on the server\n"
             "                         using the password once (GPUSYNC_PASSWORD, --password-stdin\n"
-            "                         or a prompt)\n",
+            "                         or a prompt); not needed when that key already logs in\n",
     .flags = 0,
     .exec = init_main,
 };

@@ -1,6 +1,7 @@
 /* cli/cmd_pull.c: `gpusync pull REMOTE_PATH [LOCAL_PATH]`: downloads results (checkpoints, logs)
  * from the remote project through the agent; each file is written to a temporary name and renamed
- * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. */
+ * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. A
+ * synced local file edited since its last sync is kept as a conflict copy, never overwritten. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,8 @@
 #include "cli/progress.h"
 #include "common/path.h"
 #include "remote/agent_client.h"
+#include "syncd/hash.h"
+#include "syncd/index.h"
 #include "syncd/session.h"
 
 static const struct option pull_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
@@ -24,8 +27,10 @@ struct pull_job {
     struct gs_cli *cli;
     const char *remote_base; /* the REMOTE_PATH argument */
     const char *local_base;  /* where it goes */
+    struct gs_index *idx;    /* what was synced, to tell an unsynced local edit */
     struct pull_file *files;
     size_t n, cap;
+    json_t *kept; /* [{local, kept}]: local edits moved aside */
     uint64_t total, done_before;
     struct gs_progress bar;
 };
@@ -40,12 +45,18 @@ static void add_file(struct pull_job *job, const char *remote, const char *local
     job->total += size;
 }
 
-/* Collects regular files under a remote directory (LIST gives paths relative to the root). */
+/* Collects regular files under a remote directory (LIST gives paths relative to the root, each
+ * checked against the wire path rules by the agent client). An entry outside the directory asked
+ * for is a server that lies: the pull stops before anything is written. */
 static int on_entry(void *ctx, const struct gs_agent_entry *e)
 {
     struct pull_job *job = ctx;
     size_t blen = strlen(job->remote_base);
-    const char *rest = e->path + blen + (e->path[blen] == '/');
+    if (strncmp(e->path, job->remote_base, blen) != 0 || e->path[blen] != '/')
+        return gs_error_set(&job->cli->err, GS_E_PROTO,
+                            "the server listed %s, which is not under %s; pull refused", e->path,
+                            job->remote_base);
+    const char *rest = e->path + blen + 1;
     struct gs_buf local = GS_BUF_INIT;
     gs_path_join(&local, job->local_base, rest);
     if (e->kind == 2) /* the listing can name a directory before LOCAL_PATH itself exists */
@@ -54,6 +65,44 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
         add_file(job, e->path, local.data, e->size);
     gs_buf_release(&local);
     return 0;
+}
+
+/* Whether the local file `st` describes differs from what the index says was last synced. */
+static int changed_since_sync(const char *local, const struct stat *st,
+                              const struct gs_index_entry *e)
+{
+    int64_t mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    if (e->has_local && e->local_size == (uint64_t)st->st_size && e->local_mtime_ns == mtime_ns)
+        return 0;
+    struct gs_hash h;
+    return !(e->has_hash && gs_hash_file(local, &h, NULL) == 0 && gs_hash_equal(&h, &e->hash));
+}
+
+/* A local file that was synced and has been edited since holds work the server does not have:
+ * it is moved to a conflict copy before the pull replaces it. */
+static int keep_unsynced_edit(struct pull_job *job, const struct pull_file *f)
+{
+    struct gs_buf rel = GS_BUF_INIT, kept = GS_BUF_INIT;
+    struct gs_index_entry e = {0};
+    struct stat st;
+    int rc = 0;
+    if (lstat(f->local, &st) == 0 && S_ISREG(st.st_mode) &&
+        gs_path_project_relative(job->cli->root.data, f->local, &rel, NULL) == 0 &&
+        gs_index_get(job->idx, rel.data, &e, NULL) == 1 && e.kind == GS_KIND_FILE &&
+        changed_since_sync(f->local, &st, &e)) {
+        rc = gs_path_keep_conflict(f->local, &kept, &job->cli->err);
+        if (rc == 0)
+            json_array_append_new(job->kept,
+                                  json_pack("{s:o,s:o}", "local", gs_cli_json_path(f->local),
+                                            "kept", gs_cli_json_path(kept.data)));
+        if (rc == 0 && !job->cli->json)
+            fprintf(stderr, "gpusync: %s was edited since it was last synced; kept as %s\n",
+                    f->local, kept.data);
+    }
+    gs_index_entry_release(&e);
+    gs_buf_release(&rel);
+    gs_buf_release(&kept);
+    return rc;
 }
 
 static void on_bytes(void *ctx, uint64_t done, uint64_t total)
@@ -99,7 +148,9 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     for (size_t i = 0; rc == 0 && i < job->n; i++) {
         struct pull_file *f = &job->files[i];
         make_parent(f->local);
-        rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
+        rc = keep_unsynced_edit(job, f);
+        if (rc == 0)
+            rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
         struct stat st;
         /* a single file was added before its size was known (collect): count what arrived, or
          * the summary says "0 B" */
@@ -122,8 +173,8 @@ static void report(struct pull_job *job)
             json_array_append_new(files, json_pack("{s:o,s:o}", "remote",
                                                    gs_cli_json_path(job->files[i].remote), "local",
                                                    gs_cli_json_path(job->files[i].local)));
-        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I}", "v", 1, "ok", 1, "files", files, "bytes",
-                                    (json_int_t)job->total));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I,s:O}", "v", 1, "ok", 1, "files", files,
+                                    "bytes", (json_int_t)job->total, "kept", job->kept));
     } else {
         printf("pulled %zu file%s (%s) into %s\n", job->n, job->n == 1 ? "" : "s",
                gs_format_bytes(job->total, b), job->local_base);
@@ -146,6 +197,7 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
     if (rc == 0 && !s.agent)
         rc = gs_error_set(&cli->err, GS_E_REMOTE, "pull needs the agent (transport is %s)",
                           s.transport);
+    job->idx = s.idx;
     if (rc == 0)
         rc = collect(job, s.agent);
     if (rc == 0)
@@ -174,14 +226,21 @@ static int pull_main(struct gs_cli *cli, int argc, char **argv)
         gs_buf_adds(&local, argv[optind + 1]);
     else
         gs_path_join(&local, cli->root.data, argv[optind]);
-    struct pull_job job = {.cli = cli, .remote_base = argv[optind], .local_base = local.data};
+    struct gs_buf remote = GS_BUF_INIT;
+    gs_buf_adds(&remote, argv[optind]);
+    while (remote.len > 1 && remote.data[remote.len - 1] == '/') /* `pull out/` means out */
+        remote.data[--remote.len] = '\0';
+    struct pull_job job = {
+        .cli = cli, .remote_base = remote.data, .local_base = local.data, .kept = json_array()};
     rc = run_pull(cli, &job);
     for (size_t i = 0; i < job.n; i++) {
         free(job.files[i].remote);
         free(job.files[i].local);
     }
     free(job.files);
+    json_decref(job.kept);
     gs_buf_release(&local);
+    gs_buf_release(&remote);
     return rc;
 }
 
@@ -190,7 +249,9 @@ const struct gs_cmd gs_cmd_pull = {
     .usage = "pull REMOTE_PATH [LOCAL_PATH]",
     .summary = "Download a file or directory from the remote project",
     .help = "  REMOTE_PATH is relative to the remote project; LOCAL_PATH defaults to the same\n"
-            "  path in the local project. Files are replaced atomically.\n",
+            "  path in the local project. Files are replaced atomically. A local file that was\n"
+            "  synced and edited since is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS.\n"
+            "  Every path the server lists must lie under REMOTE_PATH, or nothing is pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = pull_main,
 };

@@ -478,8 +478,15 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
     n->cli.cfg.user = n->user ? n->user : cli->cfg.user;
     n->cli.cfg.port = t.port ? t.port : strcmp(n->host, cli->cfg.host) == 0 ? cli->cfg.port : 0;
     n->cli.cfg.remote_path = n->path ? n->path : cli->cfg.remote_path;
-    char *mine = gs_session_remote_id(&n->cli.cfg), *main_id = gs_session_remote_id(&cli->cfg);
+    /* [remote] written another way (an alias, the port left out) is still [remote]: it is synced
+     * with the project's index, under the name that index knows it by. */
+    char *mine = gs_run_node_key(&n->cli.cfg), *main_id = gs_run_node_key(&cli->cfg);
     n->primary = strcmp(mine, main_id) == 0;
+    if (n->primary) {
+        n->cli.cfg.host = cli->cfg.host;
+        n->cli.cfg.user = cli->cfg.user;
+        n->cli.cfg.port = cli->cfg.port;
+    }
     free(mine);
     free(main_id);
     return 0;

@@ -15,6 +15,7 @@
 static const struct gs_cmd *const cmd_table[] = {
     /* one per line, in the order `gpusync help` lists them */
     &gs_cmd_init,   //
+    &gs_cmd_hosts,  //
     &gs_cmd_push,   //
     &gs_cmd_pull,   //
     &gs_cmd_watch,  //

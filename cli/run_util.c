@@ -339,33 +339,45 @@ int gs_run_sync(struct gs_cli *cli)
     return rc < 0 ? rc : push_session(cli, &s);
 }
 
-/* The node's private index file: .gpusync/index.<remote id with odd characters as '_'>.db. */
-static void node_index_path(struct gs_cli *cli, struct gs_buf *path)
+char *gs_run_node_key(const struct gs_config *cfg)
 {
-    char *id = gs_session_remote_id(&cli->cfg);
-    gs_buf_addf(path, "%s/%s/index.", cli->root.data, GS_DIR);
-    for (const char *p = id; p && *p; p++)
-        gs_buf_addc(path, isalnum((unsigned char)*p) || *p == '.' || *p == '-' ? *p : '_');
-    gs_buf_adds(path, ".db");
+    struct gs_target t;
+    if (gs_target_resolve(&t, cfg->host, cfg->port, cfg->user, NULL) < 0)
+        return gs_session_remote_id(cfg);
+    char *id = gs_target_id(&t);
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_addf(&b, "%s:%s", id, cfg->remote_path ? cfg->remote_path : "");
     free(id);
+    gs_target_release(&t);
+    return gs_buf_detach(&b, NULL);
 }
 
-/* A session like gs_session_open's, but over the node's private index. */
+/* The node's private index file: .gpusync/index.<node key with odd characters as '_'>.db. */
+static void node_index_path(const char *root, const char *key, struct gs_buf *path)
+{
+    gs_buf_addf(path, "%s/%s/index.", root, GS_DIR);
+    for (const char *p = key; *p; p++)
+        gs_buf_addc(path, isalnum((unsigned char)*p) || *p == '.' || *p == '-' ? *p : '_');
+    gs_buf_adds(path, ".db");
+}
+
+/* A session like gs_session_open's, but over the node's private index, which is named and owned
+ * by the node key (gs_run_node_key), not by how the node was written. */
 static int open_node_session(struct gs_cli *cli, struct gs_session *s)
 {
     struct gs_buf db = GS_BUF_INIT;
-    char *id = gs_session_remote_id(&cli->cfg);
+    char *key = gs_run_node_key(&cli->cfg);
     memset(s, 0, sizeof(*s));
     s->root = strdup(cli->root.data);
     s->cfg = &cli->cfg;
-    node_index_path(cli, &db);
+    node_index_path(cli->root.data, key, &db);
     int rc = gs_ignore_open(&s->ig, cli->root.data, (const char *const *)cli->cfg.excludes,
                             cli->cfg.n_excludes, &cli->err);
     if (rc == 0)
-        rc = gs_index_open(&s->idx, db.data, id, &cli->err);
+        rc = gs_index_open(&s->idx, db.data, key, &cli->err);
     if (rc < 0)
         gs_session_close(s);
-    free(id);
+    free(key);
     gs_buf_release(&db);
     return rc;
 }

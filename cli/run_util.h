@@ -79,10 +79,15 @@ int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out);
 int gs_run_sync(struct gs_cli *cli);
 
 /* As gs_run_sync, for an extra node of a multi-node run (cli->cfg names that node): always a
- * push over cli->ssh, recorded in the node's own index (.gpusync/index.<remote>.db), so the
+ * push over cli->ssh, recorded in the node's own index (.gpusync/index.<node key>.db), so the
  * project's index, which the watch daemon may be using for the configured server, is left
  * alone. Returns 0 or a negative code in cli->err. */
 int gs_run_sync_node(struct gs_cli *cli);
+
+/* "user@host:port:path" for the server directory `cfg` names, with user, host and port resolved
+ * as OpenSSH would (remote/target.h): an ~/.ssh/config alias and its HostName, a port written or
+ * left to its default, are one node, with one index. malloc'd. */
+char *gs_run_node_key(const struct gs_config *cfg);
 
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * Appends the id to `id`. Returns 0 or GS_E_NOTFOUND. */

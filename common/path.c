@@ -2,10 +2,13 @@
 #include "common/path.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 void gs_path_join(struct gs_buf *out, const char *a, const char *b)
@@ -133,4 +136,31 @@ int gs_path_project_relative(const char *root, const char *arg, struct gs_buf *o
     gs_buf_release(&abs);
     gs_buf_release(&norm);
     return rc;
+}
+
+#define CONFLICT_TAG ".gpusync-conflict-"
+
+int gs_path_keep_conflict(const char *path, struct gs_buf *kept, struct gs_error *err)
+{
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm))
+        return gs_error_set(err, GS_E_IO, "%s: cannot make a conflict copy name", path);
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    /* shorten NAME rather than exceed NAME_MAX with the tag, the stamp and "-NNN" */
+    int keep = NAME_MAX - (int)(strlen(CONFLICT_TAG) + strlen(stamp) + 4);
+    int rc = -1;
+    for (int n = 0; n < 1000 && rc != 0; n++) {
+        gs_buf_reset(kept);
+        gs_buf_add(kept, path, dir_len);
+        gs_buf_addf(kept, "%.*s%s%s", keep, path + dir_len, CONFLICT_TAG, stamp);
+        if (n > 0)
+            gs_buf_addf(kept, "-%d", n);
+        rc = renameat2(AT_FDCWD, path, AT_FDCWD, kept->data, RENAME_NOREPLACE);
+        if (rc != 0 && errno != EEXIST)
+            break;
+    }
+    return rc == 0 ? 0 : gs_error_errno(err, GS_E_IO, "cannot keep %s as a conflict copy", path);
 }

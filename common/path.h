@@ -31,6 +31,11 @@ int gs_path_find_project(const char *start, struct gs_buf *root, struct gs_error
 int gs_path_project_relative(const char *root, const char *arg, struct gs_buf *out,
                              struct gs_error *err);
 
+/* Renames the local file `path` to a free NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N] beside it
+ * (NAME shortened to fit NAME_MAX; never replacing anything), the way the server keeps a copy it
+ * must not overwrite. Stores the new path in `kept`. Returns 0 or GS_E_IO. */
+int gs_path_keep_conflict(const char *path, struct gs_buf *kept, struct gs_error *err);
+
 /* Returns 1 if `name` exists as any kind of file (lstat), 0 otherwise. */
 int gs_path_exists(const char *name);
 

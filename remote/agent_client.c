@@ -47,6 +47,7 @@ struct gs_agent {
     struct gs_fileops ops; /* first, so the fileops pointer is the agent */
     struct gs_ssh *ssh;
     LIBSSH2_CHANNEL *ch;
+    struct gs_exec_gate gate; /* the shell's noise before the agent's first byte is not a frame */
     struct gs_proto_buf out;
     uint8_t *in;
     size_t in_len, in_cap;
@@ -71,16 +72,19 @@ static int agent_gone(struct gs_agent *a, struct gs_error *err)
 {
     while (a->errtail.len && (a->errtail.data[a->errtail.len - 1] == '\n'))
         a->errtail.data[--a->errtail.len] = '\0';
-    return gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s stopped%s%s",
-                        gs_ssh_target(a->ssh), a->errtail.len ? ": " : "",
-                        a->errtail.len ? a->errtail.data : "");
+    int rc = gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s %s%s%s",
+                          gs_ssh_target(a->ssh), a->gate.passed[0] ? "stopped" : "did not start",
+                          a->errtail.len ? ": " : "", a->errtail.len ? a->errtail.data : "");
+    if (!a->gate.passed[0])
+        gs_exec_blame_noise(&a->gate, err);
+    return rc;
 }
 
 static void keep_stderr(struct gs_agent *a)
 {
     char buf[1024];
     ssize_t n;
-    while ((n = libssh2_channel_read_stderr(a->ch, buf, sizeof(buf))) > 0) {
+    while ((n = gs_exec_read(a->ch, &a->gate, 1, buf, sizeof(buf))) > 0) {
         gs_buf_add(&a->errtail, buf, (size_t)n);
         if (a->errtail.len > STDERR_KEEP)
             gs_buf_consume(&a->errtail, a->errtail.len - STDERR_KEEP);
@@ -100,7 +104,7 @@ static int read_some(struct gs_agent *a, struct gs_error *err)
         a->in = p;
         a->in_cap = cap;
     }
-    ssize_t n = libssh2_channel_read(a->ch, (char *)a->in + a->in_len, a->in_cap - a->in_len);
+    ssize_t n = gs_exec_read(a->ch, &a->gate, 0, (char *)a->in + a->in_len, a->in_cap - a->in_len);
     keep_stderr(a);
     if (n == LIBSSH2_ERROR_EAGAIN)
         return 0;
@@ -642,6 +646,7 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
                                  .close = agent_close_ops};
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);
+    gs_exec_gate_init(&a->gate, ssh);
     a->ch = gs_exec_open(ssh, command, err);
     int rc = a->ch ? handshake(a, err) : (err && err->code ? err->code : GS_E_REMOTE);
     if (rc < 0) {
@@ -734,7 +739,11 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
         gs_buf_add(&tmp, local, (size_t)(slash - local) + 1);
     gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
     struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
-    st.fd = open(tmp.data, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* a fresh file, never through a link someone left at that name */
+    int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    st.fd = open(tmp.data, flags, 0600);
+    if (st.fd < 0 && errno == EEXIST && unlink(tmp.data) == 0) /* a killed pull's leftover */
+        st.fd = open(tmp.data, flags, 0600);
     if (st.fd < 0) {
         int rc = gs_error_errno(err, GS_E_IO, "cannot create %s", tmp.data);
         gs_buf_release(&tmp);
@@ -769,6 +778,12 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
     struct gs_proto_entry e;
     int more = 0;
     while (st->rc == 0 && (more = gs_proto_list_next(m, &pos, &e)) > 0) {
+        if (gs_proto_check_path(e.path.p, e.path.len, 0) != 0) {
+            st->rc = gs_error_set(st->err, GS_E_PROTO,
+                                  "the agent listed an unsafe path (\"%.*s\"); refused",
+                                  (int)(e.path.len > 200 ? 200 : e.path.len), e.path.p);
+            break;
+        }
         char *path = strndup(e.path.p, e.path.len), *link = strndup(e.link.p, e.link.len);
         struct gs_agent_entry out = {.path = path,
                                      .kind = e.kind,

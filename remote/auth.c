@@ -1,13 +1,18 @@
 /* remote/auth.c: authentication methods, tried in order (see auth.h). */
 #include "remote/auth.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/buf.h"
 #include "common/path.h"
+#include "common/proc.h"
+#include "common/shell.h"
+#include "remote/exec.h"
 
 struct auth_run {
     struct gs_ssh *s;
@@ -17,7 +22,9 @@ struct auth_run {
     int rsa_only_candidate; /* an RSA key was found and tried */
     int usable_key_found;   /* a non-RSA key was found */
     const char *password;   /* for the keyboard-interactive callback */
+    int passwords_rejected; /* passwords the server answered "wrong" to */
     char last_key[4096];    /* the identity file tried last (a copy: paths are freed) */
+    char missing_key[4200]; /* "PATH: why", when the config's identity file cannot be read */
 };
 
 static void note_tried(struct auth_run *run, const char *what)
@@ -28,6 +35,12 @@ static void note_tried(struct auth_run *run, const char *what)
 static int authenticated(struct auth_run *run)
 {
     return libssh2_userauth_authenticated(gs_ssh_session(run->s));
+}
+
+/* 1 when the server's method list ("publickey,password") takes a password in some form. */
+static int accepts_password(const char *methods)
+{
+    return strstr(methods, "password") || strstr(methods, "keyboard-interactive");
 }
 
 /* The server's accepted methods ("publickey,password"), or NULL if "none" already succeeded. */
@@ -124,16 +137,20 @@ static int try_identity(struct auth_run *run, const char *path, struct gs_error 
     return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT ? rc : 0;
 }
 
+/* The config's `identity =` file first (noting why when it cannot be read: that, not the keys
+ * tried after it, is then what the user must fix), then the target's list without it. */
 static int try_identities(struct auth_run *run, struct gs_error *err)
 {
     int rc = 0;
-    if (run->opts->identity) {
-        char *path = gs_path_expand_home(run->opts->identity);
-        rc = try_identity(run, path, err);
-        free(path);
-    }
+    char *named = run->opts->identity ? gs_path_expand_home(run->opts->identity) : NULL;
+    if (named && access(named, R_OK) != 0)
+        snprintf(run->missing_key, sizeof(run->missing_key), "%s: %s", named, strerror(errno));
+    else if (named)
+        rc = try_identity(run, named, err);
     for (size_t i = 0; rc == 0 && !authenticated(run) && i < run->t->n_identities; i++)
-        rc = try_identity(run, run->t->identities[i], err);
+        if (!named || strcmp(named, run->t->identities[i]) != 0)
+            rc = try_identity(run, run->t->identities[i], err);
+    free(named);
     return rc;
 }
 
@@ -174,13 +191,15 @@ static int send_password(struct auth_run *run, const char *methods, const char *
                      err);
         *abstract = saved;
     }
+    if (rc == LIBSSH2_ERROR_AUTHENTICATION_FAILED)
+        run->passwords_rejected++;
     return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT ? rc : 0;
 }
 
 /* A given password is tried once; a prompted one up to three times, as ssh does. */
 static int try_password(struct auth_run *run, const char *methods, struct gs_error *err)
 {
-    if (!strstr(methods, "password") && !strstr(methods, "keyboard-interactive"))
+    if (!accepts_password(methods))
         return 0;
     if (run->opts->password) {
         note_tried(run, "password");
@@ -204,21 +223,50 @@ static int try_password(struct auth_run *run, const char *methods, struct gs_err
     return rc;
 }
 
+/* Why nothing worked, the most specific cause first, and what to do about it. */
 static int auth_failed(struct auth_run *run, const char *methods, struct gs_error *err)
 {
     const char *target = gs_ssh_target(run->s);
-    if (run->rsa_only_candidate && !run->usable_key_found && !run->opts->password)
+    const char *tried = run->tried.len ? run->tried.data : "nothing";
+    int installing = run->opts->installing_key;
+    if (run->passwords_rejected)
+        return gs_error_set(err, GS_E_AUTH,
+                            "authentication to %s failed: password rejected%s (tried: %s). Check "
+                            "the password (GPUSYNC_PASSWORD, --password-stdin or the prompt) and "
+                            "the user name",
+                            target, run->passwords_rejected > 1 ? " each time" : "", tried);
+    if (run->missing_key[0])
+        return gs_error_set(err, GS_E_AUTH,
+                            "authentication to %s failed: the key named by 'identity =' in "
+                            ".gpusync/config cannot be read (%s; tried: %s). Correct that line "
+                            "or remove it",
+                            target, run->missing_key, tried);
+    if (installing && accepts_password(methods))
+        return gs_error_set(err, GS_E_AUTH,
+                            "cannot install a key on %s: it accepted none of the keys (tried: %s), "
+                            "so the password is needed once, and none was given%s. Set "
+                            "GPUSYNC_PASSWORD or pass it on standard input with --password-stdin",
+                            target, tried, run->opts->ask_secret ? "" : " (no terminal to ask on)");
+    if (run->rsa_only_candidate && !run->usable_key_found && !installing)
         return gs_error_set(err, GS_E_AUTH,
                             "authentication to %s failed: only an RSA key was found (tried: %s). "
                             "This libssh2 (1.10) cannot sign with rsa-sha2, which OpenSSH 8.8 and "
                             "later require. Run 'gpusync init --install-key' to create a dedicated "
                             "ed25519 key and install it with your password once",
-                            target, run->tried.len ? run->tried.data : "nothing");
+                            target, tried);
+    if (!accepts_password(methods))
+        return gs_error_set(err, GS_E_AUTH,
+                            "authentication to %s failed: the server takes no password (only %s) "
+                            "and accepted none of the keys (tried: %s). Add a public key to "
+                            "~/.ssh/authorized_keys on the server (gpusync's own is %s.pub), e.g. "
+                            "through the provider's console",
+                            target, methods, tried, GS_TARGET_MANAGED_KEY);
     return gs_error_set(err, GS_E_AUTH,
-                        "authentication to %s failed (server accepts: %s; tried: %s). Set "
-                        "GPUSYNC_PASSWORD or use --password-stdin for password login, or run "
-                        "'gpusync init --install-key' to install a key",
-                        target, methods, run->tried.len ? run->tried.data : "nothing");
+                        "authentication to %s failed: no key was accepted (tried: %s) and no "
+                        "password was given%s. Set GPUSYNC_PASSWORD or use --password-stdin; "
+                        "'gpusync init --install-key' installs a key with it once, so that later "
+                        "commands need none",
+                        target, tried, run->opts->ask_secret ? "" : " (no terminal to ask on)");
 }
 
 /* Tries ssh-agent and identity files; stores what worked in *method. Returns 0, GS_E_AUTH when
@@ -263,9 +311,8 @@ int gs_auth_login(struct gs_ssh *s, const struct gs_target *t, const struct gs_s
         gs_error_clear(err);
         char *methods = list_methods(&run, err);
         if (methods)
-            rc = strstr(methods, "password") || strstr(methods, "keyboard-interactive")
-                     ? run_methods_password(&run, methods, method, err)
-                     : auth_failed(&run, methods, err);
+            rc = accepts_password(methods) ? run_methods_password(&run, methods, method, err)
+                                           : auth_failed(&run, methods, err);
         else if (authenticated(&run))
             rc = (*method = strdup("none")) ? 0 : GS_E_NOMEM;
         else
@@ -276,5 +323,81 @@ int gs_auth_login(struct gs_ssh *s, const struct gs_target *t, const struct gs_s
         free(methods);
     }
     gs_buf_release(&run.tried);
+    return rc;
+}
+
+int gs_auth_managed_key_ensure(struct gs_error *err)
+{
+    char *key = gs_path_expand_home(GS_TARGET_MANAGED_KEY);
+    char *dir = strdup(key);
+    *strrchr(dir, '/') = '\0';
+    mkdir(dir, 0700);
+    free(dir);
+    char *argv[] = {"ssh-keygen", "-q",      "-t", "ed25519", "-N", "",
+                    "-C",         "gpusync", "-f", key,       NULL};
+    struct gs_buf out = GS_BUF_INIT;
+    int rc = gs_path_exists(key) ? 0 : gs_proc_capture(argv, &out, err);
+    if (rc > 0)
+        rc = gs_error_set(err, GS_E_IO, "ssh-keygen could not create %s (install openssh-client)",
+                          key);
+    gs_buf_release(&out);
+    free(key);
+    return rc;
+}
+
+/* The first line of the managed key's .pub ("ssh-ed25519 AAAA... gpusync") into `line`, and its
+ * key field (the base64 blob, which identifies the key whatever comment a copy carries) into
+ * `blob`. Returns 0 or GS_E_IO. */
+static int read_managed_pub(struct gs_buf *line, struct gs_buf *blob, struct gs_error *err)
+{
+    char *key = gs_path_expand_home(GS_TARGET_MANAGED_KEY ".pub");
+    FILE *fp = fopen(key, "r");
+    char text[8192] = "", field[8192] = "";
+    int rc = fp ? 0 : gs_error_errno(err, GS_E_IO, "cannot read %s", key);
+    if (fp && (!fgets(text, sizeof(text), fp) || sscanf(text, "%*s %8191s", field) != 1))
+        rc = gs_error_set(err, GS_E_IO, "%s is not a public key", key);
+    if (fp)
+        fclose(fp);
+    text[strcspn(text, "\r\n")] = '\0';
+    gs_buf_adds(line, text);
+    gs_buf_adds(blob, field);
+    free(key);
+    return rc;
+}
+
+/* The shell command that installs `line` unless a line holds `blob` as one of its fields (so a
+ * copy with options in front or another comment counts); prints "added" when it wrote. */
+static void install_command(struct gs_buf *cmd, const char *line, const char *blob)
+{
+    gs_buf_adds(cmd, "umask 077 && mkdir -p ~/.ssh && f=~/.ssh/authorized_keys && touch \"$f\" && "
+                     "if awk -v k=");
+    gs_shell_quote(cmd, blob);
+    gs_buf_adds(cmd, " '{ sub(/\\r$/, \"\"); for (i = 1; i <= NF; i++) if ($i == k) found = 1 } "
+                     "END { exit !found }' \"$f\"; then :; else "
+                     "{ [ -z \"$(tail -c 1 \"$f\")\" ] || echo; printf '%s\\n' ");
+    gs_shell_quote(cmd, line);
+    gs_buf_adds(cmd, "; } >> \"$f\" && echo added; fi");
+}
+
+int gs_auth_managed_key_install(struct gs_ssh *s, int *added, struct gs_error *err)
+{
+    struct gs_buf line = GS_BUF_INIT, blob = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    struct gs_buf out = GS_BUF_INIT, errout = GS_BUF_INIT;
+    int rc = read_managed_pub(&line, &blob, err);
+    if (rc == 0) {
+        install_command(&cmd, line.data, blob.data);
+        rc = gs_exec_capture(s, cmd.data, &out, &errout, err);
+    }
+    if (rc > 0)
+        rc =
+            gs_error_set(err, GS_E_REMOTE, "%s: could not add %s.pub to ~/.ssh/authorized_keys: %s",
+                         gs_ssh_target(s), GS_TARGET_MANAGED_KEY,
+                         errout.len ? errout.data : "the command failed");
+    *added = rc == 0 && out.data && strstr(out.data, "added") != NULL;
+    gs_buf_release(&line);
+    gs_buf_release(&blob);
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    gs_buf_release(&errout);
     return rc;
 }

@@ -3,11 +3,19 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/clock.h"
+
+/* Printed by the server's shell just before the command runs. 0x1e starts it and appears nowhere
+ * else in it, so a failed partial match restarts cleanly; the command line carries it as octal
+ * escapes, so a shell that echoes commands (set -x in an rc file) never prints the bytes. */
+#define MARK     "\036gpusync\037"
+#define MARK_LEN (sizeof(MARK) - 1)
+#define MARK_CMD "printf '\\036gpusync\\037'; printf '\\036gpusync\\037' >&2; "
 
 /* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
 static int exec_signal_number(const char *name)
@@ -25,6 +33,80 @@ static int exec_signal_number(const char *name)
     return 0;
 }
 
+void gs_exec_gate_init(struct gs_exec_gate *g, struct gs_ssh *s)
+{
+    memset(g, 0, sizeof(*g));
+    g->s = s;
+}
+
+static void add_noise(struct gs_exec_gate *g, const char *p, size_t n)
+{
+    size_t room = GS_SSH_NOISE_MAX - g->noise_len;
+    n = n < room ? n : room;
+    memcpy(g->noise + g->noise_len, p, n);
+    g->noise_len += n;
+    g->noise[g->noise_len] = '\0';
+}
+
+/* Consumes buf[0..n) up to and including the marker, keeping what precedes it as noise. Returns
+ * the bytes consumed: n while the marker is still to come. */
+static size_t pass_marker(struct gs_exec_gate *g, int stream, const char *buf, size_t n)
+{
+    size_t *m = &g->matched[stream], used = n;
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] == MARK[*m]) {
+            if (++*m == MARK_LEN) {
+                g->passed[stream] = 1;
+                used = i + 1;
+                break;
+            }
+            continue;
+        }
+        add_noise(g, MARK, *m); /* a partial match that failed was noise too */
+        *m = buf[i] == MARK[0];
+        if (!*m)
+            add_noise(g, buf + i, 1);
+    }
+    if (g->s && g->noise_len)
+        gs_ssh_set_shell_noise(g->s, g->noise, g->noise_len);
+    return used;
+}
+
+ssize_t gs_exec_read(LIBSSH2_CHANNEL *ch, struct gs_exec_gate *g, int stream, char *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n = libssh2_channel_read_ex(ch, stream, buf, len);
+        if (n == 0 && g->s && stream == 0 && !g->passed[0] && libssh2_channel_eof(ch))
+            gs_ssh_shell_starting(g->s, 0); /* the shell ended without running the command */
+        if (n <= 0 || g->passed[stream])
+            return n;
+        size_t used = pass_marker(g, stream, buf, (size_t)n);
+        if (g->s && stream == 0 && g->passed[0])
+            gs_ssh_shell_starting(g->s, 0);
+        if (used < (size_t)n) {
+            memmove(buf, buf + used, (size_t)n - used);
+            return n - (ssize_t)used;
+        }
+    }
+}
+
+void gs_exec_blame_noise(const struct gs_exec_gate *g, struct gs_error *err)
+{
+    if (!err || !g->noise_len)
+        return;
+    char shown[160];
+    size_t n = 0;
+    for (size_t i = 0; i < g->noise_len && n + 4 < sizeof(shown); i++)
+        shown[n++] = (unsigned char)g->noise[i] < 0x20 ? ' ' : g->noise[i];
+    if (n < g->noise_len)
+        shown[n++] = '.', shown[n++] = '.', shown[n++] = '.';
+    shown[n] = '\0';
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof(err->msg) - len,
+             " (the server's shell printed \"%s\" instead; `gpusync doctor` names the file)",
+             shown);
+}
+
 LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err)
 {
     LIBSSH2_SESSION *session = gs_ssh_session(s);
@@ -37,7 +119,13 @@ LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_e
         gs_ssh_error(s, libssh2_session_last_errno(session), "opening a channel", err);
         return NULL;
     }
-    GS_SSH_RETRY(s, rc, libssh2_channel_exec(ch, command), 0, err);
+    struct gs_buf marked = GS_BUF_INIT;
+    gs_buf_adds(&marked, MARK_CMD);
+    gs_buf_adds(&marked, command);
+    GS_SSH_RETRY(s, rc, libssh2_channel_exec(ch, marked.data), 0, err);
+    gs_buf_release(&marked);
+    if (rc == 0)
+        gs_ssh_shell_starting(s, 1);
     if (rc < 0) {
         if (!GS_IS_ERROR(rc))
             gs_ssh_error(s, rc, "starting a remote command", err);
@@ -114,6 +202,7 @@ struct exec_state {
     int in_fd_done;
     int eof_sent;
     int out_done[2];
+    struct gs_exec_gate gate;
 };
 
 static void deliver(const struct gs_exec_io *io, int stream, const char *p, size_t n)
@@ -169,7 +258,7 @@ static int pump_output(struct exec_state *st, int stream)
     if (st->out_done[stream])
         return 0;
     char buf[32768];
-    ssize_t n = libssh2_channel_read_ex(st->ch, stream, buf, sizeof(buf));
+    ssize_t n = gs_exec_read(st->ch, &st->gate, stream, buf, sizeof(buf));
     if (n == LIBSSH2_ERROR_EAGAIN)
         return 0;
     if (n < 0)
@@ -206,6 +295,7 @@ int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *
                 struct gs_error *err)
 {
     struct exec_state st = {.s = s, .io = io, .in = io->stdin_data, .in_left = io->stdin_len};
+    gs_exec_gate_init(&st.gate, s);
     st.ch = gs_exec_open(s, command, err);
     if (!st.ch)
         return err && err->code ? err->code : GS_E_REMOTE;

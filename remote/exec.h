@@ -2,7 +2,14 @@
  *
  * The command string is passed to the user's login shell by sshd, so callers build it with
  * gs_shell_quote. Output streams stay separate (stdout, stderr). The result is the command's exit
- * status, or 128+N when it died of signal N, as a local shell reports it. */
+ * status, or 128+N when it died of signal N, as a local shell reports it.
+ *
+ * The login shell runs its rc files first, and on rented servers those often print (a banner,
+ * nvidia-smi, conda's messages) even when no one is at a terminal. That text would arrive ahead of
+ * the command's own output and break any protocol spoken over it, so every command is started
+ * behind a marker it prints first on stdout and on stderr: what comes before the marker is the
+ * shell's noise (kept for `doctor` and for error messages, see gs_ssh_shell_noise), what comes
+ * after is the command's. Readers of a channel from gs_exec_open read it through gs_exec_read. */
 #ifndef GS_EXEC_H
 #define GS_EXEC_H
 
@@ -39,6 +46,30 @@ int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *
 /* Convenience: runs `command`, capturing stdout into `out` (stderr into `errout` if not NULL). */
 int gs_exec_capture(struct gs_ssh *s, const char *command, struct gs_buf *out,
                     struct gs_buf *errout, struct gs_error *err);
+
+/* What one channel's reader knows about the marker: whether it has passed on each stream, and the
+ * noise seen before it (both streams, in arrival order, at most GS_SSH_NOISE_MAX bytes). */
+struct gs_exec_gate {
+    struct gs_ssh *s; /* its noise is copied there as it arrives */
+    int passed[2];    /* the marker has been read on stdout (0) / stderr (1) */
+    size_t matched[2];
+    char noise[GS_SSH_NOISE_MAX + 1];
+    size_t noise_len;
+};
+
+void gs_exec_gate_init(struct gs_exec_gate *g, struct gs_ssh *s);
+
+/* libssh2_channel_read_ex for a channel from gs_exec_open: returns only the command's bytes (the
+ * shell's noise and the marker are consumed here), LIBSSH2_ERROR_EAGAIN when nothing of the
+ * command's is available yet, 0 at the end of the stream (libssh2_channel_eof tells which), or a
+ * libssh2 error. A stream that ends before its marker came had no command output (the shell
+ * failed to start the command); its bytes are in g->noise. */
+ssize_t gs_exec_read(LIBSSH2_CHANNEL *ch, struct gs_exec_gate *g, int stream, char *buf,
+                     size_t len);
+
+/* Appends ", and the server's shell printed: «…»" to `err`'s message when the gate saw noise: for
+ * errors that the noise may explain (a command that never started). */
+void gs_exec_blame_noise(const struct gs_exec_gate *g, struct gs_error *err);
 
 /* Opens an exec channel for `command` and leaves it open for the caller to stream over (the agent
  * client does this). Returns the channel or NULL with err set. Free with gs_exec_close. */

@@ -183,15 +183,17 @@ static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct gs_run_stre
                      volatile sig_atomic_t *interrupted, struct gs_error *err)
 {
     char buf[32768];
+    struct gs_exec_gate gate;
+    gs_exec_gate_init(&gate, ssh);
     for (;;) {
         if (interrupted && *interrupted)
             return GS_E_INTERRUPTED;
         char ebuf[1024];
         ssize_t e;
-        while ((e = libssh2_channel_read_stderr(ch, ebuf, sizeof(ebuf))) > 0)
+        while ((e = gs_exec_read(ch, &gate, 1, ebuf, sizeof(ebuf))) > 0)
             if (p->errout.len < 4096)
                 gs_buf_add(&p->errout, ebuf, (size_t)e);
-        ssize_t n = libssh2_channel_read(ch, buf, sizeof(buf));
+        ssize_t n = gs_exec_read(ch, &gate, 0, buf, sizeof(buf));
         if (n > 0) {
             if (gs_run_stream_feed(p, buf, (size_t)n) < 0)
                 return gs_error_set(err, GS_E_PROTO, "garbled log stream from %s",

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "remote/exec.h"
 
 #define SFTP_CHUNK (4u << 20)
 
@@ -50,6 +51,32 @@ static int sftp_fail(struct gs_sftp_pool *pool, LIBSSH2_SFTP *sftp, int rc, cons
     return gs_ssh_error(pool->ssh, rc, label, err);
 }
 
+/* SFTP runs as a program started through the user's login shell, so an rc file that prints
+ * (a banner, nvidia-smi) corrupts its first packet and the start times out. No SFTP client can
+ * work through that (OpenSSH's sftp, scp and rsync fail too), so say what is wrong: a command
+ * started behind remote/exec.h's marker shows whether the shell prints. */
+static int sftp_start_failed(struct gs_ssh *ssh, struct gs_error *err)
+{
+    struct gs_buf out = GS_BUF_INIT;
+    struct gs_error probe = {0};
+    int rc = gs_exec_capture(ssh, "true", &out, NULL, &probe);
+    gs_buf_release(&out);
+    const char *noise = gs_ssh_shell_noise(ssh);
+    if (rc < 0 || !*noise)
+        return gs_ssh_error(ssh, libssh2_session_last_errno(gs_ssh_session(ssh)),
+                            "starting SFTP (is the sftp subsystem enabled?)", err);
+    char first[81];
+    size_t n = strcspn(noise, "\r\n");
+    snprintf(first, sizeof(first), "%.*s", (int)(n < 80 ? n : 80), noise);
+    return gs_error_set(err, GS_E_PROTO,
+                        "SFTP cannot start on %s: the server's shell prints text before any "
+                        "command runs (\"%s\"), which breaks the SFTP protocol (OpenSSH's sftp, "
+                        "scp and rsync fail there too). Make that rc file quiet when the shell is "
+                        "not interactive (`gpusync doctor` names it), or use transport = agent, "
+                        "which is not affected",
+                        gs_ssh_target(ssh), first);
+}
+
 int gs_sftp_pool_open(struct gs_sftp_pool *pool, struct gs_ssh *ssh, int n, struct gs_error *err)
 {
     memset(pool, 0, sizeof(*pool));
@@ -62,8 +89,7 @@ int gs_sftp_pool_open(struct gs_sftp_pool *pool, struct gs_ssh *ssh, int n, stru
         GS_SSH_RETRY_PTR(ssh, sftp, libssh2_sftp_init(gs_ssh_session(ssh)), 0, err, rc);
         if (!sftp) {
             if (rc == 0)
-                gs_ssh_error(ssh, libssh2_session_last_errno(gs_ssh_session(ssh)),
-                             "starting SFTP (is the sftp subsystem enabled?)", err);
+                sftp_start_failed(ssh, err);
             gs_sftp_pool_release(pool);
             return err && err->code ? err->code : GS_E_REMOTE;
         }

@@ -28,8 +28,13 @@ struct gs_ssh {
     char *auth_method;
     int keepalive_ms;
     int dead_after_ms;
-    int64_t last_recv_ms;      /* when the server last sent us anything */
-    int64_t last_keepalive_ms; /* when we last asked it to answer */
+    int64_t last_recv_ms;                   /* when the server last sent us anything */
+    int64_t last_keepalive_ms;              /* when we last asked it to answer */
+    char shell_noise[GS_SSH_NOISE_MAX + 1]; /* what the login shell printed before a command */
+    int64_t shell_wait_since; /* a command was started and its shell has not run it yet; or 0 */
+    int shell_wait_told;      /* the user has been told about that wait */
+    gs_ssh_notice_fn notice;
+    void *notice_ctx;
 };
 
 /* libssh2 reads the socket through this, so we know when the server last said anything. */
@@ -116,6 +121,8 @@ static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
     s->fd = -1;
     s->keepalive_ms = opts->keepalive_ms > 0 ? opts->keepalive_ms : 5000;
     s->dead_after_ms = opts->dead_after_ms > 0 ? opts->dead_after_ms : 15000;
+    s->notice = opts->notice;
+    s->notice_ctx = opts->prompt_ctx;
     s->session = libssh2_session_init_ex(NULL, NULL, NULL, s);
     if (!s->session) {
         free(s);
@@ -145,10 +152,18 @@ static int establish(struct gs_ssh *s, const struct gs_target *t, const struct g
 {
     int timeout = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
     snprintf(s->target, sizeof(s->target), "%s@%s:%d", t->user, t->hostname, t->port);
-    struct gs_hostkey_policy policy = {.known_hosts = opts->known_hosts,
+    const char *user_files[1] = {opts->known_hosts};
+    struct gs_hostkey_policy policy = {.user_files = (const char *const *)t->user_known_hosts,
+                                       .n_user_files = t->n_user_known_hosts,
+                                       .global_files = (const char *const *)t->global_known_hosts,
+                                       .n_global_files = t->n_global_known_hosts,
                                        .accept_new = opts->accept_new_host_key,
                                        .confirm = opts->confirm,
                                        .prompt_ctx = opts->prompt_ctx};
+    if (opts->known_hosts) { /* an explicit file replaces the user's */
+        policy.user_files = user_files;
+        policy.n_user_files = 1;
+    }
     gs_hostkey_prefer_known_type(s->session, &policy, t->hostname, t->port);
     s->fd = open_socket(t->hostname, t->port, timeout, err);
     if (s->fd < 0)
@@ -227,6 +242,45 @@ const char *gs_ssh_auth_method(struct gs_ssh *s)
     return s->auth_method ? s->auth_method : "none";
 }
 
+void gs_ssh_shell_starting(struct gs_ssh *s, int starting)
+{
+    if (!starting)
+        s->shell_wait_since = 0;
+    else if (!s->shell_wait_since)
+        s->shell_wait_since = gs_clock_mono_ms();
+}
+
+/* After SHELL_NOTICE_MS of waiting for a shell to start a command, says so, once per session. */
+#define SHELL_NOTICE_MS 2000
+static void tell_shell_wait(struct gs_ssh *s, int64_t now)
+{
+    if (!s->shell_wait_since || s->shell_wait_told || now - s->shell_wait_since < SHELL_NOTICE_MS)
+        return;
+    s->shell_wait_told = 1;
+    char message[700];
+    snprintf(message, sizeof(message),
+             "waiting for the login shell on %s to start (%.0f s so far): its startup files "
+             "(~/.bashrc, conda, pyenv) are slow or stuck",
+             s->target, (double)(now - s->shell_wait_since) / 1000.0);
+    if (s->notice)
+        s->notice(s->notice_ctx, message);
+    else
+        gs_info("%s", message);
+}
+
+void gs_ssh_set_shell_noise(struct gs_ssh *s, const char *noise, size_t len)
+{
+    if (len > GS_SSH_NOISE_MAX)
+        len = GS_SSH_NOISE_MAX;
+    memcpy(s->shell_noise, noise, len);
+    s->shell_noise[len] = '\0';
+}
+
+const char *gs_ssh_shell_noise(struct gs_ssh *s)
+{
+    return s->shell_noise;
+}
+
 const char *gs_ssh_fingerprint(struct gs_ssh *s)
 {
     return s->fingerprint;
@@ -298,10 +352,14 @@ int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
         int64_t wait = s->keepalive_ms / 2;
         if (deadline_ms && deadline_ms - now < wait)
             wait = deadline_ms - now;
+        int64_t notice_at = s->shell_wait_since + SHELL_NOTICE_MS;
+        if (s->shell_wait_since && !s->shell_wait_told && notice_at - now < wait)
+            wait = notice_at > now ? notice_at - now : 0;
         struct pollfd p = {.fd = s->fd, .events = poll_events(s)};
         int ready = poll(&p, 1, (int)wait);
         if (ready < 0 && errno != EINTR)
             return gs_error_errno(err, GS_E_DISCONNECTED, "%s: poll", s->target);
+        tell_shell_wait(s, gs_clock_mono_ms());
         if (ready != 0)
             return 0; /* ready, or a signal: let the caller retry its call */
         int rc = ssh_tick(s, err);

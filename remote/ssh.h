@@ -10,6 +10,7 @@
 #define GS_SSH_H
 
 #include <libssh2.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
@@ -18,6 +19,8 @@
 typedef int (*gs_ssh_confirm_fn)(void *ctx, const char *question);
 /* Asks for a secret (password, passphrase) without echo; returns a malloc'd string or NULL. */
 typedef char *(*gs_ssh_secret_fn)(void *ctx, const char *prompt);
+/* Tells the user what a long wait is waiting for (one line, no newline). */
+typedef void (*gs_ssh_notice_fn)(void *ctx, const char *message);
 
 struct gs_ssh_opts {
     const char *host;        /* name, address or ~/.ssh/config alias */
@@ -25,13 +28,16 @@ struct gs_ssh_opts {
     const char *user;        /* NULL: from ssh -G, else $USER */
     const char *identity;    /* an identity file to try before the defaults; may be NULL */
     const char *password;    /* GPUSYNC_PASSWORD or --password-stdin; may be NULL */
-    const char *known_hosts; /* NULL: ~/.ssh/known_hosts */
+    const char *known_hosts; /* NULL: the files OpenSSH reads (ssh -G); else only this one */
     int accept_new_host_key; /* record an unknown host key without asking */
+    int installing_key;      /* the login is for installing a key (init --install-key, hosts
+                              * add): auth's advice must not point back to that */
     int connect_timeout_ms;  /* 0: 10 s */
     int keepalive_ms;        /* 0: 5 s */
     int dead_after_ms;       /* 0: 15 s without any byte from the server while waiting */
     gs_ssh_confirm_fn confirm;
     gs_ssh_secret_fn ask_secret;
+    gs_ssh_notice_fn notice; /* NULL: long waits are logged at info level */
     void *prompt_ctx;
 };
 
@@ -53,6 +59,18 @@ int gs_ssh_fd(struct gs_ssh *s);
 const char *gs_ssh_target(struct gs_ssh *s);
 /* How authentication succeeded, e.g. "publickey (~/.ssh/id_ed25519)" or "password". */
 const char *gs_ssh_auth_method(struct gs_ssh *s);
+/* Called by remote/exec.c with 1 when it starts a command and with 0 when the command's shell has
+ * started it (or ended): a wait of more than 2 s in between is reported once, through opts.notice,
+ * as a wait for the server's login shell, whose rc files can take that long (conda, pyenv). */
+void gs_ssh_shell_starting(struct gs_ssh *s, int starting);
+
+/* What the server's login shell printed before the last command started (a banner or nvidia-smi in
+ * .bashrc; remote/exec.h separates it from the command's output), or "" when it printed nothing.
+ * At most GS_SSH_NOISE_MAX bytes are kept. */
+#define GS_SSH_NOISE_MAX 1024
+const char *gs_ssh_shell_noise(struct gs_ssh *s);
+void gs_ssh_set_shell_noise(struct gs_ssh *s, const char *noise, size_t len);
+
 /* The host key fingerprint as OpenSSH prints it ("SHA256:..."). */
 const char *gs_ssh_fingerprint(struct gs_ssh *s);
 

@@ -19,18 +19,90 @@ static void set_string(char **slot, const char *value, size_t len)
     *slot = strndup(value, len);
 }
 
-static void add_identity(struct gs_target *t, const char *path, size_t len)
+/* `path` (len bytes) as "~/..." when it lies in the passwd home and $HOME is elsewhere: ssh -G
+ * prints some files (UserKnownHostsFile) with "~" already expanded from the passwd home, but
+ * gpusync follows $HOME (see home_ssh_config), as it does for the files ssh -G leaves as "~/".
+ * Returns a malloc'd copy. */
+static char *follow_home(const char *path, size_t len)
 {
-    char *raw = strndup(path, len);
+    const char *home = getenv("HOME");
+    struct passwd *pw = getpwuid(getuid());
+    size_t plen = pw && pw->pw_dir ? strlen(pw->pw_dir) : 0;
+    if (!home || plen < 2 || strcmp(pw->pw_dir, home) == 0 || len <= plen ||
+        memcmp(path, pw->pw_dir, plen) != 0 || path[plen] != '/')
+        return strndup(path, len);
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_adds(&b, "~");
+    gs_buf_add(&b, path + plen, len - plen);
+    return gs_buf_detach(&b, NULL);
+}
+
+/* Appends a path ("~" expanded) to a list unless it is there already. */
+static void add_path(char ***list, size_t *n, const char *path, size_t len)
+{
+    char *raw = follow_home(path, len);
     char *expanded = gs_path_expand_home(raw);
     free(raw);
-    for (size_t i = 0; i < t->n_identities; i++)
-        if (strcmp(t->identities[i], expanded) == 0) {
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*list)[i], expanded) == 0) {
             free(expanded);
             return;
         }
-    t->identities = realloc(t->identities, (t->n_identities + 1) * sizeof(char *));
-    t->identities[t->n_identities++] = expanded;
+    *list = realloc(*list, (*n + 1) * sizeof(char *));
+    (*list)[(*n)++] = expanded;
+}
+
+static void add_identity(struct gs_target *t, const char *path, size_t len)
+{
+    add_path(&t->identities, &t->n_identities, path, len);
+}
+
+static void free_paths(char **list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* Replaces a list with the space-separated paths of one ssh -G value. */
+static void set_paths(char ***list, size_t *n, const char *value, size_t len)
+{
+    free_paths(*list, *n);
+    *list = NULL;
+    *n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t word = strcspn(value + i, " \n");
+        if (word > len - i)
+            word = len - i;
+        if (word)
+            add_path(list, n, value + i, word);
+        i += word + 1;
+    }
+}
+
+/* 1 for one of OpenSSH's default key names (~/.ssh/id_rsa, id_ed25519...), which `ssh -G` lists
+ * when the config names no IdentityFile. */
+static int is_default_key_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return base && strncmp(base + 1, "id_", 3) == 0 && base - path >= 5 &&
+           strncmp(base - 5, "/.ssh", 5) == 0;
+}
+
+/* Puts GS_TARGET_MANAGED_KEY after the keys an ~/.ssh/config names for this host and before the
+ * default ones: each key that fails counts towards the server's MaxAuthTries, and the managed
+ * key exists only because gpusync installed it somewhere, so it must not wait behind id_rsa. */
+static void add_managed_key(struct gs_target *t)
+{
+    size_t n = t->n_identities, at = 0;
+    add_identity(t, GS_TARGET_MANAGED_KEY, strlen(GS_TARGET_MANAGED_KEY));
+    if (t->n_identities == n)
+        return; /* an IdentityFile names it already: keep the config's order */
+    while (at < n && !is_default_key_name(t->identities[at]))
+        at++;
+    char *managed = t->identities[n];
+    memmove(&t->identities[at + 1], &t->identities[at], (n - at) * sizeof(char *));
+    t->identities[at] = managed;
 }
 
 /* Applies one "key value" line of ssh -G output. */
@@ -50,6 +122,10 @@ static void apply_line(struct gs_target *t, const char *line, size_t len)
         set_string(&t->user, value, vlen);
     else if (klen == 12 && memcmp(line, "identityfile", 12) == 0)
         add_identity(t, value, vlen);
+    else if (klen == 18 && memcmp(line, "userknownhostsfile", 18) == 0)
+        set_paths(&t->user_known_hosts, &t->n_user_known_hosts, value, vlen);
+    else if (klen == 20 && memcmp(line, "globalknownhostsfile", 20) == 0)
+        set_paths(&t->global_known_hosts, &t->n_global_known_hosts, value, vlen);
 }
 
 void gs_target_apply_ssh_g(struct gs_target *t, const char *output)
@@ -76,6 +152,13 @@ static void apply_defaults(struct gs_target *t)
     static const char *defaults[] = {"~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa"};
     for (size_t i = 0; i < 3; i++)
         add_identity(t, defaults[i], strlen(defaults[i]));
+    /* OpenSSH's defaults, when ssh -G did not name the files */
+    static const char user_kh[] = "~/.ssh/known_hosts ~/.ssh/known_hosts2";
+    static const char global_kh[] = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2";
+    if (!t->n_user_known_hosts)
+        set_paths(&t->user_known_hosts, &t->n_user_known_hosts, user_kh, strlen(user_kh));
+    if (!t->n_global_known_hosts)
+        set_paths(&t->global_known_hosts, &t->n_global_known_hosts, global_kh, strlen(global_kh));
 }
 
 /* OpenSSH reads ~/.ssh/config from the passwd home; gpusync follows $HOME (as for identities and
@@ -111,7 +194,14 @@ static int dir_has_entries(const char *path)
 /* 1 when a line of the system config could change the host, port, user or keys. */
 static int system_line_matters(const char *line)
 {
-    static const char *keys[] = {"hostname", "port", "user", "identityfile", "match", "include"};
+    static const char *keys[] = {"hostname",
+                                 "port",
+                                 "user",
+                                 "identityfile",
+                                 "match",
+                                 "include",
+                                 "userknownhostsfile",
+                                 "globalknownhostsfile"};
     char key[32], value[256] = "";
     if (sscanf(line, " %31[^ \t=]%*[ \t=]%255s", key, value) < 1 || key[0] == '#')
         return 0;
@@ -185,6 +275,7 @@ int gs_target_resolve(struct gs_target *t, const char *host, int port, const cha
     t->alias = strdup(host);
     if (host[0] != '-' && ssh_config_may_apply())
         ask_ssh_g(t, host, port, user);
+    add_managed_key(t);
     if (port)
         t->port = port;
     if (user)
@@ -193,13 +284,20 @@ int gs_target_resolve(struct gs_target *t, const char *host, int port, const cha
     return 0;
 }
 
+char *gs_target_id(const struct gs_target *t)
+{
+    struct gs_buf b = GS_BUF_INIT;
+    gs_buf_addf(&b, "%s@%s:%d", t->user, t->hostname, t->port);
+    return gs_buf_detach(&b, NULL);
+}
+
 void gs_target_release(struct gs_target *t)
 {
     free(t->alias);
     free(t->hostname);
     free(t->user);
-    for (size_t i = 0; i < t->n_identities; i++)
-        free(t->identities[i]);
-    free(t->identities);
+    free_paths(t->identities, t->n_identities);
+    free_paths(t->user_known_hosts, t->n_user_known_hosts);
+    free_paths(t->global_known_hosts, t->n_global_known_hosts);
     memset(t, 0, sizeof(*t));
 }

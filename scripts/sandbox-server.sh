@@ -3,17 +3,20 @@
 # the tests and anyone trying gpusync without a server. One implementation, used by all three.
 #
 #   sandbox-server.sh start [--dir DIR] [--port N] [--password-user NAME:PASSWORD] [--new-host-key]
+#                           [--sftp-server PATH]
 #   sandbox-server.sh stop DIR
 #
 # start prints shell assignments (GS_SANDBOX_PORT, GS_SANDBOX_PID, GS_SANDBOX_DIR, GS_SANDBOX_HOME)
 # once sshd accepts connections. DIR/home is a HOME for the client: .ssh/id_ed25519 is authorised on
 # the server and .ssh/known_hosts is left empty, so host-key prompts behave as for a new user.
+# --sftp-server runs SFTP as most servers do, a program started through the user's login shell
+# (so its rc files run first), instead of sshd's built-in internal-sftp.
 set -euo pipefail
 
 die() { echo "sandbox-server: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 make_keys() {
@@ -38,7 +41,7 @@ make_password_user() {
 }
 
 write_config() {
-    local dir=$1 port=$2 use_pam=$3
+    local dir=$1 port=$2 use_pam=$3 sftp_server=$4
     cat >"$dir/sshd_config" <<CONF
 Port $port
 ListenAddress 127.0.0.1
@@ -51,7 +54,7 @@ PubkeyAuthentication yes
 PasswordAuthentication $use_pam
 KbdInteractiveAuthentication no
 UsePAM $use_pam
-Subsystem sftp internal-sftp
+Subsystem sftp $sftp_server
 MaxStartups 100
 MaxSessions 20
 LogLevel INFO
@@ -74,13 +77,14 @@ launch() {
 }
 
 start() {
-    local dir="" port="" pwuser="" new_host_key=0
+    local dir="" port="" pwuser="" new_host_key=0 sftp_server=internal-sftp
     while [[ $# -gt 0 ]]; do
         case $1 in
         --dir) dir=$2; shift 2 ;;
         --port) port=$2; shift 2 ;;
         --password-user) pwuser=$2; shift 2 ;;
         --new-host-key) new_host_key=1; shift ;;
+        --sftp-server) sftp_server=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
         esac
@@ -95,7 +99,7 @@ start() {
     local tries=0
     while :; do
         local p=${port:-$((20000 + RANDOM % 30000))}
-        write_config "$dir" "$p" "$use_pam"
+        write_config "$dir" "$p" "$use_pam" "$sftp_server"
         if launch "$dir" "$p"; then port=$p; break; fi
         [[ -z $port ]] || die "port $port is in use; see $dir/sshd.log"
         tries=$((tries + 1)); [[ $tries -lt 20 ]] || die "no free port found"

@@ -47,6 +47,7 @@ struct job {
     const struct gs_ssh_opts *opts;
     struct gs_ssh *ssh;        /* the spare, or NULL: connect first */
     LIBSSH2_CHANNEL *prestart; /* its waiting shell, or NULL */
+    struct gs_exec_gate gate;  /* for the command's channel: nothing of it has been read yet */
     int fd;
     char *command;
 };
@@ -124,6 +125,8 @@ static void *spare_main(void *arg)
         struct gs_error err = {0};
         int rc = gs_ssh_connect(&s, r->opts, &err);
         LIBSSH2_CHANNEL *ch = rc == 0 ? gs_exec_open(s, PRESTART_COMMAND, &err) : NULL;
+        if (ch)
+            gs_ssh_shell_starting(s, 0); /* nobody waits for it: it starts ahead of need */
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
             r->spares[r->n_spares++] = (struct spare){s, ch};
@@ -228,18 +231,18 @@ static int client_gone(int fd)
 
 /* Copies stdout and stderr to the client as frames until the command ends (1), the client leaves
  * (0) or the connection fails (<0). */
-static int relay_output(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, int fd)
+static int relay_output(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_exec_gate *gate, int fd)
 {
     char buf[32768];
     for (;;) {
         int moved = 0;
         ssize_t n;
-        while ((n = libssh2_channel_read_stderr(ch, buf, sizeof(buf))) > 0) {
+        while ((n = gs_exec_read(ch, gate, 1, buf, sizeof(buf))) > 0) {
             if (send_frame(fd, 'e', buf, (size_t)n) < 0)
                 return 0;
             moved = 1;
         }
-        n = libssh2_channel_read(ch, buf, sizeof(buf));
+        n = gs_exec_read(ch, gate, 0, buf, sizeof(buf));
         if (n > 0 && send_frame(fd, 'o', buf, (size_t)n) < 0)
             return 0;
         if (n == 0 && libssh2_channel_eof(ch))
@@ -268,10 +271,11 @@ static LIBSSH2_CHANNEL *give_to_prestart(struct job *j)
     int rc = 0;
     char junk[4096];
     j->prestart = NULL;
-    /* What the login shell's rc files printed is not the command's output; reading also
-     * notices a shell that has gone (its EOF waited unread on the idle connection). */
-    while (libssh2_channel_read(ch, junk, sizeof(junk)) > 0 ||
-           libssh2_channel_read_stderr(ch, junk, sizeof(junk)) > 0)
+    /* Reading consumes the login shell's noise and marker (nothing of the command's can come
+     * before the command is sent) and notices a shell that has gone (its EOF waited unread on
+     * the idle connection). */
+    while (gs_exec_read(ch, &j->gate, 0, junk, sizeof(junk)) > 0 ||
+           gs_exec_read(ch, &j->gate, 1, junk, sizeof(junk)) > 0)
         ;
     while (rc == 0 && left && !libssh2_channel_eof(ch)) {
         ssize_t n = libssh2_channel_write(ch, p, left);
@@ -294,9 +298,12 @@ static LIBSSH2_CHANNEL *give_to_prestart(struct job *j)
  * connection when the spare has died meanwhile. */
 static LIBSSH2_CHANNEL *open_command(struct job *j, struct gs_error *err)
 {
+    gs_exec_gate_init(&j->gate, j->ssh);
     LIBSSH2_CHANNEL *ch = j->prestart ? give_to_prestart(j) : NULL;
-    if (!ch && j->ssh)
+    if (!ch && j->ssh) {
+        gs_exec_gate_init(&j->gate, j->ssh);
         ch = gs_exec_open(j->ssh, j->command, err);
+    }
     if (ch)
         return ch;
     gs_ssh_free(j->ssh);
@@ -304,6 +311,7 @@ static LIBSSH2_CHANNEL *open_command(struct job *j, struct gs_error *err)
     gs_error_clear(err);
     if (gs_ssh_connect(&j->ssh, j->opts, err) < 0)
         return NULL;
+    gs_exec_gate_init(&j->gate, j->ssh);
     return gs_exec_open(j->ssh, j->command, err);
 }
 
@@ -316,7 +324,7 @@ static void *worker_main(void *arg)
     LIBSSH2_CHANNEL *ch = open_command(j, &err);
     if (!ch) {
         send_header(j->fd, err.msg);
-    } else if (send_header(j->fd, NULL) < 0 || relay_output(j->ssh, ch, j->fd) <= 0) {
+    } else if (send_header(j->fd, NULL) < 0 || relay_output(j->ssh, ch, &j->gate, j->fd) <= 0) {
         libssh2_channel_send_eof(ch); /* the client left, or the link failed: end it there */
     } else {
         char end[32];

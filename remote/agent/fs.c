@@ -25,29 +25,6 @@
  * between agents). */
 static unsigned long tmp_counter;
 
-int gs_fs_check_path(const char *p, size_t len, int allow_empty)
-{
-    if (len == 0)
-        return allow_empty ? 0 : -EPERM;
-    if (len > GS_PROTO_MAX_PATH)
-        return -ENAMETOOLONG;
-    if (memchr(p, '\0', len) || p[0] == '/')
-        return -EPERM;
-    size_t start = 0;
-    for (size_t i = 0; i <= len; i++) {
-        if (i < len && p[i] != '/')
-            continue;
-        size_t n = i - start;
-        if (n == 0 || (n == 1 && p[start] == '.') ||
-            (n == 2 && p[start] == '.' && p[start + 1] == '.'))
-            return -EPERM;
-        if (n > GS_FS_NAME_MAX)
-            return -ENAMETOOLONG;
-        start = i + 1;
-    }
-    return 0;
-}
-
 /* Opens (creating it if asked) one directory component below dfd. */
 static int open_component(int dfd, const char *comp, int create)
 {

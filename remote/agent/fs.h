@@ -11,15 +11,10 @@
 
 #include "proto.h"
 
-#define GS_FS_NAME_MAX 255
-
-/* Checks a wire path: relative, no empty/"."/".." components, no NUL, components <= 255 bytes,
- * at most GS_PROTO_MAX_PATH bytes; "" only if allow_empty. Returns 0, -EPERM (escape or bad
- * form) or -ENAMETOOLONG. */
-int gs_fs_check_path(const char *p, size_t len, int allow_empty);
+#define GS_FS_NAME_MAX GS_PROTO_NAME_MAX
 
 /* Opens the directory that holds the last component of `path` (a NUL-terminated path that
- * passed gs_fs_check_path and is not empty) and copies that component into name. With
+ * passed gs_proto_check_path and is not empty) and copies that component into name. With
  * create_parents, missing directories are created (mode 0777 & ~umask). On success *dirfd is
  * a new descriptor the caller closes. Errors: -ELOOP (a component is a symlink), -ENOTDIR,
  * -ENOENT, or the errno of openat/mkdirat; nothing is left open. */

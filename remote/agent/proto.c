@@ -1,6 +1,7 @@
 /* Encoding and decoding of the agent protocol defined in proto.h. Pure functions over byte
  * buffers (no I/O, no globals) so the client and the agent share exactly one implementation. */
 #include "proto.h"
+#include <errno.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -539,4 +540,27 @@ struct gs_proto_str gs_proto_cstr(const char *s)
 {
     struct gs_proto_str r = {s, (uint32_t)strlen(s)};
     return r;
+}
+
+int gs_proto_check_path(const char *p, size_t len, int allow_empty)
+{
+    if (len == 0)
+        return allow_empty ? 0 : -EPERM;
+    if (len > GS_PROTO_MAX_PATH)
+        return -ENAMETOOLONG;
+    if (memchr(p, '\0', len) || p[0] == '/')
+        return -EPERM;
+    size_t start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && p[i] != '/')
+            continue;
+        size_t n = i - start;
+        if (n == 0 || (n == 1 && p[start] == '.') ||
+            (n == 2 && p[start] == '.' && p[start + 1] == '.'))
+            return -EPERM;
+        if (n > GS_PROTO_NAME_MAX)
+            return -ENAMETOOLONG;
+        start = i + 1;
+    }
+    return 0;
 }

@@ -253,6 +253,15 @@ struct gs_proto_entry {
     struct gs_proto_str link;
 };
 
+#define GS_PROTO_NAME_MAX 255
+
+/* Checks a path against the PATHS rules above: relative, no empty/"."/".." components, no NUL,
+ * components <= GS_PROTO_NAME_MAX bytes, at most GS_PROTO_MAX_PATH bytes; "" only if
+ * allow_empty. Both sides apply it: the agent to every request, the client to every path a
+ * listing names (a hostile server must not steer a pull outside its target). Returns 0, -EPERM
+ * (escape or bad form) or -ENAMETOOLONG. */
+int gs_proto_check_path(const char *p, size_t len, int allow_empty);
+
 /* A growable output buffer. gs_proto_buf_init zeroes it; gs_proto_buf_release frees the bytes.
  * Encoders append whole frames; on failure (ENOMEM, or a frame over GS_PROTO_MAX_FRAME) they
  * return -1 and leave `len` as it was before the call. The buffer owns `data`. */

@@ -95,7 +95,7 @@ void gs_serve_reply_done(struct gs_serve *s, uint32_t id, uint32_t flags, const 
 int gs_serve_take_path(struct gs_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
                        int allow_empty, char **out)
 {
-    int rc = gs_fs_check_path(p.p, p.len, allow_empty);
+    int rc = gs_proto_check_path(p.p, p.len, allow_empty);
     if (rc < 0) {
         gs_serve_reply_error(s, m->id, -rc, "%s %.*s: %s", gs_proto_type_name(m->type),
                              (int)(p.len > 512 ? 512 : p.len), p.p, gs_serve_why(-rc));

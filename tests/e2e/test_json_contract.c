@@ -81,8 +81,11 @@ static const struct field push_spec[] = {
 };
 static const struct field pulled_item[] = {
     {"remote", T_STR, 0, NULL}, {"local", T_STR, 0, NULL}, END};
-static const struct field pull_spec[] = {
-    {"files", T_ARR, 0, pulled_item}, {"bytes", T_INT, 0, NULL}, END};
+static const struct field kept_item[] = {{"local", T_STR, 0, NULL}, {"kept", T_STR, 0, NULL}, END};
+static const struct field pull_spec[] = {{"files", T_ARR, 0, pulled_item},
+                                         {"bytes", T_INT, 0, NULL},
+                                         {"kept", T_ARR, 0, kept_item},
+                                         END};
 static const struct field watch_detach_spec[] = {{"pid", T_INT, 0, NULL}, END};
 static const struct field watch_stop_spec[] = {{"was_running", T_BOOL, 0, NULL}, END};
 static const struct field status_daemon_spec[] = {
@@ -172,6 +175,8 @@ static const struct field facts_spec[] = {
     {"disk_free_bytes", T_INT | T_NULL, 0, NULL},
     {"gpus", T_ARR, 0, gpu_item},
     {"nccl", T_OBJ, 0, nccl_spec},
+    {"shell_noise", T_STR | T_NULL, 0, NULL},
+    {"shell_noise_files", T_STR | T_NULL, 0, NULL},
     END,
 };
 static const struct field doctor_spec[] = {

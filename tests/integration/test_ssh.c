@@ -508,6 +508,79 @@ static void test_hostkey__changed_key_refused_with_both_fingerprints(void **stat
     assert_int_equal(count_in_file(kh, "ssh-ed25519"), 1); /* the file was not touched */
 }
 
+/* A different ed25519 key, as "TYPE BASE64" of a line, for the shared server's name. */
+static void foreign_key_line(char *out, size_t size)
+{
+    char dir[64] = "/tmp/gs-test-foreign.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(sh("ssh-keygen -q -t ed25519 -N '' -f '%s/k' </dev/null", dir), 0);
+    sh_line(out, size, "cut -d' ' -f1,2 '%s/k.pub'", dir);
+    sh("rm -rf '%s'", dir);
+}
+
+/* Connecting with accept-new must fail as a changed key, and leave `unchanged` as it was. */
+static void expect_refused_with_accept_new(struct gs_ssh_opts *o, const char *unchanged,
+                                           const char *needle)
+{
+    o->accept_new_host_key = 1;
+    struct stat before, after;
+    assert_int_equal(stat(unchanged, &before), 0);
+    struct gs_ssh *s = NULL;
+    struct gs_error err = {0};
+    int rc = gs_ssh_connect(&s, o, &err);
+    if (rc != GS_E_HOSTKEY_CHANGED)
+        fail_msg("accept-new overrode a pinned key (%d): %s", rc, err.msg);
+    assert_null(s);
+    if (!strstr(err.msg, needle))
+        fail_msg("message does not say '%s': %s", needle, err.msg);
+    assert_int_equal(stat(unchanged, &after), 0);
+    assert_int_equal(after.st_size, before.st_size); /* nothing appended */
+}
+
+static void test_hostkey__key_pinned_in_files_named_by_ssh_config_beats_accept_new(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 0);
+    char foreign[1024];
+    foreign_key_line(foreign, sizeof(foreign));
+    /* the old key lives only where ~/.ssh/config points OpenSSH: a GlobalKnownHostsFile */
+    assert_int_equal(sh("cd '%s/.ssh' && printf '[127.0.0.1]:%d %s\\n' > global_kh && : > user_kh"
+                        " && printf 'Host pinned\\n HostName 127.0.0.1\\n Port %d\\n User root"
+                        "\\n UserKnownHostsFile %s/.ssh/user_kh\\n GlobalKnownHostsFile "
+                        "%s/.ssh/global_kh\\n' > config",
+                        shared.home, shared.port, foreign, shared.port, shared.home, shared.home),
+                     0);
+    struct gs_ssh_opts o = opts_for(&shared);
+    o.host = "pinned";
+    o.port = 0;
+    o.user = NULL;
+    char user_kh[700];
+    snprintf(user_kh, sizeof(user_kh), "%s/.ssh/user_kh", shared.home);
+    expect_refused_with_accept_new(&o, user_kh, "global_kh");
+    sh("rm -f '%s/.ssh/config' '%s/.ssh/global_kh' '%s'", shared.home, shared.home, user_kh);
+}
+
+static void test_hostkey__revoked_or_after_a_bad_line_beats_accept_new(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 0);
+    char kh[700], own_key[1024], foreign[1024];
+    known_hosts_path(&shared, kh, sizeof(kh));
+    sh_line(own_key, sizeof(own_key), "cut -d' ' -f1,2 '%s/host_ed25519.pub'", shared.dir);
+    foreign_key_line(foreign, sizeof(foreign));
+    struct gs_ssh_opts o = opts_for(&shared);
+    /* libssh2 1.10 read "@revoked" as a host name: the revocation was invisible */
+    assert_int_equal(sh("printf '@revoked [127.0.0.1]:%d %s\\n' > '%s'", shared.port, own_key, kh),
+                     0);
+    expect_refused_with_accept_new(&o, kh, "revoked");
+    /* libssh2 stopped reading at a line it could not parse, losing the pinned key below it */
+    assert_int_equal(
+        sh("printf 'this line is garbage\\n[127.0.0.1]:%d %s\\n' > '%s'", shared.port, foreign, kh),
+        0);
+    expect_refused_with_accept_new(&o, kh, "changed");
+    gs_test_sshd_use_home(&shared, 1);
+}
+
 /* Restarts d's server by hand with an extra ECDSA host key (the sandbox script makes only
  * ed25519), on the same port, and waits for it to listen. */
 static void relaunch_with_ecdsa(struct gs_test_sshd *d)
@@ -1038,6 +1111,8 @@ int main(void)
         cmocka_unit_test_teardown(
             test_hostkey__known_ed25519_with_server_also_offering_ecdsa_connects, destroy_own),
         cmocka_unit_test(test_hostkey__port_22_entry_does_not_vouch_for_another_port),
+        cmocka_unit_test(test_hostkey__key_pinned_in_files_named_by_ssh_config_beats_accept_new),
+        cmocka_unit_test(test_hostkey__revoked_or_after_a_bad_line_beats_accept_new),
         cmocka_unit_test_setup(test_exec__exit_codes_and_signal, use_shared),
         cmocka_unit_test_setup(test_exec__stdout_and_stderr_stay_separate, use_shared),
         cmocka_unit_test_setup(test_exec__output_to_file_descriptors, use_shared),

@@ -1,6 +1,7 @@
-/* tests/unit/test_hostkey.c: known_hosts naming and matching with a real libssh2 knownhost
- * collection (plain, hashed and [host]:port entries written by OpenSSH's own tools), and SHA256
- * fingerprints compared with what `ssh-keygen -lf` prints for the same key. */
+/* tests/unit/test_hostkey.c: known_hosts naming and lookup (remote/known_hosts.c) against files
+ * written by OpenSSH's own tools (plain, hashed, [host]:port, patterns, @revoked and
+ * @cert-authority markers, unreadable lines, several files), and SHA256 fingerprints compared
+ * with what `ssh-keygen -lf` prints for the same key. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,10 +14,10 @@
 #include <libssh2.h>
 
 #include "remote/hostkey.h"
+#include "remote/known_hosts.h"
 
 struct fixture {
     char dir[64];
-    LIBSSH2_SESSION *session;
 };
 
 static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -97,9 +98,6 @@ static int setup(void **state)
     snprintf(f->dir, sizeof(f->dir), "/tmp/gs-test-hostkey.XXXXXX");
     if (!mkdtemp(f->dir))
         return -1;
-    f->session = libssh2_session_init();
-    if (!f->session)
-        return -1;
     *state = f;
     return 0;
 }
@@ -107,17 +105,18 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    libssh2_session_free(f->session);
     run("rm -rf '%s'", f->dir);
     free(f);
     return 0;
 }
 
-/* Writes `text` to DIR/known_hosts and loads it into a new collection. */
-static LIBSSH2_KNOWNHOSTS *load(struct fixture *f, const char *text, int hash)
+/* Writes `text` to DIR/NAME (hashed with ssh-keygen -H when asked) and returns its path in a
+ * static buffer. */
+static const char *write_known_hosts(struct fixture *f, const char *name, const char *text,
+                                     int hash)
 {
-    char path[128];
-    snprintf(path, sizeof(path), "%s/known_hosts", f->dir);
+    static char path[128];
+    snprintf(path, sizeof(path), "%s/%s", f->dir, name);
     FILE *fp = fopen(path, "w");
     assert_non_null(fp);
     fputs(text, fp);
@@ -128,20 +127,21 @@ static LIBSSH2_KNOWNHOSTS *load(struct fixture *f, const char *text, int hash)
         capture(first, sizeof(first), "cut -c1-3 '%s'", path);
         assert_string_equal(first, "|1|"); /* really hashed */
     }
-    LIBSSH2_KNOWNHOSTS *kh = libssh2_knownhost_init(f->session);
-    assert_non_null(kh);
-    int n = libssh2_knownhost_readfile(kh, path, LIBSSH2_KNOWNHOST_FILE_OPENSSH);
-    assert_true(n >= 1);
-    return kh;
+    return path;
 }
 
-static int check(LIBSSH2_KNOWNHOSTS *kh, const char *host, int port, const unsigned char *blob,
-                 size_t len, struct libssh2_knownhost **entry)
+/* The verdict for host:port and key in one known_hosts file holding `text`. */
+static enum gs_kh_verdict check(struct fixture *f, const char *text, int hash, const char *host,
+                                int port, const unsigned char *blob, size_t len,
+                                struct gs_kh_result *r)
 {
-    /* the same flags remote/hostkey.c uses */
-    return libssh2_knownhost_checkp(kh, host, port, (const char *)blob, len,
-                                    LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW,
-                                    entry);
+    const char *files[1] = {write_known_hosts(f, "known_hosts", text, hash)};
+    char name[300];
+    struct gs_kh_result local;
+    r = r ? r : &local;
+    gs_hostkey_entry_name(host, port, name, sizeof(name));
+    gs_kh_lookup(files, 1, name, blob, len, r);
+    return r->verdict;
 }
 
 static void test_entry_name__port_22_is_bare_other_ports_bracketed(void **state)
@@ -185,7 +185,7 @@ static void check_fingerprint(struct fixture *f, const char *type, const char *n
     char b64[4096], ours[64], theirs[128];
     size_t len = make_key(f, type, name, blob, b64, sizeof(b64));
     assert_true(len > 32);
-    gs_hostkey_fingerprint(blob, len, ours);
+    gs_kh_fingerprint(blob, len, ours);
     keygen_fingerprint(f, name, theirs, sizeof(theirs));
     assert_true(strncmp(theirs, "SHA256:", 7) == 0);
     assert_string_equal(ours, theirs);
@@ -213,12 +213,10 @@ static void test_known_hosts__plain_entry_matches_its_key(void **state)
     char b64[4096], text[16384];
     size_t len = make_key(f, "ed25519", "plain", blob, b64, sizeof(b64));
     snprintf(text, sizeof(text), "other.example ssh-ed25519 %s\ngpu1 ssh-ed25519 %s\n", b64, b64);
-    LIBSSH2_KNOWNHOSTS *kh = load(f, text, 0);
-    struct libssh2_knownhost *entry = NULL;
-    assert_int_equal(check(kh, "gpu1", 22, blob, len, &entry), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    assert_non_null(entry);
-    assert_int_equal(check(kh, "gpu2", 22, blob, len, NULL), LIBSSH2_KNOWNHOST_CHECK_NOTFOUND);
-    libssh2_knownhost_free(kh);
+    struct gs_kh_result r;
+    assert_int_equal(check(f, text, 0, "gpu1", 22, blob, len, &r), GS_KH_MATCH);
+    assert_int_equal(r.line, 2);
+    assert_int_equal(check(f, text, 0, "gpu2", 22, blob, len, NULL), GS_KH_UNKNOWN);
 }
 
 static void test_known_hosts__bracketed_port_entry_matches_only_that_port(void **state)
@@ -228,12 +226,9 @@ static void test_known_hosts__bracketed_port_entry_matches_only_that_port(void *
     char b64[4096], text[16384];
     size_t len = make_key(f, "ed25519", "port", blob, b64, sizeof(b64));
     snprintf(text, sizeof(text), "[127.0.0.1]:2222 ssh-ed25519 %s\n", b64);
-    LIBSSH2_KNOWNHOSTS *kh = load(f, text, 0);
-    assert_int_equal(check(kh, "127.0.0.1", 2222, blob, len, NULL), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    assert_int_equal(check(kh, "127.0.0.1", 2223, blob, len, NULL),
-                     LIBSSH2_KNOWNHOST_CHECK_NOTFOUND);
-    assert_int_equal(check(kh, "127.0.0.1", 22, blob, len, NULL), LIBSSH2_KNOWNHOST_CHECK_NOTFOUND);
-    libssh2_knownhost_free(kh);
+    assert_int_equal(check(f, text, 0, "127.0.0.1", 2222, blob, len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 0, "127.0.0.1", 2223, blob, len, NULL), GS_KH_UNKNOWN);
+    assert_int_equal(check(f, text, 0, "127.0.0.1", 22, blob, len, NULL), GS_KH_UNKNOWN);
 }
 
 static void test_known_hosts__hashed_entries_match(void **state)
@@ -243,31 +238,27 @@ static void test_known_hosts__hashed_entries_match(void **state)
     char b64[4096], text[16384];
     size_t len = make_key(f, "ed25519", "hashed", blob, b64, sizeof(b64));
     snprintf(text, sizeof(text), "gpu1 ssh-ed25519 %s\n[10.0.0.7]:2200 ssh-ed25519 %s\n", b64, b64);
-    LIBSSH2_KNOWNHOSTS *kh = load(f, text, 1);
-    assert_int_equal(check(kh, "gpu1", 22, blob, len, NULL), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    assert_int_equal(check(kh, "10.0.0.7", 2200, blob, len, NULL), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    assert_int_equal(check(kh, "10.0.0.8", 2200, blob, len, NULL),
-                     LIBSSH2_KNOWNHOST_CHECK_NOTFOUND);
-    libssh2_knownhost_free(kh);
+    assert_int_equal(check(f, text, 1, "gpu1", 22, blob, len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 1, "10.0.0.7", 2200, blob, len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 1, "10.0.0.8", 2200, blob, len, NULL), GS_KH_UNKNOWN);
 }
 
-static void test_known_hosts__different_key_is_a_mismatch_plain_and_hashed(void **state)
+static void test_known_hosts__different_key_is_a_change_plain_and_hashed(void **state)
 {
     struct fixture *f = *state;
     unsigned char old_blob[4096], new_blob[4096];
-    char old_b64[4096], new_b64[4096], text[16384];
-    make_key(f, "ed25519", "old", old_blob, old_b64, sizeof(old_b64));
+    char old_b64[4096], new_b64[4096], text[16384], old_fp[64];
+    size_t old_len = make_key(f, "ed25519", "old", old_blob, old_b64, sizeof(old_b64));
     size_t len = make_key(f, "ed25519", "new", new_blob, new_b64, sizeof(new_b64));
+    gs_kh_fingerprint(old_blob, old_len, old_fp);
     snprintf(text, sizeof(text), "[127.0.0.1]:2222 ssh-ed25519 %s\n", old_b64);
     for (int hash = 0; hash <= 1; hash++) {
-        LIBSSH2_KNOWNHOSTS *kh = load(f, text, hash);
-        struct libssh2_knownhost *entry = NULL;
-        assert_int_equal(check(kh, "127.0.0.1", 2222, new_blob, len, &entry),
-                         LIBSSH2_KNOWNHOST_CHECK_MISMATCH);
-        /* the mismatching entry carries the old key, from which the old fingerprint is shown */
-        assert_non_null(entry);
-        assert_non_null(strstr(entry->key, old_b64));
-        libssh2_knownhost_free(kh);
+        struct gs_kh_result r;
+        assert_int_equal(check(f, text, hash, "127.0.0.1", 2222, new_blob, len, &r), GS_KH_CHANGED);
+        /* the old entry's fingerprint and place are reported, for the message */
+        assert_string_equal(r.recorded_fp, old_fp);
+        assert_string_equal(r.recorded_type, "ssh-ed25519");
+        assert_int_equal(r.line, 1);
     }
 }
 
@@ -281,61 +272,95 @@ static void test_known_hosts__second_key_type_for_same_host_still_matches(void *
     size_t ec_len = make_key(f, "ecdsa", "two_ec", ec, ec64, sizeof(ec64));
     snprintf(text, sizeof(text), "[h]:2222 ecdsa-sha2-nistp256 %s\n[h]:2222 ssh-ed25519 %s\n", ec64,
              ed64);
-    LIBSSH2_KNOWNHOSTS *kh = load(f, text, 0);
-    assert_int_equal(check(kh, "h", 2222, ed, ed_len, NULL), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    assert_int_equal(check(kh, "h", 2222, ec, ec_len, NULL), LIBSSH2_KNOWNHOST_CHECK_MATCH);
-    libssh2_knownhost_free(kh);
+    assert_int_equal(check(f, text, 0, "h", 2222, ed, ed_len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 0, "h", 2222, ec, ec_len, NULL), GS_KH_MATCH);
 }
 
-static void test_known_hosts__recorded_type_visible_through_mismatch_even_when_hashed(void **state)
+static void test_known_hosts__recorded_type_is_found_even_when_hashed(void **state)
 {
-    /* hostkey.c finds the recorded key type (to prefer it in the handshake) by checking a key
-     * that matches nothing: libssh2 must report the entry, with its type, also for hashed lines */
+    /* the type recorded for a host is preferred in the handshake */
+    struct fixture *f = *state;
+    unsigned char blob[4096];
+    char b64[4096], text[16384], type[64];
+    make_key(f, "ecdsa", "rec", blob, b64, sizeof(b64));
+    snprintf(text, sizeof(text), "[h]:2222 ecdsa-sha2-nistp256 %s\n", b64);
+    const char *files[1] = {write_known_hosts(f, "known_hosts", text, 1)};
+    assert_int_equal(gs_kh_recorded_type(files, 1, "[h]:2222", type, sizeof(type)), 0);
+    assert_string_equal(type, "ecdsa-sha2-nistp256");
+    assert_int_equal(gs_kh_recorded_type(files, 1, "[h]:2223", type, sizeof(type)), -1);
+}
+
+static void test_known_hosts__revoked_key_is_refused_even_beside_a_matching_line(void **state)
+{
+    /* libssh2 1.10 read "@revoked" as a host name, so the revocation was invisible */
     struct fixture *f = *state;
     unsigned char blob[4096];
     char b64[4096], text[16384];
-    make_key(f, "ecdsa", "rec", blob, b64, sizeof(b64));
-    snprintf(text, sizeof(text), "[h]:2222 ecdsa-sha2-nistp256 %s\n", b64);
-    LIBSSH2_KNOWNHOSTS *kh = load(f, text, 1);
-    static const unsigned char probe[] = "matches-nothing";
-    struct libssh2_knownhost *entry = NULL;
-    assert_int_equal(check(kh, "h", 2222, probe, sizeof(probe) - 1, &entry),
-                     LIBSSH2_KNOWNHOST_CHECK_MISMATCH);
-    assert_non_null(entry);
-    assert_int_equal(entry->typemask & LIBSSH2_KNOWNHOST_KEY_MASK, LIBSSH2_KNOWNHOST_KEY_ECDSA_256);
-    libssh2_knownhost_free(kh);
+    size_t len = make_key(f, "ed25519", "revoked", blob, b64, sizeof(b64));
+    snprintf(text, sizeof(text), "gpu1 ssh-ed25519 %s\n@revoked gpu1 ssh-ed25519 %s\n", b64, b64);
+    struct gs_kh_result r;
+    assert_int_equal(check(f, text, 0, "gpu1", 22, blob, len, &r), GS_KH_REVOKED);
+    assert_int_equal(r.line, 2);
+    /* with only the revocation, the host is not unknown either */
+    snprintf(text, sizeof(text), "@revoked * ssh-ed25519 %s\n", b64);
+    assert_int_equal(check(f, text, 0, "gpu1", 22, blob, len, NULL), GS_KH_REVOKED);
 }
 
-static void test_known_hosts__line_written_like_gpusync_reads_back_in_openssh(void **state)
+static void test_known_hosts__entries_after_an_unreadable_line_still_count(void **state)
 {
-    /* remote/hostkey.c records keys with addc + writeline; OpenSSH must find that line */
+    /* libssh2's reader stopped at the first line it could not parse */
     struct fixture *f = *state;
-    unsigned char blob[4096];
-    char b64[4096], name[300], path[128], found[4096];
-    size_t len = make_key(f, "ed25519", "rw", blob, b64, sizeof(b64));
-    gs_hostkey_entry_name("127.0.0.1", 2345, name, sizeof(name));
-    LIBSSH2_KNOWNHOSTS *kh = libssh2_knownhost_init(f->session);
-    struct libssh2_knownhost *added = NULL;
-    assert_int_equal(
-        libssh2_knownhost_addc(kh, name, NULL, (const char *)blob, len, "added by gpusync", 16,
-                               LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW |
-                                   LIBSSH2_KNOWNHOST_KEY_ED25519,
-                               &added),
-        0);
-    char line[8192];
-    size_t line_len = 0;
-    assert_int_equal(libssh2_knownhost_writeline(kh, added, line, sizeof(line), &line_len,
-                                                 LIBSSH2_KNOWNHOST_FILE_OPENSSH),
-                     0);
-    libssh2_knownhost_free(kh);
-    snprintf(path, sizeof(path), "%s/written", f->dir);
-    FILE *fp = fopen(path, "w");
-    assert_non_null(fp);
-    fwrite(line, 1, line_len, fp);
-    fclose(fp);
-    capture(found, sizeof(found), "ssh-keygen -F '[127.0.0.1]:2345' -f '%s' | grep -v '^#'", path);
-    assert_non_null(strstr(found, b64));
-    assert_non_null(strstr(found, "ssh-ed25519"));
+    unsigned char old_blob[4096], new_blob[4096];
+    char old_b64[4096], new_b64[4096], text[16384];
+    make_key(f, "ed25519", "after_old", old_blob, old_b64, sizeof(old_b64));
+    size_t len = make_key(f, "ed25519", "after_new", new_blob, new_b64, sizeof(new_b64));
+    snprintf(text, sizeof(text),
+             "# a comment\n\ngarbage-without-a-key\n@bogus-marker h ssh-ed25519 %s\n"
+             "h ssh-ed25519 not*base64\n[h]:2222 ssh-ed25519 %s\n",
+             old_b64, old_b64);
+    struct gs_kh_result r;
+    assert_int_equal(check(f, text, 0, "h", 2222, new_blob, len, &r), GS_KH_CHANGED);
+    assert_int_equal(r.line, 6);
+    assert_int_equal(r.bad_lines, 3);
+    assert_non_null(strstr(r.first_bad, ":3"));
+}
+
+static void test_known_hosts__patterns_and_negation_as_openssh(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char blob[4096], other[4096];
+    char b64[4096], other64[4096], text[16384];
+    size_t len = make_key(f, "ed25519", "pat", blob, b64, sizeof(b64));
+    make_key(f, "ed25519", "pat_other", other, other64, sizeof(other64));
+    snprintf(text, sizeof(text),
+             "*.gpu.example,!bad.gpu.example ssh-ed25519 %s\n"
+             "[10.0.0.?]:22022 ssh-ed25519 %s\n",
+             b64, b64);
+    assert_int_equal(check(f, text, 0, "n1.GPU.example", 22, blob, len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 0, "bad.gpu.example", 22, blob, len, NULL), GS_KH_UNKNOWN);
+    assert_int_equal(check(f, text, 0, "10.0.0.7", 22022, blob, len, NULL), GS_KH_MATCH);
+    assert_int_equal(check(f, text, 0, "10.0.0.77", 22022, blob, len, NULL), GS_KH_UNKNOWN);
+    assert_int_equal(check(f, text, 0, "n2.gpu.example", 22, other, len, NULL), GS_KH_CHANGED);
+}
+
+static void test_known_hosts__every_file_counts_and_a_ca_alone_is_not_trust(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char old_blob[4096], new_blob[4096];
+    char old_b64[4096], new_b64[4096], text[16384];
+    make_key(f, "ed25519", "multi_old", old_blob, old_b64, sizeof(old_b64));
+    size_t len = make_key(f, "ed25519", "multi_new", new_blob, new_b64, sizeof(new_b64));
+    char user[128], global[128];
+    snprintf(user, sizeof(user), "%s", write_known_hosts(f, "user_kh", "", 0));
+    snprintf(text, sizeof(text), "[h]:2222 ssh-ed25519 %s\n", old_b64);
+    snprintf(global, sizeof(global), "%s", write_known_hosts(f, "global_kh", text, 0));
+    const char *files[3] = {user, "/nonexistent/known_hosts", global};
+    struct gs_kh_result r;
+    gs_kh_lookup(files, 3, "[h]:2222", new_blob, len, &r);
+    assert_int_equal(r.verdict, GS_KH_CHANGED);
+    assert_string_equal(r.file, global);
+    snprintf(text, sizeof(text), "@cert-authority *.example ssh-ed25519 %s\n", old_b64);
+    assert_int_equal(check(f, text, 0, "h.example", 22, new_blob, len, NULL), GS_KH_CA_ONLY);
 }
 
 int main(void)
@@ -356,14 +381,19 @@ int main(void)
             test_known_hosts__bracketed_port_entry_matches_only_that_port, setup, teardown),
         cmocka_unit_test_setup_teardown(test_known_hosts__hashed_entries_match, setup, teardown),
         cmocka_unit_test_setup_teardown(
-            test_known_hosts__different_key_is_a_mismatch_plain_and_hashed, setup, teardown),
+            test_known_hosts__different_key_is_a_change_plain_and_hashed, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_known_hosts__second_key_type_for_same_host_still_matches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_known_hosts__recorded_type_is_found_even_when_hashed,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(
-            test_known_hosts__recorded_type_visible_through_mismatch_even_when_hashed, setup,
-            teardown),
+            test_known_hosts__revoked_key_is_refused_even_beside_a_matching_line, setup, teardown),
         cmocka_unit_test_setup_teardown(
-            test_known_hosts__line_written_like_gpusync_reads_back_in_openssh, setup, teardown),
+            test_known_hosts__entries_after_an_unreadable_line_still_count, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_known_hosts__patterns_and_negation_as_openssh, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_known_hosts__every_file_counts_and_a_ca_alone_is_not_trust, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     libssh2_exit();

@@ -1,0 +1,194 @@
+/* tests/e2e/test_pull.c: `gpusync pull` keeps what the user has and trusts nothing the server
+ * says: a synced local file edited since its sync is kept as a conflict copy before the pull
+ * replaces it, and a server that lies in its listing (a path outside the directory asked for, or
+ * one that climbs out with "..") gets the pull refused with nothing written. The lying server is
+ * the real agent behind a filter that rewrites paths in both directions, so its answers stay
+ * well-formed frames. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "fixtures/proc.h"
+#include "fixtures/sshd.h"
+
+#define TIMEOUT_MS 60000
+
+static struct gs_test_sshd server;
+static char base[64];     /* holds proj/ and remote/ */
+static char project[128]; /* the local project */
+static char remote[128];  /* its remote directory (the server is this machine) */
+static char liar[128];    /* the lying agent's script */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static void expect_content(const char *path, const char *want)
+{
+    char got[256] = "";
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        fail_msg("%s does not exist", path);
+    size_t n = fread(got, 1, sizeof(got) - 1, fp);
+    fclose(fp);
+    got[n] = '\0';
+    if (strcmp(got, want) != 0)
+        fail_msg("%s holds \"%s\", want \"%s\"", path, got, want);
+}
+
+static struct gs_test_result gpusync_env(const char *const *env, const char *const *args)
+{
+    return gs_test_run_gpusync(project, env, NULL, args, TIMEOUT_MS);
+}
+
+static void expect_status(const struct gs_test_result *r, int want, const char *what)
+{
+    if (r->status != want)
+        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
+                 r->err.data);
+}
+
+/* The agent, with `from` rewritten to `to` in what it says and back in what it is told (the same
+ * length, so every frame stays well formed): a server that lies about paths. It runs on the
+ * server, where no environment of ours reaches, so the strings are written into it. */
+static void write_liar(const char *from, const char *to)
+{
+    assert_int_equal(strlen(from), strlen(to));
+    FILE *fp = fopen(liar, "w");
+    assert_non_null(fp);
+    fprintf(fp,
+            "#!/bin/sh\n"
+            "swap='$|=1; binmode STDIN; binmode STDOUT; my ($a, $b) = @ARGV;"
+            " while (sysread(STDIN, my $buf, 65536)) { $buf =~ s/\\Q$a\\E/$b/g;"
+            " syswrite(STDOUT, $buf) }'\n"
+            "perl -e \"$swap\" '%s' '%s' | '%s' \"$@\" | perl -e \"$swap\" '%s' '%s'\n",
+            to, from, gs_test_build_path("remote/agent/gpusync-agent"), from, to);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(chmod(liar, 0755), 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (gs_test_sshd_start_for_cli(&server) != 0)
+        return -1;
+    snprintf(base, sizeof(base), "/tmp/gs-test-pull.XXXXXX");
+    if (!mkdtemp(base))
+        return -1;
+    snprintf(project, sizeof(project), "%s/proj", base);
+    snprintf(remote, sizeof(remote), "%s/remote", base);
+    snprintf(liar, sizeof(liar), "%s/lying-agent", base);
+    mkdir(project, 0755);
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", server.port);
+    struct gs_test_result r = gs_test_run_gpusync(
+        project, NULL, NULL, GS_TEST_ARGS("init", target, "--path", remote), TIMEOUT_MS);
+    int ok = r.status == 0;
+    if (!ok)
+        fprintf(stderr, "init: %s%s\n", r.out.data, r.err.data);
+    gs_test_result_release(&r);
+    return ok ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sh("rm -rf '%s'", base);
+    gs_test_sshd_destroy(&server);
+    return 0;
+}
+
+static void a_synced_file_edited_since_is_kept_before_the_pull_replaces_it(void **state)
+{
+    (void)state;
+    char path[256];
+    gs_test_sh("mkdir -p '%s/res'", project);
+    snprintf(path, sizeof(path), "%s/res/a.txt", project);
+    write_file(path, "v1");
+    snprintf(path, sizeof(path), "%s/res/b.txt", project);
+    write_file(path, "same");
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("push"));
+    expect_status(&r, 0, "push");
+    gs_test_result_release(&r);
+    /* the user edits a.txt; the job rewrites both on the server */
+    snprintf(path, sizeof(path), "%s/res/a.txt", project);
+    write_file(path, "local edit, never synced");
+    snprintf(path, sizeof(path), "%s/res/a.txt", remote);
+    write_file(path, "server v2");
+    snprintf(path, sizeof(path), "%s/res/b.txt", remote);
+    write_file(path, "server b2");
+
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res"));
+    expect_status(&r, 0, "pull");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    json_t *kept = json_object_get(o, "kept");
+    assert_int_equal(json_array_size(kept), 1);
+    const char *copy = json_string_value(json_object_get(json_array_get(kept, 0), "kept"));
+    assert_non_null(strstr(copy, "/res/a.txt.gpusync-conflict-"));
+    expect_content(copy, "local edit, never synced");
+    json_decref(o);
+    gs_test_result_release(&r);
+    snprintf(path, sizeof(path), "%s/res/a.txt", project);
+    expect_content(path, "server v2");
+    snprintf(path, sizeof(path), "%s/res/b.txt", project); /* unedited: simply replaced */
+    expect_content(path, "server b2");
+    assert_int_equal(gs_test_sh("ls '%s/res' | grep -q 'b.txt.gpusync-conflict'", project), 1);
+}
+
+static void a_listing_that_climbs_out_of_the_project_writes_nothing(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/results/abcde' && printf owned > '%s/results/abcde/evil.txt'", remote,
+               remote);
+    write_liar("results/abcde/", "results/../../");
+    char agent_env[200];
+    snprintf(agent_env, sizeof(agent_env), "GPUSYNC_AGENT=%s", liar);
+    const char *env[] = {agent_env, NULL};
+    struct gs_test_result r = gpusync_env(env, GS_TEST_ARGS("pull", "results"));
+    expect_status(&r, 5, "pull from a server that lists results/../../evil.txt");
+    gs_test_result_release(&r);
+    char outside[256];
+    snprintf(outside, sizeof(outside), "%s/evil.txt", base); /* proj/results/../../evil.txt */
+    assert_int_not_equal(access(outside, F_OK), 0);
+}
+
+static void a_listing_outside_the_directory_asked_for_is_refused(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/results/abcde' && printf data > '%s/results/abcde/f.txt'", remote,
+               remote);
+    write_liar("results/abcde/", "resultz/abcde/");
+    char agent_env[200];
+    snprintf(agent_env, sizeof(agent_env), "GPUSYNC_AGENT=%s", liar);
+    const char *env[] = {agent_env, NULL};
+    struct gs_test_result r = gpusync_env(env, GS_TEST_ARGS("pull", "results", "got"));
+    expect_status(&r, 5, "pull from a server that lists resultz/abcde/f.txt for results");
+    gs_test_result_release(&r);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/got/abcde/f.txt", project);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_synced_file_edited_since_is_kept_before_the_pull_replaces_it),
+        cmocka_unit_test(a_listing_that_climbs_out_of_the_project_writes_nothing),
+        cmocka_unit_test(a_listing_outside_the_directory_asked_for_is_refused),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
