@@ -16,8 +16,11 @@
 
 void gs_cli_print_help(const struct gs_cmd *cmd)
 {
+    const char *common = GS_CLI_COMMON_HELP;
+    if (cmd->flags & GS_CMD_TEXT_ONLY) /* the common options without --json */
+        common += strlen(GS_CLI_JSON_HELP);
     printf("usage: gpusync %s\n\n%s\n\noptions:\n%s%s", cmd->usage, cmd->summary,
-           cmd->help ? cmd->help : "", GS_CLI_COMMON_HELP);
+           cmd->help ? cmd->help : "", common);
 }
 
 int gs_cli_usage_error(const struct gs_cmd *cmd, const char *fmt, ...)
@@ -52,6 +55,11 @@ int gs_cli_common_option(struct gs_cli *cli, const struct gs_cmd *cmd, int opt)
 {
     switch (opt) {
     case GS_OPT_JSON:
+        if (cmd->flags & GS_CMD_TEXT_ONLY) {
+            fprintf(stderr, "gpusync: %s prints text only; it has no --json\n", cmd->name);
+            fprintf(stderr, "usage: gpusync %s (see 'gpusync %s --help')\n", cmd->usage, cmd->name);
+            return -1;
+        }
         cli->json = 1;
         return 1;
     case GS_OPT_ACCEPT_NEW:

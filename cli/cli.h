@@ -29,6 +29,7 @@ enum {
 enum gs_cmd_flags {
     GS_CMD_NEED_PROJECT = 1 << 0,    /* load .gpusync/config, found upwards from the cwd */
     GS_CMD_NEED_CONNECTION = 1 << 1, /* connect to the configured server first */
+    GS_CMD_TEXT_ONLY = 1 << 2,       /* prints text only: --json is refused, and not offered */
 };
 
 struct gs_cli {
@@ -64,8 +65,9 @@ struct gs_cmd {
     {                                                                                              \
         "help", no_argument, NULL, GS_OPT_HELP                                                     \
     }
+#define GS_CLI_JSON_HELP "  --json                 machine-readable output\n"
 #define GS_CLI_COMMON_HELP                                                                         \
-    "  --json                 machine-readable output\n"                                           \
+    GS_CLI_JSON_HELP                                                                               \
     "  --accept-new-host-key  trust and record an unknown server key (after checking it)\n"        \
     "  --password-stdin       read the SSH password from standard input\n"                         \
     "  -h, --help             this help\n"

@@ -1,11 +1,15 @@
 /* cli/cmd_logs.c: `gpusync logs [RUN] [-f] [--rank N] [--tail N]`: a run's logs (the newest run
- * by default); -f follows until the run ends, resuming after a dropped connection. */
+ * by default), several ranks' lines in the order they were printed; -f follows until the run
+ * ends, resuming after a dropped connection. A run the server no longer has (it was recreated)
+ * is shown from the local copy, and the user is told so. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/run_local.h"
 #include "cli/run_util.h"
+#include "common/path.h"
 
 enum { OPT_RANK = 2000, OPT_TAIL };
 
@@ -25,11 +29,40 @@ static void on_sigint(int sig)
     interrupted = 1;
 }
 
+/* Prefixes "[rank N] " unless one rank is asked for. */
+static int want_prefix(const char *ranks)
+{
+    return !ranks || strchr(ranks, ',') || !strcmp(ranks, "all");
+}
+
+/* Shows the local copy of run `id`, which the server does not have. Returns the exit code: 0,
+ * or 1 with -f (the run cannot be followed, and its exit status is unknown here). */
+static int show_local(struct gs_cli *cli, const char *id, int follow, const char *ranks, int tail)
+{
+    struct gs_log_printer printer;
+    gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
+    printer.from_local_copy = 1;
+    printer.tail_lines = tail;
+    fprintf(stderr,
+            "gpusync: %s has no run '%s' (a new or recreated server?); showing the local copy "
+            "in %s/runs/%s/ (what this machine received)\n",
+            gs_run_target(cli), id, GS_DIR, id);
+    gs_error_clear(&cli->err);
+    int r =
+        gs_run_local_replay(cli->root.data, id, ranks, gs_log_printer_chunk, &printer, &cli->err);
+    gs_log_printer_finish(&printer);
+    if (r < 0)
+        return gs_cli_fail(cli, r);
+    if (follow)
+        fprintf(stderr, "gpusync: run %s cannot be followed: the server does not have it\n", id);
+    return follow ? GS_EXIT_ERROR : 0;
+}
+
 static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int follow,
                 const char *ranks, int tail)
 {
     struct gs_log_printer printer;
-    gs_log_printer_init(&printer, cli, id, !ranks || strchr(ranks, ',') || !strcmp(ranks, "all"));
+    gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
     printer.tail_lines = follow ? 0 : tail;
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
@@ -68,11 +101,16 @@ static int logs_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
+    const char *run = optind < argc ? argv[optind] : NULL;
     gs_run_ctx_init(cli, &rc);
     r = gs_run_connect_unless_daemon(cli);
     if (r == 0)
-        r = gs_run_resolve(cli, &rc, optind < argc ? argv[optind] : NULL, &id);
-    int code = r < 0 ? gs_cli_fail(cli, r) : show(cli, &rc, id.data, follow, rank, tail);
+        r = gs_run_resolve(cli, &rc, run, &id);
+    int code;
+    if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
+        code = show_local(cli, run, follow, rank, tail);
+    else
+        code = r < 0 ? gs_cli_fail(cli, r) : show(cli, &rc, id.data, follow, rank, tail);
     gs_buf_release(&id);
     gs_run_ctx_release(&rc);
     return code;
@@ -84,8 +122,12 @@ const struct gs_cmd gs_cmd_logs = {
     .summary = "Show a run's logs (the newest run by default)",
     .help = "  -f, --follow           follow until the run ends; exit with its status\n"
             "  --rank N               only rank N (a list such as 0,1 works too)\n"
-            "  --tail N               only the last N lines\n"
-            "  RUN is a run id or a --name. A copy is kept in .gpusync/runs/<id>/.\n",
-    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
+            "  --tail N               only the last N lines (of all ranks, in time order)\n"
+            "  RUN is a run id or a --name. Several ranks' lines come in the order they were\n"
+            "  printed. A copy is kept in .gpusync/runs/<id>/; when the server no longer has\n"
+            "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"
+            "  exits 1. Text only: run states are in 'gpusync ps --json'.\n",
+    /* through the watch daemon when one runs, else connects; the logs are text (no --json) */
+    .flags = GS_CMD_NEED_PROJECT | GS_CMD_TEXT_ONLY,
     .exec = logs_main,
 };

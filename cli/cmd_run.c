@@ -49,9 +49,13 @@ static const struct option run_options[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* What TARGET names, decided from the command line and the config alone (choose_target). */
+enum target_kind { TARGET_ARGV, TARGET_JOB, TARGET_TRAINER };
+
 struct run_args {
-    const char *gpus; /* "2" or "0,2" */
-    int cpu;          /* CPU ranks */
+    const char *gpus;   /* "2" or "0,2" (checked), from --gpus or the job; NULL: 1 */
+    int cpu;            /* CPU ranks, from --cpu or the job */
+    char gpus_src[600]; /* where `gpus` came from, for messages: "--gpus 5" */
     int max_restarts;
     int detach, no_sync, stop_on_interrupt;
     const char *name;
@@ -60,6 +64,8 @@ struct run_args {
     const char *hosts; /* --hosts, else [remote] hosts, else NULL (one server) */
     int argc;          /* the command (after --), or extra arguments for TARGET */
     char **argv;
+    enum target_kind kind;
+    const struct gs_job *job; /* TARGET_JOB: the [job] (owned by the config) */
 };
 
 static volatile sig_atomic_t interrupted;
@@ -104,29 +110,47 @@ static int list_gpus(struct gs_cli *cli, struct gpu *gpus, int max)
     return n;
 }
 
-/* Turns --gpus N into the N least-used GPUs ("0,2"). Returns 0 or a usage error. */
-static int pick_gpus(struct gs_cli *cli, const char *want, struct gs_buf *list, int *nproc)
+/* Checks a GPU list against the server's GPUs: every number must be one of theirs (a server
+ * with none takes the list as given: CUDA_VISIBLE_DEVICES then means nothing). */
+static int check_gpu_list(struct gs_cli *cli, const struct run_args *a, const struct gpu *gpus,
+                          int have)
 {
-    if (strchr(want, ',')) {
-        gs_buf_adds(list, want);
-        *nproc = 1;
-        for (const char *p = want; *p; p++)
-            *nproc += *p == ',';
-        return 0;
+    for (const char *p = a->gpus; have > 0 && *p; p += strcspn(p, ","), p += *p == ',') {
+        int dev = atoi(p), found = 0;
+        for (int i = 0; i < have && !found; i++)
+            found = gpus[i].index == dev;
+        if (!found)
+            return gs_error_set(&cli->err, GS_E_USAGE,
+                                "%s has no GPU %d (it has %d: 0 to %d); %s names it",
+                                gs_run_target(cli), dev, have, have - 1, a->gpus_src);
     }
-    int n = atoi(want);
+    return 0;
+}
+
+/* Turns the GPU request (a->gpus, checked when parsed) into the devices to use: a list as it
+ * is, a count N as the N least-used GPUs ("0,2"). Asks the server (nvidia-smi), so it runs
+ * before the sync: a request the server cannot meet is refused before any byte is sent.
+ * Returns 0 or a usage error naming where the request came from. */
+static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf *list, int *nproc)
+{
+    char why[300];
+    const char *want = a->gpus ? a->gpus : "1";
+    int n = gs_config_gpus_check(want, why, sizeof(why));
     struct gpu gpus[64];
     int have = list_gpus(cli, gpus, 64);
-    if (n < 1)
-        return gs_error_set(&cli->err, GS_E_USAGE, "--gpus %s: expected a count or a list", want);
+    if (strchr(want, ',')) {
+        gs_buf_adds(list, want);
+        *nproc = n;
+        return check_gpu_list(cli, a, gpus, have);
+    }
     if (have == 0)
         return gs_error_set(&cli->err, GS_E_USAGE,
                             "%s has no NVIDIA GPU (nvidia-smi found none); run CPU ranks with "
-                            "--cpu N",
+                            "--cpu N (in a [job]: cpu = N)",
                             gs_run_target(cli));
     if (have < n)
-        return gs_error_set(&cli->err, GS_E_USAGE, "%s has %d GPU%s; --gpus %d asks for more",
-                            gs_run_target(cli), have, have == 1 ? "" : "s", n);
+        return gs_error_set(&cli->err, GS_E_USAGE, "%s has %d GPU%s; %s asks for %d",
+                            gs_run_target(cli), have, have == 1 ? "" : "s", a->gpus_src, n);
     qsort(gpus, (size_t)have, sizeof(gpus[0]), gpu_cmp);
     for (int i = 0; i < n; i++)
         gs_buf_addf(list, "%s%d", i ? "," : "", gpus[i].index);
@@ -182,11 +206,10 @@ static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct 
     struct gs_buf path = GS_BUF_INIT, line = GS_BUF_INIT;
     const char *how = "";
     int rc = cli->ssh ? 1 : trainer_cached(cli, &path);
-    if (rc == 1) {
-        fprintf(stderr, "gpusync: preparing the bundled trainer on the server...\n");
+    if (rc == 1) { /* a build says what it does, step by step, on stderr */
         rc = gs_run_ensure_connected(cli);
         if (rc == 0)
-            rc = gs_trainer_install(cli->ssh, &path, &how, &cli->err);
+            rc = gs_trainer_install(cli->ssh, &path, &how, STDERR_FILENO, &cli->err);
     }
     if (rc == 0) {
         gs_buf_addf(&line, "exec %s --device %s", path.data, a->cpu ? "cpu" : "cuda");
@@ -203,37 +226,86 @@ static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct 
     return rc;
 }
 
+/* Decides what TARGET names, from the command line and the config alone (nothing remote), and
+ * takes the job's GPUs or CPU ranks unless the command line gave some: what the config gets
+ * wrong is reported before anything is synced. Returns 0 or a negative code in cli->err. */
+static int choose_target(struct gs_cli *cli, struct run_args *a)
+{
+    snprintf(a->gpus_src, sizeof(a->gpus_src), "--gpus %s", a->gpus ? a->gpus : "1");
+    a->kind = TARGET_ARGV;
+    if (!a->target)
+        return 0;
+    const struct gs_job *job = gs_config_job(&cli->cfg, a->target);
+    int trainer = strcmp(a->target, "train") == 0;
+    if (!job && !trainer)
+        return gs_error_set(&cli->err, GS_E_USAGE,
+                            "no [job \"%s\"] in %s; run a command with: gpusync run -- CMD "
+                            "ARGS...",
+                            a->target, cli->cfg.file);
+    if (job && !job->command && !trainer) /* only [job "train"] may leave it to the trainer */
+        return gs_error_set(&cli->err, GS_E_CONFIG,
+                            "%s: [job \"%s\"] has no command; add a line: command = CMD ARGS...",
+                            cli->cfg.file, a->target);
+    a->kind = job && job->command ? TARGET_JOB : TARGET_TRAINER;
+    a->job = job;
+    if (job && !a->gpus && !a->cpu) {
+        a->gpus = job->gpus;
+        a->cpu = job->cpu;
+        snprintf(a->gpus_src, sizeof(a->gpus_src), "gpus = %s of [job \"%s\"] in %s",
+                 job->gpus ? job->gpus : "1", job->name, cli->cfg.file);
+    }
+    if (a->kind == TARGET_TRAINER && !a->ranks)
+        a->ranks = "0"; /* the trainer prints on rank 0 */
+    return 0;
+}
+
+/* The launcher's argv for what choose_target decided (the trainer is built on the server first
+ * if it must be). Returns 0 or a negative code in cli->err. */
 static int resolve_command(struct gs_cli *cli, struct run_args *a, struct command *c)
 {
-    if (!a->target) {
+    if (a->kind == TARGET_TRAINER)
+        return trainer_command(cli, a, c);
+    if (a->kind == TARGET_ARGV) {
         for (int i = 0; i < a->argc; i++)
             add_word(c, a->argv[i]);
         return 0;
     }
-    const struct gs_job *job = gs_config_job(&cli->cfg, a->target);
-    if (job && job->command) {
-        struct gs_buf line = GS_BUF_INIT;
-        gs_buf_adds(&line, job->command);
-        for (int i = 0; i < a->argc; i++) {
-            gs_buf_addc(&line, ' ');
-            gs_shell_quote(&line, a->argv[i]);
-        }
-        add_word(c, "sh");
-        add_word(c, "-c");
-        add_word(c, line.data);
-        gs_buf_release(&line);
-        if (!a->gpus && !a->cpu && job->gpus)
-            a->gpus = job->gpus;
-        return 0;
+    struct gs_buf line = GS_BUF_INIT;
+    gs_buf_adds(&line, a->job->command);
+    for (int i = 0; i < a->argc; i++) {
+        gs_buf_addc(&line, ' ');
+        gs_shell_quote(&line, a->argv[i]);
     }
-    if (strcmp(a->target, "train") == 0) {
-        if (!a->ranks)
-            a->ranks = "0"; /* the trainer prints on rank 0 */
-        return trainer_command(cli, a, c);
-    }
-    return gs_error_set(&cli->err, GS_E_USAGE,
-                        "no [job \"%s\"] in %s; run a command with: gpusync run -- CMD ARGS...",
-                        a->target, cli->cfg.file);
+    add_word(c, "sh");
+    add_word(c, "-c");
+    add_word(c, line.data);
+    gs_buf_release(&line);
+    return 0;
+}
+
+/* What a node will run and on which devices, settled before its sync. */
+struct plan {
+    struct command c;
+    struct gs_buf gpus; /* "0,2", empty for CPU ranks */
+    int nproc;
+};
+
+/* Settles the command and the devices on the connected server (cli): everything that asks the
+ * server, so a request it cannot meet is refused before the sync. Returns 0 or a negative code in
+ * cli->err; `p` is to be released either way. */
+static int plan_run(struct gs_cli *cli, struct run_args *a, struct plan *p)
+{
+    memset(p, 0, sizeof(*p));
+    gs_buf_init(&p->gpus);
+    p->nproc = a->cpu;
+    int r = a->cpu ? 0 : pick_gpus(cli, a, &p->gpus, &p->nproc);
+    return r < 0 ? r : resolve_command(cli, a, &p->c);
+}
+
+static void plan_release(struct plan *p)
+{
+    release_command(&p->c);
+    gs_buf_release(&p->gpus);
 }
 
 static void make_run_id(char id[64])
@@ -336,31 +408,19 @@ static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_
     return 0;
 }
 
-static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc)
+static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc, struct plan *p)
 {
-    struct command c = {.argc = 0};
-    struct gs_buf gpus = GS_BUF_INIT;
-    /* The command first: a [job] may set the GPUs (and an unknown TARGET is the first thing
-     * to report). Picking GPUs before it ignored the job's `gpus`. */
-    int r = resolve_command(cli, a, &c), nproc = a->cpu;
-    if (r == 0 && !a->cpu)
-        r = pick_gpus(cli, a->gpus ? a->gpus : "1", &gpus, &nproc);
     char id[64];
     make_run_id(id);
     struct gs_run_spec spec = {.remote_dir = rc->dir.data,
                                .id = id,
                                .name = a->name,
-                               .nproc = nproc,
-                               .gpus = gpus.len ? gpus.data : NULL,
+                               .nproc = p->nproc,
+                               .gpus = p->gpus.len ? p->gpus.data : NULL,
                                .max_restarts = a->max_restarts,
-                               .argc = c.argc,
-                               .argv = c.argv};
-    int code = r < 0       ? gs_cli_fail(cli, r)
-               : a->detach ? launch_detached(cli, rc, &spec)
-                           : launch_and_follow(cli, rc, &spec, a);
-    release_command(&c);
-    gs_buf_release(&gpus);
-    return code;
+                               .argc = p->c.argc,
+                               .argv = p->c.argv};
+    return a->detach ? launch_detached(cli, rc, &spec) : launch_and_follow(cli, rc, &spec, a);
 }
 
 /* ---- multi-node runs ---- */
@@ -373,6 +433,8 @@ struct node {
     struct gs_run_ctx rc;
     char *host, *user, *path; /* owned; what cli.cfg points at */
     int primary;              /* the configured [remote] itself: synced as usual */
+    struct plan plan;         /* settled in nodes_prepare, before any node is synced */
+    int planned;
     int launched, nproc;
     pthread_t thread;
     int has_thread;
@@ -453,6 +515,8 @@ static void nodes_free(struct multi *m)
         struct node *n = &m->nodes[i];
         gs_ssh_free(n->cli.ssh);
         gs_run_ctx_release(&n->rc);
+        if (n->planned)
+            plan_release(&n->plan);
         free(n->host);
         free(n->user);
         free(n->path);
@@ -467,16 +531,25 @@ static int node_fail(struct gs_cli *cli, struct node *n, int r)
     return gs_cli_fail(cli, r);
 }
 
-/* Connects to every node, installs the agent and syncs. Returns 0 or the exit code. */
-static int nodes_prepare(struct gs_cli *cli, struct multi *m, int no_sync)
+/* Connects to every node, installs the agent and settles what it runs on which devices; then,
+ * when every node can run its part, syncs them. Returns 0 or the exit code. */
+static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m)
 {
     for (int i = 0; i < m->n; i++) {
         struct node *n = &m->nodes[i];
         int r = gs_cli_connect(&n->cli);
         if (r == 0)
             r = gs_run_ctx_open(&n->cli, &n->rc);
-        if (r == 0 && !no_sync)
-            r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
+        if (r == 0) {
+            n->planned = 1;
+            r = plan_run(&n->cli, a, &n->plan);
+        }
+        if (r < 0)
+            return node_fail(cli, n, r);
+    }
+    for (int i = 0; i < m->n && !a->no_sync; i++) {
+        struct node *n = &m->nodes[i];
+        int r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
         if (r < 0)
             return node_fail(cli, n, r);
     }
@@ -502,44 +575,42 @@ static char *master_addr(struct node *n0)
 static int node_launch(struct run_args *a, struct multi *m, int rank, const char *addr, int *port)
 {
     struct node *n = &m->nodes[rank];
-    struct command c = {.argc = 0};
-    struct gs_buf gpus = GS_BUF_INIT;
-    int r = resolve_command(&n->cli, a, &c), nproc = a->cpu; /* first: see launch() */
-    if (r == 0 && !a->cpu)
-        r = pick_gpus(&n->cli, a->gpus ? a->gpus : "1", &gpus, &nproc);
+    struct plan *p = &n->plan;
     struct gs_run_spec spec = {.agent = n->rc.agent.data,
                                .remote_dir = n->rc.dir.data,
                                .id = m->id,
                                .name = a->name,
-                               .nproc = nproc,
-                               .gpus = gpus.len ? gpus.data : NULL,
+                               .nproc = p->nproc,
+                               .gpus = p->gpus.len ? p->gpus.data : NULL,
                                .max_restarts = a->max_restarts,
-                               .argc = c.argc,
-                               .argv = c.argv,
+                               .argc = p->c.argc,
+                               .argv = p->c.argv,
                                .nnodes = m->n,
                                .node_rank = rank,
                                .master_addr = addr,
                                .master_port = rank ? *port : 0};
     long pid = 0;
     int got = 0;
-    if (r == 0)
-        r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
+    int r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
     if (r == 0 && rank == 0)
         *port = got;
     if (r == 0) {
         n->launched = 1;
-        n->nproc = nproc;
+        n->nproc = p->nproc;
         fprintf(stderr, "gpusync: node %d (%s): %d rank%s\n", rank, gs_ssh_target(n->cli.ssh),
-                nproc, nproc == 1 ? "" : "s");
+                p->nproc, p->nproc == 1 ? "" : "s");
     }
-    release_command(&c);
-    gs_buf_release(&gpus);
     return r;
 }
 
 /* Stops the run on every node that was launched (from the main thread, no follower running). */
 static void nodes_stop(struct multi *m)
 {
+    struct gs_run_notice notice;
+    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
+                        "stopping run %s on %d nodes: waiting for the ranks to exit after "
+                        "SIGTERM; any still running 10 s after it get SIGKILL",
+                        m->id, m->n);
     for (int i = 0; i < m->n; i++) {
         struct node *n = &m->nodes[i];
         struct gs_buf out = GS_BUF_INIT;
@@ -548,6 +619,7 @@ static void nodes_stop(struct multi *m)
             fprintf(stderr, "gpusync: node %d: %s", i, out.data ? out.data : "stopped\n");
         gs_buf_release(&out);
     }
+    gs_run_notice_end(&notice);
 }
 
 /* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
@@ -711,7 +783,7 @@ static int run_multi(struct gs_cli *cli, struct run_args *a)
     make_run_id(id);
     m.id = id;
     int r = nodes_parse(cli, a->hosts, &m);
-    int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, &m, a->no_sync);
+    int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, a, &m);
     if (code == 0)
         code = nodes_launch(cli, a, &m);
     if (code == 0 && !a->detach)
@@ -727,15 +799,20 @@ static int run_multi(struct gs_cli *cli, struct run_args *a)
 static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_args *a)
 {
     int opt, r;
+    char why[300], *end;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "+hd", run_options, NULL)) != -1) {
         switch (opt) {
         case OPT_GPUS:
+            if (gs_config_gpus_check(optarg, why, sizeof(why)) < 1)
+                return gs_cli_usage_error(&gs_cmd_run, "--gpus: %s", why);
             a->gpus = optarg;
             break;
         case OPT_CPU:
-            if ((a->cpu = atoi(optarg)) < 1)
-                return gs_cli_usage_error(&gs_cmd_run, "--cpu %s: expected a rank count", optarg);
+            a->cpu = (int)strtol(optarg, &end, 10);
+            if (a->cpu < 1 || a->cpu > GS_CONFIG_MAX_CPU || *end || end == optarg)
+                return gs_cli_usage_error(&gs_cmd_run, "--cpu %s: expected a rank count (1 to %d)",
+                                          optarg, GS_CONFIG_MAX_CPU);
             break;
         case OPT_MAX_RESTARTS:
             a->max_restarts = atoi(optarg);
@@ -788,6 +865,8 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
         return r;
     if ((r = gs_cli_prepare(cli, &gs_cmd_run)) != 0)
         return r;
+    if ((r = choose_target(cli, &a)) < 0)
+        return gs_cli_fail(cli, r);
     if (!a.hosts)
         a.hosts = cli->cfg.hosts;
     if (a.hosts)
@@ -797,10 +876,15 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
     if (!gs_run_daemon_ready(cli) && (r = gs_cli_connect(cli)) < 0)
         return gs_cli_fail(cli, r);
     struct gs_run_ctx rc;
+    struct plan plan;
     gs_run_ctx_init(cli, &rc); /* the agent is found by the launch itself */
-    if (!a.no_sync)
+    /* The server is asked what it can run (GPUs, the trainer) before the sync, not after it: the
+     * answer needs the connection the sync uses anyway, and a refusal then costs no upload. */
+    r = plan_run(cli, &a, &plan);
+    if (r == 0 && !a.no_sync)
         r = gs_run_sync(cli);
-    int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, &a, &rc);
+    int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, &a, &rc, &plan);
+    plan_release(&plan);
     gs_run_ctx_release(&rc);
     return code;
 }
@@ -814,7 +898,7 @@ const struct gs_cmd gs_cmd_run = {
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
     .help =
         "  --gpus N | --gpus 0,2  the N least-busy GPUs, or exactly these (default: the job's\n"
-        "                         gpus, else 1)\n"
+        "                         gpus or cpu, else 1 GPU)\n"
         "  --cpu N                N CPU ranks (the trainer's TCP all-reduce)\n"
         "  --max-restarts K       restart the whole group up to K times after a failure\n"
         "  -d, --detach           start it and return; follow later with 'gpusync logs -f'\n"
@@ -829,8 +913,10 @@ const struct gs_cmd gs_cmd_run = {
         "                         x ranks, MASTER_ADDR = the first host and node 0's free\n"
         "                         MASTER_PORT; when one node fails the others are stopped.\n"
         "                         logs/ps/stop reach the [remote] server only\n"
-        "  TARGET is a [job \"NAME\"] from the config; 'train' is the bundled trainer when no\n"
-        "  such job exists. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+        "  TARGET is a [job \"NAME\"] from the config (command, and gpus or cpu); 'train' is\n"
+        "  the bundled trainer unless such a job has a command. What the server cannot run\n"
+        "  (more GPUs than it has) and what the config gets wrong are refused before the\n"
+        "  sync. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
         "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's.\n",
     .flags = GS_CMD_NEED_PROJECT, /* connects itself: to [remote] host, or to each of --hosts */
     .exec = run_main,

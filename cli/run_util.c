@@ -5,13 +5,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/progress.h"
+#include "cli/run_local.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
@@ -45,16 +48,28 @@ int gs_run_ensure_connected(struct gs_cli *cli)
     return cli->ssh ? 0 : gs_cli_connect(cli);
 }
 
+/* The server as the watch daemon's connection names it (gs_ssh_target's form), learnt by
+ * gs_run_daemon_ready; "" until then. */
+static char daemon_target[512];
+
 const char *gs_run_target(struct gs_cli *cli)
 {
     static char name[512];
+    struct gs_target t;
+    struct gs_error ignored = {0};
     if (cli->ssh)
         return gs_ssh_target(cli->ssh);
-    snprintf(name, sizeof(name), "%s%s%s", cli->cfg.user ? cli->cfg.user : "",
-             cli->cfg.user ? "@" : "", cli->cfg.host ? cli->cfg.host : "the server");
-    if (cli->cfg.port)
-        snprintf(name + strlen(name), sizeof(name) - strlen(name), ":%d", cli->cfg.port);
-    return name;
+    if (daemon_target[0])
+        return daemon_target;
+    /* Not connected: the name a connection would print, user@hostname:port as ssh -G resolves
+     * them, so that messages name the server one way with or without the daemon. */
+    if (cli->cfg.host &&
+        gs_target_resolve(&t, cli->cfg.host, cli->cfg.port, cli->cfg.user, &ignored) == 0) {
+        snprintf(name, sizeof(name), "%s@%s:%d", t.user, t.hostname, t.port);
+        gs_target_release(&t);
+        return name;
+    }
+    return cli->cfg.host ? cli->cfg.host : "the server";
 }
 
 int gs_run_daemon_ready(struct gs_cli *cli)
@@ -62,6 +77,9 @@ int gs_run_daemon_ready(struct gs_cli *cli)
     json_t *reply = NULL;
     int ready = gs_control_request(cli->root.data, "status", 2000, &reply, NULL) == 0 &&
                 json_is_true(json_object_get(reply, "connected"));
+    const char *target = json_string_value(json_object_get(reply, "target"));
+    if (ready && target)
+        snprintf(daemon_target, sizeof(daemon_target), "%s", target);
     json_decref(reply);
     return ready;
 }
@@ -208,12 +226,69 @@ int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *
     return r < 0 ? r : status;
 }
 
+/* The notice's thread: prints the line unless the wait ends first. */
+static void *notice_main(void *arg)
+{
+    struct gs_run_notice *n = arg;
+    struct timespec at;
+    clock_gettime(CLOCK_REALTIME, &at);
+    at.tv_sec += n->after_ms / 1000;
+    at.tv_nsec += (long)(n->after_ms % 1000) * 1000000L;
+    at.tv_sec += at.tv_nsec / 1000000000L;
+    at.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&n->lock);
+    int rc = 0;
+    while (!n->over && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&n->cond, &n->lock, &at);
+    if (!n->over)
+        fprintf(stderr, "gpusync: %s\n", n->text);
+    pthread_mutex_unlock(&n->lock);
+    return NULL;
+}
+
+void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n->text, sizeof(n->text), fmt, ap);
+    va_end(ap);
+    n->over = 0;
+    n->after_ms = after_ms;
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_cond_init(&n->cond, NULL);
+    /* SIGINT stays with the main thread, which handles it. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    n->running = pthread_create(&n->thread, NULL, notice_main, n) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+void gs_run_notice_end(struct gs_run_notice *n)
+{
+    pthread_mutex_lock(&n->lock);
+    n->over = 1;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->lock);
+    if (n->running)
+        pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->lock);
+}
+
 int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
 {
     struct gs_buf args = GS_BUF_INIT, errout = GS_BUF_INIT;
+    struct gs_run_notice notice;
     gs_buf_adds(&args, "--id ");
     gs_shell_quote(&args, id);
+    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
+                        "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
+                        "still running 10 s after it get SIGKILL",
+                        id);
     int r = gs_run_agent_capture(cli, rc, "stop", args.data, out, &errout);
+    gs_run_notice_end(&notice);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "stopping run %s: %s", id,
                          errout.len ? errout.data
@@ -362,21 +437,6 @@ void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const cha
     p->prefix = prefix;
 }
 
-static void keep_local(struct gs_log_printer *p, int rank, const char *data, size_t len)
-{
-    struct gs_buf path = GS_BUF_INIT;
-    gs_buf_addf(&path, "%s/.gpusync/runs/%s", p->cli->root.data, p->id);
-    gs_path_mkdir_p(path.data, 0755, NULL);
-    gs_buf_addf(&path, "/rank%d.log", rank);
-    int fd = open(path.data, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        if (write(fd, data, len) != (ssize_t)len)
-            gs_warn("cannot keep a local copy of %s", path.data);
-        close(fd);
-    }
-    gs_buf_release(&path);
-}
-
 static void emit_line(struct gs_log_printer *p, int rank, const char *line, size_t len)
 {
     struct gs_buf *out = p->tail_lines > 0 ? &p->kept : NULL;
@@ -394,12 +454,13 @@ static void emit_line(struct gs_log_printer *p, int rank, const char *line, size
     fputc('\n', stdout);
 }
 
-void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len)
+void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len)
 {
     struct gs_log_printer *p = ctx;
     if (p->lock)
         pthread_mutex_lock(p->lock);
-    keep_local(p, rank, data, len);
+    if (!p->from_local_copy)
+        gs_run_local_keep(p->cli->root.data, p->id, rank, off, data, len);
     struct gs_buf *part = &p->partial[rank];
     gs_buf_add(part, data, len);
     size_t start = 0;

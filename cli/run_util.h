@@ -47,8 +47,25 @@ int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
 int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
                          const char *args, struct gs_buf *out, struct gs_buf *errout);
 
+/* A line for a wait that may be long: printed on stderr ("gpusync: TEXT") only if the wait
+ * lasts more than `after_ms`, so a quick answer stays quiet and a slow one says what it waits
+ * for. Uses a thread; gs_run_notice_end must follow every gs_run_notice_begin. */
+struct gs_run_notice {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int over, running, after_ms;
+    char text[512];
+};
+#define GS_RUN_NOTICE_MS 2000
+void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void gs_run_notice_end(struct gs_run_notice *n);
+
 /* Stops run `id` (the agent's stop, as gs_run_agent_capture runs it); the agent's report goes to
- * `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */
+ * `out`. Says what it waits for when that takes more than GS_RUN_NOTICE_MS (ranks that ignore
+ * SIGTERM are killed after a grace of 10 s). Returns 0, or GS_E_REMOTE when something survived
+ * or the run is unknown. */
 int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
 
 /* Connects cli->ssh unless a connected watch daemon can carry the commands. */
@@ -77,18 +94,19 @@ char *gs_run_node_key(const struct gs_config *cfg);
 int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id);
 
 /* Prints rank logs as whole lines with "[rank N] " prefixes (when `prefix`), keeping a local copy
- * in .gpusync/runs/<id>/rankN.log. */
+ * in .gpusync/runs/<id>/ (run_local.h). */
 struct gs_log_printer {
     struct gs_cli *cli;
     const char *id;
     int prefix;
-    int tail_lines; /* >0: print only the last N lines (logs --tail) when done */
+    int from_local_copy; /* printing the local copy itself: nothing to keep */
+    int tail_lines;      /* >0: print only the last N lines (logs --tail) when done */
     struct gs_buf partial[GS_RUNS_MAX_RANKS];
     struct gs_buf kept;    /* for --tail: everything, trimmed at the end */
     pthread_mutex_t *lock; /* held around each chunk when several threads print; or NULL */
 };
 void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix);
-void gs_log_printer_chunk(void *ctx, int rank, const char *data, size_t len);
+void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len);
 /* Prints any unterminated last lines and frees the buffers. */
 void gs_log_printer_finish(struct gs_log_printer *p);
 

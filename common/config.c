@@ -126,25 +126,104 @@ static int job_section_name(const char *section, char *name, size_t size)
     return strchr(name, '"') == NULL;
 }
 
+/* Parses a decimal number of at most `max` (only digits). Returns it, or -1. */
+static long parse_small(const char *s, size_t len, long max)
+{
+    long v = 0;
+    if (len == 0 || len > 9 || strspn(s, "0123456789") < len)
+        return -1;
+    for (size_t i = 0; i < len; i++)
+        v = v * 10 + (s[i] - '0');
+    return v <= max ? v : -1;
+}
+
+/* The number of distinct device numbers in the list "0,2", or 0 when it is malformed. */
+static int count_gpu_list(const char *spec)
+{
+    char seen[GS_CONFIG_MAX_GPU + 1] = {0};
+    int n = 0;
+    for (const char *p = spec;; n++) {
+        size_t len = strcspn(p, ",");
+        long dev = parse_small(p, len, GS_CONFIG_MAX_GPU);
+        if (dev < 0 || seen[dev])
+            return 0;
+        seen[dev] = 1;
+        if (!p[len])
+            return n + 1;
+        p += len + 1;
+    }
+}
+
+int gs_config_gpus_check(const char *spec, char *why, size_t why_size)
+{
+    int n = strchr(spec, ',') ? count_gpu_list(spec)
+                              : (int)parse_small(spec, strlen(spec), GS_CONFIG_MAX_GPU);
+    if (n >= 1)
+        return n;
+    snprintf(why, why_size,
+             "'%s' is not a GPU count (1 or more) or a list of distinct GPU numbers such as "
+             "0,2%s",
+             spec,
+             strncmp(spec, "cpu", 3) == 0 || strcmp(spec, "0") == 0
+                 ? "; CPU ranks are asked for with --cpu N, or cpu = N in a [job]"
+                 : "");
+    return 0;
+}
+
+/* Checks and sets a job's `gpus` or `cpu`: they exclude each other. */
+static int set_job_ranks(struct parse_state *st, struct gs_job *job, const char *key,
+                         const char *value)
+{
+    char why[300], msg[400];
+    int cpu = strcmp(key, "cpu") == 0;
+    if (cpu ? job->gpus != NULL : job->cpu != 0) {
+        snprintf(msg, sizeof(msg),
+                 "[job \"%s\"] %s: the job sets %s already; a job runs on GPUs "
+                 "or on CPU ranks, not both",
+                 job->name, key, cpu ? "gpus" : "cpu");
+        return fail(st, "%s%s", msg, "");
+    }
+    if (cpu) {
+        long n = parse_small(value, strlen(value), GS_CONFIG_MAX_CPU);
+        job->cpu = n >= 1 ? (int)n : 0;
+        if (job->cpu)
+            return 1;
+        snprintf(msg, sizeof(msg),
+                 "[job \"%s\"] cpu: '%s' is not a number of CPU ranks (1 to "
+                 "%d)",
+                 job->name, value, GS_CONFIG_MAX_CPU);
+        return fail(st, "%s%s", msg, "");
+    }
+    if (gs_config_gpus_check(value, why, sizeof(why)) > 0)
+        return replace_string(&job->gpus, value);
+    snprintf(msg, sizeof(msg), "[job \"%s\"] gpus: %s", job->name, why);
+    return fail(st, "%s%s", msg, "");
+}
+
 static int set_job(struct parse_state *st, const char *job_name, const char *key, const char *value)
 {
     struct gs_job *job = job_for(st->cfg, job_name);
     if (!job)
         return 0;
     if (strcmp(key, "command") == 0)
-        return replace_string(&job->command, value);
-    if (strcmp(key, "gpus") == 0)
-        return replace_string(&job->gpus, value);
-    return fail(st, "unknown key '%s' in section [job \"%s\"]", key, job_name);
+        return value[0] ? replace_string(&job->command, value)
+                        : fail(st, "[job \"%s\"] command: empty; write the command line to run%s",
+                               job_name, "");
+    if (strcmp(key, "gpus") == 0 || strcmp(key, "cpu") == 0)
+        return set_job_ranks(st, job, key, value);
+    return fail(st, "unknown key '%s' in section [job \"%s\"] (expected command, gpus or cpu)", key,
+                job_name);
 }
 
 /* Drops an inline comment that starts with whitespace and '#' (libinih strips only ';' ones; git
- * config takes both), and the blanks before it. Returns `buf`. */
+ * config takes both), and the blanks before it. A value that starts with '#' is all comment (it
+ * followed the '=' and its blanks): `command = # later` is an empty command, not a shell comment
+ * that runs nothing. Returns `buf`. */
 static const char *strip_hash_comment(const char *value, char *buf, size_t size)
 {
     snprintf(buf, size, "%s", value);
     for (char *p = buf; *p; p++)
-        if (*p == '#' && p > buf && (p[-1] == ' ' || p[-1] == '\t')) {
+        if (*p == '#' && (p == buf || p[-1] == ' ' || p[-1] == '\t')) {
             *p = '\0';
             break;
         }
@@ -294,6 +373,8 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
             gs_buf_addf(out, "\tcommand = %s\n", job->command);
         if (job->gpus)
             gs_buf_addf(out, "\tgpus = %s\n", job->gpus);
+        if (job->cpu)
+            gs_buf_addf(out, "\tcpu = %d\n", job->cpu);
     }
 }
 

@@ -3,7 +3,7 @@
  *
  *   [remote]            host, port, user, path, identity, hosts (multi-node runs)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp
- *   [job "NAME"]        command, gpus
+ *   [job "NAME"]        command, gpus | cpu
  *
  * Every error names the file, the line and the key, so a user can fix it without guessing. */
 #ifndef GS_CONFIG_H
@@ -13,12 +13,18 @@
 
 #include "common/error.h"
 
+/* The highest GPU number a list may name, and the most CPU ranks a job may ask for (the
+ * launcher's limit on one node). */
+#define GS_CONFIG_MAX_GPU 1023
+#define GS_CONFIG_MAX_CPU 4096
+
 enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
 
 struct gs_job {
     char *name;
-    char *command; /* a shell command line, run in the remote project directory */
-    char *gpus;    /* "2", "0,2", or NULL when the config does not say */
+    char *command; /* a shell command line, run in the remote project directory; never "" */
+    char *gpus;    /* "2", "0,2", or NULL when the config does not say (checked: see below) */
+    int cpu;       /* CPU ranks; 0 when the config does not say (never set with gpus) */
 };
 
 struct gs_config {
@@ -50,6 +56,11 @@ void gs_config_release(struct gs_config *cfg);
 
 /* The job named `name`, or NULL. The pointer lives as long as `cfg`. */
 const struct gs_job *gs_config_job(const struct gs_config *cfg, const char *name);
+
+/* Checks a GPU request as `--gpus` and a job's `gpus` take it: a count ("2", at least 1) or a
+ * list of distinct device numbers ("0,2"; a list is told from a count by its comma). Returns the
+ * number of ranks it asks for, or 0 when it is neither (with a sentence saying why in `why`). */
+int gs_config_gpus_check(const char *spec, char *why, size_t why_size);
 
 /* Writes `cfg`'s remote and sync settings and jobs to `path` as a fresh config file, atomically
  * (temporary file and rename). Returns 0 or GS_E_IO. */

@@ -131,7 +131,7 @@ static int parse_frames(struct gs_run_stream *p)
             if (p->in.len < head + len)
                 return 0;                   /* the data has not all arrived */
             if (off == p->st->offset[rank]) /* never deliver a byte twice */
-                p->fn(p->ctx, rank, p->in.data + head, (size_t)len);
+                p->fn(p->ctx, rank, off, p->in.data + head, (size_t)len);
             if (off + len > p->st->offset[rank])
                 p->st->offset[rank] = off + len;
             gs_buf_consume(&p->in, head + (size_t)len);

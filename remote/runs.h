@@ -62,8 +62,9 @@ struct gs_tail_state {
 void gs_run_tail_args(const char *id, const char *ranks, int follow, const struct gs_tail_state *st,
                       struct gs_buf *args);
 
-/* Called with whole chunks of a rank's log, in order. */
-typedef void (*gs_tail_fn)(void *ctx, int rank, const char *data, size_t len);
+/* Called with whole chunks of a rank's log, in order: `len` bytes from byte `off` of it. Chunks
+ * of different ranks come in the order they were written (as far as the server recorded it). */
+typedef void (*gs_tail_fn)(void *ctx, int rank, uint64_t off, const char *data, size_t len);
 
 /* Called once when the run has started, before any of its logs. */
 typedef void (*gs_started_fn)(void *ctx, const struct gs_tail_state *st);

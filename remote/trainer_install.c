@@ -43,31 +43,42 @@ static int pack_sources(struct gs_buf *tar, struct gs_error *err)
     return 0;
 }
 
-/* The build, as the server runs it: cmake with CUDA when nvcc exists, else cc directly. */
+/* The build, as the server runs it: cmake with CUDA when nvcc exists, else cc directly. A build
+ * takes from a few seconds to a minute, so each step says on stdout what it is doing (the caller
+ * shows it); the compilers' own output goes to build.log, whose tail is the error message. */
 static const char build_script[] =
     "set -e\n"
-    "d=~/.gpusync/trainer-%s\n"
+    "d=~/.gpusync/trainer-%s; t0=$(date +%%s)\n"
+    "echo 'gpusync: building the bundled trainer on the server (first use of this version;"
+    " it is kept for later runs)'\n"
     "rm -rf \"$d.tmp\"; mkdir -p \"$d.tmp/src\" \"$d.tmp/bin\"\n"
     "tar -xf - -C \"$d.tmp/src\"\n"
     "cd \"$d.tmp\"\n"
+    "step() {\n"
+    "  echo \"gpusync: trainer build: $1...\"\n"
+    "  if ! sh -c \"$2\" >>build.log 2>&1; then\n"
+    "    echo '--- trainer build failed; last lines of the log:' >&2\n"
+    "    tail -n 25 build.log >&2\n"
+    "    echo \"--- reproduce with: cd $d.tmp && $2\" >&2\n"
+    "    exit 3\n"
+    "  fi\n"
+    "}\n"
     "if command -v cmake >/dev/null 2>&1; then\n"
     "  cuda=; nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)\n"
     "  [ -n \"$nvcc\" ] && cuda=\"-DCMAKE_CUDA_COMPILER=$nvcc\"\n"
-    "  cmd=\"cmake -S src -B build -DCMAKE_BUILD_TYPE=Release $cuda && cmake --build build "
-    "-j$(nproc 2>/dev/null || echo 2)\"\n"
+    "  step \"configuring with cmake${nvcc:+ (CUDA: $nvcc)}\" "
+    "\"cmake -S src -B build -DCMAKE_BUILD_TYPE=Release $cuda\"\n"
+    "  j=$(nproc 2>/dev/null || echo 2)\n"
+    "  step \"compiling ($j jobs)\" \"cmake --build build -j$j\"\n"
     "else\n"
-    "  cmd=\"cc -O2 -std=c11 -D_GNU_SOURCE -o bin/gpusync-train src/src/*.c -lz -lm -lpthread\"\n"
-    "fi\n"
-    "if ! sh -c \"$cmd\" >build.log 2>&1; then\n"
-    "  echo '--- trainer build failed; last lines of the log:' >&2\n"
-    "  tail -n 25 build.log >&2\n"
-    "  echo \"--- reproduce with: cd $d.tmp && $cmd\" >&2\n"
-    "  exit 3\n"
+    "  step 'compiling with cc (no cmake on the server: CPU only)' "
+    "'cc -O2 -std=c11 -D_GNU_SOURCE -o bin/gpusync-train src/src/*.c -lz -lm -lpthread'\n"
     "fi\n"
     "[ -x bin/gpusync-train ] || cp \"$(find build -name gpusync-train -type f | head -n1)\" bin/\n"
-    "cd ..; rm -rf \"$d\"; mv \"$d.tmp\" \"$d\"\n";
+    "cd ..; rm -rf \"$d\"; mv \"$d.tmp\" \"$d\"\n"
+    "echo \"gpusync: trainer build: done in $(( $(date +%%s) - t0 )) s\"\n";
 
-static int build(struct gs_ssh *ssh, const char *key, const struct gs_buf *tar,
+static int build(struct gs_ssh *ssh, const char *key, const struct gs_buf *tar, int progress_fd,
                  struct gs_error *err)
 {
     struct gs_buf script = GS_BUF_INIT, cmd = GS_BUF_INIT, errout = GS_BUF_INIT;
@@ -77,6 +88,7 @@ static int build(struct gs_ssh *ssh, const char *key, const struct gs_buf *tar,
     struct gs_exec_io io = GS_EXEC_IO_INIT;
     io.stdin_data = tar->data;
     io.stdin_len = tar->len;
+    io.stdout_fd = progress_fd;
     io.stderr_buf = &errout;
     int rc = gs_exec_run(ssh, cmd.data, &io, err);
     if (rc > 0)
@@ -120,7 +132,7 @@ int gs_trainer_locate(struct gs_buf *path, struct gs_buf *probe, struct gs_error
     return rc;
 }
 
-int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how,
+int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how, int progress_fd,
                        struct gs_error *err)
 {
     struct gs_buf tar = GS_BUF_INIT, probe = GS_BUF_INIT, out = GS_BUF_INIT;
@@ -135,7 +147,7 @@ int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how
         int present = out.data && strstr(out.data, "present");
         *how = present ? "cached" : "built";
         if (!present)
-            rc = build(ssh, key, &tar, err);
+            rc = build(ssh, key, &tar, progress_fd, err);
     }
     if (rc == 0)
         add_path(path, key);

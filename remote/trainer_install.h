@@ -10,9 +10,10 @@
 #include "remote/ssh.h"
 
 /* Makes sure the trainer is built on the server and appends its path (a shell word) to `path`.
- * Sets *how to "cached" or "built". On a failed build returns GS_E_REMOTE with the build log's
- * tail and the command that reproduces it in the message. */
-int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how,
+ * Sets *how to "cached" or "built". A build writes a line per step ("gpusync: trainer build:
+ * compiling (8 jobs)...") to progress_fd (-1: nowhere). On a failed build returns GS_E_REMOTE
+ * with the build log's tail and the command that reproduces it in the message. */
+int gs_trainer_install(struct gs_ssh *ssh, struct gs_buf *path, const char **how, int progress_fd,
                        struct gs_error *err);
 
 /* Where this build of the trainer lives on a server (appended to `path`, a shell word) and a

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "jsonw.h"
+#include "logtimes.h"
 #include "pgroup.h"
 #include "runlog.h"
 #include "runs.h"
@@ -54,12 +55,13 @@ struct launch_opts {
 struct sup {
     struct launch_opts *o;
     struct gs_runs_status st;
-    int sfd;           /* signalfd */
-    int alive;         /* ranks not yet reaped */
-    int first_fail;    /* exit code of the first failing rank, -1 if none */
-    int stop_sig;      /* SIGTERM/SIGINT received, 0 if none */
-    int terminating;   /* SIGTERM sent to the groups */
-    long long kill_at; /* monotonic ms of the SIGKILL escalation, 0 if none */
+    int sfd;               /* signalfd */
+    int alive;             /* ranks not yet reaped */
+    int first_fail;        /* exit code of the first failing rank, -1 if none */
+    int stop_sig;          /* SIGTERM/SIGINT received, 0 if none */
+    int terminating;       /* SIGTERM sent to the groups */
+    long long kill_at;     /* monotonic ms of the SIGKILL escalation, 0 if none */
+    struct gs_logtimes lt; /* when the rank logs grew, for tail's time order */
 };
 
 /* ---- options ----------------------------------------------------------------------------- */
@@ -496,6 +498,9 @@ static void on_signal(struct sup *s, int sig)
 static int next_timeout(const struct sup *s)
 {
     long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
+    long long times = gs_logtimes_timeout(&s->lt);
+    if (times >= 0 && (t < 0 || times < t))
+        t = times;
     if (s->kill_at) {
         long long left = s->kill_at - gs_runs_mono_ms();
         left = left < 0 ? 0 : left;
@@ -513,13 +518,14 @@ static void wait_group(struct sup *s)
     while (groups_alive(s) || s->alive > 0) { /* every pass: a group seen empty is let go */
         if (s->alive == 0)
             terminate(s); /* leftovers of ranks that exited: they must not outlive the run */
-        struct pollfd p = {s->sfd, POLLIN, 0};
-        int n = poll(&p, 1, next_timeout(s));
-        if (n > 0) {
+        struct pollfd p[2] = {{s->sfd, POLLIN, 0}, {gs_logtimes_fd(&s->lt), POLLIN, 0}};
+        int n = poll(p, p[1].fd >= 0 ? 2 : 1, next_timeout(s));
+        if (n > 0 && p[0].revents) {
             struct signalfd_siginfo si;
             while (read(s->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
                 on_signal(s, (int)si.ssi_signo);
         }
+        gs_logtimes_update(&s->lt);
         reap(s);
         long long now = gs_runs_mono_ms();
         if (killed_at && now - killed_at > LAUNCH_UNKILLABLE_MS) {
@@ -543,6 +549,7 @@ static void finish(struct sup *s, const char *state, int code)
     snprintf(s->st.state, sizeof(s->st.state), "%s", state);
     s->st.exit_code = code;
     gs_runs_now_iso(s->st.end, sizeof(s->st.end));
+    gs_logtimes_flush(&s->lt); /* before the end is visible: tail's last pass sees every record */
     save_status(s);
 }
 
@@ -633,7 +640,11 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
         dprintf(report_fd, "%s: %s\n", fail, strerror(errno));
         _exit(1);
     }
+    /* Before the ranks start, so their first bytes are seen; without it the logs are still
+     * kept, and tail reads them rank by rank. */
+    gs_logtimes_open(&s.lt, o->dir, (int)(o->node_rank * o->nproc), (int)o->nproc);
     supervise(&s, report_fd);
+    gs_logtimes_close(&s.lt);
     gs_runs_status_release(&s.st);
     _exit(0);
 }

@@ -1,7 +1,12 @@
 /* runlog: `tail` (see runlog.h). Each pass reads status.json first and the logs second, so the
  * final X frame is only sent after the bytes that were in the logs when the run ended. Waiting
  * is an inotify watch on the run directory (rank writes raise IN_MODIFY, status.json's rename
- * IN_MOVED_TO), so a line reaches stdout within a few milliseconds of its write. */
+ * IN_MOVED_TO), so a line reaches stdout within a few milliseconds of its write.
+ *
+ * With several ranks, what a pass finds goes out in the order it was written, by the times the
+ * supervisor recorded in log-times (logtimes.h): a backlog (`logs`, `logs -f` on a running run,
+ * a resumed follow) reads as the ranks printed it, not rank by rank. Bytes no record covers yet
+ * (just written, or a run from an older agent) come last in a pass, rank by rank. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -19,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "logtimes.h"
 #include "runs.h"
 
 #define TAIL_CHUNK      (64 * 1024) /* longest frame; also the longest line kept whole */
@@ -26,11 +32,18 @@
 #define TAIL_POLL_MS    20          /* polling period without inotify */
 #define TAIL_CHECK_MS   250         /* re-check of a silent run (a vanished supervisor) */
 
+/* A time record of a rank's log: it held `size` bytes at `ms` (logtimes.h). */
+struct tail_time {
+    long long size, ms;
+};
+
 struct tail_rank {
     int rank;
     int fd; /* rank<rank>.log, -1 until it exists */
     long long off;
-    long long held_since; /* monotonic ms when a partial line was first held back, 0 if none */
+    long long held_since;    /* monotonic ms when a partial line was first held back, 0 if none */
+    struct tail_time *times; /* records past off, oldest first: times[head .. n_times) */
+    size_t head, n_times, cap_times;
 };
 
 struct tail {
@@ -38,6 +51,7 @@ struct tail {
     struct tail_rank *r;
     int n;
     int follow;
+    struct gs_logtimes_reader times; /* read only when more than one rank is tailed */
     char buf[TAIL_CHUNK];
 };
 
@@ -159,26 +173,135 @@ static size_t sendable(struct tail *t, struct tail_rank *r, size_t n, int ended)
     return now - r->held_since >= TAIL_PARTIAL_MS ? n : 0;
 }
 
-/* Sends what rank r's log holds beyond r->off. Returns 0, or -1 if stdout is gone. */
-static int drain_rank(struct tail *t, struct tail_rank *r, int ended)
+/* ---- time order --------------------------------------------------------------------------- */
+
+/* Keeps a time record for a tailed rank, unless its bytes were sent already. */
+static void add_time(void *ctx, int rank, long long size, long long ms)
+{
+    struct tail_rank *r = rank_find(ctx, rank);
+    if (!r || size <= r->off || (r->n_times > r->head && size <= r->times[r->n_times - 1].size))
+        return;
+    if (r->n_times == r->cap_times) {
+        if (r->head > 0) { /* reuse the room of records already passed */
+            memmove(r->times, r->times + r->head, (r->n_times - r->head) * sizeof(*r->times));
+            r->n_times -= r->head;
+            r->head = 0;
+        }
+        size_t cap =
+            r->n_times == r->cap_times ? (r->cap_times ? r->cap_times * 2 : 64) : r->cap_times;
+        struct tail_time *grown = realloc(r->times, cap * sizeof(*grown));
+        if (!grown)
+            return; /* those bytes just go out later, untimed */
+        r->times = grown;
+        r->cap_times = cap;
+    }
+    r->times[r->n_times].size = size;
+    r->times[r->n_times++].ms = ms;
+}
+
+/* Drops the records of bytes that were sent. */
+static void pass_times(struct tail_rank *r)
+{
+    while (r->head < r->n_times && r->times[r->head].size <= r->off)
+        r->head++;
+}
+
+/* The first record of rank r at or past `end` bytes (when they had all been written), or NULL
+ * when none is there yet. */
+static const struct tail_time *time_at(const struct tail_rank *r, long long end)
+{
+    for (size_t i = r->head; i < r->n_times; i++)
+        if (r->times[i].size >= end)
+            return &r->times[i];
+    return NULL;
+}
+
+/* Length of the first line of p[0..n), its line end included; n if it has none. */
+static size_t first_line(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == '\n' || p[i] == '\r')
+            return i + 1;
+    return n;
+}
+
+/* Reads up to n bytes of r's log at r->off into t->buf. Returns the count (0 at the end). */
+static size_t read_at(struct tail *t, struct tail_rank *r, size_t n)
+{
+    for (;;) {
+        ssize_t got = pread(r->fd, t->buf, n, (off_t)r->off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        return got > 0 ? (size_t)got : 0;
+    }
+}
+
+/* The length of rank r's next frame (0: nothing to send now) and, in *when, the time it was
+ * written. A frame holds the whole lines of one time record at most, so that lines of another
+ * rank written in between can go out between them. Leaves the frame's bytes in t->buf. */
+static size_t next_frame(struct tail *t, struct tail_rank *r, int ended, long long *when)
 {
     open_log(t, r);
     if (r->fd < 0)
         return 0;
-    for (;;) {
-        ssize_t n = pread(r->fd, t->buf, TAIL_CHUNK, (off_t)r->off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return 0;
-        size_t k = sendable(t, r, (size_t)n, ended);
-        if (k == 0)
-            return 0;
-        if (send_frame(r, t->buf, k) < 0)
-            return -1;
-        r->off += (long long)k;
-        r->held_since = 0;
+    if (r->head < r->n_times && r->times[r->head].size - r->off < TAIL_CHUNK) {
+        /* the common case, reading no more than the record covers */
+        size_t k = whole_lines(t->buf, read_at(t, r, (size_t)(r->times[r->head].size - r->off)));
+        *when = r->times[r->head].ms;
+        if (k > 0)
+            return k;
     }
+    size_t k = sendable(t, r, read_at(t, r, TAIL_CHUNK), ended);
+    /* The first line ended in a later record: cut at that record, so that the lines after it,
+     * written later, keep their own times. */
+    const struct tail_time *first = time_at(r, r->off + (long long)first_line(t->buf, k));
+    if (first && first->size < r->off + (long long)k)
+        k = whole_lines(t->buf, (size_t)(first->size - r->off));
+    *when = first ? first->ms : LLONG_MAX;
+    return k;
+}
+
+/* Sends rank r's next frame of k bytes (read again: t->buf may hold another rank's by now).
+ * Returns 0, 1 when the bytes are gone (the log was truncated), or -1 if stdout is gone. */
+static int send_next(struct tail *t, struct tail_rank *r, size_t k)
+{
+    size_t n = read_at(t, r, k);
+    if (n == 0)
+        return 1;
+    if (send_frame(r, t->buf, n) < 0)
+        return -1;
+    r->off += (long long)n;
+    r->held_since = 0;
+    pass_times(r);
+    return 0;
+}
+
+/* Sends what the logs hold beyond each rank's offset, oldest first: repeatedly the frame with
+ * the earliest time among the ranks' next frames (ties: the lower rank). Returns 0, or -1 if
+ * stdout is gone. */
+static int drain(struct tail *t, int ended)
+{
+    if (t->n > 1)
+        gs_logtimes_read(&t->times, t->dir, add_time, t);
+    long long *when = malloc((size_t)t->n * sizeof(*when));
+    size_t *len = malloc((size_t)t->n * sizeof(*len));
+    int rc = when && len ? 0 : -1;
+    for (int i = 0; i < t->n && rc == 0; i++)
+        len[i] = next_frame(t, &t->r[i], ended, &when[i]);
+    while (rc == 0) {
+        int best = -1;
+        for (int i = 0; i < t->n; i++)
+            if (len[i] > 0 && (best < 0 || when[i] < when[best]))
+                best = i;
+        if (best < 0)
+            break;
+        rc = send_next(t, &t->r[best], len[best]);
+        len[best] = rc == 0 ? next_frame(t, &t->r[best], ended, &when[best]) : 0;
+        rc = rc > 0 ? 0 : rc;
+    }
+    free(when);
+    free(len);
+    return rc;
 }
 
 /* Reads the run's state: 1 if it has ended (code and state filled in), 0 if it runs on. */
@@ -250,8 +373,7 @@ static int tail_run(struct tail *t)
         int code = -1;
         char state[32] = "";
         int ended = run_ended(t, &code, state, sizeof(state));
-        for (int i = 0; i < t->n && rc == 0; i++)
-            rc = drain_rank(t, &t->r[i], ended);
+        rc = drain(t, ended);
         if (rc == 0 && ended) {
             char x[64];
             int n = code >= 0 ? snprintf(x, sizeof(x), "X %d %s\n", code, state)
@@ -298,6 +420,7 @@ int gs_tail_main(int argc, char **argv)
     const char *root = NULL, *arg = NULL, *ranks = "all", *offsets = NULL;
     char id[GS_RUNS_ID_MAX + 1], err[PATH_MAX + 256];
     memset(&t, 0, sizeof(t));
+    gs_logtimes_reader_init(&t.times);
     signal(SIGPIPE, SIG_IGN); /* a vanished reader is a write error, not a silent death */
     if (tail_args(&t, argc, argv, &root, &arg, &ranks, &offsets) < 0)
         return free(t.r), 2;
@@ -317,9 +440,12 @@ int gs_tail_main(int argc, char **argv)
         return free(t.r), 2;
     }
     int rc = tail_run(&t);
-    for (int i = 0; i < t.n; i++)
+    for (int i = 0; i < t.n; i++) {
         if (t.r[i].fd >= 0)
             close(t.r[i].fd);
+        free(t.r[i].times);
+    }
+    gs_logtimes_reader_close(&t.times);
     free(t.r);
     return rc;
 }

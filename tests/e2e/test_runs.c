@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -267,6 +268,33 @@ static int process_gone(long long pid, int ms)
             return 0;
         usleep(20000); /* polling a condition with a deadline: no event to wait on here */
     }
+}
+
+/* Waits (inotify on the remote run directory) until rank's remote log holds `text`. */
+static void await_remote_log(const char *id, int rank, const char *text)
+{
+    char dir[1200];
+    snprintf(dir, sizeof(dir), "%s/.gpusync/runs/%s", remote, id);
+    int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(ifd >= 0);
+    assert_true(inotify_add_watch(ifd, dir, IN_MODIFY | IN_CREATE) >= 0);
+    int64_t end = gs_clock_mono_ms() + 60000;
+    for (;;) {
+        char *log = rank_log(remote, id, rank);
+        int has = strstr(log, text) != NULL;
+        free(log);
+        if (has)
+            break;
+        int64_t left = end - gs_clock_mono_ms();
+        if (left <= 0)
+            fail_msg("rank %d of run %s never printed '%s'", rank, id, text);
+        struct pollfd p = {ifd, POLLIN, 0};
+        poll(&p, 1, (int)left);
+        char ev[4096];
+        while (read(ifd, ev, sizeof(ev)) > 0)
+            ;
+    }
+    close(ifd);
 }
 
 /* Initialises a project in `dir` against `d` with remote path `rpath`. */
@@ -655,6 +683,300 @@ static void test_run__a_jobs_gpus_from_the_config_are_used(void **state)
     child_release(&c);
 }
 
+/* ---- checked before the sync (issue 13, point 9) ---- */
+
+/* Appends `text` to the project's config, keeping a copy to put back with restore_config. */
+static void add_to_config(const char *text)
+{
+    assert_int_equal(sh("cd '%s' && cp .gpusync/config config.saved && printf '%%s' '%s' >> "
+                        ".gpusync/config",
+                        project, text),
+                     0);
+}
+
+static void restore_config(void)
+{
+    sh("cd '%s' && mv config.saved .gpusync/config", project);
+}
+
+/* 1 when the remote project holds `name` (the server is this machine). */
+static int remote_has(const char *name)
+{
+    char path[1200];
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/%s", remote, name);
+    return stat(path, &sb) == 0;
+}
+
+/* A run the server cannot do, or a config that cannot say what to run, is refused before a byte
+ * is synced: the new local file never reaches the server. */
+static void test_run__a_request_that_cannot_run_is_refused_before_the_sync(void **state)
+{
+    (void)state;
+    assert_int_equal(sh("cd '%s' && echo unsent > unsent.txt", project), 0);
+    /* no GPUs at all: refused on the command line, without connecting */
+    struct child c = run_in(project, ARGS("run", "--gpus", "0", "--", "true"));
+    expect_status(&c, 2, "run --gpus 0");
+    child_release(&c);
+    c = run_in(project, ARGS("run", "--gpus", "cpu=3", "--", "true"));
+    expect_status(&c, 2, "run --gpus cpu=3");
+    child_release(&c);
+    /* more GPUs than the server has (none here, or fewer than 1000): it asks the server first */
+    c = run_in(project, ARGS("run", "--gpus", "1000", "--", "true"));
+    expect_status(&c, 2, "run --gpus 1000");
+    child_release(&c);
+    /* a job's gpus written as the editors' cpu=3 */
+    add_to_config("\n[job \"cpujob\"]\ncommand = true\ngpus = cpu=3\n");
+    c = run_in(project, ARGS("run", "cpujob"));
+    restore_config();
+    expect_status(&c, 3, "a job with gpus = cpu=3");
+    child_release(&c);
+    /* an empty command, which ran sh -c '' and succeeded */
+    add_to_config("\n[job \"empty\"]\ncommand =\n");
+    c = run_in(project, ARGS("run", "empty"));
+    restore_config();
+    expect_status(&c, 3, "a job with an empty command");
+    child_release(&c);
+    /* a job with only settings (only [job "train"] may leave the command to the trainer) */
+    add_to_config("\n[job \"nocmd\"]\ncpu = 2\n");
+    c = run_in(project, ARGS("run", "nocmd"));
+    restore_config();
+    expect_status(&c, 3, "a job without a command");
+    child_release(&c);
+    assert_false(remote_has("unsent.txt"));
+    assert_int_equal(sh("rm -f '%s/unsent.txt'", project), 0);
+}
+
+/* [job] cpu = N runs N CPU ranks (it was an unknown key). */
+static void test_run__a_job_can_ask_for_cpu_ranks(void **state)
+{
+    (void)state;
+    add_to_config("\n[job \"cpuranks\"]\ncommand = echo WS=$WORLD_SIZE "
+                  "CVD=${CUDA_VISIBLE_DEVICES-unset}\ncpu = 3\n");
+    struct child c = run_in(project, ARGS("run", "cpuranks"));
+    restore_config();
+    expect_status(&c, 0, "run of a [job] with cpu = 3");
+    assert_int_equal(count(c.out.data, "WS=3 CVD=unset\n"), 3);
+    json_t *meta = run_json(remote, run_id_of(&c), "meta.json");
+    assert_int_equal(int_at(meta, "nproc"), 3);
+    assert_true(json_is_null(json_object_get(meta, "gpus")));
+    json_decref(meta);
+    child_release(&c);
+}
+
+/* ---- waits that say what they wait for (point 13) ---- */
+
+/* 1 while the child runs (it has not exited yet). */
+static int child_running(const struct child *c)
+{
+    int st;
+    return waitpid(c->pid, &st, WNOHANG) == 0;
+}
+
+/* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
+ * waits, stop says what for. */
+static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                                          "trap '' TERM; echo up; while :; do sleep 0.1; done"));
+    expect_status(&c, 0, "run --detach of a rank ignoring SIGTERM");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    struct child s;
+    int64_t t0 = gs_clock_mono_ms();
+    child_start(&s, project, ARGS("stop", id));
+    child_wait_in(&s, 1, "SIGKILL", 8000);
+    int64_t said = gs_clock_mono_ms() - t0;
+    assert_true(child_running(&s)); /* said while waiting, not at the end */
+    assert_true(said >= 1000);      /* and not for a stop that is quick */
+    child_finish(&s);
+    expect_status(&s, 0, "stop of a rank ignoring SIGTERM");
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "stopped");
+    assert_int_equal(int_at(json_array_get(json_object_get(st, "ranks"), 0), "signal"), SIGKILL);
+    json_decref(st);
+    child_release(&s);
+}
+
+/* The trainer's first build on a server takes seconds: each step is announced before the run
+ * starts (it was one line, then silence). A copy of the sources with one more file is a version
+ * the server has not built; its build is removed afterwards. */
+static void test_run__the_trainers_first_build_says_each_step(void **state)
+{
+    (void)state;
+    char src[700];
+    snprintf(src, sizeof(src), "%s/work/trainer-src", srv.dir);
+    assert_int_equal(sh("rm -rf '%s' && cp -r '%s' '%s' && rm -rf '%s'/build* && echo %d > "
+                        "'%s/.test-build' && touch '%s/before-build'",
+                        src, gs_test_source_path("trainer"), src, src, (int)getpid(), src, src),
+                     0);
+    setenv("GPUSYNC_TRAINER_SRC", src, 1);
+    struct child c = run_in(project, ARGS("run", "--no-sync", "--cpu", "1", "train", "--",
+                                          "--epochs", "1", "--limit-train", "500"));
+    unsetenv("GPUSYNC_TRAINER_SRC");
+    sh("find ~root/.gpusync -maxdepth 1 -name 'trainer-*' -newer '%s/before-build' -exec rm -rf "
+       "{} + 2>/dev/null",
+       src);
+    expect_status(&c, 0, "run train with a trainer never built there");
+    const char *building = strstr(c.err.data, "trainer build: compiling");
+    const char *started = strstr(c.err.data, "gpusync: run ");
+    assert_non_null(building);
+    assert_non_null(started);
+    assert_true(building < started);
+    assert_non_null(strstr(c.out.data, "epoch   1/1 |"));
+    child_release(&c);
+}
+
+/* ---- the server's name (point 14) ---- */
+
+/* What "run ... started: N ranks on SERVER" names, into a static buffer. */
+static const char *server_named(const struct child *c)
+{
+    static char name[256];
+    const char *p = c->err.data ? strstr(c->err.data, " started: ") : NULL;
+    p = p ? strstr(p, " on ") : NULL;
+    if (!p || sscanf(p, " on %255s", name) != 1)
+        fail_msg("no server named on stderr: %s", c->err.data ? c->err.data : "");
+    return name;
+}
+
+/* `run` names the server the same way with and without the watch daemon, also when the config
+ * leaves the user to the default (it said "127.0.0.1:PORT" through the daemon and
+ * "root@127.0.0.1:PORT" without). */
+static void test_run__names_the_server_alike_with_and_without_the_daemon(void **state)
+{
+    (void)state;
+    assert_int_equal(sh("cd '%s' && cp .gpusync/config config.saved && sed -i '/^[[:space:]]*user "
+                        "=/d' .gpusync/config",
+                        project),
+                     0);
+    struct child alone = run_in(project, ARGS("run", "--no-sync", "--cpu", "1", "--", "true"));
+    expect_status(&alone, 0, "run without the daemon");
+    char without[256];
+    snprintf(without, sizeof(without), "%s", server_named(&alone));
+    child_release(&alone);
+    watch_with_spare();
+    struct child via = run_in(project, ARGS("run", "--no-sync", "--cpu", "1", "--", "true"));
+    struct child stop = run_in(project, ARGS("watch", "--stop"));
+    child_release(&stop);
+    restore_config();
+    expect_status(&via, 0, "run through the daemon");
+    assert_string_equal(server_named(&via), without);
+    child_release(&via);
+}
+
+/* ---- logs in time order, and from the local copy (points 10, 11) ---- */
+
+/* Two ranks taking turns, 50 ms apart (the server records times every 10 ms): a1 b1 a2 b2 ...
+ * a4 b4; then both wait for the file `go` before they exit. */
+#define TURNS_SCRIPT                                                                               \
+    "i=1; while [ $i -le 4 ]; do"                                                                  \
+    "  if [ $RANK = 0 ]; then"                                                                     \
+    "    [ $i = 1 ] || while [ ! -e b$((i-1)) ]; do sleep 0.01; done; sleep 0.05; echo a$i;"       \
+    "    touch a$i;"                                                                               \
+    "  else"                                                                                       \
+    "    while [ ! -e a$i ]; do sleep 0.01; done; sleep 0.05; echo b$i; touch b$i;"                \
+    "  fi; i=$((i+1)); done; while [ ! -e go ]; do sleep 0.02; done"
+
+#define TURNS_SHOWN                                                                                \
+    "[rank 0] a1\n[rank 1] b1\n[rank 0] a2\n[rank 1] b2\n[rank 0] a3\n[rank 1] b3\n[rank 0] a4\n"  \
+    "[rank 1] b4\n"
+
+/* `logs` and `logs -f` show two ranks' backlog in the order it was printed, and --tail N the
+ * last N lines of all ranks (it showed rank 1 only). */
+static void test_logs__ranks_interleave_in_the_order_they_printed(void **state)
+{
+    (void)state;
+    assert_int_equal(sh("rm -f '%s'/a? '%s'/b? '%s/go'", remote, remote, remote), 0);
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "2", "--name", "turns", "--",
+                                          "sh", "-c", TURNS_SCRIPT));
+    expect_status(&c, 0, "run --detach of two ranks taking turns");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 1, "b4\n");
+    struct child l = run_in(project, ARGS("logs", id));
+    expect_status(&l, 0, "logs of a running run");
+    assert_string_equal(l.out.data, TURNS_SHOWN);
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "turns", "--tail", "4"));
+    expect_status(&l, 0, "logs --tail 4");
+    assert_string_equal(l.out.data, "[rank 0] a3\n[rank 1] b3\n[rank 0] a4\n[rank 1] b4\n");
+    child_release(&l);
+    /* re-attach: the backlog in order, then the end */
+    child_start(&l, project, ARGS("logs", "-f", id));
+    child_wait_for(&l, "[rank 1] b4\n", 60000);
+    assert_string_equal(l.out.data, TURNS_SHOWN);
+    assert_int_equal(sh("touch '%s/go'", remote), 0);
+    child_finish(&l);
+    expect_status(&l, 0, "logs -f to the end");
+    assert_string_equal(l.out.data, TURNS_SHOWN);
+    child_release(&l);
+    sh("rm -f '%s'/a? '%s'/b? '%s/go'", remote, remote, remote);
+}
+
+/* After the server lost a run (recreated: its runs are gone), `logs RUN` shows the local copy
+ * that following it left, in the order it was printed; -f cannot follow it and exits 1. Showing
+ * the logs again does not double the copy. */
+static void test_logs__a_run_the_server_lost_is_shown_from_the_local_copy(void **state)
+{
+    (void)state;
+    assert_int_equal(sh("rm -f '%s'/a? '%s'/b? && touch '%s/go'", remote, remote, remote), 0);
+    struct child c = run_in(project, ARGS("run", "--cpu", "2", "--", "sh", "-c", TURNS_SCRIPT));
+    expect_status(&c, 0, "run of two ranks taking turns");
+    assert_string_equal(c.out.data, TURNS_SHOWN);
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    struct child l = run_in(project, ARGS("logs", id)); /* shown again: the copy stays as is */
+    expect_status(&l, 0, "logs while the server has the run");
+    child_release(&l);
+    for (int rank = 0; rank < 2; rank++) {
+        char *mine = rank_log(project, id, rank), *theirs = rank_log(remote, id, rank);
+        assert_string_equal(mine, theirs);
+        free(mine);
+        free(theirs);
+    }
+    assert_int_equal(sh("rm -rf '%s/.gpusync/runs/%s' '%s'/a? '%s'/b? '%s/go'", remote, id, remote,
+                        remote, remote),
+                     0);
+    l = run_in(project, ARGS("logs", id));
+    expect_status(&l, 0, "logs of a run only the local copy has");
+    assert_string_equal(l.out.data, TURNS_SHOWN);
+    assert_non_null(strstr(l.err.data, "local copy"));
+    child_release(&l);
+    l = run_in(project, ARGS("logs", id, "--tail", "2"));
+    expect_status(&l, 0, "logs --tail 2 from the local copy");
+    assert_string_equal(l.out.data, "[rank 0] a4\n[rank 1] b4\n");
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "-f", id, "--rank", "1"));
+    expect_status(&l, 1, "logs -f of a run only the local copy has");
+    assert_string_equal(l.out.data, "b1\nb2\nb3\nb4\n");
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "20000101-000000-0000")); /* neither has it */
+    expect_status(&l, 1, "logs of an unknown run");
+    assert_string_equal(l.out.data, "");
+    child_release(&l);
+}
+
+/* logs prints text: --json is refused (it printed text anyway) and not offered by --help. */
+static void test_logs__json_is_refused_and_not_offered(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("logs", "--json"));
+    expect_status(&c, 2, "logs --json");
+    assert_string_equal(c.out.data, "");
+    child_release(&c);
+    c = run_in(project, ARGS("logs", "--help"));
+    expect_status(&c, 0, "logs --help");
+    assert_null(strstr(c.out.data, "\n  --json")); /* not among the options */
+    assert_non_null(strstr(c.out.data, "--tail"));
+    child_release(&c);
+}
+
 /* ---- detach, re-attach, stop ---- */
 
 static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
@@ -1017,6 +1339,17 @@ int main(void)
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),
         cmocka_unit_test_setup(test_run__a_jobs_gpus_from_the_config_are_used, use_home),
+        cmocka_unit_test_setup(test_run__a_request_that_cannot_run_is_refused_before_the_sync,
+                               use_home),
+        cmocka_unit_test_setup(test_run__a_job_can_ask_for_cpu_ranks, use_home),
+        cmocka_unit_test_setup(test_logs__ranks_interleave_in_the_order_they_printed, use_home),
+        cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
+                               use_home),
+        cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
+        cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
+        cmocka_unit_test_setup(test_run__the_trainers_first_build_says_each_step, use_home),
+        cmocka_unit_test_setup_teardown(
+            test_run__names_the_server_alike_with_and_without_the_daemon, use_home, stop_watch),
         cmocka_unit_test_setup(test_run__detach_reattach_and_stop_leaves_no_process, use_home),
         cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),

@@ -828,7 +828,8 @@ struct frames {
     long long start[4]; /* offset of the first frame, -1 if none */
     char x[64];
     int nframes;
-    int cut[4]; /* the rank's last frame ended inside a line */
+    int cut[4];     /* the rank's last frame ended inside a line */
+    char seq[4096]; /* every line in the order the frames carried them, as "RANK:LINE\n" */
 };
 
 /* Parses tail output; asserts that every rank's frames are contiguous and that the X line, if
@@ -861,6 +862,11 @@ static void parse_frames(const char *p, size_t n, struct frames *fr)
          * line, which no frame of that rank may follow. */
         assert_false(fr->cut[rank]);
         fr->cut[rank] = len != 65536 && p[len - 1] != '\n';
+        for (size_t i = 0; i < len; i += strcspn(p + i, "\n") + 1) {
+            size_t at = strlen(fr->seq), line = strcspn(p + i, "\n");
+            snprintf(fr->seq + at, sizeof(fr->seq) - at, "%d:%.*s\n", rank,
+                     (int)(i + line <= len ? line : len - i), p + i);
+        }
         fr->data[rank] = realloc(fr->data[rank], fr->len[rank] + len + 1);
         memcpy(fr->data[rank] + fr->len[rank], p, len);
         fr->len[rank] += len;
@@ -928,6 +934,86 @@ static void test_launch__tail_from_offsets_resumes_exactly(void **state)
     free(r.text);
     free(logs[0]);
     free(logs[1]);
+}
+
+/* Two ranks taking turns, each line 30 ms (three time records) after the other rank's: rank 0
+ * prints a1..a4, rank 1 b1..b4, a1 b1 a2 b2 ... as written. */
+static const char *const turns[] = {
+    "--nproc",
+    "2",
+    "--",
+    "sh",
+    "-c",
+    "i=1; while [ $i -le 4 ]; do"
+    "  if [ $RANK = 0 ]; then"
+    "    [ $i = 1 ] || while [ ! -e b$((i-1)) ]; do sleep 0.01; done; sleep 0.03; echo a$i; touch "
+    "a$i;"
+    "  else"
+    "    while [ ! -e a$i ]; do sleep 0.01; done; sleep 0.03; echo b$i; touch b$i;"
+    "  fi; i=$((i+1)); done",
+    NULL};
+
+#define TURNS_IN_TIME_ORDER "0:a1\n1:b1\n0:a2\n1:b2\n0:a3\n1:b3\n0:a4\n1:b4\n"
+#define TURNS_RANK_BY_RANK  "0:a1\n0:a2\n0:a3\n0:a4\n1:b1\n1:b2\n1:b3\n1:b4\n"
+
+/* tail of run `id` (all ranks), as the lines its frames carried. */
+static void tail_seq(const struct fx *f, const char *id, struct frames *fr)
+{
+    const char *args[] = {"tail", "--root", f->root, "--id", id, NULL};
+    struct out r = agent_run(args);
+    assert_int_equal(r.status, 0);
+    parse_frames(r.text, r.len, fr);
+    free(r.text);
+}
+
+/* Several ranks' backlog goes out in the order it was written (log-times), not rank by rank;
+ * a run without log-times (an older agent's), or with a version this agent does not know, is
+ * still read whole, rank by rank. */
+static void test_launch__tail_sends_ranks_in_the_order_they_wrote(void **state)
+{
+    struct fx *f = *state;
+    launch(f, "turns", turns);
+    json_decref(await_end(f, "turns"));
+    struct frames fr;
+    tail_seq(f, "turns", &fr);
+    assert_string_equal(fr.seq, TURNS_IN_TIME_ORDER);
+    assert_string_equal(fr.x, "X 0 succeeded");
+    frames_release(&fr);
+    /* the file: its version first, then records that end at each log's size */
+    char dir[PATH_MAX], path[PATH_MAX + 32];
+    run_dir(f, "turns", dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/log-times", dir);
+    char *times = slurp(path);
+    assert_non_null(times);
+    assert_int_equal(strncmp(times, "gpusync-log-times 1\n", 20), 0);
+    for (int rank = 0; rank < 2; rank++) {
+        char *log = rank_log(f, "turns", rank), last[64] = "";
+        long long size = -1, ms;
+        int got;
+        for (char *p = strchr(times, '\n'); p && p[1]; p = strchr(p + 1, '\n'))
+            if (sscanf(p + 1, "%d %lld %lld", &got, &size, &ms) == 3 && got == rank)
+                snprintf(last, sizeof(last), "%lld", size);
+        char want[64];
+        snprintf(want, sizeof(want), "%zu", strlen(log));
+        assert_string_equal(last, want);
+        free(log);
+    }
+    /* a version this agent does not know: ignored */
+    times[18] = '9';
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(times, fp);
+    fclose(fp);
+    free(times);
+    tail_seq(f, "turns", &fr);
+    assert_string_equal(fr.seq, TURNS_RANK_BY_RANK);
+    frames_release(&fr);
+    /* no file at all */
+    assert_int_equal(unlink(path), 0);
+    tail_seq(f, "turns", &fr);
+    assert_string_equal(fr.seq, TURNS_RANK_BY_RANK);
+    assert_string_equal(fr.x, "X 0 succeeded");
+    frames_release(&fr);
 }
 
 /* Reads from fd until the accumulated text contains want or WAIT_MS passes. */
@@ -1150,6 +1236,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__tail_from_offsets_resumes_exactly, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_launch__tail_sends_ranks_in_the_order_they_wrote,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__follow_streams_the_logs_after_the_started_line,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__tail_follow_sees_a_line_within_bounded_time,

@@ -153,6 +153,87 @@ static void test_config__unknown_key_names_file_line_and_key(void **state)
                  "/p/.gpusync/config:5:", "gpu", "t", NULL);
 }
 
+/* [job] cpu = N asks for CPU ranks; a job with neither gpus nor cpu leaves both unset. */
+static void test_config__job_cpu_ranks_are_read_and_saved(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    const char *text = "[remote]\nhost = h\n[job \"c\"]\ncommand = ./t.sh\ncpu = 3\n";
+    if (gs_config_parse(&cfg, text, "cfg", &err) != 0)
+        fail_msg("cpu = 3 refused: %s", err.msg);
+    const struct gs_job *job = gs_config_job(&cfg, "c");
+    assert_non_null(job);
+    assert_int_equal(job->cpu, 3);
+    assert_null(job->gpus);
+    char dir[] = "/tmp/gs-test-config-cpu.XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    assert_int_equal(gs_config_save(&cfg, path, &err), 0);
+    struct gs_config back;
+    assert_int_equal(gs_config_load(&back, path, &err), 0);
+    assert_int_equal(gs_config_job(&back, "c")->cpu, 3);
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A job's gpus is a count of 1 or more or a list of distinct GPU numbers; anything else (the
+ * editors' "cpu=3" among them) is refused where it is written, not after a sync. */
+static void test_config__job_gpus_must_be_a_count_or_a_list(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ncommand = x\ngpus = cpu=3\n",
+                 "/p/.gpusync/config:5:", "gpus", "cpu=3", "cpu = N", NULL);
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ngpus = 0\n", "/p/.gpusync/config:4:", "gpus",
+                 "'0'", NULL);
+    const char *bad[] = {"0,,2", "0,0", ",1", "1,", "two", "-1", "1.5", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char text[128], value[32];
+        snprintf(text, sizeof(text), "[remote]\nhost=h\n[job \"t\"]\ngpus = %s\n", bad[i]);
+        snprintf(value, sizeof(value), "'%s'", bad[i]);
+        expect_error(text, "/p/.gpusync/config:4:", "gpus", value, NULL);
+    }
+    char why[300];
+    assert_int_equal(gs_config_gpus_check("2", why, sizeof(why)), 2);
+    assert_int_equal(gs_config_gpus_check("3", why, sizeof(why)), 3);
+    assert_int_equal(gs_config_gpus_check("0,2", why, sizeof(why)), 2);
+    assert_int_equal(gs_config_gpus_check("7,1,4", why, sizeof(why)), 3);
+    assert_int_equal(gs_config_gpus_check("0", why, sizeof(why)), 0);
+}
+
+static void test_config__job_cpu_must_be_a_positive_count(void **state)
+{
+    (void)state;
+    const char *bad[] = {"0", "-2", "x", "", "99999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char text[128], value[32];
+        snprintf(text, sizeof(text), "[remote]\nhost=h\n[job \"t\"]\ncpu = %s\n", bad[i]);
+        snprintf(value, sizeof(value), "'%s'", bad[i]);
+        expect_error(text, "/p/.gpusync/config:4:", "cpu", value, NULL);
+    }
+}
+
+static void test_config__job_gpus_and_cpu_exclude_each_other(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ngpus = 2\ncpu = 2\n",
+                 "/p/.gpusync/config:5:", "cpu", "gpus", NULL);
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ncpu = 2\ngpus = 1\n",
+                 "/p/.gpusync/config:5:", "cpu", "gpus", NULL);
+}
+
+/* An empty command would run `sh -c ''` and "succeed": it is refused at its line. */
+static void test_config__job_empty_command_names_line(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ngpus = 1\ncommand =\n",
+                 "/p/.gpusync/config:5:", "command", "empty", "\"t\"", NULL);
+    expect_error("[remote]\nhost=h\n[job \"t\"]\ncommand = # only a comment\n",
+                 "/p/.gpusync/config:4:", "command", "empty", NULL);
+}
+
 static void test_config__unknown_section_names_line_and_section(void **state)
 {
     (void)state;
@@ -409,6 +490,11 @@ int main(void)
         cmocka_unit_test(test_config__job_sections_by_name),
         cmocka_unit_test(test_config__defaults_when_only_host_given),
         cmocka_unit_test(test_config__unknown_key_names_file_line_and_key),
+        cmocka_unit_test(test_config__job_cpu_ranks_are_read_and_saved),
+        cmocka_unit_test(test_config__job_gpus_must_be_a_count_or_a_list),
+        cmocka_unit_test(test_config__job_cpu_must_be_a_positive_count),
+        cmocka_unit_test(test_config__job_gpus_and_cpu_exclude_each_other),
+        cmocka_unit_test(test_config__job_empty_command_names_line),
         cmocka_unit_test(test_config__unknown_section_names_line_and_section),
         cmocka_unit_test(test_config__bad_port_names_line_key_and_value),
         cmocka_unit_test(test_config__key_outside_a_section_names_line_and_key),
