@@ -19,9 +19,12 @@
 #include "common/clock.h"
 #include "common/shell.h"
 #include "remote/exec.h"
+#include "remote/runs.h"
 #include "remote/target.h"
 #include "remote/trainer_install.h"
 #include "syncd/session.h"
+
+_Static_assert(GS_CONFIG_MAX_CPU == GS_RUNS_MAX_RANKS, "one limit on ranks per node");
 
 enum {
     OPT_GPUS = 2000,

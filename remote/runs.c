@@ -126,8 +126,9 @@ static int parse_frames(struct gs_run_stream *p)
         unsigned long long off, len;
         char code[32], state[32];
         if (p->in.data[0] == 'L' && sscanf(p->in.data, "L %d %llu %llu", &rank, &off, &len) == 3) {
-            if (rank < 0 || rank >= GS_RUNS_MAX_RANKS)
-                return -1;
+            if (rank < 0 || rank >= GS_RUNS_MAX_RANKS || len > GS_RUNS_MAX_CHUNK ||
+                off > UINT64_MAX - len)
+                return -1; /* a length that would wrap head + len is garbage, not a frame */
             if (p->in.len < head + len)
                 return 0;                   /* the data has not all arrived */
             if (off == p->st->offset[rank]) /* never deliver a byte twice */

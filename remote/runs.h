@@ -11,7 +11,13 @@
 #include "common/error.h"
 #include "remote/ssh.h"
 
-#define GS_RUNS_MAX_RANKS 256
+/* Ranks per node: one limit on both sides (the agent's remote/agent/runs.h has the same number;
+ * `run` refuses more before it launches, common/config.h's GS_CONFIG_MAX_CPU for --cpu and
+ * [job] cpu). */
+#define GS_RUNS_MAX_RANKS 4096
+/* The longest log chunk one `L` frame may announce (the agent sends a read buffer's worth at a
+ * time): a length from the wire is checked before it is added to anything. */
+#define GS_RUNS_MAX_CHUNK (16u << 20)
 
 struct gs_run_spec {
     const char *agent;      /* remote agent path (shell word); NULL: whichever build is cached */

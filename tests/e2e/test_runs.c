@@ -747,6 +747,22 @@ static void test_run__a_request_that_cannot_run_is_refused_before_the_sync(void 
     assert_int_equal(sh("rm -f '%s/unsent.txt'", project), 0);
 }
 
+/* One limit on ranks per node, on both sides: 300 ranks run and report their exit (the client
+ * once allowed 256 and exited 5 on a run that succeeded); more than the limit is refused before
+ * anything is launched. */
+static void test_run__hundreds_of_cpu_ranks_run_and_too_many_are_refused_first(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "300", "--", "sh", "-c",
+                                          "[ \"$WORLD_SIZE\" = 300 ] && echo rank-$RANK"));
+    expect_status(&c, 0, "run --cpu 300");
+    assert_non_null(strstr(c.out.data, "rank-299"));
+    child_release(&c);
+    c = run_in(project, ARGS("run", "--cpu", "4097", "--", "true"));
+    expect_status(&c, 2, "run --cpu 4097");
+    child_release(&c);
+}
+
 /* [job] cpu = N runs N CPU ranks (it was an unknown key). */
 static void test_run__a_job_can_ask_for_cpu_ranks(void **state)
 {
@@ -1342,6 +1358,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__a_request_that_cannot_run_is_refused_before_the_sync,
                                use_home),
         cmocka_unit_test_setup(test_run__a_job_can_ask_for_cpu_ranks, use_home),
+        cmocka_unit_test_setup(test_run__hundreds_of_cpu_ranks_run_and_too_many_are_refused_first,
+                               use_home),
         cmocka_unit_test_setup(test_logs__ranks_interleave_in_the_order_they_printed, use_home),
         cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
                                use_home),
