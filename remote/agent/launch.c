@@ -190,10 +190,15 @@ static int pick_free_port(void)
     return port;
 }
 
+/* A run's files hold its full command line and everything it printed: readable by the user
+ * who ran it only, whatever the umask (shared servers have other users). */
+#define RUN_DIR_MODE  0700
+#define RUN_FILE_MODE 0600
+
 /* mkdir that accepts an existing directory. */
 static int mkdir_ok(const char *path)
 {
-    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    return mkdir(path, RUN_DIR_MODE) == 0 || errno == EEXIST ? 0 : -1;
 }
 
 /* Creates DIR/.gpusync/runs/ID (which must not exist yet). Returns 0, or -1 after printing. */
@@ -210,7 +215,7 @@ static int make_run_dir(struct launch_opts *o)
         fprintf(stderr, "gpusync-agent launch: cannot create %s: %s\n", p, strerror(errno));
         return -1;
     }
-    if (mkdir(o->dir, 0755) < 0) {
+    if (mkdir(o->dir, RUN_DIR_MODE) < 0) {
         fprintf(stderr, "gpusync-agent launch: %s: %s%s\n", o->dir, strerror(errno),
                 errno == EEXIST ? " (run ids must be unique)" : "");
         return -1;
@@ -313,7 +318,7 @@ static void rank_exec(const struct sup *s, int local, int restart, const char *l
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() != (pid_t)s->st.supervisor_pid)
         _exit(127);
-    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, 0644), e;
+    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, RUN_FILE_MODE), e;
     if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) {
         e = errno;
         (void)!write(err_fd, &e, sizeof(e));
@@ -393,7 +398,7 @@ static void mark_restart(const struct sup *s, int n)
     for (int i = 0; i < s->st.nranks; i++) {
         char log[PATH_MAX], last = '\n';
         rank_log_path(s, s->st.ranks[i].rank, log, sizeof(log));
-        int fd = open(log, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        int fd = open(log, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, RUN_FILE_MODE);
         if (fd < 0)
             continue;
         off_t end = lseek(fd, 0, SEEK_END);
@@ -592,7 +597,7 @@ static int take_lock(const struct launch_opts *o)
     char path[PATH_MAX];
     if (gs_runs_join(path, sizeof(path), o->dir, "supervisor.lock") < 0)
         return -1;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, RUN_FILE_MODE);
     return fd < 0 || flock(fd, LOCK_EX) < 0 ? -1 : 0;
 }
 
@@ -658,7 +663,7 @@ static void detach_fds(const struct launch_opts *o, int keep)
     char log[PATH_MAX];
     int in = open("/dev/null", O_RDONLY);
     int out = gs_runs_join(log, sizeof(log), o->dir, "supervisor.log") == 0
-                  ? open(log, O_WRONLY | O_CREAT | O_APPEND, 0644)
+                  ? open(log, O_WRONLY | O_CREAT | O_APPEND, RUN_FILE_MODE)
                   : -1;
     if (out < 0)
         out = open("/dev/null", O_WRONLY);

@@ -39,7 +39,7 @@ static int create_file(const char *dir)
     char path[PATH_MAX], head[64];
     if (gs_runs_join(path, sizeof(path), dir, GS_LOGTIMES_FILE) < 0)
         return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     int n = snprintf(head, sizeof(head), "gpusync-log-times %d\n", GS_LOGTIMES_VERSION);
     if (fd >= 0 && write_all(fd, head, (size_t)n) < 0) {
         close(fd);

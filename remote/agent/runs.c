@@ -105,7 +105,7 @@ int gs_runs_write_atomic(const char *dir, const char *name, const char *data, si
         errno = ENAMETOOLONG;
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     int rc = write_all(fd, data, len);

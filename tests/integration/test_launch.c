@@ -578,6 +578,31 @@ static void test_launch__arguments_reach_the_command_unchanged(void **state)
     json_decref(st);
 }
 
+/* A run's directory holds its command line and output: private to its user whatever the umask
+ * the agent was started with (it was 0755/0644, readable by every user of a shared server). */
+static void test_launch__a_runs_files_are_private_to_its_user(void **state)
+{
+    struct fx *f = *state;
+    mode_t old = umask(0);
+    const char *opts[] = {"--nproc", "1", "--", "sh", "-c", "echo secret-output", NULL};
+    launch(f, "private", opts);
+    umask(old);
+    json_t *st = await_end(f, "private");
+    json_decref(st);
+    char dir[PATH_MAX], path[PATH_MAX + 32];
+    run_dir(f, "private", dir, sizeof(dir));
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    const char *files[] = {"meta.json", "status.json", "rank0.log"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        assert_int_equal(stat(path, &sb), 0);
+        if ((sb.st_mode & 0077) != 0)
+            fail_msg("%s has mode %o", files[i], (unsigned)(sb.st_mode & 0777));
+    }
+}
+
 static void test_launch__stop_kills_every_process_even_those_ignoring_term(void **state)
 {
     struct fx *f = *state;
@@ -1223,6 +1248,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_launch__concurrent_runs_get_distinct_usable_ports,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__arguments_reach_the_command_unchanged, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_launch__a_runs_files_are_private_to_its_user, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_launch__stop_kills_every_process_even_those_ignoring_term, setup, teardown),
