@@ -3,18 +3,31 @@
 # non-zero on any failure. Unit tests run in parallel; tests that start servers or measure time
 # run one at a time, so timing checks are not disturbed by the machine's other core.
 #
-#   scripts/test.sh [-L LABEL_REGEX] [-R NAME_REGEX]
+#   scripts/test.sh [--sanitize] [-L LABEL_REGEX] [-R NAME_REGEX]
+#
+# --sanitize builds the whole tree with AddressSanitizer and UndefinedBehaviorSanitizer into
+# build-sanitize/ and runs the same suite there: any report (a leak, an overflow, undefined
+# behaviour) fails its test. CI runs both (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-./scripts/setup.sh
+build_dir=build
+setup_args=()
+if [[ ${1:-} == --sanitize ]]; then
+    shift
+    build_dir=build-sanitize
+    setup_args=(--build-dir "$build_dir" --sanitize)
+    # every finding fails the process that made it; tests that measure memory see ASAN_OPTIONS
+    # and skip that check (the sanitizer's own overhead is not ours)
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+fi
 
-filter=()
-[[ $# -gt 0 ]] && filter=("$@")
+./scripts/setup.sh "${setup_args[@]}"
 
-cd build
-if [[ ${#filter[@]} -gt 0 ]]; then
-    ctest --output-on-failure --timeout 900 "${filter[@]}"
+cd "$build_dir"
+if [[ $# -gt 0 ]]; then
+    ctest --output-on-failure --timeout 900 "$@"
 else
     ctest --output-on-failure --timeout 900 -L unit -j "$(nproc)"
     ctest --output-on-failure --timeout 900 -LE unit

@@ -312,7 +312,8 @@ static void add_ancestors(struct gs_scan *scan, const char *root, const char *pa
 /* Sorts and drops duplicate paths (subtrees and ancestors may overlap). */
 static void sort_unique(struct gs_scan *scan)
 {
-    qsort(scan->entries, scan->n, sizeof(*scan->entries), entry_cmp);
+    if (scan->n > 1) /* qsort of a NULL array is undefined, even for 0 entries */
+        qsort(scan->entries, scan->n, sizeof(*scan->entries), entry_cmp);
     size_t out = 0;
     for (size_t i = 0; i < scan->n; i++) {
         if (out && strcmp(scan->entries[out - 1].path, scan->entries[i].path) == 0) {
