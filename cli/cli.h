@@ -124,6 +124,10 @@ void gs_cli_print_help(const struct gs_cmd *cmd);
  * reference. */
 void gs_cli_json_print(json_t *obj);
 
+/* Prints the watch daemon's unacknowledged conflict copies ([{path, kept}]), if any (status and
+ * flush). */
+void gs_cli_print_conflicts(json_t *conflicts);
+
 /* Prompt helpers handed to remote/ (they use /dev/tty, never stdout). */
 int gs_cli_tty_confirm(void *ctx, const char *question);
 char *gs_cli_tty_secret(void *ctx, const char *prompt);

@@ -25,8 +25,11 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     if (rc < 0)
         return gs_cli_fail(cli, rc);
     int ok = json_is_true(json_object_get(reply, "ok"));
+    /* the daemon answers, but the server does not: a connection failure, not the daemon's */
+    int unreachable = json_is_string(json_object_get(reply, "unreachable_since"));
+    int code = unreachable ? GS_E_CONNECT : GS_E_REMOTE;
     if (!ok)
-        gs_error_set(&cli->err, GS_E_REMOTE, "flush failed: %s",
+        gs_error_set(&cli->err, code, "%s%s", unreachable ? "" : "flush failed: ",
                      json_string_value(json_object_get(reply, "error")));
     if (ok && cli->json) {
         json_object_set_new(reply, "daemon", json_true());
@@ -34,9 +37,10 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     } else if (ok) {
         printf("up to date (%lld ms)\n",
                (long long)json_integer_value(json_object_get(reply, "ms")));
+        gs_cli_print_conflicts(json_object_get(reply, "conflicts"));
     }
     json_decref(reply);
-    return ok ? 0 : gs_cli_fail(cli, GS_E_REMOTE);
+    return ok ? 0 : gs_cli_fail(cli, code);
 }
 
 static int flush_main(struct gs_cli *cli, int argc, char **argv)

@@ -128,13 +128,11 @@ static int make_remote_dir(struct gs_cli *cli)
 
 static int save_config(struct gs_cli *cli)
 {
-    struct gs_buf dir = GS_BUF_INIT, file = GS_BUF_INIT;
-    gs_path_join(&dir, cli->root.data, GS_DIR);
+    struct gs_buf file = GS_BUF_INIT;
     gs_path_join(&file, cli->root.data, GS_CONFIG_FILE);
-    int rc = gs_path_mkdir_p(dir.data, 0755, &cli->err);
+    int rc = gs_path_state_dir(cli->root.data, &cli->err);
     if (rc == 0)
         rc = gs_config_save(&cli->cfg, file.data, &cli->err);
-    gs_buf_release(&dir);
     gs_buf_release(&file);
     return rc;
 }

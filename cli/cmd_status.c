@@ -5,13 +5,17 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "common/buf.h"
 #include "cli/progress.h"
+#include "common/buf.h"
+#include "remote/target.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
 
-static const struct option status_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+enum { OPT_ACK = 2100 };
+
+static const struct option status_options[] = {
+    GS_CLI_COMMON_LONGOPTS, {"ack", no_argument, NULL, OPT_ACK}, {NULL, 0, NULL, 0}};
 
 static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
@@ -24,9 +28,9 @@ static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_f
 static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st,
                         size_t unconfirmed)
 {
-    char b[32];
-    printf("project: %s\nserver:  %s@%s:%d:%s\n", cli->root.data,
-           cli->cfg.user ? cli->cfg.user : "", cli->cfg.host, cli->cfg.port ? cli->cfg.port : 22,
+    char b[32], target[320];
+    gs_target_name(cli->cfg.host, cli->cfg.port, cli->cfg.user, target, sizeof(target));
+    printf("project: %s\nserver:  %s:%s\n", cli->root.data, target,
            cli->cfg.remote_path ? cli->cfg.remote_path : "");
     if (unconfirmed)
         printf("%zu operation%s of an interrupted sync unconfirmed: the server may hold more "
@@ -52,27 +56,55 @@ static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_st
     }
 }
 
+void gs_cli_print_conflicts(json_t *conflicts)
+{
+    size_t n = json_array_size(conflicts), i;
+    json_t *c;
+    if (!n)
+        return;
+    printf("conflicts: the server had changed %zu file%s since gpusync wrote %s; its version%s "
+           "kept beside:\n",
+           n, n == 1 ? "" : "s", n == 1 ? "it" : "them", n == 1 ? " is" : "s are");
+    json_array_foreach(conflicts, i, c)
+    {
+        printf("  %s -> %s\n", json_string_value(json_object_get(c, "path")),
+               json_string_value(json_object_get(c, "kept")));
+    }
+    printf("  ('gpusync status --ack' once you have looked)\n");
+}
+
 /* Asks a running daemon. Returns 0 after printing, 1 when no daemon runs. */
-static int daemon_status(struct gs_cli *cli)
+static int daemon_status(struct gs_cli *cli, int ack)
 {
     json_t *st;
     if (gs_control_request(cli->root.data, "status", 5000, &st, &cli->err) < 0)
         return 1;
+    json_t *acked = NULL;
+    if (ack && gs_control_request(cli->root.data, "ack_conflicts", 5000, &acked, &cli->err) < 0)
+        fprintf(stderr, "gpusync: conflicts not acknowledged: %s\n", cli->err.msg);
+    json_decref(acked);
     if (cli->json) {
         gs_cli_json_print(st);
         return 0;
     }
     json_t *err = json_object_get(st, "last_error"), *lat = json_object_get(st, "last_latency_ms");
-    printf("daemon:  running (pid %lld), %s via %s\nstate:   %s, %lld pending\n",
+    const char *transport = json_string_value(json_object_get(st, "transport"));
+    printf("daemon:  running (pid %lld), %s %s%s\nstate:   %s, %lld pending\n",
            (long long)json_integer_value(json_object_get(st, "pid")),
            json_string_value(json_object_get(st, "target")),
-           json_string_value(json_object_get(st, "transport")),
+           transport && *transport ? "via " : "(not connected)", transport ? transport : "",
            json_string_value(json_object_get(st, "state")),
            (long long)json_integer_value(json_object_get(st, "pending")));
     if (json_is_integer(lat))
         printf("latency: last sync took %lld ms\n", (long long)json_integer_value(lat));
+    json_t *since = json_object_get(st, "unreachable_since");
+    if (json_is_string(since))
+        printf("server:  unreachable since %s\n", json_string_value(since));
     if (json_is_string(err))
         printf("error:   %s\n", json_string_value(err));
+    gs_cli_print_conflicts(json_object_get(st, "conflicts"));
+    if (ack && json_array_size(json_object_get(st, "conflicts")))
+        printf("(acknowledged: not listed again)\n");
     json_decref(st);
     return 0;
 }
@@ -81,12 +113,16 @@ static int status_main(struct gs_cli *cli, int argc, char **argv)
 {
     int opt, rc;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", status_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_status, opt)) <= 0)
+    int ack = 0;
+    while ((opt = getopt_long(argc, argv, "h", status_options, NULL)) != -1) {
+        if (opt == OPT_ACK)
+            ack = 1;
+        else if ((rc = gs_cli_common_option(cli, &gs_cmd_status, opt)) <= 0)
             return GS_EXIT_USAGE;
+    }
     if ((rc = gs_cli_prepare(cli, &gs_cmd_status)) != 0)
         return rc;
-    if (daemon_status(cli) == 0)
+    if (daemon_status(cli, ack) == 0)
         return 0;
     struct gs_session s;
     if ((rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) < 0)
@@ -120,8 +156,11 @@ static int status_main(struct gs_cli *cli, int argc, char **argv)
 const struct gs_cmd gs_cmd_status = {
     .name = "status",
     .alias = "st",
-    .usage = "status [--json]",
+    .usage = "status [--ack] [--json]",
     .summary = "Show the daemon's state, or what is waiting to be synced",
+    .help = "  Lists the conflict copies the watch daemon kept on the server (the server had\n"
+            "  changed a file since gpusync wrote it) until acknowledged:\n"
+            "  --ack                  show them once more, then stop listing them\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = status_main,
 };

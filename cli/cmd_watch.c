@@ -128,7 +128,7 @@ static int detach(struct gs_cli *cli, int lock_fd)
         setsid();
         struct gs_buf log = GS_BUF_INIT;
         gs_path_join(&log, cli->root.data, GS_CONTROL_LOG);
-        int fd = open(log.data, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        int fd = gs_path_open_private(log.data, O_WRONLY | O_CREAT | O_APPEND);
         int null = open("/dev/null", O_RDWR);
         dup2(null, 0);
         dup2(fd, 1);

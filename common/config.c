@@ -2,6 +2,7 @@
 #include "common/config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/path.h"
 
 /* The parse state handed to inih: the config being filled and the first error seen. inih reports
  * the line of the first handler failure as ini_parse's return value, so the handler only needs to
@@ -384,8 +386,11 @@ int gs_config_save(const struct gs_config *cfg, const char *path, struct gs_erro
     format_config(cfg, &text);
     gs_buf_addf(&tmp, "%s.tmp.%d", path, (int)getpid());
     int rc = 0;
-    FILE *fp = fopen(tmp.data, "w");
+    int fd = gs_path_open_private(tmp.data, O_WRONLY | O_CREAT | O_EXCL);
+    FILE *fp = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!fp) {
+        if (fd >= 0)
+            close(fd);
         rc = gs_error_errno(err, GS_E_IO, "cannot write %s", tmp.data);
         goto out;
     }

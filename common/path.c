@@ -164,3 +164,30 @@ int gs_path_keep_conflict(const char *path, struct gs_buf *kept, struct gs_error
     }
     return rc == 0 ? 0 : gs_error_errno(err, GS_E_IO, "cannot keep %s as a conflict copy", path);
 }
+
+int gs_path_open_private(const char *path, int flags)
+{
+    return open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+#define STATE_GITIGNORE "# gpusync's state (index, daemon socket, logs): never for git\n*\n"
+
+int gs_path_state_dir(const char *root, struct gs_error *err)
+{
+    struct gs_buf dir = GS_BUF_INIT, ignore = GS_BUF_INIT;
+    gs_path_join(&dir, root, GS_DIR);
+    gs_path_join(&ignore, dir.data, ".gitignore");
+    int rc = gs_path_mkdir_p(dir.data, 0700, err);
+    struct stat st;
+    if (rc == 0 && lstat(dir.data, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 077))
+        chmod(dir.data, 0700); /* made by an older gpusync under the umask */
+    int fd = rc == 0 ? gs_path_open_private(ignore.data, O_WRONLY | O_CREAT | O_EXCL) : -1;
+    if (fd >= 0) {
+        ssize_t n = write(fd, STATE_GITIGNORE, sizeof(STATE_GITIGNORE) - 1);
+        if (close(fd) != 0 || n != (ssize_t)sizeof(STATE_GITIGNORE) - 1)
+            unlink(ignore.data); /* a partial one would be worse than none: next time */
+    }
+    gs_buf_release(&dir);
+    gs_buf_release(&ignore);
+    return rc;
+}

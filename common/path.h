@@ -20,6 +20,16 @@ char *gs_path_expand_home(const char *path);
  * the directory that could not be made. */
 int gs_path_mkdir_p(const char *path, int mode, struct gs_error *err);
 
+/* Makes ROOT/.gpusync, the project's state: private to its user (0700, tightened if it was made
+ * looser), and invisible to git through a .gitignore inside it that ignores everything, as a
+ * virtualenv does (so `git add -A` never stages the index or the daemon's socket, and `git stash`
+ * never takes them away from a running daemon). Returns 0 or GS_E_IO. */
+int gs_path_state_dir(const char *root, struct gs_error *err);
+
+/* Opens `path` for writing as a private file (0600), never through a symlink planted at that
+ * name: open(2) flags plus O_NOFOLLOW | O_CLOEXEC. Returns the descriptor or -1 (errno set). */
+int gs_path_open_private(const char *path, int flags);
+
 /* Walks up from `start` (NULL: the current directory) to the first directory containing
  * .gpusync/config and stores its absolute path in `root`. Returns 0, or GS_E_NOTFOUND with a
  * message suggesting `gpusync init`. */

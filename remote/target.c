@@ -301,3 +301,16 @@ void gs_target_release(struct gs_target *t)
     free_paths(t->global_known_hosts, t->n_global_known_hosts);
     memset(t, 0, sizeof(*t));
 }
+
+void gs_target_name(const char *host, int port, const char *user, char *out, size_t size)
+{
+    struct gs_target t;
+    if (gs_target_resolve(&t, host, port, user, NULL) < 0) {
+        snprintf(out, size, "%s", host ? host : "");
+        return;
+    }
+    char *id = gs_target_id(&t);
+    snprintf(out, size, "%s", id ? id : t.hostname);
+    free(id);
+    gs_target_release(&t);
+}

@@ -42,4 +42,8 @@ void gs_target_apply_ssh_g(struct gs_target *t, const char *output);
 
 void gs_target_release(struct gs_target *t);
 
+/* "user@host:port" for `host` (an alias or a name) as a connection would resolve it, into `out`;
+ * the host as written when it cannot be resolved. For messages about a server not connected. */
+void gs_target_name(const char *host, int port, const char *user, char *out, size_t size);
+
 #endif

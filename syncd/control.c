@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -51,7 +52,10 @@ int gs_control_listen(const char *root, struct gs_error *err)
         return GS_E_IO;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     unlink(addr.sun_path); /* a stale socket of a dead daemon; the lock says we are the only one */
-    int rc = fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0
+    /* Only our user may connect (the daemon also checks each peer's uid): the socket is made
+     * 0600 before it listens, in a .gpusync/ that is 0700 (gs_path_state_dir). */
+    int rc = fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+                     chmod(addr.sun_path, 0600) < 0 || listen(fd, 16) < 0
                  ? gs_error_errno(err, GS_E_IO, "control socket %s", addr.sun_path)
                  : fd;
     if (rc < 0 && fd >= 0)
@@ -113,6 +117,9 @@ int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err)
 {
     *msg = NULL;
     char *nl = buf->len ? memchr(buf->data, '\n', buf->len) : NULL;
+    if (!nl && buf->len > GS_CONTROL_MAX_LINE)
+        return gs_error_set(err, GS_E_PROTO, "control message longer than %d bytes",
+                            GS_CONTROL_MAX_LINE);
     if (!nl)
         return 0;
     json_error_t jerr;

@@ -5,18 +5,22 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "remote/target.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
@@ -70,7 +74,22 @@ struct daemon {
     int64_t last_latency_ms;
     int64_t batch_start_ms;
     int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
+    /* A connection attempt runs in a thread (a login can take seconds, a dead server a connect
+     * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
+     * d->ssh until it signals connect_done. */
+    int connecting;
+    pthread_t connector;
+    int connect_done; /* eventfd: readable when the attempt has ended */
+    int connect_rc;
+    struct gs_error connect_err;
+    time_t unreachable_since; /* wall clock of the first failed attempt of this outage, or 0 */
+    char target[320];         /* user@host:port as resolved, for messages while disconnected */
+    json_t *conflicts; /* [{path, kept}]: copies kept on the server, until the user acknowledges */
+    ino_t socket_ino;  /* the control socket's file, to notice .gpusync/ being removed */
+    int64_t next_state_check_ms;
 };
+
+#define MAX_CONFLICTS_KEPT 100 /* listed in status; older ones are still in the log */
 
 /* ---- events and status ---- */
 
@@ -110,6 +129,25 @@ static void show_status(struct daemon *d)
     fflush(out);
 }
 
+/* When the current outage began (ISO 8601, UTC), or null while the server is reachable. */
+static json_t *unreachable_since(const struct daemon *d)
+{
+    char when[32];
+    struct tm tm;
+    if (!d->unreachable_since || !gmtime_r(&d->unreachable_since, &tm))
+        return json_null();
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return json_string(when);
+}
+
+/* A conflict copy the server kept: listed by status and flush until acknowledged. */
+static void note_conflict(struct daemon *d, const char *path, const char *kept)
+{
+    if (json_array_size(d->conflicts) >= MAX_CONFLICTS_KEPT)
+        json_array_remove(d->conflicts, 0);
+    json_array_append_new(d->conflicts, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+}
+
 static json_t *status_json(struct daemon *d)
 {
     int spare = 0;
@@ -121,7 +159,7 @@ static json_t *status_json(struct daemon *d)
         state_name(d), "connected", d->connected, "pending", (int)(d->n_dirty + d->n_failed),
         "last_error", d->last_error[0] ? json_string(d->last_error) : json_null(),
         "last_latency_ms", d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
-        "target", d->connected ? gs_ssh_target(d->ssh) : d->o->cfg->host, "transport",
+        "target", d->connected ? gs_ssh_target(d->ssh) : d->target, "transport",
         d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
         d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
         d->watch && gs_watch_polling(d->watch, NULL));
@@ -129,6 +167,8 @@ static json_t *status_json(struct daemon *d)
      * relay is rechecking its spares (see disconnect), and none is known to be usable */
     json_object_set_new(o, "spare_ready", json_boolean(spare && d->connected));
     json_object_set_new(o, "relayed", json_integer(relayed));
+    json_object_set_new(o, "unreachable_since", unreachable_since(d));
+    json_object_set(o, "conflicts", d->conflicts);
     return o;
 }
 
@@ -251,16 +291,39 @@ static void disconnect(struct daemon *d, const char *why)
     show_status(d);
 }
 
-static void try_connect(struct daemon *d)
+static void refuse_flushes(struct daemon *d);
+
+/* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile. */
+static void *connector_main(void *arg)
 {
-    struct gs_error err = {0};
-    int rc = gs_ssh_connect(&d->ssh, &d->o->ssh, &err);
-    if (rc == 0)
-        rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir, d->o->cfg->remote_path, &err);
-    if (rc < 0) {
-        disconnect(d, err.msg);
+    struct daemon *d = arg;
+    d->connect_rc = gs_ssh_connect(&d->ssh, &d->o->ssh, &d->connect_err);
+    if (d->connect_rc == 0)
+        d->connect_rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir,
+                                           d->o->cfg->remote_path, &d->connect_err);
+    uint64_t one = 1;
+    if (write(d->connect_done, &one, sizeof(one)) != sizeof(one))
+        gs_warn("cannot signal the end of a connection attempt");
+    return NULL;
+}
+
+/* Takes over from the connector thread once it has signalled. */
+static void connected_or_not(struct daemon *d)
+{
+    uint64_t n;
+    if (read(d->connect_done, &n, sizeof(n)) != sizeof(n) || !d->connecting)
+        return;
+    pthread_join(d->connector, NULL);
+    d->connecting = 0;
+    gs_session_unlock(&d->sess);
+    if (d->connect_rc < 0) {
+        if (!d->unreachable_since)
+            d->unreachable_since = time(NULL);
+        disconnect(d, d->connect_err.msg);
+        refuse_flushes(d);
         return;
     }
+    d->unreachable_since = 0;
     d->connected = 1;
     d->backoff_ms = BACKOFF_FIRST_MS;
     d->next_connect_ms = 0;
@@ -270,6 +333,8 @@ static void try_connect(struct daemon *d)
     broadcast(d, json_pack("{s:s,s:s}", "event", "connected", "target", gs_ssh_target(d->ssh)));
     mark_full(d); /* whatever changed while we were away */
     d->flush_now = 1;
+    if (d->relay)
+        gs_relay_recheck(d->relay); /* the server is back: make the spares now */
 }
 
 /* Takes the project's sync lock (session.h) without waiting. When a push or pull of this project
@@ -287,16 +352,23 @@ static int take_sync_lock(struct daemon *d)
     return 0;
 }
 
-/* try_connect under the sync lock, or later: the agent it starts fences out any other session. */
-static int connect_when_free(struct daemon *d)
+/* Starts a connection attempt under the sync lock (the agent it starts fences out any other
+ * session), or later when a push of this project holds the lock. */
+static void connect_when_free(struct daemon *d)
 {
+    if (d->connecting)
+        return;
     if (!take_sync_lock(d)) {
         d->next_connect_ms = d->lock_retry_ms;
-        return 0;
+        return;
     }
-    try_connect(d);
-    gs_session_unlock(&d->sess);
-    return 1;
+    gs_error_clear(&d->connect_err);
+    d->next_connect_ms = 0;
+    d->connecting = pthread_create(&d->connector, NULL, connector_main, d) == 0;
+    if (!d->connecting) {
+        gs_session_unlock(&d->sess);
+        disconnect(d, "cannot start a thread to connect");
+    }
 }
 
 /* An idle link is checked with a real round trip; a dead one is noticed within seconds. */
@@ -337,15 +409,17 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         if (!r->kept)
             return;
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
+        note_conflict(d, op->from, r->kept);
     } else if (!r->ok) {
         note_failed(d, op->path);
         if (op->type == GS_OP_RENAME)
             note_failed(d, op->from);
         ev = json_pack("{s:s,s:s,s:s}", "event", "error", "path", op->path, "message",
                        r->message ? r->message : "failed");
-    } else if (r->kept)
+    } else if (r->kept) {
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->path, "kept", r->kept);
-    else if (op->type == GS_OP_DELETE)
+        note_conflict(d, op->path, r->kept);
+    } else if (op->type == GS_OP_DELETE)
         ev = json_pack("{s:s,s:s}", "event", "deleted", "path", op->path);
     else if (op->type == GS_OP_RENAME)
         ev = json_pack("{s:s,s:s,s:s}", "event", "renamed", "path", op->path, "from", op->from);
@@ -362,18 +436,27 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
  * only after the backoff, up to BACKOFF_MAX_MS). */
 static void refuse_flushes(struct daemon *d)
 {
-    char why[1200];
-    snprintf(why, sizeof(why), "the server cannot be reached now: %s", d->last_error);
+    char why[1400];
+    size_t pending = d->n_dirty + d->n_failed;
+    json_t *since = unreachable_since(d);
+    snprintf(why, sizeof(why),
+             "%s has been unreachable since %s (%lld s); %zu change%s wait%s and will be sent when "
+             "it answers: %s",
+             d->target, json_is_string(since) ? json_string_value(since) : "now",
+             d->unreachable_since ? (long long)(time(NULL) - d->unreachable_since) : 0LL, pending,
+             pending == 1 ? "" : "s", pending == 1 ? "s" : "", d->last_error);
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
         if (!c->flush_gen)
             continue;
-        json_t *reply = json_pack("{s:b,s:s}", "ok", 0, "error", why);
+        json_t *reply = json_pack("{s:b,s:s,s:O,s:I}", "ok", 0, "error", why, "unreachable_since",
+                                  since, "pending", (json_int_t)pending);
         if (gs_control_send(c->fd, reply, NULL) < 0)
             c->dead = 1;
         json_decref(reply);
         c->flush_gen = 0;
     }
+    json_decref(since);
 }
 
 /* Answers the flushes this batch satisfied; `error` (or NULL) says why the server does not match
@@ -387,7 +470,8 @@ static void answer_flushes(struct daemon *d, const char *error)
             continue;
         json_t *reply =
             error ? json_pack("{s:b,s:s}", "ok", 0, "error", error)
-                  : json_pack("{s:b,s:I}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms));
+                  : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
+                              "conflicts", d->conflicts);
         if (gs_control_send(c->fd, reply, NULL) < 0)
             c->dead = 1;
         json_decref(reply);
@@ -557,6 +641,9 @@ static int handle_request(struct daemon *d, int i, json_t *req)
     else if (strcmp(cmd, "events") == 0) {
         c->events = 1;
         reply(c, json_pack("{s:b}", "ok", 1));
+    } else if (strcmp(cmd, "ack_conflicts") == 0) {
+        json_array_clear(d->conflicts);
+        reply(c, json_pack("{s:b}", "ok", 1));
     } else if (strcmp(cmd, "stop") == 0) {
         reply(c, json_pack("{s:b}", "ok", 1));
         d->stop = 1;
@@ -593,11 +680,22 @@ static int serve_client(struct daemon *d, int i)
     return 0;
 }
 
+/* Whether the process at the other end of `fd` runs as our user: the socket's mode keeps others
+ * out, and this holds even where a directory's or socket's permissions were loosened. */
+static int peer_is_us(int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == geteuid();
+}
+
 static void accept_clients(struct daemon *d)
 {
     int fd;
     while ((fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
-        if (d->n_clients == MAX_CLIENTS) {
+        if (d->n_clients == MAX_CLIENTS || !peer_is_us(fd)) {
+            if (d->n_clients < MAX_CLIENTS)
+                gs_warn("refused a control connection from another user");
             close(fd);
             continue;
         }
@@ -625,7 +723,7 @@ static int next_timeout(const struct daemon *d, int64_t now)
     return t <= now ? 0 : (int)(t - now);
 }
 
-/* `polled` clients had entries in p[3..]; serving runs backwards because a dropped client is
+/* `polled` clients had entries in p[4..]; serving runs backwards because a dropped client is
  * replaced by the last one, which has been served already. New clients are accepted last. */
 static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
 {
@@ -636,23 +734,84 @@ static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
         if (read(d->signal_fd, &si, sizeof(si)) > 0)
             d->stop = 1;
     }
+    if (p[3].revents & POLLIN)
+        connected_or_not(d);
     for (int i = polled - 1; i >= 0; i--)
-        if (p[3 + i].revents & (POLLIN | POLLHUP))
+        if (p[4 + i].revents & (POLLIN | POLLHUP))
             serve_client(d, i);
     if (p[1].revents & POLLIN)
         accept_clients(d);
 }
 
+/* The inode of the control socket's file, or 0 when there is none. */
+static ino_t socket_file_ino(const char *root)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, root, GS_CONTROL_SOCKET);
+    struct stat st;
+    ino_t ino = lstat(path.data, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+    gs_buf_release(&path);
+    return ino;
+}
+
+/* Puts the state back after .gpusync/ vanished under a running daemon (`rm -rf`, a git
+ * operation): its lock, log and socket, so `flush` and `status` reach it again. Returns 0, or -1
+ * when another daemon has taken the project meanwhile. */
+static int restore_state(struct daemon *d)
+{
+    struct gs_error err = {0};
+    struct gs_buf log = GS_BUF_INIT;
+    int lock = gs_path_state_dir(d->o->root, &err) == 0 ? gs_daemon_lock(d->o->root, &err) : -1;
+    gs_path_join(&log, d->o->root, GS_CONTROL_LOG);
+    int fd = lock >= 0 && d->o->ready_fd >= 0
+                 ? gs_path_open_private(log.data, O_WRONLY | O_CREAT | O_APPEND)
+                 : -1;
+    if (fd >= 0) { /* a background daemon's log went with the folder: write to the new one */
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    gs_buf_release(&log);
+    if (lock < 0) {
+        gs_warn("%s", err.msg);
+        return -1;
+    }
+    close(d->listen_fd);
+    d->listen_fd = gs_control_listen(d->o->root, &err);
+    d->socket_ino = socket_file_ino(d->o->root);
+    return d->listen_fd < 0 ? -1 : 0; /* the lock descriptor stays open: it is the lock */
+}
+
+/* Once a second: is .gpusync/ still ours? A project whose config is gone is no longer a gpusync
+ * project, and its daemon stops; otherwise the state is put back. */
+static void check_state_dir(struct daemon *d, int64_t now)
+{
+    if (now < d->next_state_check_ms)
+        return;
+    d->next_state_check_ms = now + 1000;
+    if (socket_file_ino(d->o->root) == d->socket_ino)
+        return;
+    struct gs_buf config = GS_BUF_INIT;
+    gs_path_join(&config, d->o->root, GS_CONFIG_FILE);
+    int gone = access(config.data, F_OK) != 0;
+    gs_buf_release(&config);
+    if (gone || restore_state(d) < 0) {
+        gs_warn("%s/.gpusync was removed%s; stopping", d->o->root,
+                gone ? " with its config" : " and another daemon took the project");
+        d->stop = 1;
+        return;
+    }
+    gs_warn("%s/.gpusync was removed under the running daemon; its socket, lock and log are back",
+            d->o->root);
+}
+
 static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
+    check_state_dir(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
-    if (!d->connected && d->next_connect_ms && now >= d->next_connect_ms && connect_when_free(d)) {
-        if (!d->connected)
-            refuse_flushes(d);
-        else if (d->relay)
-            gs_relay_recheck(d->relay); /* the server is back: make the spares now */
-    }
+    if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
+        connect_when_free(d);
     if (d->n_failed && d->connected && now >= d->next_retry_ms)
         retry_failed(d);
     if (gs_watch_polling(d->watch, NULL) && now >= d->next_poll_ms) {
@@ -668,14 +827,15 @@ static void run_timers(struct daemon *d)
 static void loop(struct daemon *d)
 {
     while (!d->stop) {
-        struct pollfd p[3 + MAX_CLIENTS];
+        struct pollfd p[4 + MAX_CLIENTS];
         p[0] = (struct pollfd){.fd = gs_watch_fd(d->watch), .events = POLLIN};
         p[1] = (struct pollfd){.fd = d->listen_fd, .events = POLLIN};
         p[2] = (struct pollfd){.fd = d->signal_fd, .events = POLLIN};
+        p[3] = (struct pollfd){.fd = d->connect_done, .events = POLLIN};
         int n_clients = d->n_clients;
         for (int i = 0; i < n_clients; i++)
-            p[3 + i] = (struct pollfd){.fd = d->clients[i].fd, .events = POLLIN};
-        int ready = poll(p, (nfds_t)(3 + n_clients), next_timeout(d, gs_clock_mono_ms()));
+            p[4 + i] = (struct pollfd){.fd = d->clients[i].fd, .events = POLLIN};
+        int ready = poll(p, (nfds_t)(4 + n_clients), next_timeout(d, gs_clock_mono_ms()));
         if (ready > 0)
             handle_polls(d, p, n_clients);
         run_timers(d);
@@ -689,7 +849,7 @@ int gs_daemon_lock(const char *root, struct gs_error *err)
 {
     struct gs_buf path = GS_BUF_INIT;
     gs_path_join(&path, root, GS_CONTROL_LOCK);
-    int fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = gs_path_open_private(path.data, O_RDWR | O_CREAT);
     int rc = fd;
     if (fd < 0) {
         rc = gs_error_errno(err, GS_E_IO, "%s", path.data);
@@ -729,6 +889,9 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
     memset(d, 0, sizeof(*d));
     d->o = o;
     d->listen_fd = d->signal_fd = -1;
+    d->connect_done = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    d->conflicts = json_array();
+    gs_target_name(o->cfg->host, o->cfg->port, o->cfg->user, d->target, sizeof(d->target));
     d->backoff_ms = BACKOFF_FIRST_MS;
     d->last_latency_ms = -1;
     srand((unsigned)getpid());
@@ -737,6 +900,9 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
         rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
     if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
         rc = d->listen_fd;
+    d->socket_ino = socket_file_ino(o->root);
+    if (rc == 0 && d->connect_done < 0)
+        rc = gs_error_errno(err, GS_E_IO, "eventfd");
     if (rc == 0 && (d->signal_fd = open_signals()) < 0)
         rc = gs_error_errno(err, GS_E_IO, "signalfd");
     if (rc == 0)
@@ -749,6 +915,10 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
 
 static void teardown(struct daemon *d)
 {
+    if (d->connecting) /* it owns the session: let it end (a connect timeout at most) */
+        pthread_join(d->connector, NULL);
+    if (d->connect_done >= 0)
+        close(d->connect_done);
     while (d->n_clients)
         drop_client(d, d->n_clients - 1);
     if (d->listen_fd >= 0) {
@@ -766,6 +936,7 @@ static void teardown(struct daemon *d)
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);
     free_paths(d->failed, d->n_failed);
+    json_decref(d->conflicts);
     if (d->o->status_out) {
         fputs("\n", d->o->status_out);
         fflush(d->o->status_out);

@@ -52,6 +52,10 @@ struct job {
     char *command;
 };
 
+/* Commands running for clients now, in every relay of the process: each holds a thread and an
+ * SSH session, so a client that floods exec requests is told to wait instead. */
+static _Atomic int workers_running;
+
 /* ---- the spare ---- */
 
 /* Waits until a spare is taken (or the relay stops), up to `ms`. Lock held. */
@@ -336,11 +340,18 @@ static void *worker_main(void *arg)
     gs_ssh_free(j->ssh); /* frees a channel left open too */
     free(j->command);
     free(j);
+    workers_running--;
     return NULL;
 }
 
 void gs_relay_exec(struct gs_relay *r, int fd, const char *command)
 {
+    if (workers_running >= GS_RELAY_MAX_WORKERS) {
+        send_header(fd, "too many commands are running through the watch daemon; try again when "
+                        "one ends");
+        close(fd);
+        return;
+    }
     struct job *j = calloc(1, sizeof(*j));
     char *copy = strdup(command);
     pthread_t t;
@@ -356,7 +367,9 @@ void gs_relay_exec(struct gs_relay *r, int fd, const char *command)
         pthread_cond_signal(&r->wake); /* connect the next spare */
         pthread_mutex_unlock(&r->lock);
     }
+    workers_running++;
     if (!j || !copy || pthread_create(&t, &attr, worker_main, j) != 0) {
+        workers_running--;
         send_header(fd, "out of memory or threads");
         close(fd);
         if (j)

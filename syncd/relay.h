@@ -21,6 +21,9 @@ struct gs_relay;
  * workers (the daemon's options: they live until the process exits). Returns 0 or GS_E_NOMEM. */
 int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct gs_error *err);
 
+/* Commands that may run at once; the next is refused with a message until one ends. */
+#define GS_RELAY_MAX_WORKERS 16
+
 /* Runs `command` for the client on `fd` (taken: the relay closes it) in a worker thread, on the
  * spare connection if one is ready, else on a new one. */
 void gs_relay_exec(struct gs_relay *r, int fd, const char *command);

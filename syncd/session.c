@@ -30,15 +30,13 @@ int gs_session_open_index(struct gs_session *s, const char *root, const struct g
     memset(s, 0, sizeof(*s));
     s->root = strdup(root);
     s->cfg = cfg;
-    struct gs_buf dir = GS_BUF_INIT, db = GS_BUF_INIT;
-    gs_path_join(&dir, root, GS_DIR);
+    struct gs_buf db = GS_BUF_INIT;
     gs_path_join(&db, root, GS_INDEX_FILE);
     char *remote_id = gs_session_remote_id(cfg);
-    int rc = gs_path_mkdir_p(dir.data, 0755, err);
+    int rc = gs_path_state_dir(root, err);
     if (rc == 0)
         rc = gs_index_open(&s->idx, db.data, remote_id, err);
     free(remote_id);
-    gs_buf_release(&dir);
     gs_buf_release(&db);
     if (rc < 0)
         gs_session_close(s);
@@ -212,7 +210,7 @@ int gs_session_lock(struct gs_session *s, int wait, struct gs_error *err)
         return 0;
     struct gs_buf path = GS_BUF_INIT;
     gs_path_join(&path, s->root, GS_SESSION_LOCK);
-    int rc = 0, fd = open(path.data, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int rc = 0, fd = gs_path_open_private(path.data, O_RDWR | O_CREAT);
     if (fd < 0)
         rc = gs_error_errno(err, GS_E_IO, "cannot open %s (check the permissions of .gpusync)",
                             path.data);
