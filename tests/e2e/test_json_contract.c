@@ -102,6 +102,8 @@ static const struct field status_daemon_spec[] = {
     {"polling", T_BOOL, 0, NULL},
     {"spare_ready", T_BOOL, 0, NULL},
     {"relayed", T_INT, 0, NULL},
+    {"unreachable_since", T_STR | T_NULL, 0, NULL},
+    {"conflicts", T_ARR, 0, conflict_item},
     END,
 };
 static const struct field op_item[] = {{"op", T_STR, 0, NULL}, {"path", T_STR, 0, NULL}, END};
@@ -114,8 +116,10 @@ static const struct field status_local_spec[] = {
     {"ops", T_ARR, 0, op_item},
     END,
 };
-static const struct field flush_daemon_spec[] = {
-    {"daemon", T_BOOL, 0, NULL}, {"ms", T_INT, 0, NULL}, END};
+static const struct field flush_daemon_spec[] = {{"daemon", T_BOOL, 0, NULL},
+                                                 {"ms", T_INT, 0, NULL},
+                                                 {"conflicts", T_ARR, 0, conflict_item},
+                                                 END};
 static const struct field run_spec[] = {
     {"id", T_STR, 0, NULL}, {"ranks", T_INT, 0, NULL}, {"master_port", T_INT, 0, NULL}, END};
 static const struct field rank_item[] = {
