@@ -153,6 +153,19 @@ static void the_whole_first_session(void **state)
     json_decref(o);
     assert_int_equal(lines_in("/home/" USER1 "/.ssh/authorized_keys"), 1);
 
+    /* git sees the project, never gpusync's state */
+    assert_int_equal(gs_test_sh("cd '%s' && git init -q . && git add -A && "
+                                "! git status --porcelain | grep -q gpusync",
+                                proj),
+                     0);
+    /* status names the server the alias resolves to, port included */
+    struct gs_test_result r = gpusync_in(proj, NULL, GS_TEST_ARGS("status"));
+    expect_status(&r, 0, "status");
+    char want[64];
+    snprintf(want, sizeof(want), USER1 "@127.0.0.1:%d", node1.port);
+    assert_non_null(strstr(r.out.data, want));
+    gs_test_result_release(&r);
+
     /* installing again adds nothing */
     json_decref(step(proj, ENV("GPUSYNC_PASSWORD=" PASSWORD),
                      GS_TEST_ARGS("init", "autodl", "--install-key"), 0,
@@ -184,7 +197,7 @@ static void the_whole_first_session(void **state)
     assert_int_equal(gs_test_sh("grep -q training /home/" USER1 "/gpusync/mnist/train.py"), 0);
 
     /* a run on both nodes, with neither a password nor --accept-new-host-key */
-    struct gs_test_result r = gpusync_in(
+    r = gpusync_in(
         proj, ENV("GPUSYNC_PASSWORD"),
         GS_TEST_ARGS("run", "--cpu", "1", "--", "sh", "-c", "echo rank=$RANK of $WORLD_SIZE"));
     expect_status(&r, 0, "a two-node run");
