@@ -105,7 +105,7 @@ static void broadcast(struct daemon *d, json_t *event)
 static const char *state_name(const struct daemon *d)
 {
     if (!d->connected)
-        return d->next_connect_ms ? "disconnected" : "connecting";
+        return d->last_error[0] ? "disconnected" : "connecting"; /* retrying, or the first */
     if (d->syncing || d->n_dirty || d->full || d->n_failed) /* refused changes will be retried */
         return "syncing";
     return "up_to_date";
