@@ -18,21 +18,6 @@
 
 #include "runs.h"
 
-/* Writes all of p to fd. Returns 0 or -1. */
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Opens dir/log-times for appending and writes the version line. Returns the fd or -1. */
 static int create_file(const char *dir)
 {
@@ -41,7 +26,7 @@ static int create_file(const char *dir)
         return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     int n = snprintf(head, sizeof(head), "gpusync-log-times %d\n", GS_LOGTIMES_VERSION);
-    if (fd >= 0 && write_all(fd, head, (size_t)n) < 0) {
+    if (fd >= 0 && gs_runs_write_all(fd, head, (size_t)n) < 0) {
         close(fd);
         fd = -1;
     }
@@ -133,12 +118,12 @@ static void record(struct gs_logtimes *lt)
         len += (size_t)snprintf(lines + len, sizeof(lines) - len, "%d %lld %lld\n",
                                 lt->first_rank + i, lt->size[i], ms);
         if (len > sizeof(lines) - 64) { /* the buffer is full: out with it */
-            write_all(lt->fd, lines, len);
+            gs_runs_write_all(lt->fd, lines, len);
             len = 0;
         }
     }
     if (len)
-        write_all(lt->fd, lines, len);
+        gs_runs_write_all(lt->fd, lines, len);
     lt->next_ms = gs_runs_mono_ms() + GS_LOGTIMES_MIN_MS;
 }
 

@@ -55,20 +55,6 @@ struct tail {
     char buf[TAIL_CHUNK];
 };
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Returns the rank entry for rank, adding it if new; NULL on allocation failure. */
 static struct tail_rank *rank_find(struct tail *t, int rank);
 
@@ -150,7 +136,7 @@ static int send_frame(const struct tail_rank *r, const char *p, size_t n)
 {
     char hdr[96];
     int h = snprintf(hdr, sizeof(hdr), "L %d %lld %zu\n", r->rank, r->off, n);
-    return write_all(1, hdr, (size_t)h) < 0 || write_all(1, p, n) < 0 ? -1 : 0;
+    return gs_runs_write_all(1, hdr, (size_t)h) < 0 || gs_runs_write_all(1, p, n) < 0 ? -1 : 0;
 }
 
 /* Length of the part of p[0..n) that ends at its last line end, 0 if none. */
@@ -378,7 +364,7 @@ static int tail_run(struct tail *t)
             char x[64];
             int n = code >= 0 ? snprintf(x, sizeof(x), "X %d %s\n", code, state)
                               : snprintf(x, sizeof(x), "X null %s\n", state);
-            rc = write_all(1, x, (size_t)n);
+            rc = gs_runs_write_all(1, x, (size_t)n);
         }
         if (rc < 0 || ended || !t->follow || (rc = wait_change(t, ifd)) < 0)
             break;

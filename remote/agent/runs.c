@@ -80,8 +80,7 @@ long long gs_runs_mono_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Writes all of p to fd. Returns 0 or -1. */
-static int write_all(int fd, const char *p, size_t n)
+int gs_runs_write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -108,7 +107,7 @@ int gs_runs_write_atomic(const char *dir, const char *name, const char *data, si
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    int rc = write_all(fd, data, len);
+    int rc = gs_runs_write_all(fd, data, len);
     int saved = errno;
     if (close(fd) < 0 && rc == 0)
         rc = -1, saved = errno;

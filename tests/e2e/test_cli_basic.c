@@ -33,78 +33,15 @@ static struct gs_test_sshd shared; /* key auth, for init/exec/doctor */
 static char project[600];          /* a local project directory initialised against `shared` */
 static char remote_dir[700];       /* its remote directory (same machine) */
 
-/* Runs gpusync in `cwd` with `args` (NULL-terminated), `env` ("K=V" entries to set, "K" to unset,
- * NULL-terminated, may be NULL) and `input` on stdin (NULL: /dev/null). The child has no
- * controlling terminal, as in CI or a pipe. */
+/* Runs gpusync in `cwd` with `args`, `env` ("K=V" to set, "K" to unset) and `input` on stdin,
+ * without a controlling terminal, as in CI or a pipe. */
 static struct gs_test_result run_gpusync(const char *cwd, const char *const *env, const char *input,
                                          const char *const *args)
 {
-    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
-    int out[2], err[2], in[2];
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    assert_int_equal(pipe(in), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setsid(); /* no controlling terminal: /dev/tty cannot be opened */
-        if (cwd && chdir(cwd) != 0)
-            _exit(126);
-        for (size_t i = 0; env && env[i]; i++) {
-            const char *eq = strchr(env[i], '=');
-            if (eq) {
-                char key[128];
-                snprintf(key, sizeof(key), "%.*s", (int)(eq - env[i]), env[i]);
-                setenv(key, eq + 1, 1);
-            } else {
-                unsetenv(env[i]);
-            }
-        }
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        close(in[1]);
-        close(out[0]);
-        close(err[0]);
-        const char *argv[64];
-        int n = 0;
-        argv[n++] = gs_test_gpusync();
-        for (size_t i = 0; args[i] && n < 63; i++)
-            argv[n++] = args[i];
-        argv[n] = NULL;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    close(err[1]);
-    if (input) {
-        signal(SIGPIPE, SIG_IGN);
-        size_t len = strlen(input);
-        if (write(in[1], input, len) != (ssize_t)len) {
-            /* the command may not read its input: that is its business */
-        }
-    }
-    close(in[1]);
-    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (!r.out.data)
-        gs_buf_grow(&r.out, 0);
-    if (!r.err.data)
-        gs_buf_grow(&r.err, 0);
-    return r;
+    return gs_test_run_gpusync(cwd, env, input, args, RUN_TIMEOUT_MS);
 }
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
 
 static int count_lines_with(const char *path, const char *needle)
 {
@@ -172,14 +109,14 @@ static void test_cli__help_lists_the_commands(void **state)
 {
     (void)state;
     struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
-    expect_status(&r, 0, "gpusync --help");
+    gs_test_expect_status(&r, 0, "gpusync --help");
     assert_non_null(strstr(r.out.data, "usage: gpusync"));
     assert_non_null(strstr(r.out.data, "init"));
     assert_non_null(strstr(r.out.data, "exec"));
     assert_non_null(strstr(r.out.data, "doctor"));
     gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("help", "exec"));
-    expect_status(&r, 0, "gpusync help exec");
+    gs_test_expect_status(&r, 0, "gpusync help exec");
     assert_non_null(strstr(r.out.data, "usage: gpusync exec"));
     gs_test_result_release(&r);
 }
@@ -188,12 +125,12 @@ static void test_cli__unique_prefix_runs_the_command_help(void **state)
 {
     (void)state;
     struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("in", "--help"));
-    expect_status(&r, 0, "gpusync in --help");
+    gs_test_expect_status(&r, 0, "gpusync in --help");
     assert_non_null(strstr(r.out.data, "usage: gpusync init"));
     assert_non_null(strstr(r.out.data, "--install-key"));
     gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("doctor", "--help"));
-    expect_status(&r, 0, "gpusync doctor --help");
+    gs_test_expect_status(&r, 0, "gpusync doctor --help");
     assert_non_null(strstr(r.out.data, "--json"));
     gs_test_result_release(&r);
 }
@@ -202,15 +139,15 @@ static void test_cli__unknown_command_exits_2(void **state)
 {
     (void)state;
     struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("frobnicate"));
-    expect_status(&r, 2, "gpusync frobnicate");
+    gs_test_expect_status(&r, 2, "gpusync frobnicate");
     assert_non_null(strstr(r.err.data, "unknown command"));
     assert_non_null(strstr(r.err.data, "frobnicate"));
     gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("exec", "--no-such-option", "true"));
-    expect_status(&r, 2, "gpusync exec --no-such-option");
+    gs_test_expect_status(&r, 2, "gpusync exec --no-such-option");
     gs_test_result_release(&r);
     r = run_gpusync(NULL, NULL, NULL, ARGS("exec"));
-    expect_status(&r, 2, "gpusync exec (no command)");
+    gs_test_expect_status(&r, 2, "gpusync exec (no command)");
     gs_test_result_release(&r);
 }
 
@@ -247,7 +184,7 @@ static void test_cli__ambiguous_prefix_names_the_candidates(void **state)
         skip();
     }
     struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS(prefix));
-    expect_status(&r, 2, "ambiguous prefix");
+    gs_test_expect_status(&r, 2, "ambiguous prefix");
     assert_non_null(strstr(r.err.data, "ambiguous"));
     assert_non_null(strstr(r.err.data, a));
     assert_non_null(strstr(r.err.data, b));
@@ -264,7 +201,7 @@ static void test_init__unknown_host_without_accept_fails_4_and_records_nothing(v
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
     struct gs_test_result r =
         run_gpusync(dir, NULL, NULL, ARGS("init", target_of(&shared, "root")));
-    expect_status(&r, 4, "init without --accept-new-host-key");
+    gs_test_expect_status(&r, 4, "init without --accept-new-host-key");
     assert_non_null(strstr(r.err.data, "--accept-new-host-key"));
     assert_non_null(strstr(r.err.data, "SHA256:"));
     char kh[700], cfg[128];
@@ -288,7 +225,7 @@ static void test_init__accept_new_writes_config_and_known_host(void **state)
     struct gs_test_result r = run_gpusync(
         dir, NULL, NULL,
         ARGS("init", target_of(&shared, "root"), "--path", remote, "--accept-new-host-key"));
-    expect_status(&r, 0, "init --accept-new-host-key");
+    gs_test_expect_status(&r, 0, "init --accept-new-host-key");
     snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", dir);
     char port[32];
     snprintf(port, sizeof(port), "port = %d", shared.port);
@@ -308,7 +245,7 @@ static void test_init__accept_new_writes_config_and_known_host(void **state)
     snprintf(sub, sizeof(sub), "%s/src/deep", dir);
     assert_int_equal(gs_test_sh("mkdir -p '%s'", sub), 0);
     r = run_gpusync(sub, NULL, NULL, ARGS("exec", "pwd"));
-    expect_status(&r, 0, "exec from a subdirectory");
+    gs_test_expect_status(&r, 0, "exec from a subdirectory");
     char want[900];
     snprintf(want, sizeof(want), "%s\n", remote);
     assert_string_equal(r.out.data, want);
@@ -322,10 +259,10 @@ static void test_init__bad_target_is_usage_error(void **state)
     char dir[64];
     make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
     struct gs_test_result r = run_gpusync(dir, NULL, NULL, ARGS("init", "root@host:99999"));
-    expect_status(&r, 2, "init with a bad port");
+    gs_test_expect_status(&r, 2, "init with a bad port");
     gs_test_result_release(&r);
     r = run_gpusync(dir, NULL, NULL, ARGS("init"));
-    expect_status(&r, 2, "init without a target");
+    gs_test_expect_status(&r, 2, "init without a target");
     gs_test_result_release(&r);
     gs_test_sh("rm -rf '%s'", dir);
 }
@@ -348,16 +285,16 @@ static void test_exec__exit_codes_and_signal(void **state)
 {
     (void)state;
     struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("exec", "true"));
-    expect_status(&r, 0, "exec true");
+    gs_test_expect_status(&r, 0, "exec true");
     gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "exit 7"));
-    expect_status(&r, 7, "exec 'exit 7'");
+    gs_test_expect_status(&r, 7, "exec 'exit 7'");
     gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "--", "sh", "-c", "exit 42"));
-    expect_status(&r, 42, "exec -- sh -c 'exit 42'");
+    gs_test_expect_status(&r, 42, "exec -- sh -c 'exit 42'");
     gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "kill -TERM $$"));
-    expect_status(&r, 143, "exec 'kill -TERM $$'");
+    gs_test_expect_status(&r, 143, "exec 'kill -TERM $$'");
     gs_test_result_release(&r);
 }
 
@@ -365,7 +302,7 @@ static void test_exec__runs_in_the_remote_project_directory(void **state)
 {
     (void)state;
     struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("exec", "pwd"));
-    expect_status(&r, 0, "exec pwd");
+    gs_test_expect_status(&r, 0, "exec pwd");
     char want[800];
     snprintf(want, sizeof(want), "%s\n", remote_dir);
     assert_string_equal(r.out.data, want);
@@ -379,7 +316,7 @@ static void test_exec__arguments_reach_the_command_unchanged(void **state)
         run_gpusync(project, NULL, NULL,
                     ARGS("exec", "--", "printf", "<%s>", "a b", "it's", "\"dq\"", "$HOME;echo x",
                          "l1\nl2", "-n", "", "*", "\xff\xfe"));
-    expect_status(&r, 0, "exec -- printf ...");
+    gs_test_expect_status(&r, 0, "exec -- printf ...");
     assert_string_equal(r.out.data, "<a b><it's><\"dq\"><$HOME;echo x><l1\nl2><-n><><*><\xff\xfe>");
     gs_test_result_release(&r);
 }
@@ -389,13 +326,13 @@ static void test_exec__stdout_stderr_separate_and_stdin_forwarded(void **state)
     (void)state;
     struct gs_test_result r =
         run_gpusync(project, NULL, NULL, ARGS("exec", "echo to-out; echo to-err >&2; exit 3"));
-    expect_status(&r, 3, "exec with both streams");
+    gs_test_expect_status(&r, 3, "exec with both streams");
     assert_string_equal(r.out.data, "to-out\n");
     assert_non_null(strstr(r.err.data, "to-err\n"));
     assert_null(strstr(r.out.data, "to-err"));
     gs_test_result_release(&r);
     r = run_gpusync(project, NULL, "line one\nline 'two' $x\n", ARGS("exec", "cat"));
-    expect_status(&r, 0, "exec cat with stdin");
+    gs_test_expect_status(&r, 0, "exec cat with stdin");
     assert_string_equal(r.out.data, "line one\nline 'two' $x\n");
     gs_test_result_release(&r);
 }
@@ -553,13 +490,13 @@ static void test_init__install_key_with_password_once_then_key_only(void **state
     const char *const bad_pw[] = {home_env, "GPUSYNC_PASSWORD=wrong-" PW_PASSWORD, NULL};
     struct gs_test_result r = run_gpusync(
         dir, bad_pw, NULL, ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
-    expect_status(&r, 4, "init --install-key with a wrong password");
+    gs_test_expect_status(&r, 4, "init --install-key with a wrong password");
     gs_test_result_release(&r);
     assert_int_not_equal(access("/home/" PW_USER "/.ssh/authorized_keys", F_OK), 0);
 
     r = run_gpusync(dir, with_pw, NULL,
                     ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
-    expect_status(&r, 0, "init --install-key");
+    gs_test_expect_status(&r, 0, "init --install-key");
     gs_test_result_release(&r);
     snprintf(keyfile, sizeof(keyfile), "%s/.ssh/gpusync_ed25519.pub", pw_server.home);
     FILE *fp = fopen(keyfile, "r");
@@ -576,13 +513,13 @@ static void test_init__install_key_with_password_once_then_key_only(void **state
     /* twice: still one line */
     r = run_gpusync(dir, with_pw, NULL,
                     ARGS("init", target_of(&pw_server, PW_USER), "--install-key"));
-    expect_status(&r, 0, "init --install-key, second time");
+    gs_test_expect_status(&r, 0, "init --install-key, second time");
     gs_test_result_release(&r);
     assert_int_equal(count_lines_with(authorized, b64 + 1), 1);
 
     /* and exec works without any password */
     r = run_gpusync(dir, no_pw, NULL, ARGS("exec", "id -un"));
-    expect_status(&r, 0, "exec with the installed key");
+    gs_test_expect_status(&r, 0, "exec with the installed key");
     assert_string_equal(r.out.data, PW_USER "\n");
     gs_test_result_release(&r);
     gs_test_sh("rm -rf '%s'", dir);
@@ -677,7 +614,7 @@ static void test_exec__connection_lost_exits_255_quickly(void **state)
     snprintf(remote, sizeof(remote), "%s/remote", lost_server.dir);
     struct gs_test_result r = run_gpusync(
         dir, NULL, NULL, ARGS("init", target_of(&lost_server, "root"), "--path", remote));
-    expect_status(&r, 0, "init");
+    gs_test_expect_status(&r, 0, "init");
     gs_test_result_release(&r);
     struct killer k;
     snprintf(k.marker, sizeof(k.marker), "%s/started", remote);
@@ -687,7 +624,7 @@ static void test_exec__connection_lost_exits_255_quickly(void **state)
     r = run_gpusync(dir, NULL, NULL, ARGS("exec", "touch started && sleep 30"));
     int64_t took = gs_clock_mono_ms() - t0;
     pthread_join(th, NULL);
-    expect_status(&r, 255, "exec while the server dies");
+    gs_test_expect_status(&r, 255, "exec while the server dies");
     print_message("exec ended %lld ms after start: %s", (long long)took, r.err.data);
     assert_true(took < 15000);
     assert_non_null(strstr(r.err.data, "gpusync: "));

@@ -63,24 +63,17 @@ static struct gs_test_result gpusync(const char *const *args)
     return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 static void ok(const char *const *args, const char *what)
 {
     struct gs_test_result r = gpusync(args);
-    expect_status(&r, 0, what);
+    gs_test_expect_status(&r, 0, what);
     gs_test_result_release(&r);
 }
 
 static json_t *json_of(const char *const *args, int want, const char *what)
 {
     struct gs_test_result r = gpusync(args);
-    expect_status(&r, want, what);
+    gs_test_expect_status(&r, want, what);
     json_t *o = json_loads(r.out.data, 0, NULL);
     if (!o)
         fail_msg("%s: not JSON: %s", what, r.out.data);
@@ -238,7 +231,7 @@ static void an_outage_says_since_when_and_what_waits(void **state)
     gs_test_sshd_stop(&server);
     put(project, "during.txt", "written during the outage\n");
     struct gs_test_result r = gpusync(GS_TEST_ARGS("flush", "--json"));
-    expect_status(&r, 4, "flush while the server is down");
+    gs_test_expect_status(&r, 4, "flush while the server is down");
     json_t *o = json_loads(r.out.data, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(o, "error")), "cannot connect");
     json_decref(o);
@@ -289,7 +282,7 @@ static void status_names_the_server_as_resolved(void **state)
                                 server.port, server.home, project),
                      0);
     struct gs_test_result r = gpusync(GS_TEST_ARGS("status"));
-    expect_status(&r, 0, "status without a daemon");
+    gs_test_expect_status(&r, 0, "status without a daemon");
     char want[64];
     snprintf(want, sizeof(want), "root@127.0.0.1:%d", server.port);
     if (!strstr(r.out.data, want))

@@ -94,17 +94,10 @@ static struct gs_test_result gpusync(const char *const *args)
     return finish(pid, out, err);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 static void gs_ok(const char *const *args, const char *what)
 {
     struct gs_test_result r = gpusync(args);
-    expect_status(&r, 0, what);
+    gs_test_expect_status(&r, 0, what);
     gs_test_result_release(&r);
 }
 
@@ -275,7 +268,7 @@ static void flush(const char *what)
 static json_t *daemon_status(void)
 {
     struct gs_test_result r = gpusync(ARGS("status", "--json"));
-    expect_status(&r, 0, "gpusync status --json");
+    gs_test_expect_status(&r, 0, "gpusync status --json");
     json_t *st = json_loads(r.out.data, 0, NULL);
     if (!st || !json_is_true(json_object_get(st, "daemon")))
         fail_msg("status --json did not come from the daemon: %s", r.out.data);
@@ -453,7 +446,7 @@ static void test_fence__push_while_watch_runs_and_a_save_lands_during_it(void **
     }
     put("edit.py", "v1\n");
     struct gs_test_result r = finish(push, out, err);
-    expect_status(&r, 0, "gpusync push while watch runs");
+    gs_test_expect_status(&r, 0, "gpusync push while watch runs");
     gs_test_result_release(&r);
     flush("flush after the push");
     await_connected(30000);

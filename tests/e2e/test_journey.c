@@ -39,19 +39,12 @@ static struct gs_test_result gpusync_in(const char *cwd, const char *const *env,
     return gs_test_run_gpusync(cwd, env, NULL, args, TIMEOUT_MS);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 /* Runs gpusync, expects `want`, returns stdout parsed as JSON (NULL when it is not JSON). */
 static json_t *step(const char *cwd, const char *const *env, const char *const *args, int want,
                     const char *what)
 {
     struct gs_test_result r = gpusync_in(cwd, env, args);
-    expect_status(&r, want, what);
+    gs_test_expect_status(&r, want, what);
     json_t *o = json_loads(r.out.data, 0, NULL);
     gs_test_result_release(&r);
     return o;
@@ -160,7 +153,7 @@ static void the_whole_first_session(void **state)
                      0);
     /* status names the server the alias resolves to, port included */
     struct gs_test_result r = gpusync_in(proj, NULL, GS_TEST_ARGS("status"));
-    expect_status(&r, 0, "status");
+    gs_test_expect_status(&r, 0, "status");
     char want[64];
     snprintf(want, sizeof(want), USER1 "@127.0.0.1:%d", node1.port);
     assert_non_null(strstr(r.out.data, want));
@@ -200,7 +193,7 @@ static void the_whole_first_session(void **state)
     r = gpusync_in(
         proj, ENV("GPUSYNC_PASSWORD"),
         GS_TEST_ARGS("run", "--cpu", "1", "--", "sh", "-c", "echo rank=$RANK of $WORLD_SIZE"));
-    expect_status(&r, 0, "a two-node run");
+    gs_test_expect_status(&r, 0, "a two-node run");
     if (!strstr(r.out.data, "rank=0 of 2") || !strstr(r.out.data, "rank=1 of 2"))
         fail_msg("two-node run output:\n%s\nstderr:\n%s", r.out.data, r.err.data);
     assert_non_null(strstr(r.out.data, "rank=1 of 2"));
@@ -215,7 +208,7 @@ static void the_whole_first_session(void **state)
                                 config, config, config),
                      0);
     r = gpusync_in(proj, NULL, GS_TEST_ARGS("run", "cpu2"));
-    expect_status(&r, 0, "run of a [job] with cpu = 2 on both nodes");
+    gs_test_expect_status(&r, 0, "run of a [job] with cpu = 2 on both nodes");
     assert_non_null(strstr(r.out.data, "rank 3"));
     gs_test_result_release(&r);
     assert_int_equal(gs_test_sh("printf '[job \"empty\"]\\ncommand =\\n' >> '%s'", config), 0);

@@ -43,19 +43,12 @@ static struct gs_test_result gpusync_in(const char *cwd, const char *const *env,
     return gs_test_run_gpusync(cwd, env, NULL, args, RUN_TIMEOUT_MS);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 /* Runs gpusync, expects exit `want`, releases the result. */
 static void expect_run(const char *cwd, const char *const *env, const char *const *args, int want,
                        const char *what)
 {
     struct gs_test_result r = gpusync_in(cwd, env, args);
-    expect_status(&r, want, what);
+    gs_test_expect_status(&r, want, what);
     gs_test_result_release(&r);
 }
 
@@ -191,7 +184,7 @@ static void test_keys__second_project_logs_in_with_the_managed_key(void **state)
     expect_run(second, ENV("GPUSYNC_PASSWORD"), ARGS("init", target(&srv_a, USER_A)), 0,
                "init of a second project without a password");
     struct gs_test_result r = gpusync_in(second, ENV("GPUSYNC_PASSWORD"), ARGS("exec", "id -un"));
-    expect_status(&r, 0, "exec in the second project");
+    gs_test_expect_status(&r, 0, "exec in the second project");
     assert_string_equal(r.out.data, USER_A "\n");
     gs_test_result_release(&r);
 }
@@ -261,7 +254,7 @@ static void test_keys__wrong_password_is_reported_as_rejected(void **state)
     const char *dir = project("wrong");
     struct gs_test_result r = gpusync_in(dir, ENV("GPUSYNC_PASSWORD=wrong-" PASSWORD),
                                          ARGS("init", "--json", target(&srv_a, USER_A)));
-    expect_status(&r, 4, "init with a wrong password");
+    gs_test_expect_status(&r, 4, "init with a wrong password");
     char *msg = json_error_message(&r);
     if (!strstr(msg, "password rejected"))
         fail_msg("the message does not say the password was rejected: %s", msg);
@@ -276,7 +269,7 @@ static void test_keys__install_key_without_password_or_terminal_asks_for_the_pas
     struct gs_test_result r =
         gpusync_in(dir, ENV("GPUSYNC_PASSWORD"),
                    ARGS("init", "--json", target(&srv_a, USER_A), "--install-key"));
-    expect_status(&r, 4, "init --install-key without a password");
+    gs_test_expect_status(&r, 4, "init --install-key without a password");
     char *msg = json_error_message(&r);
     if (strstr(msg, "--install-key") || !strstr(msg, "GPUSYNC_PASSWORD") ||
         !strstr(msg, "--password-stdin"))
@@ -301,7 +294,7 @@ static void test_keys__missing_identity_file_is_named_not_blamed_on_rsa(void **s
         0);
     struct gs_test_result r =
         gpusync_in(dir, ENV("GPUSYNC_PASSWORD"), ARGS("exec", "--json", "true"));
-    expect_status(&r, 4, "exec with a missing identity file");
+    gs_test_expect_status(&r, 4, "exec with a missing identity file");
     char *msg = json_error_message(&r);
     if (!strstr(msg, "gone_ed25519") || strstr(msg, "RSA"))
         fail_msg("the message should name the missing identity file, not RSA: %s", msg);

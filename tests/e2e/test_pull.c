@@ -54,13 +54,6 @@ static struct gs_test_result gpusync_env(const char *const *env, const char *con
     return gs_test_run_gpusync(project, env, NULL, args, TIMEOUT_MS);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 /* The agent, with `from` rewritten to `to` in what it says and back in what it is told (the same
  * length, so every frame stays well formed): a server that lies about paths. It runs on the
  * server, where no environment of ours reaches, so the strings are written into it. */
@@ -121,7 +114,7 @@ static void a_synced_file_edited_since_is_kept_before_the_pull_replaces_it(void 
     snprintf(path, sizeof(path), "%s/res/b.txt", project);
     write_file(path, "same");
     struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("push"));
-    expect_status(&r, 0, "push");
+    gs_test_expect_status(&r, 0, "push");
     gs_test_result_release(&r);
     /* the user edits a.txt; the job rewrites both on the server */
     snprintf(path, sizeof(path), "%s/res/a.txt", project);
@@ -132,7 +125,7 @@ static void a_synced_file_edited_since_is_kept_before_the_pull_replaces_it(void 
     write_file(path, "server b2");
 
     r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res"));
-    expect_status(&r, 0, "pull");
+    gs_test_expect_status(&r, 0, "pull");
     json_t *o = json_loads(r.out.data, 0, NULL);
     assert_non_null(o);
     json_t *kept = json_object_get(o, "kept");
@@ -159,7 +152,7 @@ static void a_listing_that_climbs_out_of_the_project_writes_nothing(void **state
     snprintf(agent_env, sizeof(agent_env), "GPUSYNC_AGENT=%s", liar);
     const char *env[] = {agent_env, NULL};
     struct gs_test_result r = gpusync_env(env, GS_TEST_ARGS("pull", "results"));
-    expect_status(&r, 5, "pull from a server that lists results/../../evil.txt");
+    gs_test_expect_status(&r, 5, "pull from a server that lists results/../../evil.txt");
     gs_test_result_release(&r);
     char outside[256];
     snprintf(outside, sizeof(outside), "%s/evil.txt", base); /* proj/results/../../evil.txt */
@@ -176,7 +169,7 @@ static void a_listing_outside_the_directory_asked_for_is_refused(void **state)
     snprintf(agent_env, sizeof(agent_env), "GPUSYNC_AGENT=%s", liar);
     const char *env[] = {agent_env, NULL};
     struct gs_test_result r = gpusync_env(env, GS_TEST_ARGS("pull", "results", "got"));
-    expect_status(&r, 5, "pull from a server that lists resultz/abcde/f.txt for results");
+    gs_test_expect_status(&r, 5, "pull from a server that lists resultz/abcde/f.txt for results");
     gs_test_result_release(&r);
     char path[256];
     snprintf(path, sizeof(path), "%s/got/abcde/f.txt", project);

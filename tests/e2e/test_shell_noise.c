@@ -60,13 +60,6 @@ static struct gs_test_result gpusync(const char *const *args)
     return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
 }
 
-static void expect_status(const struct gs_test_result *r, int want, const char *what)
-{
-    if (r->status != want)
-        fail_msg("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r->status, want, r->out.data,
-                 r->err.data);
-}
-
 static json_t *parse_json(const struct gs_test_result *r, const char *what)
 {
     json_error_t e;
@@ -131,7 +124,7 @@ static void push_run_pull_and_exec_read_past_the_noise(void **state)
     snprintf(path, sizeof(path), "%s/train.py", project);
     write_file(path, "print('hello')\n");
     struct gs_test_result r = gpusync(GS_TEST_ARGS("push", "--json"));
-    expect_status(&r, 0, "push");
+    gs_test_expect_status(&r, 0, "push");
     json_t *o = parse_json(&r, "push");
     assert_int_equal(json_integer_value(json_object_get(o, "sent")), 1);
     json_decref(o);
@@ -142,23 +135,23 @@ static void push_run_pull_and_exec_read_past_the_noise(void **state)
     assert_string_equal(got.data, "print('hello')\n");
 
     r = gpusync(GS_TEST_ARGS("run", "--cpu", "2", "--", "sh", "-c", "echo rank=$RANK"));
-    expect_status(&r, 0, "run");
+    gs_test_expect_status(&r, 0, "run");
     expect_no_noise(&r, "run");
     assert_non_null(strstr(r.out.data, "rank=0"));
     assert_non_null(strstr(r.out.data, "rank=1"));
     gs_test_result_release(&r);
 
     r = gpusync(GS_TEST_ARGS("exec", "--", "sh", "-c", "printf out; printf err >&2; exit 3"));
-    expect_status(&r, 3, "exec");
+    gs_test_expect_status(&r, 3, "exec");
     assert_string_equal(r.out.data, "out");
     assert_string_equal(r.err.data, "err");
     gs_test_result_release(&r);
 
     r = gpusync(GS_TEST_ARGS("exec", "--", "sh", "-c", "mkdir -p out && printf 42 > out/r.txt"));
-    expect_status(&r, 0, "exec mkdir");
+    gs_test_expect_status(&r, 0, "exec mkdir");
     gs_test_result_release(&r);
     r = gpusync(GS_TEST_ARGS("pull", "out"));
-    expect_status(&r, 0, "pull");
+    gs_test_expect_status(&r, 0, "pull");
     gs_test_result_release(&r);
     snprintf(path, sizeof(path), "%s/out/r.txt", project);
     read_file(path, &got);
@@ -170,21 +163,21 @@ static void the_watch_daemon_and_its_relay_read_past_the_noise(void **state)
 {
     (void)state;
     struct gs_test_result r = gpusync(GS_TEST_ARGS("watch", "-d"));
-    expect_status(&r, 0, "watch -d");
+    gs_test_expect_status(&r, 0, "watch -d");
     gs_test_result_release(&r);
     char path[800];
     snprintf(path, sizeof(path), "%s/saved.txt", project);
     write_file(path, "saved under watch\n");
     r = gpusync(GS_TEST_ARGS("flush"));
-    expect_status(&r, 0, "flush");
+    gs_test_expect_status(&r, 0, "flush");
     gs_test_result_release(&r);
     r = gpusync(GS_TEST_ARGS("run", "--cpu", "1", "--", "cat", "saved.txt"));
-    expect_status(&r, 0, "run through the daemon");
+    gs_test_expect_status(&r, 0, "run through the daemon");
     expect_no_noise(&r, "run through the daemon");
     assert_non_null(strstr(r.out.data, "saved under watch"));
     gs_test_result_release(&r);
     r = gpusync(GS_TEST_ARGS("watch", "--stop"));
-    expect_status(&r, 0, "watch --stop");
+    gs_test_expect_status(&r, 0, "watch --stop");
     gs_test_result_release(&r);
     struct gs_buf got = GS_BUF_INIT;
     snprintf(path, sizeof(path), "%s/saved.txt", remote_dir);
@@ -210,7 +203,7 @@ static void doctor_names_the_file_that_prints(void **state)
 {
     (void)state;
     struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
-    expect_status(&r, 0, "doctor (agent transport: a warning)");
+    gs_test_expect_status(&r, 0, "doctor (agent transport: a warning)");
     json_t *o = parse_json(&r, "doctor");
     assert_string_equal(shell_check(o), "warn");
     json_t *facts = json_object_get(o, "facts");
@@ -221,7 +214,7 @@ static void doctor_names_the_file_that_prints(void **state)
 
     write_file(BASHRC, "case $- in *i*) echo 'Welcome, interactive user' ;; esac\n");
     r = gpusync(GS_TEST_ARGS("doctor", "--json"));
-    expect_status(&r, 0, "doctor on a quiet shell");
+    gs_test_expect_status(&r, 0, "doctor on a quiet shell");
     o = parse_json(&r, "doctor");
     assert_string_equal(shell_check(o), "ok");
     assert_true(json_is_null(json_object_get(json_object_get(o, "facts"), "shell_noise")));
@@ -237,7 +230,7 @@ static void sftp_through_a_noisy_shell_fails_with_exit_5_and_no_summary(void **s
     snprintf(path, sizeof(path), "%s/by-sftp.txt", project);
     write_file(path, "never half-sent\n");
     struct gs_test_result r = gpusync(GS_TEST_ARGS("push", "--json"));
-    expect_status(&r, 5, "push over SFTP through a noisy shell");
+    gs_test_expect_status(&r, 5, "push over SFTP through a noisy shell");
     json_t *o = parse_json(&r, "push");
     assert_false(json_is_true(json_object_get(o, "ok")));
     assert_null(json_object_get(o, "sent")); /* an error, not a summary of nothing sent */
@@ -247,7 +240,7 @@ static void sftp_through_a_noisy_shell_fails_with_exit_5_and_no_summary(void **s
     assert_int_not_equal(access(path, F_OK), 0);
 
     r = gpusync(GS_TEST_ARGS("doctor", "--json"));
-    expect_status(&r, 1, "doctor with transport = sftp (a failure)");
+    gs_test_expect_status(&r, 1, "doctor with transport = sftp (a failure)");
     o = parse_json(&r, "doctor");
     assert_string_equal(shell_check(o), "fail");
     json_decref(o);
@@ -255,7 +248,7 @@ static void sftp_through_a_noisy_shell_fails_with_exit_5_and_no_summary(void **s
 
     write_file(BASHRC, "# quiet now\n");
     r = gpusync(GS_TEST_ARGS("push", "--json"));
-    expect_status(&r, 0, "push over SFTP once the shell is quiet");
+    gs_test_expect_status(&r, 0, "push over SFTP once the shell is quiet");
     gs_test_result_release(&r);
     assert_int_equal(access(path, F_OK), 0);
 }
@@ -265,7 +258,7 @@ static void a_slow_shell_start_is_announced(void **state)
     (void)state;
     write_file(BASHRC, "sleep 3\n");
     struct gs_test_result r = gpusync(GS_TEST_ARGS("exec", "--", "printf", "late"));
-    expect_status(&r, 0, "exec behind a slow shell");
+    gs_test_expect_status(&r, 0, "exec behind a slow shell");
     assert_string_equal(r.out.data, "late");
     assert_non_null(strstr(r.err.data, "waiting for the login shell"));
     gs_test_result_release(&r);
