@@ -178,7 +178,8 @@ int gs_cli_fail(struct gs_cli *cli, int code)
         gs_cli_json_print(o);
     }
     fprintf(stderr, "gpusync: %s\n", msg);
-    return gs_error_exit_code(code);
+    int status = gs_error_exit_code(code);
+    return cli->remote_status && status == GS_EXIT_CONNECT ? GS_EXIT_REMOTE_LOST : status;
 }
 
 /* Reads one line from the terminal, echo off when `secret`. Returns a malloc'd string or NULL. */

@@ -23,19 +23,24 @@ enum {
     GS_EXIT_USAGE = 2,
     GS_EXIT_CONFIG = 3,
     GS_EXIT_CONNECT = 4,
-    GS_EXIT_REMOTE_LOST = 255, /* exec/run: the connection failed; the command's fate is unknown */
+    /* exec/run: the connection failed, before or while the command ran. 255, as ssh uses, and not
+     * 4: those commands exit with the remote command's status, and 4 is a common one. */
+    GS_EXIT_REMOTE_LOST = 255,
 };
 
 enum gs_cmd_flags {
     GS_CMD_NEED_PROJECT = 1 << 0,    /* load .gpusync/config, found upwards from the cwd */
     GS_CMD_NEED_CONNECTION = 1 << 1, /* connect to the configured server first */
     GS_CMD_TEXT_ONLY = 1 << 2,       /* prints text only: --json is refused, and not offered */
+    GS_CMD_REMOTE_STATUS = 1 << 3,   /* exits with a remote command's status: gs_cli_fail turns a
+                                        connection failure (4) into GS_EXIT_REMOTE_LOST */
 };
 
 struct gs_cli {
     int json;                /* --json: machine-readable output on stdout */
     int accept_new_host_key; /* --accept-new-host-key */
     int interactive;         /* a terminal is attached: prompts are allowed */
+    int remote_status;       /* the command has GS_CMD_REMOTE_STATUS */
     char *password;          /* from --password-stdin or GPUSYNC_PASSWORD; owned */
     struct gs_buf root;      /* project root (absolute) when NEED_PROJECT */
     struct gs_config cfg;    /* when NEED_PROJECT */
@@ -106,7 +111,8 @@ void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
 json_t *gs_cli_json_path(const char *path);
 
 /* Prints "gpusync: <message>" on stderr (or a JSON error object on stdout with --json) and returns
- * the exit code for `code`. */
+ * the exit code for `code`: gs_error_exit_code's, except GS_EXIT_REMOTE_LOST for a connection
+ * failure of a command that exits with a remote status (cli->remote_status). */
 int gs_cli_fail(struct gs_cli *cli, int code);
 
 /* Prints a usage error for `cmd` and returns GS_EXIT_USAGE. */

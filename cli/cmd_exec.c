@@ -46,7 +46,7 @@ static int exec_main(struct gs_cli *cli, int argc, char **argv)
         io.stdin_fd = STDIN_FILENO;
     rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
-    if (rc < 0) {
+    if (rc < 0) { /* whatever broke the channel, the command's own status is unknown */
         gs_cli_fail(cli, rc);
         return GS_EXIT_REMOTE_LOST;
     }
@@ -60,7 +60,7 @@ const struct gs_cmd gs_cmd_exec = {
     .help = "  One argument is a shell command line (gpusync exec 'nvidia-smi | head');\n"
             "  several are passed as exact arguments. Standard input is forwarded when it is\n"
             "  not a terminal. Exit status: the command's, 128+N if it died of signal N, 255 if\n"
-            "  the connection failed.\n",
-    .flags = GS_CMD_NEED_CONNECTION,
+            "  the connection failed (as with ssh).\n",
+    .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,
     .exec = exec_main,
 };

@@ -920,7 +920,9 @@ const struct gs_cmd gs_cmd_run = {
         "  the bundled trainer unless such a job has a command. What the server cannot run\n"
         "  (more GPUs than it has) and what the config gets wrong are refused before the\n"
         "  sync. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-        "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's.\n",
-    .flags = GS_CMD_NEED_PROJECT, /* connects itself: to [remote] host, or to each of --hosts */
+        "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's (the first failing\n"
+        "  rank's; 128+N for signal N), 130 after Ctrl-C, 255 if the connection failed.\n",
+    /* connects itself: to [remote] host, or to each of --hosts */
+    .flags = GS_CMD_NEED_PROJECT | GS_CMD_REMOTE_STATUS,
     .exec = run_main,
 };

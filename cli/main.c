@@ -37,10 +37,13 @@ static void print_overview(FILE *out)
                  "Mirror a project to a remote GPU server and run jobs there.\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-10s %s\n", cmd_table[i]->name, cmd_table[i]->summary);
-    fprintf(out,
-            "\n'gpusync COMMAND --help' shows a command's options. Exit codes: 0 ok, 1 error,\n"
-            "2 usage, 3 configuration, 4 connection or authentication; exec and run exit with\n"
-            "the remote command's status (255 if the connection failed).\n");
+    /* the same words as README.md's "Exit codes" paragraph (test_cli_basic checks both) */
+    fprintf(out, "\n'gpusync COMMAND --help' shows a command's options.\n\n"
+                 "Exit codes: 0 ok, 1 error, 2 usage, 3 configuration, 4 connection or\n"
+                 "authentication (also an unknown or changed host key), 5 protocol or remote\n"
+                 "error, 6 conflict (another daemon), 130 interrupted. exec and run exit with the\n"
+                 "remote command's status (128+N for signal N), or 255 when the connection\n"
+                 "failed.\n");
 }
 
 /* Exact name or alias first, then a unique prefix, as tmux does. */
@@ -87,6 +90,7 @@ static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
 {
     struct gs_cli cli = {.root = GS_BUF_INIT};
     cli.interactive = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
+    cli.remote_status = (cmd->flags & GS_CMD_REMOTE_STATUS) != 0;
     char *pw = getenv("GPUSYNC_PASSWORD");
     if (pw && *pw)
         cli.password = strdup(pw);

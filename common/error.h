@@ -84,7 +84,8 @@ int gs_error_wrap(struct gs_error *err, const char *fmt, ...) __attribute__((for
 /* Static text for a code ("host key changed"); "unknown error" for a code outside the list. */
 const char *gs_error_name(int code);
 
-/* The process exit status for a code, as documented in README.md. */
+/* The process exit status for a code, as documented in README.md and `gpusync --help`. (exec and
+ * run exit 255 where this says 4: cli/ decides that, in gs_cli_fail.) */
 int gs_error_exit_code(int code);
 
 /* Clears `err` back to GS_E_OK with an empty message. */

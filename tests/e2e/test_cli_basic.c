@@ -16,14 +16,19 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/error.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
+#include "fixtures/tree.h"
 
 #define PW_USER        "gsuser"
 #define PW_PASSWORD    "Gs-E2e-Pw-73"
@@ -132,6 +137,64 @@ static void test_cli__unique_prefix_runs_the_command_help(void **state)
     r = run_gpusync(NULL, NULL, NULL, ARGS("doctor", "--help"));
     gs_test_expect_status(&r, 0, "gpusync doctor --help");
     assert_non_null(strstr(r.out.data, "--json"));
+    gs_test_result_release(&r);
+}
+
+/* The paragraph of `text` that starts with "Exit codes:" (up to a blank line), in `out`. */
+static void exit_code_paragraph(const char *text, const char *what, struct gs_buf *out)
+{
+    const char *start = strstr(text, "Exit codes:");
+    if (!start)
+        fail_msg("%s has no \"Exit codes:\" paragraph", what);
+    const char *end = strstr(start, "\n\n");
+    gs_buf_reset(out);
+    gs_buf_add(out, start, end ? (size_t)(end - start) : strlen(start));
+}
+
+/* Marks in `seen` every number written in `text` ("128+N" counts as 128). */
+static void numbers_in(const char *text, int seen[256])
+{
+    memset(seen, 0, 256 * sizeof(int));
+    for (const char *p = text; *p;) {
+        if (*p < '0' || *p > '9') {
+            p++;
+            continue;
+        }
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (n >= 0 && n < 256)
+            seen[n] = 1;
+        p = end;
+    }
+}
+
+/* Every exit status gpusync can give is listed in `gpusync --help`, and README.md's paragraph
+ * lists the same ones: the two drifted apart once (help stopped at 4). */
+static void test_cli__help_lists_every_exit_code_the_readme_lists(void **state)
+{
+    (void)state;
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("--help"));
+    gs_test_expect_status(&r, 0, "gpusync --help");
+    struct gs_buf help = GS_BUF_INIT, readme = GS_BUF_INIT, text = GS_BUF_INIT;
+    exit_code_paragraph(r.out.data, "gpusync --help", &help);
+    assert_int_equal(gs_test_slurp(gs_test_source_path("README.md"), &text), 0);
+    exit_code_paragraph(text.data, "README.md", &readme);
+    int in_help[256], in_readme[256];
+    numbers_in(help.data, in_help);
+    numbers_in(readme.data, in_readme);
+    for (int n = 0; n < 256; n++)
+        if (in_help[n] != in_readme[n])
+            fail_msg("%d is in %s only\n--help: %s\nREADME.md: %s", n,
+                     in_help[n] ? "--help" : "README.md", help.data, readme.data);
+#define GS_X_EXIT(name, exit, text) exit,
+    static const int statuses[] = {GS_ERROR_LIST(GS_X_EXIT) 255 /* exec, run: connection */};
+#undef GS_X_EXIT
+    for (size_t i = 0; i < sizeof(statuses) / sizeof(statuses[0]); i++)
+        if (!in_help[statuses[i]])
+            fail_msg("exit status %d is missing from --help: %s", statuses[i], help.data);
+    gs_buf_release(&help);
+    gs_buf_release(&readme);
+    gs_buf_release(&text);
     gs_test_result_release(&r);
 }
 
@@ -295,6 +358,56 @@ static void test_exec__exit_codes_and_signal(void **state)
     gs_test_result_release(&r);
     r = run_gpusync(project, NULL, NULL, ARGS("exec", "kill -TERM $$"));
     gs_test_expect_status(&r, 143, "exec 'kill -TERM $$'");
+    gs_test_result_release(&r);
+}
+
+/* A loopback port nothing listens on: bound, read back, closed. */
+static int closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* exec and run exit with the remote command's status, and a command may well exit 4: a failed
+ * connection is 255 there (as with ssh), while the other commands keep 4. */
+static void test_exec__unreachable_server_exits_255_where_push_exits_4(void **state)
+{
+    (void)state;
+    char dir[64];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-closed.XXXXXX");
+    assert_int_equal(gs_test_sh("mkdir '%s/.gpusync' && printf '[remote]\\nhost = 127.0.0.1\\n"
+                                "port = %d\\nuser = root\\npath = %s/remote\\n' > "
+                                "'%s/.gpusync/config'",
+                                dir, closed_port(), dir, dir),
+                     0);
+    struct gs_test_result r = run_gpusync(dir, NULL, NULL, ARGS("exec", "--", "true"));
+    gs_test_expect_status(&r, 255, "exec -- true against a closed port");
+    gs_test_result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("run", "--cpu", "1", "--", "true"));
+    gs_test_expect_status(&r, 255, "run --cpu 1 -- true against a closed port");
+    gs_test_result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("push"));
+    gs_test_expect_status(&r, 4, "push against a closed port");
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
+}
+
+/* The whole class of exit status 4 is covered, not just a refused TCP connection. */
+static void test_exec__unknown_host_key_exits_255(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 0); /* empty known_hosts */
+    struct gs_test_result r = run_gpusync(project, NULL, NULL, ARGS("exec", "true"));
+    gs_test_expect_status(&r, 255, "exec with an unknown host key");
+    assert_non_null(strstr(r.err.data, "--accept-new-host-key"));
+    gs_test_result_release(&r);
+    r = run_gpusync(project, NULL, NULL, ARGS("run", "--no-sync", "--cpu", "1", "--", "true"));
+    gs_test_expect_status(&r, 255, "run with an unknown host key");
     gs_test_result_release(&r);
 }
 
@@ -636,6 +749,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli__help_lists_the_commands),
+        cmocka_unit_test(test_cli__help_lists_every_exit_code_the_readme_lists),
         cmocka_unit_test(test_cli__unique_prefix_runs_the_command_help),
         cmocka_unit_test(test_cli__unknown_command_exits_2),
         cmocka_unit_test(test_cli__ambiguous_prefix_names_the_candidates),
@@ -645,6 +759,9 @@ int main(void)
         cmocka_unit_test_setup(test_init__bad_target_is_usage_error, use_shared_home),
         cmocka_unit_test_setup(test_exec__outside_a_project_fails_with_hint, use_shared_home),
         cmocka_unit_test_setup(test_exec__exit_codes_and_signal, use_shared_home),
+        cmocka_unit_test_setup(test_exec__unreachable_server_exits_255_where_push_exits_4,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_exec__unknown_host_key_exits_255, use_shared_home),
         cmocka_unit_test_setup(test_exec__runs_in_the_remote_project_directory, use_shared_home),
         cmocka_unit_test_setup(test_exec__arguments_reach_the_command_unchanged, use_shared_home),
         cmocka_unit_test_setup(test_exec__stdout_stderr_separate_and_stdin_forwarded,

@@ -855,12 +855,22 @@ static void test_contract__errors_carry_a_name_and_a_message(void **state)
     json_t *o = reply_of(GPUSYNC("events", "--json"), 1, error_spec, "events without a daemon");
     assert_string_equal(str_of(o, "error"), "not found");
     json_decref(o);
-    char target[64];
-    snprintf(target, sizeof(target), "root@127.0.0.1:%d", closed_port());
+    char target[64], unreachable[700];
+    int port = closed_port();
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", port);
     o = reply_of(GPUSYNC_IN(scratch, "init", "--json", target), 4, error_spec,
                  "init to a closed port");
     assert_string_equal(str_of(o, "error"), "cannot connect");
     assert_true(strstr(str_of(o, "message"), "127.0.0.1") != NULL);
+    json_decref(o);
+    /* exec exits with the remote command's status: the same object, exit 255 */
+    snprintf(unreachable, sizeof(unreachable), "%s/unreachable", scratch);
+    sh("mkdir -p '%s/.gpusync' && printf '[remote]\\nhost = 127.0.0.1\\nport = %d\\n' > "
+       "'%s/.gpusync/config'",
+       unreachable, port, unreachable);
+    o = reply_of(GPUSYNC_IN(unreachable, "exec", "--json", "true"), 255, error_spec,
+                 "exec against a closed port");
+    assert_string_equal(str_of(o, "error"), "cannot connect");
     json_decref(o);
     o = reply_of(GPUSYNC_IN(scratch, "status", "--json"), 1, error_spec,
                  "status outside a project");
