@@ -106,7 +106,7 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                st->ops_total == 1 ? "" : "s", gs_format_bytes(st->bytes_total, bytes));
         return;
     }
-    printf("sent %zu (%s), deleted %zu, renamed %zu, conflicts %zu, skipped %zu, failed %zu in "
+    printf("sent %zu (%s), deleted %zu, renamed %zu, conflicts %zu, unchanged %zu, failed %zu in "
            "%.2f s\n",
            st->sent, gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed,
            st->conflicts, st->unchanged, st->failed, st->elapsed_ms / 1000.0);

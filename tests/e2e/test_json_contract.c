@@ -723,6 +723,81 @@ static void test_contract__push_names_a_conflict_and_the_kept_copy(void **state)
     json_decref(o);
 }
 
+/* Sets a file's mtime to `sec` (content untouched): a push then finds it unchanged. */
+static void set_mtime(const char *dir, const char *rel, time_t sec)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    struct timespec t[2] = {{.tv_sec = sec}, {.tv_sec = sec}};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/* One push after the same kind of change each round: a file edited, one touched, one deleted.
+ * Every mtime is long past: a file modified within the last moments is hashed again on each push
+ * (its stat is not trusted yet) and would count as unchanged in one round and not the next. */
+static struct result push_after_changes(int round, const char *json)
+{
+    char text[32], gone[32];
+    snprintf(text, sizeof(text), "round %d\n", round);
+    write_file(project, "edited.txt", text);
+    set_mtime(project, "edited.txt", 1100000000 + round);
+    set_mtime(project, "touched.txt", 1000000000 + round);
+    snprintf(gone, sizeof(gone), "gone%d.txt", round);
+    sh("rm '%s/%s'", project, gone);
+    return json ? GPUSYNC("push", json) : GPUSYNC("push");
+}
+
+/* The text summary's count named `word`, as JSON names it: the key itself, `word`_count, or the
+ * length of the array `word`. -1 when JSON has no such count. */
+static long long json_count(const json_t *o, const char *word)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "%s_count", word);
+    const json_t *v = json_object_get(o, word);
+    if (json_is_integer(v))
+        return json_integer_value(v);
+    if (json_is_array(v))
+        return (long long)json_array_size(v);
+    v = json_object_get(o, key);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* A plugin or a person reading both must not have to know that one word means another: each
+ * count the text summary prints is named as in --json, and has the same value after the same
+ * change ("skipped" was JSON's "unchanged"). */
+static void test_contract__push_text_summary_names_counts_as_json_does(void **state)
+{
+    (void)state;
+    write_file(project, "edited.txt", "start\n");
+    write_file(project, "touched.txt", "same bytes\n");
+    write_file(project, "gone1.txt", "1");
+    write_file(project, "gone2.txt", "2");
+    sh("find '%s' -path '%s/.gpusync' -prune -o -type f -exec touch -m -d @1000000000 {} +",
+       project, project);
+    json_decref(reply_of(GPUSYNC("push", "--json"), 0, push_spec, "push"));
+    struct result text = push_after_changes(1, NULL);
+    json_t *o = reply_of(push_after_changes(2, "--json"), 0, push_spec, "push");
+    if (text.status != 0)
+        fail_msg("push: exit %d\n%s", text.status, text.err.data);
+    assert_int_equal(int_of(o, "unchanged"), 1); /* the case the words differed on */
+    int counts = 0;
+    char *save = NULL;
+    for (char *part = strtok_r(text.out.data, ",\n", &save); part;
+         part = strtok_r(NULL, ",\n", &save)) {
+        char word[32];
+        long long n;
+        if (sscanf(part, " %31[a-z_] %lld", word, &n) != 2)
+            fail_msg("push summary: cannot read \"%s\"", part);
+        if (json_count(o, word) != n)
+            fail_msg("push summary says \"%s %lld\"; --json has %lld for it\n%s", word, n,
+                     json_count(o, word), json_dumps(o, JSON_COMPACT));
+        counts++;
+    }
+    assert_true(counts >= 6); /* sent, deleted, renamed, conflicts, unchanged, failed */
+    result_release(&text);
+    json_decref(o);
+}
+
 static void test_contract__pull_lists_each_file_written(void **state)
 {
     (void)state;
@@ -950,6 +1025,7 @@ int main(void)
         cmocka_unit_test(test_contract__push_summary_counts_what_it_sent),
         cmocka_unit_test(test_contract__push_dry_run_lists_the_planned_ops),
         cmocka_unit_test(test_contract__push_names_a_conflict_and_the_kept_copy),
+        cmocka_unit_test(test_contract__push_text_summary_names_counts_as_json_does),
         cmocka_unit_test(test_contract__pull_lists_each_file_written),
         cmocka_unit_test(test_contract__status_without_daemon_lists_pending_ops),
         cmocka_unit_test(test_contract__watch_reports_pid_then_was_running),
