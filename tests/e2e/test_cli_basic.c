@@ -1,11 +1,13 @@
 /* tests/e2e/test_cli_basic.c: the built `gpusync` binary run as a user would, without a terminal,
  * against the sandbox sshd: init (host-key policy, --install-key), exec (exit codes, signals,
- * arguments, streams), doctor --json, and the command table (--help, prefixes, errors). */
+ * arguments, streams), doctor --json, and the command table (--help, prefixes, errors); and
+ * foreground watch's status line, on a pseudo-terminal. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <pty.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -340,6 +342,93 @@ static void test_exec__outside_a_project_fails_with_hint(void **state)
     assert_non_null(strstr(r.err.data, "gpusync init"));
     gs_test_result_release(&r);
     gs_test_sh("rm -rf '%s'", dir);
+}
+
+/* ---- foreground watch ---- */
+
+/* Reads the terminal `fd` into `screen` until the text after `from` holds `first`, then `then`
+ * after it (NULL: anything). Fails the test after 30 s. */
+static void read_screen_until(int fd, struct gs_buf *screen, size_t from, const char *first,
+                              const char *then)
+{
+    int64_t end = gs_clock_mono_ms() + 30000;
+    for (;;) {
+        gs_buf_adds(screen, ""); /* NUL-terminated, even when empty */
+        const char *a = strstr(screen->data + from, first);
+        if (a && (!then || strstr(a + strlen(first), then)))
+            return;
+        int left = (int)(end - gs_clock_mono_ms());
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&pfd, 1, left) <= 0)
+            fail_msg("the status line never showed \"%s\" then \"%s\"; it showed:\n%s", first, then,
+                     screen->data);
+        char chunk[4096];
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n <= 0)
+            fail_msg("watch ended early; the terminal showed:\n%s", screen->data);
+        gs_buf_add(screen, chunk, (size_t)n);
+    }
+}
+
+/* Fails unless the status line, from `from` on, shows `want` and no batch of 0 paths. */
+static void expect_screen(const struct gs_buf *screen, size_t from, const char *want)
+{
+    if (!strstr(screen->data + from, want) || strstr(screen->data + from, "syncing 0 path"))
+        fail_msg("the status line should show \"%s\", and never \"syncing 0 paths\":\n%s", want,
+                 screen->data + from);
+}
+
+static pid_t fg_watch = -1; /* the foreground watch under test, stopped by its teardown */
+static int fg_terminal = -1;
+
+/* Stops the foreground watch (SIGTERM ends it as Ctrl-C does) and closes its terminal. */
+static int stop_foreground_watch(void **state)
+{
+    (void)state;
+    if (fg_watch > 0) {
+        kill(fg_watch, SIGTERM);
+        waitpid(fg_watch, NULL, 0);
+    }
+    if (fg_terminal >= 0)
+        close(fg_terminal);
+    fg_watch = fg_terminal = -1;
+    return 0;
+}
+
+/* Foreground `watch` on a terminal: its status line says what the daemon is doing. It said
+ * "syncing 0 paths" for every batch (the count it printed was of the paths queued after the
+ * batch was taken); a full check and a batch of edits now read differently, with real counts. */
+static void test_watch__foreground_status_line_counts_the_batch(void **state)
+{
+    (void)state;
+    gs_test_sshd_use_home(&shared, 1);
+    pid_t pid = fg_watch = forkpty(&fg_terminal, NULL, NULL, NULL);
+    int fd = fg_terminal;
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (chdir(project) != 0)
+            _exit(126);
+        execl(gs_test_gpusync(), "gpusync", "watch", (char *)NULL);
+        _exit(127);
+    }
+    struct gs_buf screen = GS_BUF_INIT;
+    read_screen_until(fd, &screen, 0, "up to date", NULL); /* after the first full sync */
+    expect_screen(&screen, 0, "connecting to");
+    expect_screen(&screen, 0, "checking every file");
+    size_t mark = screen.len;
+    char local[700];
+    snprintf(local, sizeof(local), "%s/fg-edit.txt", project);
+    FILE *fp = fopen(local, "w");
+    assert_non_null(fp);
+    fputs("edited\n", fp);
+    assert_int_equal(fclose(fp), 0);
+    read_screen_until(fd, &screen, mark, "syncing", "up to date");
+    expect_screen(&screen, mark, "syncing 1 path");
+    stop_foreground_watch(NULL);
+    char remote[800];
+    snprintf(remote, sizeof(remote), "%s/fg-edit.txt", remote_dir);
+    assert_int_equal(access(remote, F_OK), 0);
+    gs_buf_release(&screen);
 }
 
 /* ---- exec ---- */
@@ -767,6 +856,8 @@ int main(void)
         cmocka_unit_test_setup(test_exec__stdout_stderr_separate_and_stdin_forwarded,
                                use_shared_home),
         cmocka_unit_test_setup(test_doctor__json_has_checks_and_facts, use_shared_home),
+        cmocka_unit_test_teardown(test_watch__foreground_status_line_counts_the_batch,
+                                  stop_foreground_watch),
         cmocka_unit_test_teardown(test_exec__connection_lost_exits_255_quickly,
                                   destroy_lost_server),
         cmocka_unit_test_teardown(test_init__install_key_with_password_once_then_key_only,
