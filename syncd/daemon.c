@@ -69,7 +69,8 @@ struct daemon {
     int backoff_ms;
     int64_t next_check_ms, next_poll_ms, last_wall_ms, last_mono_ms;
     int syncing, stop;
-    int lost_renames; /* renames of this batch whose source was gone on the server: sent again */
+    size_t batch_paths; /* while syncing: the batch's paths, or 0 when it checks the whole tree */
+    int lost_renames;   /* renames of this batch whose source was gone on the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
     int64_t batch_start_ms;
@@ -116,10 +117,16 @@ static void show_status(struct daemon *d)
     FILE *out = d->o->status_out;
     if (!out)
         return;
-    fprintf(out, "\r\033[K%s %s", d->connected ? "\xe2\x97\x8f" : "\xe2\x97\x8b",
-            d->connected ? gs_ssh_target(d->ssh) : "not connected");
-    if (d->syncing)
-        fprintf(out, " · syncing %zu path%s", d->n_dirty, d->n_dirty == 1 ? "" : "s");
+    if (d->connected)
+        fprintf(out, "\r\033[K\xe2\x97\x8f %s", gs_ssh_target(d->ssh));
+    else if (d->connecting)
+        fprintf(out, "\r\033[K\xe2\x97\x8b connecting to %s", d->target);
+    else
+        fprintf(out, "\r\033[K\xe2\x97\x8b not connected");
+    if (d->syncing && d->batch_paths) /* n_dirty is what arrived since the batch began */
+        fprintf(out, " · syncing %zu path%s", d->batch_paths, d->batch_paths == 1 ? "" : "s");
+    else if (d->syncing) /* a full batch: how many paths changed is known only after the scan */
+        fprintf(out, " · checking every file");
     else if (d->connected && !d->n_dirty)
         fprintf(out, " · up to date");
     if (d->last_latency_ms >= 0 && d->connected)
@@ -246,6 +253,8 @@ static int str_cmp(const void *a, const void *b)
 /* Sorts the batch and drops duplicates. */
 static void unique_paths(char **paths, size_t *n)
 {
+    if (*n < 2) /* nothing to sort (and qsort of a NULL array is undefined) */
+        return;
     qsort(paths, *n, sizeof(char *), str_cmp);
     size_t out = 0;
     for (size_t i = 0; i < *n; i++) {
@@ -365,6 +374,7 @@ static void connect_when_free(struct daemon *d)
     gs_error_clear(&d->connect_err);
     d->next_connect_ms = 0;
     d->connecting = pthread_create(&d->connector, NULL, connector_main, d) == 0;
+    show_status(d); /* a first login can take seconds: say what is happening meanwhile */
     if (!d->connecting) {
         gs_session_unlock(&d->sess);
         disconnect(d, "cannot start a thread to connect");
@@ -504,6 +514,7 @@ static void sync_batch(struct daemon *d)
     d->full = d->flush_now = 0;
     unique_paths(paths, &n);
     d->syncing = 1;
+    d->batch_paths = full ? 0 : n;
     show_status(d);
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
@@ -597,7 +608,7 @@ static void start_flush(struct daemon *d, struct client *c)
     read_changes(d);
     retry_failed(d);
     if (d->connected && !d->n_dirty && !d->full && d->synced_gen >= d->event_gen) {
-        reply(c, json_pack("{s:b,s:i}", "ok", 1, "ms", 0));
+        reply(c, json_pack("{s:b,s:i,s:O}", "ok", 1, "ms", 0, "conflicts", d->conflicts));
         return;
     }
     c->flush_gen = d->event_gen ? d->event_gen : 1;
