@@ -202,6 +202,18 @@ static int trainer_cached(struct gs_cli *cli, struct gs_buf *path)
     return rc;
 }
 
+/* Appends argv, each quoted, to the shell line and adds `sh -c LINE` to the command. */
+static void add_shell_line(struct command *c, struct gs_buf *line, int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        gs_buf_addc(line, ' ');
+        gs_shell_quote(line, argv[i]);
+    }
+    add_word(c, "sh");
+    add_word(c, "-c");
+    add_word(c, line->data);
+}
+
 /* The bundled trainer: built on the server on first use; its remote path starts with "~", which
  * the launcher's shell must expand, so it runs through sh -c. */
 static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct command *c)
@@ -216,13 +228,7 @@ static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct 
     }
     if (rc == 0) {
         gs_buf_addf(&line, "exec %s --device %s", path.data, a->cpu ? "cpu" : "cuda");
-        for (int i = 0; i < a->argc; i++) {
-            gs_buf_addc(&line, ' ');
-            gs_shell_quote(&line, a->argv[i]);
-        }
-        add_word(c, "sh");
-        add_word(c, "-c");
-        add_word(c, line.data);
+        add_shell_line(c, &line, a->argc, a->argv);
     }
     gs_buf_release(&path);
     gs_buf_release(&line);
@@ -275,13 +281,7 @@ static int resolve_command(struct gs_cli *cli, struct run_args *a, struct comman
     }
     struct gs_buf line = GS_BUF_INIT;
     gs_buf_adds(&line, a->job->command);
-    for (int i = 0; i < a->argc; i++) {
-        gs_buf_addc(&line, ' ');
-        gs_shell_quote(&line, a->argv[i]);
-    }
-    add_word(c, "sh");
-    add_word(c, "-c");
-    add_word(c, line.data);
+    add_shell_line(c, &line, a->argc, a->argv);
     gs_buf_release(&line);
     return 0;
 }
