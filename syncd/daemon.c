@@ -79,6 +79,7 @@ struct daemon {
      * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
      * d->ssh until it signals connect_done. */
     int connecting;
+    int64_t connect_started_ms; /* when the attempt in flight (or the last one) began */
     pthread_t connector;
     int connect_done; /* eventfd: readable when the attempt has ended */
     int connect_rc;
@@ -373,6 +374,7 @@ static void connect_when_free(struct daemon *d)
     }
     gs_error_clear(&d->connect_err);
     d->next_connect_ms = 0;
+    d->connect_started_ms = gs_clock_mono_ms();
     d->connecting = pthread_create(&d->connector, NULL, connector_main, d) == 0;
     show_status(d); /* a first login can take seconds: say what is happening meanwhile */
     if (!d->connecting) {
@@ -441,9 +443,10 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     broadcast(d, ev);
 }
 
-/* Answers every waiting flush with an error: a connection attempt failed, so the server cannot be
- * known to match (a flush that waited for the next attempt would answer a user who asked now
- * only after the backoff, up to BACKOFF_MAX_MS). */
+/* Answers the waiting flushes with an error: a connection attempt failed, so the server cannot be
+ * known to match (waiting for the next attempt would answer a user who asked now only after the
+ * backoff, up to BACKOFF_MAX_MS). A flush asked after that attempt began gets an attempt of its
+ * own first: the link may have come back meanwhile. */
 static void refuse_flushes(struct daemon *d)
 {
     char why[1400];
@@ -459,6 +462,10 @@ static void refuse_flushes(struct daemon *d)
         struct client *c = &d->clients[i];
         if (!c->flush_gen)
             continue;
+        if (c->flush_start_ms > d->connect_started_ms) { /* asked after that attempt began */
+            d->next_connect_ms = gs_clock_mono_ms();     /* the link may be back: try again */
+            continue;
+        }
         json_t *reply = json_pack("{s:b,s:s,s:O,s:I}", "ok", 0, "error", why, "unreachable_since",
                                   since, "pending", (json_int_t)pending);
         if (gs_control_send(c->fd, reply, NULL) < 0)
