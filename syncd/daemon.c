@@ -860,8 +860,12 @@ static void check_state_dir(struct daemon *d, int64_t now)
     int gone = access(config.data, F_OK) != 0;
     gs_buf_release(&config);
     if (gone || restore_state(d) < 0) {
-        gs_warn("%s/.gpusync was removed%s; stopping", d->o->root,
-                gone ? " with its config" : " and another daemon took the project");
+        char why[1200];
+        snprintf(why, sizeof(why), "%s/.gpusync was removed%s; the watch daemon stopped",
+                 d->o->root, gone ? " with its config" : " and another daemon took the project");
+        gs_warn("%s", why);
+        /* its log went with the folder: the event stream is where a plugin learns why */
+        broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
         d->stop = 1;
         return;
     }
