@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/path.h"
 #include "remote/target.h"
+#include "syncd/conflicts.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
@@ -87,12 +88,11 @@ struct daemon {
     time_t unreachable_since; /* wall clock of the first failed attempt of this outage, or 0 */
     char target[320];         /* user@host:port as resolved, for messages while disconnected */
     json_t *conflicts; /* [{path, kept}]: copies kept on the server, until the user acknowledges */
-    ino_t socket_ino;  /* the control socket's file, to notice .gpusync/ being removed */
+    int conflicts_unsaved; /* changed since last recorded in the index (conflicts.h) */
+    ino_t socket_ino;      /* the control socket's file, to notice .gpusync/ being removed */
     int64_t next_state_check_ms;
     int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
 };
-
-#define MAX_CONFLICTS_KEPT 100 /* listed in status; older ones are still in the log */
 
 /* ---- events and status ---- */
 
@@ -152,9 +152,21 @@ static json_t *unreachable_since(const struct daemon *d)
 /* A conflict copy the server kept: listed by status and flush until acknowledged. */
 static void note_conflict(struct daemon *d, const char *path, const char *kept)
 {
-    if (json_array_size(d->conflicts) >= MAX_CONFLICTS_KEPT)
-        json_array_remove(d->conflicts, 0);
-    json_array_append_new(d->conflicts, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+    gs_conflicts_add(d->conflicts, path, kept);
+    d->conflicts_unsaved = 1;
+}
+
+/* Records the list in the index, so that it outlives the daemon. Not while a connection attempt
+ * runs (its thread uses the index), nor from on_op (inside the push's index transaction). */
+static void save_conflicts(struct daemon *d)
+{
+    struct gs_error err = {0};
+    if (!d->conflicts_unsaved || d->connecting || d->index_removed || !d->sess.idx)
+        return;
+    if (gs_conflicts_save(d->sess.idx, d->conflicts, &err) < 0)
+        gs_warn("%s (the conflict list is kept in memory and recorded again later)", err.msg);
+    else
+        d->conflicts_unsaved = 0;
 }
 
 static json_t *status_json(struct daemon *d)
@@ -661,8 +673,9 @@ static int handle_request(struct daemon *d, int i, json_t *req)
         c->events = 1;
         reply(c, json_pack("{s:b}", "ok", 1));
     } else if (strcmp(cmd, "ack_conflicts") == 0) {
+        reply(c, status_json(d)); /* what is acknowledged is exactly what the user is shown */
         json_array_clear(d->conflicts);
-        reply(c, json_pack("{s:b}", "ok", 1));
+        d->conflicts_unsaved = 1;
     } else if (strcmp(cmd, "stop") == 0) {
         reply(c, json_pack("{s:b}", "ok", 1));
         d->stop = 1;
@@ -843,6 +856,7 @@ static void restore_index(struct daemon *d)
         d->index_removed = 1;
     }
     gs_buf_release(&path);
+    d->conflicts_unsaved = 1;
     mark_full(d); /* a batch in the meantime could not record its results: check everything */
 }
 
@@ -891,6 +905,7 @@ static void run_timers(struct daemon *d)
         sync_batch_when_free(d);
     else
         check_liveness(d);
+    save_conflicts(d);
 }
 
 static void loop(struct daemon *d)
@@ -959,12 +974,13 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
     d->o = o;
     d->listen_fd = d->signal_fd = -1;
     d->connect_done = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    d->conflicts = json_array();
     gs_target_name(o->cfg->host, o->cfg->port, o->cfg->user, d->target, sizeof(d->target));
     d->backoff_ms = BACKOFF_FIRST_MS;
     d->last_latency_ms = -1;
     srand((unsigned)getpid());
     int rc = gs_session_open(&d->sess, o->root, o->cfg, err);
+    if (rc == 0)
+        rc = gs_conflicts_load(d->sess.idx, &d->conflicts, err);
     if (rc == 0)
         rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
     if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
@@ -986,6 +1002,8 @@ static void teardown(struct daemon *d)
 {
     if (d->connecting) /* it owns the session: let it end (a connect timeout at most) */
         pthread_join(d->connector, NULL);
+    d->connecting = 0;
+    save_conflicts(d); /* an acknowledgement in the last turn */
     if (d->connect_done >= 0)
         close(d->connect_done);
     while (d->n_clients)

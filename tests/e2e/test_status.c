@@ -94,6 +94,50 @@ static json_t *await_daemon_status(void)
     return st;
 }
 
+/* One request on the daemon's control socket, as a client other than the CLI sends it; returns
+ * the reply (a new reference). */
+static json_t *control_request(const char *cmd)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%.64s/.gpusync/daemon.sock", project);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    char line[128];
+    int len = snprintf(line, sizeof(line), "{\"v\":1,\"cmd\":\"%s\"}\n", cmd);
+    assert_int_equal(write(fd, line, (size_t)len), len);
+    FILE *in = fdopen(fd, "r");
+    char reply[65536];
+    assert_non_null(fgets(reply, sizeof(reply), in));
+    fclose(in);
+    json_t *o = json_loads(reply, 0, NULL);
+    if (!o)
+        fail_msg("%s: the reply is not JSON: %s", cmd, reply);
+    return o;
+}
+
+/* The conflicts a status --json lists (borrowed from `st`), after checking it came from a daemon
+ * (`daemon` 1) or not (0). */
+static json_t *listed_conflicts(json_t *st, int daemon)
+{
+    if (json_is_true(json_object_get(st, "daemon")) != daemon)
+        fail_msg("want a status %s a daemon: %s", daemon ? "from" : "without",
+                 json_dumps(st, JSON_COMPACT));
+    json_t *list = json_object_get(st, "conflicts");
+    if (!json_is_array(list))
+        fail_msg("status has no conflicts list: %s", json_dumps(st, JSON_COMPACT));
+    return list;
+}
+
+static void expect_one_conflict(json_t *list, const char *path)
+{
+    if (json_array_size(list) != 1)
+        fail_msg("want 1 conflict listed, got %s", json_dumps(list, JSON_COMPACT));
+    json_t *c = json_array_get(list, 0);
+    assert_string_equal(json_string_value(json_object_get(c, "path")), path);
+    assert_non_null(strstr(json_string_value(json_object_get(c, "kept")), ".gpusync-conflict-"));
+}
+
 /* ---- the event stream ---- */
 
 struct events {
@@ -200,7 +244,7 @@ static int case_teardown(void **state)
         kill(pid, SIGKILL);
     if (wan.pid)
         wansim_stop(&wan);
-    gs_test_sh("rm -rf '%s'", base);
+    gs_test_sh("rm -rf '%s' '%s/.ssh/config'", base, server.home); /* the config: an alias case */
     return 0;
 }
 
@@ -280,6 +324,95 @@ static void test_status__a_daemon_whose_config_was_removed_stops_and_says_why(vo
         fail_msg("the daemon stopped without an error event saying why");
 }
 
+/* Makes the daemon keep a conflict copy of `rel`: synced, then changed on the server and here. */
+static void make_conflict(const char *rel)
+{
+    put(project, rel, "first\n");
+    ok(ARGS("flush"), "flush the first version");
+    put(remote, rel, "edited on the server\n");
+    put(project, rel, "edited here\n");
+    json_t *o = json_of(ARGS("flush", "--json"), 0, "flush over a server edit");
+    expect_one_conflict(json_object_get(o, "conflicts"), rel);
+    json_decref(o);
+}
+
+/* A conflict the daemon found stays listed until `status --ack`: by status without a daemon once
+ * it stopped, and by a daemon started again; acknowledged through either. */
+static void test_status__conflicts_outlive_the_daemon_until_acknowledged(void **state)
+{
+    (void)state;
+    project_init(server.port);
+    ok(ARGS("watch", "-d"), "watch -d");
+    make_conflict("c.txt");
+    ok(ARGS("watch", "--stop"), "watch --stop");
+    json_t *st = json_of(ARGS("status", "--json"), 0, "status without a daemon");
+    expect_one_conflict(listed_conflicts(st, 0), "c.txt");
+    json_decref(st);
+    ok(ARGS("watch", "-d"), "watch -d again");
+    st = await_daemon_status();
+    expect_one_conflict(listed_conflicts(st, 1), "c.txt");
+    json_decref(st);
+    st = json_of(ARGS("status", "--ack", "--json"), 0, "status --ack"); /* shown once more */
+    expect_one_conflict(listed_conflicts(st, 1), "c.txt");
+    json_decref(st);
+    ok(ARGS("watch", "--stop"), "watch --stop after the acknowledgement");
+    st = json_of(ARGS("status", "--json"), 0, "status after the acknowledgement");
+    assert_int_equal(json_array_size(listed_conflicts(st, 0)), 0);
+    json_decref(st);
+    /* and acknowledged without a daemon */
+    ok(ARGS("watch", "-d"), "watch -d for a second conflict");
+    make_conflict("d.txt");
+    ok(ARGS("watch", "--stop"), "watch --stop after the second conflict");
+    st = json_of(ARGS("status", "--ack", "--json"), 0, "status --ack without a daemon");
+    expect_one_conflict(listed_conflicts(st, 0), "d.txt");
+    json_decref(st);
+    st = json_of(ARGS("status", "--json"), 0, "status after that acknowledgement");
+    assert_int_equal(json_array_size(listed_conflicts(st, 0)), 0);
+    json_decref(st);
+}
+
+/* The acknowledgement answers with the list it acknowledged, in the same turn of the daemon: a
+ * conflict found between a `status` and a separate acknowledgement would be dropped unseen. */
+static void test_status__an_acknowledgement_answers_with_what_it_acknowledged(void **state)
+{
+    (void)state;
+    project_init(server.port);
+    ok(ARGS("watch", "-d"), "watch -d");
+    make_conflict("c.txt");
+    json_t *acked = control_request("ack_conflicts");
+    assert_true(json_is_true(json_object_get(acked, "ok")));
+    expect_one_conflict(listed_conflicts(acked, 1), "c.txt");
+    json_decref(acked);
+    json_t *st = await_daemon_status();
+    assert_int_equal(json_array_size(listed_conflicts(st, 1)), 0);
+    json_decref(st);
+}
+
+/* A host that is an ~/.ssh/config alias: status without a daemon names the server as a
+ * connection resolves it (its real address and port), in text and in JSON. */
+static void test_status__status_without_a_daemon_names_the_resolved_server(void **state)
+{
+    (void)state;
+    project_init(server.port);
+    assert_int_equal(gs_test_sh("printf 'Host gsstatus\\n  HostName 127.0.0.1\\n  Port %d\\n  User "
+                                "root\\n' > '%s/.ssh/config' && sed -i 's/^\\(\\s*host = \\).*/\\1"
+                                "gsstatus/; /^\\s*port = /d' '%s/.gpusync/config'",
+                                server.port, server.home, project),
+                     0);
+    char want[64];
+    snprintf(want, sizeof(want), "root@127.0.0.1:%d", server.port);
+    json_t *st = json_of(ARGS("status", "--json"), 0, "status --json through an alias");
+    const char *target = json_string_value(json_object_get(st, "target"));
+    if (!target || strcmp(target, want) != 0)
+        fail_msg("status --json names %s, want %s", target ? target : "no target", want);
+    json_decref(st);
+    struct gs_test_result r = gpusync(ARGS("status"));
+    gs_test_expect_status(&r, 0, "status through an alias");
+    if (!strstr(r.out.data, want))
+        fail_msg("status does not name %s:\n%s", want, r.out.data);
+    gs_test_result_release(&r);
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -289,6 +422,15 @@ int main(void)
                                         case_setup, case_teardown),
         cmocka_unit_test_setup_teardown(
             test_status__a_daemon_whose_config_was_removed_stops_and_says_why, case_setup,
+            case_teardown),
+        cmocka_unit_test_setup_teardown(
+            test_status__conflicts_outlive_the_daemon_until_acknowledged, case_setup,
+            case_teardown),
+        cmocka_unit_test_setup_teardown(
+            test_status__an_acknowledgement_answers_with_what_it_acknowledged, case_setup,
+            case_teardown),
+        cmocka_unit_test_setup_teardown(
+            test_status__status_without_a_daemon_names_the_resolved_server, case_setup,
             case_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
