@@ -466,11 +466,12 @@ static void refuse_flushes(struct daemon *d)
     size_t pending = d->n_dirty + d->n_failed;
     json_t *since = unreachable_since(d);
     snprintf(why, sizeof(why),
-             "%s has been unreachable since %s (%lld s); %zu change%s wait%s and will be sent when "
-             "it answers: %s",
+             "%s has been unreachable since %s (%lld s); %zu change%s wait%s%s and will be sent "
+             "when it answers: %s",
              d->target, json_is_string(since) ? json_string_value(since) : "now",
              d->unreachable_since ? (long long)(time(NULL) - d->unreachable_since) : 0LL, pending,
-             pending == 1 ? "" : "s", pending == 1 ? "s" : "", d->last_error);
+             pending == 1 ? "" : "s", pending == 1 ? "s" : "",
+             d->full ? " (and every file is checked: more may)" : "", d->last_error);
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
         if (!c->flush_gen)

@@ -413,6 +413,46 @@ static void test_status__status_without_a_daemon_names_the_resolved_server(void 
     gs_test_result_release(&r);
 }
 
+/* A login that hangs (the link stalls before the server's banner): the daemon connects on a
+ * thread of its own, so `status` is answered meanwhile, saying it is connecting and to whom, and
+ * a `flush` that gives up says the server has not answered, not that the daemon did not. Once the
+ * link moves again, the flush succeeds. */
+static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
+{
+    (void)state;
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = server.port, .delay_ms = 1};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    project_init(wan.port);
+    put(project, "a.py", "a\n");
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    ok(ARGS("watch", "-d"), "watch -d with the link stalled");
+    int64_t t0 = gs_clock_mono_ms();
+    json_t *st = daemon_status();
+    if (!st)
+        fail_msg("status got no answer from the daemon while its login hung");
+    assert_true(gs_clock_mono_ms() - t0 < 4000); /* status gives up on a daemon after 5 s */
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "connecting");
+    char want[64];
+    snprintf(want, sizeof(want), "root@127.0.0.1:%d", wan.port);
+    assert_string_equal(json_string_value(json_object_get(st, "target")), want);
+    json_decref(st);
+    json_t *f =
+        json_of(ARGS("flush", "--timeout", "1", "--json"), 4, "flush while the login hangs");
+    assert_string_equal(json_string_value(json_object_get(f, "error")), "timed out");
+    const char *msg = json_string_value(json_object_get(f, "message"));
+    print_message("flush said: %s\n", msg);
+    if (!strstr(msg, want) || strstr(msg, "no answer from the gpusync daemon"))
+        fail_msg("the flush should name the server that does not answer, not the daemon: %s", msg);
+    json_decref(f);
+    assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
+    ok(ARGS("flush"), "flush once the link moves");
+    char path[256];
+    snprintf(path, sizeof(path), "%s/a.py", remote);
+    assert_int_equal(access(path, F_OK), 0);
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -432,6 +472,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_status__status_without_a_daemon_names_the_resolved_server, case_setup,
             case_teardown),
+        cmocka_unit_test_setup_teardown(test_status__the_daemon_answers_while_its_login_hangs,
+                                        case_setup, case_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
