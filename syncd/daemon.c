@@ -316,11 +316,15 @@ static void disconnect(struct daemon *d, const char *why)
 
 static void refuse_flushes(struct daemon *d);
 
-/* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile. */
+/* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile.
+ * The login gets the usual limits (a slow server's handshake and agent start are waited for);
+ * the daemon's tight ones (o->ssh, for waits on its own thread) apply once connected. */
 static void *connector_main(void *arg)
 {
     struct daemon *d = arg;
-    d->connect_rc = gs_ssh_connect(&d->ssh, &d->o->ssh, &d->connect_err);
+    struct gs_ssh_opts login = d->o->ssh;
+    login.keepalive_ms = login.dead_after_ms = 0;
+    d->connect_rc = gs_ssh_connect(&d->ssh, &login, &d->connect_err);
     if (d->connect_rc == 0)
         d->connect_rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir,
                                            d->o->cfg->remote_path, &d->connect_err);
@@ -346,6 +350,7 @@ static void connected_or_not(struct daemon *d)
         refuse_flushes(d);
         return;
     }
+    gs_ssh_set_liveness(d->ssh, d->o->ssh.keepalive_ms, d->o->ssh.dead_after_ms);
     d->unreachable_since = 0;
     d->connected = 1;
     d->backoff_ms = BACKOFF_FIRST_MS;

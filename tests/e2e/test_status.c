@@ -414,9 +414,9 @@ static void test_status__status_without_a_daemon_names_the_resolved_server(void 
 }
 
 /* A login that hangs (the link stalls before the server's banner): the daemon connects on a
- * thread of its own, so `status` is answered meanwhile, saying it is connecting and to whom, and
- * a `flush` that gives up says the server has not answered, not that the daemon did not. Once the
- * link moves again, the flush succeeds. */
+ * thread of its own, so `status` is answered meanwhile, saying it is connecting and to whom, a
+ * `flush` that gives up says the server has not answered, not that the daemon did not, and the
+ * login is not cut short. Once the link moves again, the flush succeeds. */
 static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
 {
     (void)state;
@@ -446,6 +446,16 @@ static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
     if (!strstr(msg, want) || strstr(msg, "no answer from the gpusync daemon"))
         fail_msg("the flush should name the server that does not answer, not the daemon: %s", msg);
     json_decref(f);
+    /* a slow login is waited for (the connect timeout, 10 s), not cut short to keep the socket
+     * answering: 6 s into the stall, the first attempt still runs and nothing has failed */
+    while (gs_clock_mono_ms() < t0 + 6000)
+        usleep(100000); /* time passing is the point: there is no event to await */
+    st = daemon_status();
+    assert_non_null(st);
+    if (strcmp(json_string_value(json_object_get(st, "state")), "connecting") != 0 ||
+        !json_is_null(json_object_get(st, "last_error")))
+        fail_msg("the login was given up within 6 s: %s", json_dumps(st, JSON_COMPACT));
+    json_decref(st);
     assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
     ok(ARGS("flush"), "flush once the link moves");
     char path[256];
