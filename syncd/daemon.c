@@ -92,6 +92,7 @@ struct daemon {
     ino_t socket_ino;      /* the control socket's file, to notice .gpusync/ being removed */
     int64_t next_state_check_ms;
     int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
+    int64_t next_index_try_ms;
 };
 
 /* ---- events and status ---- */
@@ -841,9 +842,9 @@ static int index_file_has_records(struct daemon *d, const char *path)
  * file (SQLite no longer writes it), so its records are copied to .gpusync/index.db and used from
  * there; without them every file would count as never sent. Waits while a connection attempt
  * runs, since that thread uses the index. */
-static void restore_index(struct daemon *d)
+static void restore_index(struct daemon *d, int64_t now)
 {
-    if (!d->index_removed || d->connecting)
+    if (!d->index_removed || d->connecting || now < d->next_index_try_ms)
         return;
     d->index_removed = 0;
     struct gs_error err = {0};
@@ -860,6 +861,7 @@ static void restore_index(struct daemon *d)
     } else {
         gs_warn("%s; trying again in a second", err.msg);
         d->index_removed = 1;
+        d->next_index_try_ms = now + 1000;
     }
     gs_buf_release(&path);
     d->conflicts_unsaved = 1;
@@ -897,7 +899,7 @@ static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     check_state_dir(d, now);
-    restore_index(d);
+    restore_index(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
     if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
         connect_when_free(d);
