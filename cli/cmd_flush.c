@@ -15,6 +15,39 @@ static const struct option flush_options[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* After --timeout ran out: says what the daemon is doing, so that a server that does not answer
+ * (a login that hangs, an outage) is not taken for a daemon that does not. Leaves the message as
+ * it is when the daemon does not answer `status` either. */
+static void explain_timeout(struct gs_cli *cli, int timeout_s)
+{
+    json_t *st;
+    struct gs_error ignored = {0};
+    if (gs_control_request(cli->root.data, "status", 2000, &st, &ignored) < 0)
+        return;
+    const char *target = json_string_value(json_object_get(st, "target"));
+    const char *since = json_string_value(json_object_get(st, "unreachable_since"));
+    const char *why = json_string_value(json_object_get(st, "last_error"));
+    long long pending = (long long)json_integer_value(json_object_get(st, "pending"));
+    const char *s = pending == 1 ? "" : "s";
+    if (json_is_true(json_object_get(st, "connected")))
+        gs_error_set(&cli->err, GS_E_TIMEOUT,
+                     "gave up after %d s: the daemon is still syncing to %s (%lld change%s "
+                     "pending); 'gpusync flush' waits again",
+                     timeout_s, target ? target : "the server", pending, s);
+    else if (!since) /* its first login: what waits is known once it checks every file */
+        gs_error_set(&cli->err, GS_E_TIMEOUT,
+                     "gave up after %d s: %s has not answered the daemon's login yet; the daemon "
+                     "keeps trying, and checks every file once in",
+                     timeout_s, target ? target : "the server");
+    else
+        gs_error_set(&cli->err, GS_E_TIMEOUT,
+                     "gave up after %d s: %s has been unreachable since %s%s%s; the daemon keeps "
+                     "trying, and %lld change%s wait%s",
+                     timeout_s, target ? target : "the server", since, why ? ": " : "",
+                     why ? why : "", pending, s, pending == 1 ? "s" : "");
+    json_decref(st);
+}
+
 /* Asks the daemon; returns 0, 1 (no daemon: caller pushes), or an exit code after an error. */
 static int flush_daemon(struct gs_cli *cli, int timeout_s)
 {
@@ -22,6 +55,8 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     int rc = gs_control_request(cli->root.data, "flush", timeout_s * 1000, &reply, &cli->err);
     if (rc == GS_E_NOTFOUND)
         return 1;
+    if (rc == GS_E_TIMEOUT)
+        explain_timeout(cli, timeout_s);
     if (rc < 0)
         return gs_cli_fail(cli, rc);
     int ok = json_is_true(json_object_get(reply, "ok"));

@@ -1,5 +1,6 @@
-/* cli/cmd_status.c: `gpusync status`: what is waiting to be synced (local tree vs the index),
- * without connecting. */
+/* cli/cmd_status.c: `gpusync status`: the watch daemon's state when one runs, else what is waiting
+ * to be synced (local tree vs the index), without connecting; and the conflict copies the daemon
+ * made, until `--ack`. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include "cli/progress.h"
 #include "common/buf.h"
 #include "remote/target.h"
+#include "syncd/conflicts.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
@@ -25,11 +27,10 @@ static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_f
                                          gs_cli_json_path(op->path)));
 }
 
-static void print_human(struct gs_cli *cli, json_t *ops, const struct gs_push_stats *st,
-                        size_t unconfirmed)
+static void print_human(struct gs_cli *cli, const char *target, json_t *ops,
+                        const struct gs_push_stats *st, size_t unconfirmed)
 {
-    char b[32], target[320];
-    gs_target_name(cli->cfg.host, cli->cfg.port, cli->cfg.user, target, sizeof(target));
+    char b[32];
     printf("project: %s\nserver:  %s:%s\n", cli->root.data, target,
            cli->cfg.remote_path ? cli->cfg.remote_path : "");
     if (unconfirmed)
@@ -73,16 +74,15 @@ void gs_cli_print_conflicts(json_t *conflicts)
     printf("  ('gpusync status --ack' once you have looked)\n");
 }
 
-/* Asks a running daemon. Returns 0 after printing, 1 when no daemon runs. */
+/* Asks a running daemon. With `ack` one request both reads the status and acknowledges the
+ * conflicts it lists, so that one found in between is not acknowledged unseen. Returns 0 after
+ * printing, 1 when no daemon runs. */
 static int daemon_status(struct gs_cli *cli, int ack)
 {
     json_t *st;
-    if (gs_control_request(cli->root.data, "status", 5000, &st, &cli->err) < 0)
+    if (gs_control_request(cli->root.data, ack ? "ack_conflicts" : "status", 5000, &st, &cli->err) <
+        0)
         return 1;
-    json_t *acked = NULL;
-    if (ack && gs_control_request(cli->root.data, "ack_conflicts", 5000, &acked, &cli->err) < 0)
-        fprintf(stderr, "gpusync: conflicts not acknowledged: %s\n", cli->err.msg);
-    json_decref(acked);
     if (cli->json) {
         gs_cli_json_print(st);
         return 0;
@@ -109,6 +109,62 @@ static int daemon_status(struct gs_cli *cli, int ack)
     return 0;
 }
 
+/* Acknowledges the conflict copies a daemon recorded before it stopped: none is listed again. */
+static int acknowledge_recorded(struct gs_cli *cli, struct gs_session *s)
+{
+    json_t *none = json_array();
+    int rc = gs_conflicts_save(s->idx, none, &cli->err);
+    json_decref(none);
+    return rc;
+}
+
+/* What a push would do, computed here: the operations into `ops`, their totals into `st`, and
+ * the operations an interrupted sync left unconfirmed. Returns 0 or a negative code. */
+static int local_plan(struct gs_cli *cli, struct gs_session *s, json_t *ops,
+                      struct gs_push_stats *st, size_t *unconfirmed)
+{
+    struct gs_push_opts o = {.dry_run = 1, .on_op = collect_op, .ctx = ops};
+    /* Operations sent by a process that died before their answer: until a connection settles
+     * them (syncd/reconcile.h) nobody knows what the server holds there, so never "up to date". */
+    int rc = gs_index_intent_count(s->idx, unconfirmed, &cli->err);
+    return rc < 0 ? rc : gs_push_run(cli->root.data, s->ig, s->idx, NULL, &o, st, &cli->err);
+}
+
+/* Without a daemon: the local answer. Returns the exit code. */
+static int local_status(struct gs_cli *cli, int ack)
+{
+    struct gs_session s;
+    int rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
+    if (rc < 0)
+        return gs_cli_fail(cli, rc);
+    json_t *ops = json_array(), *conflicts = NULL;
+    struct gs_push_stats st;
+    size_t unconfirmed = 0;
+    rc = gs_conflicts_load(s.idx, &conflicts, &cli->err);
+    if (rc == 0)
+        rc = local_plan(cli, &s, ops, &st, &unconfirmed);
+    if (rc == 0 && ack && json_array_size(conflicts)) /* only once they can be shown */
+        rc = acknowledge_recorded(cli, &s);
+    gs_session_close(&s);
+    char target[320];
+    gs_target_name(cli->cfg.host, cli->cfg.port, cli->cfg.user, target, sizeof(target));
+    if (rc == 0 && cli->json)
+        gs_cli_json_print(json_pack(
+            "{s:i,s:b,s:b,s:s,s:s,s:i,s:I,s:i,s:O,s:O}", "v", 1, "ok", 1, "daemon", 0, "state",
+            json_array_size(ops) || unconfirmed ? "pending" : "up_to_date", "target", target,
+            "pending", (int)json_array_size(ops), "bytes_pending", (json_int_t)st.bytes_total,
+            "unconfirmed", (int)unconfirmed, "ops", ops, "conflicts", conflicts));
+    else if (rc == 0) {
+        print_human(cli, target, ops, &st, unconfirmed);
+        gs_cli_print_conflicts(conflicts);
+        if (ack && json_array_size(conflicts))
+            printf("(acknowledged: not listed again)\n");
+    }
+    json_decref(ops);
+    json_decref(conflicts);
+    return rc < 0 ? gs_cli_fail(cli, rc) : 0;
+}
+
 static int status_main(struct gs_cli *cli, int argc, char **argv)
 {
     int opt, rc;
@@ -122,35 +178,7 @@ static int status_main(struct gs_cli *cli, int argc, char **argv)
     }
     if ((rc = gs_cli_prepare(cli, &gs_cmd_status)) != 0)
         return rc;
-    if (daemon_status(cli, ack) == 0)
-        return 0;
-    struct gs_session s;
-    if ((rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err)) < 0)
-        return gs_cli_fail(cli, rc);
-    json_t *ops = json_array();
-    struct gs_push_stats st;
-    struct gs_push_opts o = {.dry_run = 1, .on_op = collect_op, .ctx = ops};
-    /* Operations sent by a process that died before their answer: until a connection settles
-     * them (syncd/reconcile.h) nobody knows what the server holds there, so never "up to date". */
-    size_t unconfirmed = 0;
-    rc = gs_index_intent_count(s.idx, &unconfirmed, &cli->err);
-    if (rc == 0)
-        rc = gs_push_run(cli->root.data, s.ig, s.idx, NULL, &o, &st, &cli->err);
-    gs_session_close(&s);
-    if (rc < 0) {
-        json_decref(ops);
-        return gs_cli_fail(cli, rc);
-    }
-    if (cli->json)
-        gs_cli_json_print(
-            json_pack("{s:i,s:b,s:b,s:s,s:i,s:I,s:i,s:O}", "v", 1, "ok", 1, "daemon", 0, "state",
-                      json_array_size(ops) || unconfirmed ? "pending" : "up_to_date", "pending",
-                      (int)json_array_size(ops), "bytes_pending", (json_int_t)st.bytes_total,
-                      "unconfirmed", (int)unconfirmed, "ops", ops));
-    else
-        print_human(cli, ops, &st, unconfirmed);
-    json_decref(ops);
-    return 0;
+    return daemon_status(cli, ack) == 0 ? 0 : local_status(cli, ack);
 }
 
 const struct gs_cmd gs_cmd_status = {
@@ -159,7 +187,8 @@ const struct gs_cmd gs_cmd_status = {
     .usage = "status [--ack] [--json]",
     .summary = "Show the daemon's state, or what is waiting to be synced",
     .help = "  Lists the conflict copies the watch daemon kept on the server (the server had\n"
-            "  changed a file since gpusync wrote it) until acknowledged:\n"
+            "  changed a file since gpusync wrote it) until acknowledged, with or without a\n"
+            "  daemon running, and after it restarted:\n"
             "  --ack                  show them once more, then stop listing them\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = status_main,

@@ -97,14 +97,14 @@ static int run_daemon(struct gs_cli *cli, int ready_fd, FILE *status_out)
                                .status_out = status_out,
                                .ready_fd = ready_fd};
     gs_cli_ssh_opts(cli, &o.ssh);
-    /* The daemon is single-threaded: while a connect attempt or a liveness ping waits on a dead
-     * link, the control socket goes unanswered, and `gpusync status` gives up on the daemon after
-     * 5 s. Keep every such wait below that (a handshake takes well under 4 s even at 150 ms
-     * RTT): after 2 s of silence a keepalive goes out, and 4 s of silence with it unanswered
-     * means a dead link. */
+    /* A liveness ping or a batch runs on the daemon's one thread: while it waits on a dead link,
+     * the control socket goes unanswered, and `gpusync status` gives up on the daemon after 5 s.
+     * Keep those waits below that: after 2 s of silence a keepalive goes out, and 4 s of silence
+     * with it unanswered means a dead link. A connection attempt runs on a thread of its own
+     * (syncd/daemon.c), so it keeps the usual connect timeout: a slow server's handshake must
+     * not fail every attempt for good. */
     o.ssh.keepalive_ms = 2000;
     o.ssh.dead_after_ms = 4000;
-    o.ssh.connect_timeout_ms = 4000;
     if (ready_fd >= 0) { /* nobody to ask in the background */
         o.ssh.confirm = NULL;
         o.ssh.ask_secret = NULL;

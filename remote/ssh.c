@@ -113,14 +113,19 @@ static int open_socket(const char *host, int port, int timeout_ms, struct gs_err
                           "cannot connect to %s port %d", host, port);
 }
 
+void gs_ssh_set_liveness(struct gs_ssh *s, int keepalive_ms, int dead_after_ms)
+{
+    s->keepalive_ms = keepalive_ms > 0 ? keepalive_ms : 5000;
+    s->dead_after_ms = dead_after_ms > 0 ? dead_after_ms : 15000;
+}
+
 static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
 {
     struct gs_ssh *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
     s->fd = -1;
-    s->keepalive_ms = opts->keepalive_ms > 0 ? opts->keepalive_ms : 5000;
-    s->dead_after_ms = opts->dead_after_ms > 0 ? opts->dead_after_ms : 15000;
+    gs_ssh_set_liveness(s, opts->keepalive_ms, opts->dead_after_ms);
     s->notice = opts->notice;
     s->notice_ctx = opts->prompt_ctx;
     s->session = libssh2_session_init_ex(NULL, NULL, NULL, s);

@@ -52,6 +52,10 @@ int gs_ssh_connect(struct gs_ssh **out, const struct gs_ssh_opts *opts, struct g
 /* Disconnects and frees everything. NULL is a no-op. */
 void gs_ssh_free(struct gs_ssh *s);
 
+/* Changes keepalive_ms and dead_after_ms of a connected session (0: the defaults), for a caller
+ * that tolerates a slow login but must notice a dead link quickly afterwards. */
+void gs_ssh_set_liveness(struct gs_ssh *s, int keepalive_ms, int dead_after_ms);
+
 LIBSSH2_SESSION *gs_ssh_session(struct gs_ssh *s);
 int gs_ssh_fd(struct gs_ssh *s);
 

@@ -7,9 +7,16 @@
  *   {"v":1,"cmd":"status"}   -> {"v":1,"ok":true,"daemon":true,"state":"up_to_date"|"syncing"|
  *                               "disconnected"|"connecting","connected":bool,"pending":N,
  *                               "last_error":S|null,"last_latency_ms":N|null,"target":S,
- *                               "transport":S,"pid":N,"watches":N,"polling":bool}
- *   {"v":1,"cmd":"flush"}    -> {"v":1,"ok":true,"ms":N} once the server matches what was on disk
- *                               when the request arrived (or {"v":1,"ok":false,"error":S})
+ *                               "transport":S,"pid":N,"watches":N,"polling":bool,
+ *                               "spare_ready":bool,"relayed":N,"unreachable_since":S|null,
+ *                               "conflicts":[{"path":S,"kept":S}]}
+ *   {"v":1,"cmd":"ack_conflicts"}
+ *                            -> the status reply as it was, then "conflicts" is emptied: what is
+ *                               acknowledged is exactly what the caller shows
+ *   {"v":1,"cmd":"flush"}    -> {"v":1,"ok":true,"ms":N,"conflicts":[...]} once the server matches
+ *                               what was on disk when the request arrived, or
+ *                               {"v":1,"ok":false,"error":S} (during an outage also
+ *                               "unreachable_since":S and "pending":N)
  *   {"v":1,"cmd":"events"}   -> {"v":1,"ok":true} then one event per line until the client leaves:
  *                               {"v":1,"event":"synced","path":S,"ms":N}
  *                               {"v":1,"event":"deleted","path":S}

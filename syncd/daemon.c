@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/path.h"
 #include "remote/target.h"
+#include "syncd/conflicts.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
@@ -87,11 +88,12 @@ struct daemon {
     time_t unreachable_since; /* wall clock of the first failed attempt of this outage, or 0 */
     char target[320];         /* user@host:port as resolved, for messages while disconnected */
     json_t *conflicts; /* [{path, kept}]: copies kept on the server, until the user acknowledges */
-    ino_t socket_ino;  /* the control socket's file, to notice .gpusync/ being removed */
+    int conflicts_unsaved; /* changed since last recorded in the index (conflicts.h) */
+    ino_t socket_ino;      /* the control socket's file, to notice .gpusync/ being removed */
     int64_t next_state_check_ms;
+    int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
+    int64_t next_index_try_ms;
 };
-
-#define MAX_CONFLICTS_KEPT 100 /* listed in status; older ones are still in the log */
 
 /* ---- events and status ---- */
 
@@ -151,9 +153,21 @@ static json_t *unreachable_since(const struct daemon *d)
 /* A conflict copy the server kept: listed by status and flush until acknowledged. */
 static void note_conflict(struct daemon *d, const char *path, const char *kept)
 {
-    if (json_array_size(d->conflicts) >= MAX_CONFLICTS_KEPT)
-        json_array_remove(d->conflicts, 0);
-    json_array_append_new(d->conflicts, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+    gs_conflicts_add(d->conflicts, path, kept);
+    d->conflicts_unsaved = 1;
+}
+
+/* Records the list in the index, so that it outlives the daemon. Not while a connection attempt
+ * runs (its thread uses the index), nor from on_op (inside the push's index transaction). */
+static void save_conflicts(struct daemon *d)
+{
+    struct gs_error err = {0};
+    if (!d->conflicts_unsaved || d->connecting || d->index_removed || !d->sess.idx)
+        return;
+    if (gs_conflicts_save(d->sess.idx, d->conflicts, &err) < 0)
+        gs_warn("%s (the conflict list is kept in memory and recorded again later)", err.msg);
+    else
+        d->conflicts_unsaved = 0;
 }
 
 static json_t *status_json(struct daemon *d)
@@ -303,11 +317,15 @@ static void disconnect(struct daemon *d, const char *why)
 
 static void refuse_flushes(struct daemon *d);
 
-/* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile. */
+/* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile.
+ * The login gets the usual limits (a slow server's handshake and agent start are waited for);
+ * the daemon's tight ones (o->ssh, for waits on its own thread) apply once connected. */
 static void *connector_main(void *arg)
 {
     struct daemon *d = arg;
-    d->connect_rc = gs_ssh_connect(&d->ssh, &d->o->ssh, &d->connect_err);
+    struct gs_ssh_opts login = d->o->ssh;
+    login.keepalive_ms = login.dead_after_ms = 0;
+    d->connect_rc = gs_ssh_connect(&d->ssh, &login, &d->connect_err);
     if (d->connect_rc == 0)
         d->connect_rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir,
                                            d->o->cfg->remote_path, &d->connect_err);
@@ -333,6 +351,7 @@ static void connected_or_not(struct daemon *d)
         refuse_flushes(d);
         return;
     }
+    gs_ssh_set_liveness(d->ssh, d->o->ssh.keepalive_ms, d->o->ssh.dead_after_ms);
     d->unreachable_since = 0;
     d->connected = 1;
     d->backoff_ms = BACKOFF_FIRST_MS;
@@ -453,11 +472,12 @@ static void refuse_flushes(struct daemon *d)
     size_t pending = d->n_dirty + d->n_failed;
     json_t *since = unreachable_since(d);
     snprintf(why, sizeof(why),
-             "%s has been unreachable since %s (%lld s); %zu change%s wait%s and will be sent when "
-             "it answers: %s",
+             "%s has been unreachable since %s (%lld s); %zu change%s wait%s%s and will be sent "
+             "when it answers: %s",
              d->target, json_is_string(since) ? json_string_value(since) : "now",
              d->unreachable_since ? (long long)(time(NULL) - d->unreachable_since) : 0LL, pending,
-             pending == 1 ? "" : "s", pending == 1 ? "s" : "", d->last_error);
+             pending == 1 ? "" : "s", pending == 1 ? "s" : "",
+             d->full ? " (and every file is checked: more may)" : "", d->last_error);
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
         if (!c->flush_gen)
@@ -660,8 +680,9 @@ static int handle_request(struct daemon *d, int i, json_t *req)
         c->events = 1;
         reply(c, json_pack("{s:b}", "ok", 1));
     } else if (strcmp(cmd, "ack_conflicts") == 0) {
+        reply(c, status_json(d)); /* what is acknowledged is exactly what the user is shown */
         json_array_clear(d->conflicts);
-        reply(c, json_pack("{s:b}", "ok", 1));
+        d->conflicts_unsaved = 1;
     } else if (strcmp(cmd, "stop") == 0) {
         reply(c, json_pack("{s:b}", "ok", 1));
         d->stop = 1;
@@ -797,7 +818,54 @@ static int restore_state(struct daemon *d)
     close(d->listen_fd);
     d->listen_fd = gs_control_listen(d->o->root, &err);
     d->socket_ino = socket_file_ino(d->o->root);
+    d->index_removed = 1;
     return d->listen_fd < 0 ? -1 : 0; /* the lock descriptor stays open: it is the lock */
+}
+
+/* Whether the index file at `path` records anything for our server: one made meanwhile by a push
+ * that synced while the daemon had no socket is newer than ours; an empty one (a `status` run in
+ * that moment creates one) is not. */
+static int index_file_has_records(struct daemon *d, const char *path)
+{
+    struct gs_index *disk = NULL;
+    size_t entries = 0, intents = 0;
+    if (access(path, F_OK) != 0 ||
+        gs_index_open(&disk, path, gs_index_remote(d->sess.idx), NULL) < 0)
+        return 0;
+    int has = (gs_index_count(disk, &entries, NULL) == 0 && entries) ||
+              (gs_index_intent_count(disk, &intents, NULL) == 0 && intents);
+    gs_index_close(disk);
+    return has;
+}
+
+/* Puts the index back after .gpusync/ was removed: the daemon's handle still reads the removed
+ * file (SQLite no longer writes it), so its records are copied to .gpusync/index.db and used from
+ * there; without them every file would count as never sent. Waits while a connection attempt
+ * runs, since that thread uses the index. */
+static void restore_index(struct daemon *d, int64_t now)
+{
+    if (!d->index_removed || d->connecting || now < d->next_index_try_ms)
+        return;
+    d->index_removed = 0;
+    struct gs_error err = {0};
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, d->o->root, GS_INDEX_FILE);
+    struct gs_index *disk = NULL;
+    if (index_file_has_records(d, path.data) &&
+        gs_index_open(&disk, path.data, gs_index_remote(d->sess.idx), &err) == 0) {
+        gs_index_close(d->sess.idx);
+        d->sess.idx = disk;
+        gs_warn("%s was made again meanwhile; using it", path.data);
+    } else if (gs_index_move(d->sess.idx, path.data, &err) == 0) {
+        gs_info("%s is back, with every record it held", path.data);
+    } else {
+        gs_warn("%s; trying again in a second", err.msg);
+        d->index_removed = 1;
+        d->next_index_try_ms = now + 1000;
+    }
+    gs_buf_release(&path);
+    d->conflicts_unsaved = 1;
+    mark_full(d); /* a batch in the meantime could not record its results: check everything */
 }
 
 /* Once a second: is .gpusync/ still ours? A project whose config is gone is no longer a gpusync
@@ -814,8 +882,12 @@ static void check_state_dir(struct daemon *d, int64_t now)
     int gone = access(config.data, F_OK) != 0;
     gs_buf_release(&config);
     if (gone || restore_state(d) < 0) {
-        gs_warn("%s/.gpusync was removed%s; stopping", d->o->root,
-                gone ? " with its config" : " and another daemon took the project");
+        char why[1200];
+        snprintf(why, sizeof(why), "%s/.gpusync was removed%s; the watch daemon stopped",
+                 d->o->root, gone ? " with its config" : " and another daemon took the project");
+        gs_warn("%s", why);
+        /* its log went with the folder: the event stream is where a plugin learns why */
+        broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
         d->stop = 1;
         return;
     }
@@ -827,6 +899,7 @@ static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     check_state_dir(d, now);
+    restore_index(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
     if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
         connect_when_free(d);
@@ -840,6 +913,7 @@ static void run_timers(struct daemon *d)
         sync_batch_when_free(d);
     else
         check_liveness(d);
+    save_conflicts(d);
 }
 
 static void loop(struct daemon *d)
@@ -908,12 +982,13 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
     d->o = o;
     d->listen_fd = d->signal_fd = -1;
     d->connect_done = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    d->conflicts = json_array();
     gs_target_name(o->cfg->host, o->cfg->port, o->cfg->user, d->target, sizeof(d->target));
     d->backoff_ms = BACKOFF_FIRST_MS;
     d->last_latency_ms = -1;
     srand((unsigned)getpid());
     int rc = gs_session_open(&d->sess, o->root, o->cfg, err);
+    if (rc == 0)
+        rc = gs_conflicts_load(d->sess.idx, &d->conflicts, err);
     if (rc == 0)
         rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
     if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
@@ -935,6 +1010,8 @@ static void teardown(struct daemon *d)
 {
     if (d->connecting) /* it owns the session: let it end (a connect timeout at most) */
         pthread_join(d->connector, NULL);
+    d->connecting = 0;
+    save_conflicts(d); /* an acknowledgement in the last turn */
     if (d->connect_done >= 0)
         close(d->connect_done);
     while (d->n_clients)

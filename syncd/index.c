@@ -466,6 +466,50 @@ void gs_index_close(struct gs_index *idx)
     free(idx);
 }
 
+/* Copies the database of `idx` into the file `path` with SQLite's backup API, which takes the
+ * destination's locks and writes through its journal as any other writer would. */
+static int copy_database(struct gs_index *idx, const char *path, struct gs_error *err)
+{
+    sqlite3 *dst = NULL;
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    int rc = sqlite3_open_v2(path, &dst, flags, NULL);
+    sqlite3_backup *b = NULL;
+    if (rc == SQLITE_OK) {
+        sqlite3_busy_timeout(dst, INDEX_BUSY_MS);
+        b = sqlite3_backup_init(dst, "main", idx->db, "main");
+    }
+    if (b) {
+        rc = sqlite3_backup_step(b, -1);
+        rc = sqlite3_backup_finish(b) == SQLITE_OK && rc == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
+    } else if (rc == SQLITE_OK) {
+        rc = SQLITE_ERROR;
+    }
+    int ret = rc == SQLITE_OK
+                  ? 0
+                  : gs_error_set(err, GS_E_IO, "index %s: cannot copy it to %s: %s", idx->file,
+                                 path, dst ? sqlite3_errmsg(dst) : "no memory");
+    sqlite3_close(dst);
+    return ret;
+}
+
+int gs_index_move(struct gs_index *idx, const char *path, struct gs_error *err)
+{
+    if (idx->in_tx)
+        return gs_error_set(err, GS_E_USAGE, "index %s: cannot move it inside a transaction",
+                            idx->file);
+    struct gs_index *moved = NULL;
+    int rc = copy_database(idx, path, err);
+    if (rc == 0)
+        rc = gs_index_open(&moved, path, idx->remote, err);
+    if (rc < 0)
+        return rc;
+    struct gs_index old = *idx; /* swap, so that the caller's pointer stays valid */
+    *idx = *moved;
+    *moved = old;
+    gs_index_close(moved);
+    return 0;
+}
+
 int gs_index_get_meta(struct gs_index *idx, const char *key, char **value, struct gs_error *err)
 {
     *value = NULL;

@@ -108,6 +108,14 @@ int gs_index_begin(struct gs_index *idx, struct gs_error *err);
 int gs_index_commit(struct gs_index *idx, struct gs_error *err);
 int gs_index_rollback(struct gs_index *idx, struct gs_error *err);
 
+/* Copies the whole database behind `idx` into the file `path` (created, or replaced through
+ * SQLite's own locking and journal, never by renaming files over it) and makes `idx` use that file
+ * from then on. For a handle whose file was removed (`rm -rf .gpusync` under the daemon): SQLite
+ * still reads an unlinked file it has open, but refuses to write it. Returns 0; GS_E_USAGE inside
+ * a transaction, GS_E_IO when the copy fails: `idx` then still uses its old file, and `path` may
+ * hold a partial copy that a later gs_index_move replaces. */
+int gs_index_move(struct gs_index *idx, const char *path, struct gs_error *err);
+
 /* Runs SQLite's integrity check. Returns 0, or GS_E_IO with its first complaint. */
 int gs_index_check(struct gs_index *idx, struct gs_error *err);
 

@@ -110,10 +110,12 @@ static const struct field op_item[] = {{"op", T_STR, 0, NULL}, {"path", T_STR, 0
 static const struct field status_local_spec[] = {
     {"daemon", T_BOOL, 0, NULL},
     {"state", T_STR, 0, NULL},
+    {"target", T_STR, 0, NULL},
     {"pending", T_INT, 0, NULL},
     {"bytes_pending", T_INT, 0, NULL},
     {"unconfirmed", T_INT, 0, NULL},
     {"ops", T_ARR, 0, op_item},
+    {"conflicts", T_ARR, 0, conflict_item},
     END,
 };
 static const struct field flush_daemon_spec[] = {{"daemon", T_BOOL, 0, NULL},

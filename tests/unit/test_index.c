@@ -494,6 +494,36 @@ static void test_index__intents_follow_transactions_and_clears(void **state)
     gs_index_close(idx);
 }
 
+/* The daemon's case: its index file was removed with .gpusync/ while open. Moved to a new file,
+ * it keeps every entry and intent, and takes writes again (SQLite refuses to write an unlinked
+ * file). */
+static void test_index__move_rescues_a_removed_file(void **state)
+{
+    (void)state;
+    struct gs_index *idx = open_idx(REMOTE);
+    put_file(idx, "kept", 1);
+    struct gs_index_intent in = {.op = 1, .after = {.path = "doubt", .kind = GS_KIND_FILE}};
+    int64_t id;
+    assert_int_equal(gs_index_intent_add(idx, &in, &id, NULL), 0);
+    char cmd[512], moved[128];
+    snprintf(cmd, sizeof(cmd), "rm -f '%s' '%s-wal' '%s-shm'", dbpath, dbpath, dbpath);
+    assert_int_equal(system(cmd), 0);
+    snprintf(moved, sizeof(moved), "%.64s/moved.db", tmpdir);
+    struct gs_error err = {0};
+    if (gs_index_move(idx, moved, &err) != 0)
+        fail_msg("move: %s", err.msg);
+    put_file(idx, "after", 2);
+    gs_index_close(idx);
+    memcpy(dbpath, moved, sizeof(dbpath)); /* open_idx opens dbpath */
+    idx = open_idx(REMOTE);
+    assert_int_equal(has(idx, "kept"), 1);
+    assert_int_equal(has(idx, "after"), 1);
+    size_t intents = 0;
+    assert_int_equal(gs_index_intent_count(idx, &intents, NULL), 0);
+    assert_int_equal(intents, 1);
+    gs_index_close(idx);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -511,6 +541,7 @@ int main(void)
         T(test_index__sigkill_mid_write_leaves_consistent_index),
         T(test_index__intents_persist_in_order_until_dropped),
         T(test_index__intents_follow_transactions_and_clears),
+        T(test_index__move_rescues_a_removed_file),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
