@@ -63,38 +63,10 @@ static struct gs_test_result gpusync(const char *const *args)
     return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
 }
 
-static void ok(const char *const *args, const char *what)
-{
-    struct gs_test_result r = gpusync(args);
-    gs_test_expect_status(&r, 0, what);
-    gs_test_result_release(&r);
-}
-
-static json_t *json_of(const char *const *args, int want, const char *what)
-{
-    struct gs_test_result r = gpusync(args);
-    gs_test_expect_status(&r, want, what);
-    json_t *o = json_loads(r.out.data, 0, NULL);
-    if (!o)
-        fail_msg("%s: not JSON: %s", what, r.out.data);
-    gs_test_result_release(&r);
-    return o;
-}
-
-static void put(const char *root, const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", root, rel);
-    FILE *fp = fopen(path, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-}
-
 /* The daemon's status, or NULL when no daemon answers. */
 static json_t *daemon_status(void)
 {
-    json_t *o = json_of(GS_TEST_ARGS("status", "--json"), 0, "status");
+    json_t *o = gs_test_gpusync_json(project, GS_TEST_ARGS("status", "--json"), 0, "status");
     if (json_is_true(json_object_get(o, "daemon")))
         return o;
     json_decref(o);
@@ -128,7 +100,7 @@ static int group_setup(void **state)
     snprintf(remote, sizeof(remote), "%s/remote", base);
     snprintf(client_py, sizeof(client_py), "%s/client.py", base);
     mkdir(project, 0755);
-    put(base, "client.py", client_source);
+    gs_test_write_file(base, "client.py", client_source);
     char target[64];
     snprintf(target, sizeof(target), "root@127.0.0.1:%d", server.port);
     struct gs_test_result r =
@@ -162,7 +134,7 @@ static int start_daemon(void **state)
 static void git_stages_nothing_of_gpusync(void **state)
 {
     (void)state;
-    put(project, "train.py", "print(1)\n");
+    gs_test_write_file(project, "train.py", "print(1)\n");
     assert_int_equal(gs_test_sh("cd '%s' && git init -q . && git add -A", project), 0);
     char line[256] = "";
     char cmd[512];
@@ -196,8 +168,8 @@ static void a_removed_state_folder_is_put_back(void **state)
             usleep(100000); /* polling a condition with a deadline: the daemon checks each 1 s */
     assert_non_null(st);
     json_decref(st);
-    put(project, "after.txt", "synced after the folder came back\n");
-    ok(GS_TEST_ARGS("flush"), "flush after the folder came back");
+    gs_test_write_file(project, "after.txt", "synced after the folder came back\n");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush after the folder came back");
     char path[256];
     snprintf(path, sizeof(path), "%s/after.txt", remote);
     assert_int_equal(access(path, F_OK), 0);
@@ -206,11 +178,12 @@ static void a_removed_state_folder_is_put_back(void **state)
 static void conflicts_are_listed_until_acknowledged(void **state)
 {
     (void)state;
-    put(project, "c.txt", "first\n");
-    ok(GS_TEST_ARGS("flush"), "flush c.txt");
-    put(remote, "c.txt", "edited on the server\n");
-    put(project, "c.txt", "edited here\n");
-    json_t *o = json_of(GS_TEST_ARGS("flush", "--json"), 0, "flush over a server edit");
+    gs_test_write_file(project, "c.txt", "first\n");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush c.txt");
+    gs_test_write_file(remote, "c.txt", "edited on the server\n");
+    gs_test_write_file(project, "c.txt", "edited here\n");
+    json_t *o = gs_test_gpusync_json(project, GS_TEST_ARGS("flush", "--json"), 0,
+                                     "flush over a server edit");
     assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
     json_decref(o);
     json_t *st = daemon_status();
@@ -219,7 +192,7 @@ static void conflicts_are_listed_until_acknowledged(void **state)
     assert_string_equal(json_string_value(json_object_get(c, "path")), "c.txt");
     assert_non_null(strstr(json_string_value(json_object_get(c, "kept")), "gpusync-conflict"));
     json_decref(st);
-    ok(GS_TEST_ARGS("status", "--ack"), "status --ack");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("status", "--ack"), "status --ack");
     st = daemon_status();
     assert_int_equal(json_array_size(json_object_get(st, "conflicts")), 0);
     json_decref(st);
@@ -229,7 +202,7 @@ static void an_outage_says_since_when_and_what_waits(void **state)
 {
     (void)state;
     gs_test_sshd_stop(&server);
-    put(project, "during.txt", "written during the outage\n");
+    gs_test_write_file(project, "during.txt", "written during the outage\n");
     struct gs_test_result r = gpusync(GS_TEST_ARGS("flush", "--json"));
     gs_test_expect_status(&r, 4, "flush while the server is down");
     json_t *o = json_loads(r.out.data, 0, NULL);
@@ -243,7 +216,7 @@ static void an_outage_says_since_when_and_what_waits(void **state)
     assert_true(json_integer_value(json_object_get(st, "pending")) >= 1);
     json_decref(st);
     assert_int_equal(gs_test_sshd_restart(&server, 0), 0);
-    ok(GS_TEST_ARGS("flush"), "flush once the server is back");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush once the server is back");
     st = daemon_status();
     assert_true(json_is_null(json_object_get(st, "unreachable_since")));
     json_decref(st);
@@ -275,7 +248,7 @@ static void the_socket_refuses_other_users_endless_lines_and_floods(void **state
 static void status_names_the_server_as_resolved(void **state)
 {
     (void)state;
-    ok(GS_TEST_ARGS("watch", "--stop"), "watch --stop");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "--stop"), "watch --stop");
     assert_int_equal(gs_test_sh("printf 'Host gsalias\\n  HostName 127.0.0.1\\n  Port %d\\n  User "
                                 "root\\n' > '%s/.ssh/config' && sed -i 's/^\\(\\s*host = \\).*/\\1"
                                 "gsalias/; /^\\s*port = /d' '%s/.gpusync/config'",

@@ -42,39 +42,10 @@ static struct gs_test_result gpusync(const char *const *args)
     return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
 }
 
-static void ok(const char *const *args, const char *what)
-{
-    struct gs_test_result r = gpusync(args);
-    gs_test_expect_status(&r, 0, what);
-    gs_test_result_release(&r);
-}
-
-/* Runs gpusync, expects exit status `want` and returns its stdout as JSON (a new reference). */
-static json_t *json_of(const char *const *args, int want, const char *what)
-{
-    struct gs_test_result r = gpusync(args);
-    gs_test_expect_status(&r, want, what);
-    json_t *o = json_loads(r.out.data, 0, NULL);
-    if (!o)
-        fail_msg("%s: not JSON: %s", what, r.out.data);
-    gs_test_result_release(&r);
-    return o;
-}
-
-static void put(const char *root, const char *rel, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", root, rel);
-    FILE *fp = fopen(path, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-}
-
 /* `status --json` as the daemon answers it, or NULL when the answer came without a daemon. */
 static json_t *daemon_status(void)
 {
-    json_t *o = json_of(ARGS("status", "--json"), 0, "status --json");
+    json_t *o = gs_test_gpusync_json(project, ARGS("status", "--json"), 0, "status --json");
     if (json_is_true(json_object_get(o, "daemon")))
         return o;
     json_decref(o);
@@ -220,7 +191,8 @@ static void project_init(int port)
 {
     char target[64];
     snprintf(target, sizeof(target), "root@127.0.0.1:%d", port);
-    ok(ARGS("init", target, "--path", remote, "--accept-new-host-key"), "init");
+    gs_test_gpusync_ok(project, ARGS("init", target, "--path", remote, "--accept-new-host-key"),
+                       "init");
 }
 
 static int case_setup(void **state)
@@ -270,19 +242,20 @@ static void test_status__a_removed_state_folder_keeps_the_index(void **state)
 {
     (void)state;
     project_init(server.port);
-    put(project, "a.py", "a\n");
-    put(project, "b.py", "b\n");
-    ok(ARGS("watch", "-d"), "watch -d");
-    ok(ARGS("flush"), "first flush");
+    gs_test_write_file(project, "a.py", "a\n");
+    gs_test_write_file(project, "b.py", "b\n");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(project, ARGS("flush"), "first flush");
     assert_int_equal(gs_test_sh("cd '%s' && cp .gpusync/config config.saved && rm -rf .gpusync "
                                 "&& mkdir .gpusync && mv config.saved .gpusync/config",
                                 project),
                      0);
     json_decref(await_daemon_status());
-    put(project, "c.py", "c\n");
-    ok(ARGS("flush"), "flush after the folder came back");
-    ok(ARGS("watch", "--stop"), "watch --stop");
-    json_t *st = json_of(ARGS("status", "--json"), 0, "status without the daemon");
+    gs_test_write_file(project, "c.py", "c\n");
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush after the folder came back");
+    gs_test_gpusync_ok(project, ARGS("watch", "--stop"), "watch --stop");
+    json_t *st =
+        gs_test_gpusync_json(project, ARGS("status", "--json"), 0, "status without the daemon");
     if (json_integer_value(json_object_get(st, "pending")) != 0)
         fail_msg("the index was lost with the folder: %s", json_dumps(st, JSON_COMPACT));
     json_decref(st);
@@ -297,14 +270,15 @@ static void test_status__a_daemon_whose_config_was_removed_stops_and_says_why(vo
 {
     (void)state;
     project_init(server.port);
-    ok(ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d");
     json_t *st = await_daemon_status();
     pid_t pid = (pid_t)json_integer_value(json_object_get(st, "pid"));
     json_decref(st);
     struct events ev;
     events_start(&ev);
-    put(project, "marker.txt", "subscribed\n"); /* its event proves the stream is subscribed */
-    ok(ARGS("flush"), "flush the marker");
+    gs_test_write_file(project, "marker.txt",
+                       "subscribed\n"); /* its event proves the stream is subscribed */
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush the marker");
     events_until(&ev, "synced", "marker.txt");
     assert_int_equal(gs_test_sh("rm -rf '%s/.gpusync'", project), 0);
     int said = 0, rc;
@@ -327,11 +301,12 @@ static void test_status__a_daemon_whose_config_was_removed_stops_and_says_why(vo
 /* Makes the daemon keep a conflict copy of `rel`: synced, then changed on the server and here. */
 static void make_conflict(const char *rel)
 {
-    put(project, rel, "first\n");
-    ok(ARGS("flush"), "flush the first version");
-    put(remote, rel, "edited on the server\n");
-    put(project, rel, "edited here\n");
-    json_t *o = json_of(ARGS("flush", "--json"), 0, "flush over a server edit");
+    gs_test_write_file(project, rel, "first\n");
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush the first version");
+    gs_test_write_file(remote, rel, "edited on the server\n");
+    gs_test_write_file(project, rel, "edited here\n");
+    json_t *o =
+        gs_test_gpusync_json(project, ARGS("flush", "--json"), 0, "flush over a server edit");
     expect_one_conflict(json_object_get(o, "conflicts"), rel);
     json_decref(o);
 }
@@ -342,31 +317,36 @@ static void test_status__conflicts_outlive_the_daemon_until_acknowledged(void **
 {
     (void)state;
     project_init(server.port);
-    ok(ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d");
     make_conflict("c.txt");
-    ok(ARGS("watch", "--stop"), "watch --stop");
-    json_t *st = json_of(ARGS("status", "--json"), 0, "status without a daemon");
+    gs_test_gpusync_ok(project, ARGS("watch", "--stop"), "watch --stop");
+    json_t *st =
+        gs_test_gpusync_json(project, ARGS("status", "--json"), 0, "status without a daemon");
     expect_one_conflict(listed_conflicts(st, 0), "c.txt");
     json_decref(st);
-    ok(ARGS("watch", "-d"), "watch -d again");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d again");
     st = await_daemon_status();
     expect_one_conflict(listed_conflicts(st, 1), "c.txt");
     json_decref(st);
-    st = json_of(ARGS("status", "--ack", "--json"), 0, "status --ack"); /* shown once more */
+    st = gs_test_gpusync_json(project, ARGS("status", "--ack", "--json"), 0,
+                              "status --ack"); /* shown once more */
     expect_one_conflict(listed_conflicts(st, 1), "c.txt");
     json_decref(st);
-    ok(ARGS("watch", "--stop"), "watch --stop after the acknowledgement");
-    st = json_of(ARGS("status", "--json"), 0, "status after the acknowledgement");
+    gs_test_gpusync_ok(project, ARGS("watch", "--stop"), "watch --stop after the acknowledgement");
+    st = gs_test_gpusync_json(project, ARGS("status", "--json"), 0,
+                              "status after the acknowledgement");
     assert_int_equal(json_array_size(listed_conflicts(st, 0)), 0);
     json_decref(st);
     /* and acknowledged without a daemon */
-    ok(ARGS("watch", "-d"), "watch -d for a second conflict");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d for a second conflict");
     make_conflict("d.txt");
-    ok(ARGS("watch", "--stop"), "watch --stop after the second conflict");
-    st = json_of(ARGS("status", "--ack", "--json"), 0, "status --ack without a daemon");
+    gs_test_gpusync_ok(project, ARGS("watch", "--stop"), "watch --stop after the second conflict");
+    st = gs_test_gpusync_json(project, ARGS("status", "--ack", "--json"), 0,
+                              "status --ack without a daemon");
     expect_one_conflict(listed_conflicts(st, 0), "d.txt");
     json_decref(st);
-    st = json_of(ARGS("status", "--json"), 0, "status after that acknowledgement");
+    st = gs_test_gpusync_json(project, ARGS("status", "--json"), 0,
+                              "status after that acknowledgement");
     assert_int_equal(json_array_size(listed_conflicts(st, 0)), 0);
     json_decref(st);
 }
@@ -377,7 +357,7 @@ static void test_status__an_acknowledgement_answers_with_what_it_acknowledged(vo
 {
     (void)state;
     project_init(server.port);
-    ok(ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d");
     make_conflict("c.txt");
     json_t *acked = control_request("ack_conflicts");
     assert_true(json_is_true(json_object_get(acked, "ok")));
@@ -401,7 +381,8 @@ static void test_status__status_without_a_daemon_names_the_resolved_server(void 
                      0);
     char want[64];
     snprintf(want, sizeof(want), "root@127.0.0.1:%d", server.port);
-    json_t *st = json_of(ARGS("status", "--json"), 0, "status --json through an alias");
+    json_t *st = gs_test_gpusync_json(project, ARGS("status", "--json"), 0,
+                                      "status --json through an alias");
     const char *target = json_string_value(json_object_get(st, "target"));
     if (!target || strcmp(target, want) != 0)
         fail_msg("status --json names %s, want %s", target ? target : "no target", want);
@@ -425,9 +406,9 @@ static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
     if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
         fail_msg("wansim: %s", err);
     project_init(wan.port);
-    put(project, "a.py", "a\n");
+    gs_test_write_file(project, "a.py", "a\n");
     assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
-    ok(ARGS("watch", "-d"), "watch -d with the link stalled");
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d with the link stalled");
     int64_t t0 = gs_clock_mono_ms();
     json_t *st = daemon_status();
     if (!st)
@@ -438,8 +419,8 @@ static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
     snprintf(want, sizeof(want), "root@127.0.0.1:%d", wan.port);
     assert_string_equal(json_string_value(json_object_get(st, "target")), want);
     json_decref(st);
-    json_t *f =
-        json_of(ARGS("flush", "--timeout", "1", "--json"), 4, "flush while the login hangs");
+    json_t *f = gs_test_gpusync_json(project, ARGS("flush", "--timeout", "1", "--json"), 4,
+                                     "flush while the login hangs");
     assert_string_equal(json_string_value(json_object_get(f, "error")), "timed out");
     const char *msg = json_string_value(json_object_get(f, "message"));
     print_message("flush said: %s\n", msg);
@@ -457,7 +438,7 @@ static void test_status__the_daemon_answers_while_its_login_hangs(void **state)
         fail_msg("the login was given up within 6 s: %s", json_dumps(st, JSON_COMPACT));
     json_decref(st);
     assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
-    ok(ARGS("flush"), "flush once the link moves");
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush once the link moves");
     char path[256];
     snprintf(path, sizeof(path), "%s/a.py", remote);
     assert_int_equal(access(path, F_OK), 0);
