@@ -1,4 +1,4 @@
-/* remote/agent/fence.h: the writer lock that makes one `serve` session the only writer of its root.
+/* agent/fence.h: the writer lock that makes one `serve` session the only writer of its root.
  *
  * Every serve session takes an exclusive POSIX record lock on <root>/.gpusync/writer.lock before it
  * answers HELLO. A session whose link stalled still holds it; the next session kills that agent

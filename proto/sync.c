@@ -1,6 +1,6 @@
-/* Encoding and decoding of the agent protocol defined in proto.h. Pure functions over byte
+/* proto/sync.c: encoding and decoding of the sync protocol defined in proto/sync.h. Pure functions over byte
  * buffers (no I/O, no globals) so the client and the agent share exactly one implementation. */
-#include "proto.h"
+#include "proto/sync.h"
 #include <errno.h>
 
 #include <stdlib.h>

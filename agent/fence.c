@@ -1,4 +1,4 @@
-/* remote/agent/fence.c: the root's writer lock, fencing a stalled session out, and the sweep of
+/* agent/fence.c: the root's writer lock, fencing a stalled session out, and the sweep of
  * dead agents' temporaries (see fence.h). */
 /* POSIX.1-2008 with XSI (kill, nanosleep); _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "proto.h"
+#include "proto/sync.h"
 
 #define GS_FS_NAME_MAX GS_PROTO_NAME_MAX
 

@@ -1,9 +1,11 @@
 #!/bin/sh
 # Builds the agent's libFuzzer target (fuzz_serve.c) with clang and runs it for a bounded time,
 # then checks that nothing was created outside the fuzzer's temporary root.
-# usage: run_fuzz.sh AGENT_SRC_DIR OUT_DIR [SECONDS]; exit 77 (skip) without clang/libFuzzer.
+# usage: run_fuzz.sh REPO_ROOT OUT_DIR [SECONDS] (the agent in REPO_ROOT/agent, its protocol in
+# REPO_ROOT/proto); exit 77 (skip) without clang/libFuzzer.
 set -u
-src=$1
+repo=$1
+src=$repo/agent
 out=$2
 secs=${3:-20}
 cc=$(command -v clang || command -v clang-14 || true)
@@ -18,8 +20,8 @@ if ! "$cc" -fsanitize=fuzzer,address -o "$out/probe" "$probe" 2>/dev/null; then
     echo "clang cannot link libFuzzer (libclang-rt-14-dev missing?): skipping"
     exit 77
 fi
-flags="-std=c99 -g -O1 -Wall -Wextra -Werror -I$src"
-srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $src/proto.c $src/sync_id.c $src/fence.c"
+flags="-std=c99 -g -O1 -Wall -Wextra -Werror -I$repo -I$src"
+srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $repo/proto/sync.c $src/sync_id.c $src/fence.c"
 # shellcheck disable=SC2086
 "$cc" $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_serve" "$src/fuzz/fuzz_serve.c" $srcs || exit 1

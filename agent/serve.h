@@ -1,4 +1,4 @@
-/* The agent's `serve` session: executes protocol requests (proto.h) against a root directory,
+/* The agent's `serve` session: executes protocol requests (proto/sync.h) against a root directory,
  * in arrival order, and buffers the replies. The frame loop over file descriptors
  * (gs_serve_run) and the in-memory entry point used by the fuzzer (gs_serve_feed) share it. */
 #ifndef GS_SERVE_H
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "fence.h"
-#include "proto.h"
+#include "proto/sync.h"
 
 #define GS_AGENT_VERSION "0.1.0"
 

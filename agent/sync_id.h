@@ -1,9 +1,10 @@
-/* remote/agent/sync_id.h: the token that names the tree a client synced into this root. */
+/* agent/sync_id.h: the token that names the tree a client synced into this root. */
 #ifndef GS_AGENT_SYNC_ID_H
 #define GS_AGENT_SYNC_ID_H
 
+#include "proto/sync.h" /* GS_SYNC_ID_MAX: the longest token kept, without its newline */
+
 #define GS_SYNC_ID_PATH ".gpusync/sync-id" /* relative to the root */
-#define GS_SYNC_ID_MAX  64                 /* longest token kept, without its newline */
 
 /* Reads the root's sync id into `out`, first creating a random one (32 hex digits) if there is
  * none, so that the client learns it with the handshake instead of a round trip of its own. Two

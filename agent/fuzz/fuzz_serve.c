@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "proto.h"
+#include "proto/sync.h"
 #include "serve.h"
 
 #ifdef GS_FUZZ_SEEDS

@@ -1,13 +1,13 @@
-/* gpusync-agent: the program gpusync runs on the server. A command table dispatches to
- * `serve` (file operations over the protocol in proto.h); `launch` and `tail` (runs and logs)
- * slot into the same table later. Errors and usage go to stderr; while serving, stdout carries
- * protocol frames only. */
-// Build without cmake (what the client does on a server with only a compiler; xxhash.h must be
-// beside the sources or in the include path); add -static for a self-contained binary:
+/* gpusync-agent: the program gpusync runs on the server. A command table dispatches to `serve`
+ * (file operations over the sync protocol, proto/sync.h) and to `launch`, `tail`, `ps` and `stop`
+ * (runs and their logs, proto/run.h). Errors and usage go to stderr; while serving, stdout
+ * carries protocol frames only. */
+// Build without cmake, from the repository root (what the client does on a server with only a
+// compiler; xxhash.h must be in the include path); add -static for a self-contained binary:
 //
-//     cc -std=c99 -O2 -o gpusync-agent remote/agent/*.c
+//     cc -std=c99 -O2 -I. -o gpusync-agent agent/*.c proto/*.c
 //
-// The fuzz target lives in remote/agent/fuzz/ so that this glob does not pick it up.
+// The fuzz target lives in agent/fuzz/ so that this glob does not pick it up.
 /* POSIX.1-2008 with XSI (realpath); _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto.h"
+#include "proto/sync.h"
 #include "launch.h"
 #include "runlog.h"
 #include "runs.h"

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "fs.h"
-#include "proto.h"
+#include "proto/sync.h"
 #include "serve.h"
 
 #define XXH_INLINE_ALL

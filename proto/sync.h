@@ -1,4 +1,4 @@
-/* The gpusync agent wire protocol: the one definition shared by the agent (remote/agent) and the
+/* proto/sync.h: the sync protocol, the one definition shared by the agent (agent/) and the
  * client (remote/). Pure encode/decode, no I/O, no globals, so the client can run it over a
  * libssh2 channel and the tests over pipes. C99.
  *
@@ -83,8 +83,8 @@
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
  */
-#ifndef GS_PROTO_H
-#define GS_PROTO_H
+#ifndef GS_PROTO_SYNC_H
+#define GS_PROTO_SYNC_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -184,8 +184,10 @@ enum gs_msg_type {
 
 enum gs_hello_flags {
     GS_HELLO_FSYNC = 1u,  /* fsync files and directories before replying */
-    GS_HELLO_SYNC_ID = 2u /* answer with the root's sync id (remote/agent/sync_id.h) */
+    GS_HELLO_SYNC_ID = 2u /* answer with the root's sync id (agent/sync_id.h) */
 };
+/* The longest sync id HELLO_OK carries (without a newline); the client keeps no more. */
+#define GS_SYNC_ID_MAX 64
 enum gs_putend_flags { GS_PUTEND_VERIFY = 1u }; /* compare the written bytes' hash with `hash` */
 enum gs_del_flags { GS_DEL_RECURSIVE = 1u };
 enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u }; /* hash files; include temp files */

@@ -1,4 +1,4 @@
-/* remote/agent/sync_id.c: reading, or creating once, the root's sync id (see sync_id.h). */
+/* agent/sync_id.c: reading, or creating once, the root's sync id (see sync_id.h). */
 /* POSIX.1-2008 (openat, linkat); _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
