@@ -24,7 +24,7 @@
 #define SWEEP_MAX_DEPTH 256
 #define AGENT_NAME      "gpusync-agent"
 
-void gs_fence_init(struct gs_fence *f)
+void ga_fence_init(struct ga_fence *f)
 {
     f->fd = -1;
     f->killed = 0;
@@ -35,8 +35,8 @@ void gs_fence_init(struct gs_fence *f)
  * Returns the descriptor or a negative errno. */
 static int open_lock_file(int rootfd)
 {
-    char name[GS_FS_NAME_MAX + 1];
-    int dirfd, rc = gs_fs_open_parent(rootfd, GS_FENCE_LOCK_PATH, 1, &dirfd, name);
+    char name[GA_FS_NAME_MAX + 1];
+    int dirfd, rc = ga_fs_open_parent(rootfd, GA_FENCE_LOCK_PATH, 1, &dirfd, name);
     if (rc < 0)
         return rc;
     int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
@@ -109,14 +109,14 @@ static int kill_holder(long pid, const char *root, char *err, size_t errlen)
         snprintf(err, errlen,
                  "%s is locked by a gpusync session on another host or in another PID namespace "
                  "(%s/%s); stop that session (gpusync watch --stop there), then connect again",
-                 root, root, GS_FENCE_LOCK_PATH);
+                 root, root, GA_FENCE_LOCK_PATH);
         return -EBUSY;
     }
     if (!is_serve_agent(pid, what, sizeof(what))) {
         snprintf(err, errlen,
                  "%s/%s is locked by pid %ld (%s), which is not a gpusync-agent serve session; "
                  "it was left alone: stop that process, then connect again",
-                 root, GS_FENCE_LOCK_PATH, pid, what);
+                 root, GA_FENCE_LOCK_PATH, pid, what);
         return -EBUSY;
     }
     if (kill((pid_t)pid, SIGKILL) < 0 && errno != ESRCH) {
@@ -137,29 +137,29 @@ static long long mono_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The error once GS_FENCE_WAIT_MS passed without the lock: -EBUSY with err filled. */
-static int wait_failed(const struct gs_fence *f, const char *root, char *err, size_t errlen)
+/* The error once GA_FENCE_WAIT_MS passed without the lock: -EBUSY with err filled. */
+static int wait_failed(const struct ga_fence *f, const char *root, char *err, size_t errlen)
 {
     if (f->killed == 0) /* held all along by a process we cannot see */
         return kill_holder(0, root, err, errlen);
     snprintf(err, errlen,
              "the previous gpusync agent (pid %ld) writing %s did not exit within %d s of "
              "SIGKILL; check it with 'ps -o pid,stat,cmd -p %ld', then connect again",
-             f->killed, root, GS_FENCE_WAIT_MS / 1000, f->killed);
+             f->killed, root, GA_FENCE_WAIT_MS / 1000, f->killed);
     return -EBUSY;
 }
 
 /* Takes the lock on fd, fencing out (killing) verified agents that hold it, for at most
- * GS_FENCE_WAIT_MS. Returns 0 or a negative errno with err filled. */
-static int lock_fencing(struct gs_fence *f, int fd, const char *root, char *err, size_t errlen)
+ * GA_FENCE_WAIT_MS. Returns 0 or a negative errno with err filled. */
+static int lock_fencing(struct ga_fence *f, int fd, const char *root, char *err, size_t errlen)
 {
-    long long deadline = mono_ms() + GS_FENCE_WAIT_MS;
+    long long deadline = mono_ms() + GA_FENCE_WAIT_MS;
     struct timespec pause = {0, RETRY_NS};
     for (;;) {
         int rc = try_lock(fd);
         if (rc != -EAGAIN) {
             if (rc < 0)
-                snprintf(err, errlen, "cannot lock %s/%s: %s", root, GS_FENCE_LOCK_PATH,
+                snprintf(err, errlen, "cannot lock %s/%s: %s", root, GA_FENCE_LOCK_PATH,
                          strerror(-rc));
             return rc;
         }
@@ -185,12 +185,12 @@ static int write_pid(int fd)
     return 0;
 }
 
-int gs_fence_acquire(struct gs_fence *f, int rootfd, const char *root, char *err, size_t errlen)
+int ga_fence_acquire(struct ga_fence *f, int rootfd, const char *root, char *err, size_t errlen)
 {
-    gs_fence_init(f);
+    ga_fence_init(f);
     int fd = open_lock_file(rootfd);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s/%s: %s%s", root, GS_FENCE_LOCK_PATH, strerror(-fd),
+        snprintf(err, errlen, "cannot open %s/%s: %s%s", root, GA_FENCE_LOCK_PATH, strerror(-fd),
                  fd == -ELOOP ? " (a symlink is in the way: remove it)" : "");
         return fd;
     }
@@ -204,19 +204,19 @@ int gs_fence_acquire(struct gs_fence *f, int rootfd, const char *root, char *err
     }
     f->fd = fd;
     if ((rc = write_pid(fd)) < 0) /* still the only writer; a crash now just goes unswept */
-        fprintf(stderr, "gpusync-agent: cannot write %s/%s: %s\n", root, GS_FENCE_LOCK_PATH,
+        fprintf(stderr, "gpusync-agent: cannot write %s/%s: %s\n", root, GA_FENCE_LOCK_PATH,
                 strerror(-rc));
     if (st.st_size > 0) /* the previous writer did not end cleanly */
-        f->swept = gs_fence_sweep(rootfd);
+        f->swept = ga_fence_sweep(rootfd);
     return 0;
 }
 
-void gs_fence_release(struct gs_fence *f, int clean)
+void ga_fence_release(struct ga_fence *f, int clean)
 {
     if (f->fd < 0)
         return;
     if (clean && ftruncate(f->fd, 0) < 0)
-        fprintf(stderr, "gpusync-agent: cannot empty %s: %s\n", GS_FENCE_LOCK_PATH,
+        fprintf(stderr, "gpusync-agent: cannot empty %s: %s\n", GA_FENCE_LOCK_PATH,
                 strerror(errno));
     close(f->fd);
     f->fd = -1;
@@ -237,7 +237,7 @@ static int digits(const char **p, unsigned long long *v)
 /* True if name is exactly GS_PROTO_TMP_PREFIX<digits>-<digits> with a pid other than ours. */
 static int is_stale_tmp(const char *name)
 {
-    if (!gs_fs_is_tmp(name))
+    if (!ga_fs_is_tmp(name))
         return 0;
     const char *p = name + strlen(GS_PROTO_TMP_PREFIX);
     unsigned long long pid, n;
@@ -285,7 +285,7 @@ static void sweep_dir(int fd, const char *skip, int depth, long *removed)
     closedir(d);
 }
 
-long gs_fence_sweep(int rootfd)
+long ga_fence_sweep(int rootfd)
 {
     long removed = 0;
     /* A new open file description: a dup of rootfd would share (and move) its read offset. */

@@ -8,45 +8,45 @@
  * file holds the writer's pid while it runs and is emptied at a clean end, so a non-empty file at
  * acquisition means the previous writer died (killed, crashed, fenced): then the temporaries it
  * may have left (`.gpusync-tmp-<pid>-<n>`) are swept. C99 + POSIX, libc only. */
-#ifndef GS_AGENT_FENCE_H
-#define GS_AGENT_FENCE_H
+#ifndef GA_FENCE_H
+#define GA_FENCE_H
 
 #include <stddef.h>
 
-#define GS_FENCE_LOCK_PATH ".gpusync/writer.lock" /* relative to the root */
-#define GS_FENCE_WAIT_MS   10000 /* longest wait for a killed writer to release the lock */
+#define GA_FENCE_LOCK_PATH ".gpusync/writer.lock" /* relative to the root */
+#define GA_FENCE_WAIT_MS   10000 /* longest wait for a killed writer to release the lock */
 
-struct gs_fence {
+struct ga_fence {
     int fd;      /* the lock file, open (and locked) for the life of the session; -1 if not held */
     long killed; /* pid of the previous writer this session killed, 0 if none */
     long swept;  /* stale temporaries removed at acquisition */
 };
 
 /* Sets up a fence that holds nothing. */
-void gs_fence_init(struct gs_fence *f);
+void ga_fence_init(struct ga_fence *f);
 
 /* Makes this process the only writer of the root open as rootfd (`root` names it in messages):
  * opens .gpusync/writer.lock (creating .gpusync and the file, never following a symlink), locks
  * it, killing a previous holder that is verifiably a gpusync-agent serve process and waiting up to
- * GS_FENCE_WAIT_MS for its lock to go, records our pid in the file and, if the previous writer
- * did not end cleanly, sweeps stale temporaries (gs_fence_sweep). Returns 0 with the lock held
- * until gs_fence_release. On failure returns a negative errno, explains it in err (errlen bytes)
+ * GA_FENCE_WAIT_MS for its lock to go, records our pid in the file and, if the previous writer
+ * did not end cleanly, sweeps stale temporaries (ga_fence_sweep). Returns 0 with the lock held
+ * until ga_fence_release. On failure returns a negative errno, explains it in err (errlen bytes)
  * and holds nothing: -EBUSY when a holder exists that cannot be verified, cannot be killed or does
  * not exit in time (the message names the pid and root and says what to do; at most a verified
  * agent was killed); any other code means no lock could be taken at all (-ELOOP: a symlink in the
  * way; -EROFS, -EACCES, -ENOLCK, ...) and nothing was killed. */
-int gs_fence_acquire(struct gs_fence *f, int rootfd, const char *root, char *err, size_t errlen);
+int ga_fence_acquire(struct ga_fence *f, int rootfd, const char *root, char *err, size_t errlen);
 
 /* Releases the lock. With `clean` (the session ended at end of input, having removed its own
  * temporaries) the lock file is emptied first, so the next writer does not sweep. Safe on a fence
  * that holds nothing. */
-void gs_fence_release(struct gs_fence *f, int clean);
+void ga_fence_release(struct ga_fence *f, int clean);
 
 /* Removes every `.gpusync-tmp-<digits>-<digits>` entry below the root open as rootfd whose pid is
  * not this process's, never following a symlink and skipping .gpusync/runs (run logs). Only call
  * it holding the lock: every agent that writes temporaries holds it, so none of them is alive.
  * Other names, such as the SFTP fallback's `.gpusync-tmp-<pid>`, are left alone. Returns the
  * number removed; entries that cannot be read or removed are skipped (best effort). */
-long gs_fence_sweep(int rootfd);
+long ga_fence_sweep(int rootfd);
 
 #endif

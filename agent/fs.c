@@ -43,8 +43,8 @@ static int open_component(int dfd, const char *comp, int create)
     return fd < 0 ? -errno : fd;
 }
 
-int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dirfd,
-                      char name[GS_FS_NAME_MAX + 1])
+int ga_fs_open_parent(int rootfd, const char *path, int create_parents, int *dirfd,
+                      char name[GA_FS_NAME_MAX + 1])
 {
     int dfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
     if (dfd < 0)
@@ -53,7 +53,7 @@ int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dir
     for (;;) {
         const char *slash = strchr(p, '/');
         size_t n = slash ? (size_t)(slash - p) : strlen(p);
-        if (n > GS_FS_NAME_MAX) {
+        if (n > GA_FS_NAME_MAX) {
             close(dfd);
             return -ENAMETOOLONG;
         }
@@ -72,15 +72,15 @@ int gs_fs_open_parent(int rootfd, const char *path, int create_parents, int *dir
     return 0;
 }
 
-int gs_fs_open_dir(int rootfd, const char *path)
+int ga_fs_open_dir(int rootfd, const char *path)
 {
     if (path[0] == '\0') { /* a new open, not a dup: a dup would share the read position */
         int fd = openat(rootfd, ".", DIR_FLAGS);
         return fd < 0 ? -errno : fd;
     }
-    char name[GS_FS_NAME_MAX + 1];
+    char name[GA_FS_NAME_MAX + 1];
     int dfd;
-    int rc = gs_fs_open_parent(rootfd, path, 0, &dfd, name);
+    int rc = ga_fs_open_parent(rootfd, path, 0, &dfd, name);
     if (rc < 0)
         return rc;
     rc = open_component(dfd, name, 0);
@@ -88,7 +88,7 @@ int gs_fs_open_dir(int rootfd, const char *path)
     return rc;
 }
 
-uint8_t gs_fs_kind(mode_t mode)
+uint8_t ga_fs_kind(mode_t mode)
 {
     if (S_ISREG(mode))
         return GS_KIND_FILE;
@@ -106,7 +106,7 @@ static void hash_out(XXH128_hash_t h, uint8_t hash[GS_PROTO_HASH_LEN])
     memcpy(hash, c.digest, GS_PROTO_HASH_LEN);
 }
 
-int gs_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
+int ga_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
 {
     enum { BUFSZ = 1 << 18 };
     XXH3_state_t st;
@@ -137,12 +137,12 @@ int gs_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
     return rc;
 }
 
-void gs_fs_hash_mem(const void *p, size_t n, uint8_t hash[GS_PROTO_HASH_LEN])
+void ga_fs_hash_mem(const void *p, size_t n, uint8_t hash[GS_PROTO_HASH_LEN])
 {
     hash_out(XXH3_128bits(p, n), hash);
 }
 
-int gs_fs_readlink(int dirfd, const char *name, char **out)
+int ga_fs_readlink(int dirfd, const char *name, char **out)
 {
     size_t cap = 256;
     for (;;) {
@@ -165,16 +165,16 @@ int gs_fs_readlink(int dirfd, const char *name, char **out)
     }
 }
 
-int gs_fs_hash_entry(int dirfd, const char *name, const struct stat *st,
+int ga_fs_hash_entry(int dirfd, const char *name, const struct stat *st,
                      uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
 {
     if (S_ISLNK(st->st_mode)) {
         char *target;
-        int rc = gs_fs_readlink(dirfd, name, &target);
+        int rc = ga_fs_readlink(dirfd, name, &target);
         if (rc < 0)
             return rc;
         *size = strlen(target);
-        gs_fs_hash_mem(target, *size, hash);
+        ga_fs_hash_mem(target, *size, hash);
         free(target);
         return 0;
     }
@@ -184,7 +184,7 @@ int gs_fs_hash_entry(int dirfd, const char *name, const struct stat *st,
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    int rc = gs_fs_hash_fd(fd, hash, size);
+    int rc = ga_fs_hash_fd(fd, hash, size);
     close(fd);
     return rc;
 }
@@ -195,7 +195,7 @@ static void tmp_name(char tmp[64])
     snprintf(tmp, 64, "%s%ld-%lu", GS_PROTO_TMP_PREFIX, (long)getpid(), ++tmp_counter);
 }
 
-int gs_fs_tmp_create(int dirfd, char tmp[64])
+int ga_fs_tmp_create(int dirfd, char tmp[64])
 {
     for (int tries = 0; tries < 100; tries++) {
         tmp_name(tmp);
@@ -208,7 +208,7 @@ int gs_fs_tmp_create(int dirfd, char tmp[64])
     return -EEXIST;
 }
 
-int gs_fs_tmp_symlink(int dirfd, const char *target, char tmp[64])
+int ga_fs_tmp_symlink(int dirfd, const char *target, char tmp[64])
 {
     for (int tries = 0; tries < 100; tries++) {
         tmp_name(tmp);
@@ -221,7 +221,7 @@ int gs_fs_tmp_symlink(int dirfd, const char *target, char tmp[64])
 }
 
 /* Renames dirfd/name to a free NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N], stored in kept. */
-static int keep_conflict(int dirfd, const char *name, char kept[GS_FS_NAME_MAX + 1])
+static int keep_conflict(int dirfd, const char *name, char kept[GA_FS_NAME_MAX + 1])
 {
     char stamp[32];
     time_t now = time(NULL);
@@ -229,13 +229,13 @@ static int keep_conflict(int dirfd, const char *name, char kept[GS_FS_NAME_MAX +
     if (!localtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm))
         return -EINVAL;
     /* Room for the tag, the stamp and "-NNN": shorten NAME rather than fail on long names. */
-    int base = GS_FS_NAME_MAX - (int)(strlen(GS_PROTO_CONFLICT_TAG) + strlen(stamp) + 4);
+    int base = GA_FS_NAME_MAX - (int)(strlen(GS_PROTO_CONFLICT_TAG) + strlen(stamp) + 4);
     for (int n = 0; n < 1000; n++) {
         if (n == 0)
-            snprintf(kept, GS_FS_NAME_MAX + 1, "%.*s%s%s", base, name, GS_PROTO_CONFLICT_TAG,
+            snprintf(kept, GA_FS_NAME_MAX + 1, "%.*s%s%s", base, name, GS_PROTO_CONFLICT_TAG,
                      stamp);
         else
-            snprintf(kept, GS_FS_NAME_MAX + 1, "%.*s%s%s-%d", base, name, GS_PROTO_CONFLICT_TAG,
+            snprintf(kept, GA_FS_NAME_MAX + 1, "%.*s%s%s-%d", base, name, GS_PROTO_CONFLICT_TAG,
                      stamp, n);
         struct stat st;
         if (fstatat(dirfd, kept, &st, AT_SYMLINK_NOFOLLOW) == 0)
@@ -261,15 +261,15 @@ static int entry_matches(int dirfd, const char *name, const struct stat *st,
         return 0;
     if (expect->kind != GS_EXPECT_HASH && !new_hash)
         return 0;
-    if (gs_fs_hash_entry(dirfd, name, st, have, &size) < 0)
+    if (ga_fs_hash_entry(dirfd, name, st, have, &size) < 0)
         return 0;
     if (expect->kind == GS_EXPECT_HASH && memcmp(have, expect->hash, sizeof(have)) == 0)
         return 1;
     return new_hash && memcmp(have, new_hash, sizeof(have)) == 0;
 }
 
-int gs_fs_check_expect(int dirfd, const char *name, const struct gs_proto_expect *expect,
-                       const uint8_t *new_hash, char kept[GS_FS_NAME_MAX + 1])
+int ga_fs_check_expect(int dirfd, const char *name, const struct gs_proto_expect *expect,
+                       const uint8_t *new_hash, char kept[GA_FS_NAME_MAX + 1])
 {
     struct stat st;
     kept[0] = '\0';
@@ -313,7 +313,7 @@ static int remove_contents(int fd, int depth)
     return rc;
 }
 
-int gs_fs_remove_tree(int dirfd, const char *name)
+int ga_fs_remove_tree(int dirfd, const char *name)
 {
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -329,7 +329,7 @@ int gs_fs_remove_tree(int dirfd, const char *name)
     return rc;
 }
 
-mode_t gs_fs_safe_mode(uint32_t mode)
+mode_t ga_fs_safe_mode(uint32_t mode)
 {
     return (mode_t)(mode & 07777 & ~(uint32_t)(S_ISUID | S_ISGID));
 }
@@ -344,9 +344,9 @@ static int chmod_opath(int fd, mode_t mode)
     return chmod(proc, mode) < 0 ? -errno : 0;
 }
 
-int gs_fs_chmod_entry(int dirfd, const char *name, uint32_t mode)
+int ga_fs_chmod_entry(int dirfd, const char *name, uint32_t mode)
 {
-    mode_t safe = gs_fs_safe_mode(mode);
+    mode_t safe = ga_fs_safe_mode(mode);
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd >= 0) {
         int rc = fchmod(fd, safe) < 0 ? -errno : 0;
@@ -365,25 +365,25 @@ int gs_fs_chmod_entry(int dirfd, const char *name, uint32_t mode)
     return rc;
 }
 
-int gs_fs_set_meta(int fd, const struct gs_proto_meta *meta)
+int ga_fs_set_meta(int fd, const struct gs_proto_meta *meta)
 {
     struct timespec ts[2];
     ts[0].tv_sec = (time_t)meta->mtime_sec;
     ts[0].tv_nsec = (long)meta->mtime_nsec;
     ts[1] = ts[0];
-    if (fchmod(fd, gs_fs_safe_mode(meta->mode)) < 0 || futimens(fd, ts) < 0)
+    if (fchmod(fd, ga_fs_safe_mode(meta->mode)) < 0 || futimens(fd, ts) < 0)
         return -errno;
     return 0;
 }
 
-void gs_fs_meta_from_stat(const struct stat *st, struct gs_proto_meta *meta)
+void ga_fs_meta_from_stat(const struct stat *st, struct gs_proto_meta *meta)
 {
     meta->mode = (uint32_t)(st->st_mode & 07777);
     meta->mtime_sec = (int64_t)st->st_mtim.tv_sec;
     meta->mtime_nsec = (uint32_t)st->st_mtim.tv_nsec;
 }
 
-int gs_fs_is_tmp(const char *name)
+int ga_fs_is_tmp(const char *name)
 {
     return strncmp(name, GS_PROTO_TMP_PREFIX, strlen(GS_PROTO_TMP_PREFIX)) == 0;
 }

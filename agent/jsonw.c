@@ -10,19 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-void gs_jw_init(struct gs_jw *w)
+void ga_jw_init(struct ga_jw *w)
 {
     memset(w, 0, sizeof(*w));
 }
 
-void gs_jw_release(struct gs_jw *w)
+void ga_jw_release(struct ga_jw *w)
 {
     free(w->buf);
-    gs_jw_init(w);
+    ga_jw_init(w);
 }
 
 /* Appends n bytes, growing the buffer geometrically; sets err on allocation failure. */
-static void jw_put(struct gs_jw *w, const char *s, size_t n)
+static void jw_put(struct ga_jw *w, const char *s, size_t n)
 {
     if (w->err)
         return;
@@ -44,39 +44,39 @@ static void jw_put(struct gs_jw *w, const char *s, size_t n)
 }
 
 /* Called before every value or key: separates it from the previous one. */
-static void jw_sep(struct gs_jw *w)
+static void jw_sep(struct ga_jw *w)
 {
     if (w->need_comma)
         jw_put(w, ",", 1);
     w->need_comma = 0;
 }
 
-void gs_jw_obj(struct gs_jw *w)
+void ga_jw_obj(struct ga_jw *w)
 {
     jw_sep(w);
     jw_put(w, "{", 1);
 }
 
-void gs_jw_obj_end(struct gs_jw *w)
+void ga_jw_obj_end(struct ga_jw *w)
 {
     jw_put(w, "}", 1);
     w->need_comma = 1;
 }
 
-void gs_jw_arr(struct gs_jw *w)
+void ga_jw_arr(struct ga_jw *w)
 {
     jw_sep(w);
     jw_put(w, "[", 1);
 }
 
-void gs_jw_arr_end(struct gs_jw *w)
+void ga_jw_arr_end(struct ga_jw *w)
 {
     jw_put(w, "]", 1);
     w->need_comma = 1;
 }
 
 /* Writes a quoted, escaped string without separator handling. */
-static void jw_quoted(struct gs_jw *w, const char *s)
+static void jw_quoted(struct ga_jw *w, const char *s)
 {
     jw_put(w, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -99,17 +99,17 @@ static void jw_quoted(struct gs_jw *w, const char *s)
     jw_put(w, "\"", 1);
 }
 
-void gs_jw_key(struct gs_jw *w, const char *key)
+void ga_jw_key(struct ga_jw *w, const char *key)
 {
     jw_sep(w);
     jw_quoted(w, key);
     jw_put(w, ":", 1);
 }
 
-void gs_jw_str(struct gs_jw *w, const char *s)
+void ga_jw_str(struct ga_jw *w, const char *s)
 {
     if (!s) {
-        gs_jw_null(w);
+        ga_jw_null(w);
         return;
     }
     jw_sep(w);
@@ -117,7 +117,7 @@ void gs_jw_str(struct gs_jw *w, const char *s)
     w->need_comma = 1;
 }
 
-void gs_jw_int(struct gs_jw *w, long long v)
+void ga_jw_int(struct ga_jw *w, long long v)
 {
     char num[32];
     int n = snprintf(num, sizeof(num), "%lld", v);
@@ -126,21 +126,21 @@ void gs_jw_int(struct gs_jw *w, long long v)
     w->need_comma = 1;
 }
 
-void gs_jw_null(struct gs_jw *w)
+void ga_jw_null(struct ga_jw *w)
 {
     jw_sep(w);
     jw_put(w, "null", 4);
     w->need_comma = 1;
 }
 
-void gs_jw_raw(struct gs_jw *w, const char *json, size_t n)
+void ga_jw_raw(struct ga_jw *w, const char *json, size_t n)
 {
     jw_sep(w);
     jw_put(w, json, n);
     w->need_comma = 1;
 }
 
-void gs_jw_text(struct gs_jw *w, const char *text)
+void ga_jw_text(struct ga_jw *w, const char *text)
 {
     jw_put(w, text, strlen(text));
 }
@@ -217,7 +217,7 @@ static const char *next_item(const char *p, const char *end, char close, int fir
     return p < end ? p : NULL;
 }
 
-int gs_json_next(struct gs_json_span arr, size_t *pos, struct gs_json_span *elem)
+int ga_json_next(struct ga_json_span arr, size_t *pos, struct ga_json_span *elem)
 {
     const char *end = arr.p + arr.n, *p = skip_ws(arr.p, end);
     if (p >= end || *p != '[')
@@ -236,7 +236,7 @@ int gs_json_next(struct gs_json_span arr, size_t *pos, struct gs_json_span *elem
     return 1;
 }
 
-int gs_json_get(struct gs_json_span obj, const char *key, struct gs_json_span *val)
+int ga_json_get(struct ga_json_span obj, const char *key, struct ga_json_span *val)
 {
     const char *end = obj.p + obj.n, *p = skip_ws(obj.p, end);
     if (p >= end || *p != '{')
@@ -268,12 +268,12 @@ int gs_json_get(struct gs_json_span obj, const char *key, struct gs_json_span *v
     }
 }
 
-int gs_json_is_null(struct gs_json_span v)
+int ga_json_is_null(struct ga_json_span v)
 {
     return v.n == 4 && !memcmp(v.p, "null", 4);
 }
 
-int gs_json_int(struct gs_json_span v, long long *out)
+int ga_json_int(struct ga_json_span v, long long *out)
 {
     char num[32];
     if (v.n == 0 || v.n >= sizeof(num))
@@ -331,7 +331,7 @@ static int unescape_one(const char **pp, const char *end, char *d, size_t room)
     return put_utf8(d, room, c);
 }
 
-int gs_json_str(struct gs_json_span v, char *dst, size_t cap)
+int ga_json_str(struct ga_json_span v, char *dst, size_t cap)
 {
     if (v.n < 2 || v.p[0] != '"' || v.p[v.n - 1] != '"' || cap == 0)
         return -1;
@@ -353,21 +353,21 @@ int gs_json_str(struct gs_json_span v, char *dst, size_t cap)
     return 0;
 }
 
-long long gs_json_get_int(struct gs_json_span obj, const char *key, long long def)
+long long ga_json_get_int(struct ga_json_span obj, const char *key, long long def)
 {
-    struct gs_json_span v;
+    struct ga_json_span v;
     long long x;
-    if (gs_json_get(obj, key, &v) < 0 || gs_json_int(v, &x) < 0)
+    if (ga_json_get(obj, key, &v) < 0 || ga_json_int(v, &x) < 0)
         return def;
     return x;
 }
 
-void gs_json_get_str(struct gs_json_span obj, const char *key, char *dst, size_t cap)
+void ga_json_get_str(struct ga_json_span obj, const char *key, char *dst, size_t cap)
 {
-    struct gs_json_span v;
+    struct ga_json_span v;
     if (cap)
         dst[0] = 0;
-    if (gs_json_get(obj, key, &v) < 0 || gs_json_str(v, dst, cap) < 0) {
+    if (ga_json_get(obj, key, &v) < 0 || ga_json_str(v, dst, cap) < 0) {
         if (cap)
             dst[0] = 0;
     }

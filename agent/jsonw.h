@@ -1,66 +1,66 @@
 /* jsonw: the agent's tiny JSON support, libc only: a writer that appends to a growable buffer
  * (meta.json, status.json, `ps --json`) and a reader that finds the raw text of a value by key,
  * enough to read back the flat files the agent itself writes. */
-#ifndef GS_JSONW_H
-#define GS_JSONW_H
+#ifndef GA_JSONW_H
+#define GA_JSONW_H
 
 #include <stddef.h>
 
 /* A JSON document being written. Commas are inserted automatically. On allocation failure
  * err is set and later calls do nothing, so a writer is checked once, at the end. */
-struct gs_jw {
+struct ga_jw {
     char *buf; /* NUL-terminated text, owned; NULL until the first write */
     size_t len, cap;
     int err;        /* set after an allocation failure */
     int need_comma; /* a value was just completed at the current level */
 };
 
-void gs_jw_init(struct gs_jw *w);
+void ga_jw_init(struct ga_jw *w);
 /* Frees the text; *w is then empty (init state). */
-void gs_jw_release(struct gs_jw *w);
-void gs_jw_obj(struct gs_jw *w);
-void gs_jw_obj_end(struct gs_jw *w);
-void gs_jw_arr(struct gs_jw *w);
-void gs_jw_arr_end(struct gs_jw *w);
+void ga_jw_release(struct ga_jw *w);
+void ga_jw_obj(struct ga_jw *w);
+void ga_jw_obj_end(struct ga_jw *w);
+void ga_jw_arr(struct ga_jw *w);
+void ga_jw_arr_end(struct ga_jw *w);
 /* Writes "key": ; the next call writes its value. */
-void gs_jw_key(struct gs_jw *w, const char *key);
+void ga_jw_key(struct ga_jw *w, const char *key);
 /* Writes s as a JSON string (escaped), or null if s is NULL. */
-void gs_jw_str(struct gs_jw *w, const char *s);
-void gs_jw_int(struct gs_jw *w, long long v);
-void gs_jw_null(struct gs_jw *w);
+void ga_jw_str(struct ga_jw *w, const char *s);
+void ga_jw_int(struct ga_jw *w, long long v);
+void ga_jw_null(struct ga_jw *w);
 /* Writes n bytes of already valid JSON as one value. */
-void gs_jw_raw(struct gs_jw *w, const char *json, size_t n);
+void ga_jw_raw(struct ga_jw *w, const char *json, size_t n);
 
 /* Appends text verbatim, outside the value structure (e.g. a final newline). */
-void gs_jw_text(struct gs_jw *w, const char *text);
+void ga_jw_text(struct ga_jw *w, const char *text);
 
 /* A value inside a JSON text: [p, p + n). Not NUL-terminated; points into the caller's text. */
-struct gs_json_span {
+struct ga_json_span {
     const char *p;
     size_t n;
 };
 
 /* Finds key in the object that obj spans (top level only). Returns 0 and the value's span, or
  * -1 if obj is not an object, is malformed, or lacks the key. */
-int gs_json_get(struct gs_json_span obj, const char *key, struct gs_json_span *val);
+int ga_json_get(struct ga_json_span obj, const char *key, struct ga_json_span *val);
 
 /* Steps through an array: *pos starts at 0. Returns 1 and the next element, 0 at the end, -1
  * if arr is not a well-formed array. */
-int gs_json_next(struct gs_json_span arr, size_t *pos, struct gs_json_span *elem);
+int ga_json_next(struct ga_json_span arr, size_t *pos, struct ga_json_span *elem);
 
 /* Returns 1 if v is the literal null. */
-int gs_json_is_null(struct gs_json_span v);
+int ga_json_is_null(struct ga_json_span v);
 
 /* Converts an integer value. Returns 0, or -1 (null, not an integer, out of range). */
-int gs_json_int(struct gs_json_span v, long long *out);
+int ga_json_int(struct ga_json_span v, long long *out);
 
 /* Unescapes a string value into dst (cap bytes, NUL-terminated; \uXXXX becomes UTF-8). Returns
  * 0, or -1 if v is not a string or does not fit. */
-int gs_json_str(struct gs_json_span v, char *dst, size_t cap);
+int ga_json_str(struct ga_json_span v, char *dst, size_t cap);
 
 /* Shorthands on an object: key's integer (def when missing or null) and string (empty when
  * missing or null). */
-long long gs_json_get_int(struct gs_json_span obj, const char *key, long long def);
-void gs_json_get_str(struct gs_json_span obj, const char *key, char *dst, size_t cap);
+long long ga_json_get_int(struct ga_json_span obj, const char *key, long long def);
+void ga_json_get_str(struct ga_json_span obj, const char *key, char *dst, size_t cap);
 
 #endif

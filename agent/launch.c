@@ -54,14 +54,14 @@ struct launch_opts {
 /* The supervisor's state for the current attempt. */
 struct sup {
     struct launch_opts *o;
-    struct gs_runs_status st;
+    struct ga_runs_status st;
     int sfd;               /* signalfd */
     int alive;             /* ranks not yet reaped */
     int first_fail;        /* exit code of the first failing rank, -1 if none */
     int stop_sig;          /* SIGTERM/SIGINT received, 0 if none */
     int terminating;       /* SIGTERM sent to the groups */
     long long kill_at;     /* monotonic ms of the SIGKILL escalation, 0 if none */
-    struct gs_logtimes lt; /* when the rank logs grew, for tail's time order */
+    struct ga_logtimes lt; /* when the rank logs grew, for tail's time order */
 };
 
 /* ---- options ----------------------------------------------------------------------------- */
@@ -94,7 +94,7 @@ static int opt_number(struct launch_opts *o, const char *name, const char *val)
         size_t off;
         long max;
     } nums[] = {
-        {"--nproc", offsetof(struct launch_opts, nproc), GS_RUNS_MAX_RANKS},
+        {"--nproc", offsetof(struct launch_opts, nproc), GA_RUNS_MAX_RANKS},
         {"--max-restarts", offsetof(struct launch_opts, max_restarts), 1000000},
         {"--nnodes", offsetof(struct launch_opts, nnodes), 100000},
         {"--node-rank", offsetof(struct launch_opts, node_rank), 100000},
@@ -127,9 +127,9 @@ static const char *opts_check(const struct launch_opts *o)
 {
     if (!o->root || !o->id || o->nproc < 1 || !o->cmd || !o->cmd[0])
         return "--root, --id, --nproc >= 1 and -- CMD are required";
-    if (!gs_runs_id_valid(o->id))
+    if (!ga_runs_id_valid(o->id))
         return "--id must be 1-64 characters of [A-Za-z0-9._-], not starting with '.'";
-    if (o->name && strlen(o->name) > GS_RUNS_NAME_MAX)
+    if (o->name && strlen(o->name) > GA_RUNS_NAME_MAX)
         return "--name is longer than 128 characters";
     if (o->gpus && !gpus_valid(o->gpus))
         return "--gpus wants a list of device numbers such as 0,2";
@@ -209,9 +209,9 @@ static int make_run_dir(struct launch_opts *o)
         fprintf(stderr, "gpusync-agent launch: --root %s: %s\n", o->root, strerror(errno));
         return -1;
     }
-    if (gs_runs_join(p, sizeof(p), o->rootabs, ".gpusync") < 0 || mkdir_ok(p) < 0 ||
-        gs_runs_path(p, sizeof(p), o->rootabs, NULL) < 0 || mkdir_ok(p) < 0 ||
-        gs_runs_path(o->dir, sizeof(o->dir), o->rootabs, o->id) < 0) {
+    if (ga_runs_join(p, sizeof(p), o->rootabs, ".gpusync") < 0 || mkdir_ok(p) < 0 ||
+        ga_runs_path(p, sizeof(p), o->rootabs, NULL) < 0 || mkdir_ok(p) < 0 ||
+        ga_runs_path(o->dir, sizeof(o->dir), o->rootabs, o->id) < 0) {
         fprintf(stderr, "gpusync-agent launch: cannot create %s: %s\n", p, strerror(errno));
         return -1;
     }
@@ -230,39 +230,39 @@ static int write_meta(const struct launch_opts *o, const char *start)
 {
     char host[256] = "";
     gethostname(host, sizeof(host) - 1);
-    struct gs_jw w;
-    gs_jw_init(&w);
-    gs_jw_obj(&w);
-    gs_jw_key(&w, "id"), gs_jw_str(&w, o->id);
-    gs_jw_key(&w, "name"), gs_jw_str(&w, o->name);
-    gs_jw_key(&w, "command"), gs_jw_arr(&w);
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_obj(&w);
+    ga_jw_key(&w, "id"), ga_jw_str(&w, o->id);
+    ga_jw_key(&w, "name"), ga_jw_str(&w, o->name);
+    ga_jw_key(&w, "command"), ga_jw_arr(&w);
     for (char **a = o->cmd; *a; a++)
-        gs_jw_str(&w, *a);
-    gs_jw_arr_end(&w);
-    gs_jw_key(&w, "cwd"), gs_jw_str(&w, o->rootabs);
-    gs_jw_key(&w, "nproc"), gs_jw_int(&w, o->nproc);
-    gs_jw_key(&w, "gpus");
+        ga_jw_str(&w, *a);
+    ga_jw_arr_end(&w);
+    ga_jw_key(&w, "cwd"), ga_jw_str(&w, o->rootabs);
+    ga_jw_key(&w, "nproc"), ga_jw_int(&w, o->nproc);
+    ga_jw_key(&w, "gpus");
     if (o->gpus) {
-        gs_jw_arr(&w);
+        ga_jw_arr(&w);
         for (const char *p = o->gpus; *p; p += strcspn(p, ","), p += *p == ',')
-            gs_jw_int(&w, strtol(p, NULL, 10));
-        gs_jw_arr_end(&w);
+            ga_jw_int(&w, strtol(p, NULL, 10));
+        ga_jw_arr_end(&w);
     } else {
-        gs_jw_null(&w);
+        ga_jw_null(&w);
     }
-    gs_jw_key(&w, "host"), gs_jw_str(&w, host);
-    gs_jw_key(&w, "nnodes"), gs_jw_int(&w, o->nnodes);
-    gs_jw_key(&w, "node_rank"), gs_jw_int(&w, o->node_rank);
-    gs_jw_key(&w, "master_addr"), gs_jw_str(&w, o->master_addr);
-    gs_jw_key(&w, "master_port"), gs_jw_int(&w, o->master_port);
-    gs_jw_key(&w, "max_restarts"), gs_jw_int(&w, o->max_restarts);
-    gs_jw_key(&w, "start"), gs_jw_str(&w, start);
-    gs_jw_key(&w, "agent_pid"), gs_jw_int(&w, o->agent_pid);
-    gs_jw_key(&w, "supervisor_pid"), gs_jw_int(&w, getpid());
-    gs_jw_obj_end(&w);
-    gs_jw_text(&w, "\n");
-    int rc = w.err ? (errno = ENOMEM, -1) : gs_runs_write_atomic(o->dir, "meta.json", w.buf, w.len);
-    gs_jw_release(&w);
+    ga_jw_key(&w, "host"), ga_jw_str(&w, host);
+    ga_jw_key(&w, "nnodes"), ga_jw_int(&w, o->nnodes);
+    ga_jw_key(&w, "node_rank"), ga_jw_int(&w, o->node_rank);
+    ga_jw_key(&w, "master_addr"), ga_jw_str(&w, o->master_addr);
+    ga_jw_key(&w, "master_port"), ga_jw_int(&w, o->master_port);
+    ga_jw_key(&w, "max_restarts"), ga_jw_int(&w, o->max_restarts);
+    ga_jw_key(&w, "start"), ga_jw_str(&w, start);
+    ga_jw_key(&w, "agent_pid"), ga_jw_int(&w, o->agent_pid);
+    ga_jw_key(&w, "supervisor_pid"), ga_jw_int(&w, getpid());
+    ga_jw_obj_end(&w);
+    ga_jw_text(&w, "\n");
+    int rc = w.err ? (errno = ENOMEM, -1) : ga_runs_write_atomic(o->dir, "meta.json", w.buf, w.len);
+    ga_jw_release(&w);
     return rc;
 }
 
@@ -339,13 +339,13 @@ static void rank_log_path(const struct sup *s, int rank, char *buf, size_t cap)
 {
     char name[32];
     snprintf(name, sizeof(name), "rank%d.log", rank);
-    if (gs_runs_join(buf, cap, s->o->dir, name) < 0)
+    if (ga_runs_join(buf, cap, s->o->dir, name) < 0)
         buf[0] = 0;
 }
 
 /* Forks rank r and waits until its command runs. Returns 0, the errno that kept the command
  * from starting (the rank then exits by itself and is reaped as usual), or -1 if fork failed. */
-static int spawn_one(struct sup *s, struct gs_runs_rank *r, int restart)
+static int spawn_one(struct sup *s, struct ga_runs_rank *r, int restart)
 {
     char log[PATH_MAX];
     int p[2], e = 0;
@@ -361,7 +361,7 @@ static int spawn_one(struct sup *s, struct gs_runs_rank *r, int restart)
     if (pid > 0) {
         /* Both sides set the group, so a kill right after fork already reaches it. */
         setpgid(pid, pid);
-        gs_pgroup_record(r, pid);
+        ga_pgroup_record(r, pid);
         s->alive++;
         while (read(p[0], &e, sizeof(e)) < 0 && errno == EINTR)
             ;
@@ -376,7 +376,7 @@ static int spawn_one(struct sup *s, struct gs_runs_rank *r, int restart)
 static int spawn_ranks(struct sup *s, int restart, char *why, size_t cap)
 {
     for (int i = 0; i < s->st.nranks; i++) {
-        struct gs_runs_rank *r = &s->st.ranks[i];
+        struct ga_runs_rank *r = &s->st.ranks[i];
         memset(r, 0, sizeof(*r));
         r->local_rank = i;
         r->rank = (int)(s->o->node_rank * s->o->nproc + i);
@@ -413,7 +413,7 @@ static void mark_restart(const struct sup *s, int n)
 
 static void save_status(struct sup *s)
 {
-    gs_runs_write_status(s->o->dir, &s->st);
+    ga_runs_write_status(s->o->dir, &s->st);
 }
 
 /* 1 while some rank group is still the run's and not empty; marks the others gone (pgroup.h)
@@ -423,7 +423,7 @@ static int groups_alive(struct sup *s)
     int alive = 0, gone_before = 0, gone_after = 0;
     for (int i = 0; i < s->st.nranks; i++) {
         gone_before += s->st.ranks[i].group_gone;
-        alive |= gs_pgroup_alive(&s->st.ranks[i]);
+        alive |= ga_pgroup_alive(&s->st.ranks[i]);
         gone_after += s->st.ranks[i].group_gone;
     }
     if (gone_after != gone_before)
@@ -444,7 +444,7 @@ static int groups_orphaned(const struct sup *s)
 static void signal_groups(struct sup *s, int sig)
 {
     for (int i = 0; i < s->st.nranks; i++)
-        gs_pgroup_signal(&s->st.ranks[i], sig);
+        ga_pgroup_signal(&s->st.ranks[i], sig);
 }
 
 /* SIGTERM to every rank group, with SIGKILL due after the grace period. */
@@ -454,20 +454,20 @@ static void terminate(struct sup *s)
         return;
     s->terminating = 1;
     signal_groups(s, SIGTERM);
-    s->kill_at = gs_runs_mono_ms() + s->o->grace_ms;
+    s->kill_at = ga_runs_mono_ms() + s->o->grace_ms;
 }
 
 /* Records the exit of the rank with this pid (if it is one: reparented orphans are not). */
 static void rank_exited(struct sup *s, pid_t pid, int ws)
 {
     for (int i = 0; i < s->st.nranks; i++) {
-        struct gs_runs_rank *r = &s->st.ranks[i];
+        struct ga_runs_rank *r = &s->st.ranks[i];
         if (r->pid != pid || r->exit_code >= 0)
             continue;
         r->signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
         r->exit_code = WIFSIGNALED(ws) ? 128 + r->signal : WEXITSTATUS(ws);
         s->alive--;
-        gs_pgroup_alive(r); /* the leader was the only member: its number is free from now on */
+        ga_pgroup_alive(r); /* the leader was the only member: its number is free from now on */
         if (r->exit_code != 0 && s->first_fail < 0 && !s->terminating) {
             s->first_fail = r->exit_code;
             terminate(s);
@@ -493,7 +493,7 @@ static void on_signal(struct sup *s, int sig)
         return;
     }
     if (s->stop_sig) /* a second stop request: no more grace */
-        s->kill_at = gs_runs_mono_ms();
+        s->kill_at = ga_runs_mono_ms();
     s->stop_sig = sig;
     terminate(s);
 }
@@ -503,11 +503,11 @@ static void on_signal(struct sup *s, int sig)
 static int next_timeout(const struct sup *s)
 {
     long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
-    long long times = gs_logtimes_timeout(&s->lt);
+    long long times = ga_logtimes_timeout(&s->lt);
     if (times >= 0 && (t < 0 || times < t))
         t = times;
     if (s->kill_at) {
-        long long left = s->kill_at - gs_runs_mono_ms();
+        long long left = s->kill_at - ga_runs_mono_ms();
         left = left < 0 ? 0 : left;
         t = t < 0 || left < t ? left : t;
     }
@@ -523,19 +523,19 @@ static void wait_group(struct sup *s)
     while (groups_alive(s) || s->alive > 0) { /* every pass: a group seen empty is let go */
         if (s->alive == 0)
             terminate(s); /* leftovers of ranks that exited: they must not outlive the run */
-        struct pollfd p[2] = {{s->sfd, POLLIN, 0}, {gs_logtimes_fd(&s->lt), POLLIN, 0}};
+        struct pollfd p[2] = {{s->sfd, POLLIN, 0}, {ga_logtimes_fd(&s->lt), POLLIN, 0}};
         int n = poll(p, p[1].fd >= 0 ? 2 : 1, next_timeout(s));
         if (n > 0 && p[0].revents) {
             struct signalfd_siginfo si;
             while (read(s->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
                 on_signal(s, (int)si.ssi_signo);
         }
-        gs_logtimes_update(&s->lt);
+        ga_logtimes_update(&s->lt);
         reap(s);
-        long long now = gs_runs_mono_ms();
+        long long now = ga_runs_mono_ms();
         if (killed_at && now - killed_at > LAUNCH_UNKILLABLE_MS) {
             for (int i = 0; i < s->st.nranks; i++)
-                if (gs_pgroup_alive(&s->st.ranks[i]))
+                if (ga_pgroup_alive(&s->st.ranks[i]))
                     fprintf(stderr, "gpusync-agent: run %s: process group %ld survived SIGKILL\n",
                             s->o->id, s->st.ranks[i].pgid);
             return;
@@ -553,8 +553,8 @@ static void finish(struct sup *s, const char *state, int code)
 {
     snprintf(s->st.state, sizeof(s->st.state), "%s", state);
     s->st.exit_code = code;
-    gs_runs_now_iso(s->st.end, sizeof(s->st.end));
-    gs_logtimes_flush(&s->lt); /* before the end is visible: tail's last pass sees every record */
+    ga_runs_now_iso(s->st.end, sizeof(s->st.end));
+    ga_logtimes_flush(&s->lt); /* before the end is visible: tail's last pass sees every record */
     save_status(s);
 }
 
@@ -595,7 +595,7 @@ static void supervise(struct sup *s, int report_fd)
 static int take_lock(const struct launch_opts *o)
 {
     char path[PATH_MAX];
-    if (gs_runs_join(path, sizeof(path), o->dir, "supervisor.lock") < 0)
+    if (ga_runs_join(path, sizeof(path), o->dir, "supervisor.lock") < 0)
         return -1;
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, RUN_FILE_MODE);
     return fd < 0 || flock(fd, LOCK_EX) < 0 ? -1 : 0;
@@ -631,7 +631,7 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
     snprintf(s.st.id, sizeof(s.st.id), "%s", o->id);
     snprintf(s.st.state, sizeof(s.st.state), "running");
     s.st.exit_code = -1;
-    gs_runs_now_iso(s.st.start, sizeof(s.st.start));
+    ga_runs_now_iso(s.st.start, sizeof(s.st.start));
     s.st.supervisor_pid = getpid();
     s.st.master_port = (int)o->master_port;
     s.st.nranks = (int)o->nproc;
@@ -647,10 +647,10 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
     }
     /* Before the ranks start, so their first bytes are seen; without it the logs are still
      * kept, and tail reads them rank by rank. */
-    gs_logtimes_open(&s.lt, o->dir, (int)(o->node_rank * o->nproc), (int)o->nproc);
+    ga_logtimes_open(&s.lt, o->dir, (int)(o->node_rank * o->nproc), (int)o->nproc);
     supervise(&s, report_fd);
-    gs_logtimes_close(&s.lt);
-    gs_runs_status_release(&s.st);
+    ga_logtimes_close(&s.lt);
+    ga_runs_status_release(&s.st);
     _exit(0);
 }
 
@@ -662,7 +662,7 @@ static void detach_fds(const struct launch_opts *o, int keep)
 {
     char log[PATH_MAX];
     int in = open("/dev/null", O_RDONLY);
-    int out = gs_runs_join(log, sizeof(log), o->dir, "supervisor.log") == 0
+    int out = ga_runs_join(log, sizeof(log), o->dir, "supervisor.log") == 0
                   ? open(log, O_WRONLY | O_CREAT | O_APPEND, RUN_FILE_MODE)
                   : -1;
     if (out < 0)
@@ -741,9 +741,9 @@ static long start_supervisor(struct launch_opts *o, char *why, size_t cap)
         why[strcspn(why, "\n")] = 0;
         return -1;
     }
-    struct gs_runs_status st;
-    long pid = gs_runs_read_status(o->dir, &st) == 0 ? st.supervisor_pid : -1;
-    gs_runs_status_release(&st);
+    struct ga_runs_status st;
+    long pid = ga_runs_read_status(o->dir, &st) == 0 ? st.supervisor_pid : -1;
+    ga_runs_status_release(&st);
     if (pid < 0)
         snprintf(why, cap, "cannot read the run's status.json");
     return pid;
@@ -755,10 +755,10 @@ static int follow_logs(struct launch_opts *o)
 {
     char *argv[] = {"tail",    "--root",          (char *)o->root, "--id", (char *)o->id,
                     "--ranks", (char *)o->follow, "--follow",      NULL};
-    return gs_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
+    return ga_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
 }
 
-int gs_launch_main(int argc, char **argv)
+int ga_launch_main(int argc, char **argv)
 {
     struct launch_opts o;
     if (opts_parse(&o, argc, argv) < 0)

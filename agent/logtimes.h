@@ -1,25 +1,25 @@
 /* logtimes: when each rank's log bytes were written, so that `tail` can send several ranks'
  * lines in the order they were printed instead of rank by rank. Ranks write their logs directly
  * (rank<N>.log is their stdout and stderr); the supervisor watches the run directory with inotify
- * and appends to log-times, at most every GS_LOGTIMES_MIN_MS, a record per rank whose log grew:
+ * and appends to log-times, at most every GA_LOGTIMES_MIN_MS, a record per rank whose log grew:
  *
  *   gpusync-log-times 1\n                  (the format's version, first line)
  *   <rank> <size> <ms>\n                   (rank's log held <size> bytes <ms> after the start)
  *
  * Times are monotonic milliseconds since the supervisor started. A run without the file (started
  * by an older agent) or with another version is read rank by rank, as before. */
-#ifndef GS_LOGTIMES_H
-#define GS_LOGTIMES_H
+#ifndef GA_LOGTIMES_H
+#define GA_LOGTIMES_H
 
 #include <limits.h>
 #include <stddef.h>
 
-#define GS_LOGTIMES_FILE    "log-times"
-#define GS_LOGTIMES_VERSION 1
-#define GS_LOGTIMES_MIN_MS  10 /* the time resolution, and the most records per rank per ms */
+#define GA_LOGTIMES_FILE    "log-times"
+#define GA_LOGTIMES_VERSION 1
+#define GA_LOGTIMES_MIN_MS  10 /* the time resolution, and the most records per rank per ms */
 
 /* The supervisor's recorder for its local ranks first_rank .. first_rank + n - 1. */
-struct gs_logtimes {
+struct ga_logtimes {
     int ifd; /* inotify on the run directory; -1 when recording is off */
     int fd;  /* log-times, appended to */
     char dir[PATH_MAX];
@@ -32,25 +32,25 @@ struct gs_logtimes {
 
 /* Starts recording for the ranks' logs in dir (before they are spawned). Returns 0, or -1 with
  * recording off (the run goes on; its logs are then read rank by rank). */
-int gs_logtimes_open(struct gs_logtimes *lt, const char *dir, int first_rank, int n);
+int ga_logtimes_open(struct ga_logtimes *lt, const char *dir, int first_rank, int n);
 
 /* The descriptor to poll for input, or -1 when recording is off. */
-int gs_logtimes_fd(const struct gs_logtimes *lt);
+int ga_logtimes_fd(const struct ga_logtimes *lt);
 
 /* Milliseconds until a deferred record is due, or -1 when none is waiting. */
-int gs_logtimes_timeout(const struct gs_logtimes *lt);
+int ga_logtimes_timeout(const struct ga_logtimes *lt);
 
 /* Reads what inotify reported and writes the records that are due. */
-void gs_logtimes_update(struct gs_logtimes *lt);
+void ga_logtimes_update(struct ga_logtimes *lt);
 
 /* Records every rank's log size now (at the end of an attempt or of the run). */
-void gs_logtimes_flush(struct gs_logtimes *lt);
+void ga_logtimes_flush(struct ga_logtimes *lt);
 
 /* Stops recording and frees what lt holds; safe on a closed or failed recorder. */
-void gs_logtimes_close(struct gs_logtimes *lt);
+void ga_logtimes_close(struct ga_logtimes *lt);
 
 /* A reader of a run's log-times, which may still be growing. */
-struct gs_logtimes_reader {
+struct ga_logtimes_reader {
     int fd;      /* -1 until the file exists */
     int version; /* 0 until the first line is read; -1 for a version this agent does not know */
     char line[96];
@@ -58,14 +58,14 @@ struct gs_logtimes_reader {
 };
 
 /* Called for each record: rank's log held `size` bytes at `ms`. */
-typedef void (*gs_logtimes_fn)(void *ctx, int rank, long long size, long long ms);
+typedef void (*ga_logtimes_fn)(void *ctx, int rank, long long size, long long ms);
 
-void gs_logtimes_reader_init(struct gs_logtimes_reader *r);
+void ga_logtimes_reader_init(struct ga_logtimes_reader *r);
 
 /* Reads the records added to dir's log-times since the last call and passes each to fn. A
  * missing file, an unknown version or a malformed line yields no records (never an error). */
-void gs_logtimes_read(struct gs_logtimes_reader *r, const char *dir, gs_logtimes_fn fn, void *ctx);
+void ga_logtimes_read(struct ga_logtimes_reader *r, const char *dir, ga_logtimes_fn fn, void *ctx);
 
-void gs_logtimes_reader_close(struct gs_logtimes_reader *r);
+void ga_logtimes_reader_close(struct ga_logtimes_reader *r);
 
 #endif

@@ -38,11 +38,11 @@ static const struct agent_cmd agent_cmds[] = {
     {"serve", "serve --root DIR [--fsync]",
      "execute file requests from stdin against DIR (created if missing)", cmd_serve},
     {"launch", "launch --root DIR --id ID --nproc N ... -- CMD ARGS...",
-     "start a supervised run of N ranks, detached", gs_launch_main},
+     "start a supervised run of N ranks, detached", ga_launch_main},
     {"tail", "tail --root DIR --id ID [--follow]", "stream a run's rank logs as frames",
-     gs_tail_main},
-    {"ps", "ps --root DIR [--json]", "list the runs in DIR", gs_ps_main},
-    {"stop", "stop --root DIR --id ID", "stop a run and every process of it", gs_stop_main},
+     ga_tail_main},
+    {"ps", "ps --root DIR [--json]", "list the runs in DIR", ga_ps_main},
+    {"stop", "stop --root DIR --id ID", "stop a run and every process of it", ga_stop_main},
 };
 
 #define N_CMDS (sizeof(agent_cmds) / sizeof(agent_cmds[0]))
@@ -90,16 +90,16 @@ static int cmd_serve(int argc, char **argv)
     }
     /* A vanished client must end in a write error, not a silent death by SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
-    struct gs_serve s;
+    struct ga_serve s;
     char err[512];
-    if (gs_serve_init(&s, root, 1, write_stdout, NULL, err, sizeof(err)) < 0) {
+    if (ga_serve_init(&s, root, 1, write_stdout, NULL, err, sizeof(err)) < 0) {
         fprintf(stderr, "gpusync-agent: %s\n", err);
         return 1;
     }
     s.fsync = fsync_all;
     s.writer = 1; /* the only writer of root once HELLO is answered (fence.h) */
-    int status = gs_serve_run(&s, 0);
-    gs_serve_release(&s);
+    int status = ga_serve_run(&s, 0);
+    ga_serve_release(&s);
     return status;
 }
 
@@ -110,7 +110,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("gpusync-agent %s (protocol %d)\n", GS_AGENT_VERSION, GS_PROTO_VERSION);
+        printf("gpusync-agent %s (protocol %d)\n", GA_AGENT_VERSION, GS_PROTO_VERSION);
         return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

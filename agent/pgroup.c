@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-long long gs_pgroup_start_ticks(long pid)
+long long ga_pgroup_start_ticks(long pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
@@ -27,22 +27,22 @@ long long gs_pgroup_start_ticks(long pid)
     return p && sscanf(p + 1, "%lld", &ticks) == 1 ? ticks : -1;
 }
 
-void gs_pgroup_record(struct gs_runs_rank *r, long pid)
+void ga_pgroup_record(struct ga_runs_rank *r, long pid)
 {
-    long long start = gs_pgroup_start_ticks(pid);
+    long long start = ga_pgroup_start_ticks(pid);
     r->pid = r->pgid = pid;
     r->pgid_start = start > 0 ? start : 0;
     r->group_gone = 0;
 }
 
 /* 1 if the leader's pid now belongs to a process other than the recorded leader. */
-static int number_reused(const struct gs_runs_rank *r)
+static int number_reused(const struct ga_runs_rank *r)
 {
-    long long now = gs_pgroup_start_ticks(r->pgid);
+    long long now = ga_pgroup_start_ticks(r->pgid);
     return r->pgid_start > 0 && now >= 0 && now != r->pgid_start;
 }
 
-int gs_pgroup_alive(struct gs_runs_rank *r)
+int ga_pgroup_alive(struct ga_runs_rank *r)
 {
     if (r->group_gone || r->pgid <= 1)
         return 0;
@@ -56,7 +56,7 @@ int gs_pgroup_alive(struct gs_runs_rank *r)
     return 1;
 }
 
-int gs_pgroup_signal(struct gs_runs_rank *r, int sig)
+int ga_pgroup_signal(struct ga_runs_rank *r, int sig)
 {
-    return gs_pgroup_alive(r) && kill((pid_t)-r->pgid, sig) == 0;
+    return ga_pgroup_alive(r) && kill((pid_t)-r->pgid, sig) == 0;
 }

@@ -6,26 +6,26 @@
  * times have clock-tick resolution (10 ms): a number reused within the tick in which its first
  * holder started would pass the check, which takes a wrap of the whole pid space within that
  * tick. */
-#ifndef GS_PGROUP_H
-#define GS_PGROUP_H
+#ifndef GA_PGROUP_H
+#define GA_PGROUP_H
 
 #include "runs.h"
 
 /* Start time of process pid in clock ticks after boot (/proc/PID/stat field 22), or -1 when
  * there is no such process (or /proc cannot tell). */
-long long gs_pgroup_start_ticks(long pid);
+long long ga_pgroup_start_ticks(long pid);
 
 /* Records the group led by pid (just forked, already in its own group) in r: pgid and the
  * leader's start time (0 when unknown: then only emptiness is checked). */
-void gs_pgroup_record(struct gs_runs_rank *r, long pid);
+void ga_pgroup_record(struct ga_runs_rank *r, long pid);
 
 /* Returns 1 while r's group still holds a process and is the run's own: its leader, if a process
  * of that pid exists, has the recorded start time (a different one means the number was reused).
  * Otherwise marks r->group_gone and returns 0; a group gone stays gone. Zombies count as
  * processes until reaped (they pin the number). */
-int gs_pgroup_alive(struct gs_runs_rank *r);
+int ga_pgroup_alive(struct ga_runs_rank *r);
 
-/* Sends sig to r's group if gs_pgroup_alive says it is still the run's. Returns 1 if sent. */
-int gs_pgroup_signal(struct gs_runs_rank *r, int sig);
+/* Sends sig to r's group if ga_pgroup_alive says it is still the run's. Returns 1 if sent. */
+int ga_pgroup_signal(struct ga_runs_rank *r, int sig);
 
 #endif

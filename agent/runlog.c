@@ -51,7 +51,7 @@ struct tail {
     struct tail_rank *r;
     int n;
     int follow;
-    struct gs_logtimes_reader times; /* read only when more than one rank is tailed */
+    struct ga_logtimes_reader times; /* read only when more than one rank is tailed */
     char buf[TAIL_CHUNK];
 };
 
@@ -114,7 +114,7 @@ static int parse_list(struct tail *t, const char *s, int offsets)
 }
 
 /* Adds every rank the run has (from status.json). */
-static int add_all_ranks(struct tail *t, const struct gs_runs_status *st)
+static int add_all_ranks(struct tail *t, const struct ga_runs_status *st)
 {
     for (int i = 0; i < st->nranks; i++)
         if (!rank_entry(t, st->ranks[i].rank))
@@ -127,7 +127,7 @@ static void open_log(const struct tail *t, struct tail_rank *r)
 {
     char name[32], path[PATH_MAX];
     snprintf(name, sizeof(name), "rank%d.log", r->rank);
-    if (r->fd < 0 && gs_runs_join(path, sizeof(path), t->dir, name) == 0)
+    if (r->fd < 0 && ga_runs_join(path, sizeof(path), t->dir, name) == 0)
         r->fd = open(path, O_RDONLY | O_CLOEXEC);
 }
 
@@ -136,7 +136,7 @@ static int send_frame(const struct tail_rank *r, const char *p, size_t n)
 {
     char hdr[96];
     int h = snprintf(hdr, sizeof(hdr), "L %d %lld %zu\n", r->rank, r->off, n);
-    return gs_runs_write_all(1, hdr, (size_t)h) < 0 || gs_runs_write_all(1, p, n) < 0 ? -1 : 0;
+    return ga_runs_write_all(1, hdr, (size_t)h) < 0 || ga_runs_write_all(1, p, n) < 0 ? -1 : 0;
 }
 
 /* Length of the part of p[0..n) that ends at its last line end, 0 if none. */
@@ -153,7 +153,7 @@ static size_t sendable(struct tail *t, struct tail_rank *r, size_t n, int ended)
     size_t whole = whole_lines(t->buf, n);
     if (whole > 0 || n == TAIL_CHUNK || ended || !t->follow)
         return whole > 0 ? whole : n;
-    long long now = gs_runs_mono_ms();
+    long long now = ga_runs_mono_ms();
     if (!r->held_since)
         r->held_since = now;
     return now - r->held_since >= TAIL_PARTIAL_MS ? n : 0;
@@ -268,7 +268,7 @@ static int send_next(struct tail *t, struct tail_rank *r, size_t k)
 static int drain(struct tail *t, int ended)
 {
     if (t->n > 1)
-        gs_logtimes_read(&t->times, t->dir, add_time, t);
+        ga_logtimes_read(&t->times, t->dir, add_time, t);
     long long *when = malloc((size_t)t->n * sizeof(*when));
     size_t *len = malloc((size_t)t->n * sizeof(*len));
     int rc = when && len ? 0 : -1;
@@ -293,10 +293,10 @@ static int drain(struct tail *t, int ended)
 /* Reads the run's state: 1 if it has ended (code and state filled in), 0 if it runs on. */
 static int run_ended(const struct tail *t, int *code, char *state, size_t cap)
 {
-    struct gs_runs_status st;
-    if (gs_runs_read_status(t->dir, &st) < 0) {
+    struct ga_runs_status st;
+    if (ga_runs_read_status(t->dir, &st) < 0) {
         /* No status yet: starting while the supervisor holds its lock, else it never will. */
-        if (gs_runs_supervisor_alive(t->dir))
+        if (ga_runs_supervisor_alive(t->dir))
             return 0;
         snprintf(state, cap, "lost");
         *code = -1;
@@ -305,22 +305,22 @@ static int run_ended(const struct tail *t, int *code, char *state, size_t cap)
     int ended = strcmp(st.state, "running") != 0;
     snprintf(state, cap, "%s", st.state);
     *code = st.exit_code;
-    if (!ended && !gs_runs_supervisor_alive(t->dir)) {
+    if (!ended && !ga_runs_supervisor_alive(t->dir)) {
         /* A last look, in case the supervisor wrote its final status while exiting. */
-        gs_runs_status_release(&st);
-        int late = gs_runs_read_status(t->dir, &st) == 0 && strcmp(st.state, "running") != 0;
+        ga_runs_status_release(&st);
+        int late = ga_runs_read_status(t->dir, &st) == 0 && strcmp(st.state, "running") != 0;
         snprintf(state, cap, "%s", late ? st.state : "lost");
         *code = late ? st.exit_code : -1;
         ended = 1;
     }
-    gs_runs_status_release(&st);
+    ga_runs_status_release(&st);
     return ended;
 }
 
 /* Milliseconds to wait for the next pass. */
 static int wait_ms(const struct tail *t, int inotify_fd)
 {
-    long long now = gs_runs_mono_ms(), ms = inotify_fd >= 0 ? TAIL_CHECK_MS : TAIL_POLL_MS;
+    long long now = ga_runs_mono_ms(), ms = inotify_fd >= 0 ? TAIL_CHECK_MS : TAIL_POLL_MS;
     for (int i = 0; i < t->n; i++)
         if (t->r[i].held_since && t->r[i].held_since + TAIL_PARTIAL_MS - now < ms)
             ms = t->r[i].held_since + TAIL_PARTIAL_MS - now;
@@ -364,7 +364,7 @@ static int tail_run(struct tail *t)
             char x[64];
             int n = code >= 0 ? snprintf(x, sizeof(x), "X %d %s\n", code, state)
                               : snprintf(x, sizeof(x), "X null %s\n", state);
-            rc = gs_runs_write_all(1, x, (size_t)n);
+            rc = ga_runs_write_all(1, x, (size_t)n);
         }
         if (rc < 0 || ended || !t->follow || (rc = wait_change(t, ifd)) < 0)
             break;
@@ -400,25 +400,25 @@ static int tail_args(struct tail *t, int argc, char **argv, const char **root, c
     return ok ? 0 : -1;
 }
 
-int gs_tail_main(int argc, char **argv)
+int ga_tail_main(int argc, char **argv)
 {
     static struct tail t; /* holds the 64 KiB read buffer */
     const char *root = NULL, *arg = NULL, *ranks = "all", *offsets = NULL;
-    char id[GS_RUNS_ID_MAX + 1], err[PATH_MAX + 256];
+    char id[GA_RUNS_ID_MAX + 1], err[PATH_MAX + 256];
     memset(&t, 0, sizeof(t));
-    gs_logtimes_reader_init(&t.times);
+    ga_logtimes_reader_init(&t.times);
     signal(SIGPIPE, SIG_IGN); /* a vanished reader is a write error, not a silent death */
     if (tail_args(&t, argc, argv, &root, &arg, &ranks, &offsets) < 0)
         return free(t.r), 2;
-    if (gs_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
+    if (ga_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
         fprintf(stderr, "gpusync-agent tail: %s\n", err);
         return free(t.r), 1;
     }
-    gs_runs_path(t.dir, sizeof(t.dir), root, id);
-    struct gs_runs_status st;
-    if (!strcmp(ranks, "all") && gs_runs_read_status(t.dir, &st) == 0) {
+    ga_runs_path(t.dir, sizeof(t.dir), root, id);
+    struct ga_runs_status st;
+    if (!strcmp(ranks, "all") && ga_runs_read_status(t.dir, &st) == 0) {
         add_all_ranks(&t, &st);
-        gs_runs_status_release(&st);
+        ga_runs_status_release(&st);
     }
     if (offsets && parse_list(&t, offsets, 1) < 0) {
         fprintf(stderr, "gpusync-agent tail: --offsets wants RANK:OFFSET,... (got '%s')\n",
@@ -431,7 +431,7 @@ int gs_tail_main(int argc, char **argv)
             close(t.r[i].fd);
         free(t.r[i].times);
     }
-    gs_logtimes_reader_close(&t.times);
+    ga_logtimes_reader_close(&t.times);
     free(t.r);
     return rc;
 }

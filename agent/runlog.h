@@ -5,14 +5,14 @@
  *   (state: succeeded, failed, stopped, or lost when the supervisor vanished).
  * A frame ends at a line end ('\n' or '\r') unless the line is longer than 64 KiB, or the run
  * has ended, or (with --follow) a partial line has waited 200 ms. */
-#ifndef GS_RUNLOG_H
-#define GS_RUNLOG_H
+#ifndef GA_RUNLOG_H
+#define GA_RUNLOG_H
 
 /* `gpusync-agent tail --root DIR --id ID [--ranks all|0,1] [--offsets R:OFF,R:OFF] [--follow]`
  * (argv[0] = "tail"; ID may be the run's --name; ranks are global ranks). Without --follow, sends
  * what the logs hold now (and X if the run has ended); with --follow, waits for more (inotify,
  * else 20 ms polling) until the run ends. Returns 0, 1 on errors (unknown run, stdout closed),
  * 2 on bad usage. */
-int gs_tail_main(int argc, char **argv);
+int ga_tail_main(int argc, char **argv);
 
 #endif

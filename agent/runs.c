@@ -22,34 +22,34 @@
 #include "jsonw.h"
 #include "pgroup.h"
 
-void gs_runs_status_release(struct gs_runs_status *st)
+void ga_runs_status_release(struct ga_runs_status *st)
 {
     free(st->ranks);
     memset(st, 0, sizeof(*st));
 }
 
-int gs_runs_id_valid(const char *id)
+int ga_runs_id_valid(const char *id)
 {
     size_t n = strlen(id);
-    if (n == 0 || n > GS_RUNS_ID_MAX || id[0] == '.')
+    if (n == 0 || n > GA_RUNS_ID_MAX || id[0] == '.')
         return 0;
     return strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
 }
 
-int gs_runs_path(char *buf, size_t cap, const char *root, const char *id)
+int ga_runs_path(char *buf, size_t cap, const char *root, const char *id)
 {
     int n = id ? snprintf(buf, cap, "%s/.gpusync/runs/%s", root, id)
                : snprintf(buf, cap, "%s/.gpusync/runs", root);
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
-int gs_runs_join(char *buf, size_t cap, const char *dir, const char *name)
+int ga_runs_join(char *buf, size_t cap, const char *dir, const char *name)
 {
     int n = snprintf(buf, cap, "%s/%s", dir, name);
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
-void gs_runs_now_iso(char *buf, size_t cap)
+void ga_runs_now_iso(char *buf, size_t cap)
 {
     struct timespec ts;
     struct tm tm;
@@ -60,7 +60,7 @@ void gs_runs_now_iso(char *buf, size_t cap)
     snprintf(buf, cap, "%s.%03ldZ", day, ts.tv_nsec / 1000000);
 }
 
-long long gs_runs_iso_ms(const char *iso)
+long long ga_runs_iso_ms(const char *iso)
 {
     struct tm tm;
     int ms = 0;
@@ -73,14 +73,14 @@ long long gs_runs_iso_ms(const char *iso)
     return (long long)timegm(&tm) * 1000 + ms;
 }
 
-long long gs_runs_mono_ms(void)
+long long ga_runs_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int gs_runs_write_all(int fd, const char *p, size_t n)
+int ga_runs_write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -94,20 +94,20 @@ int gs_runs_write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-int gs_runs_write_atomic(const char *dir, const char *name, const char *data, size_t len)
+int ga_runs_write_atomic(const char *dir, const char *name, const char *data, size_t len)
 {
     char tmp[PATH_MAX], dst[PATH_MAX];
     char tmpname[NAME_MAX + 1];
     snprintf(tmpname, sizeof(tmpname), ".%.200s.tmp.%ld", name, (long)getpid());
-    if (gs_runs_join(dst, sizeof(dst), dir, name) < 0 ||
-        gs_runs_join(tmp, sizeof(tmp), dir, tmpname) < 0) {
+    if (ga_runs_join(dst, sizeof(dst), dir, name) < 0 ||
+        ga_runs_join(tmp, sizeof(tmp), dir, tmpname) < 0) {
         errno = ENAMETOOLONG;
         return -1;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    int rc = gs_runs_write_all(fd, data, len);
+    int rc = ga_runs_write_all(fd, data, len);
     int saved = errno;
     if (close(fd) < 0 && rc == 0)
         rc = -1, saved = errno;
@@ -120,90 +120,90 @@ int gs_runs_write_atomic(const char *dir, const char *name, const char *data, si
 }
 
 /* 1 if obj's key holds JSON true. */
-static int json_true(struct gs_json_span obj, const char *key)
+static int json_true(struct ga_json_span obj, const char *key)
 {
-    struct gs_json_span v;
-    return gs_json_get(obj, key, &v) == 0 && v.n == 4 && memcmp(v.p, "true", 4) == 0;
+    struct ga_json_span v;
+    return ga_json_get(obj, key, &v) == 0 && v.n == 4 && memcmp(v.p, "true", 4) == 0;
 }
 
 /* Writes an int that -1 (or, for signals, 0) turns into null. */
-static void jw_opt(struct gs_jw *w, const char *key, long long v, long long null_value)
+static void jw_opt(struct ga_jw *w, const char *key, long long v, long long null_value)
 {
-    gs_jw_key(w, key);
+    ga_jw_key(w, key);
     if (v == null_value)
-        gs_jw_null(w);
+        ga_jw_null(w);
     else
-        gs_jw_int(w, v);
+        ga_jw_int(w, v);
 }
 
 /* Writes the rank objects of st. */
-static void status_ranks_json(struct gs_jw *w, const struct gs_runs_status *st)
+static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
 {
-    gs_jw_arr(w);
+    ga_jw_arr(w);
     for (int i = 0; i < st->nranks; i++) {
-        const struct gs_runs_rank *r = &st->ranks[i];
-        gs_jw_obj(w);
-        gs_jw_key(w, "rank");
-        gs_jw_int(w, r->rank);
-        gs_jw_key(w, "local_rank");
-        gs_jw_int(w, r->local_rank);
-        gs_jw_key(w, "pid");
-        gs_jw_int(w, r->pid);
-        gs_jw_key(w, "pgid");
-        gs_jw_int(w, r->pgid);
-        gs_jw_key(w, "pgid_start");
-        gs_jw_int(w, r->pgid_start);
-        gs_jw_key(w, "group_gone");
-        gs_jw_raw(w, r->group_gone ? "true" : "false", r->group_gone ? 4 : 5);
+        const struct ga_runs_rank *r = &st->ranks[i];
+        ga_jw_obj(w);
+        ga_jw_key(w, "rank");
+        ga_jw_int(w, r->rank);
+        ga_jw_key(w, "local_rank");
+        ga_jw_int(w, r->local_rank);
+        ga_jw_key(w, "pid");
+        ga_jw_int(w, r->pid);
+        ga_jw_key(w, "pgid");
+        ga_jw_int(w, r->pgid);
+        ga_jw_key(w, "pgid_start");
+        ga_jw_int(w, r->pgid_start);
+        ga_jw_key(w, "group_gone");
+        ga_jw_raw(w, r->group_gone ? "true" : "false", r->group_gone ? 4 : 5);
         jw_opt(w, "exit_code", r->exit_code, -1);
         jw_opt(w, "signal", r->signal, 0);
-        gs_jw_obj_end(w);
+        ga_jw_obj_end(w);
     }
-    gs_jw_arr_end(w);
+    ga_jw_arr_end(w);
 }
 
 /* Writes the status.json fields of st (without braces), with state replaced by state_override
  * when it is not NULL (ps reports "lost"). */
-static void status_fields_json(struct gs_jw *w, const struct gs_runs_status *st,
+static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
                                const char *state_override)
 {
-    gs_jw_key(w, "id");
-    gs_jw_str(w, st->id);
-    gs_jw_key(w, "state");
-    gs_jw_str(w, state_override ? state_override : st->state);
+    ga_jw_key(w, "id");
+    ga_jw_str(w, st->id);
+    ga_jw_key(w, "state");
+    ga_jw_str(w, state_override ? state_override : st->state);
     jw_opt(w, "exit_code", st->exit_code, -1);
-    gs_jw_key(w, "restarts");
-    gs_jw_int(w, st->restarts);
-    gs_jw_key(w, "start");
-    gs_jw_str(w, st->start);
-    gs_jw_key(w, "end");
-    gs_jw_str(w, st->end[0] ? st->end : NULL);
-    gs_jw_key(w, "supervisor_pid");
-    gs_jw_int(w, st->supervisor_pid);
-    gs_jw_key(w, "master_port");
-    gs_jw_int(w, st->master_port);
-    gs_jw_key(w, "ranks");
+    ga_jw_key(w, "restarts");
+    ga_jw_int(w, st->restarts);
+    ga_jw_key(w, "start");
+    ga_jw_str(w, st->start);
+    ga_jw_key(w, "end");
+    ga_jw_str(w, st->end[0] ? st->end : NULL);
+    ga_jw_key(w, "supervisor_pid");
+    ga_jw_int(w, st->supervisor_pid);
+    ga_jw_key(w, "master_port");
+    ga_jw_int(w, st->master_port);
+    ga_jw_key(w, "ranks");
     status_ranks_json(w, st);
 }
 
-int gs_runs_write_status(const char *dir, const struct gs_runs_status *st)
+int ga_runs_write_status(const char *dir, const struct ga_runs_status *st)
 {
-    struct gs_jw w;
-    gs_jw_init(&w);
-    gs_jw_obj(&w);
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_obj(&w);
     status_fields_json(&w, st, NULL);
-    gs_jw_obj_end(&w);
-    gs_jw_text(&w, "\n");
+    ga_jw_obj_end(&w);
+    ga_jw_text(&w, "\n");
     int rc = -1;
     if (w.err)
         errno = ENOMEM;
     else
-        rc = gs_runs_write_atomic(dir, "status.json", w.buf, w.len);
-    gs_jw_release(&w);
+        rc = ga_runs_write_atomic(dir, "status.json", w.buf, w.len);
+    ga_jw_release(&w);
     return rc;
 }
 
-char *gs_runs_slurp(const char *path, size_t *len)
+char *ga_runs_slurp(const char *path, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -246,62 +246,62 @@ char *gs_runs_slurp(const char *path, size_t *len)
 }
 
 /* Parses the rank objects of a status.json ranks array into st. Returns 0 or -1. */
-static int parse_ranks(struct gs_json_span arr, struct gs_runs_status *st)
+static int parse_ranks(struct ga_json_span arr, struct ga_runs_status *st)
 {
-    struct gs_json_span e;
+    struct ga_json_span e;
     size_t pos = 0;
     int rc, cap = 0;
-    while ((rc = gs_json_next(arr, &pos, &e)) == 1) {
+    while ((rc = ga_json_next(arr, &pos, &e)) == 1) {
         if (st->nranks == cap) {
             cap = cap ? cap * 2 : 8;
-            struct gs_runs_rank *r = realloc(st->ranks, (size_t)cap * sizeof(*r));
+            struct ga_runs_rank *r = realloc(st->ranks, (size_t)cap * sizeof(*r));
             if (!r)
                 return -1;
             st->ranks = r;
         }
-        struct gs_runs_rank *r = &st->ranks[st->nranks++];
-        r->rank = (int)gs_json_get_int(e, "rank", -1);
-        r->local_rank = (int)gs_json_get_int(e, "local_rank", -1);
-        r->pid = (long)gs_json_get_int(e, "pid", 0);
-        r->pgid = (long)gs_json_get_int(e, "pgid", 0);
-        r->pgid_start = gs_json_get_int(e, "pgid_start", 0);
+        struct ga_runs_rank *r = &st->ranks[st->nranks++];
+        r->rank = (int)ga_json_get_int(e, "rank", -1);
+        r->local_rank = (int)ga_json_get_int(e, "local_rank", -1);
+        r->pid = (long)ga_json_get_int(e, "pid", 0);
+        r->pgid = (long)ga_json_get_int(e, "pgid", 0);
+        r->pgid_start = ga_json_get_int(e, "pgid_start", 0);
         r->group_gone = json_true(e, "group_gone");
-        r->exit_code = (int)gs_json_get_int(e, "exit_code", -1);
-        r->signal = (int)gs_json_get_int(e, "signal", 0);
+        r->exit_code = (int)ga_json_get_int(e, "exit_code", -1);
+        r->signal = (int)ga_json_get_int(e, "signal", 0);
     }
     return rc;
 }
 
-int gs_runs_read_status(const char *dir, struct gs_runs_status *st)
+int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
 {
     char path[PATH_MAX];
     size_t n;
     memset(st, 0, sizeof(*st));
-    if (gs_runs_join(path, sizeof(path), dir, "status.json") < 0)
+    if (ga_runs_join(path, sizeof(path), dir, "status.json") < 0)
         return -1;
-    char *text = gs_runs_slurp(path, &n);
+    char *text = ga_runs_slurp(path, &n);
     if (!text)
         return -1;
-    struct gs_json_span obj = {text, n}, ranks;
-    gs_json_get_str(obj, "id", st->id, sizeof(st->id));
-    gs_json_get_str(obj, "state", st->state, sizeof(st->state));
-    gs_json_get_str(obj, "start", st->start, sizeof(st->start));
-    gs_json_get_str(obj, "end", st->end, sizeof(st->end));
-    st->exit_code = (int)gs_json_get_int(obj, "exit_code", -1);
-    st->restarts = (int)gs_json_get_int(obj, "restarts", 0);
-    st->supervisor_pid = (long)gs_json_get_int(obj, "supervisor_pid", 0);
-    st->master_port = (int)gs_json_get_int(obj, "master_port", 0);
-    int rc = st->state[0] && gs_json_get(obj, "ranks", &ranks) == 0 ? parse_ranks(ranks, st) : -1;
+    struct ga_json_span obj = {text, n}, ranks;
+    ga_json_get_str(obj, "id", st->id, sizeof(st->id));
+    ga_json_get_str(obj, "state", st->state, sizeof(st->state));
+    ga_json_get_str(obj, "start", st->start, sizeof(st->start));
+    ga_json_get_str(obj, "end", st->end, sizeof(st->end));
+    st->exit_code = (int)ga_json_get_int(obj, "exit_code", -1);
+    st->restarts = (int)ga_json_get_int(obj, "restarts", 0);
+    st->supervisor_pid = (long)ga_json_get_int(obj, "supervisor_pid", 0);
+    st->master_port = (int)ga_json_get_int(obj, "master_port", 0);
+    int rc = st->state[0] && ga_json_get(obj, "ranks", &ranks) == 0 ? parse_ranks(ranks, st) : -1;
     free(text);
     if (rc < 0)
-        gs_runs_status_release(st);
+        ga_runs_status_release(st);
     return rc;
 }
 
-int gs_runs_supervisor_alive(const char *dir)
+int ga_runs_supervisor_alive(const char *dir)
 {
     char path[PATH_MAX];
-    if (gs_runs_join(path, sizeof(path), dir, "supervisor.lock") < 0)
+    if (ga_runs_join(path, sizeof(path), dir, "supervisor.lock") < 0)
         return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -315,9 +315,9 @@ int gs_runs_supervisor_alive(const char *dir)
 static char *read_meta(const char *dir, size_t *n)
 {
     char path[PATH_MAX];
-    if (gs_runs_join(path, sizeof(path), dir, "meta.json") < 0)
+    if (ga_runs_join(path, sizeof(path), dir, "meta.json") < 0)
         return NULL;
-    return gs_runs_slurp(path, n);
+    return ga_runs_slurp(path, n);
 }
 
 /* Checks whether the run in runs/ent is named name; if it is newer than *best_start, records
@@ -325,16 +325,16 @@ static char *read_meta(const char *dir, size_t *n)
 static void match_name(const char *runs, const char *ent, const char *name, char *best, size_t cap,
                        char *best_start)
 {
-    char dir[PATH_MAX], got[GS_RUNS_NAME_MAX + 1], start[40];
+    char dir[PATH_MAX], got[GA_RUNS_NAME_MAX + 1], start[40];
     size_t n;
-    if (gs_runs_join(dir, sizeof(dir), runs, ent) < 0)
+    if (ga_runs_join(dir, sizeof(dir), runs, ent) < 0)
         return;
     char *meta = read_meta(dir, &n);
     if (!meta)
         return;
-    struct gs_json_span obj = {meta, n};
-    gs_json_get_str(obj, "name", got, sizeof(got));
-    gs_json_get_str(obj, "start", start, sizeof(start));
+    struct ga_json_span obj = {meta, n};
+    ga_json_get_str(obj, "name", got, sizeof(got));
+    ga_json_get_str(obj, "start", start, sizeof(start));
     if (!strcmp(got, name) && strcmp(start, best_start) >= 0 && strlen(ent) < cap) {
         snprintf(best, cap, "%s", ent);
         snprintf(best_start, 40, "%s", start);
@@ -342,16 +342,16 @@ static void match_name(const char *runs, const char *ent, const char *name, char
     free(meta);
 }
 
-int gs_runs_resolve(const char *root, const char *arg, char *out, size_t cap, char *err,
+int ga_runs_resolve(const char *root, const char *arg, char *out, size_t cap, char *err,
                     size_t errlen)
 {
     char runs[PATH_MAX], dir[PATH_MAX], best_start[40] = "";
     struct stat sb;
-    if (gs_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+    if (ga_runs_path(runs, sizeof(runs), root, NULL) < 0) {
         snprintf(err, errlen, "path too long: %s", root);
         return -1;
     }
-    if (gs_runs_id_valid(arg) && gs_runs_path(dir, sizeof(dir), root, arg) == 0 &&
+    if (ga_runs_id_valid(arg) && ga_runs_path(dir, sizeof(dir), root, arg) == 0 &&
         stat(dir, &sb) == 0 && strlen(arg) < cap) {
         snprintf(out, cap, "%s", arg);
         return 0;
@@ -359,7 +359,7 @@ int gs_runs_resolve(const char *root, const char *arg, char *out, size_t cap, ch
     out[0] = 0;
     DIR *d = opendir(runs);
     for (struct dirent *e; d && (e = readdir(d));)
-        if (gs_runs_id_valid(e->d_name))
+        if (ga_runs_id_valid(e->d_name))
             match_name(runs, e->d_name, arg, out, cap, best_start);
     if (d)
         closedir(d);
@@ -373,7 +373,7 @@ int gs_runs_resolve(const char *root, const char *arg, char *out, size_t cap, ch
 
 /* One run as ps lists it. */
 struct ps_row {
-    struct gs_runs_status st;
+    struct ga_runs_status st;
     char *meta; /* meta.json text, owned */
     size_t meta_len;
     int lost; /* status says running, but the supervisor is gone */
@@ -384,12 +384,12 @@ static int ps_load(const char *runs, const char *id, struct ps_row *row)
 {
     char dir[PATH_MAX];
     memset(row, 0, sizeof(*row));
-    if (gs_runs_join(dir, sizeof(dir), runs, id) < 0)
+    if (ga_runs_join(dir, sizeof(dir), runs, id) < 0)
         return -1;
-    if (gs_runs_read_status(dir, &row->st) < 0)
+    if (ga_runs_read_status(dir, &row->st) < 0)
         return -1;
     row->meta = read_meta(dir, &row->meta_len);
-    row->lost = !strcmp(row->st.state, "running") && !gs_runs_supervisor_alive(dir);
+    row->lost = !strcmp(row->st.state, "running") && !ga_runs_supervisor_alive(dir);
     return 0;
 }
 
@@ -417,42 +417,42 @@ static void fmt_duration(long long ms, char *buf, size_t cap)
 
 static long long row_duration(const struct ps_row *r)
 {
-    long long start = gs_runs_iso_ms(r->st.start);
+    long long start = ga_runs_iso_ms(r->st.start);
     char now[40];
-    gs_runs_now_iso(now, sizeof(now));
-    long long end = gs_runs_iso_ms(r->st.end[0] ? r->st.end : now);
+    ga_runs_now_iso(now, sizeof(now));
+    long long end = ga_runs_iso_ms(r->st.end[0] ? r->st.end : now);
     return start < 0 || end < 0 ? -1 : end - start;
 }
 
 static void ps_print_json(struct ps_row *rows, size_t n)
 {
-    struct gs_jw w;
-    gs_jw_init(&w);
-    gs_jw_arr(&w);
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_arr(&w);
     for (size_t i = 0; i < n; i++) {
-        struct gs_json_span meta = {rows[i].meta ? rows[i].meta : "{}",
+        struct ga_json_span meta = {rows[i].meta ? rows[i].meta : "{}",
                                     rows[i].meta ? rows[i].meta_len : 2},
                             v;
-        gs_jw_obj(&w);
+        ga_jw_obj(&w);
         status_fields_json(&w, &rows[i].st, rows[i].lost ? "lost" : NULL);
-        gs_jw_key(&w, "name");
-        if (gs_json_get(meta, "name", &v) == 0)
-            gs_jw_raw(&w, v.p, v.n);
+        ga_jw_key(&w, "name");
+        if (ga_json_get(meta, "name", &v) == 0)
+            ga_jw_raw(&w, v.p, v.n);
         else
-            gs_jw_null(&w);
-        gs_jw_key(&w, "command");
-        if (gs_json_get(meta, "command", &v) == 0)
-            gs_jw_raw(&w, v.p, v.n);
+            ga_jw_null(&w);
+        ga_jw_key(&w, "command");
+        if (ga_json_get(meta, "command", &v) == 0)
+            ga_jw_raw(&w, v.p, v.n);
         else
-            gs_jw_null(&w);
-        gs_jw_key(&w, "duration_ms");
-        gs_jw_int(&w, row_duration(&rows[i]));
-        gs_jw_obj_end(&w);
+            ga_jw_null(&w);
+        ga_jw_key(&w, "duration_ms");
+        ga_jw_int(&w, row_duration(&rows[i]));
+        ga_jw_obj_end(&w);
     }
-    gs_jw_arr_end(&w);
+    ga_jw_arr_end(&w);
     if (!w.err)
         printf("%s\n", w.buf);
-    gs_jw_release(&w);
+    ga_jw_release(&w);
 }
 
 static void ps_print_table(struct ps_row *rows, size_t n)
@@ -460,10 +460,10 @@ static void ps_print_table(struct ps_row *rows, size_t n)
     printf("%-24s %-16s %-9s %5s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "START",
            "DURATION", "EXIT");
     for (size_t i = 0; i < n; i++) {
-        char name[GS_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-";
+        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-";
         if (rows[i].meta) {
-            struct gs_json_span meta = {rows[i].meta, rows[i].meta_len};
-            gs_json_get_str(meta, "name", name, sizeof(name));
+            struct ga_json_span meta = {rows[i].meta, rows[i].meta_len};
+            ga_json_get_str(meta, "name", name, sizeof(name));
             if (!name[0])
                 snprintf(name, sizeof(name), "-");
         }
@@ -484,7 +484,7 @@ static struct ps_row *ps_collect(const char *runs, size_t *n)
     *n = 0;
     DIR *d = opendir(runs);
     for (struct dirent *e; d && (e = readdir(d));) {
-        if (!gs_runs_id_valid(e->d_name))
+        if (!ga_runs_id_valid(e->d_name))
             continue;
         if (*n == cap) {
             cap = cap ? cap * 2 : 16;
@@ -503,7 +503,7 @@ static struct ps_row *ps_collect(const char *runs, size_t *n)
     return rows;
 }
 
-int gs_ps_main(int argc, char **argv)
+int ga_ps_main(int argc, char **argv)
 {
     const char *root = NULL;
     int json = 0;
@@ -522,7 +522,7 @@ int gs_ps_main(int argc, char **argv)
         return 2;
     }
     char runs[PATH_MAX];
-    if (gs_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+    if (ga_runs_path(runs, sizeof(runs), root, NULL) < 0) {
         fprintf(stderr, "gpusync-agent ps: path too long: %s\n", root);
         return 1;
     }
@@ -533,7 +533,7 @@ int gs_ps_main(int argc, char **argv)
     else
         ps_print_table(rows, n);
     for (size_t i = 0; i < n; i++) {
-        gs_runs_status_release(&rows[i].st);
+        ga_runs_status_release(&rows[i].st);
         free(rows[i].meta);
     }
     free(rows);
@@ -544,18 +544,18 @@ int gs_ps_main(int argc, char **argv)
 
 /* Returns 1 if any rank group of st is still the run's and not empty (pgroup.h: a recorded
  * pgid whose number now belongs to someone else, or that was seen empty, is not). */
-static int any_group_alive(struct gs_runs_status *st)
+static int any_group_alive(struct ga_runs_status *st)
 {
     int alive = 0;
     for (int i = 0; i < st->nranks; i++)
-        alive |= gs_pgroup_alive(&st->ranks[i]);
+        alive |= ga_pgroup_alive(&st->ranks[i]);
     return alive;
 }
 
-static void kill_groups(struct gs_runs_status *st, int sig)
+static void kill_groups(struct ga_runs_status *st, int sig)
 {
     for (int i = 0; i < st->nranks; i++)
-        gs_pgroup_signal(&st->ranks[i], sig);
+        ga_pgroup_signal(&st->ranks[i], sig);
 }
 
 /* Sleeps about ms milliseconds (used only while waiting on processes that are not our
@@ -569,34 +569,34 @@ static void nap_ms(long ms)
 
 /* Waits up to ms for the supervisor to let go of its lock and the groups to empty. Returns 1
  * when everything is gone. */
-static int wait_gone(const char *dir, struct gs_runs_status *st, long ms)
+static int wait_gone(const char *dir, struct ga_runs_status *st, long ms)
 {
-    long long deadline = gs_runs_mono_ms() + ms;
+    long long deadline = ga_runs_mono_ms() + ms;
     for (;;) {
-        int gone = !gs_runs_supervisor_alive(dir) && !any_group_alive(st);
-        if (gone || gs_runs_mono_ms() >= deadline)
+        int gone = !ga_runs_supervisor_alive(dir) && !any_group_alive(st);
+        if (gone || ga_runs_mono_ms() >= deadline)
             return gone;
         nap_ms(5);
     }
 }
 
 /* Marks a run whose supervisor vanished as stopped, so ps stops calling it lost. */
-static void mark_stopped(const char *dir, struct gs_runs_status *st)
+static void mark_stopped(const char *dir, struct ga_runs_status *st)
 {
     snprintf(st->state, sizeof(st->state), "stopped");
-    gs_runs_now_iso(st->end, sizeof(st->end));
+    ga_runs_now_iso(st->end, sizeof(st->end));
     if (st->exit_code < 0)
         st->exit_code = 128 + SIGKILL;
-    gs_runs_write_status(dir, st);
+    ga_runs_write_status(dir, st);
 }
 
 /* Stops the run in dir. Returns 1 if it was running, 0 if not, -1 if something survived. */
 static int stop_run(const char *dir, long grace_ms)
 {
-    struct gs_runs_status st;
-    if (gs_runs_read_status(dir, &st) < 0)
+    struct ga_runs_status st;
+    if (ga_runs_read_status(dir, &st) < 0)
         return -1;
-    int sup = gs_runs_supervisor_alive(dir);
+    int sup = ga_runs_supervisor_alive(dir);
     /* A lost run (status running, supervisor gone) counts as running: stop ends it. */
     int was_running = sup || !strcmp(st.state, "running");
     if (sup && st.supervisor_pid > 1)
@@ -604,24 +604,24 @@ static int stop_run(const char *dir, long grace_ms)
     if (sup)
         wait_gone(dir, &st, grace_ms + 1000);
     /* The supervisor may have restarted the group since we read it: read again. */
-    struct gs_runs_status now;
-    if (gs_runs_read_status(dir, &now) == 0) {
-        gs_runs_status_release(&st);
+    struct ga_runs_status now;
+    if (ga_runs_read_status(dir, &now) == 0) {
+        ga_runs_status_release(&st);
         st = now;
     }
     if (!strcmp(st.state, "running") || sup) {
-        if (gs_runs_supervisor_alive(dir) && st.supervisor_pid > 1)
+        if (ga_runs_supervisor_alive(dir) && st.supervisor_pid > 1)
             kill((pid_t)st.supervisor_pid, SIGKILL);
         kill_groups(&st, SIGKILL);
     }
     int gone = wait_gone(dir, &st, 3000);
     if (gone && !strcmp(st.state, "running"))
         mark_stopped(dir, &st);
-    gs_runs_status_release(&st);
+    ga_runs_status_release(&st);
     return gone ? was_running : -1;
 }
 
-int gs_stop_main(int argc, char **argv)
+int ga_stop_main(int argc, char **argv)
 {
     const char *root = NULL, *arg = NULL;
     long grace_ms = 10000;
@@ -642,12 +642,12 @@ int gs_stop_main(int argc, char **argv)
         fprintf(stderr, "usage: gpusync-agent stop --root DIR --id ID [--grace-ms MS]\n");
         return 2;
     }
-    char id[GS_RUNS_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
-    if (gs_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
+    char id[GA_RUNS_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
+    if (ga_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
         fprintf(stderr, "gpusync-agent stop: %s\n", err);
         return 1;
     }
-    gs_runs_path(dir, sizeof(dir), root, id);
+    ga_runs_path(dir, sizeof(dir), root, id);
     int rc = stop_run(dir, grace_ms);
     if (rc < 0) {
         fprintf(stderr,

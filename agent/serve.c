@@ -27,15 +27,15 @@
 /* ---- replies ----------------------------------------------------------------------------- */
 
 /* Appends a reply; a failure to encode one (out of memory) ends the session. */
-void gs_serve_emit(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_emit(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     if (gs_proto_encode(&s->out, m) < 0)
         s->fatal = EXIT_IO;
-    else if (s->out.len >= GS_SERVE_FLUSH_AT)
-        gs_serve_flush(s);
+    else if (s->out.len >= GA_SERVE_FLUSH_AT)
+        ga_serve_flush(s);
 }
 
-void gs_serve_reply_error(struct gs_serve *s, uint32_t id, int err, const char *fmt, ...)
+void ga_serve_reply_error(struct ga_serve *s, uint32_t id, int err, const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;
@@ -47,11 +47,11 @@ void gs_serve_reply_error(struct gs_serve *s, uint32_t id, int err, const char *
     m.id = id;
     m.err = err;
     m.text = gs_proto_cstr(msg);
-    gs_serve_emit(s, &m);
+    ga_serve_emit(s, &m);
 }
 
 /* Explains an errno from path handling in the words a user needs. */
-const char *gs_serve_why(int err)
+const char *ga_serve_why(int err)
 {
     switch (err) {
     case EPERM:
@@ -65,17 +65,17 @@ const char *gs_serve_why(int err)
 }
 
 /* Replies ERROR for a failed op on path; err is a negative errno. */
-void gs_serve_reply_op_error(struct gs_serve *s, uint32_t id, int err, const char *op,
+void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const char *op,
                              const char *path)
 {
-    gs_serve_reply_error(s, id, -err, "%s %s: %s", op, path, gs_serve_why(-err));
+    ga_serve_reply_error(s, id, -err, "%s %s: %s", op, path, ga_serve_why(-err));
 }
 
 /* Replies DONE; kept is the conflict copy's name in the directory of path ("" if none). */
-void gs_serve_reply_done(struct gs_serve *s, uint32_t id, uint32_t flags, const char *path,
+void ga_serve_reply_done(struct ga_serve *s, uint32_t id, uint32_t flags, const char *path,
                          const char *kept)
 {
-    char rel[GS_PROTO_MAX_PATH + GS_FS_NAME_MAX + 2] = "";
+    char rel[GS_PROTO_MAX_PATH + GA_FS_NAME_MAX + 2] = "";
     if (kept && kept[0]) {
         const char *slash = strrchr(path, '/');
         int dirlen = slash ? (int)(slash - path + 1) : 0;
@@ -87,23 +87,23 @@ void gs_serve_reply_done(struct gs_serve *s, uint32_t id, uint32_t flags, const 
     m.id = id;
     m.flags = flags;
     m.path2 = gs_proto_cstr(rel);
-    gs_serve_emit(s, &m);
+    ga_serve_emit(s, &m);
 }
 
 /* Checks a wire path and returns it NUL-terminated in *out (caller frees), or replies ERROR
  * and returns -1. */
-int gs_serve_take_path(struct gs_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
+int ga_serve_take_path(struct ga_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
                        int allow_empty, char **out)
 {
     int rc = gs_proto_check_path(p.p, p.len, allow_empty);
     if (rc < 0) {
-        gs_serve_reply_error(s, m->id, -rc, "%s %.*s: %s", gs_proto_type_name(m->type),
-                             (int)(p.len > 512 ? 512 : p.len), p.p, gs_serve_why(-rc));
+        ga_serve_reply_error(s, m->id, -rc, "%s %.*s: %s", gs_proto_type_name(m->type),
+                             (int)(p.len > 512 ? 512 : p.len), p.p, ga_serve_why(-rc));
         return -1;
     }
     *out = malloc(p.len + 1);
     if (!*out) {
-        gs_serve_reply_error(s, m->id, ENOMEM, "%s: out of memory", gs_proto_type_name(m->type));
+        ga_serve_reply_error(s, m->id, ENOMEM, "%s: out of memory", gs_proto_type_name(m->type));
         return -1;
     }
     memcpy(*out, p.p, p.len);
@@ -113,37 +113,37 @@ int gs_serve_take_path(struct gs_serve *s, const struct gs_proto_msg *m, struct 
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-typedef void (*handler_fn)(struct gs_serve *, const struct gs_proto_msg *);
+typedef void (*handler_fn)(struct ga_serve *, const struct gs_proto_msg *);
 
 static handler_fn handler_for(uint8_t type)
 {
     switch (type) {
     case GS_MSG_PUT:
-        return gs_serve_put;
+        return ga_serve_put;
     case GS_MSG_PUT_BEGIN:
-        return gs_serve_put_begin;
+        return ga_serve_put_begin;
     case GS_MSG_PUT_DATA:
-        return gs_serve_put_data;
+        return ga_serve_put_data;
     case GS_MSG_PUT_END:
-        return gs_serve_put_end;
+        return ga_serve_put_end;
     case GS_MSG_MKDIR:
-        return gs_serve_mkdir;
+        return ga_serve_mkdir;
     case GS_MSG_DELETE:
-        return gs_serve_delete;
+        return ga_serve_delete;
     case GS_MSG_RENAME:
-        return gs_serve_rename;
+        return ga_serve_rename;
     case GS_MSG_SYMLINK:
-        return gs_serve_symlink;
+        return ga_serve_symlink;
     case GS_MSG_CHMOD:
-        return gs_serve_chmod;
+        return ga_serve_chmod;
     case GS_MSG_STAT:
-        return gs_serve_stat;
+        return ga_serve_stat;
     case GS_MSG_HASH:
-        return gs_serve_hash;
+        return ga_serve_hash;
     case GS_MSG_GET:
-        return gs_serve_get;
+        return ga_serve_get;
     case GS_MSG_LIST:
-        return gs_serve_list;
+        return ga_serve_list;
     default:
         return NULL;
     }
@@ -153,12 +153,12 @@ static handler_fn handler_for(uint8_t type)
  * that may not be killed ends the session (-1, after an ERROR reply). Where no lock can be taken
  * at all (a symlink as .gpusync, a read-only root, no lock support), the session goes on unfenced,
  * as agents before v4 did, and says so on stderr. Returns 0 or -1. */
-static int take_writer_lock(struct gs_serve *s, uint32_t id)
+static int take_writer_lock(struct ga_serve *s, uint32_t id)
 {
     char why[900];
-    int rc = gs_fence_acquire(&s->fence, s->rootfd, s->root, why, sizeof(why));
+    int rc = ga_fence_acquire(&s->fence, s->rootfd, s->root, why, sizeof(why));
     if (rc == -EBUSY) {
-        gs_serve_reply_error(s, id, EBUSY, "%s", why);
+        ga_serve_reply_error(s, id, EBUSY, "%s", why);
         s->fatal = EXIT_PROTOCOL;
         return -1;
     }
@@ -173,19 +173,19 @@ static int take_writer_lock(struct gs_serve *s, uint32_t id)
 }
 
 /* Answers the first frame, which must be a HELLO of our version. */
-static int handshake(struct gs_serve *s, const struct gs_proto_frame *f)
+static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
 {
     struct gs_proto_msg m;
     if (f->type != GS_MSG_HELLO || gs_proto_decode(f, &m) < 0 || m.magic != GS_PROTO_MAGIC) {
-        gs_serve_reply_error(s, f->id, EPROTO, "expected a gpusync HELLO as the first frame");
+        ga_serve_reply_error(s, f->id, EPROTO, "expected a gpusync HELLO as the first frame");
         s->fatal = EXIT_PROTOCOL;
         return -1;
     }
     if (m.version != GS_PROTO_VERSION) {
-        gs_serve_reply_error(s, f->id, EPROTONOSUPPORT,
+        ga_serve_reply_error(s, f->id, EPROTONOSUPPORT,
                              "protocol version mismatch: client speaks %u, agent %s speaks %u; "
                              "reinstall the agent",
-                             m.version, GS_AGENT_VERSION, GS_PROTO_VERSION);
+                             m.version, GA_AGENT_VERSION, GS_PROTO_VERSION);
         s->fatal = EXIT_PROTOCOL;
         return -1;
     }
@@ -198,33 +198,33 @@ static int handshake(struct gs_serve *s, const struct gs_proto_frame *f)
     r.id = f->id;
     r.magic = GS_PROTO_MAGIC;
     r.version = GS_PROTO_VERSION;
-    r.text = gs_proto_cstr(GS_AGENT_VERSION);
+    r.text = gs_proto_cstr(GA_AGENT_VERSION);
     r.path2 = gs_proto_cstr(s->root);
     char sync_id[GS_SYNC_ID_MAX + 1] = "";
-    if ((m.flags & GS_HELLO_SYNC_ID) && gs_sync_id_get(s->rootfd, sync_id) < 0)
+    if ((m.flags & GS_HELLO_SYNC_ID) && ga_sync_id_get(s->rootfd, sync_id) < 0)
         sync_id[0] = '\0'; /* the client then records none, and asks again next time */
     r.path = gs_proto_cstr(sync_id);
-    gs_serve_emit(s, &r);
+    ga_serve_emit(s, &r);
     return s->fatal ? -1 : 0;
 }
 
-int gs_serve_frame(struct gs_serve *s, const struct gs_proto_frame *f)
+int ga_serve_frame(struct ga_serve *s, const struct gs_proto_frame *f)
 {
     if (!s->greeted)
         return handshake(s, f);
     struct gs_proto_msg m;
     handler_fn h = (f->type & 0x80) ? NULL : handler_for(f->type);
     if (!h) {
-        gs_serve_reply_error(s, f->id, ENOSYS, "unknown request type 0x%02x", f->type);
+        ga_serve_reply_error(s, f->id, ENOSYS, "unknown request type 0x%02x", f->type);
     } else if (gs_proto_decode(f, &m) < 0) {
-        gs_serve_reply_error(s, f->id, EBADMSG, "malformed %s frame", gs_proto_type_name(f->type));
+        ga_serve_reply_error(s, f->id, EBADMSG, "malformed %s frame", gs_proto_type_name(f->type));
     } else {
         h(s, &m);
     }
     return s->fatal ? -1 : 0;
 }
 
-long gs_serve_feed(struct gs_serve *s, const uint8_t *p, size_t n)
+long ga_serve_feed(struct ga_serve *s, const uint8_t *p, size_t n)
 {
     size_t used = 0;
     if (n == 0) /* p may be NULL then: no pointer arithmetic on it */
@@ -235,18 +235,18 @@ long gs_serve_feed(struct gs_serve *s, const uint8_t *p, size_t n)
         if (len == 0)
             return (long)used;
         if (len < 0) {
-            gs_serve_reply_error(s, f.id, EMSGSIZE, "frame length out of range (5..%u); closing",
+            ga_serve_reply_error(s, f.id, EMSGSIZE, "frame length out of range (5..%u); closing",
                                  GS_PROTO_MAX_FRAME);
             s->fatal = EXIT_PROTOCOL;
             break;
         }
         used += (size_t)len;
-        gs_serve_frame(s, &f);
+        ga_serve_frame(s, &f);
     }
     return -1;
 }
 
-int gs_serve_flush(struct gs_serve *s)
+int ga_serve_flush(struct ga_serve *s)
 {
     if (s->out.len == 0)
         return 0;
@@ -284,12 +284,12 @@ static int mkdir_p(const char *root)
     return rc;
 }
 
-int gs_serve_init(struct gs_serve *s, const char *root, int create, gs_serve_write_fn write,
+int ga_serve_init(struct ga_serve *s, const char *root, int create, ga_serve_write_fn write,
                   void *ctx, char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
-    gs_fence_init(&s->fence);
+    ga_fence_init(&s->fence);
     s->write = write;
     s->write_ctx = ctx;
     int rc = create ? mkdir_p(root) : 0;
@@ -301,7 +301,7 @@ int gs_serve_init(struct gs_serve *s, const char *root, int create, gs_serve_wri
         rc = -ENOMEM;
     if (rc < 0) {
         snprintf(err, errlen, "cannot use root %s: %s", root, strerror(-rc));
-        gs_serve_release(s);
+        ga_serve_release(s);
         return rc;
     }
     for (int i = 0; i < GS_PROTO_MAX_STREAMS; i++)
@@ -310,20 +310,20 @@ int gs_serve_init(struct gs_serve *s, const char *root, int create, gs_serve_wri
     return 0;
 }
 
-void gs_serve_release(struct gs_serve *s)
+void ga_serve_release(struct ga_serve *s)
 {
     for (int i = 0; s->streams && i < GS_PROTO_MAX_STREAMS; i++)
         if (s->streams[i].used)
-            gs_serve_stream_free(&s->streams[i]);
+            ga_serve_stream_free(&s->streams[i]);
     free(s->streams);
-    gs_fence_release(&s->fence, s->clean_end); /* after the streams' temporaries are gone */
+    ga_fence_release(&s->fence, s->clean_end); /* after the streams' temporaries are gone */
     if (s->rootfd >= 0)
         close(s->rootfd);
     free(s->root);
     gs_proto_buf_release(&s->out);
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
-    gs_fence_init(&s->fence);
+    ga_fence_init(&s->fence);
 }
 
 /* Milliseconds on a monotonic clock. */
@@ -356,21 +356,21 @@ static ssize_t read_more(int fd, struct gs_proto_buf *in)
     }
 }
 
-int gs_serve_run(struct gs_serve *s, int infd)
+int ga_serve_run(struct ga_serve *s, int infd)
 {
     struct gs_proto_buf in;
     gs_proto_buf_init(&in);
     int status = 0;
     int64_t last_flush = now_ms();
     for (;;) {
-        long used = gs_serve_feed(s, in.data, in.len);
+        long used = ga_serve_feed(s, in.data, in.len);
         if (used < 0)
             break;
         gs_proto_buf_consume(&in, (size_t)used);
         /* Flush when the input pauses; during a long burst (a big file streaming in after
          * small requests) also every FLUSH_MS, so earlier replies are not held back. */
         if (s->out.len && (!input_ready(infd) || now_ms() - last_flush >= FLUSH_MS)) {
-            if (gs_serve_flush(s) < 0)
+            if (ga_serve_flush(s) < 0)
                 break;
             last_flush = now_ms();
         }
@@ -388,7 +388,7 @@ int gs_serve_run(struct gs_serve *s, int infd)
             break;
         }
     }
-    gs_serve_flush(s);
+    ga_serve_flush(s);
     if (s->fatal) {
         fprintf(stderr, "gpusync-agent: %s; closing the session\n",
                 s->fatal == EXIT_PROTOCOL ? "protocol error" : "cannot write replies");

@@ -3,8 +3,8 @@
  * rename) and serve_query.c (stat, hash, get, list). Not part of the protocol; the client never
  * includes it. Every handler answers its request with exactly one reply (or a data stream that
  * ends in one), so the client can match replies to pipelined requests by id. */
-#ifndef GS_SERVE_INT_H
-#define GS_SERVE_INT_H
+#ifndef GA_SERVE_INT_H
+#define GA_SERVE_INT_H
 
 #include <stdint.h>
 
@@ -15,15 +15,15 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
-#define GS_SERVE_FLUSH_AT (1u << 20) /* write replies out once this many bytes are buffered */
+#define GA_SERVE_FLUSH_AT (1u << 20) /* write replies out once this many bytes are buffered */
 
 /* An open put stream (PUT_BEGIN .. PUT_END), keyed by request id. */
-struct gs_serve_stream {
+struct ga_serve_stream {
     int used, failed; /* failed: replied ERROR already; later DATA/END are dropped */
     uint32_t id;
     int fd, dirfd; /* temporary file and its directory, -1 when closed */
     char *path;    /* relative path as sent, owned */
-    char name[GS_FS_NAME_MAX + 1];
+    char name[GA_FS_NAME_MAX + 1];
     char tmp[64];
     struct gs_proto_meta meta;
     struct gs_proto_expect expect;
@@ -31,52 +31,52 @@ struct gs_serve_stream {
     XXH3_state_t hs;         /* hash of the bytes written so far */
 };
 
-/* Appends a reply (flushing past GS_SERVE_FLUSH_AT); out of memory ends the session. */
-void gs_serve_emit(struct gs_serve *s, const struct gs_proto_msg *m);
+/* Appends a reply (flushing past GA_SERVE_FLUSH_AT); out of memory ends the session. */
+void ga_serve_emit(struct ga_serve *s, const struct gs_proto_msg *m);
 
 /* Replies ERROR with a positive errno and a printf-style message. */
-void gs_serve_reply_error(struct gs_serve *s, uint32_t id, int err, const char *fmt, ...)
+void ga_serve_reply_error(struct ga_serve *s, uint32_t id, int err, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
 #endif
     ;
 
 /* Replies ERROR "<op> <path>: <reason>" for a negative errno. */
-void gs_serve_reply_op_error(struct gs_serve *s, uint32_t id, int err, const char *op,
+void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const char *op,
                              const char *path);
 
 /* The reason text for an errno, worded for path refusals (EPERM, ELOOP). */
-const char *gs_serve_why(int err);
+const char *ga_serve_why(int err);
 
 /* Replies DONE; kept (may be NULL or "") is the conflict copy's name in path's directory. */
-void gs_serve_reply_done(struct gs_serve *s, uint32_t id, uint32_t flags, const char *path,
+void ga_serve_reply_done(struct ga_serve *s, uint32_t id, uint32_t flags, const char *path,
                          const char *kept);
 
 /* Checks a wire path and returns it NUL-terminated in *out (caller frees); on failure replies
  * ERROR and returns -1. */
-int gs_serve_take_path(struct gs_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
+int ga_serve_take_path(struct ga_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
                        int allow_empty, char **out);
 
-/* Opens path's parent (gs_fs_open_parent); on failure replies ERROR and returns < 0. */
-int gs_serve_parent(struct gs_serve *s, const struct gs_proto_msg *m, const char *op,
+/* Opens path's parent (ga_fs_open_parent); on failure replies ERROR and returns < 0. */
+int ga_serve_parent(struct ga_serve *s, const struct gs_proto_msg *m, const char *op,
                     const char *path, int create, int *dirfd, char *name);
 
 /* Closes a stream's descriptors, removes its temporary file and frees the slot. */
-void gs_serve_stream_free(struct gs_serve_stream *st);
+void ga_serve_stream_free(struct ga_serve_stream *st);
 
 /* Request handlers: each replies for m->id. */
-void gs_serve_put(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_put_begin(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_put_data(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_put_end(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_symlink(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_mkdir(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_chmod(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_delete(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_rename(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_stat(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_hash(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_get(struct gs_serve *s, const struct gs_proto_msg *m);
-void gs_serve_list(struct gs_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_symlink(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_chmod(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_delete(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_rename(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_stat(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m);
 
 #endif

@@ -33,33 +33,33 @@ static int write_all(int fd, const void *p, size_t n)
 
 /* Moves dirfd/tmp over dirfd/name after the conflict check, and replies. On failure the
  * temporary is removed and the target is untouched (or kept as a conflict copy). */
-static void commit(struct gs_serve *s, uint32_t id, const char *op, const char *path, int dirfd,
+static void commit(struct ga_serve *s, uint32_t id, const char *op, const char *path, int dirfd,
                    const char *tmp, const char *name, const struct gs_proto_expect *expect,
                    const uint8_t *new_hash)
 {
-    char kept[GS_FS_NAME_MAX + 1];
-    int rc = gs_fs_check_expect(dirfd, name, expect, new_hash, kept);
+    char kept[GA_FS_NAME_MAX + 1];
+    int rc = ga_fs_check_expect(dirfd, name, expect, new_hash, kept);
     if (rc >= 0 && renameat(dirfd, tmp, dirfd, name) < 0)
         rc = -errno;
     if (rc < 0) {
         unlinkat(dirfd, tmp, 0);
         if (kept[0])
-            gs_serve_reply_error(s, id, -rc, "%s %s: %s (the server's copy was kept as %s)", op,
-                                 path, gs_serve_why(-rc), kept);
+            ga_serve_reply_error(s, id, -rc, "%s %s: %s (the server's copy was kept as %s)", op,
+                                 path, ga_serve_why(-rc), kept);
         else
-            gs_serve_reply_op_error(s, id, rc, op, path);
+            ga_serve_reply_op_error(s, id, rc, op, path);
         return;
     }
     if (s->fsync)
         fsync(dirfd);
-    gs_serve_reply_done(s, id, 0, path, kept);
+    ga_serve_reply_done(s, id, 0, path, kept);
 }
 
 /* Finishes a temporary file: metadata, optional fsync, close. Returns 0 or a negative errno;
  * the fd is closed either way. */
-static int finish_tmp(struct gs_serve *s, int fd, const struct gs_proto_meta *meta)
+static int finish_tmp(struct ga_serve *s, int fd, const struct gs_proto_meta *meta)
 {
-    int rc = gs_fs_set_meta(fd, meta);
+    int rc = ga_fs_set_meta(fd, meta);
     if (rc == 0 && s->fsync && fsync(fd) < 0)
         rc = -errno;
     if (close(fd) < 0 && rc == 0)
@@ -69,19 +69,19 @@ static int finish_tmp(struct gs_serve *s, int fd, const struct gs_proto_meta *me
 
 /* ---- put --------------------------------------------------------------------------------- */
 
-void gs_serve_put(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    char *path, name[GS_FS_NAME_MAX + 1], tmp[64];
+    char *path, name[GA_FS_NAME_MAX + 1], tmp[64];
     int dirfd;
-    if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
-    int rc = gs_fs_open_parent(s->rootfd, path, 1, &dirfd, name);
+    int rc = ga_fs_open_parent(s->rootfd, path, 1, &dirfd, name);
     if (rc < 0) {
-        gs_serve_reply_op_error(s, m->id, rc, "put", path);
+        ga_serve_reply_op_error(s, m->id, rc, "put", path);
         free(path);
         return;
     }
-    int fd = gs_fs_tmp_create(dirfd, tmp);
+    int fd = ga_fs_tmp_create(dirfd, tmp);
     rc = fd < 0 ? fd : write_all(fd, m->data.p, m->data.len);
     if (fd >= 0) {
         int r = finish_tmp(s, fd, &m->meta);
@@ -90,17 +90,17 @@ void gs_serve_put(struct gs_serve *s, const struct gs_proto_msg *m)
     if (rc < 0) {
         if (fd >= 0)
             unlinkat(dirfd, tmp, 0);
-        gs_serve_reply_op_error(s, m->id, rc, "put", path);
+        ga_serve_reply_op_error(s, m->id, rc, "put", path);
     } else {
         uint8_t hash[GS_PROTO_HASH_LEN];
-        gs_fs_hash_mem(m->data.p, m->data.len, hash);
+        ga_fs_hash_mem(m->data.p, m->data.len, hash);
         commit(s, m->id, "put", path, dirfd, tmp, name, &m->expect, hash);
     }
     close(dirfd);
     free(path);
 }
 
-static struct gs_serve_stream *find_stream(struct gs_serve *s, uint32_t id)
+static struct ga_serve_stream *find_stream(struct ga_serve *s, uint32_t id)
 {
     for (int i = 0; i < GS_PROTO_MAX_STREAMS; i++)
         if (s->streams[i].used && s->streams[i].id == id)
@@ -109,7 +109,7 @@ static struct gs_serve_stream *find_stream(struct gs_serve *s, uint32_t id)
 }
 
 /* Drops a stream's temporary file and descriptors; the slot stays used (failed) until END. */
-static void stream_fail(struct gs_serve_stream *st)
+static void stream_fail(struct ga_serve_stream *st)
 {
     if (st->fd >= 0) {
         close(st->fd);
@@ -121,7 +121,7 @@ static void stream_fail(struct gs_serve_stream *st)
     st->failed = 1;
 }
 
-void gs_serve_stream_free(struct gs_serve_stream *st)
+void ga_serve_stream_free(struct ga_serve_stream *st)
 {
     stream_fail(st);
     free(st->path);
@@ -129,24 +129,24 @@ void gs_serve_stream_free(struct gs_serve_stream *st)
     st->fd = st->dirfd = -1;
 }
 
-void gs_serve_put_begin(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    struct gs_serve_stream *st = find_stream(s, m->id);
+    struct ga_serve_stream *st = find_stream(s, m->id);
     if (st) {
-        gs_serve_reply_error(s, m->id, EBUSY, "put: a stream with id %u is already open", m->id);
+        ga_serve_reply_error(s, m->id, EBUSY, "put: a stream with id %u is already open", m->id);
         return;
     }
     for (int i = 0; i < GS_PROTO_MAX_STREAMS && !st; i++)
         if (!s->streams[i].used)
             st = &s->streams[i];
     if (!st) {
-        gs_serve_reply_error(s, m->id, EMFILE, "put: more than %d streams open",
+        ga_serve_reply_error(s, m->id, EMFILE, "put: more than %d streams open",
                              GS_PROTO_MAX_STREAMS);
         return;
     }
     st->used = 1;
     st->id = m->id;
-    if (gs_serve_take_path(s, m, m->path, 0, &st->path) < 0) {
+    if (ga_serve_take_path(s, m, m->path, 0, &st->path) < 0) {
         st->failed = 1;
         return;
     }
@@ -154,30 +154,30 @@ void gs_serve_put_begin(struct gs_serve *s, const struct gs_proto_msg *m)
     st->size = m->size;
     st->expect = m->expect;
     XXH3_128bits_reset(&st->hs);
-    int rc = gs_fs_open_parent(s->rootfd, st->path, 1, &st->dirfd, st->name);
+    int rc = ga_fs_open_parent(s->rootfd, st->path, 1, &st->dirfd, st->name);
     if (rc >= 0) {
-        st->fd = gs_fs_tmp_create(st->dirfd, st->tmp);
+        st->fd = ga_fs_tmp_create(st->dirfd, st->tmp);
         rc = st->fd < 0 ? st->fd : 0;
     }
     if (rc < 0) {
         st->fd = -1;
-        gs_serve_reply_op_error(s, m->id, rc, "put", st->path);
+        ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
         stream_fail(st);
     }
 }
 
-void gs_serve_put_data(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    struct gs_serve_stream *st = find_stream(s, m->id);
+    struct ga_serve_stream *st = find_stream(s, m->id);
     if (!st) {
-        gs_serve_reply_error(s, m->id, EBADF, "put data: no open stream with id %u", m->id);
+        ga_serve_reply_error(s, m->id, EBADF, "put data: no open stream with id %u", m->id);
         return;
     }
     if (st->failed)
         return;
     int rc = write_all(st->fd, m->data.p, m->data.len);
     if (rc < 0) {
-        gs_serve_reply_op_error(s, m->id, rc, "put", st->path);
+        ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
         stream_fail(st);
         return;
     }
@@ -185,11 +185,11 @@ void gs_serve_put_data(struct gs_serve *s, const struct gs_proto_msg *m)
     st->received += m->data.len;
 }
 
-void gs_serve_put_end(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    struct gs_serve_stream *st = find_stream(s, m->id);
+    struct ga_serve_stream *st = find_stream(s, m->id);
     if (!st) {
-        gs_serve_reply_error(s, m->id, EBADF, "put end: no open stream with id %u", m->id);
+        ga_serve_reply_error(s, m->id, EBADF, "put end: no open stream with id %u", m->id);
         return;
     }
     if (!st->failed) {
@@ -205,35 +205,35 @@ void gs_serve_put_end(struct gs_serve *s, const struct gs_proto_msg *m)
             rc = -EBADMSG;
         if (rc < 0) {
             unlinkat(st->dirfd, st->tmp, 0);
-            gs_serve_reply_op_error(s, m->id, rc, "put", st->path);
+            ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
         } else {
             commit(s, m->id, "put", st->path, st->dirfd, st->tmp, st->name, &st->expect, hash);
         }
     }
-    gs_serve_stream_free(st);
+    ga_serve_stream_free(st);
 }
 
-void gs_serve_symlink(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_symlink(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    char *path, *target = NULL, name[GS_FS_NAME_MAX + 1], tmp[64];
+    char *path, *target = NULL, name[GA_FS_NAME_MAX + 1], tmp[64];
     int dirfd;
-    if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     if (memchr(m->path2.p, '\0', m->path2.len) || m->path2.len == 0 ||
         m->path2.len > GS_PROTO_MAX_PATH) {
-        gs_serve_reply_error(s, m->id, EINVAL,
+        ga_serve_reply_error(s, m->id, EINVAL,
                              "symlink %s: the target is empty, too long or has NUL", path);
     } else if ((target = malloc(m->path2.len + 1)) == NULL) {
-        gs_serve_reply_error(s, m->id, ENOMEM, "symlink %s: out of memory", path);
-    } else if (gs_serve_parent(s, m, "symlink", path, 1, &dirfd, name) == 0) {
+        ga_serve_reply_error(s, m->id, ENOMEM, "symlink %s: out of memory", path);
+    } else if (ga_serve_parent(s, m, "symlink", path, 1, &dirfd, name) == 0) {
         memcpy(target, m->path2.p, m->path2.len);
         target[m->path2.len] = '\0';
-        int rc = gs_fs_tmp_symlink(dirfd, target, tmp);
+        int rc = ga_fs_tmp_symlink(dirfd, target, tmp);
         if (rc < 0) {
-            gs_serve_reply_op_error(s, m->id, rc, "symlink", path);
+            ga_serve_reply_op_error(s, m->id, rc, "symlink", path);
         } else {
             uint8_t hash[GS_PROTO_HASH_LEN];
-            gs_fs_hash_mem(target, m->path2.len, hash);
+            ga_fs_hash_mem(target, m->path2.len, hash);
             commit(s, m->id, "symlink", path, dirfd, tmp, name, &m->expect, hash);
         }
         close(dirfd);

@@ -19,67 +19,67 @@
 
 /* ---- queries ----------------------------------------------------------------------------- */
 
-void gs_serve_stat(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_stat(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    char *path, *link = NULL, name[GS_FS_NAME_MAX + 1];
+    char *path, *link = NULL, name[GA_FS_NAME_MAX + 1];
     int dirfd;
     struct stat st;
-    if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_STAT_R;
     r.id = m->id;
     r.path2 = gs_proto_cstr("");
-    int rc = gs_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
     if (rc == 0) {
         if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             rc = -errno;
         else if (S_ISLNK(st.st_mode))
-            rc = gs_fs_readlink(dirfd, name, &link);
+            rc = ga_fs_readlink(dirfd, name, &link);
         close(dirfd);
     }
     if (rc == -ENOENT || rc == -ENOTDIR) {
-        gs_serve_emit(s, &r); /* kind NONE */
+        ga_serve_emit(s, &r); /* kind NONE */
     } else if (rc < 0) {
-        gs_serve_reply_op_error(s, m->id, rc, "stat", path);
+        ga_serve_reply_op_error(s, m->id, rc, "stat", path);
     } else {
-        r.kind = gs_fs_kind(st.st_mode);
-        gs_fs_meta_from_stat(&st, &r.meta);
+        r.kind = ga_fs_kind(st.st_mode);
+        ga_fs_meta_from_stat(&st, &r.meta);
         r.size = (uint64_t)st.st_size;
         if (link)
             r.path2 = gs_proto_cstr(link);
-        gs_serve_emit(s, &r);
+        ga_serve_emit(s, &r);
     }
     free(link);
     free(path);
 }
 
-void gs_serve_hash(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    char *path, name[GS_FS_NAME_MAX + 1];
+    char *path, name[GA_FS_NAME_MAX + 1];
     int dirfd;
     struct stat st;
-    if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_HASH_R;
     r.id = m->id;
-    int rc = gs_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
     if (rc == 0) {
         rc = fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
         if (rc == 0)
-            rc = gs_fs_hash_entry(dirfd, name, &st, r.hash, &r.size);
+            rc = ga_fs_hash_entry(dirfd, name, &st, r.hash, &r.size);
         close(dirfd);
     }
     if (rc < 0)
-        gs_serve_reply_op_error(s, m->id, rc, "hash", path);
+        ga_serve_reply_op_error(s, m->id, rc, "hash", path);
     else
-        gs_serve_emit(s, &r);
+        ga_serve_emit(s, &r);
     free(path);
 }
 
 /* Streams fd as GET_DATA frames, hashing what is sent. Returns 0 or a negative errno. */
-static int send_file(struct gs_serve *s, uint32_t id, int fd, uint8_t *hash, uint64_t *size)
+static int send_file(struct ga_serve *s, uint32_t id, int fd, uint8_t *hash, uint64_t *size)
 {
     XXH3_state_t hs;
     XXH3_128bits_reset(&hs);
@@ -99,7 +99,7 @@ static int send_file(struct gs_serve *s, uint32_t id, int fd, uint8_t *hash, uin
         gs_proto_encode_header(&s->out, GS_MSG_GET_DATA, id, (uint32_t)n);
         s->out.len += (size_t)n;
         *size += (uint64_t)n;
-        if (s->out.len >= GS_SERVE_FLUSH_AT && gs_serve_flush(s) < 0)
+        if (s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(s) < 0)
             return -EPIPE;
     }
     XXH128_canonical_t c;
@@ -108,17 +108,17 @@ static int send_file(struct gs_serve *s, uint32_t id, int fd, uint8_t *hash, uin
     return 0;
 }
 
-void gs_serve_get(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
 {
-    char *path, name[GS_FS_NAME_MAX + 1];
+    char *path, name[GA_FS_NAME_MAX + 1];
     int dirfd, fd = -1;
     struct stat st;
-    if (gs_serve_take_path(s, m, m->path, 0, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_GET_END;
     r.id = m->id;
-    int rc = gs_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
     if (rc == 0) {
         fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         rc = fd < 0 ? -errno : fstat(fd, &st) < 0 ? -errno : 0;
@@ -127,13 +127,13 @@ void gs_serve_get(struct gs_serve *s, const struct gs_proto_msg *m)
         close(dirfd);
     }
     if (rc == 0) {
-        gs_fs_meta_from_stat(&st, &r.meta);
+        ga_fs_meta_from_stat(&st, &r.meta);
         rc = send_file(s, m->id, fd, r.hash, &r.size);
     }
     if (rc < 0)
-        gs_serve_reply_op_error(s, m->id, rc, "get", path);
+        ga_serve_reply_op_error(s, m->id, rc, "get", path);
     else
-        gs_serve_emit(s, &r);
+        ga_serve_emit(s, &r);
     if (fd >= 0)
         close(fd);
     free(path);
@@ -141,11 +141,11 @@ void gs_serve_get(struct gs_serve *s, const struct gs_proto_msg *m)
 
 /* State of one LIST walk. */
 struct lister {
-    struct gs_serve *s;
+    struct ga_serve *s;
     uint32_t id, flags;
     size_t mark;
     uint64_t count;
-    char rel[GS_PROTO_MAX_PATH + GS_FS_NAME_MAX + 2];
+    char rel[GS_PROTO_MAX_PATH + GA_FS_NAME_MAX + 2];
 };
 
 /* Adds one entry to the current LIST_ENTRIES frame, starting a new frame when it is full. */
@@ -154,7 +154,7 @@ static int list_emit(struct lister *l, const struct gs_proto_entry *e)
     if (gs_proto_list_add(&l->s->out, l->mark, LIST_FRAME, e) == 0)
         return 0;
     gs_proto_list_end(&l->s->out, l->mark);
-    if (l->s->out.len >= GS_SERVE_FLUSH_AT && gs_serve_flush(l->s) < 0)
+    if (l->s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(l->s) < 0)
         return -EPIPE;
     if (gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0)
         return -ENOMEM;
@@ -168,15 +168,15 @@ static int list_one(struct lister *l, int dirfd, const char *name, const struct 
     char *link = NULL;
     memset(&e, 0, sizeof(e));
     e.path = gs_proto_cstr(l->rel);
-    e.kind = gs_fs_kind(st->st_mode);
-    gs_fs_meta_from_stat(st, &e.meta);
+    e.kind = ga_fs_kind(st->st_mode);
+    ga_fs_meta_from_stat(st, &e.meta);
     e.size = (uint64_t)st->st_size;
     e.link = gs_proto_cstr("");
-    if (S_ISLNK(st->st_mode) && gs_fs_readlink(dirfd, name, &link) == 0)
+    if (S_ISLNK(st->st_mode) && ga_fs_readlink(dirfd, name, &link) == 0)
         e.link = gs_proto_cstr(link);
     if ((l->flags & GS_LIST_HASH) && S_ISREG(st->st_mode)) {
         uint64_t size;
-        e.has_hash = gs_fs_hash_entry(dirfd, name, st, e.hash, &size) == 0;
+        e.has_hash = ga_fs_hash_entry(dirfd, name, st, e.hash, &size) == 0;
     }
     int rc = list_emit(l, &e);
     free(link);
@@ -194,7 +194,7 @@ static int list_skip(struct lister *l, int err)
     r.err = err;
     r.path = gs_proto_cstr(l->rel);
     gs_proto_list_end(&l->s->out, l->mark);
-    gs_serve_emit(l->s, &r);
+    ga_serve_emit(l->s, &r);
     return gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0 ? -ENOMEM : 0;
 }
 
@@ -226,7 +226,7 @@ static int list_dir(struct lister *l, int fd, size_t len, int depth)
     while (rc == 0 && (de = readdir(d)) != NULL) {
         struct stat st;
         const char *n = de->d_name;
-        if (!strcmp(n, ".") || !strcmp(n, "..") || (gs_fs_is_tmp(n) && !(l->flags & GS_LIST_TMP)))
+        if (!strcmp(n, ".") || !strcmp(n, "..") || (ga_fs_is_tmp(n) && !(l->flags & GS_LIST_TMP)))
             continue;
         if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* vanished meanwhile */
@@ -242,13 +242,13 @@ static int list_dir(struct lister *l, int fd, size_t len, int depth)
     return rc;
 }
 
-void gs_serve_list(struct gs_serve *s, const struct gs_proto_msg *m)
+void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     char *path;
-    if (gs_serve_take_path(s, m, m->path, 1, &path) < 0)
+    if (ga_serve_take_path(s, m, m->path, 1, &path) < 0)
         return;
     struct lister l = {s, m->id, m->flags, 0, 0, ""};
-    int fd = gs_fs_open_dir(s->rootfd, path);
+    int fd = ga_fs_open_dir(s->rootfd, path);
     int rc = fd;
     if (fd >= 0) {
         snprintf(l.rel, sizeof(l.rel), "%s", path);
@@ -261,13 +261,13 @@ void gs_serve_list(struct gs_serve *s, const struct gs_proto_msg *m)
         }
     }
     if (rc < 0) {
-        gs_serve_reply_op_error(s, m->id, rc, "list", path[0] ? path : ".");
+        ga_serve_reply_op_error(s, m->id, rc, "list", path[0] ? path : ".");
     } else {
         struct gs_proto_msg r = {0};
         r.type = GS_MSG_LIST_END;
         r.id = m->id;
         r.size = l.count;
-        gs_serve_emit(s, &r);
+        ga_serve_emit(s, &r);
     }
     free(path);
 }

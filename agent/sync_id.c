@@ -54,7 +54,7 @@ static int create_token(int dirfd, const char *name)
 {
     char tmp[64], token[33];
     random_token(token);
-    int fd = gs_fs_tmp_create(dirfd, tmp);
+    int fd = ga_fs_tmp_create(dirfd, tmp);
     if (fd < 0)
         return fd;
     size_t len = strlen(token);
@@ -68,10 +68,10 @@ static int create_token(int dirfd, const char *name)
     return rc;
 }
 
-int gs_sync_id_get(int rootfd, char out[GS_SYNC_ID_MAX + 1])
+int ga_sync_id_get(int rootfd, char out[GS_SYNC_ID_MAX + 1])
 {
-    char name[GS_FS_NAME_MAX + 1];
-    int dirfd, rc = gs_fs_open_parent(rootfd, GS_SYNC_ID_PATH, 1, &dirfd, name);
+    char name[GA_FS_NAME_MAX + 1];
+    int dirfd, rc = ga_fs_open_parent(rootfd, GA_SYNC_ID_PATH, 1, &dirfd, name);
     if (rc < 0)
         return rc;
     rc = read_token(dirfd, name, out);

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/path.h"
 
-#define JOURNAL        "log-times" /* agent/logtimes.h: GS_LOGTIMES_FILE */
+#define JOURNAL        "log-times" /* agent/logtimes.h: GA_LOGTIMES_FILE */
 #define JOURNAL_HEADER "gpusync-log-times 1\n"
 
 /* A run id is one path component: [A-Za-z0-9._-], not starting with '.' (as the agent's). */

@@ -1,5 +1,6 @@
-/* proto/sync.c: encoding and decoding of the sync protocol defined in proto/sync.h. Pure functions over byte
- * buffers (no I/O, no globals) so the client and the agent share exactly one implementation. */
+/* proto/sync.c: encoding and decoding of the sync protocol defined in proto/sync.h. Pure functions
+ * over byte buffers (no I/O, no globals) so the client and the agent share exactly one
+ * implementation. */
 #include "proto/sync.h"
 #include <errno.h>
 

@@ -59,8 +59,8 @@ const char *gs_agent_local_binary(void)
         return NULL;
     exe[n] = '\0';
     *strrchr(exe, '/') = '\0';
-    static const char *const rel[] = {"../agent/gpusync-agent",
-                                      "../lib/gpusync/gpusync-agent", "gpusync-agent"};
+    static const char *const rel[] = {"../agent/gpusync-agent", "../lib/gpusync/gpusync-agent",
+                                      "gpusync-agent"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(path, sizeof(path), "%s/%s", exe, rel[i]);
         if (access(path, X_OK) == 0)

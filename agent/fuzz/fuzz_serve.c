@@ -1,7 +1,7 @@
 /* libFuzzer target over the agent's frame parser and request dispatch (serve.c) against a
  * temporary root that contains symlinks pointing outside it. Each input is one session; after
  * each, the target aborts if anything appeared outside the root or a descriptor leaked.
- * Built and run by run_fuzz.sh; with -DGS_FUZZ_SEEDS it is instead a program that writes a
+ * Built and run by run_fuzz.sh; with -DGA_FUZZ_SEEDS it is instead a program that writes a
  * seed corpus of valid requests into the directory given as argv[1]. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
@@ -18,7 +18,7 @@
 #include "proto/sync.h"
 #include "serve.h"
 
-#ifdef GS_FUZZ_SEEDS
+#ifdef GA_FUZZ_SEEDS
 /* Writes one seed file holding the frames in b. */
 static void seed(const char *dir, int n, struct gs_proto_buf *b)
 {
@@ -110,10 +110,10 @@ static void reset_root(void)
     int fd = open(base, O_RDONLY | O_DIRECTORY);
     if (fd < 0)
         abort();
-    if (gs_fs_remove_tree(fd, "root") < 0 && access(root, F_OK) == 0) {
+    if (ga_fs_remove_tree(fd, "root") < 0 && access(root, F_OK) == 0) {
         /* An input may have chmod'ed a directory to 0: make it removable, then retry. */
         snprintf(p, sizeof(p), "chmod -R u+rwx '%s'", root);
-        if (system(p) != 0 || gs_fs_remove_tree(fd, "root") < 0)
+        if (system(p) != 0 || ga_fs_remove_tree(fd, "root") < 0)
             abort();
     }
     close(fd);
@@ -200,12 +200,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         decode_all(data + 1, size - 1);
         return 0;
     }
-    struct gs_serve s;
+    struct ga_serve s;
     char err[256];
     /* Counted around this one session, not once at start: libFuzzer opens descriptors of its own
      * between inputs (its symbolizer helper's pipes, once it prints a PC), which are no leak. */
     int fds_before = count_fds();
-    if (gs_serve_init(&s, root, 1, discard, NULL, err, sizeof(err)) < 0)
+    if (ga_serve_init(&s, root, 1, discard, NULL, err, sizeof(err)) < 0)
         abort();
     struct gs_proto_buf in;
     gs_proto_buf_init(&in);
@@ -217,9 +217,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(in.data + in.len, data + 1, size - 1);
         in.len += size - 1;
     }
-    gs_serve_feed(&s, in.data, in.len);
+    ga_serve_feed(&s, in.data, in.len);
     gs_proto_buf_release(&in);
-    gs_serve_release(&s);
+    ga_serve_release(&s);
     check_outside();
     if (count_fds() != fds_before)
         abort(); /* a descriptor leaked */

@@ -26,7 +26,7 @@ srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.
 "$cc" $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_serve" "$src/fuzz/fuzz_serve.c" $srcs || exit 1
 # shellcheck disable=SC2086
-"$cc" $flags -DGS_FUZZ_SEEDS -o "$out/fuzz_seeds" "$src/fuzz/fuzz_serve.c" $srcs || exit 1
+"$cc" $flags -DGA_FUZZ_SEEDS -o "$out/fuzz_seeds" "$src/fuzz/fuzz_serve.c" $srcs || exit 1
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gs-agent-fuzz-XXXXXX")
 corpus="$out/corpus"
