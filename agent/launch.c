@@ -30,6 +30,7 @@
 #include "jsonw.h"
 #include "logtimes.h"
 #include "pgroup.h"
+#include "proto/run.h"
 #include "runlog.h"
 #include "runs.h"
 
@@ -94,7 +95,7 @@ static int opt_number(struct launch_opts *o, const char *name, const char *val)
         size_t off;
         long max;
     } nums[] = {
-        {"--nproc", offsetof(struct launch_opts, nproc), GA_RUNS_MAX_RANKS},
+        {"--nproc", offsetof(struct launch_opts, nproc), GS_PROTO_RUN_MAX_RANKS},
         {"--max-restarts", offsetof(struct launch_opts, max_restarts), 1000000},
         {"--nnodes", offsetof(struct launch_opts, nnodes), 100000},
         {"--node-rank", offsetof(struct launch_opts, node_rank), 100000},
@@ -781,8 +782,9 @@ int ga_launch_main(int argc, char **argv)
     char exe[PATH_MAX] = "";
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     exe[n > 0 ? n : 0] = '\0';
-    printf("started %s %ld %ld %s\n", o.id, pid, o.master_port, exe);
-    if (fflush(stdout) != 0)
+    char line[PATH_MAX + 160];
+    if (gs_proto_run_started_format(line, sizeof(line), o.id, pid, o.master_port, exe) < 0 ||
+        fputs(line, stdout) < 0 || fflush(stdout) != 0)
         return 1;
     return o.follow ? follow_logs(&o) : 0;
 }

@@ -19,8 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto/sync.h"
 #include "launch.h"
+#include "proto/run.h"
+#include "proto/sync.h"
 #include "runlog.h"
 #include "runs.h"
 #include "serve.h"
@@ -37,12 +38,13 @@ static int cmd_serve(int argc, char **argv);
 static const struct agent_cmd agent_cmds[] = {
     {"serve", "serve --root DIR [--fsync]",
      "execute file requests from stdin against DIR (created if missing)", cmd_serve},
-    {"launch", "launch --root DIR --id ID --nproc N ... -- CMD ARGS...",
+    {GS_PROTO_RUN_LAUNCH, "launch --root DIR --id ID --nproc N ... -- CMD ARGS...",
      "start a supervised run of N ranks, detached", ga_launch_main},
-    {"tail", "tail --root DIR --id ID [--follow]", "stream a run's rank logs as frames",
+    {GS_PROTO_RUN_TAIL, "tail --root DIR --id ID [--follow]", "stream a run's rank logs as frames",
      ga_tail_main},
-    {"ps", "ps --root DIR [--json]", "list the runs in DIR", ga_ps_main},
-    {"stop", "stop --root DIR --id ID", "stop a run and every process of it", ga_stop_main},
+    {GS_PROTO_RUN_PS, "ps --root DIR [--json]", "list the runs in DIR", ga_ps_main},
+    {GS_PROTO_RUN_STOP, "stop --root DIR --id ID", "stop a run and every process of it",
+     ga_stop_main},
 };
 
 #define N_CMDS (sizeof(agent_cmds) / sizeof(agent_cmds[0]))

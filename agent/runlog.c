@@ -25,12 +25,15 @@
 #include <unistd.h>
 
 #include "logtimes.h"
+#include "proto/run.h"
 #include "runs.h"
 
 #define TAIL_CHUNK      (64 * 1024) /* longest frame; also the longest line kept whole */
 #define TAIL_PARTIAL_MS 200         /* how long --follow holds back a partial line */
 #define TAIL_POLL_MS    20          /* polling period without inotify */
-#define TAIL_CHECK_MS   250         /* re-check of a silent run (a vanished supervisor) */
+/* The client refuses an L frame longer than GS_PROTO_RUN_MAX_CHUNK (C99: no _Static_assert). */
+typedef char ga_tail_chunk_fits[TAIL_CHUNK <= GS_PROTO_RUN_MAX_CHUNK ? 1 : -1];
+#define TAIL_CHECK_MS 250 /* re-check of a silent run (a vanished supervisor) */
 
 /* A time record of a rank's log: it held `size` bytes at `ms` (logtimes.h). */
 struct tail_time {
@@ -135,7 +138,7 @@ static void open_log(const struct tail *t, struct tail_rank *r)
 static int send_frame(const struct tail_rank *r, const char *p, size_t n)
 {
     char hdr[96];
-    int h = snprintf(hdr, sizeof(hdr), "L %d %lld %zu\n", r->rank, r->off, n);
+    int h = gs_proto_run_log_format(hdr, sizeof(hdr), r->rank, r->off, n);
     return ga_runs_write_all(1, hdr, (size_t)h) < 0 || ga_runs_write_all(1, p, n) < 0 ? -1 : 0;
 }
 
@@ -362,8 +365,7 @@ static int tail_run(struct tail *t)
         rc = drain(t, ended);
         if (rc == 0 && ended) {
             char x[64];
-            int n = code >= 0 ? snprintf(x, sizeof(x), "X %d %s\n", code, state)
-                              : snprintf(x, sizeof(x), "X null %s\n", state);
+            int n = gs_proto_run_exit_format(x, sizeof(x), code, state);
             rc = ga_runs_write_all(1, x, (size_t)n);
         }
         if (rc < 0 || ended || !t->follow || (rc = wait_change(t, ifd)) < 0)
@@ -404,7 +406,7 @@ int ga_tail_main(int argc, char **argv)
 {
     static struct tail t; /* holds the 64 KiB read buffer */
     const char *root = NULL, *arg = NULL, *ranks = "all", *offsets = NULL;
-    char id[GA_RUNS_ID_MAX + 1], err[PATH_MAX + 256];
+    char id[GS_PROTO_RUN_ID_MAX + 1], err[PATH_MAX + 256];
     memset(&t, 0, sizeof(t));
     ga_logtimes_reader_init(&t.times);
     signal(SIGPIPE, SIG_IGN); /* a vanished reader is a write error, not a silent death */

@@ -1,8 +1,6 @@
 /* runlog: `gpusync-agent tail`, which streams a run's rank logs as resumable frames. Frames on
- * stdout, each written whole and unbuffered:
- *   "L <rank> <offset> <length>\n" then exactly <length> bytes of rank<rank>.log from <offset>;
- *   "X <exit_code|null> <state>\n" once, last, when the run has ended and every byte was sent
- *   (state: succeeded, failed, stopped, or lost when the supervisor vanished).
+ * stdout (their format: proto/run.h), each written whole and unbuffered: an L frame per chunk of
+ * a rank's log, then an X frame once the run has ended and every byte was sent.
  * A frame ends at a line end ('\n' or '\r') unless the line is longer than 64 KiB, or the run
  * has ended, or (with --follow) a partial line has waited 200 ms. */
 #ifndef GA_RUNLOG_H

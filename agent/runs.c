@@ -31,7 +31,7 @@ void ga_runs_status_release(struct ga_runs_status *st)
 int ga_runs_id_valid(const char *id)
 {
     size_t n = strlen(id);
-    if (n == 0 || n > GA_RUNS_ID_MAX || id[0] == '.')
+    if (n == 0 || n > GS_PROTO_RUN_ID_MAX || id[0] == '.')
         return 0;
     return strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
 }
@@ -642,7 +642,7 @@ int ga_stop_main(int argc, char **argv)
         fprintf(stderr, "usage: gpusync-agent stop --root DIR --id ID [--grace-ms MS]\n");
         return 2;
     }
-    char id[GA_RUNS_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
+    char id[GS_PROTO_RUN_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
     if (ga_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
         fprintf(stderr, "gpusync-agent stop: %s\n", err);
         return 1;

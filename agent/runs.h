@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define GA_RUNS_ID_MAX    64   /* run ids: [A-Za-z0-9._-], not starting with '.' */
-#define GA_RUNS_NAME_MAX  128  /* --name values */
-#define GA_RUNS_MAX_RANKS 4096 /* local ranks per node */
+#include "proto/run.h" /* GS_PROTO_RUN_ID_MAX, GS_PROTO_RUN_MAX_RANKS: limits both sides check */
+
+#define GA_RUNS_NAME_MAX 128 /* --name values */
 
 /* One local rank of the current attempt. exit_code -1 and signal 0 stand for JSON null (still
  * running); a rank killed by signal S has signal S and exit_code 128+S. */
@@ -24,7 +24,7 @@ struct ga_runs_rank {
 
 /* The contents of status.json. */
 struct ga_runs_status {
-    char id[GA_RUNS_ID_MAX + 1];
+    char id[GS_PROTO_RUN_ID_MAX + 1];
     char state[16]; /* running, succeeded, failed, stopped ("lost" is only derived) */
     int exit_code;  /* -1 = null */
     int restarts;
