@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
+#include "wrapper.h"
 #include "xxhash.h"
 
 #define DIR_FLAGS        (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -144,11 +145,10 @@ void ga_fs_hash_mem(const void *p, size_t n, uint8_t hash[GS_PROTO_HASH_LEN])
 
 int ga_fs_readlink(int dirfd, const char *name, char **out)
 {
-    size_t cap = 256;
+    size_t cap = 0;
+    char *buf = NULL;
     for (;;) {
-        char *buf = malloc(cap);
-        if (!buf)
-            return -ENOMEM;
+        GA_ALLOC_GROW(buf, cap + 256, cap); /* a target that filled buf may be longer */
         ssize_t n = readlinkat(dirfd, name, buf, cap);
         if (n < 0) {
             int e = errno;
@@ -160,8 +160,6 @@ int ga_fs_readlink(int dirfd, const char *name, char **out)
             *out = buf;
             return 0;
         }
-        free(buf);
-        cap *= 2;
     }
 }
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wrapper.h"
+
 void ga_jw_init(struct ga_jw *w)
 {
     memset(w, 0, sizeof(*w));
@@ -21,23 +23,10 @@ void ga_jw_release(struct ga_jw *w)
     ga_jw_init(w);
 }
 
-/* Appends n bytes, growing the buffer geometrically; sets err on allocation failure. */
+/* Appends n bytes, growing the buffer geometrically. */
 static void jw_put(struct ga_jw *w, const char *s, size_t n)
 {
-    if (w->err)
-        return;
-    if (w->len + n + 1 > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap < w->len + n + 1)
-            cap *= 2;
-        char *b = realloc(w->buf, cap);
-        if (!b) {
-            w->err = 1;
-            return;
-        }
-        w->buf = b;
-        w->cap = cap;
-    }
+    GA_ALLOC_GROW(w->buf, w->len + n + 1, w->cap);
     memcpy(w->buf + w->len, s, n);
     w->len += n;
     w->buf[w->len] = 0;

@@ -6,12 +6,11 @@
 
 #include <stddef.h>
 
-/* A JSON document being written. Commas are inserted automatically. On allocation failure
- * err is set and later calls do nothing, so a writer is checked once, at the end. */
+/* A JSON document being written. Commas are inserted automatically. Memory comes from
+ * ga_xrealloc (wrapper.h), so writing cannot fail. */
 struct ga_jw {
     char *buf; /* NUL-terminated text, owned; NULL until the first write */
     size_t len, cap;
-    int err;        /* set after an allocation failure */
     int need_comma; /* a value was just completed at the current level */
 };
 

@@ -262,7 +262,7 @@ static int write_meta(const struct launch_opts *o, const char *start)
     ga_jw_key(&w, "supervisor_pid"), ga_jw_int(&w, getpid());
     ga_jw_obj_end(&w);
     ga_jw_text(&w, "\n");
-    int rc = w.err ? (errno = ENOMEM, -1) : ga_runs_write_atomic(o->dir, "meta.json", w.buf, w.len);
+    int rc = ga_runs_write_atomic(o->dir, "meta.json", w.buf, w.len);
     ga_jw_release(&w);
     return rc;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "runs.h"
+#include "wrapper.h"
 
 /* Opens dir/log-times for appending and writes the version line. Returns the fd or -1. */
 static int create_file(const char *dir)
@@ -26,7 +27,7 @@ static int create_file(const char *dir)
         return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     int n = snprintf(head, sizeof(head), "gpusync-log-times %d\n", GA_LOGTIMES_VERSION);
-    if (fd >= 0 && ga_runs_write_all(fd, head, (size_t)n) < 0) {
+    if (fd >= 0 && ga_write_all(fd, head, (size_t)n) < 0) {
         close(fd);
         fd = -1;
     }
@@ -118,12 +119,12 @@ static void record(struct ga_logtimes *lt)
         len += (size_t)snprintf(lines + len, sizeof(lines) - len, "%d %lld %lld\n",
                                 lt->first_rank + i, lt->size[i], ms);
         if (len > sizeof(lines) - 64) { /* the buffer is full: out with it */
-            ga_runs_write_all(lt->fd, lines, len);
+            ga_write_all(lt->fd, lines, len);
             len = 0;
         }
     }
     if (len)
-        ga_runs_write_all(lt->fd, lines, len);
+        ga_write_all(lt->fd, lines, len);
     lt->next_ms = ga_runs_mono_ms() + GA_LOGTIMES_MIN_MS;
 }
 

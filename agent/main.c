@@ -25,6 +25,7 @@
 #include "runlog.h"
 #include "runs.h"
 #include "serve.h"
+#include "wrapper.h"
 
 struct agent_cmd {
     const char *name;
@@ -60,16 +61,7 @@ static void usage(FILE *f)
 static int write_stdout(void *ctx, const uint8_t *p, size_t n)
 {
     (void)ctx;
-    while (n > 0) {
-        ssize_t w = write(1, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
+    return ga_write_all(1, p, n);
 }
 
 static int cmd_serve(int argc, char **argv)

@@ -27,6 +27,7 @@
 #include "logtimes.h"
 #include "proto/run.h"
 #include "runs.h"
+#include "wrapper.h"
 
 #define TAIL_CHUNK      (64 * 1024) /* longest frame; also the longest line kept whole */
 #define TAIL_PARTIAL_MS 200         /* how long --follow holds back a partial line */
@@ -53,12 +54,13 @@ struct tail {
     char dir[PATH_MAX];
     struct tail_rank *r;
     int n;
+    size_t cap; /* entries r has room for */
     int follow;
     struct ga_logtimes_reader times; /* read only when more than one rank is tailed */
     char buf[TAIL_CHUNK];
 };
 
-/* Returns the rank entry for rank, adding it if new; NULL on allocation failure. */
+/* Returns the rank entry for rank, adding it if new. */
 static struct tail_rank *rank_find(struct tail *t, int rank);
 
 static struct tail_rank *rank_entry(struct tail *t, int rank)
@@ -66,11 +68,8 @@ static struct tail_rank *rank_entry(struct tail *t, int rank)
     struct tail_rank *found = rank_find(t, rank);
     if (found)
         return found;
-    struct tail_rank *r = realloc(t->r, (size_t)(t->n + 1) * sizeof(*r));
-    if (!r)
-        return NULL;
-    t->r = r;
-    r = &t->r[t->n++];
+    GA_ALLOC_GROW(t->r, (size_t)t->n + 1, t->cap);
+    struct tail_rank *r = &t->r[t->n++];
     memset(r, 0, sizeof(*r));
     r->rank = rank;
     r->fd = -1;
@@ -107,8 +106,6 @@ static int parse_list(struct tail *t, const char *s, int offsets)
         if (*e && *e != ',')
             return -1;
         struct tail_rank *r = offsets ? rank_find(t, (int)rank) : rank_entry(t, (int)rank);
-        if (!r && !offsets)
-            return -1;
         if (r)
             r->off = off;
         s = *e ? e + 1 : e;
@@ -117,12 +114,10 @@ static int parse_list(struct tail *t, const char *s, int offsets)
 }
 
 /* Adds every rank the run has (from status.json). */
-static int add_all_ranks(struct tail *t, const struct ga_runs_status *st)
+static void add_all_ranks(struct tail *t, const struct ga_runs_status *st)
 {
     for (int i = 0; i < st->nranks; i++)
-        if (!rank_entry(t, st->ranks[i].rank))
-            return -1;
-    return 0;
+        rank_entry(t, st->ranks[i].rank);
 }
 
 /* Opens the rank's log if it exists by now. */
@@ -139,7 +134,7 @@ static int send_frame(const struct tail_rank *r, const char *p, size_t n)
 {
     char hdr[96];
     int h = gs_proto_run_log_format(hdr, sizeof(hdr), r->rank, r->off, n);
-    return ga_runs_write_all(1, hdr, (size_t)h) < 0 || ga_runs_write_all(1, p, n) < 0 ? -1 : 0;
+    return ga_write_all(1, hdr, (size_t)h) < 0 || ga_write_all(1, p, n) < 0 ? -1 : 0;
 }
 
 /* Length of the part of p[0..n) that ends at its last line end, 0 if none. */
@@ -176,13 +171,7 @@ static void add_time(void *ctx, int rank, long long size, long long ms)
             r->n_times -= r->head;
             r->head = 0;
         }
-        size_t cap =
-            r->n_times == r->cap_times ? (r->cap_times ? r->cap_times * 2 : 64) : r->cap_times;
-        struct tail_time *grown = realloc(r->times, cap * sizeof(*grown));
-        if (!grown)
-            return; /* those bytes just go out later, untimed */
-        r->times = grown;
-        r->cap_times = cap;
+        GA_ALLOC_GROW(r->times, r->n_times + 1, r->cap_times);
     }
     r->times[r->n_times].size = size;
     r->times[r->n_times++].ms = ms;
@@ -366,7 +355,7 @@ static int tail_run(struct tail *t)
         if (rc == 0 && ended) {
             char x[64];
             int n = gs_proto_run_exit_format(x, sizeof(x), code, state);
-            rc = ga_runs_write_all(1, x, (size_t)n);
+            rc = ga_write_all(1, x, (size_t)n);
         }
         if (rc < 0 || ended || !t->follow || (rc = wait_change(t, ifd)) < 0)
             break;

@@ -21,6 +21,7 @@
 
 #include "jsonw.h"
 #include "pgroup.h"
+#include "wrapper.h"
 
 void ga_runs_status_release(struct ga_runs_status *st)
 {
@@ -80,20 +81,6 @@ long long ga_runs_mono_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int ga_runs_write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int ga_runs_write_atomic(const char *dir, const char *name, const char *data, size_t len)
 {
     char tmp[PATH_MAX], dst[PATH_MAX];
@@ -107,7 +94,7 @@ int ga_runs_write_atomic(const char *dir, const char *name, const char *data, si
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    int rc = ga_runs_write_all(fd, data, len);
+    int rc = ga_write_all(fd, data, len);
     int saved = errno;
     if (close(fd) < 0 && rc == 0)
         rc = -1, saved = errno;
@@ -194,11 +181,7 @@ int ga_runs_write_status(const char *dir, const struct ga_runs_status *st)
     status_fields_json(&w, st, NULL);
     ga_jw_obj_end(&w);
     ga_jw_text(&w, "\n");
-    int rc = -1;
-    if (w.err)
-        errno = ENOMEM;
-    else
-        rc = ga_runs_write_atomic(dir, "status.json", w.buf, w.len);
+    int rc = ga_runs_write_atomic(dir, "status.json", w.buf, w.len);
     ga_jw_release(&w);
     return rc;
 }
@@ -208,20 +191,10 @@ char *ga_runs_slurp(const char *path, size_t *len)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 == cap) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                errno = ENOMEM;
-                break;
-            }
-            buf = b;
-            cap *= 2;
-        }
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    for (;;) {
+        GA_ALLOC_GROW(buf, n + 4096, cap); /* room for a read of 4 KiB or more, and the NUL */
         ssize_t r = read(fd, buf + n, cap - 1 - n);
         if (r < 0 && errno == EINTR)
             continue;
@@ -249,16 +222,10 @@ char *ga_runs_slurp(const char *path, size_t *len)
 static int parse_ranks(struct ga_json_span arr, struct ga_runs_status *st)
 {
     struct ga_json_span e;
-    size_t pos = 0;
-    int rc, cap = 0;
+    size_t pos = 0, cap = 0;
+    int rc;
     while ((rc = ga_json_next(arr, &pos, &e)) == 1) {
-        if (st->nranks == cap) {
-            cap = cap ? cap * 2 : 8;
-            struct ga_runs_rank *r = realloc(st->ranks, (size_t)cap * sizeof(*r));
-            if (!r)
-                return -1;
-            st->ranks = r;
-        }
+        GA_ALLOC_GROW(st->ranks, (size_t)st->nranks + 1, cap);
         struct ga_runs_rank *r = &st->ranks[st->nranks++];
         r->rank = (int)ga_json_get_int(e, "rank", -1);
         r->local_rank = (int)ga_json_get_int(e, "local_rank", -1);
@@ -450,8 +417,7 @@ static void ps_print_json(struct ps_row *rows, size_t n)
         ga_jw_obj_end(&w);
     }
     ga_jw_arr_end(&w);
-    if (!w.err)
-        printf("%s\n", w.buf);
+    printf("%s\n", w.buf);
     ga_jw_release(&w);
 }
 
@@ -486,13 +452,7 @@ static struct ps_row *ps_collect(const char *runs, size_t *n)
     for (struct dirent *e; d && (e = readdir(d));) {
         if (!ga_runs_id_valid(e->d_name))
             continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            struct ps_row *r = realloc(rows, cap * sizeof(*r));
-            if (!r)
-                break;
-            rows = r;
-        }
+        GA_ALLOC_GROW(rows, *n + 1, cap);
         if (ps_load(runs, e->d_name, &rows[*n]) == 0)
             (*n)++;
     }

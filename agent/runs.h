@@ -48,9 +48,6 @@ int ga_runs_path(char *buf, size_t cap, const char *root, const char *id);
 /* Writes dir/name into buf (cap bytes). Returns 0, or -1 if it does not fit. */
 int ga_runs_join(char *buf, size_t cap, const char *dir, const char *name);
 
-/* Writes all of p to fd (retrying short writes and EINTR). Returns 0 or -1. */
-int ga_runs_write_all(int fd, const char *p, size_t n);
-
 /* Writes the current UTC time as ISO-8601 with milliseconds ("2026-11-21T10:18:41.123Z"). */
 void ga_runs_now_iso(char *buf, size_t cap);
 

@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #endif
 #include "serve_int.h"
+#include "wrapper.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,19 +17,10 @@
 
 /* ---- shared steps ------------------------------------------------------------------------ */
 
+/* Writes all n bytes. Returns 0 or a negative errno. */
 static int write_all(int fd, const void *p, size_t n)
 {
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
+    return ga_write_all(fd, p, n) < 0 ? -errno : 0;
 }
 
 /* Moves dirfd/tmp over dirfd/name after the conflict check, and replies. On failure the

@@ -21,7 +21,7 @@ if ! "$cc" -fsanitize=fuzzer,address -o "$out/probe" "$probe" 2>/dev/null; then
     exit 77
 fi
 flags="-std=c99 -g -O1 -Wall -Wextra -Werror -I$repo -I$src"
-srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $repo/proto/sync.c $src/sync_id.c $src/fence.c"
+srcs="$src/serve.c $src/serve_put.c $src/serve_ops.c $src/serve_query.c $src/fs.c $repo/proto/sync.c $src/sync_id.c $src/fence.c $src/wrapper.c"
 # shellcheck disable=SC2086
 "$cc" $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_serve" "$src/fuzz/fuzz_serve.c" $srcs || exit 1
