@@ -15,14 +15,14 @@
 #include "common/log.h"
 #include "common/path.h"
 
-#define JOURNAL        "log-times" /* remote/agent/logtimes.h: GS_LOGTIMES_FILE */
+#define JOURNAL        "log-times" /* agent/logtimes.h: GA_LOGTIMES_FILE */
 #define JOURNAL_HEADER "gpusync-log-times 1\n"
 
-/* A run id is one path component: [A-Za-z0-9._-], not starting with '.' (as the agent's). */
+/* A run id is one path component: [A-Za-z0-9._-], not starting with '.' (proto/run.h). */
 static int id_valid(const char *id)
 {
     size_t n = id ? strlen(id) : 0;
-    return n > 0 && n <= 64 && id[0] != '.' &&
+    return n > 0 && n <= GS_PROTO_RUN_ID_MAX && id[0] != '.' &&
            strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
 }
 

@@ -1,7 +1,7 @@
 /* cli/run_local.h: the local copy of a run's logs in the project, .gpusync/runs/<id>/: every byte
  * a follow received, written at its offset in rank<N>.log (so showing the logs twice does not
  * double them), and log-times, a journal of the order the bytes arrived in (the agent's format,
- * remote/agent/logtimes.h, with the time of arrival here). When the server no longer has the run
+ * agent/logtimes.h, with the time of arrival here). When the server no longer has the run
  * (it was recreated), `logs RUN` shows this copy instead, in that order. */
 #ifndef GS_RUN_LOCAL_H
 #define GS_RUN_LOCAL_H

@@ -287,7 +287,7 @@ int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, s
                         "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
                         "still running 10 s after it get SIGKILL",
                         id);
-    int r = gs_run_agent_capture(cli, rc, "stop", args.data, out, &errout);
+    int r = gs_run_agent_capture(cli, rc, GS_PROTO_RUN_STOP, args.data, out, &errout);
     gs_run_notice_end(&notice);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "stopping run %s: %s", id,
@@ -392,7 +392,7 @@ int gs_run_sync_node(struct gs_cli *cli)
 int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out)
 {
     struct gs_buf errout = GS_BUF_INIT;
-    int r = gs_run_agent_capture(cli, rc, "ps", "--json", out, &errout);
+    int r = gs_run_agent_capture(cli, rc, GS_PROTO_RUN_PS, "--json", out, &errout);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "listing runs failed: %s",
                          errout.len ? errout.data : "no answer");
@@ -531,7 +531,7 @@ static int tail_via_daemon(struct gs_cli *cli, struct gs_run_ctx *rc, const char
 {
     struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
     gs_run_tail_args(id, ranks, follow, st, &args);
-    gs_run_agent_command(NULL, rc->dir.data, "tail", args.data, &cmd);
+    gs_run_agent_command(NULL, rc->dir.data, GS_PROTO_RUN_TAIL, args.data, &cmd);
     struct gs_run_stream p = {.st = st, .fn = gs_log_printer_chunk, .ctx = printer};
     int status, r = via_daemon(cli, cmd.data, feed_stream, &p, &p.errout, interrupted, &status);
     if (r == 0 && status == 127 && gs_agent_reported_missing(&p.errout))

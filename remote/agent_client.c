@@ -1,5 +1,5 @@
 /* remote/agent_client.c: pipelined requests to gpusync-agent over an exec channel (see
- * agent_client.h and remote/agent/proto.h). */
+ * agent_client.h and proto/sync.h). */
 #include "remote/agent_client.h"
 
 #include <errno.h>
@@ -14,8 +14,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
-#include "remote/agent/proto.h"
-#include "remote/agent/sync_id.h"
+#include "proto/sync.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

@@ -1,4 +1,4 @@
-/* remote/agent_client.h: the client side of `gpusync-agent serve` (protocol: remote/agent/proto.h).
+/* remote/agent_client.h: the client side of `gpusync-agent serve` (protocol: proto/sync.h).
  *
  * One exec channel carries framed, numbered requests that are pipelined: the client never waits
  * for a reply before sending the next request, so a bulk sync is bound by bandwidth and a single
@@ -29,7 +29,7 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
 int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err);
 
 /* The root's sync id, which the handshake asks for (the agent creates one if there is none; see
- * remote/agent/sync_id.h): valid once gs_agent_wait_ready succeeded; "" if it could not be made. */
+ * agent/sync_id.h): valid once gs_agent_wait_ready succeeded; "" if it could not be made. */
 const char *gs_agent_sync_id(struct gs_agent *a);
 
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */

@@ -20,13 +20,15 @@
 #define GS_AGENT_SOURCE_DIR ""
 #endif
 
-/* A build on the server gets every .c and .h of the agent, and Debian's xxhash.h (the agent
- * inlines it), so the source list never goes stale as the agent grows. */
+/* A build on the server gets every .c and .h of the agent (agent/) and of the protocol it shares
+ * with the client (proto/), under those folder names, as the agent includes "proto/..." from the
+ * repository root; and Debian's xxhash.h (the agent inlines it) at that root. So the source list
+ * never goes stale as the agent grows. */
 #define MAX_SOURCES   64
 #define XXHASH_HEADER "/usr/include/xxhash.h"
 
 struct sources {
-    char *names[MAX_SOURCES]; /* file names, sorted; the last is "xxhash.h" */
+    char *names[MAX_SOURCES]; /* "agent/x.c", "proto/x.h", sorted; the last is "xxhash.h" */
     struct gs_buf text[MAX_SOURCES];
     size_t n;
 };
@@ -57,8 +59,8 @@ const char *gs_agent_local_binary(void)
         return NULL;
     exe[n] = '\0';
     *strrchr(exe, '/') = '\0';
-    static const char *const rel[] = {"../remote/agent/gpusync-agent",
-                                      "../lib/gpusync/gpusync-agent", "gpusync-agent"};
+    static const char *const rel[] = {"../agent/gpusync-agent", "../lib/gpusync/gpusync-agent",
+                                      "gpusync-agent"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(path, sizeof(path), "%s/%s", exe, rel[i]);
         if (access(path, X_OK) == 0)
@@ -86,33 +88,57 @@ static void sources_release(struct sources *src)
     src->n = 0;
 }
 
-/* Reads the agent's sources (sorted, for a stable key) plus xxhash.h. Returns 0 or -1. */
+/* Adds the names of the .c and .h files in `dir` to src as "sub/NAME". */
+static void list_sources(struct sources *src, const char *dir, const char *sub)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && src->n < MAX_SOURCES - 1) {
+        size_t len = strlen(de->d_name);
+        if (len > 2 && de->d_name[len - 2] == '.' && strchr("ch", de->d_name[len - 1])) {
+            struct gs_buf name = GS_BUF_INIT;
+            gs_buf_addf(&name, "%s/%s", sub, de->d_name);
+            src->names[src->n++] = gs_buf_detach(&name, NULL);
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
+/* Reads source `i` from the agent folder `dir` (proto/ is its sibling). Returns 0 or -1. */
+static int read_source(struct sources *src, size_t i, const char *dir)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    const char *name = src->names[i];
+    if (strncmp(name, "agent/", 6) == 0)
+        gs_buf_addf(&path, "%s/%s", dir, name + 6);
+    else
+        gs_buf_addf(&path, "%s/../%s", dir, name);
+    gs_buf_init(&src->text[i]);
+    int rc = read_file(path.data, &src->text[i]);
+    gs_buf_release(&path);
+    return rc;
+}
+
+/* Reads the agent's and the protocol's sources (sorted, for a stable key) plus xxhash.h.
+ * Returns 0 or -1. */
 static int load_sources(struct sources *src)
 {
     const char *dir = getenv("GPUSYNC_AGENT_SRC");
     if (!dir || !*dir)
         dir = GS_AGENT_SOURCE_DIR;
     memset(src, 0, sizeof(*src));
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    while (d && (de = readdir(d)) && src->n < MAX_SOURCES - 1) {
-        size_t len = strlen(de->d_name);
-        if (len > 2 && de->d_name[len - 2] == '.' && strchr("ch", de->d_name[len - 1]))
-            src->names[src->n++] = strdup(de->d_name);
-    }
-    if (d)
-        closedir(d);
+    list_sources(src, dir, "agent");
     if (src->n == 0)
         return -1;
+    struct gs_buf proto = GS_BUF_INIT;
+    gs_buf_addf(&proto, "%s/../proto", dir);
+    list_sources(src, proto.data, "proto");
+    gs_buf_release(&proto);
     qsort(src->names, src->n, sizeof(char *), name_cmp);
     int rc = 0;
-    for (size_t i = 0; i < src->n && rc == 0; i++) {
-        struct gs_buf path = GS_BUF_INIT;
-        gs_buf_addf(&path, "%s/%s", dir, src->names[i]);
-        gs_buf_init(&src->text[i]);
-        rc = read_file(path.data, &src->text[i]);
-        gs_buf_release(&path);
-    }
+    for (size_t i = 0; i < src->n && rc == 0; i++)
+        rc = read_source(src, i, dir);
     gs_buf_init(&src->text[src->n]);
     src->names[src->n] = strdup("xxhash.h");
     if (rc == 0)
@@ -175,7 +201,8 @@ static int upload_binary(struct gs_ssh *ssh, const struct gs_buf *bytes, const c
 /* A shell script that writes the sources to a temporary directory and compiles them. */
 static void build_script(const struct sources *src, const char *key, struct gs_buf *sh)
 {
-    gs_buf_adds(sh, "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; cd \"$d\"\n");
+    gs_buf_adds(sh, "set -e; d=$(mktemp -d); trap 'rm -rf \"$d\"' EXIT; cd \"$d\"\n"
+                    "mkdir agent proto\n");
     for (size_t i = 0; i < src->n; i++) {
         gs_buf_addf(sh, "cat > %s <<'GPUSYNC_SOURCE_END_7f3a'\n", src->names[i]);
         gs_buf_add(sh, src->text[i].data, src->text[i].len);
@@ -184,7 +211,7 @@ static void build_script(const struct sources *src, const char *key, struct gs_b
         gs_buf_adds(sh, "GPUSYNC_SOURCE_END_7f3a\n");
     }
     gs_buf_addf(sh,
-                "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent *.c "
+                "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent agent/*.c proto/*.c "
                 ">build.log 2>&1 || { echo 'agent build failed:' >&2; tail -n 20 build.log >&2; "
                 "exit 3; }\n"
                 "mkdir -p ~/.gpusync/bin; mv -f gpusync-agent ~/.gpusync/bin/gpusync-agent-%s\n",

@@ -35,7 +35,8 @@ void gs_run_agent_command(const char *agent, const char *remote_dir, const char 
 void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd)
 {
     struct gs_buf body = GS_BUF_INIT;
-    gs_buf_addf(&body, "mkdir -p -- %s && cd -- %s && %s%sexec %s launch --root . --id ",
+    gs_buf_addf(&body,
+                "mkdir -p -- %s && cd -- %s && %s%sexec %s " GS_PROTO_RUN_LAUNCH " --root . --id ",
                 spec->remote_dir, spec->remote_dir, spec->extra_env ? spec->extra_env : "",
                 spec->extra_env ? " " : "", spec->agent ? spec->agent : GS_AGENT_CACHED);
     gs_shell_quote(&body, spec->id);
@@ -81,8 +82,7 @@ int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid,
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT, errout = GS_BUF_INIT;
     gs_run_launch_command(spec, NULL, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
-    char id[256];
-    if (rc == 0 && (!out.data || sscanf(out.data, "started %255s %ld %d", id, pid, port) != 3))
+    if (rc == 0 && (!out.data || gs_proto_run_started_parse(out.data, pid, port, NULL) < 0))
         rc = 1;
     if (rc > 0)
         rc = launch_failed(gs_ssh_target(ssh), &out, &errout, err);
@@ -94,16 +94,16 @@ int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid,
 
 /* ---- following ---- */
 
-/* "started ID PID PORT AGENT_PATH": the launcher's report when it also follows. */
+/* The launcher's started line (proto/run.h), which names the agent when it also follows. */
 static int parse_started(struct gs_run_stream *p, size_t head)
 {
-    int path_at = 0;
+    int path_at;
     struct gs_tail_state *st = p->st;
     p->in.data[head - 1] = '\0';
-    if (sscanf(p->in.data, "started %*s %ld %d %n", &st->pid, &st->port, &path_at) < 2)
+    if (gs_proto_run_started_parse(p->in.data, &st->pid, &st->port, &path_at) < 0)
         return -1;
     struct gs_buf word = GS_BUF_INIT;
-    if (path_at && p->in.data[path_at])
+    if (path_at)
         gs_shell_quote(&word, p->in.data + path_at);
     snprintf(st->agent, sizeof(st->agent), "%s", word.len ? word.data : "");
     gs_buf_release(&word);
@@ -122,11 +122,11 @@ static int parse_frames(struct gs_run_stream *p)
         if (!nl)
             return 0;
         size_t head = (size_t)(nl - p->in.data) + 1;
-        int rank;
+        int rank, code;
         unsigned long long off, len;
-        char code[32], state[32];
-        if (p->in.data[0] == 'L' && sscanf(p->in.data, "L %d %llu %llu", &rank, &off, &len) == 3) {
-            if (rank < 0 || rank >= GS_RUNS_MAX_RANKS || len > GS_RUNS_MAX_CHUNK ||
+        char state[GS_PROTO_RUN_STATE_MAX];
+        if (gs_proto_run_log_parse(p->in.data, &rank, &off, &len) == 0) {
+            if (rank < 0 || rank >= GS_RUNS_MAX_RANKS || len > GS_PROTO_RUN_MAX_CHUNK ||
                 off > UINT64_MAX - len)
                 return -1; /* a length that would wrap head + len is garbage, not a frame */
             if (p->in.len < head + len)
@@ -136,12 +136,12 @@ static int parse_frames(struct gs_run_stream *p)
             if (off + len > p->st->offset[rank])
                 p->st->offset[rank] = off + len;
             gs_buf_consume(&p->in, head + (size_t)len);
-        } else if (!p->st->launched && strncmp(p->in.data, "started ", 8) == 0) {
+        } else if (!p->st->launched && gs_proto_run_is_started(p->in.data)) {
             if (parse_started(p, head) < 0)
                 return -1;
-        } else if (p->in.data[0] == 'X' && sscanf(p->in.data, "X %31s %31s", code, state) == 2) {
+        } else if (gs_proto_run_exit_parse(p->in.data, &code, state) == 0) {
             p->st->finished = 1;
-            p->st->exit_code = strcmp(code, "null") == 0 ? -1 : atoi(code);
+            p->st->exit_code = code;
             snprintf(p->st->state, sizeof(p->st->state), "%s", state);
             gs_buf_consume(&p->in, head);
         } else {
@@ -258,7 +258,7 @@ int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
 {
     struct gs_buf cmd = GS_BUF_INIT, args = GS_BUF_INIT;
     gs_run_tail_args(id, ranks, follow, st, &args);
-    gs_run_agent_command(agent, remote_dir, "tail", args.data, &cmd);
+    gs_run_agent_command(agent, remote_dir, GS_PROTO_RUN_TAIL, args.data, &cmd);
     struct gs_run_stream p = {.st = st, .fn = fn, .ctx = ctx};
     int status;
     int rc = follow_command(ssh, cmd.data, &p, interrupted, &status, err);
@@ -292,7 +292,7 @@ int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
     struct gs_buf cmd = GS_BUF_INIT, errout = GS_BUF_INIT, args = GS_BUF_INIT;
     gs_buf_adds(&args, "--id ");
     gs_shell_quote(&args, id);
-    gs_run_agent_command(agent, remote_dir, "stop", args.data, &cmd);
+    gs_run_agent_command(agent, remote_dir, GS_PROTO_RUN_STOP, args.data, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, out, &errout, err);
     if (rc > 0)
         rc = gs_error_set(err, GS_E_REMOTE, "stopping run %s: %s", id,

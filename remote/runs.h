@@ -9,15 +9,12 @@
 
 #include "common/buf.h"
 #include "common/error.h"
+#include "proto/run.h"
 #include "remote/ssh.h"
 
-/* Ranks per node: one limit on both sides (the agent's remote/agent/runs.h has the same number;
- * `run` refuses more before it launches, common/config.h's GS_CONFIG_MAX_CPU for --cpu and
- * [job] cpu). */
-#define GS_RUNS_MAX_RANKS 4096
-/* The longest log chunk one `L` frame may announce (the agent sends a read buffer's worth at a
- * time): a length from the wire is checked before it is added to anything. */
-#define GS_RUNS_MAX_CHUNK (16u << 20)
+/* Ranks per node: the run protocol's limit, which the agent checks too (`run` refuses more before
+ * it launches, common/config.h's GS_CONFIG_MAX_CPU for --cpu and [job] cpu). */
+#define GS_RUNS_MAX_RANKS GS_PROTO_RUN_MAX_RANKS
 
 struct gs_run_spec {
     const char *agent;      /* remote agent path (shell word); NULL: whichever build is cached */
@@ -56,7 +53,7 @@ struct gs_tail_state {
     uint64_t offset[GS_RUNS_MAX_RANKS];
     int finished;
     int exit_code; /* -1 when unknown (a lost run) */
-    char state[32];
+    char state[GS_PROTO_RUN_STATE_MAX];
     /* Filled by gs_run_launch_follow once the run started: */
     int launched;
     long pid;

@@ -189,7 +189,7 @@ static size_t dir_len(const char *p)
 }
 
 /* The permission bits a request may set on the server: never setuid or setgid (the agent's
- * rule, remote/agent/fs.h: where sftp-server runs as root they would make root set-id programs
+ * rule, agent/fs.h: where sftp-server runs as root they would make root set-id programs
  * of pushed files). */
 static uint32_t safe_mode(uint32_t mode)
 {

@@ -80,7 +80,7 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err);
 int gs_session_go_early(struct gs_session *s);
 
 /* Serialises the syncs of one project on this machine. The agent fences out any earlier session on
- * its root (remote/agent/fence.h), so two gpusync processes that opened sessions to one server at
+ * its root (agent/fence.h), so two gpusync processes that opened sessions to one server at
  * once (a push while `watch` runs) would kill each other's agents. Every command that opens an
  * agent session (push, pull, the sync before a run, the daemon) holds this lock (flock(2) on
  * .gpusync/sync.lock, not inherited by children) from before it starts the agent until it is done

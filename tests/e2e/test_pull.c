@@ -68,7 +68,7 @@ static void write_liar(const char *from, const char *to)
             " while (sysread(STDIN, my $buf, 65536)) { $buf =~ s/\\Q$a\\E/$b/g;"
             " syswrite(STDOUT, $buf) }'\n"
             "perl -e \"$swap\" '%s' '%s' | '%s' \"$@\" | perl -e \"$swap\" '%s' '%s'\n",
-            to, from, gs_test_build_path("remote/agent/gpusync-agent"), from, to);
+            to, from, gs_test_build_path("agent/gpusync-agent"), from, to);
     assert_int_equal(fclose(fp), 0);
     assert_int_equal(chmod(liar, 0755), 0);
 }

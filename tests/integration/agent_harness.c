@@ -22,7 +22,7 @@ const char *agent_h_binary(void)
     const char *dir = getenv("GS_BUILD_DIR");
     if (!dir)
         return NULL;
-    snprintf(path, sizeof(path), "%s/remote/agent/gpusync-agent", dir);
+    snprintf(path, sizeof(path), "%s/agent/gpusync-agent", dir);
     return path;
 }
 

@@ -1,5 +1,5 @@
 /* Test harness for the agent: spawns the built `gpusync-agent serve` over pipes, sends frames
- * and reads replies with the shared codec (remote/agent/proto.h). Test code only. */
+ * and reads replies with the shared codec (proto/sync.h). Test code only. */
 #ifndef GS_AGENT_HARNESS_H
 #define GS_AGENT_HARNESS_H
 
@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "remote/agent/proto.h"
+#include "proto/sync.h"
 
 struct agent_h {
     pid_t pid;

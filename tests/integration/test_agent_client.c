@@ -85,7 +85,7 @@ static int setup(void **state)
     mkdir(f->local, 0755);
     struct gs_buf cmd = GS_BUF_INIT;
     struct gs_error err = {0};
-    gs_agent_serve_command(gs_test_build_path("remote/agent/gpusync-agent"), f->remote, &cmd);
+    gs_agent_serve_command(gs_test_build_path("agent/gpusync-agent"), f->remote, &cmd);
     int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, &err);
     if (rc == 0)
         rc = gs_agent_wait_ready(f->agent, &err);

@@ -1,5 +1,5 @@
 /* Integration tests for `gpusync-agent serve`: the real built agent is spawned over pipes
- * (GS_BUILD_DIR/remote/agent/gpusync-agent) and driven with the shared protocol codec; every test
+ * (GS_BUILD_DIR/agent/gpusync-agent) and driven with the shared protocol codec; every test
  * asserts on the files the agent leaves in (and outside) its root. */
 #include <setjmp.h>
 #include <stdarg.h>

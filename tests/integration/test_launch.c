@@ -1,5 +1,5 @@
 /* Integration tests for the run supervisor: the real built agent
- * ($GS_BUILD_DIR/remote/agent/gpusync-agent, or $GS_AGENT) runs `launch`, `tail`, `ps` and
+ * ($GS_BUILD_DIR/agent/gpusync-agent, or $GS_AGENT) runs `launch`, `tail`, `ps` and
  * `stop` locally against a temporary project; assertions are on status.json and meta.json (read
  * with jansson, not with the agent's own reader), rank logs, tail frames, exit codes and the
  * process table. Waiting is on inotify events in the run directory, never on fixed sleeps. */
@@ -57,7 +57,7 @@ static const char *agent_bin(void)
         return a;
     if (!dir)
         return NULL;
-    snprintf(path, sizeof(path), "%s/remote/agent/gpusync-agent", dir);
+    snprintf(path, sizeof(path), "%s/agent/gpusync-agent", dir);
     return path;
 }
 

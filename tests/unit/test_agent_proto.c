@@ -1,4 +1,4 @@
-/* Unit tests for the agent wire protocol codec (remote/agent/proto.c): every message survives an
+/* Unit tests for the agent wire protocol codec (proto/sync.c): every message survives an
  * encode/parse/decode round trip, and short, oversized, undersized or padded frames are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "remote/agent/proto.h"
+#include "proto/sync.h"
 
 static const char hostile[] = "dir with space/-lead\nnew\xff\xfe";
 

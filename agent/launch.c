@@ -1,0 +1,790 @@
+/* launch: the run supervisor (see launch.h). The calling process parses and validates, creates
+ * the run directory and picks MASTER_PORT; a double fork + setsid puts the supervisor in its own
+ * session, which reports "started" (or why not) back through a pipe. The supervisor is a
+ * single-threaded loop over a signalfd (SIGCHLD, SIGTERM, SIGINT) with the grace deadline as
+ * the poll timeout; it is a child subreaper, so a rank's orphaned workers are reparented to it
+ * and reaped, and it holds supervisor.lock for as long as it lives. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "launch.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "jsonw.h"
+#include "logtimes.h"
+#include "pgroup.h"
+#include "proto/run.h"
+#include "runlog.h"
+#include "runs.h"
+
+#define LAUNCH_USAGE                                                                               \
+    "usage: gpusync-agent launch --root DIR --id ID --nproc N [--gpus 0,2] [--max-restarts K]\n"   \
+    "         [--name NAME] [--nnodes M --node-rank R --master-addr HOST --master-port P]\n"       \
+    "         [--grace-ms MS] [--follow RANKS] -- CMD ARGS...\n"                                   \
+    "  --follow RANKS  after the 'started' line, stream the run's logs as `tail --follow` does\n"
+
+/* How long processes may survive SIGKILL before the run is declared over without them. */
+#define LAUNCH_UNKILLABLE_MS 10000
+
+struct launch_opts {
+    const char *root, *id, *name, *gpus, *master_addr, *follow;
+    long nproc, max_restarts, nnodes, node_rank, master_port, grace_ms;
+    char **cmd; /* NULL-terminated, points into argv */
+    char rootabs[PATH_MAX];
+    char dir[PATH_MAX]; /* the run directory */
+    long agent_pid;     /* the process that ran `launch` */
+};
+
+/* The supervisor's state for the current attempt. */
+struct sup {
+    struct launch_opts *o;
+    struct ga_runs_status st;
+    int sfd;               /* signalfd */
+    int alive;             /* ranks not yet reaped */
+    int first_fail;        /* exit code of the first failing rank, -1 if none */
+    int stop_sig;          /* SIGTERM/SIGINT received, 0 if none */
+    int terminating;       /* SIGTERM sent to the groups */
+    long long kill_at;     /* monotonic ms of the SIGKILL escalation, 0 if none */
+    struct ga_logtimes lt; /* when the rank logs grew, for tail's time order */
+};
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+/* Parses a non-negative decimal long; returns 0 or -1. */
+static int parse_long(const char *s, long max, long *out)
+{
+    char *e;
+    errno = 0;
+    long v = strtol(s, &e, 10);
+    if (errno || e == s || *e || v < 0 || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Returns 1 if s is a comma-separated list of non-negative integers. */
+static int gpus_valid(const char *s)
+{
+    if (!*s || strspn(s, "0123456789,") != strlen(s) || s[0] == ',' || s[strlen(s) - 1] == ',')
+        return 0;
+    return strstr(s, ",,") == NULL;
+}
+
+/* Handles one option that takes a number. Returns 1 if name matched, -1 on a bad value. */
+static int opt_number(struct launch_opts *o, const char *name, const char *val)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+        long max;
+    } nums[] = {
+        {"--nproc", offsetof(struct launch_opts, nproc), GS_PROTO_RUN_MAX_RANKS},
+        {"--max-restarts", offsetof(struct launch_opts, max_restarts), 1000000},
+        {"--nnodes", offsetof(struct launch_opts, nnodes), 100000},
+        {"--node-rank", offsetof(struct launch_opts, node_rank), 100000},
+        {"--master-port", offsetof(struct launch_opts, master_port), 65535},
+        {"--grace-ms", offsetof(struct launch_opts, grace_ms), 3600 * 1000},
+    };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
+        if (!strcmp(name, nums[i].name))
+            return parse_long(val, nums[i].max, (long *)((char *)o + nums[i].off)) < 0 ? -1 : 1;
+    return 0;
+}
+
+/* Handles one option that takes a string. Returns 1 if name matched. */
+static int opt_string(struct launch_opts *o, const char *name, const char *val)
+{
+    const char **dst = !strcmp(name, "--root")          ? &o->root
+                       : !strcmp(name, "--id")          ? &o->id
+                       : !strcmp(name, "--name")        ? &o->name
+                       : !strcmp(name, "--gpus")        ? &o->gpus
+                       : !strcmp(name, "--master-addr") ? &o->master_addr
+                       : !strcmp(name, "--follow")      ? &o->follow
+                                                        : NULL;
+    if (dst)
+        *dst = val;
+    return dst != NULL;
+}
+
+/* Checks option combinations; returns NULL or the complaint. */
+static const char *opts_check(const struct launch_opts *o)
+{
+    if (!o->root || !o->id || o->nproc < 1 || !o->cmd || !o->cmd[0])
+        return "--root, --id, --nproc >= 1 and -- CMD are required";
+    if (!ga_runs_id_valid(o->id))
+        return "--id must be 1-64 characters of [A-Za-z0-9._-], not starting with '.'";
+    if (o->name && strlen(o->name) > GA_RUNS_NAME_MAX)
+        return "--name is longer than 128 characters";
+    if (o->gpus && !gpus_valid(o->gpus))
+        return "--gpus wants a list of device numbers such as 0,2";
+    if (o->nnodes < 1 || o->node_rank >= o->nnodes)
+        return "--node-rank must be below --nnodes";
+    if (o->node_rank > 0 && (!o->master_addr || o->master_port == 0))
+        return "a node other than 0 needs --master-addr and --master-port of node 0";
+    return NULL;
+}
+
+/* Parses argv into o. Returns 0, or -1 after printing the usage problem. */
+static int opts_parse(struct launch_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof(*o));
+    o->nnodes = 1;
+    o->grace_ms = 10000;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--")) {
+            o->cmd = argv + i + 1;
+            break;
+        }
+        int m = i + 1 < argc ? opt_number(o, argv[i], argv[i + 1]) : 0;
+        if (m == 0 && i + 1 < argc)
+            m = opt_string(o, argv[i], argv[i + 1]);
+        if (m <= 0) {
+            fprintf(stderr, "gpusync-agent launch: bad argument '%s'%s\n%s", argv[i],
+                    m < 0 ? " (bad value)" : "", LAUNCH_USAGE);
+            return -1;
+        }
+    }
+    const char *bad = opts_check(o);
+    if (bad) {
+        fprintf(stderr, "gpusync-agent launch: %s\n%s", bad, LAUNCH_USAGE);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- preparation (in the calling process) ------------------------------------------------ */
+
+/* Asks the kernel for a free TCP port by binding port 0 on all interfaces (the master listens
+ * there); the socket is closed again, as torchrun does. Returns the port or -1. */
+static int pick_free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    int port = -1;
+    if (bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(s);
+    return port;
+}
+
+/* A run's files hold its full command line and everything it printed: readable by the user
+ * who ran it only, whatever the umask (shared servers have other users). */
+#define RUN_DIR_MODE  0700
+#define RUN_FILE_MODE 0600
+
+/* mkdir that accepts an existing directory. */
+static int mkdir_ok(const char *path)
+{
+    return mkdir(path, RUN_DIR_MODE) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* Creates DIR/.gpusync/runs/ID (which must not exist yet). Returns 0, or -1 after printing. */
+static int make_run_dir(struct launch_opts *o)
+{
+    char p[PATH_MAX];
+    if (!realpath(o->root, o->rootabs)) {
+        fprintf(stderr, "gpusync-agent launch: --root %s: %s\n", o->root, strerror(errno));
+        return -1;
+    }
+    if (ga_runs_join(p, sizeof(p), o->rootabs, ".gpusync") < 0 || mkdir_ok(p) < 0 ||
+        ga_runs_path(p, sizeof(p), o->rootabs, NULL) < 0 || mkdir_ok(p) < 0 ||
+        ga_runs_path(o->dir, sizeof(o->dir), o->rootabs, o->id) < 0) {
+        fprintf(stderr, "gpusync-agent launch: cannot create %s: %s\n", p, strerror(errno));
+        return -1;
+    }
+    if (mkdir(o->dir, RUN_DIR_MODE) < 0) {
+        fprintf(stderr, "gpusync-agent launch: %s: %s%s\n", o->dir, strerror(errno),
+                errno == EEXIST ? " (run ids must be unique)" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- meta.json --------------------------------------------------------------------------- */
+
+/* Writes meta.json: what was started, where and when. Returns 0 or -1 with errno set. */
+static int write_meta(const struct launch_opts *o, const char *start)
+{
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_obj(&w);
+    ga_jw_key(&w, "id"), ga_jw_str(&w, o->id);
+    ga_jw_key(&w, "name"), ga_jw_str(&w, o->name);
+    ga_jw_key(&w, "command"), ga_jw_arr(&w);
+    for (char **a = o->cmd; *a; a++)
+        ga_jw_str(&w, *a);
+    ga_jw_arr_end(&w);
+    ga_jw_key(&w, "cwd"), ga_jw_str(&w, o->rootabs);
+    ga_jw_key(&w, "nproc"), ga_jw_int(&w, o->nproc);
+    ga_jw_key(&w, "gpus");
+    if (o->gpus) {
+        ga_jw_arr(&w);
+        for (const char *p = o->gpus; *p; p += strcspn(p, ","), p += *p == ',')
+            ga_jw_int(&w, strtol(p, NULL, 10));
+        ga_jw_arr_end(&w);
+    } else {
+        ga_jw_null(&w);
+    }
+    ga_jw_key(&w, "host"), ga_jw_str(&w, host);
+    ga_jw_key(&w, "nnodes"), ga_jw_int(&w, o->nnodes);
+    ga_jw_key(&w, "node_rank"), ga_jw_int(&w, o->node_rank);
+    ga_jw_key(&w, "master_addr"), ga_jw_str(&w, o->master_addr);
+    ga_jw_key(&w, "master_port"), ga_jw_int(&w, o->master_port);
+    ga_jw_key(&w, "max_restarts"), ga_jw_int(&w, o->max_restarts);
+    ga_jw_key(&w, "start"), ga_jw_str(&w, start);
+    ga_jw_key(&w, "agent_pid"), ga_jw_int(&w, o->agent_pid);
+    ga_jw_key(&w, "supervisor_pid"), ga_jw_int(&w, getpid());
+    ga_jw_obj_end(&w);
+    ga_jw_text(&w, "\n");
+    int rc = ga_runs_write_atomic(o->dir, "meta.json", w.buf, w.len);
+    ga_jw_release(&w);
+    return rc;
+}
+
+/* ---- ranks ------------------------------------------------------------------------------- */
+
+static void set_env_long(const char *k, long v)
+{
+    char num[32];
+    snprintf(num, sizeof(num), "%ld", v);
+    setenv(k, num, 1);
+}
+
+/* Sets torchrun's environment for one rank (in the forked child, before exec). */
+static void rank_env(const struct sup *s, int local, int restart)
+{
+    const struct launch_opts *o = s->o;
+    long world = o->nnodes * o->nproc, rank = o->node_rank * o->nproc + local;
+    set_env_long("RANK", rank);
+    set_env_long("LOCAL_RANK", local);
+    set_env_long("WORLD_SIZE", world);
+    set_env_long("LOCAL_WORLD_SIZE", o->nproc);
+    set_env_long("GROUP_RANK", o->node_rank);
+    set_env_long("GROUP_WORLD_SIZE", o->nnodes);
+    set_env_long("ROLE_RANK", rank);
+    set_env_long("ROLE_WORLD_SIZE", world);
+    setenv("ROLE_NAME", "default", 1);
+    setenv("MASTER_ADDR", o->master_addr ? o->master_addr : "127.0.0.1", 1);
+    set_env_long("MASTER_PORT", o->master_port);
+    set_env_long("TORCHELASTIC_RESTART_COUNT", restart);
+    set_env_long("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+    setenv("TORCHELASTIC_RUN_ID", o->id, 1);
+    setenv("GPUSYNC_RUN_ID", o->id, 1);
+    setenv("OMP_NUM_THREADS", "1", 0);
+    if (o->gpus)
+        setenv("CUDA_VISIBLE_DEVICES", o->gpus, 1);
+    /* Not TORCHELASTIC_USE_AGENT_STORE: rank 0 must host the TCPStore itself. */
+}
+
+/* In the forked rank: own process group, log as stdout and stderr, default signal handling,
+ * the environment, exec. Never returns. If the command cannot be started, the errno goes to
+ * err_fd (close-on-exec, so EOF there means the exec worked), the reason to the rank log, and
+ * the rank exits 127 (126 when the file is not executable), as a shell would. */
+static void rank_exec(const struct sup *s, int local, int restart, const char *log, int err_fd)
+{
+    static const int reset[] = {SIGPIPE, SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGCHLD};
+    sigset_t none;
+    setpgid(0, 0);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (size_t i = 0; i < sizeof(reset) / sizeof(reset[0]); i++)
+        signal(reset[i], SIG_DFL); /* ignored signals would survive exec */
+    /* A rank must not outlive a supervisor killed outright (it would hold its GPU forever). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != (pid_t)s->st.supervisor_pid)
+        _exit(127);
+    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, RUN_FILE_MODE), e;
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) {
+        e = errno;
+        (void)!write(err_fd, &e, sizeof(e));
+        _exit(127);
+    }
+    if (fd > 2)
+        close(fd);
+    rank_env(s, local, restart);
+    execvp(s->o->cmd[0], s->o->cmd);
+    e = errno;
+    (void)!write(err_fd, &e, sizeof(e));
+    dprintf(2, "gpusync-agent: cannot run '%s': %s\n", s->o->cmd[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+/* Writes the log path of global rank into buf. */
+static void rank_log_path(const struct sup *s, int rank, char *buf, size_t cap)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "rank%d.log", rank);
+    if (ga_runs_join(buf, cap, s->o->dir, name) < 0)
+        buf[0] = 0;
+}
+
+/* Forks rank r and waits until its command runs. Returns 0, the errno that kept the command
+ * from starting (the rank then exits by itself and is reaped as usual), or -1 if fork failed. */
+static int spawn_one(struct sup *s, struct ga_runs_rank *r, int restart)
+{
+    char log[PATH_MAX];
+    int p[2], e = 0;
+    rank_log_path(s, r->rank, log, sizeof(log));
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        rank_exec(s, r->local_rank, restart, log, p[1]);
+    }
+    close(p[1]);
+    if (pid > 0) {
+        /* Both sides set the group, so a kill right after fork already reaches it. */
+        setpgid(pid, pid);
+        ga_pgroup_record(r, pid);
+        s->alive++;
+        while (read(p[0], &e, sizeof(e)) < 0 && errno == EINTR)
+            ;
+    }
+    close(p[0]);
+    return pid < 0 ? -1 : e;
+}
+
+/* Starts every local rank of attempt number restart. Returns 0, or the exit code the run gets
+ * because a rank could not start (127 or 126, with the reason in why); the ranks already
+ * started keep running and are stopped by the caller. */
+static int spawn_ranks(struct sup *s, int restart, char *why, size_t cap)
+{
+    for (int i = 0; i < s->st.nranks; i++) {
+        struct ga_runs_rank *r = &s->st.ranks[i];
+        memset(r, 0, sizeof(*r));
+        r->local_rank = i;
+        r->rank = (int)(s->o->node_rank * s->o->nproc + i);
+        r->exit_code = -1;
+        int e = spawn_one(s, r, restart);
+        if (e < 0)
+            snprintf(why, cap, "fork: %s", strerror(errno));
+        else if (e > 0)
+            snprintf(why, cap, "cannot run '%s': %s", s->o->cmd[0], strerror(e));
+        if (e != 0)
+            return e == EACCES || e == ENOEXEC ? 126 : 127;
+    }
+    return 0;
+}
+
+/* Appends "=== restart N ===" to every rank log, on a line of its own. */
+static void mark_restart(const struct sup *s, int n)
+{
+    for (int i = 0; i < s->st.nranks; i++) {
+        char log[PATH_MAX], last = '\n';
+        rank_log_path(s, s->st.ranks[i].rank, log, sizeof(log));
+        int fd = open(log, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, RUN_FILE_MODE);
+        if (fd < 0)
+            continue;
+        off_t end = lseek(fd, 0, SEEK_END);
+        if (end > 0 && pread(fd, &last, 1, end - 1) != 1)
+            last = '\n';
+        dprintf(fd, "%s=== restart %d ===\n", last == '\n' ? "" : "\n", n);
+        close(fd);
+    }
+}
+
+/* ---- the supervision loop ---------------------------------------------------------------- */
+
+static void save_status(struct sup *s)
+{
+    ga_runs_write_status(s->o->dir, &s->st);
+}
+
+/* 1 while some rank group is still the run's and not empty; marks the others gone (pgroup.h)
+ * and saves that, so neither this loop nor `stop` ever signals them again. */
+static int groups_alive(struct sup *s)
+{
+    int alive = 0, gone_before = 0, gone_after = 0;
+    for (int i = 0; i < s->st.nranks; i++) {
+        gone_before += s->st.ranks[i].group_gone;
+        alive |= ga_pgroup_alive(&s->st.ranks[i]);
+        gone_after += s->st.ranks[i].group_gone;
+    }
+    if (gone_after != gone_before)
+        save_status(s);
+    return alive;
+}
+
+/* 1 while a rank has exited but its group has not yet been seen empty: its leftover members are
+ * not our children (no SIGCHLD), so the loop looks at the group on a timer. */
+static int groups_orphaned(const struct sup *s)
+{
+    for (int i = 0; i < s->st.nranks; i++)
+        if (s->st.ranks[i].exit_code >= 0 && !s->st.ranks[i].group_gone)
+            return 1;
+    return 0;
+}
+
+static void signal_groups(struct sup *s, int sig)
+{
+    for (int i = 0; i < s->st.nranks; i++)
+        ga_pgroup_signal(&s->st.ranks[i], sig);
+}
+
+/* SIGTERM to every rank group, with SIGKILL due after the grace period. */
+static void terminate(struct sup *s)
+{
+    if (s->terminating)
+        return;
+    s->terminating = 1;
+    signal_groups(s, SIGTERM);
+    s->kill_at = ga_runs_mono_ms() + s->o->grace_ms;
+}
+
+/* Records the exit of the rank with this pid (if it is one: reparented orphans are not). */
+static void rank_exited(struct sup *s, pid_t pid, int ws)
+{
+    for (int i = 0; i < s->st.nranks; i++) {
+        struct ga_runs_rank *r = &s->st.ranks[i];
+        if (r->pid != pid || r->exit_code >= 0)
+            continue;
+        r->signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+        r->exit_code = WIFSIGNALED(ws) ? 128 + r->signal : WEXITSTATUS(ws);
+        s->alive--;
+        ga_pgroup_alive(r); /* the leader was the only member: its number is free from now on */
+        if (r->exit_code != 0 && s->first_fail < 0 && !s->terminating) {
+            s->first_fail = r->exit_code;
+            terminate(s);
+        }
+        save_status(s);
+        return;
+    }
+}
+
+static void reap(struct sup *s)
+{
+    int ws;
+    pid_t pid;
+    while ((pid = waitpid(-1, &ws, WNOHANG)) > 0)
+        rank_exited(s, pid, ws);
+}
+
+/* Handles one signal from the signalfd. */
+static void on_signal(struct sup *s, int sig)
+{
+    if (sig == SIGCHLD) {
+        reap(s);
+        return;
+    }
+    if (s->stop_sig) /* a second stop request: no more grace */
+        s->kill_at = ga_runs_mono_ms();
+    s->stop_sig = sig;
+    terminate(s);
+}
+
+/* Poll timeout until the next deadline: SIGKILL escalation, or a short recheck of groups whose
+ * leftover members are not our children (they give no SIGCHLD). */
+static int next_timeout(const struct sup *s)
+{
+    long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
+    long long times = ga_logtimes_timeout(&s->lt);
+    if (times >= 0 && (t < 0 || times < t))
+        t = times;
+    if (s->kill_at) {
+        long long left = s->kill_at - ga_runs_mono_ms();
+        left = left < 0 ? 0 : left;
+        t = t < 0 || left < t ? left : t;
+    }
+    return (int)t;
+}
+
+/* Runs until every rank has exited and every rank group is empty, or until processes have
+ * survived SIGKILL for LAUNCH_UNKILLABLE_MS (stuck in the kernel, e.g. in a GPU driver): the run
+ * then ends anyway, and supervisor.log names the groups. */
+static void wait_group(struct sup *s)
+{
+    long long killed_at = 0;
+    while (groups_alive(s) || s->alive > 0) { /* every pass: a group seen empty is let go */
+        if (s->alive == 0)
+            terminate(s); /* leftovers of ranks that exited: they must not outlive the run */
+        struct pollfd p[2] = {{s->sfd, POLLIN, 0}, {ga_logtimes_fd(&s->lt), POLLIN, 0}};
+        int n = poll(p, p[1].fd >= 0 ? 2 : 1, next_timeout(s));
+        if (n > 0 && p[0].revents) {
+            struct signalfd_siginfo si;
+            while (read(s->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+                on_signal(s, (int)si.ssi_signo);
+        }
+        ga_logtimes_update(&s->lt);
+        reap(s);
+        long long now = ga_runs_mono_ms();
+        if (killed_at && now - killed_at > LAUNCH_UNKILLABLE_MS) {
+            for (int i = 0; i < s->st.nranks; i++)
+                if (ga_pgroup_alive(&s->st.ranks[i]))
+                    fprintf(stderr, "gpusync-agent: run %s: process group %ld survived SIGKILL\n",
+                            s->o->id, s->st.ranks[i].pgid);
+            return;
+        }
+        if (s->kill_at && now >= s->kill_at) {
+            signal_groups(s, SIGKILL);
+            killed_at = killed_at ? killed_at : now;
+            s->kill_at = now + 1000; /* and again, should anything linger */
+        }
+    }
+}
+
+/* Ends the run: final state, exit code and end time in status.json. */
+static void finish(struct sup *s, const char *state, int code)
+{
+    snprintf(s->st.state, sizeof(s->st.state), "%s", state);
+    s->st.exit_code = code;
+    ga_runs_now_iso(s->st.end, sizeof(s->st.end));
+    ga_logtimes_flush(&s->lt); /* before the end is visible: tail's last pass sees every record */
+    save_status(s);
+}
+
+/* Runs attempts until success, a stop, or restarts are used up. Reports the first attempt's
+ * start ("ok", or why the command could not start) to report_fd and closes it. */
+static void supervise(struct sup *s, int report_fd)
+{
+    for (int attempt = 0;; attempt++) {
+        char why[512] = "ok";
+        s->first_fail = -1;
+        s->terminating = 0;
+        s->kill_at = 0;
+        s->st.restarts = attempt;
+        int cannot = spawn_ranks(s, attempt, why, sizeof(why));
+        save_status(s);
+        if (report_fd >= 0) {
+            dprintf(report_fd, "%s\n", why);
+            close(report_fd);
+            report_fd = -1;
+        }
+        if (cannot) {
+            s->first_fail = cannot;
+            terminate(s);
+        }
+        wait_group(s);
+        if (s->stop_sig)
+            return finish(s, "stopped", 128 + s->stop_sig);
+        if (s->first_fail < 0)
+            return finish(s, "succeeded", 0);
+        if (attempt >= s->o->max_restarts || cannot)
+            return finish(s, "failed", s->first_fail);
+        mark_restart(s, attempt + 1);
+    }
+}
+
+/* Takes supervisor.lock for the supervisor's lifetime (the fd is deliberately kept open; it is
+ * close-on-exec, so ranks do not inherit it). Returns 0 or -1. */
+static int take_lock(const struct launch_opts *o)
+{
+    char path[PATH_MAX];
+    if (ga_runs_join(path, sizeof(path), o->dir, "supervisor.lock") < 0)
+        return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, RUN_FILE_MODE);
+    return fd < 0 || flock(fd, LOCK_EX) < 0 ? -1 : 0;
+}
+
+/* Blocks the signals the loop handles and returns a signalfd for them, or -1. */
+static int signals_setup(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    /* Whatever the caller ignored: SIGCHLD ignored would reap the ranks behind our back. */
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGPIPE, SIG_IGN); /* the launch process may be gone when we report */
+    signal(SIGHUP, SIG_IGN);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return -1;
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* The supervisor process: sets up, reports to report_fd, supervises, exits. */
+static void supervisor_main(struct launch_opts *o, int report_fd)
+{
+    struct sup s;
+    memset(&s, 0, sizeof(s));
+    s.o = o;
+    s.sfd = signals_setup();
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    snprintf(s.st.id, sizeof(s.st.id), "%s", o->id);
+    snprintf(s.st.state, sizeof(s.st.state), "running");
+    s.st.exit_code = -1;
+    ga_runs_now_iso(s.st.start, sizeof(s.st.start));
+    s.st.supervisor_pid = getpid();
+    s.st.master_port = (int)o->master_port;
+    s.st.nranks = (int)o->nproc;
+    s.st.ranks = calloc((size_t)o->nproc, sizeof(*s.st.ranks));
+    const char *fail = s.sfd < 0                   ? "signalfd"
+                       : !s.st.ranks               ? "out of memory"
+                       : take_lock(o)              ? "cannot lock supervisor.lock"
+                       : write_meta(o, s.st.start) ? "cannot write meta.json"
+                                                   : NULL;
+    if (fail) {
+        dprintf(report_fd, "%s: %s\n", fail, strerror(errno));
+        _exit(1);
+    }
+    /* Before the ranks start, so their first bytes are seen; without it the logs are still
+     * kept, and tail reads them rank by rank. */
+    ga_logtimes_open(&s.lt, o->dir, (int)(o->node_rank * o->nproc), (int)o->nproc);
+    supervise(&s, report_fd);
+    ga_logtimes_close(&s.lt);
+    ga_runs_status_release(&s.st);
+    _exit(0);
+}
+
+/* ---- detaching --------------------------------------------------------------------------- */
+
+/* Points stdin at /dev/null and stdout/stderr at the run's supervisor.log, and closes every
+ * other inherited descriptor except keep, so nothing holds the SSH channel open. */
+static void detach_fds(const struct launch_opts *o, int keep)
+{
+    char log[PATH_MAX];
+    int in = open("/dev/null", O_RDONLY);
+    int out = ga_runs_join(log, sizeof(log), o->dir, "supervisor.log") == 0
+                  ? open(log, O_WRONLY | O_CREAT | O_APPEND, RUN_FILE_MODE)
+                  : -1;
+    if (out < 0)
+        out = open("/dev/null", O_WRONLY);
+    dup2(in, 0), dup2(out, 1), dup2(out, 2);
+    DIR *d = opendir("/proc/self/fd");
+    int dfd = d ? dirfd(d) : -1;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        if (fd > 2 && fd != keep && fd != dfd && e->d_name[0] != '.')
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* The middle child: new session, fork the supervisor, exit. */
+static void middle_child(struct launch_opts *o, int report_fd)
+{
+    if (setsid() < 0)
+        _exit(1);
+    pid_t pid = fork();
+    if (pid < 0)
+        _exit(1);
+    if (pid > 0)
+        _exit(0);
+    detach_fds(o, report_fd);
+    if (chdir(o->rootabs) < 0) {
+        dprintf(report_fd, "chdir %s: %s\n", o->rootabs, strerror(errno));
+        _exit(1);
+    }
+    supervisor_main(o, report_fd);
+}
+
+/* Reads the supervisor's report line into buf (until EOF). */
+static void read_report(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || (n += (size_t)r) == cap - 1)
+            break;
+    }
+    buf[n] = 0;
+}
+
+/* Detaches the supervisor and waits for its report. Returns the supervisor's pid, or -1 with
+ * the reason in why. */
+static long start_supervisor(struct launch_opts *o, char *why, size_t cap)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        snprintf(why, cap, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    fflush(NULL);
+    pid_t mid = fork();
+    if (mid == 0) {
+        close(p[0]);
+        middle_child(o, p[1]);
+    }
+    close(p[1]);
+    if (mid < 0) {
+        snprintf(why, cap, "fork: %s", strerror(errno));
+        close(p[0]);
+        return -1;
+    }
+    waitpid(mid, NULL, 0);
+    read_report(p[0], why, cap);
+    close(p[0]);
+    if (strcmp(why, "ok\n") != 0) {
+        if (!why[0])
+            snprintf(why, cap, "the supervisor died before it started the ranks");
+        why[strcspn(why, "\n")] = 0;
+        return -1;
+    }
+    struct ga_runs_status st;
+    long pid = ga_runs_read_status(o->dir, &st) == 0 ? st.supervisor_pid : -1;
+    ga_runs_status_release(&st);
+    if (pid < 0)
+        snprintf(why, cap, "cannot read the run's status.json");
+    return pid;
+}
+
+/* Streams the new run's logs on stdout, as `tail --follow` would: the client then needs one exec,
+ * not two, between its command and the first log line. */
+static int follow_logs(struct launch_opts *o)
+{
+    char *argv[] = {"tail",    "--root",          (char *)o->root, "--id", (char *)o->id,
+                    "--ranks", (char *)o->follow, "--follow",      NULL};
+    return ga_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
+}
+
+int ga_launch_main(int argc, char **argv)
+{
+    struct launch_opts o;
+    if (opts_parse(&o, argc, argv) < 0)
+        return 2;
+    if (make_run_dir(&o) < 0)
+        return 1;
+    if (o.master_port == 0 && (o.master_port = pick_free_port()) < 0) {
+        fprintf(stderr, "gpusync-agent launch: cannot find a free port: %s\n", strerror(errno));
+        return 1;
+    }
+    o.agent_pid = getpid();
+    char why[512];
+    long pid = start_supervisor(&o, why, sizeof(why));
+    if (pid < 0) {
+        fprintf(stderr, "gpusync-agent launch: run %s did not start: %s\n", o.id, why);
+        return 1;
+    }
+    /* The agent's own path comes last: a client that ran whichever build was cached uses it for
+     * its later commands (tail after a reconnect, stop). */
+    char exe[PATH_MAX] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char line[PATH_MAX + 160];
+    if (gs_proto_run_started_format(line, sizeof(line), o.id, pid, o.master_port, exe) < 0 ||
+        fputs(line, stdout) < 0 || fflush(stdout) != 0)
+        return 1;
+    return o.follow ? follow_logs(&o) : 0;
+}

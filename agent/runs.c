@@ -1,0 +1,621 @@
+/* runs: run-directory files (meta.json, status.json, supervisor.lock), run-name resolution and
+ * the `ps` and `stop` commands (see runs.h). Only the supervisor (launch.c) writes status.json
+ * while it lives; stop writes it only for a run whose supervisor is gone. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "runs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jsonw.h"
+#include "pgroup.h"
+#include "wrapper.h"
+
+void ga_runs_status_release(struct ga_runs_status *st)
+{
+    free(st->ranks);
+    memset(st, 0, sizeof(*st));
+}
+
+int ga_runs_id_valid(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > GS_PROTO_RUN_ID_MAX || id[0] == '.')
+        return 0;
+    return strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+}
+
+int ga_runs_path(char *buf, size_t cap, const char *root, const char *id)
+{
+    int n = id ? snprintf(buf, cap, "%s/.gpusync/runs/%s", root, id)
+               : snprintf(buf, cap, "%s/.gpusync/runs", root);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+int ga_runs_join(char *buf, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void ga_runs_now_iso(char *buf, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    char day[32];
+    strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, cap, "%s.%03ldZ", day, ts.tv_nsec / 1000000);
+}
+
+long long ga_runs_iso_ms(const char *iso)
+{
+    struct tm tm;
+    int ms = 0;
+    memset(&tm, 0, sizeof(tm));
+    if (sscanf(iso, "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec, &ms) < 6)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (long long)timegm(&tm) * 1000 + ms;
+}
+
+long long ga_runs_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ga_runs_write_atomic(const char *dir, const char *name, const char *data, size_t len)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    char tmpname[NAME_MAX + 1];
+    snprintf(tmpname, sizeof(tmpname), ".%.200s.tmp.%ld", name, (long)getpid());
+    if (ga_runs_join(dst, sizeof(dst), dir, name) < 0 ||
+        ga_runs_join(tmp, sizeof(tmp), dir, tmpname) < 0) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    int rc = ga_write_all(fd, data, len);
+    int saved = errno;
+    if (close(fd) < 0 && rc == 0)
+        rc = -1, saved = errno;
+    if (rc == 0 && rename(tmp, dst) < 0)
+        rc = -1, saved = errno;
+    if (rc < 0)
+        unlink(tmp);
+    errno = saved;
+    return rc;
+}
+
+/* 1 if obj's key holds JSON true. */
+static int json_true(struct ga_json_span obj, const char *key)
+{
+    struct ga_json_span v;
+    return ga_json_get(obj, key, &v) == 0 && v.n == 4 && memcmp(v.p, "true", 4) == 0;
+}
+
+/* Writes an int that -1 (or, for signals, 0) turns into null. */
+static void jw_opt(struct ga_jw *w, const char *key, long long v, long long null_value)
+{
+    ga_jw_key(w, key);
+    if (v == null_value)
+        ga_jw_null(w);
+    else
+        ga_jw_int(w, v);
+}
+
+/* Writes the rank objects of st. */
+static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
+{
+    ga_jw_arr(w);
+    for (int i = 0; i < st->nranks; i++) {
+        const struct ga_runs_rank *r = &st->ranks[i];
+        ga_jw_obj(w);
+        ga_jw_key(w, "rank");
+        ga_jw_int(w, r->rank);
+        ga_jw_key(w, "local_rank");
+        ga_jw_int(w, r->local_rank);
+        ga_jw_key(w, "pid");
+        ga_jw_int(w, r->pid);
+        ga_jw_key(w, "pgid");
+        ga_jw_int(w, r->pgid);
+        ga_jw_key(w, "pgid_start");
+        ga_jw_int(w, r->pgid_start);
+        ga_jw_key(w, "group_gone");
+        ga_jw_raw(w, r->group_gone ? "true" : "false", r->group_gone ? 4 : 5);
+        jw_opt(w, "exit_code", r->exit_code, -1);
+        jw_opt(w, "signal", r->signal, 0);
+        ga_jw_obj_end(w);
+    }
+    ga_jw_arr_end(w);
+}
+
+/* Writes the status.json fields of st (without braces), with state replaced by state_override
+ * when it is not NULL (ps reports "lost"). */
+static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
+                               const char *state_override)
+{
+    ga_jw_key(w, "id");
+    ga_jw_str(w, st->id);
+    ga_jw_key(w, "state");
+    ga_jw_str(w, state_override ? state_override : st->state);
+    jw_opt(w, "exit_code", st->exit_code, -1);
+    ga_jw_key(w, "restarts");
+    ga_jw_int(w, st->restarts);
+    ga_jw_key(w, "start");
+    ga_jw_str(w, st->start);
+    ga_jw_key(w, "end");
+    ga_jw_str(w, st->end[0] ? st->end : NULL);
+    ga_jw_key(w, "supervisor_pid");
+    ga_jw_int(w, st->supervisor_pid);
+    ga_jw_key(w, "master_port");
+    ga_jw_int(w, st->master_port);
+    ga_jw_key(w, "ranks");
+    status_ranks_json(w, st);
+}
+
+int ga_runs_write_status(const char *dir, const struct ga_runs_status *st)
+{
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_obj(&w);
+    status_fields_json(&w, st, NULL);
+    ga_jw_obj_end(&w);
+    ga_jw_text(&w, "\n");
+    int rc = ga_runs_write_atomic(dir, "status.json", w.buf, w.len);
+    ga_jw_release(&w);
+    return rc;
+}
+
+char *ga_runs_slurp(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    for (;;) {
+        GA_ALLOC_GROW(buf, n + 4096, cap); /* room for a read of 4 KiB or more, and the NUL */
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r < 0) {
+                free(buf);
+                buf = NULL;
+            }
+            break;
+        }
+        n += (size_t)r;
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    if (buf) {
+        buf[n] = 0;
+        if (len)
+            *len = n;
+    }
+    return buf;
+}
+
+/* Parses the rank objects of a status.json ranks array into st. Returns 0 or -1. */
+static int parse_ranks(struct ga_json_span arr, struct ga_runs_status *st)
+{
+    struct ga_json_span e;
+    size_t pos = 0, cap = 0;
+    int rc;
+    while ((rc = ga_json_next(arr, &pos, &e)) == 1) {
+        GA_ALLOC_GROW(st->ranks, (size_t)st->nranks + 1, cap);
+        struct ga_runs_rank *r = &st->ranks[st->nranks++];
+        r->rank = (int)ga_json_get_int(e, "rank", -1);
+        r->local_rank = (int)ga_json_get_int(e, "local_rank", -1);
+        r->pid = (long)ga_json_get_int(e, "pid", 0);
+        r->pgid = (long)ga_json_get_int(e, "pgid", 0);
+        r->pgid_start = ga_json_get_int(e, "pgid_start", 0);
+        r->group_gone = json_true(e, "group_gone");
+        r->exit_code = (int)ga_json_get_int(e, "exit_code", -1);
+        r->signal = (int)ga_json_get_int(e, "signal", 0);
+    }
+    return rc;
+}
+
+int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
+{
+    char path[PATH_MAX];
+    size_t n;
+    memset(st, 0, sizeof(*st));
+    if (ga_runs_join(path, sizeof(path), dir, "status.json") < 0)
+        return -1;
+    char *text = ga_runs_slurp(path, &n);
+    if (!text)
+        return -1;
+    struct ga_json_span obj = {text, n}, ranks;
+    ga_json_get_str(obj, "id", st->id, sizeof(st->id));
+    ga_json_get_str(obj, "state", st->state, sizeof(st->state));
+    ga_json_get_str(obj, "start", st->start, sizeof(st->start));
+    ga_json_get_str(obj, "end", st->end, sizeof(st->end));
+    st->exit_code = (int)ga_json_get_int(obj, "exit_code", -1);
+    st->restarts = (int)ga_json_get_int(obj, "restarts", 0);
+    st->supervisor_pid = (long)ga_json_get_int(obj, "supervisor_pid", 0);
+    st->master_port = (int)ga_json_get_int(obj, "master_port", 0);
+    int rc = st->state[0] && ga_json_get(obj, "ranks", &ranks) == 0 ? parse_ranks(ranks, st) : -1;
+    free(text);
+    if (rc < 0)
+        ga_runs_status_release(st);
+    return rc;
+}
+
+int ga_runs_supervisor_alive(const char *dir)
+{
+    char path[PATH_MAX];
+    if (ga_runs_join(path, sizeof(path), dir, "supervisor.lock") < 0)
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int alive = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+    close(fd); /* also drops our shared lock, if we got it */
+    return alive;
+}
+
+/* Reads meta.json of the run in dir; returns the malloc'd text (caller frees) or NULL. */
+static char *read_meta(const char *dir, size_t *n)
+{
+    char path[PATH_MAX];
+    if (ga_runs_join(path, sizeof(path), dir, "meta.json") < 0)
+        return NULL;
+    return ga_runs_slurp(path, n);
+}
+
+/* Checks whether the run in runs/ent is named name; if it is newer than *best_start, records
+ * it as the best match so far. */
+static void match_name(const char *runs, const char *ent, const char *name, char *best, size_t cap,
+                       char *best_start)
+{
+    char dir[PATH_MAX], got[GA_RUNS_NAME_MAX + 1], start[40];
+    size_t n;
+    if (ga_runs_join(dir, sizeof(dir), runs, ent) < 0)
+        return;
+    char *meta = read_meta(dir, &n);
+    if (!meta)
+        return;
+    struct ga_json_span obj = {meta, n};
+    ga_json_get_str(obj, "name", got, sizeof(got));
+    ga_json_get_str(obj, "start", start, sizeof(start));
+    if (!strcmp(got, name) && strcmp(start, best_start) >= 0 && strlen(ent) < cap) {
+        snprintf(best, cap, "%s", ent);
+        snprintf(best_start, 40, "%s", start);
+    }
+    free(meta);
+}
+
+int ga_runs_resolve(const char *root, const char *arg, char *out, size_t cap, char *err,
+                    size_t errlen)
+{
+    char runs[PATH_MAX], dir[PATH_MAX], best_start[40] = "";
+    struct stat sb;
+    if (ga_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+        snprintf(err, errlen, "path too long: %s", root);
+        return -1;
+    }
+    if (ga_runs_id_valid(arg) && ga_runs_path(dir, sizeof(dir), root, arg) == 0 &&
+        stat(dir, &sb) == 0 && strlen(arg) < cap) {
+        snprintf(out, cap, "%s", arg);
+        return 0;
+    }
+    out[0] = 0;
+    DIR *d = opendir(runs);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (ga_runs_id_valid(e->d_name))
+            match_name(runs, e->d_name, arg, out, cap, best_start);
+    if (d)
+        closedir(d);
+    if (out[0])
+        return 0;
+    snprintf(err, errlen, "no run with id or name '%s' in %s", arg, runs);
+    return -1;
+}
+
+/* ---- ps ---------------------------------------------------------------------------------- */
+
+/* One run as ps lists it. */
+struct ps_row {
+    struct ga_runs_status st;
+    char *meta; /* meta.json text, owned */
+    size_t meta_len;
+    int lost; /* status says running, but the supervisor is gone */
+};
+
+/* Loads one run directory into row. Returns 0, or -1 if it is not a readable run. */
+static int ps_load(const char *runs, const char *id, struct ps_row *row)
+{
+    char dir[PATH_MAX];
+    memset(row, 0, sizeof(*row));
+    if (ga_runs_join(dir, sizeof(dir), runs, id) < 0)
+        return -1;
+    if (ga_runs_read_status(dir, &row->st) < 0)
+        return -1;
+    row->meta = read_meta(dir, &row->meta_len);
+    row->lost = !strcmp(row->st.state, "running") && !ga_runs_supervisor_alive(dir);
+    return 0;
+}
+
+/* Orders rows newest first (ISO times compare as strings), then by id. */
+static int ps_cmp(const void *a, const void *b)
+{
+    const struct ps_row *x = a, *y = b;
+    int c = strcmp(y->st.start, x->st.start);
+    return c ? c : strcmp(x->st.id, y->st.id);
+}
+
+/* Formats a duration in ms as 1h02m03s / 2m03s / 3.4s. */
+static void fmt_duration(long long ms, char *buf, size_t cap)
+{
+    long long s = ms / 1000;
+    if (ms < 0)
+        snprintf(buf, cap, "-");
+    else if (s >= 3600)
+        snprintf(buf, cap, "%lldh%02lldm%02llds", s / 3600, s / 60 % 60, s % 60);
+    else if (s >= 60)
+        snprintf(buf, cap, "%lldm%02llds", s / 60, s % 60);
+    else
+        snprintf(buf, cap, "%lld.%llds", s, ms % 1000 / 100);
+}
+
+static long long row_duration(const struct ps_row *r)
+{
+    long long start = ga_runs_iso_ms(r->st.start);
+    char now[40];
+    ga_runs_now_iso(now, sizeof(now));
+    long long end = ga_runs_iso_ms(r->st.end[0] ? r->st.end : now);
+    return start < 0 || end < 0 ? -1 : end - start;
+}
+
+static void ps_print_json(struct ps_row *rows, size_t n)
+{
+    struct ga_jw w;
+    ga_jw_init(&w);
+    ga_jw_arr(&w);
+    for (size_t i = 0; i < n; i++) {
+        struct ga_json_span meta = {rows[i].meta ? rows[i].meta : "{}",
+                                    rows[i].meta ? rows[i].meta_len : 2},
+                            v;
+        ga_jw_obj(&w);
+        status_fields_json(&w, &rows[i].st, rows[i].lost ? "lost" : NULL);
+        ga_jw_key(&w, "name");
+        if (ga_json_get(meta, "name", &v) == 0)
+            ga_jw_raw(&w, v.p, v.n);
+        else
+            ga_jw_null(&w);
+        ga_jw_key(&w, "command");
+        if (ga_json_get(meta, "command", &v) == 0)
+            ga_jw_raw(&w, v.p, v.n);
+        else
+            ga_jw_null(&w);
+        ga_jw_key(&w, "duration_ms");
+        ga_jw_int(&w, row_duration(&rows[i]));
+        ga_jw_obj_end(&w);
+    }
+    ga_jw_arr_end(&w);
+    printf("%s\n", w.buf);
+    ga_jw_release(&w);
+}
+
+static void ps_print_table(struct ps_row *rows, size_t n)
+{
+    printf("%-24s %-16s %-9s %5s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "START",
+           "DURATION", "EXIT");
+    for (size_t i = 0; i < n; i++) {
+        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-";
+        if (rows[i].meta) {
+            struct ga_json_span meta = {rows[i].meta, rows[i].meta_len};
+            ga_json_get_str(meta, "name", name, sizeof(name));
+            if (!name[0])
+                snprintf(name, sizeof(name), "-");
+        }
+        fmt_duration(row_duration(&rows[i]), dur, sizeof(dur));
+        if (rows[i].st.exit_code >= 0)
+            snprintf(code, sizeof(code), "%d", rows[i].st.exit_code);
+        printf("%-24s %-16s %-9s %5d %-24s %10s %4s\n", rows[i].st.id, name,
+               rows[i].lost ? "lost" : rows[i].st.state, rows[i].st.nranks, rows[i].st.start, dur,
+               code);
+    }
+}
+
+/* Loads every run under runs into a malloc'd array (*n entries). Returns NULL when empty. */
+static struct ps_row *ps_collect(const char *runs, size_t *n)
+{
+    struct ps_row *rows = NULL;
+    size_t cap = 0;
+    *n = 0;
+    DIR *d = opendir(runs);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!ga_runs_id_valid(e->d_name))
+            continue;
+        GA_ALLOC_GROW(rows, *n + 1, cap);
+        if (ps_load(runs, e->d_name, &rows[*n]) == 0)
+            (*n)++;
+    }
+    if (d)
+        closedir(d);
+    if (*n)
+        qsort(rows, *n, sizeof(*rows), ps_cmp);
+    return rows;
+}
+
+int ga_ps_main(int argc, char **argv)
+{
+    const char *root = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--root") && i + 1 < argc)
+            root = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else {
+            fprintf(stderr, "usage: gpusync-agent ps --root DIR [--json]\n");
+            return 2;
+        }
+    }
+    if (!root) {
+        fprintf(stderr, "usage: gpusync-agent ps --root DIR [--json]\n");
+        return 2;
+    }
+    char runs[PATH_MAX];
+    if (ga_runs_path(runs, sizeof(runs), root, NULL) < 0) {
+        fprintf(stderr, "gpusync-agent ps: path too long: %s\n", root);
+        return 1;
+    }
+    size_t n;
+    struct ps_row *rows = ps_collect(runs, &n);
+    if (json)
+        ps_print_json(rows, n);
+    else
+        ps_print_table(rows, n);
+    for (size_t i = 0; i < n; i++) {
+        ga_runs_status_release(&rows[i].st);
+        free(rows[i].meta);
+    }
+    free(rows);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* ---- stop -------------------------------------------------------------------------------- */
+
+/* Returns 1 if any rank group of st is still the run's and not empty (pgroup.h: a recorded
+ * pgid whose number now belongs to someone else, or that was seen empty, is not). */
+static int any_group_alive(struct ga_runs_status *st)
+{
+    int alive = 0;
+    for (int i = 0; i < st->nranks; i++)
+        alive |= ga_pgroup_alive(&st->ranks[i]);
+    return alive;
+}
+
+static void kill_groups(struct ga_runs_status *st, int sig)
+{
+    for (int i = 0; i < st->nranks; i++)
+        ga_pgroup_signal(&st->ranks[i], sig);
+}
+
+/* Sleeps about ms milliseconds (used only while waiting on processes that are not our
+ * children: there is no event to wait on for those). */
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Waits up to ms for the supervisor to let go of its lock and the groups to empty. Returns 1
+ * when everything is gone. */
+static int wait_gone(const char *dir, struct ga_runs_status *st, long ms)
+{
+    long long deadline = ga_runs_mono_ms() + ms;
+    for (;;) {
+        int gone = !ga_runs_supervisor_alive(dir) && !any_group_alive(st);
+        if (gone || ga_runs_mono_ms() >= deadline)
+            return gone;
+        nap_ms(5);
+    }
+}
+
+/* Marks a run whose supervisor vanished as stopped, so ps stops calling it lost. */
+static void mark_stopped(const char *dir, struct ga_runs_status *st)
+{
+    snprintf(st->state, sizeof(st->state), "stopped");
+    ga_runs_now_iso(st->end, sizeof(st->end));
+    if (st->exit_code < 0)
+        st->exit_code = 128 + SIGKILL;
+    ga_runs_write_status(dir, st);
+}
+
+/* Stops the run in dir. Returns 1 if it was running, 0 if not, -1 if something survived. */
+static int stop_run(const char *dir, long grace_ms)
+{
+    struct ga_runs_status st;
+    if (ga_runs_read_status(dir, &st) < 0)
+        return -1;
+    int sup = ga_runs_supervisor_alive(dir);
+    /* A lost run (status running, supervisor gone) counts as running: stop ends it. */
+    int was_running = sup || !strcmp(st.state, "running");
+    if (sup && st.supervisor_pid > 1)
+        kill((pid_t)st.supervisor_pid, SIGTERM);
+    if (sup)
+        wait_gone(dir, &st, grace_ms + 1000);
+    /* The supervisor may have restarted the group since we read it: read again. */
+    struct ga_runs_status now;
+    if (ga_runs_read_status(dir, &now) == 0) {
+        ga_runs_status_release(&st);
+        st = now;
+    }
+    if (!strcmp(st.state, "running") || sup) {
+        if (ga_runs_supervisor_alive(dir) && st.supervisor_pid > 1)
+            kill((pid_t)st.supervisor_pid, SIGKILL);
+        kill_groups(&st, SIGKILL);
+    }
+    int gone = wait_gone(dir, &st, 3000);
+    if (gone && !strcmp(st.state, "running"))
+        mark_stopped(dir, &st);
+    ga_runs_status_release(&st);
+    return gone ? was_running : -1;
+}
+
+int ga_stop_main(int argc, char **argv)
+{
+    const char *root = NULL, *arg = NULL;
+    long grace_ms = 10000;
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (v && !strcmp(argv[i], "--root"))
+            root = v, i++;
+        else if (v && !strcmp(argv[i], "--id"))
+            arg = v, i++;
+        else if (v && !strcmp(argv[i], "--grace-ms"))
+            grace_ms = strtol(v, &end, 10), bad = *end || end == v, i++;
+        else
+            bad = 1;
+    }
+    if (bad || !root || !arg || grace_ms < 0) {
+        fprintf(stderr, "usage: gpusync-agent stop --root DIR --id ID [--grace-ms MS]\n");
+        return 2;
+    }
+    char id[GS_PROTO_RUN_ID_MAX + 1], dir[PATH_MAX], err[PATH_MAX + 256];
+    if (ga_runs_resolve(root, arg, id, sizeof(id), err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpusync-agent stop: %s\n", err);
+        return 1;
+    }
+    ga_runs_path(dir, sizeof(dir), root, id);
+    int rc = stop_run(dir, grace_ms);
+    if (rc < 0) {
+        fprintf(stderr,
+                "gpusync-agent stop: processes of run %s survived SIGKILL (or %s/status.json is "
+                "unreadable)\n",
+                id, dir);
+        return 1;
+    }
+    printf(rc ? "stopped %s\n" : "not running %s\n", id);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

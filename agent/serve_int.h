@@ -1,0 +1,82 @@
+/* Internal interface between the parts of the agent's serve session: serve.c (session, replies,
+ * dispatch, loop), serve_put.c (put, put streams, symlink), serve_ops.c (mkdir, chmod, delete,
+ * rename) and serve_query.c (stat, hash, get, list). Not part of the protocol; the client never
+ * includes it. Every handler answers its request with exactly one reply (or a data stream that
+ * ends in one), so the client can match replies to pipelined requests by id. */
+#ifndef GA_SERVE_INT_H
+#define GA_SERVE_INT_H
+
+#include <stdint.h>
+
+#include "fs.h"
+#include "proto/sync.h"
+#include "serve.h"
+
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+
+#define GA_SERVE_FLUSH_AT (1u << 20) /* write replies out once this many bytes are buffered */
+
+/* An open put stream (PUT_BEGIN .. PUT_END), keyed by request id. */
+struct ga_serve_stream {
+    int used, failed; /* failed: replied ERROR already; later DATA/END are dropped */
+    uint32_t id;
+    int fd, dirfd; /* temporary file and its directory, -1 when closed */
+    char *path;    /* relative path as sent, owned */
+    char name[GA_FS_NAME_MAX + 1];
+    char tmp[64];
+    struct gs_proto_meta meta;
+    struct gs_proto_expect expect;
+    uint64_t size, received; /* announced in PUT_BEGIN (GS_PROTO_SIZE_UNKNOWN), and so far */
+    XXH3_state_t hs;         /* hash of the bytes written so far */
+};
+
+/* Appends a reply (flushing past GA_SERVE_FLUSH_AT); out of memory ends the session. */
+void ga_serve_emit(struct ga_serve *s, const struct gs_proto_msg *m);
+
+/* Replies ERROR with a positive errno and a printf-style message. */
+void ga_serve_reply_error(struct ga_serve *s, uint32_t id, int err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* Replies ERROR "<op> <path>: <reason>" for a negative errno. */
+void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const char *op,
+                             const char *path);
+
+/* The reason text for an errno, worded for path refusals (EPERM, ELOOP). */
+const char *ga_serve_why(int err);
+
+/* Replies DONE; kept (may be NULL or "") is the conflict copy's name in path's directory. */
+void ga_serve_reply_done(struct ga_serve *s, uint32_t id, uint32_t flags, const char *path,
+                         const char *kept);
+
+/* Checks a wire path and returns it NUL-terminated in *out (caller frees); on failure replies
+ * ERROR and returns -1. */
+int ga_serve_take_path(struct ga_serve *s, const struct gs_proto_msg *m, struct gs_proto_str p,
+                       int allow_empty, char **out);
+
+/* Opens path's parent (ga_fs_open_parent); on failure replies ERROR and returns < 0. */
+int ga_serve_parent(struct ga_serve *s, const struct gs_proto_msg *m, const char *op,
+                    const char *path, int create, int *dirfd, char *name);
+
+/* Closes a stream's descriptors, removes its temporary file and frees the slot. */
+void ga_serve_stream_free(struct ga_serve_stream *st);
+
+/* Request handlers: each replies for m->id. */
+void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_symlink(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_chmod(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_delete(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_rename(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_stat(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m);
+
+#endif

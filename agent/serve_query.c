@@ -1,0 +1,273 @@
+/* Read-only handlers of the agent (serve_int.h): stat, hash, get (a file streamed back in
+ * chunks, for gpusync pull) and list (a subtree walk for verification and recovery). */
+/* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
+#include "serve_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LIST_FRAME (64u << 10) /* payload bytes per LIST_ENTRIES frame */
+
+/* ---- queries ----------------------------------------------------------------------------- */
+
+void ga_serve_stat(struct ga_serve *s, const struct gs_proto_msg *m)
+{
+    char *path, *link = NULL, name[GA_FS_NAME_MAX + 1];
+    int dirfd;
+    struct stat st;
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
+        return;
+    struct gs_proto_msg r = {0};
+    r.type = GS_MSG_STAT_R;
+    r.id = m->id;
+    r.path2 = gs_proto_cstr("");
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    if (rc == 0) {
+        if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            rc = -errno;
+        else if (S_ISLNK(st.st_mode))
+            rc = ga_fs_readlink(dirfd, name, &link);
+        close(dirfd);
+    }
+    if (rc == -ENOENT || rc == -ENOTDIR) {
+        ga_serve_emit(s, &r); /* kind NONE */
+    } else if (rc < 0) {
+        ga_serve_reply_op_error(s, m->id, rc, "stat", path);
+    } else {
+        r.kind = ga_fs_kind(st.st_mode);
+        ga_fs_meta_from_stat(&st, &r.meta);
+        r.size = (uint64_t)st.st_size;
+        if (link)
+            r.path2 = gs_proto_cstr(link);
+        ga_serve_emit(s, &r);
+    }
+    free(link);
+    free(path);
+}
+
+void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m)
+{
+    char *path, name[GA_FS_NAME_MAX + 1];
+    int dirfd;
+    struct stat st;
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
+        return;
+    struct gs_proto_msg r = {0};
+    r.type = GS_MSG_HASH_R;
+    r.id = m->id;
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    if (rc == 0) {
+        rc = fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+        if (rc == 0)
+            rc = ga_fs_hash_entry(dirfd, name, &st, r.hash, &r.size);
+        close(dirfd);
+    }
+    if (rc < 0)
+        ga_serve_reply_op_error(s, m->id, rc, "hash", path);
+    else
+        ga_serve_emit(s, &r);
+    free(path);
+}
+
+/* Streams fd as GET_DATA frames, hashing what is sent. Returns 0 or a negative errno. */
+static int send_file(struct ga_serve *s, uint32_t id, int fd, uint8_t *hash, uint64_t *size)
+{
+    XXH3_state_t hs;
+    XXH3_128bits_reset(&hs);
+    *size = 0;
+    for (;;) {
+        if (gs_proto_buf_reserve(&s->out, GS_PROTO_HDR + GS_PROTO_CHUNK) < 0)
+            return -ENOMEM;
+        uint8_t *dst = s->out.data + s->out.len + GS_PROTO_HDR;
+        ssize_t n = read(fd, dst, GS_PROTO_CHUNK);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        XXH3_128bits_update(&hs, dst, (size_t)n);
+        gs_proto_encode_header(&s->out, GS_MSG_GET_DATA, id, (uint32_t)n);
+        s->out.len += (size_t)n;
+        *size += (uint64_t)n;
+        if (s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(s) < 0)
+            return -EPIPE;
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&hs));
+    memcpy(hash, c.digest, GS_PROTO_HASH_LEN);
+    return 0;
+}
+
+void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
+{
+    char *path, name[GA_FS_NAME_MAX + 1];
+    int dirfd, fd = -1;
+    struct stat st;
+    if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
+        return;
+    struct gs_proto_msg r = {0};
+    r.type = GS_MSG_GET_END;
+    r.id = m->id;
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    if (rc == 0) {
+        fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        rc = fd < 0 ? -errno : fstat(fd, &st) < 0 ? -errno : 0;
+        if (rc == 0 && !S_ISREG(st.st_mode))
+            rc = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        close(dirfd);
+    }
+    if (rc == 0) {
+        ga_fs_meta_from_stat(&st, &r.meta);
+        rc = send_file(s, m->id, fd, r.hash, &r.size);
+    }
+    if (rc < 0)
+        ga_serve_reply_op_error(s, m->id, rc, "get", path);
+    else
+        ga_serve_emit(s, &r);
+    if (fd >= 0)
+        close(fd);
+    free(path);
+}
+
+/* State of one LIST walk. */
+struct lister {
+    struct ga_serve *s;
+    uint32_t id, flags;
+    size_t mark;
+    uint64_t count;
+    char rel[GS_PROTO_MAX_PATH + GA_FS_NAME_MAX + 2];
+};
+
+/* Adds one entry to the current LIST_ENTRIES frame, starting a new frame when it is full. */
+static int list_emit(struct lister *l, const struct gs_proto_entry *e)
+{
+    if (gs_proto_list_add(&l->s->out, l->mark, LIST_FRAME, e) == 0)
+        return 0;
+    gs_proto_list_end(&l->s->out, l->mark);
+    if (l->s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(l->s) < 0)
+        return -EPIPE;
+    if (gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0)
+        return -ENOMEM;
+    return gs_proto_list_add(&l->s->out, l->mark, GS_PROTO_MAX_PAYLOAD, e) < 0 ? -ENOMEM : 0;
+}
+
+/* Describes dirfd/name (path l->rel) and sends it. */
+static int list_one(struct lister *l, int dirfd, const char *name, const struct stat *st)
+{
+    struct gs_proto_entry e;
+    char *link = NULL;
+    memset(&e, 0, sizeof(e));
+    e.path = gs_proto_cstr(l->rel);
+    e.kind = ga_fs_kind(st->st_mode);
+    ga_fs_meta_from_stat(st, &e.meta);
+    e.size = (uint64_t)st->st_size;
+    e.link = gs_proto_cstr("");
+    if (S_ISLNK(st->st_mode) && ga_fs_readlink(dirfd, name, &link) == 0)
+        e.link = gs_proto_cstr(link);
+    if ((l->flags & GS_LIST_HASH) && S_ISREG(st->st_mode)) {
+        uint64_t size;
+        e.has_hash = ga_fs_hash_entry(dirfd, name, st, e.hash, &size) == 0;
+    }
+    int rc = list_emit(l, &e);
+    free(link);
+    l->count++;
+    return rc;
+}
+
+/* Reports what the walk leaves out (LIST_SKIPPED with err for the path in l->rel) between two
+ * LIST_ENTRIES frames, so one odd entry costs its report instead of the whole listing. */
+static int list_skip(struct lister *l, int err)
+{
+    struct gs_proto_msg r = {0};
+    r.type = GS_MSG_LIST_SKIPPED;
+    r.id = l->id;
+    r.err = err;
+    r.path = gs_proto_cstr(l->rel);
+    gs_proto_list_end(&l->s->out, l->mark);
+    ga_serve_emit(l->s, &r);
+    return gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0 ? -ENOMEM : 0;
+}
+
+static int list_dir(struct lister *l, int fd, size_t len, int depth);
+
+/* Walks into directory dirfd/name (path l->rel) unless it lies too deep or cannot be opened;
+ * either is reported as skipped. */
+static int list_descend(struct lister *l, int dirfd, const char *name, int depth)
+{
+    if (depth + 1 > (int)GS_PROTO_LIST_DEPTH)
+        return list_skip(l, ELOOP);
+    int sub = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0)
+        return errno == ENOENT ? 0 : list_skip(l, errno); /* ENOENT: removed meanwhile */
+    return list_dir(l, sub, strlen(l->rel), depth + 1);
+}
+
+/* Lists the directory open as fd (closed here); l->rel holds its path (prefix) of len bytes. */
+static int list_dir(struct lister *l, int fd, size_t len, int depth)
+{
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        struct stat st;
+        const char *n = de->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || (ga_fs_is_tmp(n) && !(l->flags & GS_LIST_TMP)))
+            continue;
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue; /* vanished meanwhile */
+        /* l->rel has room for any directory path LIST reaches plus one name */
+        snprintf(l->rel + len, sizeof(l->rel) - len, "%s%s", len ? "/" : "", n);
+        if (strlen(l->rel) > GS_PROTO_MAX_PATH)
+            rc = list_skip(l, ENAMETOOLONG);
+        else if ((rc = list_one(l, dirfd(d), n, &st)) == 0 && S_ISDIR(st.st_mode))
+            rc = list_descend(l, dirfd(d), n, depth);
+        l->rel[len] = '\0';
+    }
+    closedir(d);
+    return rc;
+}
+
+void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m)
+{
+    char *path;
+    if (ga_serve_take_path(s, m, m->path, 1, &path) < 0)
+        return;
+    struct lister l = {s, m->id, m->flags, 0, 0, ""};
+    int fd = ga_fs_open_dir(s->rootfd, path);
+    int rc = fd;
+    if (fd >= 0) {
+        snprintf(l.rel, sizeof(l.rel), "%s", path);
+        rc = gs_proto_list_begin(&s->out, m->id, &l.mark) < 0 ? -ENOMEM : 0;
+        if (rc == 0) {
+            rc = list_dir(&l, fd, strlen(path), 0);
+            gs_proto_list_end(&s->out, l.mark);
+        } else {
+            close(fd);
+        }
+    }
+    if (rc < 0) {
+        ga_serve_reply_op_error(s, m->id, rc, "list", path[0] ? path : ".");
+    } else {
+        struct gs_proto_msg r = {0};
+        r.type = GS_MSG_LIST_END;
+        r.id = m->id;
+        r.size = l.count;
+        ga_serve_emit(s, &r);
+    }
+    free(path);
+}
