@@ -1374,6 +1374,36 @@ static void test_push__first_push_to_a_server_without_the_agent_installs_it(void
     json_decref(o);
 }
 
+/* A server the static agent cannot serve (another arch, or GPUSYNC_AGENT_FORCE_BUILD) gets the
+ * agent built there from agent/ and proto/ with only `cc`: that build must still work from the
+ * layout the sources have, and the push must then mirror the tree. The sources are copied and
+ * marked so that no build cached on the server can stand in for this one. */
+static void test_push__agent_is_built_on_a_server_from_its_sources(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    generate_tree(cur.local, 31);
+    const char *repo = gs_test_source_path(".");
+    assert_int_equal(
+        gs_test_sh("mkdir -p '%s/src' && cp -r '%s/agent' '%s/proto' '%s/src/' && "
+                   "touch '%s/before-agent' && echo '/* test %d */' >>'%s/src/agent/main.c'",
+                   cur.dir, repo, repo, cur.dir, cur.dir, (int)getpid(), cur.dir),
+        0);
+    char src[4200];
+    snprintf(src, sizeof(src), "%s/src/agent", cur.dir);
+    setenv("GPUSYNC_AGENT_SRC", src, 1);
+    setenv("GPUSYNC_AGENT_FORCE_BUILD", "1", 1);
+    json_t *o = push_and_compare(&cur, 0, "first push, agent built on the server");
+    unsetenv("GPUSYNC_AGENT_FORCE_BUILD");
+    gs_test_fresh_agent_end(cur.dir);
+    const char *transport = json_string_value(json_object_get(o, "transport"));
+    if (!transport || !strstr(transport, "built"))
+        fail_msg("the agent was not built on the server: transport %s",
+                 transport ? transport : "(none)");
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    json_decref(o);
+}
+
 /* The state a push killed at the worst instant leaves: the server renamed, the index never heard.
  * Made here by renaming on the server by hand, so the case is tested every run, not only when the
  * SIGKILL above happens to land between the agent's rename and the index commit. */
@@ -1832,6 +1862,7 @@ int main(void)
         T(test_push__rename_done_on_server_but_not_recorded_converges),
         T(test_push__server_tree_wiped_then_push_restores_it),
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),
+        T(test_push__agent_is_built_on_a_server_from_its_sources),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_push__remote_disk_full_summary_counts_what_arrived),
         T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),
