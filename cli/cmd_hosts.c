@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/run_util.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/target.h"
 
 static const struct option hosts_options[] = {
@@ -30,13 +31,13 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
     const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
     const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
     const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
-    char *target = strndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
+    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
     struct gs_config t = {0};
     int rc = gs_config_parse_target(&t, target, &cli->err);
     free(target);
     n->host = t.host;
     n->user = t.user;
-    n->path = slash ? strdup(slash) : NULL;
+    n->path = slash ? gs_xstrdup(slash) : NULL;
     n->cfg = cli->cfg;
     n->cfg.host = n->host;
     n->cfg.user = n->user ? n->user : cli->cfg.user;
@@ -58,7 +59,7 @@ static void node_release(struct node *n)
  * it is written there. */
 static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
 {
-    char *list = strdup(hosts), *save = NULL;
+    char *list = gs_xstrdup(hosts), *save = NULL;
     int found = 0;
     for (char *tok = strtok_r(list, ", \t", &save); tok && !found;
          tok = strtok_r(NULL, ", \t", &save)) {

@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/auth.h"
 #include "remote/exec.h"
 
@@ -51,7 +52,7 @@ static int apply_args(struct gs_cli *cli, const struct init_args *a)
         return rc;
     if (a->path) {
         free(cli->cfg.remote_path);
-        cli->cfg.remote_path = strdup(a->path);
+        cli->cfg.remote_path = gs_xstrdup(a->path);
     } else if (!cli->cfg.remote_path) {
         const char *base = strrchr(cli->root.data, '/');
         struct gs_buf p = GS_BUF_INIT;
@@ -104,7 +105,7 @@ static int do_install_key(struct gs_cli *cli)
     int rc = gs_cli_install_key(cli, &added);
     if (rc == 0) {
         free(cli->cfg.identity);
-        cli->cfg.identity = strdup(GS_TARGET_MANAGED_KEY);
+        cli->cfg.identity = gs_xstrdup(GS_TARGET_MANAGED_KEY);
     }
     return rc;
 }

@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/agent_client.h"
 #include "syncd/hash.h"
 #include "syncd/index.h"
@@ -37,11 +38,8 @@ struct pull_job {
 
 static void add_file(struct pull_job *job, const char *remote, const char *local, uint64_t size)
 {
-    if (job->n == job->cap) {
-        job->cap = job->cap ? job->cap * 2 : 16;
-        job->files = realloc(job->files, job->cap * sizeof(*job->files));
-    }
-    job->files[job->n++] = (struct pull_file){strdup(remote), strdup(local), size};
+    GS_ALLOC_GROW(job->files, job->n + 1, job->cap);
+    job->files[job->n++] = (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size};
     job->total += size;
 }
 

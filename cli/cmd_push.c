@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
 
@@ -185,7 +186,7 @@ static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui 
                        const struct gs_push_opts *o, struct gs_push_stats *st)
 {
     size_t n = json_array_size(ui->lost);
-    const char **paths = calloc(n + 1, sizeof(*paths));
+    const char **paths = gs_xcalloc(n + 1, sizeof(*paths));
     for (size_t i = 0; i < n; i++)
         paths[i] = json_string_value(json_array_get(ui->lost, i));
     struct gs_push_opts lost = *o;
@@ -287,8 +288,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
 
 static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
 {
-    struct gs_buf *rel = calloc((size_t)argc + 1, sizeof(*rel));
-    const char **paths = calloc((size_t)argc + 1, sizeof(*paths));
+    struct gs_buf *rel = gs_xcalloc((size_t)argc + 1, sizeof(*rel));
+    const char **paths = gs_xcalloc((size_t)argc + 1, sizeof(*paths));
     struct gs_session s;
     struct push_ui ui = {.cli = cli,
                          .conflicts = json_array(),

@@ -18,6 +18,7 @@
 #include "cli/run_util.h"
 #include "common/clock.h"
 #include "common/shell.h"
+#include "common/wrapper.h"
 #include "remote/exec.h"
 #include "remote/runs.h"
 #include "remote/target.h"
@@ -464,14 +465,14 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
     const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
     const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
     const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
-    char *target = strndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
+    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
     struct gs_config t;
     memset(&t, 0, sizeof(t));
     int r = gs_config_parse_target(&t, target, &cli->err);
     free(target);
     n->host = t.host;
     n->user = t.user;
-    n->path = slash ? strdup(slash) : NULL;
+    n->path = slash ? gs_xstrdup(slash) : NULL;
     if (r < 0)
         return r;
     n->cli = *cli;
@@ -498,8 +499,8 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
 /* Parses the comma list into m->nodes. Returns 0 or a usage error in cli->err. */
 static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
 {
-    char *list = strdup(hosts), *save = NULL;
-    m->nodes = calloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
+    char *list = gs_xstrdup(hosts), *save = NULL;
+    m->nodes = gs_xcalloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
     int r = 0;
     for (char *tok = strtok_r(list, ", \t", &save); tok && r == 0;
          tok = strtok_r(NULL, ", \t", &save)) {
@@ -567,10 +568,10 @@ static char *master_addr(struct node *n0)
     struct gs_error err = {0};
     char *addr = NULL;
     if (gs_target_resolve(&t, n0->host, n0->cli.cfg.port, n0->cli.cfg.user, &err) == 0) {
-        addr = strdup(t.hostname ? t.hostname : n0->host);
+        addr = gs_xstrdup(t.hostname ? t.hostname : n0->host);
         gs_target_release(&t);
     }
-    return addr ? addr : strdup(n0->host);
+    return addr ? addr : gs_xstrdup(n0->host); /* the name as given when ssh -G cannot tell */
 }
 
 /* Launches node `rank` of the run. Returns 0 (with *port filled for node 0) or a negative code

@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/wrapper.h"
 
 #ifndef GS_VERSION
 #define GS_VERSION "0.0.0"
@@ -93,7 +94,7 @@ static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
     cli.remote_status = (cmd->flags & GS_CMD_REMOTE_STATUS) != 0;
     char *pw = getenv("GPUSYNC_PASSWORD");
     if (pw && *pw)
-        cli.password = strdup(pw);
+        cli.password = gs_xstrdup(pw);
     /* Read once. Unsetting keeps it from the programs we start (ssh -G, ssh-keygen); clearing the
      * bytes in place also empties the copy a forked watch daemon would still show in
      * /proc/PID/environ, which is the process's original environment block. */

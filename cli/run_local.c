@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 
 #define JOURNAL        "log-times" /* agent/logtimes.h: GA_LOGTIMES_FILE */
 #define JOURNAL_HEADER "gpusync-log-times 1\n"
@@ -177,9 +178,7 @@ int gs_run_local_replay(const char *root, const char *id, const char *ranks, gs_
                         void *ctx, struct gs_error *err)
 {
     struct gs_buf dir = GS_BUF_INIT;
-    struct replay *rp = calloc(1, sizeof(*rp));
-    if (!rp)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    struct replay *rp = gs_xcalloc(1, sizeof(*rp));
     rp->fn = fn;
     rp->ctx = ctx;
     for (int r = 0; r < GS_RUNS_MAX_RANKS; r++)

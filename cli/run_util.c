@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/path.h"
 #include "common/shell.h"
+#include "common/wrapper.h"
 #include "remote/agent_install.h"
 #include "remote/exec.h"
 #include "remote/target.h"
@@ -368,7 +369,7 @@ static int open_node_session(struct gs_cli *cli, struct gs_session *s)
     struct gs_buf db = GS_BUF_INIT;
     char *key = gs_run_node_key(&cli->cfg);
     memset(s, 0, sizeof(*s));
-    s->root = strdup(cli->root.data);
+    s->root = gs_xstrdup(cli->root.data);
     s->cfg = &cli->cfg;
     node_index_path(cli->root.data, key, &db);
     int rc = gs_ignore_open(&s->ig, cli->root.data, (const char *const *)cli->cfg.excludes,

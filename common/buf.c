@@ -1,5 +1,6 @@
 /* common/buf.c: growable byte buffer (see buf.h). */
 #include "common/buf.h"
+#include "common/wrapper.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +29,7 @@ void gs_buf_grow(struct gs_buf *b, size_t extra)
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need)
         cap *= 2;
-    char *p = realloc(b->data, cap);
-    if (!p) {
-        fprintf(stderr, "gpusync: out of memory (%zu bytes)\n", cap);
-        abort();
-    }
-    b->data = p;
+    b->data = gs_xrealloc(b->data, cap);
     b->cap = cap;
     b->data[b->len] = '\0';
 }

@@ -11,6 +11,7 @@
 
 #include "common/buf.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 
 /* The parse state handed to inih: the config being filled and the first error seen. inih reports
  * the line of the first handler failure as ini_parse's return value, so the handler only needs to
@@ -29,9 +30,7 @@ static int fail(struct parse_state *st, const char *fmt, const char *a, const ch
 
 static int replace_string(char **slot, const char *value)
 {
-    char *copy = strdup(value);
-    if (!copy)
-        return 0;
+    char *copy = gs_xstrdup(value);
     free(*slot);
     *slot = copy;
     return 1;
@@ -71,12 +70,9 @@ static int set_remote(struct parse_state *st, const char *key, const char *value
 
 static int add_exclude(struct gs_config *cfg, const char *value)
 {
-    char **grown = realloc(cfg->excludes, (cfg->n_excludes + 1) * sizeof(*grown));
-    if (!grown)
-        return 0;
-    cfg->excludes = grown;
-    cfg->excludes[cfg->n_excludes] = strdup(value);
-    return cfg->excludes[cfg->n_excludes++] != NULL;
+    cfg->excludes = gs_xrealloc(cfg->excludes, (cfg->n_excludes + 1) * sizeof(*cfg->excludes));
+    cfg->excludes[cfg->n_excludes++] = gs_xstrdup(value);
+    return 1;
 }
 
 static int set_sync(struct parse_state *st, const char *key, const char *value)
@@ -102,14 +98,11 @@ static struct gs_job *job_for(struct gs_config *cfg, const char *name)
     for (size_t i = 0; i < cfg->n_jobs; i++)
         if (strcmp(cfg->jobs[i].name, name) == 0)
             return &cfg->jobs[i];
-    struct gs_job *grown = realloc(cfg->jobs, (cfg->n_jobs + 1) * sizeof(*grown));
-    if (!grown)
-        return NULL;
-    cfg->jobs = grown;
+    cfg->jobs = gs_xrealloc(cfg->jobs, (cfg->n_jobs + 1) * sizeof(*cfg->jobs));
     struct gs_job *job = &cfg->jobs[cfg->n_jobs++];
     memset(job, 0, sizeof(*job));
-    job->name = strdup(name);
-    return job->name ? job : NULL;
+    job->name = gs_xstrdup(name);
+    return job;
 }
 
 /* Parses `job "NAME"` into NAME (written to `name`); 0 if the section is not of that form. */
@@ -205,8 +198,6 @@ static int set_job_ranks(struct parse_state *st, struct gs_job *job, const char 
 static int set_job(struct parse_state *st, const char *job_name, const char *key, const char *value)
 {
     struct gs_job *job = job_for(st->cfg, job_name);
-    if (!job)
-        return 0;
     if (strcmp(key, "command") == 0)
         return value[0] ? replace_string(&job->command, value)
                         : fail(st, "[job \"%s\"] command: empty; write the command line to run%s",
@@ -297,7 +288,7 @@ int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, s
     struct parse_state st = {.cfg = cfg};
     struct gs_buf flat = GS_BUF_INIT;
     dedent(text, &flat);
-    cfg->file = strdup(name);
+    cfg->file = gs_xstrdup(name);
     int line = ini_parse_string(flat.data, on_entry, &st);
     gs_buf_release(&flat);
     return finish_parse(cfg, line, &st, name, err);
@@ -424,7 +415,7 @@ int gs_config_parse_target(struct gs_config *cfg, const char *target, struct gs_
     const char *host = at ? at + 1 : target;
     if (at) {
         free(cfg->user);
-        cfg->user = strndup(target, (size_t)(at - target));
+        cfg->user = gs_xstrndup(target, (size_t)(at - target));
     }
     const char *host_end;
     if (host[0] == '[') {
@@ -432,14 +423,14 @@ int gs_config_parse_target(struct gs_config *cfg, const char *target, struct gs_
         if (!host_end)
             return gs_error_set(err, GS_E_USAGE, "'%s': unclosed '[' in host", target);
         free(cfg->host);
-        cfg->host = strndup(host + 1, (size_t)(host_end - host - 1));
+        cfg->host = gs_xstrndup(host + 1, (size_t)(host_end - host - 1));
         host_end++;
     } else {
         host_end = strchr(host, ':');
         if (!host_end)
             host_end = host + strlen(host);
         free(cfg->host);
-        cfg->host = strndup(host, (size_t)(host_end - host));
+        cfg->host = gs_xstrndup(host, (size_t)(host_end - host));
     }
     if (!cfg->host || !cfg->host[0])
         return gs_error_set(err, GS_E_USAGE, "'%s': no host name", target);

@@ -1,5 +1,6 @@
 /* common/path.c: local path helpers (see path.h). */
 #include "common/path.h"
+#include "common/wrapper.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,7 +29,7 @@ char *gs_path_expand_home(const char *path)
 {
     const char *home = getenv("HOME");
     if (path[0] != '~' || (path[1] != '/' && path[1] != '\0') || !home)
-        return strdup(path);
+        return gs_xstrdup(path);
     struct gs_buf b = GS_BUF_INIT;
     gs_buf_adds(&b, home);
     gs_buf_adds(&b, path + 1);

@@ -14,6 +14,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/wrapper.h"
 #include "proto/sync.h"
 
 #define XXH_INLINE_ALL
@@ -93,16 +94,7 @@ static void keep_stderr(struct gs_agent *a)
 /* Reads what the channel has. Returns >0 on progress, 0 if nothing, <0 on a transport error. */
 static int read_some(struct gs_agent *a, struct gs_error *err)
 {
-    if (a->in_cap - a->in_len < READ_CHUNK) {
-        size_t cap = a->in_cap ? a->in_cap * 2 : 2 * READ_CHUNK;
-        while (cap - a->in_len < READ_CHUNK)
-            cap *= 2;
-        uint8_t *p = realloc(a->in, cap);
-        if (!p)
-            return gs_error_set(err, GS_E_NOMEM, "out of memory reading agent replies");
-        a->in = p;
-        a->in_cap = cap;
-    }
+    GS_ALLOC_GROW(a->in, a->in_len + READ_CHUNK, a->in_cap);
     ssize_t n = gs_exec_read(a->ch, &a->gate, 0, (char *)a->in + a->in_len, a->in_cap - a->in_len);
     keep_stderr(a);
     if (n == LIBSSH2_ERROR_EAGAIN)
@@ -241,9 +233,7 @@ static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
 {
     if (a->q_len == a->q_cap) {
         size_t cap = a->q_cap ? a->q_cap * 2 : 256;
-        struct pending *q = malloc(cap * sizeof(*q));
-        if (!q)
-            return GS_E_NOMEM;
+        struct pending *q = gs_xmalloc(cap * sizeof(*q));
         for (size_t i = 0; i < a->q_len; i++)
             q[i] = a->q[(a->q_head + i) % (a->q_cap ? a->q_cap : 1)];
         free(a->q);
@@ -638,9 +628,7 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
                   struct gs_error *err)
 {
     *out = NULL;
-    struct gs_agent *a = calloc(1, sizeof(*a));
-    if (!a)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    struct gs_agent *a = gs_xcalloc(1, sizeof(*a));
     a->ssh = ssh;
     a->ops = (struct gs_fileops){.submit = agent_submit,
                                  .drain = agent_drain,
@@ -786,7 +774,7 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
                                   (int)(e.path.len > 200 ? 200 : e.path.len), e.path.p);
             break;
         }
-        char *path = strndup(e.path.p, e.path.len), *link = strndup(e.link.p, e.link.len);
+        char *path = gs_xstrndup(e.path.p, e.path.len), *link = gs_xstrndup(e.link.p, e.link.len);
         struct gs_agent_entry out = {.path = path,
                                      .kind = e.kind,
                                      .mode = e.meta.mode,
@@ -814,9 +802,7 @@ static int list_skipped(const struct gs_proto_msg *m, struct list_state *st)
                               (int)(m->path.len > 200 ? 200 : m->path.len), m->path.p);
     if (st->rc != 0)
         return 0;
-    char *path = strndup(m->path.p, m->path.len);
-    if (!path)
-        return gs_error_set(st->err, GS_E_NOMEM, "out of memory");
+    char *path = gs_xstrndup(m->path.p, m->path.len);
     struct gs_agent_entry out = {.path = path, .skipped = m->err ? m->err : EIO, .link = ""};
     st->rc = st->fn(st->ctx, &out);
     free(path);

@@ -14,6 +14,7 @@
 
 #include "common/path.h"
 #include "common/shell.h"
+#include "common/wrapper.h"
 #include "remote/exec.h"
 
 #ifndef GS_AGENT_SOURCE_DIR
@@ -140,7 +141,7 @@ static int load_sources(struct sources *src)
     for (size_t i = 0; i < src->n && rc == 0; i++)
         rc = read_source(src, i, dir);
     gs_buf_init(&src->text[src->n]);
-    src->names[src->n] = strdup("xxhash.h");
+    src->names[src->n] = gs_xstrdup("xxhash.h");
     if (rc == 0)
         rc = read_file(XXHASH_HEADER, &src->text[src->n]);
     src->n++;

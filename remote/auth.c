@@ -13,6 +13,7 @@
 #include "common/path.h"
 #include "common/proc.h"
 #include "common/shell.h"
+#include "common/wrapper.h"
 #include "remote/exec.h"
 
 struct auth_run {
@@ -56,7 +57,7 @@ static char *list_methods(struct auth_run *run, struct gs_error *err)
                      err, rc);
     if (rc < 0)
         return NULL;
-    return list ? strdup(list) : NULL;
+    return list ? gs_xstrdup(list) : NULL;
 }
 
 static int try_agent(struct auth_run *run, struct gs_error *err)
@@ -181,7 +182,7 @@ static void kbd_callback(const char *name, int name_len, const char *instruction
         const char *text = (const char *)prompts[i].text;
         char *answer = NULL;
         if (gs_auth_is_password_prompt(text, prompts[i].length)) {
-            answer = strdup(run->password);
+            answer = gs_xstrdup(run->password);
         } else {
             char question[160];
             snprintf(question, sizeof(question), "%.*s", (int)prompts[i].length, text);
@@ -190,7 +191,7 @@ static void kbd_callback(const char *name, int name_len, const char *instruction
             if (!answer)
                 snprintf(run->unanswered, sizeof(run->unanswered), "%s", question);
         }
-        responses[i].text = answer ? answer : strdup("");
+        responses[i].text = answer ? answer : gs_xstrdup("");
         responses[i].length = (unsigned)strlen(responses[i].text);
     }
 }
@@ -310,7 +311,7 @@ static int run_methods(struct auth_run *run, const char *methods, char **method,
 {
     int rc = try_agent(run, err);
     if (rc == 0 && authenticated(run)) {
-        *method = strdup("publickey (ssh-agent)");
+        *method = gs_xstrdup("publickey (ssh-agent)");
         return 0;
     }
     if (rc == 0 && (rc = try_identities(run, err)) == 0 && authenticated(run)) {
@@ -328,7 +329,7 @@ static int run_methods_password(struct auth_run *run, const char *methods, char 
 {
     int rc = try_password(run, methods, err);
     if (rc == 0 && authenticated(run)) {
-        *method = strdup("password");
+        *method = gs_xstrdup("password");
         return 0;
     }
     return rc ? rc : auth_failed(run, methods, err);
@@ -344,16 +345,18 @@ int gs_auth_login(struct gs_ssh *s, const struct gs_target *t, const struct gs_s
     if (rc == GS_E_AUTH && !authenticated(&run)) {
         gs_error_clear(err);
         char *methods = list_methods(&run, err);
-        if (methods)
+        if (methods) {
             rc = accepts_password(methods) ? run_methods_password(&run, methods, method, err)
                                            : auth_failed(&run, methods, err);
-        else if (authenticated(&run))
-            rc = (*method = strdup("none")) ? 0 : GS_E_NOMEM;
-        else
+        } else if (authenticated(&run)) {
+            *method = gs_xstrdup("none");
+            rc = 0;
+        } else {
             rc = err && err->code
                      ? err->code
                      : gs_error_set(err, GS_E_AUTH, "%s: cannot list authentication methods",
                                     gs_ssh_target(s));
+        }
         free(methods);
     }
     gs_buf_release(&run.tried);
@@ -363,7 +366,7 @@ int gs_auth_login(struct gs_ssh *s, const struct gs_target *t, const struct gs_s
 int gs_auth_managed_key_ensure(struct gs_error *err)
 {
     char *key = gs_path_expand_home(GS_TARGET_MANAGED_KEY);
-    char *dir = strdup(key);
+    char *dir = gs_xstrdup(key);
     *strrchr(dir, '/') = '\0';
     mkdir(dir, 0700);
     free(dir);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/wrapper.h"
 
 /* Printed by the server's shell just before the command runs. 0x1e starts it and appears nowhere
  * else in it, so a failed partial match restarts cleanly; the command line carries it as octal
@@ -177,20 +178,6 @@ void gs_exec_abandon(struct gs_ssh *s, LIBSSH2_CHANNEL *ch)
     (void)rc; /* a dead connection ends the command as surely as EOF does */
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* The state of one gs_exec_run: what is left to send, and which streams have ended. */
 struct exec_state {
     struct gs_ssh *s;
@@ -210,7 +197,7 @@ static void deliver(const struct gs_exec_io *io, int stream, const char *p, size
     int fd = stream ? io->stderr_fd : io->stdout_fd;
     struct gs_buf *b = stream ? io->stderr_buf : io->stdout_buf;
     if (fd >= 0)
-        write_all(fd, p, n);
+        gs_write_all(fd, p, n);
     if (b)
         gs_buf_add(b, p, n);
 }

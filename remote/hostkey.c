@@ -10,6 +10,7 @@
 
 #include "common/buf.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/known_hosts.h"
 
 /* Host key types libssh2 1.10 negotiates: the method name, which is also the key's type in
@@ -131,13 +132,11 @@ static int record_key(const char *path, const char *name, int type, const char *
                       struct gs_error *err)
 {
     const char *method = method_of(type);
-    unsigned char *b64 = malloc(4 * ((len + 2) / 3) + 1);
-    if (!method || !b64) {
-        free(b64);
+    if (!method)
         return gs_error_set(err, GS_E_IO, "cannot record a %s key for %s", label_of(type), name);
-    }
+    unsigned char *b64 = gs_xmalloc(4 * ((len + 2) / 3) + 1);
     EVP_EncodeBlock(b64, (const unsigned char *)key, (int)len);
-    char *dir = strdup(path);
+    char *dir = gs_xstrdup(path);
     char *slash = strrchr(dir, '/');
     if (slash) {
         *slash = '\0';

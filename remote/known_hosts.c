@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/wrapper.h"
 
 enum marker { MARK_NONE, MARK_REVOKED, MARK_CA };
 
@@ -39,8 +40,8 @@ static unsigned char *decode_b64(const char *text, size_t *out_len)
     size_t len = strlen(text);
     if (len == 0 || len % 4 != 0)
         return NULL;
-    unsigned char *out = malloc(len);
-    int n = out ? EVP_DecodeBlock(out, (const unsigned char *)text, (int)len) : -1;
+    unsigned char *out = gs_xmalloc(len);
+    int n = EVP_DecodeBlock(out, (const unsigned char *)text, (int)len);
     if (n < 0) {
         free(out);
         return NULL;

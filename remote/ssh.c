@@ -16,6 +16,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/wrapper.h"
 #include "remote/auth.h"
 #include "remote/hostkey.h"
 #include "remote/target.h"
@@ -121,9 +122,7 @@ void gs_ssh_set_liveness(struct gs_ssh *s, int keepalive_ms, int dead_after_ms)
 
 static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
 {
-    struct gs_ssh *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
+    struct gs_ssh *s = gs_xcalloc(1, sizeof(*s));
     s->fd = -1;
     gs_ssh_set_liveness(s, opts->keepalive_ms, opts->dead_after_ms);
     s->notice = opts->notice;
@@ -189,10 +188,6 @@ int gs_ssh_connect(struct gs_ssh **out, const struct gs_ssh_opts *opts, struct g
     if (rc < 0)
         return rc;
     struct gs_ssh *s = ssh_new(opts);
-    if (!s) {
-        gs_target_release(&t);
-        return gs_error_set(err, GS_E_NOMEM, "cannot start an SSH session");
-    }
     rc = establish(s, &t, opts, err);
     gs_target_release(&t);
     if (rc < 0) {

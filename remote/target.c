@@ -12,11 +12,12 @@
 #include "common/buf.h"
 #include "common/path.h"
 #include "common/proc.h"
+#include "common/wrapper.h"
 
 static void set_string(char **slot, const char *value, size_t len)
 {
     free(*slot);
-    *slot = strndup(value, len);
+    *slot = gs_xstrndup(value, len);
 }
 
 /* `path` (len bytes) as "~/..." when it lies in the passwd home and $HOME is elsewhere: ssh -G
@@ -30,7 +31,7 @@ static char *follow_home(const char *path, size_t len)
     size_t plen = pw && pw->pw_dir ? strlen(pw->pw_dir) : 0;
     if (!home || plen < 2 || strcmp(pw->pw_dir, home) == 0 || len <= plen ||
         memcmp(path, pw->pw_dir, plen) != 0 || path[plen] != '/')
-        return strndup(path, len);
+        return gs_xstrndup(path, len);
     struct gs_buf b = GS_BUF_INIT;
     gs_buf_adds(&b, "~");
     gs_buf_add(&b, path + plen, len - plen);
@@ -48,7 +49,7 @@ static void add_path(char ***list, size_t *n, const char *path, size_t len)
             free(expanded);
             return;
         }
-    *list = realloc(*list, (*n + 1) * sizeof(char *));
+    *list = gs_xrealloc(*list, (*n + 1) * sizeof(char *));
     (*list)[(*n)++] = expanded;
 }
 
@@ -141,13 +142,13 @@ void gs_target_apply_ssh_g(struct gs_target *t, const char *output)
 static void apply_defaults(struct gs_target *t)
 {
     if (!t->hostname)
-        t->hostname = strdup(t->alias);
+        t->hostname = gs_xstrdup(t->alias);
     if (!t->port)
         t->port = 22;
     if (!t->user) {
         const char *u = getenv("USER");
         struct passwd *pw = u ? NULL : getpwuid(getuid());
-        t->user = strdup(u ? u : pw ? pw->pw_name : "root");
+        t->user = gs_xstrdup(u ? u : pw ? pw->pw_name : "root");
     }
     static const char *defaults[] = {"~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa"};
     for (size_t i = 0; i < 3; i++)
@@ -272,7 +273,7 @@ int gs_target_resolve(struct gs_target *t, const char *host, int port, const cha
     memset(t, 0, sizeof(*t));
     if (!host || !host[0])
         return gs_error_set(err, GS_E_USAGE, "no host given");
-    t->alias = strdup(host);
+    t->alias = gs_xstrdup(host);
     if (host[0] != '-' && ssh_config_may_apply())
         ask_ssh_g(t, host, port, user);
     add_managed_key(t);

@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
@@ -210,22 +211,16 @@ static void mark_dirty(void *ctx, const char *path)
         d->full = 1;
         return;
     }
-    if (d->n_dirty == d->cap_dirty) {
-        d->cap_dirty = d->cap_dirty ? d->cap_dirty * 2 : 64;
-        d->dirty = realloc(d->dirty, d->cap_dirty * sizeof(char *));
-    }
-    d->dirty[d->n_dirty++] = strdup(path);
+    GS_ALLOC_GROW(d->dirty, d->n_dirty + 1, d->cap_dirty);
+    d->dirty[d->n_dirty++] = gs_xstrdup(path);
 }
 
 /* Remembers a path whose operation failed, so that the next flush (or the retry timer) sends it
  * again: the index does not have it, but nothing would put it back in the dirty set. */
 static void note_failed(struct daemon *d, const char *path)
 {
-    if (d->n_failed == d->cap_failed) {
-        d->cap_failed = d->cap_failed ? d->cap_failed * 2 : 16;
-        d->failed = realloc(d->failed, d->cap_failed * sizeof(char *));
-    }
-    d->failed[d->n_failed++] = strdup(path);
+    GS_ALLOC_GROW(d->failed, d->n_failed + 1, d->cap_failed);
+    d->failed[d->n_failed++] = gs_xstrdup(path);
 }
 
 /* Keeps every path of a batch that failed as a whole (its plan could not be built: a local read

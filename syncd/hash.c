@@ -10,6 +10,8 @@
 
 #include <xxhash.h>
 
+#include "common/wrapper.h"
+
 /* Large enough that read(2) overhead is invisible next to disk speed, small enough for the stack
  * of any thread. */
 #define HASH_CHUNK (128 * 1024)
@@ -27,8 +29,8 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
     if (!st)
         return gs_error_set(err, GS_E_NOMEM, "%s: no memory to hash", what);
     XXH3_128bits_reset(st);
-    char *chunk = malloc(HASH_CHUNK);
-    int rc = chunk ? 0 : gs_error_set(err, GS_E_NOMEM, "%s: no memory to hash", what);
+    char *chunk = gs_xmalloc(HASH_CHUNK);
+    int rc = 0;
     while (rc == 0) {
         ssize_t n = read(fd, chunk, HASH_CHUNK);
         if (n < 0 && errno == EINTR)

@@ -17,6 +17,7 @@
 #include <git2/sys/repository.h>
 
 #include "common/buf.h"
+#include "common/wrapper.h"
 
 /* One exclude glob, split at '/' into components matched one by one with fnmatch(3). */
 struct pattern {
@@ -80,9 +81,7 @@ static void pattern_split(struct pattern *p, char *s)
     size_t n = 1;
     for (char *c = s; *c; c++)
         n += *c == '/';
-    p->comps = calloc(n, sizeof(*p->comps));
-    if (!p->comps)
-        abort();
+    p->comps = gs_xcalloc(n, sizeof(*p->comps));
     p->n = 0;
     for (char *tok = s, *next; tok; tok = next) {
         next = strchr(tok, '/');
@@ -106,9 +105,7 @@ static int pattern_parse(struct pattern *p, const char *glob, struct gs_error *e
         p->dir_only = 1;
         len--;
     }
-    p->text = strndup(s, len);
-    if (!p->text)
-        abort();
+    p->text = gs_xstrndup(s, len);
     p->anchored = strchr(p->text, '/') != NULL;
     pattern_split(p, p->text);
     if (p->n == 0) {
@@ -187,10 +184,8 @@ static size_t split_path(struct gs_ignore *ig, const char *relpath)
     if (need > ig->cap_v) {
         free(ig->comp_v);
         free(ig->end_v);
-        ig->comp_v = calloc(need, sizeof(*ig->comp_v));
-        ig->end_v = calloc(need, sizeof(*ig->end_v));
-        if (!ig->comp_v || !ig->end_v)
-            abort();
+        ig->comp_v = gs_xcalloc(need, sizeof(*ig->comp_v));
+        ig->end_v = gs_xcalloc(need, sizeof(*ig->end_v));
         ig->cap_v = need;
     }
     size_t n = 0;
@@ -311,9 +306,7 @@ static int open_memory_repo(struct gs_ignore *ig, const char *root, struct gs_er
 static int load_excludes(struct gs_ignore *ig, const char *const *excludes, size_t n,
                          struct gs_error *err)
 {
-    ig->pats = calloc(n ? n : 1, sizeof(*ig->pats));
-    if (!ig->pats)
-        abort();
+    ig->pats = gs_xcalloc(n ? n : 1, sizeof(*ig->pats));
     for (size_t i = 0; i < n; i++) {
         const char *g = excludes[i];
         if (!*g || *g == '#')
@@ -330,9 +323,7 @@ int gs_ignore_open(struct gs_ignore **out, const char *root, const char *const *
                    size_t n_excludes, struct gs_error *err)
 {
     *out = NULL;
-    struct gs_ignore *ig = calloc(1, sizeof(*ig));
-    if (!ig)
-        return gs_error_set(err, GS_E_NOMEM, "no memory for ignore rules");
+    struct gs_ignore *ig = gs_xcalloc(1, sizeof(*ig));
     git_libgit2_init();
     int rc = load_excludes(ig, excludes, n_excludes, err);
     if (rc == 0 && !open_enclosing_repo(ig, root))

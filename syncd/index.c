@@ -9,6 +9,7 @@
 #include <sqlite3.h>
 
 #include "common/buf.h"
+#include "common/wrapper.h"
 
 #define INDEX_SCHEMA_VERSION "1"
 #define INDEX_BUSY_MS        5000
@@ -134,9 +135,7 @@ static char *column_str(sqlite3_stmt *st, int col)
         return NULL;
     const void *p = sqlite3_column_blob(st, col);
     size_t n = (size_t)sqlite3_column_bytes(st, col);
-    char *s = malloc(n + 1);
-    if (!s)
-        abort();
+    char *s = gs_xmalloc(n + 1);
     if (n)
         memcpy(s, p, n);
     s[n] = '\0';
@@ -172,10 +171,8 @@ void gs_index_entry_release(struct gs_index_entry *e)
 void gs_index_entry_copy(struct gs_index_entry *dst, const struct gs_index_entry *src)
 {
     *dst = *src;
-    dst->path = src->path ? strdup(src->path) : NULL;
-    dst->link = src->link ? strdup(src->link) : NULL;
-    if ((src->path && !dst->path) || (src->link && !dst->link))
-        abort();
+    dst->path = src->path ? gs_xstrdup(src->path) : NULL;
+    dst->link = src->link ? gs_xstrdup(src->link) : NULL;
 }
 
 const char *gs_index_remote(const struct gs_index *idx)
@@ -434,13 +431,9 @@ int gs_index_open(struct gs_index **out, const char *path, const char *remote_id
                   struct gs_error *err)
 {
     *out = NULL;
-    struct gs_index *idx = calloc(1, sizeof(*idx));
-    if (!idx)
-        return gs_error_set(err, GS_E_NOMEM, "no memory for the index");
-    idx->file = strdup(path);
-    idx->remote = strdup(remote_id);
-    if (!idx->file || !idx->remote)
-        abort();
+    struct gs_index *idx = gs_xcalloc(1, sizeof(*idx));
+    idx->file = gs_xstrdup(path);
+    idx->remote = gs_xstrdup(remote_id);
     int rc = index_setup(idx, remote_id, err);
     if (rc < 0) {
         gs_index_close(idx);

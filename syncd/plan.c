@@ -18,6 +18,8 @@
 
 #include <xxhash.h>
 
+#include "common/wrapper.h"
+
 struct item {
     const char *path;
     const struct gs_scan_entry *l; /* local side, NULL: not (or no longer) there */
@@ -76,12 +78,7 @@ static int scope_of(const struct gs_plan_opts *o, const char *path)
 static int collect_entry(const struct gs_index_entry *e, void *ctx)
 {
     struct planner *p = ctx;
-    if (p->n_ix == p->cap_ix) {
-        p->cap_ix = p->cap_ix ? 2 * p->cap_ix : 256;
-        p->ix = realloc(p->ix, p->cap_ix * sizeof(*p->ix));
-        if (!p->ix)
-            abort();
-    }
+    GS_ALLOC_GROW(p->ix, p->n_ix + 1, p->cap_ix);
     gs_index_entry_copy(&p->ix[p->n_ix++], e);
     return 0;
 }
@@ -120,12 +117,7 @@ static int load_index(struct planner *p)
 
 static struct item *push_item(struct planner *p, const char *path)
 {
-    if (p->n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 256;
-        p->it = realloc(p->it, p->cap * sizeof(*p->it));
-        if (!p->it)
-            abort();
-    }
+    GS_ALLOC_GROW(p->it, p->n + 1, p->cap);
     struct item *it = &p->it[p->n++];
     memset(it, 0, sizeof(*it));
     it->path = path;
@@ -287,9 +279,7 @@ static size_t lower_bound(const struct planner *p, const char *key)
 static void subtree_range(const struct planner *p, size_t i, size_t *begin, size_t *end)
 {
     size_t len = strlen(p->it[i].path);
-    char *key = malloc(len + 2);
-    if (!key)
-        abort();
+    char *key = gs_xmalloc(len + 2);
     memcpy(key, p->it[i].path, len);
     key[len] = '/';
     key[len + 1] = '\0';
@@ -314,9 +304,7 @@ static int under_replaced(const struct planner *p, const char *path)
 {
     if (!p->n_replaced)
         return 0;
-    char *copy = strdup(path);
-    if (!copy)
-        abort();
+    char *copy = gs_xstrdup(path);
     int found = 0;
     for (char *s = strrchr(copy, '/'); s && !found; s = strrchr(copy, '/')) {
         *s = '\0';
@@ -356,18 +344,11 @@ static struct gs_plan_op *push_op(struct planner *p, enum gs_op_type type, const
                                   int phase)
 {
     struct gs_plan *pl = p->plan;
-    if (pl->n_ops == pl->cap) {
-        pl->cap = pl->cap ? 2 * pl->cap : 64;
-        pl->ops = realloc(pl->ops, pl->cap * sizeof(*pl->ops));
-        if (!pl->ops)
-            abort();
-    }
+    GS_ALLOC_GROW(pl->ops, pl->n_ops + 1, pl->cap);
     struct gs_plan_op *op = &pl->ops[pl->n_ops++];
     memset(op, 0, sizeof(*op));
     op->type = type;
-    op->path = strdup(path);
-    if (!op->path)
-        abort();
+    op->path = gs_xstrdup(path);
     op->phase = phase;
     return op;
 }
@@ -380,9 +361,7 @@ static void expect_from_index(struct gs_plan_expect *ex, const struct gs_index_e
         ex->kind = GS_EXPECT_DIR;
     } else if (r->kind == GS_KIND_SYMLINK) {
         ex->kind = GS_EXPECT_SYMLINK;
-        ex->link = strdup(r->link ? r->link : "");
-        if (!ex->link)
-            abort();
+        ex->link = gs_xstrdup(r->link ? r->link : "");
     } else {
         ex->kind = GS_EXPECT_FILE;
         if (r->has_hash) /* else an all-zero hash: never matches, the agent keeps a copy */
@@ -405,10 +384,8 @@ static void record_from_local(const struct planner *p, struct gs_index_entry *re
 {
     const struct gs_scan_entry *l = it->l;
     memset(rec, 0, sizeof(*rec));
-    rec->path = strdup(l->path);
-    rec->link = l->link ? strdup(l->link) : NULL;
-    if (!rec->path || (l->link && !rec->link))
-        abort();
+    rec->path = gs_xstrdup(l->path);
+    rec->link = l->link ? gs_xstrdup(l->link) : NULL;
     rec->kind = l->kind;
     rec->mode = l->mode;
     rec->size = l->kind == GS_KIND_DIR ? 0 : l->size;
@@ -425,9 +402,7 @@ static void record_moved(const struct planner *p, struct gs_index_entry *rec,
 {
     gs_index_entry_copy(rec, r);
     free(rec->path);
-    rec->path = strdup(dst->path);
-    if (!rec->path)
-        abort();
+    rec->path = gs_xstrdup(dst->path);
     set_local(p, rec, dst->l);
 }
 
@@ -448,9 +423,7 @@ static int mode_changed(const struct gs_index_entry *r, const struct gs_scan_ent
 static void emit_rename(struct planner *p, struct item *from, struct item *to, int subtree)
 {
     struct gs_plan_op *op = push_op(p, GS_OP_RENAME, to->path, PH_RENAME);
-    op->from = strdup(from->path);
-    if (!op->from)
-        abort();
+    op->from = gs_xstrdup(from->path);
     op->subtree = subtree;
     expect_from_index(&op->expect, from->r);
     record_moved(p, &op->record, from->r, to);
@@ -562,7 +535,7 @@ static int dir_signature(const struct planner *p, size_t i, int gone, struct gs_
     subtree_range(p, i, &b, &e);
     XXH3_state_t *st = XXH3_createState();
     if (!st)
-        abort();
+        gs_out_of_memory(0); /* a size xxhash does not tell */
     XXH3_128bits_reset(st);
     int ok = 1;
     for (size_t k = b; k < e && ok; k++)
@@ -617,9 +590,7 @@ static void find_dir_renames(struct planner *p)
     for (size_t i = 0; i < p->n; i++) {
         if (!gone_dir(&p->it[i]))
             continue;
-        g = realloc(g, (ng + 1) * sizeof(*g));
-        if (!g)
-            abort();
+        g = gs_xrealloc(g, (ng + 1) * sizeof(*g));
         g[ng].item = i;
         if (dir_signature(p, i, 1, &g[ng].sig, &g[ng].count))
             ng++;
@@ -700,9 +671,7 @@ static void find_file_renames(struct planner *p)
     for (size_t i = 0; i < p->n; i++) {
         if (!gone_file(&p->it[i]))
             continue;
-        g = realloc(g, (ng + 1) * sizeof(*g));
-        if (!g)
-            abort();
+        g = gs_xrealloc(g, (ng + 1) * sizeof(*g));
         g[ng].hash = p->it[i].r->hash;
         g[ng++].item = i;
     }
@@ -727,9 +696,7 @@ static int str_ptr_cmp(const void *a, const void *b)
 /* A mkdir that a rename's destination needs must come before the renames. */
 static void hoist_mkdirs(struct gs_plan *pl)
 {
-    char **dst = calloc(pl->n_ops + 1, sizeof(*dst));
-    if (!dst)
-        abort();
+    char **dst = gs_xcalloc(pl->n_ops + 1, sizeof(*dst));
     size_t nd = 0;
     for (size_t i = 0; i < pl->n_ops; i++)
         if (pl->ops[i].type == GS_OP_RENAME)

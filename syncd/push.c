@@ -10,6 +10,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "syncd/scan.h"
 
 #define COMMIT_EVERY_MS 50
@@ -294,12 +295,9 @@ static void add_ancestors(struct gs_scan *scan, const char *root, const char *pa
         struct stat st;
         if (lstat(abs.data, &st) < 0 || !S_ISDIR(st.st_mode))
             break;
-        if (scan->n == scan->cap) {
-            scan->cap = scan->cap ? scan->cap * 2 : 16;
-            scan->entries = realloc(scan->entries, scan->cap * sizeof(*scan->entries));
-        }
+        GS_ALLOC_GROW(scan->entries, scan->n + 1, scan->cap);
         scan->entries[scan->n++] = (struct gs_scan_entry){
-            .path = strdup(prefix.data),
+            .path = gs_xstrdup(prefix.data),
             .kind = GS_KIND_DIR,
             .mode = st.st_mode & 07777,
             .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
@@ -379,11 +377,9 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
                           .opts = opts,
                           .st = st,
                           .ops = ops,
-                          .state = calloc(plan->n_ops + 1, 1),
-                          .intent = calloc(plan->n_ops + 1, sizeof(int64_t)),
+                          .state = gs_xcalloc(plan->n_ops + 1, 1),
+                          .intent = gs_xcalloc(plan->n_ops + 1, sizeof(int64_t)),
                           .ops_base = plan->ops};
-        if (!run.state || !run.intent)
-            abort();
         ops->done = on_done;
         ops->done_ctx = &run;
         rc = execute(root, plan, &run, err);

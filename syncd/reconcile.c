@@ -6,6 +6,7 @@
 
 #include "syncd/hash.h"
 #include "syncd/plan.h"
+#include "common/wrapper.h"
 
 /* The intents, copied out of the index, and the paths to probe: intent i's path is paths[2i],
  * a rename's source paths[2i + 1] (else the same path again, probed once more: simpler than a
@@ -20,15 +21,10 @@ struct intents {
 static int collect(const struct gs_index_intent *in, void *ctx)
 {
     struct intents *all = ctx;
-    if (all->n == all->cap) {
-        all->cap = all->cap ? all->cap * 2 : 16;
-        all->v = realloc(all->v, all->cap * sizeof(*all->v));
-        if (!all->v)
-            abort();
-    }
+    GS_ALLOC_GROW(all->v, all->n + 1, all->cap);
     struct gs_index_intent *copy = &all->v[all->n++];
     *copy = *in;
-    copy->from = in->from ? strdup(in->from) : NULL;
+    copy->from = in->from ? gs_xstrdup(in->from) : NULL;
     gs_index_entry_copy(&copy->after, &in->after);
     return 0;
 }
@@ -90,10 +86,8 @@ static int settle(struct gs_index *idx, const struct gs_index_intent *in,
 
 static int probe_all(struct intents *all, struct gs_fileops *ops, struct gs_error *err)
 {
-    all->paths = calloc(2 * all->n, sizeof(*all->paths));
-    all->seen = calloc(2 * all->n, sizeof(*all->seen));
-    if (!all->paths || !all->seen)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory reconciling");
+    all->paths = gs_xcalloc(2 * all->n, sizeof(*all->paths));
+    all->seen = gs_xcalloc(2 * all->n, sizeof(*all->seen));
     for (size_t i = 0; i < all->n; i++) {
         all->paths[2 * i] = all->v[i].after.path;
         all->paths[2 * i + 1] = all->v[i].from ? all->v[i].from : all->v[i].after.path;

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/wrapper.h"
 #include "remote/exec.h"
 #include "syncd/control.h"
 
@@ -147,9 +148,7 @@ static void *spare_main(void *arg)
 
 int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct gs_error *err)
 {
-    struct gs_relay *r = calloc(1, sizeof(*r));
-    if (!r)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    struct gs_relay *r = gs_xcalloc(1, sizeof(*r));
     r->opts = ssh;
     libssh2_init(0); /* before any thread: libssh2_session_init would do it, racily */
     pthread_mutex_init(&r->lock, NULL);
@@ -352,8 +351,8 @@ void gs_relay_exec(struct gs_relay *r, int fd, const char *command)
         close(fd);
         return;
     }
-    struct job *j = calloc(1, sizeof(*j));
-    char *copy = strdup(command);
+    struct job *j = gs_xcalloc(1, sizeof(*j));
+    char *copy = gs_xstrdup(command);
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/wrapper.h"
 
 struct walk {
     struct gs_scan *out;
@@ -59,14 +60,7 @@ const struct gs_scan_entry *gs_scan_find(const struct gs_scan *s, const char *pa
 
 static struct gs_scan_entry *scan_push(struct gs_scan *s)
 {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 256;
-        struct gs_scan_entry *e = realloc(s->entries, cap * sizeof(*e));
-        if (!e)
-            abort();
-        s->entries = e;
-        s->cap = cap;
-    }
+    GS_ALLOC_GROW(s->entries, s->n + 1, s->cap);
     struct gs_scan_entry *e = &s->entries[s->n++];
     memset(e, 0, sizeof(*e));
     return e;
@@ -77,9 +71,7 @@ static char *read_link_at(int dirfd, const char *name, size_t hint)
 {
     size_t cap = hint + 1 > 64 ? hint + 1 : 64;
     for (;;) {
-        char *buf = malloc(cap);
-        if (!buf)
-            abort();
+        char *buf = gs_xmalloc(cap);
         ssize_t n = readlinkat(dirfd, name, buf, cap);
         if (n < 0) {
             free(buf);
@@ -119,9 +111,7 @@ static int add_entry(struct walk *w, int dirfd, const char *name, const char *re
             return gs_error_errno(w->err, GS_E_IO, "cannot read symlink %s", rel);
     }
     struct gs_scan_entry *e = scan_push(w->out);
-    e->path = strdup(rel);
-    if (!e->path)
-        abort();
+    e->path = gs_xstrdup(rel);
     e->kind = kind_of(st->st_mode);
     e->mode = st->st_mode & 07777;
     e->size = (uint64_t)st->st_size;
@@ -266,9 +256,7 @@ static int open_parent(int rootfd, const char *relpath, const char **leaf)
     for (const char *slash; fd >= 0 && (slash = strchr(p, '/')) != NULL; p = slash + 1) {
         if (slash == p)
             continue;
-        char *comp = strndup(p, (size_t)(slash - p));
-        if (!comp)
-            abort();
+        char *comp = gs_xstrndup(p, (size_t)(slash - p));
         int next = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         free(comp);
         close(fd);
@@ -301,9 +289,7 @@ static int ancestors_ignored(struct gs_ignore *ig, const char *relpath, struct g
     const char *slash = strrchr(relpath, '/');
     if (!slash)
         return 0;
-    char *parent = strndup(relpath, (size_t)(slash - relpath));
-    if (!parent)
-        abort();
+    char *parent = gs_xstrndup(relpath, (size_t)(slash - relpath));
     int rc = 0;
     if (ig) {
         rc = gs_ignore_path(ig, parent, 1, err);

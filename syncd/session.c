@@ -12,6 +12,7 @@
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 #include "remote/agent_install.h"
 #include "remote/sftp_ops.h"
 #include "syncd/reconcile.h"
@@ -28,7 +29,7 @@ int gs_session_open_index(struct gs_session *s, const char *root, const struct g
                           struct gs_error *err)
 {
     memset(s, 0, sizeof(*s));
-    s->root = strdup(root);
+    s->root = gs_xstrdup(root);
     s->cfg = cfg;
     struct gs_buf db = GS_BUF_INIT;
     gs_path_join(&db, root, GS_INDEX_FILE);
@@ -145,8 +146,8 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
 {
     free(s->remote_dir);
     free(s->remote_path);
-    s->remote_dir = strdup(remote_dir);
-    s->remote_path = strdup(remote_path && *remote_path ? remote_path : ".");
+    s->remote_dir = gs_xstrdup(remote_dir);
+    s->remote_path = gs_xstrdup(remote_path && *remote_path ? remote_path : ".");
     s->ssh = ssh;
     s->settled = 0;
     if (s->cfg->transport == GS_TRANSPORT_SFTP)

@@ -14,6 +14,7 @@
 
 #include "common/buf.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 
 #define WATCH_MASK                                                                                 \
     (IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVED_FROM |              \
@@ -42,17 +43,14 @@ struct gs_watch {
 static void set_dir(struct gs_watch *w, int wd, const char *rel)
 {
     if ((size_t)wd >= w->cap) {
-        size_t cap = w->cap ? w->cap : 64;
-        while (cap <= (size_t)wd)
-            cap *= 2;
-        w->dirs = realloc(w->dirs, cap * sizeof(char *));
-        memset(w->dirs + w->cap, 0, (cap - w->cap) * sizeof(char *));
-        w->cap = cap;
+        size_t old = w->cap;
+        GS_ALLOC_GROW(w->dirs, (size_t)wd + 1, w->cap);
+        memset(w->dirs + old, 0, (w->cap - old) * sizeof(*w->dirs));
     }
     if (!w->dirs[wd])
         w->count++;
     free(w->dirs[wd]);
-    w->dirs[wd] = strdup(rel);
+    w->dirs[wd] = gs_xstrdup(rel);
 }
 
 static void out_of_watches(struct gs_watch *w)
@@ -110,13 +108,13 @@ static int add_tree(struct gs_watch *w, const char *rel)
 int gs_watch_open(struct gs_watch **out, const char *root, struct gs_ignore *ig,
                   struct gs_error *err)
 {
-    struct gs_watch *w = calloc(1, sizeof(*w));
+    struct gs_watch *w = gs_xcalloc(1, sizeof(*w));
     w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->fd < 0) {
         free(w);
         return gs_error_errno(err, GS_E_IO, "inotify_init1");
     }
-    w->root = strdup(root);
+    w->root = gs_xstrdup(root);
     w->ig = ig;
     add_tree(w, "");
     *out = w;
@@ -167,7 +165,7 @@ static void rename_watched(struct gs_watch *w, const char *from, const char *to)
         gs_buf_adds(&b, to);
         gs_buf_adds(&b, d + flen);
         free(d);
-        w->dirs[i] = strdup(b.data);
+        w->dirs[i] = gs_xstrdup(b.data);
     }
     gs_buf_release(&b);
 }
@@ -201,7 +199,7 @@ static void moved_from(struct gs_watch *w, uint32_t cookie, const char *path, in
 {
     if (w->n_pending == sizeof(w->pending) / sizeof(w->pending[0]))
         finish_pending(w);
-    w->pending[w->n_pending++] = (struct move){cookie, strdup(path), is_dir};
+    w->pending[w->n_pending++] = (struct move){cookie, gs_xstrdup(path), is_dir};
 }
 
 /* Pairs a MOVED_TO with its MOVED_FROM; returns 1 if the source was inside the tree. */

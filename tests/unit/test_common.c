@@ -1,5 +1,8 @@
-/* tests/unit/test_common.c: gs_buf, path helpers, error formatting and exit codes. */
+/* tests/unit/test_common.c: gs_buf, the allocation and write policy, path helpers, error formatting
+ * and exit codes. */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -15,6 +19,7 @@
 #include "common/buf.h"
 #include "common/error.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 
 /* A fresh temporary directory, resolved (realpath) so it compares with what the code returns. */
 static void make_tmpdir(char *out, size_t size)
@@ -337,6 +342,112 @@ static void test_error__names(void **state)
     assert_string_equal(gs_error_name(-1), "unknown error");
 }
 
+/* ---- wrapper: GS_ALLOC_GROW, gs_write_all ---- */
+
+static void test_wrapper__alloc_grow_keeps_contents_and_fits(void **state)
+{
+    (void)state;
+    int *v = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 100000; i++) {
+        GS_ALLOC_GROW(v, n + 1, cap);
+        assert_true(cap >= n + 1);
+        v[n++] = i;
+    }
+    for (int i = 0; i < 100000; i++)
+        assert_int_equal(v[i], i);
+    GS_ALLOC_GROW(v, 1000000, cap); /* a jump past the 1.5x step lands exactly where asked */
+    assert_true(cap >= 1000000);
+    v[999999] = 7;
+    assert_int_equal(v[99999], 99999);
+    free(v);
+}
+
+struct drain {
+    int fd;
+    size_t got;
+    unsigned long sum; /* position-weighted, so reordered or repeated bytes show */
+};
+
+static void *drain_pipe(void *arg)
+{
+    struct drain *d = arg;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(d->fd, buf, sizeof(buf))) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        for (ssize_t i = 0; i < n; i++)
+            d->sum += (unsigned char)buf[i] * (unsigned long)(d->got + (size_t)i + 1);
+        d->got += (size_t)n;
+    }
+    return NULL;
+}
+
+static void on_tick(int sig)
+{
+    (void)sig; /* only there so that write(2) returns early: short counts and EINTR */
+}
+
+/* 8 MiB through a 64 KiB pipe while a 1 ms timer interrupts write(2) (no SA_RESTART): the
+ * writes come back short or with EINTR, and every byte must still arrive once, in order. */
+static void test_wrapper__write_all_survives_short_writes_and_eintr(void **state)
+{
+    (void)state;
+    size_t len = 8u << 20;
+    char *data = gs_xmalloc(len);
+    unsigned long want = 0;
+    for (size_t i = 0; i < len; i++) {
+        data[i] = (char)(i * 131 + (i >> 13));
+        want += (unsigned char)data[i] * (unsigned long)(i + 1);
+    }
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    struct drain d = {.fd = fds[0]};
+    pthread_t reader;
+    /* The timer's signal must land on the writer: block it in the reader, which inherits this. */
+    sigset_t alrm, old;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, &old);
+    assert_int_equal(pthread_create(&reader, NULL, drain_pipe, &d), 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    struct sigaction sa = {.sa_handler = on_tick}, prev;
+    sigaction(SIGALRM, &sa, &prev);
+    struct itimerval tick = {{0, 1000}, {0, 1000}}, stop = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &tick, NULL);
+    int rc = gs_write_all(fds[1], data, len);
+    setitimer(ITIMER_REAL, &stop, NULL);
+    sigaction(SIGALRM, &prev, NULL);
+    close(fds[1]);
+    pthread_join(reader, NULL);
+    close(fds[0]);
+    assert_int_equal(rc, 0);
+    assert_int_equal(d.got, len);
+    assert_true(d.sum == want);
+    free(data);
+}
+
+static void test_wrapper__write_all_reports_epipe_and_ebadf(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    close(fds[0]);
+    void (*was)(int) = signal(SIGPIPE, SIG_IGN);
+    errno = 0;
+    assert_int_equal(gs_write_all(fds[1], "x", 1), -1);
+    assert_int_equal(errno, EPIPE);
+    signal(SIGPIPE, was);
+    close(fds[1]);
+    errno = 0;
+    assert_int_equal(gs_write_all(-1, "x", 1), -1);
+    assert_int_equal(errno, EBADF);
+    assert_int_equal(gs_write_all(-1, "", 0), 0); /* nothing to write is done at once */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -360,6 +471,9 @@ int main(void)
         cmocka_unit_test(test_error__codes_are_distinct_negative_and_far_from_libssh2),
         cmocka_unit_test(test_error__exit_codes_match_the_documented_table),
         cmocka_unit_test(test_error__names),
+        cmocka_unit_test(test_wrapper__alloc_grow_keeps_contents_and_fits),
+        cmocka_unit_test(test_wrapper__write_all_survives_short_writes_and_eintr),
+        cmocka_unit_test(test_wrapper__write_all_reports_epipe_and_ebadf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
