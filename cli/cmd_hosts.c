@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/run.h"
 #include "cli/run_util.h"
 #include "common/path.h"
 #include "common/wrapper.h"
@@ -18,43 +19,6 @@ static const struct option hosts_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* A node as `run --hosts` reads "[user@]host[:port][/abs/path]" (cmd_run.c, node_parse): a
- * missing user comes from [remote], and so does the port when the host is [remote]'s; a missing
- * path is [remote]'s. `cfg` is a shallow copy of the project's, pointing at the owned fields. */
-struct node {
-    struct gs_config cfg;
-    char *host, *user, *path;
-};
-
-static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
-{
-    const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
-    const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
-    const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
-    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
-    struct gs_config t = {0};
-    int rc = gs_config_parse_target(&t, target, &cli->err);
-    free(target);
-    n->host = t.host;
-    n->user = t.user;
-    n->path = slash ? gs_xstrdup(slash) : NULL;
-    n->cfg = cli->cfg;
-    n->cfg.host = n->host;
-    n->cfg.user = n->user ? n->user : cli->cfg.user;
-    n->cfg.port = t.port                                           ? t.port
-                  : n->host && strcmp(n->host, cli->cfg.host) == 0 ? cli->cfg.port
-                                                                   : 0;
-    n->cfg.remote_path = n->path ? n->path : cli->cfg.remote_path;
-    return rc;
-}
-
-static void node_release(struct node *n)
-{
-    free(n->host);
-    free(n->user);
-    free(n->path);
-}
-
 /* 1 when the list `hosts` already names the node whose key is `key` (gs_run_node_key), however
  * it is written there. */
 static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
@@ -63,13 +27,13 @@ static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
     int found = 0;
     for (char *tok = strtok_r(list, ", \t", &save); tok && !found;
          tok = strtok_r(NULL, ", \t", &save)) {
-        struct node n = {0};
-        if (node_parse(cli, tok, &n) == 0) {
+        struct gs_node_spec n = {0};
+        if (gs_node_spec_parse(cli, tok, &n) == 0) {
             char *k = gs_run_node_key(&n.cfg);
             found = strcmp(k, key) == 0;
             free(k);
         }
-        node_release(&n);
+        gs_node_spec_release(&n);
     }
     free(list);
     gs_error_clear(&cli->err);
@@ -111,10 +75,10 @@ static void add_to_list(struct gs_cli *cli, const char *spec, const char *key)
 /* Prepares one node; says what was done on stdout. Returns 0 or a GS_E_* code in cli->err. */
 static int add_node(struct gs_cli *cli, const char *spec)
 {
-    struct node n = {0};
+    struct gs_node_spec n = {0};
     struct gs_cli node_cli = *cli; /* shares the password and options; owns only its connection */
     node_cli.ssh = NULL;
-    int added = 0, rc = node_parse(cli, spec, &n);
+    int added = 0, rc = gs_node_spec_parse(cli, spec, &n);
     node_cli.cfg = n.cfg;
     if (rc == 0)
         rc = gs_cli_install_key(&node_cli, &added);
@@ -129,7 +93,7 @@ static int add_node(struct gs_cli *cli, const char *spec)
         cli->err = node_cli.err;
     }
     gs_ssh_free(node_cli.ssh);
-    node_release(&n);
+    gs_node_spec_release(&n);
     return rc;
 }
 

@@ -1,13 +1,7 @@
 /* cli/cmd_run.c: `gpusync run`: sync, launch a multi-rank job on the server (the bundled trainer,
  * a [job "NAME"] from the config, or any command), and follow its logs. Ctrl-C detaches (the job
  * keeps running); a second Ctrl-C within two seconds, or --stop-on-interrupt, stops it. The exit
- * code is the job's.
- *
- * Multi-node (--hosts a,b or [remote] hosts): one connection, sync and launcher per host, node 0
- * first so that its free MASTER_PORT can be handed to the others; one follower thread per node
- * (each with its own connection, so a slow or cut link stalls only its own logs); the first node
- * to fail gets the others stopped, and its exit code is the run's. */
-#include <pthread.h>
+ * code is the job's. Multi-node runs (--hosts) are in run_nodes.c. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/run.h"
 #include "cli/run_util.h"
 #include "common/clock.h"
 #include "common/shell.h"
@@ -53,31 +48,12 @@ static const struct option run_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* What TARGET names, decided from the command line and the config alone (choose_target). */
-enum target_kind { TARGET_ARGV, TARGET_JOB, TARGET_TRAINER };
+volatile sig_atomic_t gs_runcmd_interrupted;
 
-struct run_args {
-    const char *gpus;   /* "2" or "0,2" (checked), from --gpus or the job; NULL: 1 */
-    int cpu;            /* CPU ranks, from --cpu or the job */
-    char gpus_src[600]; /* where `gpus` came from, for messages: "--gpus 5" */
-    int max_restarts;
-    int detach, no_sync, stop_on_interrupt;
-    const char *name;
-    const char *ranks;
-    const char *target;
-    const char *hosts; /* --hosts, else [remote] hosts, else NULL (one server) */
-    int argc;          /* the command (after --), or extra arguments for TARGET */
-    char **argv;
-    enum target_kind kind;
-    const struct gs_job *job; /* TARGET_JOB: the [job] (owned by the config) */
-};
-
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig)
+void gs_runcmd_on_sigint(int sig)
 {
     (void)sig;
-    interrupted++;
+    gs_runcmd_interrupted++;
 }
 
 /* ---- choosing GPUs ---- */
@@ -164,13 +140,7 @@ static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf
 
 /* ---- what to run ---- */
 
-struct command {
-    struct gs_buf words[64]; /* argv for the launcher */
-    char *argv[64];
-    int argc;
-};
-
-static void add_word(struct command *c, const char *w)
+static void add_word(struct run_command *c, const char *w)
 {
     if (c->argc >= 63)
         return;
@@ -180,7 +150,7 @@ static void add_word(struct command *c, const char *w)
     c->argc++;
 }
 
-static void release_command(struct command *c)
+static void release_command(struct run_command *c)
 {
     for (int i = 0; i < c->argc; i++)
         gs_buf_release(&c->words[i]);
@@ -204,7 +174,7 @@ static int trainer_cached(struct gs_cli *cli, struct gs_buf *path)
 }
 
 /* Appends argv, each quoted, to the shell line and adds `sh -c LINE` to the command. */
-static void add_shell_line(struct command *c, struct gs_buf *line, int argc, char **argv)
+static void add_shell_line(struct run_command *c, struct gs_buf *line, int argc, char **argv)
 {
     for (int i = 0; i < argc; i++) {
         gs_buf_addc(line, ' ');
@@ -217,7 +187,7 @@ static void add_shell_line(struct command *c, struct gs_buf *line, int argc, cha
 
 /* The bundled trainer: built on the server on first use; its remote path starts with "~", which
  * the launcher's shell must expand, so it runs through sh -c. */
-static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct command *c)
+static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct run_command *c)
 {
     struct gs_buf path = GS_BUF_INIT, line = GS_BUF_INIT;
     const char *how = "";
@@ -271,7 +241,7 @@ static int choose_target(struct gs_cli *cli, struct run_args *a)
 
 /* The launcher's argv for what choose_target decided (the trainer is built on the server first
  * if it must be). Returns 0 or a negative code in cli->err. */
-static int resolve_command(struct gs_cli *cli, struct run_args *a, struct command *c)
+static int resolve_command(struct gs_cli *cli, struct run_args *a, struct run_command *c)
 {
     if (a->kind == TARGET_TRAINER)
         return trainer_command(cli, a, c);
@@ -287,17 +257,10 @@ static int resolve_command(struct gs_cli *cli, struct run_args *a, struct comman
     return 0;
 }
 
-/* What a node will run and on which devices, settled before its sync. */
-struct plan {
-    struct command c;
-    struct gs_buf gpus; /* "0,2", empty for CPU ranks */
-    int nproc;
-};
-
 /* Settles the command and the devices on the connected server (cli): everything that asks the
  * server, so a request it cannot meet is refused before the sync. Returns 0 or a negative code in
  * cli->err; `p` is to be released either way. */
-static int plan_run(struct gs_cli *cli, struct run_args *a, struct plan *p)
+int gs_runcmd_plan(struct gs_cli *cli, struct run_args *a, struct run_plan *p)
 {
     memset(p, 0, sizeof(*p));
     gs_buf_init(&p->gpus);
@@ -306,13 +269,13 @@ static int plan_run(struct gs_cli *cli, struct run_args *a, struct plan *p)
     return r < 0 ? r : resolve_command(cli, a, &p->c);
 }
 
-static void plan_release(struct plan *p)
+void gs_runcmd_plan_release(struct run_plan *p)
 {
     release_command(&p->c);
     gs_buf_release(&p->gpus);
 }
 
-static void make_run_id(char id[64])
+void gs_runcmd_new_id(char id[64])
 {
     time_t now = time(NULL);
     struct tm tm;
@@ -325,25 +288,25 @@ static void make_run_id(char id[64])
 
 /* After a first Ctrl-C: returns 1 if another comes within two seconds of the moment `seen` was
  * read (before the detach message: a Ctrl-C typed as soon as the message shows must count). */
-static int second_interrupt(sig_atomic_t seen)
+int gs_runcmd_second_interrupt(sig_atomic_t seen)
 {
-    for (int i = 0; i < 20 && interrupted <= seen; i++)
+    for (int i = 0; i < 20 && gs_runcmd_interrupted <= seen; i++)
         usleep(100000);
-    return interrupted > seen;
+    return gs_runcmd_interrupted > seen;
 }
 
 static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
                             const struct run_args *a)
 {
     int stop = a->stop_on_interrupt;
-    sig_atomic_t seen = interrupted;
+    sig_atomic_t seen = gs_runcmd_interrupted;
     if (!stop) {
         fprintf(stderr,
                 "\ngpusync: detached; run %s keeps going on the server.\n"
                 "  re-attach: gpusync logs -f %s\n  stop:      gpusync stop %s\n"
                 "(Ctrl-C again within 2 s stops it now)\n",
                 id, id, id);
-        stop = second_interrupt(seen);
+        stop = gs_runcmd_second_interrupt(seen);
     }
     if (!stop)
         return 130;
@@ -382,11 +345,11 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     gs_log_printer_init(&v.printer, cli, spec->id,
                         spec->nproc > 1 &&
                             !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
-    struct sigaction sa = {.sa_handler = on_sigint};
+    struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int exit_code = 0;
-    int r = gs_run_launch_and_follow(cli, rc, spec, a->ranks, on_started, &v.printer, &interrupted,
-                                     &exit_code);
+    int r = gs_run_launch_and_follow(cli, rc, spec, a->ranks, on_started, &v.printer,
+                                     &gs_runcmd_interrupted, &exit_code);
     gs_log_printer_finish(&v.printer);
     if (r == GS_E_INTERRUPTED)
         return handle_interrupt(cli, rc, spec->id, a);
@@ -412,10 +375,10 @@ static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_
     return 0;
 }
 
-static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc, struct plan *p)
+static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc, struct run_plan *p)
 {
     char id[64];
-    make_run_id(id);
+    gs_runcmd_new_id(id);
     struct gs_run_spec spec = {.remote_dir = rc->dir.data,
                                .id = id,
                                .name = a->name,
@@ -425,377 +388,6 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc,
                                .argc = p->c.argc,
                                .argv = p->c.argv};
     return a->detach ? launch_detached(cli, rc, &spec) : launch_and_follow(cli, rc, &spec, a);
-}
-
-/* ---- multi-node runs ---- */
-
-/* One host of a multi-node run. `cli` is a copy of the command's context that points at this
- * host: it shares the project, config and password (never released through it) and owns its
- * connection and the strings in host/user/path. */
-struct node {
-    struct gs_cli cli;
-    struct gs_run_ctx rc;
-    char *host, *user, *path; /* owned; what cli.cfg points at */
-    int primary;              /* the configured [remote] itself: synced as usual */
-    struct plan plan;         /* settled in nodes_prepare, before any node is synced */
-    int planned;
-    int launched, nproc;
-    pthread_t thread;
-    int has_thread;
-    volatile sig_atomic_t abort; /* ends this node's follow */
-    int stop_wanted;             /* another node failed: stop this one, keep following */
-    int done, result, exit_code;
-    struct multi *m;
-};
-
-struct multi {
-    struct node *nodes;
-    int n;
-    const char *id;
-    const char *ranks;
-    struct gs_log_printer printer;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-};
-
-/* Splits "[user@]host[:port][/path]" into `n`; a missing user and identity come from [remote],
- * and so does the port when the host is [remote] host. Returns 0 or GS_E_USAGE in cli->err. */
-static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
-{
-    const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
-    const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
-    const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
-    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
-    struct gs_config t;
-    memset(&t, 0, sizeof(t));
-    int r = gs_config_parse_target(&t, target, &cli->err);
-    free(target);
-    n->host = t.host;
-    n->user = t.user;
-    n->path = slash ? gs_xstrdup(slash) : NULL;
-    if (r < 0)
-        return r;
-    n->cli = *cli;
-    n->cli.ssh = NULL;
-    gs_error_clear(&n->cli.err);
-    n->cli.cfg.host = n->host;
-    n->cli.cfg.user = n->user ? n->user : cli->cfg.user;
-    n->cli.cfg.port = t.port ? t.port : strcmp(n->host, cli->cfg.host) == 0 ? cli->cfg.port : 0;
-    n->cli.cfg.remote_path = n->path ? n->path : cli->cfg.remote_path;
-    /* [remote] written another way (an alias, the port left out) is still [remote]: it is synced
-     * with the project's index, under the name that index knows it by. */
-    char *mine = gs_run_node_key(&n->cli.cfg), *main_id = gs_run_node_key(&cli->cfg);
-    n->primary = strcmp(mine, main_id) == 0;
-    if (n->primary) {
-        n->cli.cfg.host = cli->cfg.host;
-        n->cli.cfg.user = cli->cfg.user;
-        n->cli.cfg.port = cli->cfg.port;
-    }
-    free(mine);
-    free(main_id);
-    return 0;
-}
-
-/* Parses the comma list into m->nodes. Returns 0 or a usage error in cli->err. */
-static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
-{
-    char *list = gs_xstrdup(hosts), *save = NULL;
-    m->nodes = gs_xcalloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
-    int r = 0;
-    for (char *tok = strtok_r(list, ", \t", &save); tok && r == 0;
-         tok = strtok_r(NULL, ", \t", &save)) {
-        m->nodes[m->n].m = m;
-        r = node_parse(cli, tok, &m->nodes[m->n++]);
-    }
-    free(list);
-    if (r == 0 && m->n == 0)
-        r = gs_error_set(&cli->err, GS_E_USAGE, "--hosts: no host given");
-    return r;
-}
-
-static void nodes_free(struct multi *m)
-{
-    for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
-        gs_ssh_free(n->cli.ssh);
-        gs_run_ctx_release(&n->rc);
-        if (n->planned)
-            plan_release(&n->plan);
-        free(n->host);
-        free(n->user);
-        free(n->path);
-    }
-    free(m->nodes);
-}
-
-/* Copies a node's error into the command's context and prints it. Returns the exit code. */
-static int node_fail(struct gs_cli *cli, struct node *n, int r)
-{
-    cli->err = n->cli.err;
-    return gs_cli_fail(cli, r);
-}
-
-/* Connects to every node, installs the agent and settles what it runs on which devices; then,
- * when every node can run its part, syncs them. Returns 0 or the exit code. */
-static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m)
-{
-    for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
-        int r = gs_cli_connect(&n->cli);
-        if (r == 0)
-            r = gs_run_ctx_open(&n->cli, &n->rc);
-        if (r == 0) {
-            n->planned = 1;
-            r = plan_run(&n->cli, a, &n->plan);
-        }
-        if (r < 0)
-            return node_fail(cli, n, r);
-    }
-    for (int i = 0; i < m->n && !a->no_sync; i++) {
-        struct node *n = &m->nodes[i];
-        int r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
-        if (r < 0)
-            return node_fail(cli, n, r);
-    }
-    return 0;
-}
-
-/* The address the other nodes reach node 0 at: its real host name (an ~/.ssh/config alias
- * resolved as OpenSSH would). */
-static char *master_addr(struct node *n0)
-{
-    struct gs_target t;
-    struct gs_error err = {0};
-    char *addr = NULL;
-    if (gs_target_resolve(&t, n0->host, n0->cli.cfg.port, n0->cli.cfg.user, &err) == 0) {
-        addr = gs_xstrdup(t.hostname ? t.hostname : n0->host);
-        gs_target_release(&t);
-    }
-    return addr ? addr : gs_xstrdup(n0->host); /* the name as given when ssh -G cannot tell */
-}
-
-/* Launches node `rank` of the run. Returns 0 (with *port filled for node 0) or a negative code
- * in the node's error. */
-static int node_launch(struct run_args *a, struct multi *m, int rank, const char *addr, int *port)
-{
-    struct node *n = &m->nodes[rank];
-    struct plan *p = &n->plan;
-    struct gs_run_spec spec = {.agent = n->rc.agent.data,
-                               .remote_dir = n->rc.dir.data,
-                               .id = m->id,
-                               .name = a->name,
-                               .nproc = p->nproc,
-                               .gpus = p->gpus.len ? p->gpus.data : NULL,
-                               .max_restarts = a->max_restarts,
-                               .argc = p->c.argc,
-                               .argv = p->c.argv,
-                               .nnodes = m->n,
-                               .node_rank = rank,
-                               .master_addr = addr,
-                               .master_port = rank ? *port : 0};
-    long pid = 0;
-    int got = 0;
-    int r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
-    if (r == 0 && rank == 0)
-        *port = got;
-    if (r == 0) {
-        n->launched = 1;
-        n->nproc = p->nproc;
-        fprintf(stderr, "gpusync: node %d (%s): %d rank%s\n", rank, gs_ssh_target(n->cli.ssh),
-                p->nproc, p->nproc == 1 ? "" : "s");
-    }
-    return r;
-}
-
-/* Stops the run on every node that was launched (from the main thread, no follower running). */
-static void nodes_stop(struct multi *m)
-{
-    struct gs_run_notice notice;
-    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
-                        "stopping run %s on %d nodes: waiting for the ranks to exit after "
-                        "SIGTERM; any still running 10 s after it get SIGKILL",
-                        m->id, m->n);
-    for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
-        struct gs_buf out = GS_BUF_INIT;
-        if (n->launched && gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out,
-                                       &n->cli.err) == 0)
-            fprintf(stderr, "gpusync: node %d: %s", i, out.data ? out.data : "stopped\n");
-        gs_buf_release(&out);
-    }
-    gs_run_notice_end(&notice);
-}
-
-/* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
-static int multi_interrupt(const struct run_args *a, struct multi *m)
-{
-    int stop = a->stop_on_interrupt;
-    sig_atomic_t seen = interrupted;
-    if (!stop) {
-        fprintf(stderr,
-                "\ngpusync: detached; run %s keeps going on %d nodes.\n"
-                "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
-                "(Ctrl-C again within 2 s stops it on every node now)\n",
-                m->id, m->n, m->id);
-        stop = second_interrupt(seen);
-    }
-    if (stop)
-        nodes_stop(m);
-    return 130;
-}
-
-/* A follower thread: follows the node's part of the run to its end; when told to (another node
- * failed), stops it and follows on, so its last lines and its end still arrive. */
-static void *node_follow(void *arg)
-{
-    struct node *n = arg;
-    struct multi *m = n->m;
-    int code = 0, r;
-    for (;;) {
-        r = gs_run_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
-        pthread_mutex_lock(&m->lock);
-        int stop = r == GS_E_INTERRUPTED && n->stop_wanted;
-        n->stop_wanted = 0;
-        if (stop)
-            n->abort = 0;
-        pthread_mutex_unlock(&m->lock);
-        if (!stop)
-            break;
-        struct gs_buf out = GS_BUF_INIT;
-        gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out, &n->cli.err);
-        gs_buf_release(&out);
-    }
-    pthread_mutex_lock(&m->lock);
-    n->done = 1;
-    n->result = r;
-    n->exit_code = code;
-    pthread_cond_signal(&m->cond);
-    pthread_mutex_unlock(&m->lock);
-    return NULL;
-}
-
-/* Waits for every follower; on Ctrl-C ends them all (returns 1), and when a node fails first,
- * has the others stopped and records its exit code in *first_code (else it stays -1). */
-static int nodes_wait(struct multi *m, int *first_code)
-{
-    int left = m->n, detached = 0;
-    pthread_mutex_lock(&m->lock);
-    while (left > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&m->cond, &m->lock, &ts);
-        left = 0;
-        for (int i = 0; i < m->n; i++) {
-            struct node *n = &m->nodes[i];
-            left += !n->done;
-            if (interrupted && !detached)
-                n->abort = 1;
-            if (n->done != 1)
-                continue;
-            n->done = 2; /* seen */
-            if (n->result == 0 && n->exit_code != 0 && *first_code < 0) {
-                *first_code = n->exit_code;
-                for (int j = 0; j < m->n; j++)
-                    if (!m->nodes[j].done)
-                        m->nodes[j].stop_wanted = 1, m->nodes[j].abort = 1;
-            }
-        }
-        detached |= interrupted > 0;
-    }
-    pthread_mutex_unlock(&m->lock);
-    return detached;
-}
-
-/* Follows every node in its own thread (SIGINT blocked there: the main thread handles it).
- * Returns the run's exit code, 130 when detached, or an error's exit code. */
-static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct multi *m)
-{
-    int total = 0, first_code = -1;
-    for (int i = 0; i < m->n; i++)
-        total += m->nodes[i].nproc;
-    gs_log_printer_init(&m->printer, cli, m->id,
-                        total > 1 &&
-                            !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
-    m->printer.lock = &m->lock;
-    m->ranks = a->ranks;
-    struct sigaction sa = {.sa_handler = on_sigint};
-    sigaction(SIGINT, &sa, NULL);
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-    for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
-        n->has_thread = pthread_create(&n->thread, NULL, node_follow, n) == 0;
-        if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
-            n->done = 1;
-            n->result = gs_error_set(&n->cli.err, GS_E_NOMEM, "cannot start a thread to follow %s",
-                                     gs_ssh_target(n->cli.ssh));
-        }
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    int detached = nodes_wait(m, &first_code);
-    for (int i = 0; i < m->n; i++)
-        if (m->nodes[i].has_thread)
-            pthread_join(m->nodes[i].thread, NULL);
-    m->printer.lock = NULL;
-    gs_log_printer_finish(&m->printer);
-    if (detached)
-        return multi_interrupt(a, m);
-    if (first_code >= 0)
-        return first_code;
-    for (int i = 0; i < m->n; i++)
-        if (m->nodes[i].result < 0)
-            return node_fail(cli, &m->nodes[i], m->nodes[i].result);
-    return 0;
-}
-
-/* Launches node 0 (which picks MASTER_PORT), then the others with that port. Returns 0, or the
- * exit code after stopping what had started. */
-static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
-{
-    char *addr = master_addr(&m->nodes[0]);
-    int port = 0, r = 0, i;
-    for (i = 0; i < m->n && r == 0; i++)
-        r = node_launch(a, m, i, addr, &port);
-    int code = 0;
-    if (r < 0) {
-        code = node_fail(cli, &m->nodes[i - 1], r);
-        nodes_stop(m);
-    } else if (cli->json) {
-        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:s,s:i}", "v", 1, "ok", 1, "id", m->id,
-                                    "nodes", m->n, "ranks", m->n * m->nodes[0].nproc, "master_addr",
-                                    addr, "master_port", port));
-    } else {
-        fprintf(stderr, "gpusync: run %s started on %d nodes (MASTER_ADDR %s, MASTER_PORT %d)\n",
-                m->id, m->n, addr, port);
-    }
-    free(addr);
-    return code;
-}
-
-static int run_multi(struct gs_cli *cli, struct run_args *a)
-{
-    struct multi m;
-    char id[64];
-    memset(&m, 0, sizeof(m));
-    pthread_mutex_init(&m.lock, NULL);
-    pthread_cond_init(&m.cond, NULL);
-    make_run_id(id);
-    m.id = id;
-    int r = nodes_parse(cli, a->hosts, &m);
-    int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, a, &m);
-    if (code == 0)
-        code = nodes_launch(cli, a, &m);
-    if (code == 0 && !a->detach)
-        code = nodes_follow(cli, a, &m);
-    nodes_free(&m);
-    pthread_cond_destroy(&m.cond);
-    pthread_mutex_destroy(&m.lock);
-    return code;
 }
 
 /* ---- options ---- */
@@ -874,21 +466,21 @@ static int run_main(struct gs_cli *cli, int argc, char **argv)
     if (!a.hosts)
         a.hosts = cli->cfg.hosts;
     if (a.hosts)
-        return run_multi(cli, &a);
+        return gs_runcmd_multi(cli, &a);
     /* With a watch daemon connected, everything goes through its spare connection: no handshake
      * here (gs_run_ensure_connected connects when something must). */
     if (!gs_run_daemon_ready(cli) && (r = gs_cli_connect(cli)) < 0)
         return gs_cli_fail(cli, r);
     struct gs_run_ctx rc;
-    struct plan plan;
+    struct run_plan plan;
     gs_run_ctx_init(cli, &rc); /* the agent is found by the launch itself */
     /* The server is asked what it can run (GPUs, the trainer) before the sync, not after it: the
      * answer needs the connection the sync uses anyway, and a refusal then costs no upload. */
-    r = plan_run(cli, &a, &plan);
+    r = gs_runcmd_plan(cli, &a, &plan);
     if (r == 0 && !a.no_sync)
         r = gs_run_sync(cli);
     int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, &a, &rc, &plan);
-    plan_release(&plan);
+    gs_runcmd_plan_release(&plan);
     gs_run_ctx_release(&rc);
     return code;
 }

@@ -1,0 +1,401 @@
+/* cli/run_nodes.c: `gpusync run` on several hosts (--hosts a,b or [remote] hosts): one
+ * connection, sync and launcher per host, node 0 first so that its free MASTER_PORT can be handed
+ * to the others; one follower thread per node (each with its own connection, so a slow or cut link
+ * stalls only its own logs); the first node to fail gets the others stopped, and its exit code is
+ * the run's. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/run.h"
+#include "cli/run_util.h"
+#include "common/wrapper.h"
+#include "remote/runs.h"
+#include "remote/target.h"
+
+/* One host of a multi-node run. `cli` is a copy of the command's context that points at this
+ * host: it shares the project, config and password (never released through it) and owns its
+ * connection; its cfg is the node spec's. */
+struct node {
+    struct gs_cli cli;
+    struct gs_run_ctx rc;
+    struct gs_node_spec spec;
+    int primary;          /* the configured [remote] itself: synced as usual */
+    struct run_plan plan; /* settled in nodes_prepare, before any node is synced */
+    int planned;
+    int launched, nproc;
+    pthread_t thread;
+    int has_thread;
+    volatile sig_atomic_t abort; /* ends this node's follow */
+    int stop_wanted;             /* another node failed: stop this one, keep following */
+    int done, result, exit_code;
+    struct multi *m;
+};
+
+struct multi {
+    struct node *nodes;
+    int n;
+    const char *id;
+    const char *ranks;
+    struct gs_log_printer printer;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+};
+
+int gs_node_spec_parse(struct gs_cli *cli, const char *spec, struct gs_node_spec *n)
+{
+    const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
+    const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
+    const char *slash = strchr(bracket ? bracket : host, '/'); /* hosts hold no '/' */
+    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
+    struct gs_config t = {0};
+    int rc = gs_config_parse_target(&t, target, &cli->err);
+    free(target);
+    n->host = t.host;
+    n->user = t.user;
+    n->path = slash ? gs_xstrdup(slash) : NULL;
+    n->cfg = cli->cfg;
+    n->cfg.host = n->host;
+    n->cfg.user = n->user ? n->user : cli->cfg.user;
+    n->cfg.port = t.port                                           ? t.port
+                  : n->host && strcmp(n->host, cli->cfg.host) == 0 ? cli->cfg.port
+                                                                   : 0;
+    n->cfg.remote_path = n->path ? n->path : cli->cfg.remote_path;
+    return rc;
+}
+
+void gs_node_spec_release(struct gs_node_spec *n)
+{
+    free(n->host);
+    free(n->user);
+    free(n->path);
+    memset(n, 0, sizeof(*n));
+}
+
+/* Makes `n` the node `spec` names, with its own copy of the command's context. Returns 0 or
+ * GS_E_USAGE in cli->err. */
+static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
+{
+    int r = gs_node_spec_parse(cli, spec, &n->spec);
+    if (r < 0)
+        return r;
+    n->cli = *cli;
+    n->cli.ssh = NULL;
+    gs_error_clear(&n->cli.err);
+    n->cli.cfg = n->spec.cfg;
+    /* [remote] written another way (an alias, the port left out) is still [remote]: it is synced
+     * with the project's index, under the name that index knows it by. */
+    char *mine = gs_run_node_key(&n->cli.cfg), *main_id = gs_run_node_key(&cli->cfg);
+    n->primary = strcmp(mine, main_id) == 0;
+    if (n->primary) {
+        n->cli.cfg.host = cli->cfg.host;
+        n->cli.cfg.user = cli->cfg.user;
+        n->cli.cfg.port = cli->cfg.port;
+    }
+    free(mine);
+    free(main_id);
+    return 0;
+}
+
+/* Parses the comma list into m->nodes. Returns 0 or a usage error in cli->err. */
+static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
+{
+    char *list = gs_xstrdup(hosts), *save = NULL;
+    m->nodes = gs_xcalloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
+    int r = 0;
+    for (char *tok = strtok_r(list, ", \t", &save); tok && r == 0;
+         tok = strtok_r(NULL, ", \t", &save)) {
+        m->nodes[m->n].m = m;
+        r = node_parse(cli, tok, &m->nodes[m->n++]);
+    }
+    free(list);
+    if (r == 0 && m->n == 0)
+        r = gs_error_set(&cli->err, GS_E_USAGE, "--hosts: no host given");
+    return r;
+}
+
+static void nodes_free(struct multi *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        gs_ssh_free(n->cli.ssh);
+        gs_run_ctx_release(&n->rc);
+        if (n->planned)
+            gs_runcmd_plan_release(&n->plan);
+        gs_node_spec_release(&n->spec);
+    }
+    free(m->nodes);
+}
+
+/* Copies a node's error into the command's context and prints it. Returns the exit code. */
+static int node_fail(struct gs_cli *cli, struct node *n, int r)
+{
+    cli->err = n->cli.err;
+    return gs_cli_fail(cli, r);
+}
+
+/* Connects to every node, installs the agent and settles what it runs on which devices; then,
+ * when every node can run its part, syncs them. Returns 0 or the exit code. */
+static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        int r = gs_cli_connect(&n->cli);
+        if (r == 0)
+            r = gs_run_ctx_open(&n->cli, &n->rc);
+        if (r == 0) {
+            n->planned = 1;
+            r = gs_runcmd_plan(&n->cli, a, &n->plan);
+        }
+        if (r < 0)
+            return node_fail(cli, n, r);
+    }
+    for (int i = 0; i < m->n && !a->no_sync; i++) {
+        struct node *n = &m->nodes[i];
+        int r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
+        if (r < 0)
+            return node_fail(cli, n, r);
+    }
+    return 0;
+}
+
+/* The address the other nodes reach node 0 at: its real host name (an ~/.ssh/config alias
+ * resolved as OpenSSH would). */
+static char *master_addr(struct node *n0)
+{
+    struct gs_target t;
+    struct gs_error err = {0};
+    char *addr = NULL;
+    if (gs_target_resolve(&t, n0->spec.host, n0->cli.cfg.port, n0->cli.cfg.user, &err) == 0) {
+        addr = gs_xstrdup(t.hostname ? t.hostname : n0->spec.host);
+        gs_target_release(&t);
+    }
+    return addr ? addr : gs_xstrdup(n0->spec.host); /* the name as given when ssh -G cannot tell */
+}
+
+/* Launches node `rank` of the run. Returns 0 (with *port filled for node 0) or a negative code
+ * in the node's error. */
+static int node_launch(struct run_args *a, struct multi *m, int rank, const char *addr, int *port)
+{
+    struct node *n = &m->nodes[rank];
+    struct run_plan *p = &n->plan;
+    struct gs_run_spec spec = {.agent = n->rc.agent.data,
+                               .remote_dir = n->rc.dir.data,
+                               .id = m->id,
+                               .name = a->name,
+                               .nproc = p->nproc,
+                               .gpus = p->gpus.len ? p->gpus.data : NULL,
+                               .max_restarts = a->max_restarts,
+                               .argc = p->c.argc,
+                               .argv = p->c.argv,
+                               .nnodes = m->n,
+                               .node_rank = rank,
+                               .master_addr = addr,
+                               .master_port = rank ? *port : 0};
+    long pid = 0;
+    int got = 0;
+    int r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
+    if (r == 0 && rank == 0)
+        *port = got;
+    if (r == 0) {
+        n->launched = 1;
+        n->nproc = p->nproc;
+        fprintf(stderr, "gpusync: node %d (%s): %d rank%s\n", rank, gs_ssh_target(n->cli.ssh),
+                p->nproc, p->nproc == 1 ? "" : "s");
+    }
+    return r;
+}
+
+/* Stops the run on every node that was launched (from the main thread, no follower running). */
+static void nodes_stop(struct multi *m)
+{
+    struct gs_run_notice notice;
+    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
+                        "stopping run %s on %d nodes: waiting for the ranks to exit after "
+                        "SIGTERM; any still running 10 s after it get SIGKILL",
+                        m->id, m->n);
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        struct gs_buf out = GS_BUF_INIT;
+        if (n->launched && gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out,
+                                       &n->cli.err) == 0)
+            fprintf(stderr, "gpusync: node %d: %s", i, out.data ? out.data : "stopped\n");
+        gs_buf_release(&out);
+    }
+    gs_run_notice_end(&notice);
+}
+
+/* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
+static int multi_interrupt(const struct run_args *a, struct multi *m)
+{
+    int stop = a->stop_on_interrupt;
+    sig_atomic_t seen = gs_runcmd_interrupted;
+    if (!stop) {
+        fprintf(stderr,
+                "\ngpusync: detached; run %s keeps going on %d nodes.\n"
+                "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
+                "(Ctrl-C again within 2 s stops it on every node now)\n",
+                m->id, m->n, m->id);
+        stop = gs_runcmd_second_interrupt(seen);
+    }
+    if (stop)
+        nodes_stop(m);
+    return 130;
+}
+
+/* A follower thread: follows the node's part of the run to its end; when told to (another node
+ * failed), stops it and follows on, so its last lines and its end still arrive. */
+static void *node_follow(void *arg)
+{
+    struct node *n = arg;
+    struct multi *m = n->m;
+    int code = 0, r;
+    for (;;) {
+        r = gs_run_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
+        pthread_mutex_lock(&m->lock);
+        int stop = r == GS_E_INTERRUPTED && n->stop_wanted;
+        n->stop_wanted = 0;
+        if (stop)
+            n->abort = 0;
+        pthread_mutex_unlock(&m->lock);
+        if (!stop)
+            break;
+        struct gs_buf out = GS_BUF_INIT;
+        gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out, &n->cli.err);
+        gs_buf_release(&out);
+    }
+    pthread_mutex_lock(&m->lock);
+    n->done = 1;
+    n->result = r;
+    n->exit_code = code;
+    pthread_cond_signal(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* Waits for every follower; on Ctrl-C ends them all (returns 1), and when a node fails first,
+ * has the others stopped and records its exit code in *first_code (else it stays -1). */
+static int nodes_wait(struct multi *m, int *first_code)
+{
+    int left = m->n, detached = 0;
+    pthread_mutex_lock(&m->lock);
+    while (left > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+        left = 0;
+        for (int i = 0; i < m->n; i++) {
+            struct node *n = &m->nodes[i];
+            left += !n->done;
+            if (gs_runcmd_interrupted && !detached)
+                n->abort = 1;
+            if (n->done != 1)
+                continue;
+            n->done = 2; /* seen */
+            if (n->result == 0 && n->exit_code != 0 && *first_code < 0) {
+                *first_code = n->exit_code;
+                for (int j = 0; j < m->n; j++)
+                    if (!m->nodes[j].done)
+                        m->nodes[j].stop_wanted = 1, m->nodes[j].abort = 1;
+            }
+        }
+        detached |= gs_runcmd_interrupted > 0;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return detached;
+}
+
+/* Follows every node in its own thread (SIGINT blocked there: the main thread handles it).
+ * Returns the run's exit code, 130 when detached, or an error's exit code. */
+static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct multi *m)
+{
+    int total = 0, first_code = -1;
+    for (int i = 0; i < m->n; i++)
+        total += m->nodes[i].nproc;
+    gs_log_printer_init(&m->printer, cli, m->id,
+                        total > 1 &&
+                            !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
+    m->printer.lock = &m->lock;
+    m->ranks = a->ranks;
+    struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    for (int i = 0; i < m->n; i++) {
+        struct node *n = &m->nodes[i];
+        n->has_thread = pthread_create(&n->thread, NULL, node_follow, n) == 0;
+        if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
+            n->done = 1;
+            n->result = gs_error_set(&n->cli.err, GS_E_NOMEM, "cannot start a thread to follow %s",
+                                     gs_ssh_target(n->cli.ssh));
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int detached = nodes_wait(m, &first_code);
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].has_thread)
+            pthread_join(m->nodes[i].thread, NULL);
+    m->printer.lock = NULL;
+    gs_log_printer_finish(&m->printer);
+    if (detached)
+        return multi_interrupt(a, m);
+    if (first_code >= 0)
+        return first_code;
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].result < 0)
+            return node_fail(cli, &m->nodes[i], m->nodes[i].result);
+    return 0;
+}
+
+/* Launches node 0 (which picks MASTER_PORT), then the others with that port. Returns 0, or the
+ * exit code after stopping what had started. */
+static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
+{
+    char *addr = master_addr(&m->nodes[0]);
+    int port = 0, r = 0, i;
+    for (i = 0; i < m->n && r == 0; i++)
+        r = node_launch(a, m, i, addr, &port);
+    int code = 0;
+    if (r < 0) {
+        code = node_fail(cli, &m->nodes[i - 1], r);
+        nodes_stop(m);
+    } else if (cli->json) {
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:s,s:i}", "v", 1, "ok", 1, "id", m->id,
+                                    "nodes", m->n, "ranks", m->n * m->nodes[0].nproc, "master_addr",
+                                    addr, "master_port", port));
+    } else {
+        fprintf(stderr, "gpusync: run %s started on %d nodes (MASTER_ADDR %s, MASTER_PORT %d)\n",
+                m->id, m->n, addr, port);
+    }
+    free(addr);
+    return code;
+}
+
+int gs_runcmd_multi(struct gs_cli *cli, struct run_args *a)
+{
+    struct multi m;
+    char id[64];
+    memset(&m, 0, sizeof(m));
+    pthread_mutex_init(&m.lock, NULL);
+    pthread_cond_init(&m.cond, NULL);
+    gs_runcmd_new_id(id);
+    m.id = id;
+    int r = nodes_parse(cli, a->hosts, &m);
+    int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, a, &m);
+    if (code == 0)
+        code = nodes_launch(cli, a, &m);
+    if (code == 0 && !a->detach)
+        code = nodes_follow(cli, a, &m);
+    nodes_free(&m);
+    pthread_cond_destroy(&m.cond);
+    pthread_mutex_destroy(&m.lock);
+    return code;
+}
