@@ -3,7 +3,6 @@
  * server that dies mid-command. */
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -581,40 +580,16 @@ static void test_hostkey__revoked_or_after_a_bad_line_beats_accept_new(void **st
     gs_test_sshd_use_home(&shared, 1);
 }
 
-/* Restarts d's server by hand with an extra ECDSA host key (the sandbox script makes only
- * ed25519), on the same port, and waits for it to listen. */
+/* Restarts d's server with an extra ECDSA host key (the sandbox script makes only ed25519), on
+ * the same port. */
 static void relaunch_with_ecdsa(struct gs_test_sshd *d)
 {
-    gs_test_sshd_stop(d);
     assert_int_equal(sh("cd '%s' && ssh-keygen -q -t ecdsa -N '' -f host_ecdsa && "
-                        "echo 'HostKey %s/host_ecdsa' >> sshd_config && : > sshd.log",
+                        "echo 'HostKey %s/host_ecdsa' >> sshd_config",
                         d->dir, d->dir),
                      0);
-    char config[700], log[700];
-    snprintf(config, sizeof(config), "%s/sshd_config", d->dir);
-    snprintf(log, sizeof(log), "%s/sshd.log", d->dir);
-    for (int attempt = 0; attempt < 50; attempt++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            setsid();
-            int fd = open(log, O_WRONLY | O_APPEND);
-            dup2(fd, 1);
-            dup2(fd, 2);
-            execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-e", "-f", config, (char *)NULL);
-            _exit(127);
-        }
-        d->pid = pid;
-        int64_t end = gs_clock_mono_ms() + 5000;
-        while (gs_clock_mono_ms() < end && !count_in_file(log, "Server listening") &&
-               waitpid(pid, NULL, WNOHANG) == 0)
-            usleep(10000);
-        if (count_in_file(log, "Server listening"))
-            return;
-        waitpid(pid, NULL, WNOHANG);
-        usleep(20000); /* the old listener's port is not free yet */
-    }
-    fail_msg("sshd with an ECDSA host key did not start; see %s", log);
+    if (gs_test_sshd_relaunch(d) != 0)
+        fail_msg("sshd with an ECDSA host key did not start; see %s/sshd.log", d->dir);
 }
 
 static void test_hostkey__known_ed25519_with_server_also_offering_ecdsa_connects(void **state)
