@@ -66,7 +66,6 @@ struct sftp_ops {
     /* the window of overlapped PUTs, oldest first: win[(win_head + i) % GS_SFTP_POOL_MAX] */
     struct put_entry *win[GS_SFTP_POOL_MAX];
     int win_head, win_n;
-    int pool_full;       /* the server refused another channel */
     int single;          /* GPUSYNC_SFTP_SEQUENTIAL: no window (for comparisons) */
     struct dir_set dirs; /* directories below the root seen to be real (see check_parents) */
 };
@@ -368,7 +367,9 @@ static int r_symlink(struct sftp_ops *o, const char *full, const char *target, c
 /* ---- composite steps ----------------------------------------------------------------------- */
 
 /* mkdir -p `full`: tries the leaf first (one round trip when the parent exists) and climbs only
- * when the server says a component is missing. New directories get `mode` (umask applies). */
+ * when the server says a component is missing. New directories get `mode` (umask applies).
+ * gs_path_mkdir_p (common/path.c) walks down from the top instead: a local mkdir is cheap, a
+ * round trip is not, so the two share no walk. */
 static int mkdir_p(struct sftp_ops *o, const char *full, const char *rel, uint32_t mode,
                    struct gs_error *err)
 {
@@ -1251,27 +1252,6 @@ static int win_pump(struct sftp_ops *o, int max, struct gs_error *err)
     return 0;
 }
 
-/* Opens one more SFTP channel for the window; a refusal (the server's MaxSessions) only stops
- * the growth. Returns 0 or a negative transport code. */
-static int pool_grow(struct sftp_ops *o, struct gs_error *err)
-{
-    LIBSSH2_SFTP *sftp;
-    int rc;
-    GS_SSH_RETRY_PTR(o->ssh, sftp, libssh2_sftp_init(gs_ssh_session(o->ssh)), 0, err, rc);
-    if (rc < 0)
-        return rc;
-    if (sftp) {
-        o->pool.chan[o->pool.n++] = sftp;
-        return 0;
-    }
-    o->pool_full = 1;
-    rc = libssh2_session_last_errno(gs_ssh_session(o->ssh));
-    if (rc == LIBSSH2_ERROR_SOCKET_DISCONNECT || rc == LIBSSH2_ERROR_SOCKET_SEND ||
-        rc == LIBSSH2_ERROR_SOCKET_RECV)
-        return gs_ssh_error(o->ssh, rc, "opening an SFTP channel", err);
-    return 0;
-}
-
 /* Whether `req` can join the window. */
 static int win_fits(struct sftp_ops *o, const struct gs_fop_req *req)
 {
@@ -1301,8 +1281,8 @@ static int win_free_chan(struct sftp_ops *o)
 static int win_submit(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_error *err)
 {
     int rc = 0;
-    if (o->win_n >= o->pool.n && !o->pool_full && o->pool.n < GS_SFTP_POOL_MAX)
-        rc = pool_grow(o, err);
+    if (o->win_n >= o->pool.n)
+        rc = gs_sftp_pool_grow(&o->pool, err);
     if (rc == 0)
         rc = win_pump(o, o->pool.n, err);
     if (rc < 0)
@@ -1472,7 +1452,7 @@ int gs_sftp_ops_open(struct gs_fileops **out, struct gs_ssh *ssh, const char *re
     o->ssh = ssh;
     o->openssh = is_openssh(ssh);
     o->single = getenv("GPUSYNC_SFTP_SEQUENTIAL") != NULL;
-    int rc = gs_sftp_pool_open(&o->pool, ssh, 1, err);
+    int rc = gs_sftp_pool_open(&o->pool, ssh, err);
     if (rc < 0) {
         o->dead = 1; /* the pool released itself */
         ops_close(&o->base);

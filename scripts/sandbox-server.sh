@@ -3,20 +3,21 @@
 # the tests and anyone trying gpusync without a server. One implementation, used by all three.
 #
 #   sandbox-server.sh start [--dir DIR] [--port N] [--password-user NAME:PASSWORD] [--new-host-key]
-#                           [--sftp-server PATH]
+#                           [--sftp-server PATH] [--keep-config]
 #   sandbox-server.sh stop DIR
 #
 # start prints shell assignments (GS_SANDBOX_PORT, GS_SANDBOX_PID, GS_SANDBOX_DIR, GS_SANDBOX_HOME)
 # once sshd accepts connections. DIR/home is a HOME for the client: .ssh/id_ed25519 is authorised on
 # the server and .ssh/known_hosts is left empty, so host-key prompts behave as for a new user.
 # --sftp-server runs SFTP as most servers do, a program started through the user's login shell
-# (so its rc files run first), instead of sshd's built-in internal-sftp.
+# (so its rc files run first), instead of sshd's built-in internal-sftp. --keep-config (with --dir
+# and --port) restarts from DIR's sshd_config as it stands, which a test may have edited.
 set -euo pipefail
 
 die() { echo "sandbox-server: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 make_keys() {
@@ -77,7 +78,7 @@ launch() {
 }
 
 start() {
-    local dir="" port="" pwuser="" new_host_key=0 sftp_server=internal-sftp
+    local dir="" port="" pwuser="" new_host_key=0 sftp_server=internal-sftp keep_config=0
     while [[ $# -gt 0 ]]; do
         case $1 in
         --dir) dir=$2; shift 2 ;;
@@ -85,6 +86,7 @@ start() {
         --password-user) pwuser=$2; shift 2 ;;
         --new-host-key) new_host_key=1; shift ;;
         --sftp-server) sftp_server=$2; shift 2 ;;
+        --keep-config) keep_config=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
         esac
@@ -96,10 +98,13 @@ start() {
     make_keys "$dir" "$new_host_key"
     local use_pam=no
     [[ -n $pwuser ]] && { make_password_user "$pwuser"; use_pam=yes; }
+    if [[ $keep_config == 1 ]]; then
+        [[ -n $port && -f $dir/sshd_config ]] || die "--keep-config needs --port and DIR/sshd_config"
+    fi
     local tries=0
     while :; do
         local p=${port:-$((20000 + RANDOM % 30000))}
-        write_config "$dir" "$p" "$use_pam" "$sftp_server"
+        [[ $keep_config == 1 ]] || write_config "$dir" "$p" "$use_pam" "$sftp_server"
         if launch "$dir" "$p"; then port=$p; break; fi
         [[ -z $port ]] || die "port $port is in use; see $dir/sshd.log"
         tries=$((tries + 1)); [[ $tries -lt 20 ]] || die "no free port found"

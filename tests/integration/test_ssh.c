@@ -3,12 +3,12 @@
  * server that dies mid-command. */
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -21,13 +21,15 @@
 
 #include <cmocka.h>
 #include <libssh2.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/shell.h"
 #include "fixtures/sshd.h"
 #include "remote/exec.h"
-#include "remote/sftp.h"
+#include "remote/sftp_ops.h"
 #include "remote/ssh.h"
 
 #define PW_USER     "gsuser"
@@ -581,40 +583,16 @@ static void test_hostkey__revoked_or_after_a_bad_line_beats_accept_new(void **st
     gs_test_sshd_use_home(&shared, 1);
 }
 
-/* Restarts d's server by hand with an extra ECDSA host key (the sandbox script makes only
- * ed25519), on the same port, and waits for it to listen. */
+/* Restarts d's server with an extra ECDSA host key (the sandbox script makes only ed25519), on
+ * the same port. */
 static void relaunch_with_ecdsa(struct gs_test_sshd *d)
 {
-    gs_test_sshd_stop(d);
     assert_int_equal(sh("cd '%s' && ssh-keygen -q -t ecdsa -N '' -f host_ecdsa && "
-                        "echo 'HostKey %s/host_ecdsa' >> sshd_config && : > sshd.log",
+                        "echo 'HostKey %s/host_ecdsa' >> sshd_config",
                         d->dir, d->dir),
                      0);
-    char config[700], log[700];
-    snprintf(config, sizeof(config), "%s/sshd_config", d->dir);
-    snprintf(log, sizeof(log), "%s/sshd.log", d->dir);
-    for (int attempt = 0; attempt < 50; attempt++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            setsid();
-            int fd = open(log, O_WRONLY | O_APPEND);
-            dup2(fd, 1);
-            dup2(fd, 2);
-            execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-e", "-f", config, (char *)NULL);
-            _exit(127);
-        }
-        d->pid = pid;
-        int64_t end = gs_clock_mono_ms() + 5000;
-        while (gs_clock_mono_ms() < end && !count_in_file(log, "Server listening") &&
-               waitpid(pid, NULL, WNOHANG) == 0)
-            usleep(10000);
-        if (count_in_file(log, "Server listening"))
-            return;
-        waitpid(pid, NULL, WNOHANG);
-        usleep(20000); /* the old listener's port is not free yet */
-    }
-    fail_msg("sshd with an ECDSA host key did not start; see %s", log);
+    if (gs_test_sshd_relaunch(d) != 0)
+        fail_msg("sshd with an ECDSA host key did not start; see %s/sshd.log", d->dir);
 }
 
 static void test_hostkey__known_ed25519_with_server_also_offering_ecdsa_connects(void **state)
@@ -881,13 +859,115 @@ static void test_exec__silent_dead_link_detected_by_keepalive(void **state)
 
 /* ---- SFTP ---- */
 
-static struct gs_sftp_pool *open_pool(struct gs_ssh *s, int n)
+/* The SFTP transport users run (remote/sftp_ops.c, behind struct gs_fileops), rooted at the
+ * shared server's folder; paths in requests are relative to it. */
+
+/* The last completion, its strings copied (they live only during the callback). */
+struct sftp_done {
+    int n, ok, noop, err_no;
+    char message[1024], kept[1024];
+};
+
+static void sftp_on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r)
 {
-    static struct gs_sftp_pool pool;
+    struct sftp_done *d = cb_ctx;
+    (void)req_ctx;
+    d->n++;
+    d->ok = r->ok;
+    d->noop = r->noop;
+    d->err_no = r->err_no;
+    snprintf(d->message, sizeof(d->message), "%s", r->message ? r->message : "");
+    snprintf(d->kept, sizeof(d->kept), "%s", r->kept ? r->kept : "");
+}
+
+static struct gs_fileops *open_sftp(struct gs_ssh *s, struct sftp_done *done)
+{
+    struct gs_fileops *ops = NULL;
     struct gs_error err = {0};
-    if (gs_sftp_pool_open(&pool, s, n, &err) != 0)
-        fail_msg("sftp pool: %s", err.msg);
-    return &pool;
+    if (gs_sftp_ops_open(&ops, s, shared.dir, &err) != 0)
+        fail_msg("sftp: %s", err.msg);
+    ops->done = sftp_on_done;
+    ops->done_ctx = done;
+    return ops;
+}
+
+/* Runs one request to its end and returns its completion. */
+static struct sftp_done *sftp_run(struct gs_fileops *ops, const struct gs_fop_req *req)
+{
+    struct sftp_done *d = ops->done_ctx;
+    struct gs_error err = {0};
+    memset(d, 0, sizeof(*d));
+    if (ops->submit(ops, req, &err) != 0 || ops->drain(ops, &err) != 0)
+        fail_msg("SFTP transport failed: %s", err.msg);
+    assert_int_equal(d->n, 1);
+    return d;
+}
+
+/* Uploads local file `local` to `rel` with `mode`, replacing whatever is there. */
+static struct sftp_done *sftp_put(struct gs_fileops *ops, const char *local, const char *rel,
+                                  uint32_t mode)
+{
+    struct stat st;
+    assert_int_equal(stat(local, &st), 0);
+    struct gs_fop_req req = {.type = GS_FOP_PUT,
+                             .path = rel,
+                             .local_file = local,
+                             .size = (uint64_t)st.st_size,
+                             .mode = mode,
+                             .mtime_ns = (int64_t)st.st_mtime * 1000000000,
+                             .expect = GS_FOP_EXPECT_FORCE};
+    return sftp_run(ops, &req);
+}
+
+static struct sftp_done *sftp_mkdir(struct gs_fileops *ops, const char *rel)
+{
+    struct gs_fop_req req = {.type = GS_FOP_MKDIR, .path = rel, .mode = 0755};
+    return sftp_run(ops, &req);
+}
+
+static struct sftp_done *sftp_rename(struct gs_fileops *ops, const char *from, const char *to,
+                                     enum gs_fop_expect expect)
+{
+    struct gs_fop_req req = {.type = GS_FOP_RENAME, .path = from, .path2 = to, .expect = expect};
+    return sftp_run(ops, &req);
+}
+
+static struct sftp_done *sftp_delete(struct gs_fileops *ops, const char *rel)
+{
+    struct gs_fop_req req = {.type = GS_FOP_DELETE, .path = rel};
+    return sftp_run(ops, &req);
+}
+
+/* What the server holds at `rel`, a file's content hashed (read back whole). */
+static struct gs_fop_stat sftp_probe(struct gs_fileops *ops, const char *rel)
+{
+    struct gs_fop_stat st;
+    struct gs_error err = {0};
+    if (ops->probe(ops, &rel, 1, &st, &err) != 0)
+        fail_msg("probe %s: %s", rel, err.msg);
+    return st;
+}
+
+/* XXH3-128 of `len` bytes, canonical, as the transport reports a file's hash. */
+static void hash_bytes(const void *data, size_t len, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data, len));
+    memcpy(out, c.digest, 16);
+}
+
+static void hash_file(const char *path, uint8_t out[16])
+{
+    struct gs_buf b = GS_BUF_INIT;
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+        gs_buf_add(&b, chunk, n);
+    fclose(fp);
+    hash_bytes(b.data, b.len, out);
+    gs_buf_release(&b);
 }
 
 static void make_random_file(const char *path, int mib)
@@ -905,57 +985,60 @@ static void test_sftp__upload_200mb_byte_for_byte(void **state)
     make_random_file(local, 200);
     snprintf(remote, sizeof(remote), "%s/uploaded.bin", shared.dir);
     struct gs_ssh *s = shared_session();
-    struct gs_sftp_pool *pool = open_pool(s, 2);
-    struct gs_error err = {0};
+    struct sftp_done done;
+    struct gs_fileops *ops = open_sftp(s, &done);
     int64_t t0 = gs_clock_mono_ms();
-    int rc = gs_sftp_upload(pool, local, remote, 0640, NULL, NULL, &err);
+    struct sftp_done *r = sftp_put(ops, local, "uploaded.bin", 0640);
     int64_t took = gs_clock_mono_ms() - t0;
-    if (rc != 0)
-        fail_msg("upload failed: %s", err.msg);
+    if (!r->ok)
+        fail_msg("upload failed: %s", r->message);
     print_message("200 MiB SFTP upload: %lld ms (%.1f MiB/s)\n", (long long)took,
                   200.0 * 1000.0 / (double)(took ? took : 1));
     assert_true(took < 60000);
     assert_int_equal(sh("cmp -s '%s' '%s'", local, remote), 0);
-    struct gs_sftp_stat st;
-    assert_int_equal(gs_sftp_stat(pool, remote, &st, &err), 0);
-    assert_true(st.exists);
-    assert_false(st.is_dir);
+    struct gs_fop_stat st = sftp_probe(ops, "uploaded.bin");
+    assert_int_equal(st.kind, GS_FOP_KIND_FILE); /* there, and no directory */
     assert_int_equal(st.size, 200u << 20);
     assert_int_equal(st.mode, 0640);
     /* no temporary file left beside it */
     assert_int_equal(sh("ls '%s' | grep -q gpusync-tmp", shared.dir), 1);
-    gs_sftp_pool_release(pool);
+    ops->close(ops);
     gs_ssh_free(s);
     unlink(local);
     unlink(remote);
 }
 
-static void test_sftp__download_round_trip_and_missing_file(void **state)
+/* The transport reads a server file back whole (to tell whether it was edited there before it
+ * replaces or deletes it): what it reads is what was sent. */
+static void test_sftp__read_back_round_trip_and_missing_file(void **state)
 {
     (void)state;
-    char local[] = "/tmp/gs-test-down.XXXXXX", back[64], remote[800];
+    char local[] = "/tmp/gs-test-down.XXXXXX", remote[800];
     int fd = mkstemp(local);
     assert_true(fd >= 0);
     close(fd);
     make_random_file(local, 20);
-    snprintf(back, sizeof(back), "%s.back", local);
     snprintf(remote, sizeof(remote), "%s/round.bin", shared.dir);
     struct gs_ssh *s = shared_session();
-    struct gs_sftp_pool *pool = open_pool(s, 1);
-    struct gs_error err = {0};
-    assert_int_equal(gs_sftp_upload(pool, local, remote, 0600, NULL, NULL, &err), 0);
-    if (gs_sftp_download(pool, remote, back, NULL, NULL, &err) != 0)
-        fail_msg("download failed: %s", err.msg);
-    assert_int_equal(sh("cmp -s '%s' '%s'", local, back), 0);
-    char missing[820];
-    snprintf(missing, sizeof(missing), "%s/no-such-file", shared.dir);
-    assert_int_equal(gs_sftp_download(pool, missing, back, NULL, NULL, &err), GS_E_NOTFOUND);
-    assert_non_null(strstr(err.msg, "no-such-file"));
-    assert_int_equal(sh("cmp -s '%s' '%s'", local, back), 0); /* untouched by the failure */
-    gs_sftp_pool_release(pool);
+    struct sftp_done done;
+    struct gs_fileops *ops = open_sftp(s, &done);
+    assert_true(sftp_put(ops, local, "round.bin", 0600)->ok);
+    struct gs_fop_stat st = sftp_probe(ops, "round.bin");
+    uint8_t want[16];
+    hash_file(local, want);
+    assert_true(st.has_hash);
+    assert_memory_equal(st.hash, want, 16);
+    /* a missing file: nothing there, and an operation on it fails naming it */
+    assert_int_equal(sftp_probe(ops, "no-such-file").kind, GS_FOP_KIND_NONE);
+    struct gs_fop_req chmod = {.type = GS_FOP_CHMOD, .path = "no-such-file", .mode = 0644};
+    struct sftp_done *r = sftp_run(ops, &chmod);
+    assert_false(r->ok);
+    assert_int_equal(r->err_no, ENOENT);
+    assert_non_null(strstr(r->message, "no-such-file"));
+    assert_int_equal(sh("cmp -s '%s' '%s'", local, remote), 0); /* untouched by the failure */
+    ops->close(ops);
     gs_ssh_free(s);
     unlink(local);
-    unlink(back);
     unlink(remote);
 }
 
@@ -963,93 +1046,93 @@ static void test_sftp__mkdir_p_rename_unlink(void **state)
 {
     (void)state;
     struct gs_ssh *s = shared_session();
-    struct gs_sftp_pool *pool = open_pool(s, 3);
-    struct gs_error err = {0};
-    char dir[800], a[900], b[900], local[] = "/tmp/gs-test-ren.XXXXXX";
-    snprintf(dir, sizeof(dir), "%s/m/n/o", shared.dir);
-    assert_int_equal(gs_sftp_mkdir_p(pool, dir, 0755, &err), 0);
-    assert_int_equal(gs_sftp_mkdir_p(pool, dir, 0755, &err), 0);
-    struct gs_sftp_stat st;
-    assert_int_equal(gs_sftp_stat(pool, dir, &st, &err), 0);
-    assert_true(st.exists && st.is_dir);
+    struct sftp_done done;
+    struct gs_fileops *ops = open_sftp(s, &done);
+    char local[] = "/tmp/gs-test-ren.XXXXXX";
+    const char *dir = "m/n/o", *a = "m/n/o/a", *b = "m/n/o/b";
+    assert_true(sftp_mkdir(ops, dir)->ok);
+    assert_true(sftp_mkdir(ops, dir)->ok);
+    assert_int_equal(sftp_probe(ops, dir).kind, GS_FOP_KIND_DIR);
     int fd = mkstemp(local);
     assert_true(fd >= 0);
     assert_int_equal(write(fd, "one", 3), 3);
     close(fd);
-    snprintf(a, sizeof(a), "%s/a", dir);
-    snprintf(b, sizeof(b), "%s/b", dir);
-    assert_int_equal(gs_sftp_upload(pool, local, a, 0644, NULL, NULL, &err), 0);
-    assert_int_equal(gs_sftp_upload(pool, local, b, 0644, NULL, NULL, &err), 0);
-    /* rename over an existing file needs replace */
-    assert_int_not_equal(gs_sftp_rename(pool, a, b, 0, &err), 0);
-    assert_int_equal(gs_sftp_rename(pool, a, b, 1, &err), 0);
-    assert_int_equal(gs_sftp_stat(pool, a, &st, &err), 0);
-    assert_false(st.exists);
-    assert_int_equal(gs_sftp_unlink(pool, b, &err), 0);
-    assert_int_equal(gs_sftp_stat(pool, b, &st, &err), 0);
-    assert_false(st.exists);
-    assert_int_not_equal(gs_sftp_unlink(pool, b, &err), 0);
+    assert_true(sftp_put(ops, local, a, 0644)->ok);
+    assert_true(sftp_put(ops, local, b, 0644)->ok);
+    /* a rename over an existing file never loses it unless told to replace it */
+    struct sftp_done *r = sftp_rename(ops, a, b, GS_FOP_EXPECT_ABSENT);
+    assert_true(r->ok);
+    assert_non_null(strstr(r->kept, "m/n/o/b.gpusync-conflict-"));
+    assert_true(sftp_put(ops, local, a, 0644)->ok);
+    assert_true(sftp_rename(ops, a, b, GS_FOP_EXPECT_FORCE)->ok);
+    assert_int_equal(sftp_probe(ops, a).kind, GS_FOP_KIND_NONE);
+    assert_true(sftp_delete(ops, b)->ok);
+    assert_int_equal(sftp_probe(ops, b).kind, GS_FOP_KIND_NONE);
+    r = sftp_delete(ops, b); /* nothing to delete: done already */
+    assert_true(r->ok && r->noop);
     /* mkdir -p through a file is refused with a message */
-    assert_int_equal(gs_sftp_upload(pool, local, a, 0644, NULL, NULL, &err), 0);
-    snprintf(b, sizeof(b), "%s/a/sub", dir);
-    assert_int_equal(gs_sftp_mkdir_p(pool, b, 0755, &err), GS_E_REMOTE);
-    assert_non_null(strstr(err.msg, "not a directory"));
-    gs_sftp_pool_release(pool);
+    assert_true(sftp_put(ops, local, a, 0644)->ok);
+    r = sftp_mkdir(ops, "m/n/o/a/sub");
+    assert_false(r->ok);
+    assert_int_equal(r->err_no, ENOTDIR);
+    assert_non_null(strstr(r->message, "not a directory"));
+    ops->close(ops);
     gs_ssh_free(s);
     unlink(local);
     sh("rm -rf '%s/m'", shared.dir);
 }
 
-/* Uploads a small file under `name` in DIR, checks the bytes arrived under exactly that name,
- * stats, renames back and forth and deletes it. */
-static void hostile_name_round_trip(struct gs_sftp_pool *pool, const char *dir, const char *name)
+/* Uploads a small file under `name` in `dir` (relative to the root), checks the bytes arrived
+ * under exactly that name, probes, renames it and deletes it. */
+static void hostile_name_round_trip(struct gs_fileops *ops, const char *dir, const char *name)
 {
     char local[] = "/tmp/gs-test-name.XXXXXX";
     int fd = mkstemp(local);
     assert_true(fd >= 0);
     assert_int_equal(write(fd, name, strlen(name)), (ssize_t)strlen(name));
     close(fd);
-    struct gs_buf remote = GS_BUF_INIT, renamed = GS_BUF_INIT;
-    gs_buf_addf(&remote, "%s/%s", dir, name);
+    struct gs_buf rel = GS_BUF_INIT, renamed = GS_BUF_INIT, seen = GS_BUF_INIT;
+    gs_buf_addf(&rel, "%s/%s", dir, name);
     gs_buf_addf(&renamed, "%s/r%s", dir, name);
     if (renamed.len > strlen(dir) + 1 + 255) /* keep "r"+name within NAME_MAX */
         renamed.data[strlen(dir) + 1 + 255] = '\0';
-    struct gs_error err = {0};
-    if (gs_sftp_upload(pool, local, remote.data, 0644, NULL, NULL, &err) != 0) {
+    struct sftp_done *r = sftp_put(ops, local, rel.data, 0644);
+    if (!r->ok) {
         unlink(local);
-        fail_msg("upload of a %zu-byte name failed: %s", strlen(name), err.msg);
+        fail_msg("upload of a %zu-byte name failed: %s", strlen(name), r->message);
     }
     /* same machine: the file is there under that exact name with the right bytes */
     struct stat lst;
-    assert_int_equal(stat(remote.data, &lst), 0);
+    gs_buf_addf(&seen, "%s/%s", shared.dir, rel.data);
+    assert_int_equal(stat(seen.data, &lst), 0);
     assert_int_equal(lst.st_size, (off_t)strlen(name));
-    struct gs_sftp_stat st;
-    assert_int_equal(gs_sftp_stat(pool, remote.data, &st, &err), 0);
-    assert_true(st.exists);
+    struct gs_fop_stat st = sftp_probe(ops, rel.data);
+    assert_int_equal(st.kind, GS_FOP_KIND_FILE);
     assert_int_equal(st.size, strlen(name));
-    char back[64];
-    snprintf(back, sizeof(back), "%s.back", local);
-    assert_int_equal(gs_sftp_download(pool, remote.data, back, NULL, NULL, &err), 0);
-    assert_int_equal(sh("cmp -s '%s' '%s'", local, back), 0);
-    assert_int_equal(gs_sftp_rename(pool, remote.data, renamed.data, 0, &err), 0);
-    assert_int_equal(stat(renamed.data, &lst), 0);
-    assert_int_equal(gs_sftp_unlink(pool, renamed.data, &err), 0);
-    assert_int_not_equal(stat(renamed.data, &lst), 0);
+    uint8_t want[16];
+    hash_bytes(name, strlen(name), want);
+    assert_true(st.has_hash);
+    assert_memory_equal(st.hash, want, 16); /* read back: the same bytes */
+    assert_true(sftp_rename(ops, rel.data, renamed.data, GS_FOP_EXPECT_FORCE)->ok);
+    gs_buf_reset(&seen);
+    gs_buf_addf(&seen, "%s/%s", shared.dir, renamed.data);
+    assert_int_equal(stat(seen.data, &lst), 0);
+    assert_true(sftp_delete(ops, renamed.data)->ok);
+    assert_int_not_equal(stat(seen.data, &lst), 0);
     unlink(local);
-    unlink(back);
-    gs_buf_release(&remote);
+    gs_buf_release(&rel);
     gs_buf_release(&renamed);
+    gs_buf_release(&seen);
 }
 
 static void test_sftp__hostile_names(void **state)
 {
     (void)state;
     struct gs_ssh *s = shared_session();
-    struct gs_sftp_pool *pool = open_pool(s, 1);
-    char dir[800];
-    snprintf(dir, sizeof(dir), "%s/hostile dir -x", shared.dir);
-    struct gs_error err = {0};
-    assert_int_equal(gs_sftp_mkdir_p(pool, dir, 0755, &err), 0);
+    struct sftp_done done;
+    struct gs_fileops *ops = open_sftp(s, &done);
+    const char *dir = "hostile dir -x";
+    assert_true(sftp_mkdir(ops, dir)->ok);
     const char *names[] = {
         "with space",
         "new\nline",
@@ -1062,31 +1145,30 @@ static void test_sftp__hostile_names(void **state)
         "*",
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        hostile_name_round_trip(pool, dir, names[i]);
+        hostile_name_round_trip(ops, dir, names[i]);
     char pwned[900];
     snprintf(pwned, sizeof(pwned), "%s/gs-test-pwned", shared.home);
     assert_int_not_equal(access(pwned, F_OK), 0);
     assert_int_not_equal(access("gs-test-pwned", F_OK), 0);
-    gs_sftp_pool_release(pool);
+    ops->close(ops);
     gs_ssh_free(s);
-    sh("rm -rf '%s'", dir);
+    sh("rm -rf '%s/%s'", shared.dir, dir);
 }
 
 static void test_sftp__255_byte_name(void **state)
 {
     (void)state;
     struct gs_ssh *s = shared_session();
-    struct gs_sftp_pool *pool = open_pool(s, 1);
-    char dir[800], name[256];
-    snprintf(dir, sizeof(dir), "%s/long", shared.dir);
-    struct gs_error err = {0};
-    assert_int_equal(gs_sftp_mkdir_p(pool, dir, 0755, &err), 0);
+    struct sftp_done done;
+    struct gs_fileops *ops = open_sftp(s, &done);
+    char name[256];
+    assert_true(sftp_mkdir(ops, "long")->ok);
     memset(name, 'n', 255);
     name[255] = '\0';
-    hostile_name_round_trip(pool, dir, name);
-    gs_sftp_pool_release(pool);
+    hostile_name_round_trip(ops, "long", name);
+    ops->close(ops);
     gs_ssh_free(s);
-    sh("rm -rf '%s'", dir);
+    sh("rm -rf '%s/long'", shared.dir);
 }
 
 int main(void)
@@ -1123,7 +1205,7 @@ int main(void)
                                   destroy_own),
         cmocka_unit_test_teardown(test_exec__silent_dead_link_detected_by_keepalive, destroy_own),
         cmocka_unit_test_setup(test_sftp__upload_200mb_byte_for_byte, use_shared),
-        cmocka_unit_test_setup(test_sftp__download_round_trip_and_missing_file, use_shared),
+        cmocka_unit_test_setup(test_sftp__read_back_round_trip_and_missing_file, use_shared),
         cmocka_unit_test_setup(test_sftp__mkdir_p_rename_unlink, use_shared),
         cmocka_unit_test_setup(test_sftp__hostile_names, use_shared),
         cmocka_unit_test_setup(test_sftp__255_byte_name, use_shared),
