@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "common/buf.h"
+#include "common/wrapper.h"
 #include "remote/sftp.h"
 
 #define OPS_CHUNK      (4u << 20) /* bytes per libssh2_sftp_write: lets 1.10 pipeline */
@@ -222,10 +223,8 @@ static void set_clear(struct dir_set *s)
 static void set_add(struct dir_set *s, const char *p, size_t len)
 {
     if (2 * (s->n + 1) > s->cap) {
-        struct dir_set big = {calloc(s->cap ? 2 * s->cap : 64, sizeof(char *)),
+        struct dir_set big = {gs_xcalloc(s->cap ? 2 * s->cap : 64, sizeof(char *)),
                               s->cap ? 2 * s->cap : 64, s->n};
-        if (!big.slot)
-            abort(); /* as gs_buf: nothing useful to do without memory */
         for (size_t i = 0; i < s->cap; i++)
             if (s->slot[i])
                 big.slot[set_slot(&big, s->slot[i], strlen(s->slot[i]))] = s->slot[i];
@@ -235,8 +234,7 @@ static void set_add(struct dir_set *s, const char *p, size_t len)
     size_t i = set_slot(s, p, len);
     if (s->slot[i])
         return;
-    if (!(s->slot[i] = strndup(p, len)))
-        abort();
+    s->slot[i] = gs_xstrndup(p, len);
     s->n++;
 }
 
@@ -375,9 +373,7 @@ static int mkdir_p(struct sftp_ops *o, const char *full, const char *rel, uint32
 {
     int rc = r_mkdir(o, full, rel, mode, err);
     if (rc == ENOENT && dir_len(full) > 0) {
-        char *parent = strndup(full, dir_len(full));
-        if (!parent)
-            return gs_error_set(err, GS_E_NOMEM, "out of memory");
+        char *parent = gs_xstrndup(full, dir_len(full));
         rc = mkdir_p(o, parent, rel, 0755, err);
         free(parent);
         if (rc == 0)
@@ -400,9 +396,7 @@ static int mkdir_parent(struct sftp_ops *o, const char *full, const char *rel, s
     size_t n = dir_len(full);
     if (n == 0)
         return op_fail(o, ENOENT, "mkdir", rel);
-    char *parent = strndup(full, n);
-    if (!parent)
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
+    char *parent = gs_xstrndup(full, n);
     int rc = mkdir_p(o, parent, rel, 0755, err);
     free(parent);
     return rc;
@@ -475,16 +469,12 @@ static void list_free(struct dirent_list *l)
 
 static void list_add(struct dirent_list *l, const char *name, size_t len, int is_dir)
 {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 16;
-        l->names = realloc(l->names, l->cap * sizeof(*l->names));
-        l->is_dir = realloc(l->is_dir, l->cap * sizeof(*l->is_dir));
-        if (!l->names || !l->is_dir)
-            abort(); /* as gs_buf: nothing useful to do without memory */
+    if (l->n == l->cap) { /* two arrays, one capacity */
+        l->cap = GS_ALLOC_NR(l->cap);
+        l->names = gs_xreallocarray(l->names, l->cap, sizeof(*l->names));
+        l->is_dir = gs_xreallocarray(l->is_dir, l->cap, sizeof(*l->is_dir));
     }
-    l->names[l->n] = strndup(name, len);
-    if (!l->names[l->n])
-        abort();
+    l->names[l->n] = gs_xstrndup(name, len);
     l->is_dir[l->n++] = is_dir;
 }
 
@@ -1039,8 +1029,8 @@ static void entry_finish(struct sftp_ops *o, struct put_entry *e, int rc)
 {
     e->step = PS_DONE;
     e->err_no = rc;
-    e->msg = rc ? strdup(o->msg.data) : NULL;
-    e->kept = o->kept.len ? strdup(o->kept.data) : NULL;
+    e->msg = rc ? gs_xstrdup(o->msg.data) : NULL;
+    e->kept = o->kept.len ? gs_xstrdup(o->kept.data) : NULL;
 }
 
 /* Reads the whole local file (what is read is what is sent); 0 or an errno. */
@@ -1051,11 +1041,10 @@ static int entry_read(struct sftp_ops *o, struct put_entry *e)
         return op_fail(o, errno, "reading local file for", e->path);
     size_t cap = e->req.size + 1;
     int rc = 0;
-    if (!(e->data = malloc(cap)))
-        abort(); /* as gs_buf: nothing useful to do without memory */
+    e->data = gs_xmalloc(cap);
     while (rc == 0) {
-        if (e->len == cap && !(e->data = realloc(e->data, cap *= 2)))
-            abort();
+        if (e->len == cap)
+            e->data = gs_xrealloc(e->data, cap *= 2);
         ssize_t n = read(fd, e->data + e->len, cap - e->len);
         if (n < 0 && errno == EINTR)
             continue;
@@ -1287,9 +1276,9 @@ static int win_submit(struct sftp_ops *o, const struct gs_fop_req *req, struct g
         rc = win_pump(o, o->pool.n, err);
     if (rc < 0)
         return rc;
-    struct put_entry *e = calloc(1, sizeof(*e));
-    if (!e || !(e->path = strdup(req->path)) || !(e->local = strdup(req->local_file)))
-        abort(); /* as gs_buf */
+    struct put_entry *e = gs_xcalloc(1, sizeof(*e));
+    e->path = gs_xstrdup(req->path);
+    e->local = gs_xstrdup(req->local_file);
     e->req = *req;
     e->req.path = e->path;
     e->req.local_file = e->local;
@@ -1425,7 +1414,7 @@ static char *clean_root(const char *root)
     size_t n = strlen(root);
     while (n > 1 && root[n - 1] == '/')
         n--;
-    return n ? strndup(root, n) : strdup(".");
+    return n ? gs_xstrndup(root, n) : gs_xstrdup(".");
 }
 
 static int is_openssh(struct gs_ssh *ssh)
@@ -1438,13 +1427,9 @@ int gs_sftp_ops_open(struct gs_fileops **out, struct gs_ssh *ssh, const char *re
                      struct gs_error *err)
 {
     *out = NULL;
-    struct sftp_ops *o = calloc(1, sizeof(*o));
-    if (!o || !(o->root = clean_root(remote_root)) || !(o->iobuf = malloc(OPS_CHUNK))) {
-        if (o)
-            free(o->root);
-        free(o);
-        return gs_error_set(err, GS_E_NOMEM, "out of memory");
-    }
+    struct sftp_ops *o = gs_xcalloc(1, sizeof(*o));
+    o->root = clean_root(remote_root);
+    o->iobuf = gs_xmalloc(OPS_CHUNK);
     o->base.submit = ops_submit;
     o->base.drain = ops_drain;
     o->base.probe = ops_probe;
