@@ -286,10 +286,13 @@ void gs_runcmd_new_id(char id[64])
 
 /* ---- following and interrupting ---- */
 
-/* After a first Ctrl-C: returns 1 if another comes within two seconds of the moment `seen` was
- * read (before the detach message: a Ctrl-C typed as soon as the message shows must count). */
-int gs_runcmd_second_interrupt(sig_atomic_t seen)
+int gs_runcmd_wants_stop(const struct run_args *a, const char *detached)
 {
+    if (a->stop_on_interrupt)
+        return 1;
+    /* Read before the message: a Ctrl-C typed as soon as the message shows must count. */
+    sig_atomic_t seen = gs_runcmd_interrupted;
+    fputs(detached, stderr);
     for (int i = 0; i < 20 && gs_runcmd_interrupted <= seen; i++)
         usleep(100000);
     return gs_runcmd_interrupted > seen;
@@ -298,16 +301,14 @@ int gs_runcmd_second_interrupt(sig_atomic_t seen)
 static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
                             const struct run_args *a)
 {
-    int stop = a->stop_on_interrupt;
-    sig_atomic_t seen = gs_runcmd_interrupted;
-    if (!stop) {
-        fprintf(stderr,
+    struct gs_buf msg = GS_BUF_INIT;
+    gs_buf_addf(&msg,
                 "\ngpusync: detached; run %s keeps going on the server.\n"
                 "  re-attach: gpusync logs -f %s\n  stop:      gpusync stop %s\n"
                 "(Ctrl-C again within 2 s stops it now)\n",
                 id, id, id);
-        stop = gs_runcmd_second_interrupt(seen);
-    }
+    int stop = gs_runcmd_wants_stop(a, msg.data);
+    gs_buf_release(&msg);
     if (!stop)
         return 130;
     struct gs_buf out = GS_BUF_INIT;

@@ -53,11 +53,11 @@ void gs_runcmd_plan_release(struct run_plan *p);
 void gs_runcmd_new_id(char id[64]);
 
 /* Ctrl-C: the handler counts into gs_runcmd_interrupted. After a first one,
- * gs_runcmd_second_interrupt returns 1 if another comes within two seconds of the moment `seen`
- * was read. */
+ * gs_runcmd_wants_stop returns 1 when the run is to be stopped: --stop-on-interrupt, or another
+ * Ctrl-C within two seconds of the message `detached`, which it prints first. */
 extern volatile sig_atomic_t gs_runcmd_interrupted;
 void gs_runcmd_on_sigint(int sig);
-int gs_runcmd_second_interrupt(sig_atomic_t seen);
+int gs_runcmd_wants_stop(const struct run_args *a, const char *detached);
 
 /* A run on every host of a->hosts (run_nodes.c). Returns the exit code. */
 int gs_runcmd_multi(struct gs_cli *cli, struct run_args *a);

@@ -231,18 +231,15 @@ static void nodes_stop(struct multi *m)
 /* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
 static int multi_interrupt(const struct run_args *a, struct multi *m)
 {
-    int stop = a->stop_on_interrupt;
-    sig_atomic_t seen = gs_runcmd_interrupted;
-    if (!stop) {
-        fprintf(stderr,
+    struct gs_buf msg = GS_BUF_INIT;
+    gs_buf_addf(&msg,
                 "\ngpusync: detached; run %s keeps going on %d nodes.\n"
                 "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
                 "(Ctrl-C again within 2 s stops it on every node now)\n",
                 m->id, m->n, m->id);
-        stop = gs_runcmd_second_interrupt(seen);
-    }
-    if (stop)
+    if (gs_runcmd_wants_stop(a, msg.data))
         nodes_stop(m);
+    gs_buf_release(&msg);
     return 130;
 }
 
