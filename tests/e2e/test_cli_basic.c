@@ -625,45 +625,16 @@ static int destroy_pw_server(void **state)
     return 0;
 }
 
-static int file_has(const char *path, const char *needle)
-{
-    return count_lines_with(path, needle) > 0;
-}
-
 /* The sandbox's sshd reads only its own authorized_keys file, but --install-key writes the user's
  * ~/.ssh/authorized_keys, as on a real server: relaunch the server (same port) reading both. */
 static void relaunch_reading_home_authorized_keys(struct gs_test_sshd *d)
 {
-    gs_test_sshd_stop(d);
-    char config[700], log[700];
-    snprintf(config, sizeof(config), "%s/sshd_config", d->dir);
-    snprintf(log, sizeof(log), "%s/sshd.log", d->dir);
-    assert_int_equal(gs_test_sh("sed -i 's|^AuthorizedKeysFile .*|& .ssh/authorized_keys|' '%s' && "
-                                ": > '%s'",
-                                config, log),
+    assert_int_equal(gs_test_sh("sed -i 's|^AuthorizedKeysFile .*|& .ssh/authorized_keys|' "
+                                "'%s/sshd_config'",
+                                d->dir),
                      0);
-    for (int attempt = 0; attempt < 50; attempt++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            setsid();
-            int fd = open(log, O_WRONLY | O_APPEND);
-            dup2(fd, 1);
-            dup2(fd, 2);
-            execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-e", "-f", config, (char *)NULL);
-            _exit(127);
-        }
-        d->pid = pid;
-        int64_t end = gs_clock_mono_ms() + 5000;
-        while (gs_clock_mono_ms() < end && !file_has(log, "Server listening") &&
-               waitpid(pid, NULL, WNOHANG) == 0)
-            usleep(10000);
-        if (file_has(log, "Server listening"))
-            return;
-        waitpid(pid, NULL, WNOHANG);
-        usleep(20000); /* the old listener's port is not free yet */
-    }
-    fail_msg("sshd did not restart; see %s", log);
+    if (gs_test_sshd_relaunch(d) != 0)
+        fail_msg("sshd did not restart; see %s/sshd.log", d->dir);
 }
 
 static void test_init__install_key_with_password_once_then_key_only(void **state)

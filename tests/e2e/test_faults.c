@@ -153,7 +153,7 @@ static struct gs_test_result gs_run(const char *const *args)
     if (timed_out)
         kill(pid, SIGKILL);
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    r.status = timed_out ? 124 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.status = timed_out ? 124 : gs_test_exit_status(status);
     gs_buf_grow(&r.out, 0);
     gs_buf_grow(&r.err, 0);
     return r;
@@ -322,8 +322,7 @@ static void push_kill(void)
         assert_int_equal(waitpid(cur.push_pid, &status, 0), cur.push_pid);
     }
     if (done)
-        gs_buf_addf(&cur.faults_text, "(push had ended: exit %d)",
-                    WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        gs_buf_addf(&cur.faults_text, "(push had ended: exit %d)", gs_test_exit_status(status));
     cur.push_pid = 0;
 }
 

@@ -74,24 +74,11 @@ static pid_t spawn_gpusync(const char *const *args, int *out, int *err)
     return pid;
 }
 
-/* Collects a spawned gpusync's output and exit status. */
-static struct gs_test_result finish(pid_t pid, int out, int err)
-{
-    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
-    gs_test_drain(pid, out, err, &r, RUN_TIMEOUT_MS);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    gs_buf_grow(&r.out, 0);
-    gs_buf_grow(&r.err, 0);
-    return r;
-}
-
 static struct gs_test_result gpusync(const char *const *args)
 {
     int out, err;
     pid_t pid = spawn_gpusync(args, &out, &err);
-    return finish(pid, out, err);
+    return gs_test_finish(pid, out, err, RUN_TIMEOUT_MS);
 }
 
 static void gs_ok(const char *const *args, const char *what)
@@ -412,7 +399,7 @@ static void test_fence__a_killed_upload_leaves_no_temporary_after_the_next_push(
     }
     pid_t agent = the_agent();
     assert_int_equal(kill(agent, SIGKILL), 0);
-    struct gs_test_result r = finish(push, out, err);
+    struct gs_test_result r = gs_test_finish(push, out, err, RUN_TIMEOUT_MS);
     assert_int_not_equal(r.status, 0);
     gs_test_result_release(&r);
     gs_test_await_gone(agent);
@@ -445,7 +432,7 @@ static void test_fence__push_while_watch_runs_and_a_save_lands_during_it(void **
         usleep(2000); /* polling an observable condition, with a deadline */
     }
     put("edit.py", "v1\n");
-    struct gs_test_result r = finish(push, out, err);
+    struct gs_test_result r = gs_test_finish(push, out, err, RUN_TIMEOUT_MS);
     gs_test_expect_status(&r, 0, "gpusync push while watch runs");
     gs_test_result_release(&r);
     flush("flush after the push");

@@ -26,6 +26,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 
 #define CONTRACT_VERSION 1
@@ -374,41 +375,14 @@ static int proc_wait(struct proc *p)
 {
     int st;
     assert_int_equal(waitpid(p->pid, &st, 0), p->pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return gs_test_exit_status(st);
 }
 
 /* Reads both pipes to EOF (killing the child after RUN_TIMEOUT_MS), then reaps it. */
 static struct result proc_finish(struct proc *p)
 {
-    struct result r = {0, GS_BUF_INIT, GS_BUF_INIT};
-    struct pollfd fds[2] = {{.fd = p->out_fd, .events = POLLIN},
-                            {.fd = p->err_fd, .events = POLLIN}};
-    int64_t end = gs_clock_mono_ms() + RUN_TIMEOUT_MS;
-    for (int open_fds = 2; open_fds > 0;) {
-        int left = (int)(end - gs_clock_mono_ms());
-        if (left <= 0) {
-            kill(p->pid, SIGKILL);
-            fail_msg("gpusync did not finish within %d ms", RUN_TIMEOUT_MS);
-        }
-        if (poll(fds, 2, left) < 0 && errno != EINTR)
-            fail_msg("poll: %s", strerror(errno));
-        for (int i = 0; i < 2; i++) {
-            if (fds[i].fd < 0 || !fds[i].revents)
-                continue;
-            char chunk[8192];
-            ssize_t n = read(fds[i].fd, chunk, sizeof(chunk));
-            if (n > 0) {
-                gs_buf_add(i ? &r.err : &r.out, chunk, (size_t)n);
-            } else if (n == 0 || errno != EINTR) {
-                close(fds[i].fd);
-                fds[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-    r.status = proc_wait(p);
-    gs_buf_adds(&r.out, "");
-    gs_buf_adds(&r.err, "");
+    struct gs_test_result t = gs_test_finish(p->pid, p->out_fd, p->err_fd, RUN_TIMEOUT_MS);
+    struct result r = {t.status, t.out, t.err};
     return r;
 }
 

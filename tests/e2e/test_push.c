@@ -57,15 +57,9 @@ static void exec_gpusync(const char *cwd, const char *const *args)
     _exit(127);
 }
 
-static int decode_status(int status)
-{
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 /* Runs gpusync in `cwd` with `args` (NULL-terminated), stdin /dev/null, and collects its output. */
 static struct gs_test_result run_gpusync(const char *cwd, const char *const *args)
 {
-    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out[2], err[2];
     assert_int_equal(pipe(out), 0);
     assert_int_equal(pipe(err), 0);
@@ -82,17 +76,7 @@ static struct gs_test_result run_gpusync(const char *cwd, const char *const *arg
     }
     close(out[1]);
     close(err[1]);
-    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
-    int status;
-    struct rusage ru;
-    assert_int_equal(wait4(pid, &status, 0, &ru), pid);
-    r.status = decode_status(status);
-    r.maxrss_kb = ru.ru_maxrss;
-    gs_buf_grow(&r.out, 1);
-    gs_buf_grow(&r.err, 1);
-    r.out.data[r.out.len] = '\0';
-    r.err.data[r.err.len] = '\0';
-    return r;
+    return gs_test_finish(pid, out[0], err[0], RUN_TIMEOUT_MS);
 }
 
 /* Starts gpusync in the background with stdout and stderr into `log`; returns its pid. */
@@ -120,7 +104,7 @@ static int wait_child(pid_t pid, int ms)
     while (gs_clock_mono_ms() < end) {
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid)
-            return decode_status(status);
+            return gs_test_exit_status(status);
         usleep(5000);
     }
     kill(pid, SIGKILL);

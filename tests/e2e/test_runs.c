@@ -133,7 +133,7 @@ static int child_finish(struct child *c)
         }
     int st;
     assert_int_equal(waitpid(c->pid, &st, 0), c->pid);
-    c->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    c->status = gs_test_exit_status(st);
     if (!c->out.data)
         gs_buf_grow(&c->out, 0);
     if (!c->err.data)

@@ -59,7 +59,6 @@ static char immutable[2048];  /* a remote directory made immutable (chattr +i), 
 /* Runs `argv` (argv[0] a path) in `cwd` without a terminal; stdin is /dev/null. */
 static struct gs_test_result run_prog(const char *cwd, const char *const *argv)
 {
-    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
     int out[2], err[2];
     assert_int_equal(pipe2(out, O_CLOEXEC), 0);
     assert_int_equal(pipe2(err, O_CLOEXEC), 0);
@@ -78,13 +77,7 @@ static struct gs_test_result run_prog(const char *cwd, const char *const *argv)
     }
     close(out[1]);
     close(err[1]);
-    gs_test_drain(pid, out[0], err[0], &r, RUN_TIMEOUT_MS);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    gs_buf_grow(&r.out, 0);
-    gs_buf_grow(&r.err, 0);
-    return r;
+    return gs_test_finish(pid, out[0], err[0], RUN_TIMEOUT_MS);
 }
 
 static struct gs_test_result gpusync(const char *cwd, const char *const *args)

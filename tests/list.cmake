@@ -1,0 +1,95 @@
+# tests/list.cmake: every test of gpusync in one table, each registered by gs_add_test
+# (cmake/GsTest.cmake) with its label, timeout, sources, libraries and the programs it runs.
+# Labels: unit (one module, no server), integration (a real sshd or the built agent, no CLI),
+# e2e (the built gpusync driven as a user would, against the sandbox sshd). What each test covers
+# is said at the top of its source file. Included from tests/CMakeLists.txt, so sources are
+# relative to tests/.
+#
+# Not here: the agent's own tests (test_agent_proto, test_agent_jsonw, test_agent_serve,
+# test_agent_fuzz), still registered in agent/CMakeLists.txt, and the trainer's, registered in
+# trainer/tests/CMakeLists.txt because the trainer also builds alone on a server, without this
+# file (they are named trainer.*).
+find_package(Threads REQUIRED)
+
+# Libraries, by what a test drives.
+set(common_libs gs_common PkgConfig::CMOCKA)
+set(remote_libs gs_remote gs_common PkgConfig::CMOCKA)
+set(syncd_libs gs_syncd PkgConfig::CMOCKA)
+set(cli_libs gs_test_fixtures gs_common PkgConfig::CMOCKA PkgConfig::JANSSON Threads::Threads)
+set(wan_libs ${cli_libs} wansim_harness)
+# Programs an end-to-end test runs: the CLI, and the agent it installs on the server.
+set(cli_runs gpusync gpusync-agent)
+
+# ---- unit -------------------------------------------------------------------------------------
+gs_add_test(test_common     LABEL unit TIMEOUT 300 SOURCES unit/test_common.c   LIBS ${common_libs})
+gs_add_test(test_config     LABEL unit TIMEOUT 300 SOURCES unit/test_config.c   LIBS ${common_libs})
+gs_add_test(test_shell      LABEL unit TIMEOUT 300 SOURCES unit/test_shell.c    LIBS ${common_libs})
+gs_add_test(test_hostkey    LABEL unit TIMEOUT 300 SOURCES unit/test_hostkey.c
+    LIBS gs_remote gs_common PkgConfig::LIBSSH2 PkgConfig::CMOCKA)
+gs_add_test(test_target     LABEL unit TIMEOUT 300 SOURCES unit/test_target.c   LIBS ${remote_libs})
+gs_add_test(test_auth       LABEL unit TIMEOUT 300 SOURCES unit/test_auth.c     LIBS ${remote_libs})
+gs_add_test(test_run_stream LABEL unit TIMEOUT 300 SOURCES unit/test_run_stream.c
+    LIBS ${remote_libs})
+gs_add_test(test_hash       LABEL unit TIMEOUT 120 SOURCES unit/test_hash.c     LIBS ${syncd_libs})
+gs_add_test(test_ignore     LABEL unit TIMEOUT 120 SOURCES unit/test_ignore.c   LIBS ${syncd_libs})
+gs_add_test(test_scan       LABEL unit TIMEOUT 120 SOURCES unit/test_scan.c     LIBS ${syncd_libs})
+gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    LIBS ${syncd_libs})
+gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})
+gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})
+
+# ---- integration ------------------------------------------------------------------------------
+gs_add_test(test_ssh         LABEL integration TIMEOUT 240 SOURCES integration/test_ssh.c
+    LIBS gs_test_fixtures gs_remote gs_common PkgConfig::LIBSSH2 PkgConfig::CMOCKA Threads::Threads)
+gs_add_test(test_sftp_ops    LABEL integration TIMEOUT 120 SOURCES integration/test_sftp_ops.c
+    LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA)
+gs_add_test(test_agent_client LABEL integration TIMEOUT 120 SOURCES integration/test_agent_client.c
+    LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
+    DEPENDS gpusync-agent)
+gs_add_test(test_launch      LABEL integration TIMEOUT 180 SOURCES integration/test_launch.c
+    LIBS PkgConfig::JANSSON PkgConfig::CMOCKA DEPENDS gpusync-agent)
+gs_add_test(test_wansim      LABEL integration TIMEOUT 60 SOURCES tools/test_wansim.c
+    LIBS wansim_harness PkgConfig::CMOCKA Threads::Threads DEPENDS wansim)
+
+# ---- e2e --------------------------------------------------------------------------------------
+gs_add_test(test_cli_basic     LABEL e2e TIMEOUT 300 SOURCES e2e/test_cli_basic.c
+    LIBS ${cli_libs} DEPENDS gpusync)
+gs_add_test(test_json_contract LABEL e2e TIMEOUT 300 SOURCES e2e/test_json_contract.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_push          LABEL e2e TIMEOUT 400 SOURCES e2e/test_push.c
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_pull          LABEL e2e TIMEOUT 300 SOURCES e2e/test_pull.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_watch         LABEL e2e TIMEOUT 400 SOURCES e2e/test_watch.c
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_runs          LABEL e2e TIMEOUT 400 SOURCES e2e/test_runs.c
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_fence         LABEL e2e TIMEOUT 400 SOURCES e2e/test_fence.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_faults        LABEL e2e TIMEOUT 600 SOURCES e2e/test_faults.c
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_daemon_state  LABEL e2e TIMEOUT 300 SOURCES e2e/test_daemon_state.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_status        LABEL e2e TIMEOUT 300 SOURCES e2e/test_status.c
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_keys          LABEL e2e TIMEOUT 300 SOURCES e2e/test_keys.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_shell_noise   LABEL e2e TIMEOUT 300 SOURCES e2e/test_shell_noise.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_journey       LABEL e2e TIMEOUT 600 SOURCES e2e/test_journey.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+
+# ---- e2e: the editor integrations (ide/), scripts that start their own sandbox sshd ----------
+# Each exits 77 (skipped) when its editor is missing; VS Code's needs node and npm to be found.
+set(ide_env "GPUSYNC_BIN=$<TARGET_FILE:gpusync>")
+foreach(editor nvim emacs jetbrains)
+    gs_add_test(ide_${editor}  LABEL e2e TIMEOUT 400 COMMAND ${GS_ROOT}/ide/${editor}/test.sh
+        ENV ${ide_env} SKIP_RETURN_CODE 77)
+endforeach()
+find_program(GS_NODE node)
+find_program(GS_NPM npm)
+if(GS_NODE AND GS_NPM)
+    gs_add_test(test_ide_vscode LABEL e2e TIMEOUT 600 COMMAND sh ${GS_ROOT}/ide/vscode/test.sh
+        ENV ${ide_env})
+else()
+    message(STATUS "node/npm not found: test_ide_vscode is not registered")
+endif()
