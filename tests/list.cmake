@@ -36,6 +36,11 @@ gs_add_test(test_scan       LABEL unit TIMEOUT 120 SOURCES unit/test_scan.c     
 gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    LIBS ${syncd_libs})
 gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})
 gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})
+gs_add_test(test_agent_proto LABEL unit TIMEOUT 300 SOURCES unit/test_agent_proto.c
+    LIBS gs_agent_proto PkgConfig::CMOCKA)
+gs_add_test(test_agent_jsonw LABEL unit TIMEOUT 300
+    SOURCES unit/test_agent_jsonw.c ${GS_ROOT}/agent/jsonw.c ${GS_ROOT}/agent/wrapper.c
+    LIBS PkgConfig::CMOCKA)
 
 # ---- integration ------------------------------------------------------------------------------
 gs_add_test(test_ssh         LABEL integration TIMEOUT 240 SOURCES integration/test_ssh.c
@@ -47,6 +52,11 @@ gs_add_test(test_agent_client LABEL integration TIMEOUT 120 SOURCES integration/
     DEPENDS gpusync-agent)
 gs_add_test(test_launch      LABEL integration TIMEOUT 180 SOURCES integration/test_launch.c
     LIBS PkgConfig::JANSSON PkgConfig::CMOCKA DEPENDS gpusync-agent)
+gs_add_test(test_agent_serve LABEL integration TIMEOUT 180
+    SOURCES integration/test_agent_serve.c integration/agent_harness.c
+    LIBS gs_agent_proto PkgConfig::CMOCKA DEPENDS gpusync-agent)
+gs_add_test(test_agent_fuzz  LABEL integration TIMEOUT 240 SKIP_RETURN_CODE 77
+    COMMAND sh ${GS_ROOT}/agent/fuzz/run_fuzz.sh ${GS_ROOT} ${PROJECT_BINARY_DIR}/agent/fuzz 20)
 gs_add_test(test_wansim      LABEL integration TIMEOUT 60 SOURCES tools/test_wansim.c
     LIBS wansim_harness PkgConfig::CMOCKA Threads::Threads DEPENDS wansim)
 
