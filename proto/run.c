@@ -25,13 +25,30 @@ int gs_proto_run_is_started(const char *line)
     return strncmp(line, STARTED, strlen(STARTED)) == 0;
 }
 
+/* 1 when sscanf's fields, which end at `end`, lie within the first line of `line`: sscanf skips
+ * newlines as it skips spaces, so a short line would otherwise borrow the next one's fields. */
+static int within_line(const char *line, int end)
+{
+    return end > 0 && (size_t)end <= strcspn(line, "\n");
+}
+
+/* 1 when the fields end exactly where the line does (a CR before its LF allowed). */
+static int whole_line(const char *line, int end)
+{
+    const char *rest = line + end + (line[end] == '\r');
+    return within_line(line, end) && (*rest == '\n' || *rest == '\0');
+}
+
 int gs_proto_run_started_parse(const char *line, long *pid, int *port, int *agent_at)
 {
-    int at = 0;
-    if (sscanf(line, STARTED "%*s %ld %d %n", pid, port, &at) < 2)
+    int end = 0;
+    if (sscanf(line, STARTED "%*s %ld %d%n", pid, port, &end) < 2 || !within_line(line, end))
         return -1;
+    size_t at = (size_t)end, len = strcspn(line, "\n");
+    while (at < len && line[at] == ' ')
+        at++;
     if (agent_at)
-        *agent_at = at && line[at] ? at : 0;
+        *agent_at = at < len ? (int)at : 0;
     return 0;
 }
 
@@ -43,7 +60,10 @@ int gs_proto_run_log_format(char *buf, size_t cap, int rank, long long offset, s
 int gs_proto_run_log_parse(const char *line, int *rank, unsigned long long *offset,
                            unsigned long long *length)
 {
-    return line[0] == 'L' && sscanf(line, "L %d %llu %llu", rank, offset, length) == 3 ? 0 : -1;
+    int end = 0;
+    if (line[0] != 'L' || sscanf(line, "L %d %llu %llu%n", rank, offset, length, &end) != 3)
+        return -1;
+    return whole_line(line, end) ? 0 : -1;
 }
 
 int gs_proto_run_exit_format(char *buf, size_t cap, int exit_code, const char *state)
@@ -57,7 +77,9 @@ int gs_proto_run_exit_parse(const char *line, int *exit_code, char state[GS_PROT
 {
     char code[32];
     /* %31s: GS_PROTO_RUN_STATE_MAX - 1 */
-    if (line[0] != 'X' || sscanf(line, "X %31s %31s", code, state) != 2)
+    int end = 0;
+    if (line[0] != 'X' || sscanf(line, "X %31s %31s%n", code, state, &end) != 2 ||
+        !whole_line(line, end))
         return -1;
     *exit_code = strcmp(code, "null") == 0 ? -1 : atoi(code);
     return 0;

@@ -180,6 +180,12 @@ static void test_stream__lines_that_are_not_frames_are_garbage(void **state)
         "started r1 pid port /a\n",
         "started r1 1 2 /a\nstarted r2 3 4 /b\n", /* a second started line */
         "L 0 0 2\nabnot a frame\n",
+        /* a short line must not borrow fields from the next one */
+        "X 0\nL 0 0 1\nx\n",
+        "L 0\n0 2\nab",
+        "L 0 0 1 extra\nx",
+        "X 0 succeeded now\n",
+        "started r1 1\n2 /a\n",
     };
     for (size_t i = 0; i < sizeof(garbage) / sizeof(garbage[0]); i++) {
         struct gs_tail_state *st = calloc(1, sizeof(*st));
