@@ -11,6 +11,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "cli/run_util.h"
 #include "common/path.h"
 #include "common/shell.h"
 
@@ -237,12 +238,53 @@ char *gs_cli_tty_secret(void *ctx, const char *prompt)
     return tty_read(prompt, 1);
 }
 
-int gs_cli_prepare(struct gs_cli *cli, const struct gs_cmd *cmd)
+int gs_cli_parse_options(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **argv,
+                         const char *shortopts, const struct option *longopts,
+                         int (*own)(struct gs_cli *cli, int opt, const char *arg))
+{
+    int opt, r;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if ((r = gs_cli_common_option(cli, cmd, opt)) < 0)
+            return GS_EXIT_USAGE;
+        if (r == 0 && !own)
+            return gs_cli_usage_error(cmd, "unexpected option");
+        if (r == 0 && (r = own(cli, opt, optarg)) != 0)
+            return r;
+    }
+    cli->argc = argc - optind;
+    cli->argv = argv + optind;
+    return 0;
+}
+
+/* The parse of a command without options or operands of its own. */
+static int parse_common_only(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **argv)
+{
+    static const struct option common[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+    int r = gs_cli_parse_options(cli, cmd, argc, argv, "h", common, NULL);
+    if (r == 0 && cli->argc > 0)
+        return gs_cli_usage_error(cmd, "unexpected argument '%s'", cli->argv[0]);
+    return r;
+}
+
+int gs_cli_prepare(struct gs_cli *cli, int needs)
 {
     int rc = 0;
-    if (cmd->flags & (GS_CMD_NEED_PROJECT | GS_CMD_NEED_CONNECTION))
+    if ((needs & GS_CMD_NEEDS) && !cli->root.len)
         rc = gs_cli_load_project(cli);
-    if (rc == 0 && (cmd->flags & GS_CMD_NEED_CONNECTION))
+    if (rc == 0 && (needs & GS_CMD_NEED_CONNECTION) && !cli->ssh)
         rc = gs_cli_connect(cli);
+    if (rc == 0 && (needs & GS_CMD_NEED_SERVER))
+        rc = gs_run_connect_unless_daemon(cli);
     return rc < 0 ? gs_cli_fail(cli, rc) : 0;
+}
+
+int gs_cli_run(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **argv)
+{
+    cli->needs = cmd->flags & GS_CMD_NEEDS;
+    cli->remote_status = (cmd->flags & GS_CMD_REMOTE_STATUS) != 0;
+    int rc = cmd->parse ? cmd->parse(cli, argc, argv) : parse_common_only(cli, cmd, argc, argv);
+    if (rc == 0)
+        rc = gs_cli_prepare(cli, cli->needs);
+    return rc != 0 ? rc : cmd->exec(cli);
 }

@@ -2,9 +2,11 @@
  * with, and the helpers that turn configuration into a connection.
  *
  * Like tmux's cmd_table and git's commands[], each command is one file exporting one struct
- * gs_cmd; what a command needs before it runs (a project, a connection) is declared in its flags
- * and prepared centrally in main.c, so commands contain only their own logic. Only cli/ prints to
- * the user and chooses exit codes. */
+ * gs_cmd. A command runs in three steps (gs_cli_run): its parse reads the command line, then what
+ * its flags need (the project, a connection, the server through the watch daemon) is prepared in
+ * one place, as git's RUN_SETUP, then its exec does the work; so --help and usage errors need no
+ * project, and no command opens what another would open differently. Only cli/ prints to the
+ * user and chooses exit codes. */
 #ifndef GS_CLI_H
 #define GS_CLI_H
 
@@ -16,35 +18,38 @@
 #include "common/error.h"
 #include "remote/ssh.h"
 
-/* Exit codes shared by all commands (README.md, "Exit codes"). */
-enum {
-    GS_EXIT_OK = 0,
-    GS_EXIT_ERROR = 1,
-    GS_EXIT_USAGE = 2,
-    GS_EXIT_CONFIG = 3,
-    GS_EXIT_CONNECT = 4,
-    /* exec/run: the connection failed, before or while the command ran. 255, as ssh uses, and not
-     * 4: those commands exit with the remote command's status, and 4 is a common one. */
-    GS_EXIT_REMOTE_LOST = 255,
-};
+/* Exit codes: each error's is GS_EXIT_<error> (common/error.h, from GS_ERROR_LIST, which also
+ * writes the list `gpusync help` prints). One more belongs to the command line alone: exec and
+ * run exit with the remote command's status, and with this one when the connection failed,
+ * before or while the command ran. 255, as ssh uses, and not 4: that is a common status of the
+ * command itself. */
+#define GS_EXIT_REMOTE_LOST 255
 
+/* What a command needs before it runs, prepared by the dispatcher (gs_cli_run) after the
+ * command has parsed its options, as git's RUN_SETUP; and how it reports. */
 enum gs_cmd_flags {
     GS_CMD_NEED_PROJECT = 1 << 0,    /* load .gpusync/config, found upwards from the cwd */
-    GS_CMD_NEED_CONNECTION = 1 << 1, /* connect to the configured server first */
-    GS_CMD_TEXT_ONLY = 1 << 2,       /* prints text only: --json is refused, and not offered */
-    GS_CMD_REMOTE_STATUS = 1 << 3,   /* exits with a remote command's status: gs_cli_fail turns a
+    GS_CMD_NEED_CONNECTION = 1 << 1, /* a connection of our own to the configured server */
+    GS_CMD_NEED_SERVER = 1 << 2,     /* the server: through the watch daemon when one runs (its
+                                        spare connection), else a connection of our own */
+    GS_CMD_TEXT_ONLY = 1 << 3,       /* prints text only: --json is refused, and not offered */
+    GS_CMD_REMOTE_STATUS = 1 << 4,   /* exits with a remote command's status: gs_cli_fail turns a
                                         connection failure (4) into GS_EXIT_REMOTE_LOST */
 };
+#define GS_CMD_NEEDS (GS_CMD_NEED_PROJECT | GS_CMD_NEED_CONNECTION | GS_CMD_NEED_SERVER)
 
 struct gs_cli {
     int json;                /* --json: machine-readable output on stdout */
     int accept_new_host_key; /* --accept-new-host-key */
     int interactive;         /* a terminal is attached: prompts are allowed */
     int remote_status;       /* the command has GS_CMD_REMOTE_STATUS */
-    char *password;          /* from --password-stdin or GPUSYNC_PASSWORD; owned */
-    struct gs_buf root;      /* project root (absolute) when NEED_PROJECT */
-    struct gs_config cfg;    /* when NEED_PROJECT */
-    struct gs_ssh *ssh;      /* when NEED_CONNECTION */
+    int needs;               /* GS_CMD_NEED_*: the command's flags, as its parse left them */
+    int argc;                /* the operands its parse left (after the options) */
+    char **argv;
+    char *password;       /* from --password-stdin or GPUSYNC_PASSWORD; owned */
+    struct gs_buf root;   /* project root (absolute) when NEED_PROJECT */
+    struct gs_config cfg; /* when NEED_PROJECT */
+    struct gs_ssh *ssh;   /* when NEED_CONNECTION */
     struct gs_error err;
 };
 
@@ -55,7 +60,15 @@ struct gs_cmd {
     const char *summary; /* one line for `gpusync help` */
     const char *help;    /* the options, one per line, for `gpusync CMD --help` */
     int flags;
-    int (*exec)(struct gs_cli *cli, int argc, char **argv);
+    /* Reads the command line (argv[0] is the command's name): the common options through
+     * gs_cli_common_option, the command's own into its file's static options (a process runs one
+     * command), the operands into cli->argc/argv. May change cli->needs for this invocation. Runs
+     * before anything is loaded, so --help and usage errors need no project. Returns 0, or the
+     * exit code to stop with. NULL: the common options only, and no operands. */
+    int (*parse)(struct gs_cli *cli, int argc, char **argv);
+    /* Does the command's work, once what cli->needs asks for is prepared. Returns the exit
+     * code. */
+    int (*exec)(struct gs_cli *cli);
 };
 
 /* Options every command understands; commands append their own after GS_CLI_COMMON_LONGOPTS. */
@@ -81,9 +94,21 @@ struct gs_cmd {
  * 0 if not, or -1 after printing an error (bad option). `opt` '?' is reported as a usage error. */
 int gs_cli_common_option(struct gs_cli *cli, const struct gs_cmd *cmd, int opt);
 
-/* Prepares what `cmd`'s flags ask for (project, connection), after the command has parsed its
- * options. Returns 0, or the exit code after printing the error. */
-int gs_cli_prepare(struct gs_cli *cli, const struct gs_cmd *cmd);
+/* Runs `cmd` with `cli`: parse, prepare what cli->needs asks for, exec. Returns the exit code. */
+int gs_cli_run(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **argv);
+
+/* Prepares `needs` (GS_CMD_NEED_*) now: for a command whose needs depend on what it finds in the
+ * project (run: one server or several). What is there already is kept. Returns 0, or the exit
+ * code after printing the error. */
+int gs_cli_prepare(struct gs_cli *cli, int needs);
+
+/* The parse of a command whose operands are checked by its exec: the common options, then every
+ * operand into cli->argc/argv. `shortopts` and `longopts` as getopt_long's; an option of the
+ * command's own (not a common one) is handed to `own` with its optarg (NULL: the command has
+ * none). Returns 0 or the exit code to stop with. */
+int gs_cli_parse_options(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **argv,
+                         const char *shortopts, const struct option *longopts,
+                         int (*own)(struct gs_cli *cli, int opt, const char *arg));
 
 /* Loads the project (root and config) into cli. Returns 0 or a GS_E_* code with cli->err set. */
 int gs_cli_load_project(struct gs_cli *cli);

@@ -9,7 +9,6 @@
 #include "common/proc.h"
 #include "remote/exec.h"
 
-static const struct option doctor_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
 
 /* Prints key=value lines; GPUs one per "gpu=" line as nvidia-smi's CSV. */
 static const char probe_script[] =
@@ -318,27 +317,20 @@ static int report(struct gs_cli *cli, struct doctor *d)
                                     "facts", d->facts));
     else
         json_decref(checks);
-    return failed ? GS_EXIT_ERROR : GS_EXIT_OK;
+    return failed ? GS_EXIT_ERR : GS_EXIT_OK;
 }
 
-static int doctor_main(struct gs_cli *cli, int argc, char **argv)
+static int doctor_exec(struct gs_cli *cli)
 {
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", doctor_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_doctor, opt)) <= 0)
-            return rc < 0 ? GS_EXIT_USAGE : gs_cli_usage_error(&gs_cmd_doctor, "unexpected option");
-    if (optind < argc)
-        return gs_cli_usage_error(&gs_cmd_doctor, "unexpected argument '%s'", argv[optind]);
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_doctor)) != 0)
-        return rc;
     struct doctor d = {.facts = json_object()};
     check_local(cli, &d);
+    /* Not GS_CMD_NEED_CONNECTION: connecting is one of the checks, and its failure is reported
+     * with the others. */
     if (gs_cli_connect(cli) == 0)
         check_remote(cli, &d);
     else
         add_check(&d, "ssh", "fail", NULL, "%s", cli->err.msg);
-    rc = report(cli, &d);
+    int rc = report(cli, &d);
     json_decref(d.facts);
     return rc;
 }
@@ -349,5 +341,5 @@ const struct gs_cmd gs_cmd_doctor = {
     .summary = "Check the local setup and the server: SSH, latency, disk, GPUs, CUDA, NCCL, Python",
     .help = "  Exit status 1 if a check failed (warnings do not fail).\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = doctor_main,
+    .exec = doctor_exec,
 };

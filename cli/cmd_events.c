@@ -7,8 +7,6 @@
 #include "cli/cli.h"
 #include "syncd/control.h"
 
-static const struct option events_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
-
 static void print_event(struct gs_cli *cli, json_t *ev)
 {
     if (cli->json) {
@@ -27,16 +25,9 @@ static void print_event(struct gs_cli *cli, json_t *ev)
     fflush(stdout);
 }
 
-static int events_main(struct gs_cli *cli, int argc, char **argv)
+static int events_exec(struct gs_cli *cli)
 {
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", events_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_events, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_events)) != 0)
-        return rc;
-    int fd = gs_control_connect(cli->root.data, &cli->err);
+    int rc, fd = gs_control_connect(cli->root.data, &cli->err);
     if (fd < 0)
         return gs_cli_fail(cli, gs_error_set(&cli->err, GS_E_NOTFOUND,
                                              "no gpusync watch is running here; start one with "
@@ -63,5 +54,5 @@ const struct gs_cmd gs_cmd_events = {
     .summary = "Stream the daemon's sync events (for editor plugins)",
     .help = "  Ends when the daemon stops.\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = events_main,
+    .exec = events_exec,
 };

@@ -26,25 +26,24 @@ static void build_command(struct gs_cli *cli, int argc, char **argv, struct gs_b
     gs_buf_release(&dir);
 }
 
-static int exec_main(struct gs_cli *cli, int argc, char **argv)
+static int exec_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "+h", exec_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_exec, opt)) <= 0)
-            return rc < 0 ? GS_EXIT_USAGE : gs_cli_usage_error(&gs_cmd_exec, "unexpected option");
-    if (optind >= argc)
+    int r = gs_cli_parse_options(cli, &gs_cmd_exec, argc, argv, "+h", exec_options, NULL);
+    if (r == 0 && cli->argc == 0)
         return gs_cli_usage_error(&gs_cmd_exec, "no command given");
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_exec)) != 0)
-        return rc;
+    return r;
+}
+
+static int exec_exec(struct gs_cli *cli)
+{
     struct gs_buf cmd = GS_BUF_INIT;
-    build_command(cli, argc - optind, argv + optind, &cmd);
+    build_command(cli, cli->argc, cli->argv, &cmd);
     struct gs_exec_io io = GS_EXEC_IO_INIT;
     io.stdout_fd = STDOUT_FILENO;
     io.stderr_fd = STDERR_FILENO;
     if (!isatty(STDIN_FILENO))
         io.stdin_fd = STDIN_FILENO;
-    rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
+    int rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
     if (rc < 0) { /* whatever broke the channel, the command's own status is unknown */
         gs_cli_fail(cli, rc);
@@ -62,5 +61,6 @@ const struct gs_cmd gs_cmd_exec = {
             "  not a terminal. Exit status: the command's, 128+N if it died of signal N, 255 if\n"
             "  the connection failed (as with ssh).\n",
     .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,
-    .exec = exec_main,
+    .parse = exec_parse,
+    .exec = exec_exec,
 };

@@ -78,27 +78,30 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     return ok ? 0 : gs_cli_fail(cli, code);
 }
 
-static int flush_main(struct gs_cli *cli, int argc, char **argv)
+static int timeout_s = 300; /* --timeout */
+
+static int flush_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    int opt, rc, timeout_s = 300;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", flush_options, NULL)) != -1) {
-        if (opt == OPT_TIMEOUT)
-            timeout_s = atoi(optarg);
-        else if ((rc = gs_cli_common_option(cli, &gs_cmd_flush, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_flush)) != 0)
-        return rc;
-    rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300);
+    (void)cli;
+    if (opt != OPT_TIMEOUT)
+        return gs_cli_usage_error(&gs_cmd_flush, "unexpected option");
+    timeout_s = atoi(arg);
+    return 0;
+}
+
+static int flush_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    return gs_cli_parse_options(cli, &gs_cmd_flush, argc, argv, "h", flush_options, flush_option);
+}
+
+static int flush_exec(struct gs_cli *cli)
+{
+    int rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300);
     if (rc != 1)
         return rc;
-    /* No daemon: do the work ourselves. `push` loads the project config again, and
-     * gs_config_load starts from a zeroed struct: release ours first, or it leaks (an ASan
-     * build fails `flush` without a daemon). */
-    gs_config_release(&cli->cfg);
+    /* No daemon: do the work ourselves, as `push` (the project stays loaded). */
     char *push_argv[] = {"push", cli->json ? "--json" : NULL, NULL};
-    return gs_cmd_push.exec(cli, cli->json ? 2 : 1, push_argv);
+    return gs_cli_run(cli, &gs_cmd_push, cli->json ? 2 : 1, push_argv);
 }
 
 const struct gs_cmd gs_cmd_flush = {
@@ -109,5 +112,6 @@ const struct gs_cmd gs_cmd_flush = {
             "  With 'gpusync watch' disconnected, it reconnects at once, and fails if the\n"
             "  server cannot be reached. Without a running 'gpusync watch', pushes instead.\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = flush_main,
+    .parse = flush_parse,
+    .exec = flush_exec,
 };

@@ -131,21 +131,22 @@ static int hosts_list(struct gs_cli *cli)
     return 0;
 }
 
-static int hosts_main(struct gs_cli *cli, int argc, char **argv)
+static int hosts_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", hosts_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_hosts, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    int add = optind < argc && strcmp(argv[optind], "add") == 0;
-    if (optind < argc && !add)
-        return gs_cli_usage_error(&gs_cmd_hosts, "unknown subcommand '%s'", argv[optind]);
-    if (add && optind + 1 == argc)
+    int r = gs_cli_parse_options(cli, &gs_cmd_hosts, argc, argv, "h", hosts_options, NULL);
+    if (r != 0 || cli->argc == 0)
+        return r;
+    if (strcmp(cli->argv[0], "add") != 0)
+        return gs_cli_usage_error(&gs_cmd_hosts, "unknown subcommand '%s'", cli->argv[0]);
+    if (cli->argc == 1)
         return gs_cli_usage_error(&gs_cmd_hosts, "hosts add: expected [user@]host[:port][/path]");
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_hosts)) != 0)
-        return rc;
-    return add ? hosts_add(cli, argc - optind - 1, argv + optind + 1) : hosts_list(cli);
+    return 0;
+}
+
+/* Connects to each node itself (not GS_CMD_NEED_CONNECTION): the nodes are not [remote]. */
+static int hosts_exec(struct gs_cli *cli)
+{
+    return cli->argc ? hosts_add(cli, cli->argc - 1, cli->argv + 1) : hosts_list(cli);
 }
 
 const struct gs_cmd gs_cmd_hosts = {
@@ -159,5 +160,6 @@ const struct gs_cmd gs_cmd_hosts = {
             "                         key works yet: GPUSYNC_PASSWORD, --password-stdin or a\n"
             "                         prompt), and add it to [remote] hosts\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = hosts_main,
+    .parse = hosts_parse,
+    .exec = hosts_exec,
 };

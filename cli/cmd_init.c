@@ -169,23 +169,33 @@ static int run_init(struct gs_cli *cli, const struct init_args *a)
     return 0;
 }
 
-static int init_main(struct gs_cli *cli, int argc, char **argv)
+static struct init_args opts;
+
+static int init_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    struct init_args a = {0};
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", init_options, NULL)) != -1) {
-        if (opt == OPT_PATH)
-            a.path = optarg;
-        else if (opt == OPT_INSTALL_KEY)
-            a.install_key = 1;
-        else if ((rc = gs_cli_common_option(cli, &gs_cmd_init, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if (optind != argc - 1)
+    (void)cli;
+    if (opt == OPT_PATH)
+        opts.path = arg;
+    else if (opt == OPT_INSTALL_KEY)
+        opts.install_key = 1;
+    else
+        return gs_cli_usage_error(&gs_cmd_init, "unexpected option");
+    return 0;
+}
+
+static int init_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    int r = gs_cli_parse_options(cli, &gs_cmd_init, argc, argv, "h", init_options, init_option);
+    if (r == 0 && cli->argc != 1)
         return gs_cli_usage_error(&gs_cmd_init, "expected one [user@]host[:port]");
-    a.target = argv[optind];
-    return run_init(cli, &a);
+    opts.target = r == 0 ? cli->argv[0] : NULL;
+    return r;
+}
+
+/* Creates the project, so it needs none: it connects itself once the target is known. */
+static int init_exec(struct gs_cli *cli)
+{
+    return run_init(cli, &opts);
 }
 
 const struct gs_cmd gs_cmd_init = {
@@ -198,5 +208,6 @@ const struct gs_cmd gs_cmd_init = {
             "                         using the password once (GPUSYNC_PASSWORD, --password-stdin\n"
             "                         or a prompt); not needed when that key already logs in\n",
     .flags = 0,
-    .exec = init_main,
+    .parse = init_parse,
+    .exec = init_exec,
 };

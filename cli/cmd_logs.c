@@ -55,7 +55,7 @@ static int show_local(struct gs_cli *cli, const char *id, int follow, const char
         return gs_cli_fail(cli, r);
     if (follow)
         fprintf(stderr, "gpusync: run %s cannot be followed: the server does not have it\n", id);
-    return follow ? GS_EXIT_ERROR : 0;
+    return follow ? GS_EXIT_ERR : 0;
 }
 
 static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int follow,
@@ -80,37 +80,45 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
     return r < 0 ? gs_cli_fail(cli, r) : follow ? code : 0;
 }
 
-static int logs_main(struct gs_cli *cli, int argc, char **argv)
+static struct {
+    int follow, tail;
+    const char *rank;
+} opts;
+
+static int logs_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    int opt, r, follow = 0, tail = 0;
-    const char *rank = NULL;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "hf", logs_options, NULL)) != -1) {
-        if (opt == 'f')
-            follow = 1;
-        else if (opt == OPT_RANK)
-            rank = optarg;
-        else if (opt == OPT_TAIL)
-            tail = atoi(optarg);
-        else if ((r = gs_cli_common_option(cli, &gs_cmd_logs, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if (argc - optind > 1)
+    (void)cli;
+    if (opt == 'f')
+        opts.follow = 1;
+    else if (opt == OPT_RANK)
+        opts.rank = arg;
+    else if (opt == OPT_TAIL)
+        opts.tail = atoi(arg);
+    else
+        return gs_cli_usage_error(&gs_cmd_logs, "unexpected option");
+    return 0;
+}
+
+static int logs_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    int r = gs_cli_parse_options(cli, &gs_cmd_logs, argc, argv, "hf", logs_options, logs_option);
+    if (r == 0 && cli->argc > 1)
         return gs_cli_usage_error(&gs_cmd_logs, "at most one RUN");
-    if ((r = gs_cli_prepare(cli, &gs_cmd_logs)) != 0)
-        return r;
+    return r;
+}
+
+static int logs_exec(struct gs_cli *cli)
+{
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
-    const char *run = optind < argc ? argv[optind] : NULL;
+    const char *run = cli->argc ? cli->argv[0] : NULL;
     gs_run_ctx_init(cli, &rc);
-    r = gs_run_connect_unless_daemon(cli);
-    if (r == 0)
-        r = gs_run_resolve(cli, &rc, run, &id);
-    int code;
+    int r = gs_run_resolve(cli, &rc, run, &id), code;
     if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
-        code = show_local(cli, run, follow, rank, tail);
+        code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
     else
-        code = r < 0 ? gs_cli_fail(cli, r) : show(cli, &rc, id.data, follow, rank, tail);
+        code = r < 0 ? gs_cli_fail(cli, r)
+                     : show(cli, &rc, id.data, opts.follow, opts.rank, opts.tail);
     gs_buf_release(&id);
     gs_run_ctx_release(&rc);
     return code;
@@ -127,7 +135,7 @@ const struct gs_cmd gs_cmd_logs = {
             "  printed. A copy is kept in .gpusync/runs/<id>/; when the server no longer has\n"
             "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"
             "  exits 1. Text only: run states are in 'gpusync ps --json'.\n",
-    /* through the watch daemon when one runs, else connects; the logs are text (no --json) */
-    .flags = GS_CMD_NEED_PROJECT | GS_CMD_TEXT_ONLY,
-    .exec = logs_main,
+    .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER | GS_CMD_TEXT_ONLY,
+    .parse = logs_parse,
+    .exec = logs_exec,
 };

@@ -5,8 +5,6 @@
 
 #include "cli/run_util.h"
 
-static const struct option ps_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
-
 static const char *str(json_t *o, const char *key)
 {
     const char *s = json_string_value(json_object_get(o, key));
@@ -35,21 +33,12 @@ static void print_table(json_t *runs)
         printf("(no runs yet: start one with 'gpusync run')\n");
 }
 
-static int ps_main(struct gs_cli *cli, int argc, char **argv)
+static int ps_exec(struct gs_cli *cli)
 {
-    int opt, r;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", ps_options, NULL)) != -1)
-        if ((r = gs_cli_common_option(cli, &gs_cmd_ps, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    if ((r = gs_cli_prepare(cli, &gs_cmd_ps)) != 0)
-        return r;
     struct gs_run_ctx rc;
     struct gs_buf out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
-    r = gs_run_connect_unless_daemon(cli);
-    if (r == 0)
-        r = gs_run_list(cli, &rc, &out);
+    int r = gs_run_list(cli, &rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     if (r == 0 && !json_is_array(runs))
         r = gs_error_set(&cli->err, GS_E_PROTO, "the agent's run list is not a JSON array");
@@ -70,6 +59,6 @@ const struct gs_cmd gs_cmd_ps = {
     .name = "ps",
     .usage = "ps [--json]",
     .summary = "List runs on the server",
-    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
-    .exec = ps_main,
+    .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
+    .exec = ps_exec,
 };

@@ -213,29 +213,29 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
     return 0;
 }
 
-static int pull_main(struct gs_cli *cli, int argc, char **argv)
+static int pull_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    int opt, rc;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", pull_options, NULL)) != -1)
-        if ((rc = gs_cli_common_option(cli, &gs_cmd_pull, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    if (argc - optind < 1 || argc - optind > 2)
+    int r = gs_cli_parse_options(cli, &gs_cmd_pull, argc, argv, "h", pull_options, NULL);
+    if (r == 0 && (cli->argc < 1 || cli->argc > 2))
         return gs_cli_usage_error(&gs_cmd_pull, "expected REMOTE_PATH [LOCAL_PATH]");
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_pull)) != 0)
-        return rc;
+    return r;
+}
+
+/* Connects itself (not GS_CMD_NEED_CONNECTION): after taking the project's session lock. */
+static int pull_exec(struct gs_cli *cli)
+{
     struct gs_buf local = GS_BUF_INIT;
-    if (argc - optind == 2)
-        gs_buf_adds(&local, argv[optind + 1]);
+    if (cli->argc == 2)
+        gs_buf_adds(&local, cli->argv[1]);
     else
-        gs_path_join(&local, cli->root.data, argv[optind]);
+        gs_path_join(&local, cli->root.data, cli->argv[0]);
     struct gs_buf remote = GS_BUF_INIT;
-    gs_buf_adds(&remote, argv[optind]);
+    gs_buf_adds(&remote, cli->argv[0]);
     while (remote.len > 1 && remote.data[remote.len - 1] == '/') /* `pull out/` means out */
         remote.data[--remote.len] = '\0';
     struct pull_job job = {
         .cli = cli, .remote_base = remote.data, .local_base = local.data, .kept = json_array()};
-    rc = run_pull(cli, &job);
+    int rc = run_pull(cli, &job);
     for (size_t i = 0; i < job.n; i++) {
         free(job.files[i].remote);
         free(job.files[i].local);
@@ -256,5 +256,6 @@ const struct gs_cmd gs_cmd_pull = {
             "  synced and edited since is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS.\n"
             "  Every path the server lists must lie under REMOTE_PATH, or nothing is pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = pull_main,
+    .parse = pull_parse,
+    .exec = pull_exec,
 };

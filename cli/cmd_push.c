@@ -323,19 +323,27 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     return rc < 0 ? gs_cli_fail(cli, rc) : rc;
 }
 
-static int push_main(struct gs_cli *cli, int argc, char **argv)
+static int dry_run; /* -n, --dry-run */
+
+static int push_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    int opt, rc, dry_run = 0;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "hn", push_options, NULL)) != -1) {
-        if (opt == OPT_DRY_RUN || opt == 'n')
-            dry_run = 1;
-        else if ((rc = gs_cli_common_option(cli, &gs_cmd_push, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_push)) != 0)
-        return rc;
-    return run_push(cli, dry_run, argc - optind, argv + optind);
+    (void)cli, (void)arg;
+    if (opt != OPT_DRY_RUN && opt != 'n')
+        return gs_cli_usage_error(&gs_cmd_push, "unexpected option");
+    dry_run = 1;
+    return 0;
+}
+
+static int push_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    return gs_cli_parse_options(cli, &gs_cmd_push, argc, argv, "hn", push_options, push_option);
+}
+
+/* Connects itself (not GS_CMD_NEED_CONNECTION): after taking the project's session lock, and
+ * while the local tree is scanned. */
+static int push_exec(struct gs_cli *cli)
+{
+    return run_push(cli, dry_run, cli->argc, cli->argv);
 }
 
 const struct gs_cmd gs_cmd_push = {
@@ -347,5 +355,6 @@ const struct gs_cmd gs_cmd_push = {
             "  Files changed on the server since gpusync wrote them are kept there as\n"
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = push_main,
+    .parse = push_parse,
+    .exec = push_exec,
 };

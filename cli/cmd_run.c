@@ -454,33 +454,37 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
     return 0;
 }
 
-static int run_main(struct gs_cli *cli, int argc, char **argv)
+static struct run_args args;
+
+static int run_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    struct run_args a = {0};
-    int r = parse_run_args(cli, argc, argv, &a);
-    if (r != 0)
-        return r;
-    if ((r = gs_cli_prepare(cli, &gs_cmd_run)) != 0)
-        return r;
-    if ((r = choose_target(cli, &a)) < 0)
+    return parse_run_args(cli, argc, argv, &args);
+}
+
+/* Needs the project first: whether the run needs [remote] (through the watch daemon when one
+ * runs), or each of several hosts, is known once the config is read; and what the config gets
+ * wrong is refused before anything connects. */
+static int run_exec(struct gs_cli *cli)
+{
+    struct run_args *a = &args;
+    int r = choose_target(cli, a);
+    if (r < 0)
         return gs_cli_fail(cli, r);
-    if (!a.hosts)
-        a.hosts = cli->cfg.hosts;
-    if (a.hosts)
-        return gs_runcmd_multi(cli, &a);
-    /* With a watch daemon connected, everything goes through its spare connection: no handshake
-     * here (gs_run_ensure_connected connects when something must). */
-    if (!gs_run_daemon_ready(cli) && (r = gs_cli_connect(cli)) < 0)
-        return gs_cli_fail(cli, r);
+    if (!a->hosts)
+        a->hosts = cli->cfg.hosts;
+    if (a->hosts)
+        return gs_runcmd_multi(cli, a);
+    if ((r = gs_cli_prepare(cli, GS_CMD_NEED_SERVER)) != 0)
+        return r;
     struct gs_run_ctx rc;
     struct run_plan plan;
     gs_run_ctx_init(cli, &rc); /* the agent is found by the launch itself */
     /* The server is asked what it can run (GPUs, the trainer) before the sync, not after it: the
      * answer needs the connection the sync uses anyway, and a refusal then costs no upload. */
-    r = gs_runcmd_plan(cli, &a, &plan);
-    if (r == 0 && !a.no_sync)
+    r = gs_runcmd_plan(cli, a, &plan);
+    if (r == 0 && !a->no_sync)
         r = gs_run_sync(cli);
-    int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, &a, &rc, &plan);
+    int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, a, &rc, &plan);
     gs_runcmd_plan_release(&plan);
     gs_run_ctx_release(&rc);
     return code;
@@ -516,7 +520,7 @@ const struct gs_cmd gs_cmd_run = {
         "  sync. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
         "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's (the first failing\n"
         "  rank's; 128+N for signal N), 130 after Ctrl-C, 255 if the connection failed.\n",
-    /* connects itself: to [remote] host, or to each of --hosts */
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_REMOTE_STATUS,
-    .exec = run_main,
+    .parse = run_parse,
+    .exec = run_exec,
 };

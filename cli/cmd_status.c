@@ -165,19 +165,25 @@ static int local_status(struct gs_cli *cli, int ack)
     return rc < 0 ? gs_cli_fail(cli, rc) : 0;
 }
 
-static int status_main(struct gs_cli *cli, int argc, char **argv)
+static int ack; /* --ack */
+
+static int status_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    int opt, rc;
-    optind = 1;
-    int ack = 0;
-    while ((opt = getopt_long(argc, argv, "h", status_options, NULL)) != -1) {
-        if (opt == OPT_ACK)
-            ack = 1;
-        else if ((rc = gs_cli_common_option(cli, &gs_cmd_status, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_status)) != 0)
-        return rc;
+    (void)cli, (void)arg;
+    if (opt != OPT_ACK)
+        return gs_cli_usage_error(&gs_cmd_status, "unexpected option");
+    ack = 1;
+    return 0;
+}
+
+static int status_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    return gs_cli_parse_options(cli, &gs_cmd_status, argc, argv, "h", status_options,
+                                status_option);
+}
+
+static int status_exec(struct gs_cli *cli)
+{
     return daemon_status(cli, ack) == 0 ? 0 : local_status(cli, ack);
 }
 
@@ -191,5 +197,6 @@ const struct gs_cmd gs_cmd_status = {
             "  daemon running, and after it restarted:\n"
             "  --ack                  show them once more, then stop listing them\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = status_main,
+    .parse = status_parse,
+    .exec = status_exec,
 };

@@ -6,23 +6,20 @@
 
 static const struct option stop_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
 
-static int stop_main(struct gs_cli *cli, int argc, char **argv)
+static int stop_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    int opt, r;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", stop_options, NULL)) != -1)
-        if ((r = gs_cli_common_option(cli, &gs_cmd_stop, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    if (argc - optind != 1)
+    int r = gs_cli_parse_options(cli, &gs_cmd_stop, argc, argv, "h", stop_options, NULL);
+    if (r == 0 && cli->argc != 1)
         return gs_cli_usage_error(&gs_cmd_stop, "expected one RUN (an id or a --name)");
-    if ((r = gs_cli_prepare(cli, &gs_cmd_stop)) != 0)
-        return r;
+    return r;
+}
+
+static int stop_exec(struct gs_cli *cli)
+{
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT, out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
-    r = gs_run_connect_unless_daemon(cli);
-    if (r == 0)
-        r = gs_run_resolve(cli, &rc, argv[optind], &id);
+    int r = gs_run_resolve(cli, &rc, cli->argv[0], &id);
     if (r == 0)
         r = gs_run_stop_any(cli, &rc, id.data, &out);
     int code = 0;
@@ -42,6 +39,7 @@ const struct gs_cmd gs_cmd_stop = {
     .name = "stop",
     .usage = "stop RUN",
     .summary = "Stop a run: every rank and its children, confirmed gone",
-    .flags = GS_CMD_NEED_PROJECT, /* through the watch daemon when one runs, else connects */
-    .exec = stop_main,
+    .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
+    .parse = stop_parse,
+    .exec = stop_exec,
 };

@@ -158,28 +158,38 @@ static int detach(struct gs_cli *cli, int lock_fd)
     return 0;
 }
 
-static int watch_main(struct gs_cli *cli, int argc, char **argv)
+static struct {
+    int background, stop; /* -d, --stop */
+} opts;
+
+static int watch_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    int opt, rc, background = 0, stop = 0;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "hd", watch_options, NULL)) != -1) {
-        if (opt == 'd')
-            background = 1;
-        else if (opt == OPT_STOP)
-            stop = 1;
-        else if ((rc = gs_cli_common_option(cli, &gs_cmd_watch, opt)) <= 0)
-            return GS_EXIT_USAGE;
-    }
-    if (optind < argc)
-        return gs_cli_usage_error(&gs_cmd_watch, "unexpected argument '%s'", argv[optind]);
-    if ((rc = gs_cli_prepare(cli, &gs_cmd_watch)) != 0)
-        return rc;
-    if (stop)
+    (void)cli, (void)arg;
+    if (opt == 'd')
+        opts.background = 1;
+    else if (opt == OPT_STOP)
+        opts.stop = 1;
+    else
+        return gs_cli_usage_error(&gs_cmd_watch, "unexpected option");
+    return 0;
+}
+
+static int watch_parse(struct gs_cli *cli, int argc, char **argv)
+{
+    int r = gs_cli_parse_options(cli, &gs_cmd_watch, argc, argv, "hd", watch_options, watch_option);
+    if (r == 0 && cli->argc > 0)
+        return gs_cli_usage_error(&gs_cmd_watch, "unexpected argument '%s'", cli->argv[0]);
+    return r;
+}
+
+static int watch_exec(struct gs_cli *cli)
+{
+    if (opts.stop)
         return stop_daemon(cli);
     int lock_fd = gs_daemon_lock(cli->root.data, &cli->err);
     if (lock_fd < 0)
         return gs_cli_fail(cli, lock_fd);
-    if (background)
+    if (opts.background)
         return detach(cli, lock_fd);
     return run_daemon(cli, -1, isatty(STDERR_FILENO) ? stderr : NULL);
 }
@@ -192,5 +202,6 @@ const struct gs_cmd gs_cmd_watch = {
             "  --stop                 stop the background daemon\n"
             "  First pushes what changed while no daemon ran. One daemon per project.\n",
     .flags = GS_CMD_NEED_PROJECT,
-    .exec = watch_main,
+    .parse = watch_parse,
+    .exec = watch_exec,
 };

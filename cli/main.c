@@ -32,19 +32,72 @@ static const struct gs_cmd *const cmd_table[] = {
 };
 #define N_COMMANDS (sizeof(cmd_table) / sizeof(cmd_table[0]))
 
+/* Prints `text` on `out`, its lines filled up to 79 columns. */
+static void print_filled(FILE *out, const char *text)
+{
+    struct gs_buf copy = GS_BUF_INIT;
+    gs_buf_adds(&copy, text);
+    size_t col = 0;
+    for (char *w = strtok(copy.data, " "); w; w = strtok(NULL, " ")) {
+        size_t len = strlen(w);
+        if (col && col + 1 + len >= 80) {
+            fputc('\n', out);
+            col = 0;
+        } else if (col) {
+            fputc(' ', out);
+            col++;
+        }
+        fputs(w, out);
+        col += len;
+    }
+    fputc('\n', out);
+    gs_buf_release(&copy);
+}
+
+/* The errors GS_ERROR_LIST defines, with the exit status each gives. */
+static const struct {
+    int exit;
+    const char *text;
+} errors[] = {
+#define GS_X_ROW(name, exit, text) {exit, text},
+    GS_ERROR_LIST(GS_X_ROW)
+#undef GS_X_ROW
+};
+#define N_ERRORS (sizeof(errors) / sizeof(errors[0]))
+
+/* "Exit codes: 0 success; 1 error, out of memory, ...": each status with the errors that give
+ * it, from GS_ERROR_LIST, so the list cannot miss one. README.md's paragraph says the same
+ * (test_cli_basic compares them). */
+static void print_exit_codes(FILE *out)
+{
+    struct gs_buf text = GS_BUF_INIT;
+    gs_buf_adds(&text, "Exit codes:");
+    int groups = 0;
+    for (size_t i = 0; i < N_ERRORS; i++) {
+        size_t first = 0;
+        while (errors[first].exit != errors[i].exit)
+            first++;
+        if (first < i) /* listed with the first error of its status */
+            continue;
+        gs_buf_addf(&text, "%s %d", groups++ ? ";" : "", errors[i].exit);
+        for (size_t j = i; j < N_ERRORS; j++)
+            if (errors[j].exit == errors[i].exit)
+                gs_buf_addf(&text, "%s %s", j == i ? "" : ",", errors[j].text);
+    }
+    gs_buf_adds(&text, ". exec and run exit with the remote command's status (128+N for signal "
+                       "N), or 255 when the connection failed.");
+    print_filled(out, text.data);
+    gs_buf_release(&text);
+}
+
 static void print_overview(FILE *out)
 {
     fprintf(out, "usage: gpusync COMMAND [OPTIONS] [ARGS]\n\n"
                  "Mirror a project to a remote GPU server and run jobs there.\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-10s %s\n", cmd_table[i]->name, cmd_table[i]->summary);
-    /* the same words as README.md's "Exit codes" paragraph (test_cli_basic checks both) */
-    fprintf(out, "\n'gpusync COMMAND --help' shows a command's options.\n\n"
-                 "Exit codes: 0 ok, 1 error, 2 usage, 3 configuration, 4 connection or\n"
-                 "authentication (also an unknown or changed host key), 5 protocol or remote\n"
-                 "error, 6 conflict (another daemon), 130 interrupted. exec and run exit with the\n"
-                 "remote command's status (128+N for signal N), or 255 when the connection\n"
-                 "failed.\n");
+    fprintf(out, "\n'gpusync COMMAND --help' shows a command's options.\n\n");
+    print_exit_codes(out);
 }
 
 /* Exact name or alias first, then a unique prefix, as tmux does. */
@@ -85,13 +138,11 @@ static void cli_release(struct gs_cli *cli)
     free(cli->password);
 }
 
-/* Runs `cmd`; the command itself parses its options first (so --help needs no project), then
- * calls back into prepare() through the flags. */
+/* Runs `cmd` (gs_cli_run: its parse, what its flags need, its exec) with a fresh context. */
 static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
 {
     struct gs_cli cli = {.root = GS_BUF_INIT};
     cli.interactive = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
-    cli.remote_status = (cmd->flags & GS_CMD_REMOTE_STATUS) != 0;
     char *pw = getenv("GPUSYNC_PASSWORD");
     if (pw && *pw)
         cli.password = gs_xstrdup(pw);
@@ -101,7 +152,7 @@ static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
     if (pw)
         memset(pw, 0, strlen(pw));
     unsetenv("GPUSYNC_PASSWORD");
-    int rc = cmd->exec(&cli, argc, argv);
+    int rc = gs_cli_run(&cli, cmd, argc, argv);
     cli_release(&cli);
     return rc;
 }

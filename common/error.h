@@ -31,6 +31,13 @@
     X(CONFLICT, 6, "conflict")                                                                     \
     X(INTERRUPTED, 130, "interrupted")
 
+/* The exit status each error gives, by the error's name: GS_EXIT_USAGE is 2, GS_EXIT_CONNECT 4. */
+enum gs_exit_status {
+#define GS_X_EXIT(name, exit, text) GS_EXIT_##name = exit,
+    GS_ERROR_LIST(GS_X_EXIT)
+#undef GS_X_EXIT
+};
+
 enum gs_error_code {
 #define GS_X_ENUM(name, exit, text) GS_E_##name##_POS,
     GS_ERROR_LIST(GS_X_ENUM)
