@@ -275,7 +275,7 @@ int gs_cli_prepare(struct gs_cli *cli, int needs)
     if (rc == 0 && (needs & GS_CMD_NEED_CONNECTION) && !cli->ssh)
         rc = gs_cli_connect(cli);
     if (rc == 0 && (needs & GS_CMD_NEED_SERVER))
-        rc = gs_run_connect_unless_daemon(cli);
+        rc = gs_cli_connect_unless_daemon(cli);
     return rc < 0 ? gs_cli_fail(cli, rc) : 0;
 }
 

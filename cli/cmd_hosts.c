@@ -19,7 +19,7 @@ static const struct option hosts_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* 1 when the list `hosts` already names the node whose key is `key` (gs_run_node_key), however
+/* 1 when the list `hosts` already names the node whose key is `key` (gs_cli_node_key), however
  * it is written there. */
 static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
 {
@@ -29,7 +29,7 @@ static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
          tok = strtok_r(NULL, ", \t", &save)) {
         struct gs_node_spec n = {0};
         if (gs_node_spec_parse(cli, tok, &n) == 0) {
-            char *k = gs_run_node_key(&n.cfg);
+            char *k = gs_cli_node_key(&n.cfg);
             found = strcmp(k, key) == 0;
             free(k);
         }
@@ -83,7 +83,7 @@ static int add_node(struct gs_cli *cli, const char *spec)
     if (rc == 0)
         rc = gs_cli_install_key(&node_cli, &added);
     if (rc == 0) {
-        char *key = gs_run_node_key(&n.cfg);
+        char *key = gs_cli_node_key(&n.cfg);
         add_to_list(cli, spec, key);
         printf("%s: host key %s recorded, %s %s\n", gs_ssh_target(node_cli.ssh),
                gs_ssh_fingerprint(node_cli.ssh), GS_TARGET_MANAGED_KEY,

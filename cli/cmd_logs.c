@@ -46,7 +46,7 @@ static int show_local(struct gs_cli *cli, const char *id, int follow, const char
     fprintf(stderr,
             "gpusync: %s has no run '%s' (a new or recreated server?); showing the local copy "
             "in %s/runs/%s/ (what this machine received)\n",
-            gs_run_target(cli), id, GS_DIR, id);
+            gs_cli_server_name(cli), id, GS_DIR, id);
     gs_error_clear(&cli->err);
     int r =
         gs_run_local_replay(cli->root.data, id, ranks, gs_log_printer_chunk, &printer, &cli->err);
@@ -68,11 +68,11 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
     sigaction(SIGINT, &sa, NULL);
     int r, code = 0;
     if (follow) {
-        r = gs_run_follow(cli, rc, id, ranks, &printer, &interrupted, &code);
+        r = gs_run_ctx_follow(cli, rc, id, ranks, &printer, &interrupted, &code);
     } else {
         struct gs_tail_state st;
         memset(&st, 0, sizeof(st));
-        r = gs_run_tail_any(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
+        r = gs_run_ctx_tail(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
     }
     gs_log_printer_finish(&printer);
     if (r == GS_E_INTERRUPTED)
@@ -113,7 +113,7 @@ static int logs_exec(struct gs_cli *cli)
     struct gs_buf id = GS_BUF_INIT;
     const char *run = cli->argc ? cli->argv[0] : NULL;
     gs_run_ctx_init(cli, &rc);
-    int r = gs_run_resolve(cli, &rc, run, &id), code;
+    int r = gs_run_ctx_resolve(cli, &rc, run, &id), code;
     if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
         code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
     else

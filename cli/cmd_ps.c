@@ -38,7 +38,7 @@ static int ps_exec(struct gs_cli *cli)
     struct gs_run_ctx rc;
     struct gs_buf out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
-    int r = gs_run_list(cli, &rc, &out);
+    int r = gs_run_ctx_list(cli, &rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     if (r == 0 && !json_is_array(runs))
         r = gs_error_set(&cli->err, GS_E_PROTO, "the agent's run list is not a JSON array");

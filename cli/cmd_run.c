@@ -73,7 +73,7 @@ static int gpu_cmp(const void *a, const void *b)
 static int list_gpus(struct gs_cli *cli, struct gpu *gpus, int max)
 {
     struct gs_buf out = GS_BUF_INIT;
-    int rc = gs_run_capture(cli,
+    int rc = gs_cli_capture(cli,
                             "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,"
                             "nounits 2>/dev/null",
                             &out);
@@ -102,7 +102,7 @@ static int check_gpu_list(struct gs_cli *cli, const struct run_args *a, const st
         if (!found)
             return gs_error_set(&cli->err, GS_E_USAGE,
                                 "%s has no GPU %d (it has %d: 0 to %d); %s names it",
-                                gs_run_target(cli), dev, have, have - 1, a->gpus_src);
+                                gs_cli_server_name(cli), dev, have, have - 1, a->gpus_src);
     }
     return 0;
 }
@@ -127,10 +127,10 @@ static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf
         return gs_error_set(&cli->err, GS_E_USAGE,
                             "%s has no NVIDIA GPU (nvidia-smi found none); run CPU ranks with "
                             "--cpu N (in a [job]: cpu = N)",
-                            gs_run_target(cli));
+                            gs_cli_server_name(cli));
     if (have < n)
         return gs_error_set(&cli->err, GS_E_USAGE, "%s has %d GPU%s; %s asks for %d",
-                            gs_run_target(cli), have, have == 1 ? "" : "s", a->gpus_src, n);
+                            gs_cli_server_name(cli), have, have == 1 ? "" : "s", a->gpus_src, n);
     qsort(gpus, (size_t)have, sizeof(gpus[0]), gpu_cmp);
     for (int i = 0; i < n; i++)
         gs_buf_addf(list, "%s%d", i ? "," : "", gpus[i].index);
@@ -163,7 +163,7 @@ static int trainer_cached(struct gs_cli *cli, struct gs_buf *path)
     struct gs_buf probe = GS_BUF_INIT, out = GS_BUF_INIT;
     int rc = gs_trainer_locate(path, &probe, &cli->err);
     if (rc == 0)
-        rc = gs_run_capture(cli, probe.data, &out);
+        rc = gs_cli_capture(cli, probe.data, &out);
     if (rc >= 0)
         rc = out.data && strstr(out.data, "present") ? 0 : 1;
     if (rc != 0)
@@ -193,7 +193,7 @@ static int trainer_command(struct gs_cli *cli, const struct run_args *a, struct 
     const char *how = "";
     int rc = cli->ssh ? 1 : trainer_cached(cli, &path);
     if (rc == 1) { /* a build says what it does, step by step, on stderr */
-        rc = gs_run_ensure_connected(cli);
+        rc = gs_cli_ensure_connected(cli);
         if (rc == 0)
             rc = gs_trainer_install(cli->ssh, &path, &how, STDERR_FILENO, &cli->err);
     }
@@ -312,7 +312,7 @@ static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const cha
     if (!stop)
         return 130;
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_stop_any(cli, rc, id, &out);
+    int r = gs_run_ctx_stop(cli, rc, id, &out);
     if (r == 0)
         fprintf(stderr, "gpusync: %s", out.data ? out.data : "stopped\n");
     gs_buf_release(&out);
@@ -335,7 +335,7 @@ static void on_started(void *ctx, const struct gs_tail_state *st)
                                     v->nproc, "master_port", st->port));
     else
         fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", v->id,
-                v->nproc, v->nproc == 1 ? "" : "s", gs_run_target(v->cli), st->port);
+                v->nproc, v->nproc == 1 ? "" : "s", gs_cli_server_name(v->cli), st->port);
 }
 
 /* Starts the run and follows its logs until it ends or Ctrl-C. */
@@ -349,7 +349,7 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int exit_code = 0;
-    int r = gs_run_launch_and_follow(cli, rc, spec, a->ranks, on_started, &v.printer,
+    int r = gs_run_ctx_launch_follow(cli, rc, spec, a->ranks, on_started, &v.printer,
                                      &gs_runcmd_interrupted, &exit_code);
     gs_log_printer_finish(&v.printer);
     if (r == GS_E_INTERRUPTED)
@@ -483,7 +483,7 @@ static int run_exec(struct gs_cli *cli)
      * answer needs the connection the sync uses anyway, and a refusal then costs no upload. */
     r = gs_runcmd_plan(cli, a, &plan);
     if (r == 0 && !a->no_sync)
-        r = gs_run_sync(cli);
+        r = gs_cli_sync(cli);
     int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, a, &rc, &plan);
     gs_runcmd_plan_release(&plan);
     gs_run_ctx_release(&rc);

@@ -19,9 +19,9 @@ static int stop_exec(struct gs_cli *cli)
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT, out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
-    int r = gs_run_resolve(cli, &rc, cli->argv[0], &id);
+    int r = gs_run_ctx_resolve(cli, &rc, cli->argv[0], &id);
     if (r == 0)
-        r = gs_run_stop_any(cli, &rc, id.data, &out);
+        r = gs_run_ctx_stop(cli, &rc, id.data, &out);
     int code = 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);

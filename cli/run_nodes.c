@@ -88,7 +88,7 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
     n->cli.cfg = n->spec.cfg;
     /* [remote] written another way (an alias, the port left out) is still [remote]: it is synced
      * with the project's index, under the name that index knows it by. */
-    char *mine = gs_run_node_key(&n->cli.cfg), *main_id = gs_run_node_key(&cli->cfg);
+    char *mine = gs_cli_node_key(&n->cli.cfg), *main_id = gs_cli_node_key(&cli->cfg);
     n->primary = strcmp(mine, main_id) == 0;
     if (n->primary) {
         n->cli.cfg.host = cli->cfg.host;
@@ -155,7 +155,7 @@ static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m
     }
     for (int i = 0; i < m->n && !a->no_sync; i++) {
         struct node *n = &m->nodes[i];
-        int r = n->primary ? gs_run_sync(&n->cli) : gs_run_sync_node(&n->cli);
+        int r = n->primary ? gs_cli_sync(&n->cli) : gs_cli_sync_node(&n->cli);
         if (r < 0)
             return node_fail(cli, n, r);
     }
@@ -212,11 +212,11 @@ static int node_launch(struct run_args *a, struct multi *m, int rank, const char
 /* Stops the run on every node that was launched (from the main thread, no follower running). */
 static void nodes_stop(struct multi *m)
 {
-    struct gs_run_notice notice;
-    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
-                        "stopping run %s on %d nodes: waiting for the ranks to exit after "
-                        "SIGTERM; any still running 10 s after it get SIGKILL",
-                        m->id, m->n);
+    struct gs_notice notice;
+    gs_notice_begin(&notice, GS_NOTICE_MS,
+                    "stopping run %s on %d nodes: waiting for the ranks to exit after "
+                    "SIGTERM; any still running 10 s after it get SIGKILL",
+                    m->id, m->n);
     for (int i = 0; i < m->n; i++) {
         struct node *n = &m->nodes[i];
         struct gs_buf out = GS_BUF_INIT;
@@ -225,7 +225,7 @@ static void nodes_stop(struct multi *m)
             fprintf(stderr, "gpusync: node %d: %s", i, out.data ? out.data : "stopped\n");
         gs_buf_release(&out);
     }
-    gs_run_notice_end(&notice);
+    gs_notice_end(&notice);
 }
 
 /* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
@@ -251,7 +251,7 @@ static void *node_follow(void *arg)
     struct multi *m = n->m;
     int code = 0, r;
     for (;;) {
-        r = gs_run_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
+        r = gs_run_ctx_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
         pthread_mutex_lock(&m->lock);
         int stop = r == GS_E_INTERRUPTED && n->stop_wanted;
         n->stop_wanted = 0;

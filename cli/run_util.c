@@ -40,20 +40,20 @@ int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc)
     const char *how;
     if (rc->agent.len)
         return 0;
-    int r = gs_run_ensure_connected(cli);
+    int r = gs_cli_ensure_connected(cli);
     return r < 0 ? r : gs_agent_install(cli->ssh, &rc->agent, &how, &cli->err);
 }
 
-int gs_run_ensure_connected(struct gs_cli *cli)
+int gs_cli_ensure_connected(struct gs_cli *cli)
 {
     return cli->ssh ? 0 : gs_cli_connect(cli);
 }
 
 /* The server as the watch daemon's connection names it (gs_ssh_target's form), learnt by
- * gs_run_daemon_ready; "" until then. */
+ * gs_cli_daemon_ready; "" until then. */
 static char daemon_target[512];
 
-const char *gs_run_target(struct gs_cli *cli)
+const char *gs_cli_server_name(struct gs_cli *cli)
 {
     static char name[512];
     struct gs_target t;
@@ -73,7 +73,7 @@ const char *gs_run_target(struct gs_cli *cli)
     return cli->cfg.host ? cli->cfg.host : "the server";
 }
 
-int gs_run_daemon_ready(struct gs_cli *cli)
+int gs_cli_daemon_ready(struct gs_cli *cli)
 {
     json_t *reply = NULL;
     int ready = gs_control_request(cli->root.data, "status", 2000, &reply, NULL) == 0 &&
@@ -162,7 +162,7 @@ static int via_daemon(struct gs_cli *cli, const char *cmd, relay_out_fn out_fn, 
     return rc;
 }
 
-int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
+int gs_cli_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
 {
     struct gs_buf errout = GS_BUF_INIT;
     int status,
@@ -171,7 +171,7 @@ int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out)
     if (rc == 0)
         return status;
     gs_buf_reset(out); /* no daemon, or it could not: over our own connection */
-    rc = gs_run_ensure_connected(cli);
+    rc = gs_cli_ensure_connected(cli);
     return rc < 0 ? rc : gs_exec_capture(cli->ssh, command, out, NULL, &cli->err);
 }
 
@@ -202,8 +202,8 @@ static int flush_through_daemon(struct gs_cli *cli)
     return rc;
 }
 
-int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
-                         const char *args, struct gs_buf *out, struct gs_buf *errout)
+int gs_run_ctx_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub, const char *args,
+                       struct gs_buf *out, struct gs_buf *errout)
 {
     struct gs_buf cmd = GS_BUF_INIT;
     int status = 0, r = 1;
@@ -230,7 +230,7 @@ int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *
 /* The notice's thread: prints the line unless the wait ends first. */
 static void *notice_main(void *arg)
 {
-    struct gs_run_notice *n = arg;
+    struct gs_notice *n = arg;
     struct timespec at;
     clock_gettime(CLOCK_REALTIME, &at);
     at.tv_sec += n->after_ms / 1000;
@@ -247,7 +247,7 @@ static void *notice_main(void *arg)
     return NULL;
 }
 
-void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+void gs_notice_begin(struct gs_notice *n, int after_ms, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -266,7 +266,7 @@ void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt,
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-void gs_run_notice_end(struct gs_run_notice *n)
+void gs_notice_end(struct gs_notice *n)
 {
     pthread_mutex_lock(&n->lock);
     n->over = 1;
@@ -278,18 +278,18 @@ void gs_run_notice_end(struct gs_run_notice *n)
     pthread_mutex_destroy(&n->lock);
 }
 
-int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
+int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
 {
     struct gs_buf args = GS_BUF_INIT, errout = GS_BUF_INIT;
-    struct gs_run_notice notice;
+    struct gs_notice notice;
     gs_buf_adds(&args, "--id ");
     gs_shell_quote(&args, id);
-    gs_run_notice_begin(&notice, GS_RUN_NOTICE_MS,
-                        "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
-                        "still running 10 s after it get SIGKILL",
-                        id);
-    int r = gs_run_agent_capture(cli, rc, GS_PROTO_RUN_STOP, args.data, out, &errout);
-    gs_run_notice_end(&notice);
+    gs_notice_begin(&notice, GS_NOTICE_MS,
+                    "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
+                    "still running 10 s after it get SIGKILL",
+                    id);
+    int r = gs_run_ctx_capture(cli, rc, GS_PROTO_RUN_STOP, args.data, out, &errout);
+    gs_notice_end(&notice);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "stopping run %s: %s", id,
                          errout.len ? errout.data
@@ -300,9 +300,9 @@ int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, s
     return r;
 }
 
-int gs_run_connect_unless_daemon(struct gs_cli *cli)
+int gs_cli_connect_unless_daemon(struct gs_cli *cli)
 {
-    return gs_run_daemon_ready(cli) ? 0 : gs_run_ensure_connected(cli);
+    return gs_cli_daemon_ready(cli) ? 0 : gs_cli_ensure_connected(cli);
 }
 
 /* Pushes over an opened session `s` (closed here) to cli->ssh and prints one line. */
@@ -328,19 +328,19 @@ static int push_session(struct gs_cli *cli, struct gs_session *s)
     return rc;
 }
 
-int gs_run_sync(struct gs_cli *cli)
+int gs_cli_sync(struct gs_cli *cli)
 {
     int rc = flush_through_daemon(cli);
     if (rc != 1)
         return rc;
     struct gs_session s;
-    if ((rc = gs_run_ensure_connected(cli)) < 0)
+    if ((rc = gs_cli_ensure_connected(cli)) < 0)
         return rc;
     rc = gs_session_open(&s, cli->root.data, &cli->cfg, &cli->err);
     return rc < 0 ? rc : push_session(cli, &s);
 }
 
-char *gs_run_node_key(const struct gs_config *cfg)
+char *gs_cli_node_key(const struct gs_config *cfg)
 {
     struct gs_target t;
     if (gs_target_resolve(&t, cfg->host, cfg->port, cfg->user, NULL) < 0)
@@ -363,11 +363,11 @@ static void node_index_path(const char *root, const char *key, struct gs_buf *pa
 }
 
 /* A session like gs_session_open's, but over the node's private index, which is named and owned
- * by the node key (gs_run_node_key), not by how the node was written. */
+ * by the node key (gs_cli_node_key), not by how the node was written. */
 static int open_node_session(struct gs_cli *cli, struct gs_session *s)
 {
     struct gs_buf db = GS_BUF_INIT;
-    char *key = gs_run_node_key(&cli->cfg);
+    char *key = gs_cli_node_key(&cli->cfg);
     memset(s, 0, sizeof(*s));
     s->root = gs_xstrdup(cli->root.data);
     s->cfg = &cli->cfg;
@@ -383,17 +383,17 @@ static int open_node_session(struct gs_cli *cli, struct gs_session *s)
     return rc;
 }
 
-int gs_run_sync_node(struct gs_cli *cli)
+int gs_cli_sync_node(struct gs_cli *cli)
 {
     struct gs_session s;
     int rc = open_node_session(cli, &s);
     return rc < 0 ? rc : push_session(cli, &s);
 }
 
-int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out)
+int gs_run_ctx_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out)
 {
     struct gs_buf errout = GS_BUF_INIT;
-    int r = gs_run_agent_capture(cli, rc, GS_PROTO_RUN_PS, "--json", out, &errout);
+    int r = gs_run_ctx_capture(cli, rc, GS_PROTO_RUN_PS, "--json", out, &errout);
     if (r > 0)
         r = gs_error_set(&cli->err, GS_E_REMOTE, "listing runs failed: %s",
                          errout.len ? errout.data : "no answer");
@@ -402,10 +402,11 @@ int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out)
 }
 
 /* The newest run whose id or name is `run` (any, when NULL). ps lists newest first. */
-int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id)
+int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+                       struct gs_buf *id)
 {
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_list(cli, rc, &out);
+    int r = gs_run_ctx_list(cli, rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     size_t i;
     json_t *entry;
@@ -545,7 +546,7 @@ static int tail_via_daemon(struct gs_cli *cli, struct gs_run_ctx *rc, const char
     return r;
 }
 
-int gs_run_tail_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                     int follow, struct gs_tail_state *st, struct gs_log_printer *printer,
                     volatile sig_atomic_t *interrupted)
 {
@@ -567,7 +568,7 @@ static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id
 {
     for (;;) {
         int r =
-            first == 1 ? gs_run_tail_any(cli, rc, id, ranks, 1, st, printer, interrupted) : first;
+            first == 1 ? gs_run_ctx_tail(cli, rc, id, ranks, 1, st, printer, interrupted) : first;
         first = 1;
         if (r == 0 && st->finished) {
             *exit_code = st->exit_code < 0 ? 1 : st->exit_code;
@@ -581,9 +582,9 @@ static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id
     }
 }
 
-int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
-                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
-                  int *exit_code)
+int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                      struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                      int *exit_code)
 {
     struct gs_tail_state st;
     memset(&st, 0, sizeof(st));
@@ -601,13 +602,13 @@ static int launch_follow_via_daemon(struct gs_cli *cli, struct gs_run_spec *spec
     int status, rc = via_daemon(cli, cmd.data, feed_stream, p, &p->errout, interrupted, &status);
     gs_buf_release(&cmd);
     if (rc == 0 && !p->st->launched)
-        rc = gs_run_stream_launch_failed(p, gs_run_target(cli), &cli->err);
+        rc = gs_run_stream_launch_failed(p, gs_cli_server_name(cli), &cli->err);
     if (rc == GS_E_NOTFOUND && !p->st->launched) /* no agent cached there: install here */
         rc = 1;
     return rc;
 }
 
-int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
+int gs_run_ctx_launch_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
                              const char *ranks, gs_started_fn started, struct gs_log_printer *view,
                              volatile sig_atomic_t *interrupted, int *exit_code)
 {
@@ -618,7 +619,7 @@ int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
         .st = &st, .fn = gs_log_printer_chunk, .started = started, .ctx = view};
     int r = cli->ssh ? 1 : launch_follow_via_daemon(cli, spec, ranks, &p, interrupted);
     gs_run_stream_release(&p);
-    if (r == 1 && (r = gs_run_ensure_connected(cli)) == 0)
+    if (r == 1 && (r = gs_cli_ensure_connected(cli)) == 0)
         r = gs_run_launch_follow(cli->ssh, spec, ranks, &st, started, gs_log_printer_chunk, view,
                                  interrupted, &cli->err);
     if (r == GS_E_NOTFOUND && !spec->agent && strstr(cli->err.msg, GS_AGENT_MISSING)) {

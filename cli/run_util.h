@@ -1,5 +1,9 @@
 /* cli/run_util.h: what the run commands (run, logs, ps, stop) share: the agent on the server,
- * syncing before a launch, naming runs, and printing rank logs with prefixes. */
+ * syncing before a launch, naming runs, and printing rank logs with prefixes.
+ *
+ * Names: gs_run_ctx_* act on a run on the server through a gs_run_ctx (the daemon's connection
+ * or our own); gs_cli_* are about the command's context; remote/runs.h's gs_run_* (launch,
+ * tail, stop) are the single operations over one SSH connection underneath. */
 #ifndef GS_RUN_UTIL_H
 #define GS_RUN_UTIL_H
 
@@ -18,80 +22,81 @@ struct gs_run_ctx {
 /* Installs the agent if needed (needs cli->ssh). Returns 0 or a negative code in cli->err. */
 int gs_run_ctx_open(struct gs_cli *cli, struct gs_run_ctx *rc);
 /* As gs_run_ctx_open without asking the server anything: rc->agent stays empty until a command
- * learns it (gs_run_launch_and_follow) or needs it (gs_run_ctx_agent installs then). */
+ * learns it (gs_run_ctx_launch_follow) or needs it (gs_run_ctx_agent installs then). */
 void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc);
 int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc);
 void gs_run_ctx_release(struct gs_run_ctx *rc);
 
 /* Connects cli->ssh unless connected: the run commands go through the watch daemon's spare
- * connection when one runs (gs_run_capture, gs_run_launch_and_follow) and connect only when
+ * connection when one runs (gs_cli_capture, gs_run_ctx_launch_follow) and connect only when
  * they must. Returns 0 or a negative code in cli->err. */
-int gs_run_ensure_connected(struct gs_cli *cli);
+int gs_cli_ensure_connected(struct gs_cli *cli);
 
 /* The server for messages: as connected, or (through the daemon) as configured. Valid until the
  * next call. */
-const char *gs_run_target(struct gs_cli *cli);
+const char *gs_cli_server_name(struct gs_cli *cli);
 
 /* 1 when a watch daemon runs for this project and is connected: its relay can run commands. */
-int gs_run_daemon_ready(struct gs_cli *cli);
+int gs_cli_daemon_ready(struct gs_cli *cli);
 
 /* Runs `command` on the server and appends its stdout to `out`: through the daemon's spare
  * connection when cli->ssh is not connected and a daemon runs, else over cli->ssh (connecting
  * first). Returns its exit status (>= 0) or a negative code in cli->err. */
-int gs_run_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
+int gs_cli_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
 
 /* Runs the agent's `sub` with `args` in the remote project (gs_run_agent_command): through the
  * daemon with whichever build is cached there when cli->ssh is not connected, else (or when none
  * is cached) over cli->ssh with the installed agent. stdout goes to `out`, stderr to `errout`.
  * Returns the exit status (>= 0) or a negative code in cli->err. */
-int gs_run_agent_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub,
-                         const char *args, struct gs_buf *out, struct gs_buf *errout);
+int gs_run_ctx_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub, const char *args,
+                       struct gs_buf *out, struct gs_buf *errout);
 
 /* A line for a wait that may be long: printed on stderr ("gpusync: TEXT") only if the wait
  * lasts more than `after_ms`, so a quick answer stays quiet and a slow one says what it waits
- * for. Uses a thread; gs_run_notice_end must follow every gs_run_notice_begin. */
-struct gs_run_notice {
+ * for. Uses a thread; gs_notice_end must follow every gs_notice_begin. */
+struct gs_notice {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int over, running, after_ms;
     char text[512];
 };
-#define GS_RUN_NOTICE_MS 2000
-void gs_run_notice_begin(struct gs_run_notice *n, int after_ms, const char *fmt, ...)
+#define GS_NOTICE_MS 2000
+void gs_notice_begin(struct gs_notice *n, int after_ms, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void gs_run_notice_end(struct gs_run_notice *n);
+void gs_notice_end(struct gs_notice *n);
 
-/* Stops run `id` (the agent's stop, as gs_run_agent_capture runs it); the agent's report goes to
- * `out`. Says what it waits for when that takes more than GS_RUN_NOTICE_MS (ranks that ignore
+/* Stops run `id` (the agent's stop, as gs_run_ctx_capture runs it); the agent's report goes to
+ * `out`. Says what it waits for when that takes more than GS_NOTICE_MS (ranks that ignore
  * SIGTERM are killed after a grace of 10 s). Returns 0, or GS_E_REMOTE when something survived
  * or the run is unknown. */
-int gs_run_stop_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
+int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
 
 /* Connects cli->ssh unless a connected watch daemon can carry the commands. */
-int gs_run_connect_unless_daemon(struct gs_cli *cli);
+int gs_cli_connect_unless_daemon(struct gs_cli *cli);
 
 /* The remote runs as the agent's `ps --json` prints them (a JSON array) in `out`. */
-int gs_run_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out);
+int gs_run_ctx_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *out);
 
 /* Makes the server match the local tree before a launch: the daemon's flush when one runs,
  * otherwise a push over the existing connection. Prints one line on stderr. */
-int gs_run_sync(struct gs_cli *cli);
+int gs_cli_sync(struct gs_cli *cli);
 
-/* As gs_run_sync, for an extra node of a multi-node run (cli->cfg names that node): always a
+/* As gs_cli_sync, for an extra node of a multi-node run (cli->cfg names that node): always a
  * push over cli->ssh, recorded in the node's own index (.gpusync/index.<node key>.db), so the
  * project's index, which the watch daemon may be using for the configured server, is left
  * alone. Returns 0 or a negative code in cli->err. */
-int gs_run_sync_node(struct gs_cli *cli);
+int gs_cli_sync_node(struct gs_cli *cli);
 
 /* "user@host:port:path" for the server directory `cfg` names, with user, host and port resolved
  * as OpenSSH would (remote/target.h): an ~/.ssh/config alias and its HostName, a port written or
  * left to its default, are one node, with one index. malloc'd. */
-char *gs_run_node_key(const struct gs_config *cfg);
+char *gs_cli_node_key(const struct gs_config *cfg);
 
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * Appends the id to `id`. Returns 0 or GS_E_NOTFOUND. */
-int gs_run_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, struct gs_buf *id);
+int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+                       struct gs_buf *id);
 
 /* Prints rank logs as whole lines with "[rank N] " prefixes (when `prefix`), keeping a local copy
  * in .gpusync/runs/<id>/ (run_local.h). */
@@ -112,21 +117,21 @@ void gs_log_printer_finish(struct gs_log_printer *p);
 
 /* Streams run `id`'s logs from st's offsets as gs_run_tail does, through the daemon when cli->ssh
  * is not connected and no agent path is known yet. */
-int gs_run_tail_any(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                     int follow, struct gs_tail_state *st, struct gs_log_printer *printer,
                     volatile sig_atomic_t *interrupted);
 
 /* Follows run `id` until it ends, reconnecting after a dropped connection and resuming where it
  * stopped. Returns 0 with *exit_code, GS_E_INTERRUPTED on Ctrl-C, or an error. */
-int gs_run_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
-                  struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
-                  int *exit_code);
+int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
+                      struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
+                      int *exit_code);
 
-/* Starts `spec` and follows it as gs_run_follow does, launch and first stream in one exec (see
+/* Starts `spec` and follows it as gs_run_ctx_follow does, launch and first stream in one exec (see
  * gs_run_launch_follow). `view` starts with the printer; `started` gets it once the run is up.
  * Without a known agent, the cached builds are tried first and one is installed only if none is
  * there. A run that never started returns its error. */
-int gs_run_launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
+int gs_run_ctx_launch_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
                              const char *ranks, gs_started_fn started, struct gs_log_printer *view,
                              volatile sig_atomic_t *interrupted, int *exit_code);
 
