@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
+#include "fixtures/tree.h"
 #include "wansim_harness.h"
 
 #define RUN_TIMEOUT_MS 90000
@@ -47,14 +48,7 @@ static void exec_gpusync(const char *cwd, const char *const *args)
     setsid(); /* no controlling terminal, as in CI or an editor */
     if (cwd && chdir(cwd) != 0)
         _exit(126);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = gs_test_gpusync();
-    for (size_t i = 0; args[i] && n < 63; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
+    gs_test_exec_gpusync(args);
 }
 
 /* Runs gpusync in `cwd` with `args` (NULL-terminated), stdin /dev/null, and collects its output. */
@@ -222,27 +216,11 @@ static int exists(const char *root, const char *rel)
     return lstat(path, &st) == 0;
 }
 
-/* Reads a whole file into `b` (NUL-terminated); returns 0 or -1. */
-static int slurp(const char *path, struct gs_buf *b)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return -1;
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
-        gs_buf_add(b, chunk, n);
-    fclose(fp);
-    gs_buf_grow(b, 1);
-    b->data[b->len] = '\0';
-    return 0;
-}
-
 /* 1 when both files hold the same bytes. */
 static int same_bytes(const char *a, const char *b)
 {
     struct gs_buf x = GS_BUF_INIT, y = GS_BUF_INIT;
-    int same = slurp(a, &x) == 0 && slurp(b, &y) == 0 && x.len == y.len &&
+    int same = gs_test_slurp(a, &x) == 0 && gs_test_slurp(b, &y) == 0 && x.len == y.len &&
                (x.len == 0 || memcmp(x.data, y.data, x.len) == 0);
     gs_buf_release(&x);
     gs_buf_release(&y);
@@ -653,11 +631,11 @@ static void scenario_conflict(struct proj *p)
         snprintf(path, sizeof(path), "%s/%s", p->remote, names[k]);
         struct gs_buf b = GS_BUF_INIT;
         if (!strncmp(names[k], "train.py" CONFLICT_TAG, strlen("train.py" CONFLICT_TAG))) {
-            assert_int_equal(slurp(path, &b), 0);
+            assert_int_equal(gs_test_slurp(path, &b), 0);
             assert_string_equal(b.data, "edited on the server\n");
             kept_train++;
         } else if (!strncmp(names[k], "gone.py" CONFLICT_TAG, strlen("gone.py" CONFLICT_TAG))) {
-            assert_int_equal(slurp(path, &b), 0);
+            assert_int_equal(gs_test_slurp(path, &b), 0);
             assert_string_equal(b.data, "also edited on the server\n");
             kept_gone++;
         }
@@ -696,7 +674,7 @@ static void scenario_dir_replaced_by_a_file(struct proj *p)
     char path[512];
     struct gs_buf b = GS_BUF_INIT;
     snprintf(path, sizeof(path), "%s/%s", p->remote, kept);
-    assert_int_equal(slurp(path, &b), 0);
+    assert_int_equal(gs_test_slurp(path, &b), 0);
     assert_string_equal(b.data, "a file made on the server\n");
     gs_buf_release(&b);
     json_decref(o);
@@ -848,7 +826,7 @@ static void test_push__symlink_out_of_the_tree_is_mirrored_not_followed(void **s
     free_list(left);
     snprintf(path, sizeof(path), "%s/secret.txt", outside);
     struct gs_buf b = GS_BUF_INIT;
-    assert_int_equal(slurp(path, &b), 0);
+    assert_int_equal(gs_test_slurp(path, &b), 0);
     assert_string_equal(b.data, "not part of the project\n");
     gs_buf_release(&b);
 }
@@ -888,6 +866,7 @@ static void test_push__gitignore_and_sync_exclude_are_respected(void **state)
 static void fingerprint(const char *root, const char *rel, struct gs_buf *out)
 {
     char **names = list_dir(root, rel);
+    struct gs_buf content = GS_BUF_INIT;
     for (size_t i = 0; names[i]; i++) {
         char child[4096], path[4096];
         path_at(child, sizeof(child), rel, names[i]);
@@ -899,9 +878,10 @@ static void fingerprint(const char *root, const char *rel, struct gs_buf *out)
                     (long long)st.st_mtim.tv_sec);
         if (S_ISDIR(st.st_mode))
             fingerprint(root, child, out);
-        else if (S_ISREG(st.st_mode))
-            slurp(path, out);
+        else if (S_ISREG(st.st_mode) && gs_test_slurp(path, &content) == 0)
+            gs_buf_add(out, content.data, content.len);
     }
+    gs_buf_release(&content);
     free_list(names);
 }
 
@@ -1027,7 +1007,7 @@ static void test_pull__file_and_directory_arrive_whole(void **state)
     snprintf(r1, sizeof(r1), "%s/out/ckpt.bin", cur.remote);
     assert_true(same_bytes(a, r1));
     struct gs_buf old = GS_BUF_INIT;
-    assert_int_equal(slurp(b, &old), 0);
+    assert_int_equal(gs_test_slurp(b, &old), 0);
     assert_string_equal(old.data, "old checkpoint\n");
     gs_buf_release(&old);
 
@@ -1196,7 +1176,7 @@ static void test_push__sshd_killed_mid_push_then_push_converges(void **state)
     assert_true(arrived < BIG_FILES); /* it really was mid-push */
     int st = wait_child(pid, 60000);
     struct gs_buf out = GS_BUF_INIT;
-    slurp(log, &out);
+    gs_test_slurp(log, &out);
     print_message("push while sshd died: exit %d: %s", st, out.data ? out.data : "");
     if (st <= 0 || st >= 128)
         fail_msg("push should fail cleanly when sshd dies, got %d", st);

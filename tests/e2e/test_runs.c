@@ -66,14 +66,7 @@ static void child_start(struct child *c, const char *cwd, const char *const *arg
         dup2(err[1], 2);
         close(out[0]);
         close(err[0]);
-        const char *argv[64];
-        int n = 0;
-        argv[n++] = gs_test_gpusync();
-        for (size_t i = 0; args[i] && n < 63; i++)
-            argv[n++] = args[i];
-        argv[n] = NULL;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
+        gs_test_exec_gpusync(args);
     }
     close(out[1]);
     close(err[1]);
