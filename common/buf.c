@@ -26,12 +26,8 @@ void gs_buf_grow(struct gs_buf *b, size_t extra)
     size_t need = b->len + extra + 1;
     if (need <= b->cap)
         return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    b->data = gs_xrealloc(b->data, cap);
-    b->cap = cap;
-    b->data[b->len] = '\0';
+    GS_ALLOC_GROW(b->data, need, b->cap);
+    b->data[b->len] = '\0'; /* a buffer that had no storage now holds "" */
 }
 
 void gs_buf_reset(struct gs_buf *b)

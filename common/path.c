@@ -184,8 +184,8 @@ int gs_path_state_dir(const char *root, struct gs_error *err)
         chmod(dir.data, 0700); /* made by an older gpusync under the umask */
     int fd = rc == 0 ? gs_path_open_private(ignore.data, O_WRONLY | O_CREAT | O_EXCL) : -1;
     if (fd >= 0) {
-        ssize_t n = write(fd, STATE_GITIGNORE, sizeof(STATE_GITIGNORE) - 1);
-        if (close(fd) != 0 || n != (ssize_t)sizeof(STATE_GITIGNORE) - 1)
+        int wrc = gs_write_all(fd, STATE_GITIGNORE, sizeof(STATE_GITIGNORE) - 1);
+        if (close(fd) != 0 || wrc != 0)
             unlink(ignore.data); /* a partial one would be worse than none: next time */
     }
     gs_buf_release(&dir);

@@ -688,12 +688,8 @@ static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_
 {
     struct get_state *st = c->state;
     if (m->type == GS_MSG_GET_DATA) {
-        for (size_t off = 0; off < m->data.len && st->rc == 0;) {
-            ssize_t w = write(st->fd, m->data.p + off, m->data.len - off);
-            if (w < 0 && errno != EINTR)
-                st->rc = gs_error_errno(st->err, GS_E_IO, "writing the downloaded file");
-            off += w > 0 ? (size_t)w : 0;
-        }
+        if (st->rc == 0 && gs_write_all(st->fd, m->data.p, m->data.len) != 0)
+            st->rc = gs_error_errno(st->err, GS_E_IO, "writing the downloaded file");
         st->got += m->data.len;
         if (st->progress)
             st->progress(st->ctx, st->got, 0);
