@@ -9,7 +9,6 @@
 #include "common/proc.h"
 #include "remote/exec.h"
 
-
 /* Prints key=value lines; GPUs one per "gpu=" line as nvidia-smi's CSV. */
 static const char probe_script[] =
     "cd 2>/dev/null; d=%s\n"
