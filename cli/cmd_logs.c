@@ -87,10 +87,11 @@ static struct {
 
 static int logs_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    (void)cli;
-    if (opt == 'f')
+    if (opt == 'f') {
+        /* exits with the run's status then, so a lost connection is 255, as for run */
         opts.follow = 1;
-    else if (opt == OPT_RANK)
+        cli->remote_status = 1;
+    } else if (opt == OPT_RANK)
         opts.rank = arg;
     else if (opt == OPT_TAIL)
         opts.tail = atoi(arg);
@@ -128,7 +129,8 @@ const struct gs_cmd gs_cmd_logs = {
     .name = "logs",
     .usage = "logs [RUN] [-f] [--rank N] [--tail N]",
     .summary = "Show a run's logs (the newest run by default)",
-    .help = "  -f, --follow           follow until the run ends; exit with its status\n"
+    .help = "  -f, --follow           follow until the run ends; exit with its status (255 when\n"
+            "                         the connection failed)\n"
             "  --rank N               only rank N (a list such as 0,1 works too)\n"
             "  --tail N               only the last N lines (of all ranks, in time order)\n"
             "  RUN is a run id or a --name. Several ranks' lines come in the order they were\n"

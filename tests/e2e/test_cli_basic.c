@@ -462,8 +462,8 @@ static int closed_port(void)
     return ntohs(a.sin_port);
 }
 
-/* exec and run exit with the remote command's status, and a command may well exit 4: a failed
- * connection is 255 there (as with ssh), while the other commands keep 4. */
+/* exec, run and logs -f exit with the remote command's status, and a command may well exit 4: a
+ * failed connection is 255 there (as with ssh), while the other commands keep 4. */
 static void test_exec__unreachable_server_exits_255_where_push_exits_4(void **state)
 {
     (void)state;
@@ -479,6 +479,12 @@ static void test_exec__unreachable_server_exits_255_where_push_exits_4(void **st
     gs_test_result_release(&r);
     r = run_gpusync(dir, NULL, NULL, ARGS("run", "--cpu", "1", "--", "true"));
     gs_test_expect_status(&r, 255, "run --cpu 1 -- true against a closed port");
+    gs_test_result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("logs", "-f", "some-run"));
+    gs_test_expect_status(&r, 255, "logs -f (the run's status) against a closed port");
+    gs_test_result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("logs", "some-run"));
+    gs_test_expect_status(&r, 4, "logs without -f against a closed port");
     gs_test_result_release(&r);
     r = run_gpusync(dir, NULL, NULL, ARGS("push"));
     gs_test_expect_status(&r, 4, "push against a closed port");
