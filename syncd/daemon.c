@@ -64,6 +64,11 @@ struct daemon {
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;
     int64_t next_retry_ms;
+    char **held; /* paths a batch held back in the middle of a save (watch.h): in the next batch */
+    size_t n_held, cap_held;
+    int64_t held_until_ms;  /* the earliest end of their holds */
+    int batch_drained;      /* this batch read the events that arrived while it was planned */
+    int changed_while_sent; /* puts of this batch refused as their file changed meanwhile */
     int flush_now;
     int64_t first_event_ms, last_event_ms;
     uint64_t event_gen, synced_gen;
@@ -111,7 +116,7 @@ static const char *state_name(const struct daemon *d)
 {
     if (!d->connected)
         return d->last_error[0] ? "disconnected" : "connecting"; /* retrying, or the first */
-    if (d->syncing || d->n_dirty || d->full || d->n_failed) /* refused changes will be retried */
+    if (d->syncing || d->n_dirty || d->full || d->n_failed || d->n_held) /* all sent later */
         return "syncing";
     return "up_to_date";
 }
@@ -131,7 +136,7 @@ static void show_status(struct daemon *d)
         fprintf(out, " · syncing %zu path%s", d->batch_paths, d->batch_paths == 1 ? "" : "s");
     else if (d->syncing) /* a full batch: how many paths changed is known only after the scan */
         fprintf(out, " · checking every file");
-    else if (d->connected && !d->n_dirty)
+    else if (d->connected && !d->n_dirty && !d->n_held)
         fprintf(out, " · up to date");
     if (d->last_latency_ms >= 0 && d->connected)
         fprintf(out, " · last sync %lld ms", (long long)d->last_latency_ms);
@@ -177,15 +182,16 @@ static json_t *status_json(struct daemon *d)
     long relayed = 0;
     if (d->relay)
         gs_relay_stats(d->relay, &spare, &relayed);
-    json_t *o = json_pack(
-        "{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1, "state",
-        state_name(d), "connected", d->connected, "pending", (int)(d->n_dirty + d->n_failed),
-        "last_error", d->last_error[0] ? json_string(d->last_error) : json_null(),
-        "last_latency_ms", d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
-        "target", d->connected ? gs_ssh_target(d->ssh) : d->target, "transport",
-        d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
-        d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
-        d->watch && gs_watch_polling(d->watch, NULL));
+    json_t *o =
+        json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
+                  "state", state_name(d), "connected", d->connected, "pending",
+                  (int)(d->n_dirty + d->n_failed + d->n_held), "last_error",
+                  d->last_error[0] ? json_string(d->last_error) : json_null(), "last_latency_ms",
+                  d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
+                  "target", d->connected ? gs_ssh_target(d->ssh) : d->target, "transport",
+                  d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
+                  d->watch ? (int)gs_watch_count(d->watch) : 0, "polling",
+                  d->watch && gs_watch_polling(d->watch, NULL));
     /* a spare is a separate connection to the same server: while the daemon cannot reach it, the
      * relay is rechecking its spares (see disconnect), and none is known to be usable */
     json_object_set_new(o, "spare_ready", json_boolean(spare && d->connected));
@@ -247,6 +253,26 @@ static void retry_failed(struct daemon *d)
         free(d->failed[i]);
     }
     d->n_failed = 0;
+}
+
+/* Keeps `path` out of this batch until `until` at the latest: it is in the middle of a save. */
+static void hold_path(struct daemon *d, const char *path, int64_t until)
+{
+    GS_ALLOC_GROW(d->held, d->n_held + 1, d->cap_held);
+    d->held[d->n_held++] = gs_xstrdup(path);
+    if (d->n_held == 1 || until < d->held_until_ms)
+        d->held_until_ms = until;
+}
+
+/* Puts the held paths back in the batch about to go out: asked again, those whose save has
+ * completed go, the others are held again. */
+static void unhold(struct daemon *d)
+{
+    for (size_t i = 0; i < d->n_held; i++) {
+        mark_dirty(d, d->held[i]);
+        free(d->held[i]);
+    }
+    d->n_held = 0;
 }
 
 static void mark_full(struct daemon *d)
@@ -311,6 +337,7 @@ static void disconnect(struct daemon *d, const char *why)
 }
 
 static void refuse_flushes(struct daemon *d);
+static void read_changes(struct daemon *d);
 
 /* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile.
  * The login gets the usual limits (a slow server's handshake and agent start are waited for);
@@ -436,6 +463,10 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
             return;
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
         note_conflict(d, op->from, r->kept);
+    } else if (!r->ok && gs_push_changed_locally(d->o->root, op)) {
+        mark_dirty(d, op->path); /* a save came in while it was sent: its new version goes next */
+        d->changed_while_sent++;
+        return;
     } else if (!r->ok) {
         note_failed(d, op->path);
         if (op->type == GS_OP_RENAME)
@@ -457,6 +488,29 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     broadcast(d, ev);
 }
 
+/* Holds back an operation on a file in the middle of a save (syncd/watch.h). Asked once the batch
+ * has been planned and hashed, after reading the events that arrived meanwhile: a save that began
+ * while its file was hashed is then known, and the half-written bytes are not sent. */
+static int hold_op(void *ctx, const struct gs_plan_op *op)
+{
+    struct daemon *d = ctx;
+    if (!d->batch_drained)
+        read_changes(d);
+    d->batch_drained = 1;
+    int64_t now = gs_clock_mono_ms(), until = now, from_until = now;
+    int held = gs_watch_hold(d->watch, op->path, now, &until);
+    if (op->from && gs_watch_hold(d->watch, op->from, now, &from_until)) {
+        until = held && until < from_until ? until : from_until;
+        held = 1;
+    }
+    if (!held)
+        return 0;
+    hold_path(d, op->path, until);
+    if (op->from)
+        hold_path(d, op->from, until);
+    return 1;
+}
+
 /* Answers the waiting flushes with an error: a connection attempt failed, so the server cannot be
  * known to match (waiting for the next attempt would answer a user who asked now only after the
  * backoff, up to BACKOFF_MAX_MS). A flush asked after that attempt began gets an attempt of its
@@ -464,7 +518,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
 static void refuse_flushes(struct daemon *d)
 {
     char why[1400];
-    size_t pending = d->n_dirty + d->n_failed;
+    size_t pending = d->n_dirty + d->n_failed + d->n_held;
     json_t *since = unreachable_since(d);
     snprintf(why, sizeof(why),
              "%s has been unreachable since %s (%lld s); %zu change%s wait%s%s and will be sent "
@@ -527,6 +581,7 @@ static void requeue(struct daemon *d, char **paths, size_t n, int full)
 
 static void sync_batch(struct daemon *d)
 {
+    unhold(d);
     char **paths = d->dirty;
     size_t n = d->n_dirty;
     int full = d->full;
@@ -541,12 +596,15 @@ static void sync_batch(struct daemon *d)
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
+                             .hold = hold_op,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
-    d->lost_renames = 0;
+    d->lost_renames = d->changed_while_sent = d->batch_drained = 0;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
+    if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)
+        rc = 0; /* nothing failed: files changed while they were sent, and go again (on_op) */
     if (is_transport_error(rc)) {
         requeue(d, paths, n, full);
         disconnect(d, err.msg);
@@ -557,15 +615,15 @@ static void sync_batch(struct daemon *d)
             d->last_error[0] = '\0';
         if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
             keep_failed_batch(d, paths, n, full);
-        if (d->lost_renames) /* not synced yet: their paths go out in the next batch, at once */
+        if (d->lost_renames || d->changed_while_sent) /* not synced yet: sent again at once */
             d->flush_now = 1;
-        else
+        else if (!d->n_held) /* a flush waits for the saves in progress */
             d->synced_gen = gen;
         if (st.ops_total)
             d->last_latency_ms = gs_clock_mono_ms() - d->first_event_ms;
         d->next_retry_ms = gs_clock_mono_ms() + RETRY_FAILED_MS;
         answer_flushes(d, rc < 0 ? d->last_error : NULL);
-        if (!d->n_dirty && !d->full && !d->n_failed) /* "idle": the server matches */
+        if (!d->n_dirty && !d->full && !d->n_failed && !d->n_held) /* the server matches */
             broadcast(d, json_pack("{s:s}", "event", "idle"));
     }
     free_paths(paths, n);
@@ -585,7 +643,11 @@ static void sync_batch_when_free(struct daemon *d)
  * a flush. */
 static int batch_due(const struct daemon *d, int64_t now)
 {
-    if (!d->connected || (!d->n_dirty && !d->full))
+    if (!d->connected)
+        return 0;
+    if (d->n_held && now >= d->held_until_ms)
+        return 1;
+    if (!d->n_dirty && !d->full)
         return 0;
     return d->flush_now || now - d->last_event_ms >= d->o->debounce_ms ||
            now - d->first_event_ms >= d->o->debounce_cap_ms;
@@ -748,9 +810,12 @@ static int next_timeout(const struct daemon *d, int64_t now)
         t = due < t ? due : t;
         t = cap < t ? cap : t;
     }
+    if (d->n_held && d->held_until_ms < t)
+        t = d->held_until_ms;
     if (!d->connected && d->next_connect_ms && d->next_connect_ms < t)
         t = d->next_connect_ms;
-    if (d->flush_now && d->connected) /* disconnected, a flush waits for the connection */
+    /* disconnected, a flush waits for the connection; with only held paths, for their saves */
+    if (d->flush_now && d->connected && (d->n_dirty || d->full))
         t = now;
     if (t < d->lock_retry_ms) /* connecting and batching wait for the sync lock */
         t = d->lock_retry_ms;
@@ -1026,6 +1091,7 @@ static void teardown(struct daemon *d)
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);
     free_paths(d->failed, d->n_failed);
+    free_paths(d->held, d->n_held);
     json_decref(d->conflicts);
     if (d->o->status_out) {
         fputs("\n", d->o->status_out);

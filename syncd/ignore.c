@@ -41,12 +41,21 @@ struct gs_ignore {
     size_t n_pats;
 };
 
+static int has_suffix(const char *s, size_t len, const char *suffix)
+{
+    size_t n = strlen(suffix);
+    return len > n && !strcmp(s + len - n, suffix);
+}
+
 /* Editors' own scratch files: Emacs lock links (.#f), autosaves (#f#) and backups (f~), Vim swap
- * files (.f.swp/.swo/.swx) and the "4913" file Vim creates to test a directory. Syncing them
+ * files (.f.swp/.swo/.swx), the "4913" file Vim creates to test a directory, and the names
+ * JetBrains IDEs' safe write moves a file through (f___jb_tmp___, f___jb_old___). Syncing them
  * would only send noise (and an Emacs lock is a dangling symlink). */
 static int is_editor_scratch(const char *base, size_t len)
 {
     if (!strncmp(base, ".#", 2) || (len > 2 && base[0] == '#' && base[len - 1] == '#'))
+        return 1;
+    if (has_suffix(base, len, "___jb_tmp___") || has_suffix(base, len, "___jb_old___"))
         return 1;
     if (len > 1 && base[len - 1] == '~')
         return 1;

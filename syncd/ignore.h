@@ -49,8 +49,8 @@ int gs_ignore_path(struct gs_ignore *ig, const char *relpath, int is_dir, struct
 int gs_ignore_entry(struct gs_ignore *ig, const char *relpath, int is_dir, struct gs_error *err);
 
 /* 1 when the last path component is one of the built-in names (.git, .gpusync, gpusync's temporary
- * and conflict names, and editors' scratch files: .#f, #f#, f~, .f.swp/.swo/.swx, 4913), 0
- * otherwise. Pure; no object. */
+ * and conflict names, and editors' scratch files: .#f, #f#, f~, .f.swp/.swo/.swx, 4913,
+ * f___jb_tmp___, f___jb_old___), 0 otherwise. The README lists them for users. Pure; no object. */
 int gs_ignore_is_builtin(const char *name);
 
 #endif

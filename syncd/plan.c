@@ -778,15 +778,35 @@ int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *
     return rc;
 }
 
-void gs_plan_release(struct gs_plan *plan)
+static void op_release(struct gs_plan_op *op)
 {
+    free(op->path);
+    free(op->from);
+    free(op->expect.link);
+    gs_index_entry_release(&op->record);
+}
+
+void gs_plan_remove_if(struct gs_plan *plan, int (*drop)(void *ctx, const struct gs_plan_op *op),
+                       void *ctx)
+{
+    size_t kept = 0;
     for (size_t i = 0; i < plan->n_ops; i++) {
         struct gs_plan_op *op = &plan->ops[i];
-        free(op->path);
-        free(op->from);
-        free(op->expect.link);
-        gs_index_entry_release(&op->record);
+        if (!drop(ctx, op)) {
+            plan->ops[kept++] = *op;
+            continue;
+        }
+        if (op->type == GS_OP_PUT)
+            plan->bytes_to_send -= op->record.size;
+        op_release(op);
     }
+    plan->n_ops = kept;
+}
+
+void gs_plan_release(struct gs_plan *plan)
+{
+    for (size_t i = 0; i < plan->n_ops; i++)
+        op_release(&plan->ops[i]);
     free(plan->ops);
     memset(plan, 0, sizeof(*plan));
 }

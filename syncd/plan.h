@@ -116,6 +116,12 @@ struct gs_plan_opts {
 int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *scan,
                   struct gs_index *idx, const struct gs_plan_opts *opts, struct gs_error *err);
 
+/* Removes (and frees) the operations for which `drop` returns 1, keeping the others in order, and
+ * updates bytes_to_send. Only for operations nothing else depends on: a put, a delete of a file, a
+ * rename (whose paths the caller then plans again), never a mkdir a later operation needs. */
+void gs_plan_remove_if(struct gs_plan *plan, int (*drop)(void *ctx, const struct gs_plan_op *op),
+                       void *ctx);
+
 /* Frees all operations; the plan is empty and reusable. */
 void gs_plan_release(struct gs_plan *plan);
 

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/path.h"
 #include "common/wrapper.h"
+#include "syncd/hash.h"
 #include "syncd/scan.h"
 
 #define COMMIT_EVERY_MS 50
@@ -103,6 +104,21 @@ static int lost_rename(struct run *run, const struct gs_plan_op *op, const struc
 {
     return gs_push_lost_rename(op, r) &&
            gs_index_delete_subtree(run->idx, op->from, &run->index_err) == 0;
+}
+
+int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)
+{
+    struct gs_buf abs = GS_BUF_INIT;
+    struct stat st;
+    struct gs_hash now;
+    gs_path_join(&abs, root, op->path);
+    int changed = op->type != GS_OP_PUT || lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) ||
+                  (uint64_t)st.st_size != op->record.size;
+    /* same size: a rewrite within one timestamp tick keeps the mtime too, so compare the bytes */
+    if (!changed && op->record.has_hash)
+        changed = gs_hash_file(abs.data, &now, NULL) < 0 || !gs_hash_equal(&now, &op->record.hash);
+    gs_buf_release(&abs);
+    return changed && op->type == GS_OP_PUT;
 }
 
 static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *orig)
@@ -340,6 +356,15 @@ static int scan_paths(struct gs_scan *scan, const char *root, struct gs_ignore *
     return rc;
 }
 
+/* The operations a caller may hold back: those no other operation of the plan waits for. */
+static int holdable_held(void *ctx, const struct gs_plan_op *op)
+{
+    const struct gs_push_opts *o = ctx;
+    int holdable = op->type == GS_OP_PUT || op->type == GS_OP_RENAME ||
+                   (op->type == GS_OP_DELETE && op->expect.kind != GS_EXPECT_DIR);
+    return holdable && o->hold(o->ctx, op);
+}
+
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
                      const struct gs_push_opts *o, struct gs_plan *plan, struct gs_error *err)
 {
@@ -360,6 +385,8 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     memset(st, 0, sizeof(*st));
     st->start_ms = gs_clock_mono_ms();
     int rc = plan_tree(root, ig, idx, opts, plan, err);
+    if (rc == 0 && opts->hold && !opts->dry_run)
+        gs_plan_remove_if(plan, holdable_held, (void *)opts);
     if (rc == 0)
         fill_plan_stats(st, plan);
     return rc;

@@ -41,6 +41,10 @@ struct gs_push_opts {
     int dry_run; /* plan and report, change nothing (not even the index's cache) */
     gs_push_op_fn on_op;
     gs_push_progress_fn on_progress;
+    /* Called for each planned put, file delete and rename before anything is sent; 1 leaves it
+     * out of this push (the watch daemon holds back a file in the middle of a save and sends it
+     * later). NULL: nothing is held. */
+    int (*hold)(void *ctx, const struct gs_plan_op *op);
     void *ctx;
 };
 
@@ -49,6 +53,11 @@ struct gs_push_opts {
  * executor then drops the source from the index; a caller plans `op->path` and `op->from` again,
  * which sends the destination afresh. */
 int gs_push_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r);
+
+/* 1 when the local file of the PUT `op`, planned from the tree at `root`, no longer holds the
+ * planned bytes: it was written, replaced or removed while it was being sent. A put refused then
+ * is no error: the file's new version is a change of its own, sent by the next sync. */
+int gs_push_changed_locally(const char *root, const struct gs_plan_op *op);
 
 /* Makes the server match the tree at `root`. `ops` may be NULL for a dry run. Fills `st` (also on
  * failure). Returns 0 when every operation succeeded (conflicts are successes: the server's copy

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <search.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,26 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/path.h"
 #include "common/wrapper.h"
 
 #define WATCH_MASK                                                                                 \
     (IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVED_FROM |              \
      IN_MOVED_TO | IN_DELETE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+
+/* A file in the middle of a save (see watch.h), in a tree keyed by path (tsearch(3)): a git
+ * checkout creates thousands of files at once, each held until its writer closes it. */
+enum hold_kind {
+    HOLD_WRITING,    /* created or modified, not yet closed */
+    HOLD_MOVED_AWAY, /* renamed to an editor's scratch name; the new version comes next */
+};
+
+struct hold {
+    char *path;
+    enum hold_kind kind;
+    int64_t since_ms;
+};
 
 /* A MOVED_FROM waiting for its MOVED_TO (same cookie). */
 struct move {
@@ -38,7 +53,98 @@ struct gs_watch {
     size_t n_pending;
     int polling;
     char why[512];
+    void *holds; /* struct hold *, by path */
 };
+
+/* ---- saves in progress ---- */
+
+static int hold_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct hold *)a)->path, ((const struct hold *)b)->path);
+}
+
+static void hold_free(void *h)
+{
+    free(((struct hold *)h)->path);
+    free(h);
+}
+
+static struct hold *hold_find(struct gs_watch *w, const char *path)
+{
+    struct hold key = {.path = (char *)path};
+    struct hold **found = tfind(&key, &w->holds, hold_cmp);
+    return found ? *found : NULL;
+}
+
+/* Holds `path` for `kind`; a hold of the same kind keeps its start, so a file written without
+ * pause is still sent every GS_WATCH_HOLD_MAX_MS. */
+static void hold_set(struct gs_watch *w, const char *path, enum hold_kind kind)
+{
+    struct hold *h = hold_find(w, path);
+    if (h && h->kind == kind)
+        return;
+    if (!h) {
+        h = gs_xcalloc(1, sizeof(*h));
+        h->path = gs_xstrdup(path);
+        if (!tsearch(h, &w->holds, hold_cmp))
+            gs_out_of_memory(sizeof(*h));
+    }
+    h->kind = kind;
+    h->since_ms = gs_clock_mono_ms();
+}
+
+static void hold_clear(struct gs_watch *w, const char *path)
+{
+    struct hold *h = hold_find(w, path);
+    if (!h)
+        return;
+    tdelete(h, &w->holds, hold_cmp);
+    hold_free(h);
+}
+
+/* After lost events nothing is known about saves in progress: hold nothing. */
+static void hold_clear_all(struct gs_watch *w)
+{
+    tdestroy(w->holds, hold_free);
+    w->holds = NULL;
+}
+
+/* Whether the regular file `rel` exists: a writer created it (open with O_CREAT) and will close
+ * it; a symlink or a hard link made in one call will not. */
+static int is_regular_file(struct gs_watch *w, const char *rel)
+{
+    struct gs_buf abs = GS_BUF_INIT;
+    struct stat st;
+    gs_path_join(&abs, w->root, rel);
+    int regular = lstat(abs.data, &st) == 0 && S_ISREG(st.st_mode);
+    gs_buf_release(&abs);
+    return regular;
+}
+
+/* Follows one event on the file `path` (not a directory) through a save. */
+static void track_save(struct gs_watch *w, uint32_t mask, const char *path)
+{
+    if (mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM))
+        hold_clear(w, path); /* complete, or gone (a backup rename holds it again in moved_away) */
+    else if ((mask & IN_MODIFY) || ((mask & IN_CREATE) && is_regular_file(w, path)))
+        hold_set(w, path, HOLD_WRITING);
+}
+
+int gs_watch_hold(struct gs_watch *w, const char *path, int64_t now_ms, int64_t *until)
+{
+    struct hold *h = hold_find(w, path);
+    if (!h)
+        return 0;
+    if (now_ms < h->since_ms + GS_WATCH_HOLD_MAX_MS) {
+        *until = h->since_ms + GS_WATCH_HOLD_MAX_MS;
+        return 1;
+    }
+    if (h->kind == HOLD_WRITING)
+        h->since_ms = now_ms; /* sent now as it is; the next change waits again */
+    else
+        hold_clear(w, path); /* it did not come back: a delete after all */
+    return 0;
+}
 
 static void set_dir(struct gs_watch *w, int wd, const char *rel)
 {
@@ -130,6 +236,7 @@ void gs_watch_free(struct gs_watch *w)
         free(w->dirs[i]);
     for (size_t i = 0; i < w->n_pending; i++)
         free(w->pending[i].path);
+    hold_clear_all(w);
     free(w->dirs);
     free(w->root);
     free(w);
@@ -217,6 +324,20 @@ static int moved_to(struct gs_watch *w, uint32_t cookie, const char *path, int i
     return 0;
 }
 
+/* A MOVED_TO an ignored name: when its source is a file of the tree renamed to an editor's
+ * scratch name (vim's `f~`, JetBrains' `f___jb_old___`), a new version of the file is on its way,
+ * and its absence meanwhile is not a delete. */
+static void moved_away(struct gs_watch *w, uint32_t cookie, const char *to)
+{
+    for (size_t i = 0; i < w->n_pending; i++) {
+        if (w->pending[i].cookie != cookie)
+            continue;
+        if (!w->pending[i].is_dir && gs_ignore_is_builtin(to))
+            hold_set(w, w->pending[i].path, HOLD_MOVED_AWAY);
+        return; /* unpaired: finish_pending treats it as a move out of the tree */
+    }
+}
+
 /* The kernel dropped watch `wd` (its directory was deleted or unmounted): forget it, or the
  * status "watches" count would only ever grow. */
 static void watch_gone(struct gs_watch *w, int wd)
@@ -266,9 +387,13 @@ static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_
     gs_buf_adds(&path, ev->name);
     int is_dir = (ev->mask & IN_ISDIR) != 0;
     if (gs_ignore_path(w->ig, path.data, is_dir, NULL) != 0) {
+        if ((ev->mask & IN_MOVED_TO) && !is_dir)
+            moved_away(w, ev->cookie, path.data);
         gs_buf_release(&path);
         return;
     }
+    if (!is_dir)
+        track_save(w, ev->mask, path.data);
     if (ev->mask & IN_MOVED_FROM)
         moved_from(w, ev->cookie, path.data, is_dir);
     if (ev->mask & IN_MOVED_TO)
@@ -303,6 +428,8 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
     }
     /* A MOVED_FROM still unpaired after the queue is empty was a move out of the tree. */
     finish_pending(w);
+    if (rescan)
+        hold_clear_all(w);
     if (rescan && !w->polling)
         rewatch_all(w);
     return rescan || (w->polling && !was_polling);

@@ -6,11 +6,19 @@
  * reported whole (files may land in it before the watch exists). A directory renamed inside the
  * tree keeps its watches (their paths are rewritten by cookie pairing); one moved out loses them.
  * A queue overflow, or running out of watches, asks the daemon for a full rescan; out of watches
- * the watcher also switches the daemon to polling, with a message naming the sysctl to raise. */
+ * the watcher also switches the daemon to polling, with a message naming the sysctl to raise.
+ *
+ * It also knows which files are in the middle of a save (gs_watch_hold), so that the server is
+ * never given a version the user did not save: a file created or modified and not yet closed by
+ * its writer (IN_CLOSE_WRITE) is still being written, whatever the batch timers say; and a file
+ * renamed to an editor's scratch name (vim and Emacs move `f` to `f~`, JetBrains to
+ * `f___jb_old___`, then write a new `f`) is about to come back, so its disappearance is not yet a
+ * delete. Both holds end at the event that completes the save, or after GS_WATCH_HOLD_MAX_MS. */
 #ifndef GS_SYNCD_WATCH_H
 #define GS_SYNCD_WATCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 #include "syncd/ignore.h"
@@ -36,6 +44,16 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
 /* 1 when inotify could not watch the whole tree (fs.inotify.max_user_watches too low): the caller
  * must poll. The message for the user is in `why` (valid while `w` lives). */
 int gs_watch_polling(const struct gs_watch *w, const char **why);
+
+/* The longest a save in progress holds its file back. A writer that keeps a file open longer (a
+ * log, a database) has a snapshot sent this often; a file renamed to a scratch name that does not
+ * come back is deleted on the server this late. */
+#define GS_WATCH_HOLD_MAX_MS 3000
+
+/* Whether `path` must not go to the server yet (see above), as of the events read so far: 1, with
+ * *until set to when to ask again at the latest, or 0. When the hold of a file still open has run
+ * out, answers 0 and starts a new hold, so a caller that sends it now waits again next time. */
+int gs_watch_hold(struct gs_watch *w, const char *path, int64_t now_ms, int64_t *until);
 
 /* Number of directories watched. */
 size_t gs_watch_count(const struct gs_watch *w);

@@ -179,11 +179,19 @@ static void test_ignore__exclude_decides_over_gitignore(void **state)
 static void test_ignore__editor_scratch_files_are_builtin(void **state)
 {
     (void)state;
-    const char *scratch[] = {".#main.py", "#main.py#", "main.py~", "src/.main.py.swp",
-                             ".x.swo",    ".x.swx",    "4913"};
+    const char *scratch[] = {".#main.py",
+                             "#main.py#",
+                             "main.py~",
+                             "src/.main.py.swp",
+                             ".x.swo",
+                             ".x.swx",
+                             "4913",
+                             "src/Main.kt___jb_tmp___",
+                             "Main.kt___jb_old___"};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         assert_int_equal(gs_ignore_is_builtin(scratch[i]), 1);
-    const char *real[] = {"main.py", "notes.swp", "#define.h", "a~b", "49130", "~"};
+    const char *real[] = {"main.py", "notes.swp", "#define.h",    "a~b",
+                          "49130",   "~",         "___jb_tmp___", "x___jb_tmp___.py"};
     for (size_t i = 0; i < sizeof(real) / sizeof(real[0]); i++)
         assert_int_equal(gs_ignore_is_builtin(real[i]), 0);
 }
