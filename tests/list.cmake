@@ -35,6 +35,7 @@ gs_add_test(test_ignore     LABEL unit TIMEOUT 120 SOURCES unit/test_ignore.c   
 gs_add_test(test_scan       LABEL unit TIMEOUT 120 SOURCES unit/test_scan.c     LIBS ${syncd_libs})
 gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    LIBS ${syncd_libs})
 gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})
+gs_add_test(test_watcher    LABEL unit TIMEOUT 120 SOURCES unit/test_watcher.c  LIBS ${syncd_libs})
 gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})
 gs_add_test(test_agent_proto LABEL unit TIMEOUT 300 SOURCES unit/test_agent_proto.c
     LIBS gs_agent_proto PkgConfig::CMOCKA)

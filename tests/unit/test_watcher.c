@@ -1,0 +1,191 @@
+/* tests/unit/test_watcher.c: syncd/watch's saves in progress, with real inotify on a temporary
+ * tree: a file being written is held until its writer closes it, a file renamed to an editor's
+ * scratch name is held until its new version is written, ordinary renames and deletes are not
+ * held, and every hold ends after GS_WATCH_HOLD_MAX_MS. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/path.h"
+#include "syncd/ignore.h"
+#include "syncd/watch.h"
+
+static char tmpdir[64];
+static struct gs_ignore *ig;
+static struct gs_watch *w;
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmpdir, "/tmp/gs-test-watcher-XXXXXX");
+    if (!mkdtemp(tmpdir) || gs_ignore_open(&ig, tmpdir, NULL, 0, NULL) < 0)
+        return -1;
+    return gs_watch_open(&w, tmpdir, ig, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    gs_watch_free(w);
+    gs_ignore_free(ig);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *abs_path(const char *rel)
+{
+    static char buf[4][256];
+    static int next;
+    char *out = buf[next++ % 4];
+    snprintf(out, sizeof(buf[0]), "%s/%s", tmpdir, rel);
+    return out;
+}
+
+static void count_path(void *ctx, const char *path)
+{
+    (void)path;
+    (*(int *)ctx)++;
+}
+
+/* Reads every event queued so far (inotify queues them as the calls return). */
+static void read_events(void)
+{
+    int n = 0;
+    assert_true(gs_watch_read(w, count_path, &n, NULL) >= 0);
+}
+
+static int held(const char *rel)
+{
+    int64_t until = 0;
+    read_events();
+    return gs_watch_hold(w, rel, gs_clock_mono_ms(), &until);
+}
+
+static void put(const char *rel, const char *text)
+{
+    int fd = open(abs_path(rel), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    assert_int_equal(close(fd), 0);
+}
+
+static void test_watcher__a_new_file_is_held_until_its_writer_closes_it(void **state)
+{
+    (void)state;
+    int fd = open(abs_path("model.py"), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(held("model.py"), 1); /* created, still empty: not a saved version */
+    assert_int_equal(write(fd, "x = 1\n", 6), 6);
+    assert_int_equal(held("model.py"), 1);
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(held("model.py"), 0);
+}
+
+static void test_watcher__an_in_place_save_is_held_from_truncation_to_close(void **state)
+{
+    (void)state;
+    put("cfg.yaml", "lr: 0.1\n");
+    assert_int_equal(held("cfg.yaml"), 0);
+    int fd = open(abs_path("cfg.yaml"), O_WRONLY | O_TRUNC); /* what fs.writeFileSync does */
+    assert_true(fd >= 0);
+    assert_int_equal(held("cfg.yaml"), 1);
+    assert_int_equal(write(fd, "lr: 0.2\n", 8), 8);
+    assert_int_equal(held("cfg.yaml"), 1);
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(held("cfg.yaml"), 0);
+}
+
+/* vim's and Emacs' default save: f -> f~, a new f written, f~ removed. */
+static void test_watcher__a_file_renamed_to_its_backup_is_held_until_rewritten(void **state)
+{
+    (void)state;
+    put("train.py", "v1\n");
+    assert_int_equal(rename(abs_path("train.py"), abs_path("train.py~")), 0);
+    assert_int_equal(held("train.py"), 1); /* gone, but only for the length of the save */
+    int fd = open(abs_path("train.py"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "v2\n", 3), 3);
+    assert_int_equal(held("train.py"), 1);
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(unlink(abs_path("train.py~")), 0);
+    assert_int_equal(held("train.py"), 0);
+}
+
+/* JetBrains' safe write: f___jb_tmp___ written, f -> f___jb_old___, f___jb_tmp___ -> f. */
+static void test_watcher__a_jetbrains_safe_write_is_held_until_the_new_file_is_in(void **state)
+{
+    (void)state;
+    put("Main.kt", "v1\n");
+    put("Main.kt___jb_tmp___", "v2\n");
+    assert_int_equal(held("Main.kt"), 0);
+    assert_int_equal(rename(abs_path("Main.kt"), abs_path("Main.kt___jb_old___")), 0);
+    assert_int_equal(held("Main.kt"), 1);
+    assert_int_equal(rename(abs_path("Main.kt___jb_tmp___"), abs_path("Main.kt")), 0);
+    assert_int_equal(held("Main.kt"), 0);
+}
+
+static void test_watcher__ordinary_renames_and_deletes_are_not_held(void **state)
+{
+    (void)state;
+    put("a.py", "a\n");
+    put("b.py", "b\n");
+    assert_int_equal(rename(abs_path("a.py"), abs_path("c.py")), 0);
+    assert_int_equal(unlink(abs_path("b.py")), 0);
+    assert_int_equal(held("a.py"), 0);
+    assert_int_equal(held("b.py"), 0);
+    assert_int_equal(held("c.py"), 0);
+    assert_int_equal(symlink("c.py", abs_path("link.py")), 0); /* no writer to wait for */
+    assert_int_equal(held("link.py"), 0);
+}
+
+static void test_watcher__holds_end_after_the_limit(void **state)
+{
+    (void)state;
+    int fd = open(abs_path("log.txt"), O_WRONLY | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "step 1\n", 7), 7);
+    read_events();
+    int64_t now = gs_clock_mono_ms(), until = 0;
+    assert_int_equal(gs_watch_hold(w, "log.txt", now, &until), 1);
+    assert_true(until > now && until <= now + GS_WATCH_HOLD_MAX_MS);
+    /* a writer that never closes: sent as it is after the limit, then held afresh */
+    int64_t later = until;
+    assert_int_equal(gs_watch_hold(w, "log.txt", later, &until), 0);
+    assert_int_equal(gs_watch_hold(w, "log.txt", later, &until), 1);
+    assert_int_equal(until, later + GS_WATCH_HOLD_MAX_MS);
+    assert_int_equal(close(fd), 0);
+    /* a backup that never comes back: deleted after the limit, for good */
+    put("old.py", "x\n");
+    assert_int_equal(rename(abs_path("old.py"), abs_path("old.py~")), 0);
+    read_events();
+    now = gs_clock_mono_ms();
+    assert_int_equal(gs_watch_hold(w, "old.py", now, &until), 1);
+    assert_int_equal(gs_watch_hold(w, "old.py", until, &until), 0);
+    assert_int_equal(gs_watch_hold(w, "old.py", now, &until), 0);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_watcher__a_new_file_is_held_until_its_writer_closes_it),
+        T(test_watcher__an_in_place_save_is_held_from_truncation_to_close),
+        T(test_watcher__a_file_renamed_to_its_backup_is_held_until_rewritten),
+        T(test_watcher__a_jetbrains_safe_write_is_held_until_the_new_file_is_in),
+        T(test_watcher__ordinary_renames_and_deletes_are_not_held),
+        T(test_watcher__holds_end_after_the_limit),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
