@@ -108,17 +108,19 @@ static int lost_rename(struct run *run, const struct gs_plan_op *op, const struc
 
 int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)
 {
+    if (op->type != GS_OP_PUT)
+        return 0;
     struct gs_buf abs = GS_BUF_INIT;
     struct stat st;
     struct gs_hash now;
     gs_path_join(&abs, root, op->path);
-    int changed = op->type != GS_OP_PUT || lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) ||
+    int changed = lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) ||
                   (uint64_t)st.st_size != op->record.size;
     /* same size: a rewrite within one timestamp tick keeps the mtime too, so compare the bytes */
     if (!changed && op->record.has_hash)
         changed = gs_hash_file(abs.data, &now, NULL) < 0 || !gs_hash_equal(&now, &op->record.hash);
     gs_buf_release(&abs);
-    return changed && op->type == GS_OP_PUT;
+    return changed;
 }
 
 static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *orig)

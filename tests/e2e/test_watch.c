@@ -5,11 +5,11 @@
  * as one "renamed" event; a 500-file git checkout; a 3,000-file burst; kind changes; an inotify
  * overflow; a refused change; a batch that cannot be planned (a file under a write lease); a stuck
  * event reader; a file written without pause; the WAN simulator cut for 30 s and stalled; a put
- * in flight when the link stalled; sshd restarted; a changed host key; the daemon SIGKILLed
- * mid-batch; seeded random operations; a second watch refused; status --json, watch --stop, a
- * foreground watch, bad control requests, a long project path. Environment: GS_TEST_FILTER='*name*'
- * runs a subset; GS_TEST_SEED replays a random seed; GS_TEST_OPLOG=FILE logs the random
- * operations; GS_TEST_KEEP=1 keeps the project folders. */
+ * in flight when the link stalled; a file saved again while it is sent; sshd restarted; a changed
+ * host key; the daemon SIGKILLed mid-batch; seeded random operations; a second watch refused;
+ * status --json, watch --stop, a foreground watch, bad control requests, a long project path.
+ * Environment: GS_TEST_FILTER='*name*' runs a subset; GS_TEST_SEED replays a random seed;
+ * GS_TEST_OPLOG=FILE logs the random operations; GS_TEST_KEEP=1 keeps the project folders. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1556,6 +1557,68 @@ static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(voi
     expect_trees_equal("after the link came back (no conflict copy expected)");
 }
 
+/* Waits for the agent to begin writing a temporary file in the remote root (an upload under
+ * way), with inotify on the server's directory (the sandbox server is this machine). */
+static void await_remote_upload(int limit_ms)
+{
+    int in = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(in >= 0);
+    assert_true(inotify_add_watch(in, cur.remote, IN_CREATE) >= 0);
+    int64_t end = gs_clock_mono_ms() + limit_ms;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        struct pollfd p = {.fd = in, .events = POLLIN};
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            fail_msg("no upload began on the server within %d ms", limit_ms);
+        ssize_t n = read(in, buf, sizeof(buf));
+        for (char *q = buf; n > 0 && q < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)q;
+            if (e->len && strncmp(e->name, ".gpusync-tmp-", 13) == 0) {
+                close(in);
+                return;
+            }
+            q += sizeof(*e) + e->len;
+        }
+    }
+}
+
+/* A file saved again while it is being sent no longer matches what was planned, and the agent
+ * refuses the stream. That is no error (issue 19): an editor showed a warning on every save of
+ * a large file. The new version goes next, and flush waits for it. */
+static void test_watch__a_file_saved_while_it_is_sent_goes_again_without_an_error(void **state)
+{
+    (void)state;
+    char err[256], abs[2048];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 100};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    watch_start();
+    flush("first flush");
+    struct events ev;
+    events_start(&ev);
+    events_mark(&ev, "marker");
+    size_t size = 16u << 20; /* 1.3 s at 100 Mbit/s: the second save lands mid-stream */
+    char *v1 = malloc(size + 1), *v2 = malloc(size + 1);
+    assert_non_null(v1);
+    assert_non_null(v2);
+    memset(v1, 'a', size);
+    memset(v2, 'b', size);
+    v1[size] = v2[size] = '\0';
+    path_in(abs, sizeof(abs), cur.local, "model.ckpt");
+    write_at(abs, v1, size, O_TRUNC);
+    await_remote_upload(30000);
+    write_at(abs, v2, size, O_TRUNC); /* in place, as VS Code saves */
+    flush("flush after a save during the upload");
+    expect_remote("model.ckpt", v2);
+    events_mark(&ev, "marker");
+    assert_int_equal(events_count(&ev, "error", ""), 0);
+    events_stop(&ev);
+    free(v1);
+    free(v2);
+}
+
 static void test_watch__sshd_restart_converges(void **state)
 {
     (void)state;
@@ -1846,6 +1909,7 @@ int main(void)
         T(test_watch__random_operations_in_one_batch_converge),
         T(test_watch__link_stall_converges),
         T(test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict),
+        T(test_watch__a_file_saved_while_it_is_sent_goes_again_without_an_error),
         T(test_watch__link_cut_for_30s_converges_with_nothing_lost),
         T(test_watch__flush_after_an_outage_connects_at_once),
         T(test_watch__spare_is_not_ready_while_disconnected),
