@@ -66,9 +66,10 @@ struct daemon {
     int64_t next_retry_ms;
     char **held; /* paths a batch held back in the middle of a save (watch.h): in the next batch */
     size_t n_held, cap_held;
-    int64_t held_until_ms;  /* the earliest end of their holds */
-    int batch_drained;      /* this batch read the events that arrived while it was planned */
-    int changed_while_sent; /* puts of this batch refused as their file changed meanwhile */
+    int64_t held_until_ms;     /* the earliest end of their holds */
+    uint64_t batch_planned_at; /* events read when this batch began reading files */
+    int batch_drained;         /* this batch read the events that arrived while it was planned */
+    int changed_while_sent;    /* puts of this batch refused as their file changed meanwhile */
     int flush_now;
     int64_t first_event_ms, last_event_ms;
     uint64_t event_gen, synced_gen;
@@ -80,7 +81,6 @@ struct daemon {
     int lost_renames;   /* renames of this batch whose source was gone on the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
-    int64_t batch_start_ms;
     int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
     /* A connection attempt runs in a thread (a login can take seconds, a dead server a connect
      * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
@@ -498,8 +498,8 @@ static int hold_op(void *ctx, const struct gs_plan_op *op)
         read_changes(d);
     d->batch_drained = 1;
     int64_t now = gs_clock_mono_ms(), until = now, from_until = now;
-    int held = gs_watch_hold(d->watch, op->path, now, &until);
-    if (op->from && gs_watch_hold(d->watch, op->from, now, &from_until)) {
+    int held = gs_watch_hold(d->watch, op->path, d->batch_planned_at, now, &until);
+    if (op->from && gs_watch_hold(d->watch, op->from, d->batch_planned_at, now, &from_until)) {
         until = held && until < from_until ? until : from_until;
         held = 1;
     }
@@ -581,6 +581,8 @@ static void requeue(struct daemon *d, char **paths, size_t n, int full)
 
 static void sync_batch(struct daemon *d)
 {
+    read_changes(d); /* the saves that ended before the plan reads their files are not held */
+    d->batch_planned_at = gs_watch_events_read(d->watch);
     unhold(d);
     char **paths = d->dirty;
     size_t n = d->n_dirty;

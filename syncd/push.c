@@ -114,8 +114,8 @@ int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)
     struct stat st;
     struct gs_hash now;
     gs_path_join(&abs, root, op->path);
-    int changed = lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) ||
-                  (uint64_t)st.st_size != op->record.size;
+    int changed =
+        lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != op->record.size;
     /* same size: a rewrite within one timestamp tick keeps the mtime too, so compare the bytes */
     if (!changed && op->record.has_hash)
         changed = gs_hash_file(abs.data, &now, NULL) < 0 || !gs_hash_equal(&now, &op->record.hash);

@@ -22,17 +22,20 @@
     (IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVED_FROM |              \
      IN_MOVED_TO | IN_DELETE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
 
-/* A file in the middle of a save (see watch.h), in a tree keyed by path (tsearch(3)): a git
- * checkout creates thousands of files at once, each held until its writer closes it. */
+/* A file in the middle of a save, or just saved (see watch.h), in a tree keyed by path
+ * (tsearch(3)): a git checkout creates thousands of files at once, each held until closed. */
 enum hold_kind {
     HOLD_WRITING,    /* created or modified, not yet closed */
+    HOLD_SAVED,      /* closed by its writer: held only from a batch planned before the close */
     HOLD_MOVED_AWAY, /* renamed to an editor's scratch name; the new version comes next */
 };
 
 struct hold {
     char *path;
     enum hold_kind kind;
-    int64_t since_ms;
+    int64_t since_ms;    /* when this run of saves began: no hold outlasts GS_WATCH_HOLD_MAX_MS */
+    int64_t changed_ms;  /* when its last event was read */
+    uint64_t changed_at; /* that event's number (gs_watch_events_read) */
 };
 
 /* A MOVED_FROM waiting for its MOVED_TO (same cookie). */
@@ -54,6 +57,8 @@ struct gs_watch {
     int polling;
     char why[512];
     void *holds; /* struct hold *, by path */
+    size_t n_holds;
+    uint64_t events_read;
 };
 
 /* ---- saves in progress ---- */
@@ -76,21 +81,26 @@ static struct hold *hold_find(struct gs_watch *w, const char *path)
     return found ? *found : NULL;
 }
 
-/* Holds `path` for `kind`; a hold of the same kind keeps its start, so a file written without
- * pause is still sent every GS_WATCH_HOLD_MAX_MS. */
+/* Notes an event of a save of `path`. Saves that follow each other closely (an editor saving in a
+ * burst, a log written line by line) are one run: its start bounds the hold, so such a file is
+ * still sent every GS_WATCH_HOLD_MAX_MS. */
 static void hold_set(struct gs_watch *w, const char *path, enum hold_kind kind)
 {
+    int64_t now = gs_clock_mono_ms();
     struct hold *h = hold_find(w, path);
-    if (h && h->kind == kind)
-        return;
     if (!h) {
         h = gs_xcalloc(1, sizeof(*h));
         h->path = gs_xstrdup(path);
         if (!tsearch(h, &w->holds, hold_cmp))
             gs_out_of_memory(sizeof(*h));
+        w->n_holds++;
+        h->since_ms = now;
+    } else if (now - h->changed_ms >= GS_WATCH_HOLD_MAX_MS || kind == HOLD_MOVED_AWAY) {
+        h->since_ms = now;
     }
     h->kind = kind;
-    h->since_ms = gs_clock_mono_ms();
+    h->changed_ms = now;
+    h->changed_at = w->events_read;
 }
 
 static void hold_clear(struct gs_watch *w, const char *path)
@@ -100,6 +110,7 @@ static void hold_clear(struct gs_watch *w, const char *path)
         return;
     tdelete(h, &w->holds, hold_cmp);
     hold_free(h);
+    w->n_holds--;
 }
 
 /* After lost events nothing is known about saves in progress: hold nothing. */
@@ -107,6 +118,32 @@ static void hold_clear_all(struct gs_watch *w)
 {
     tdestroy(w->holds, hold_free);
     w->holds = NULL;
+    w->n_holds = 0;
+}
+
+struct stale {
+    struct gs_buf paths; /* NUL-separated */
+    int64_t before_ms;
+};
+
+static void collect_stale(const void *node, VISIT visit, void *ctx)
+{
+    const struct hold *h = *(const struct hold *const *)node;
+    struct stale *st = ctx;
+    if ((visit == postorder || visit == leaf) && h->kind == HOLD_SAVED &&
+        h->changed_ms < st->before_ms)
+        gs_buf_add(&st->paths, h->path, strlen(h->path) + 1);
+}
+
+/* Forgets the saves that ended long ago, which no batch asked about (their file ended as it was):
+ * the tree stays small however many files were written. */
+static void hold_prune(struct gs_watch *w)
+{
+    struct stale st = {GS_BUF_INIT, gs_clock_mono_ms() - GS_WATCH_HOLD_MAX_MS};
+    twalk_r(w->holds, collect_stale, &st);
+    for (size_t at = 0; at < st.paths.len; at += strlen(st.paths.data + at) + 1)
+        hold_clear(w, st.paths.data + at);
+    gs_buf_release(&st.paths);
 }
 
 /* Whether the regular file `rel` exists: a writer created it (open with O_CREAT) and will close
@@ -124,25 +161,37 @@ static int is_regular_file(struct gs_watch *w, const char *rel)
 /* Follows one event on the file `path` (not a directory) through a save. */
 static void track_save(struct gs_watch *w, uint32_t mask, const char *path)
 {
-    if (mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM))
-        hold_clear(w, path); /* complete, or gone (a backup rename holds it again in moved_away) */
+    if (mask & (IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM))
+        hold_clear(w, path); /* a whole file renamed in, or gone (moved_away may hold it again) */
+    else if ((mask & IN_CLOSE_WRITE) && hold_find(w, path))
+        hold_set(w, path, HOLD_SAVED);
     else if ((mask & IN_MODIFY) || ((mask & IN_CREATE) && is_regular_file(w, path)))
         hold_set(w, path, HOLD_WRITING);
 }
 
-int gs_watch_hold(struct gs_watch *w, const char *path, int64_t now_ms, int64_t *until)
+uint64_t gs_watch_events_read(const struct gs_watch *w)
+{
+    return w->events_read;
+}
+
+int gs_watch_hold(struct gs_watch *w, const char *path, uint64_t planned_at, int64_t now_ms,
+                  int64_t *until)
 {
     struct hold *h = hold_find(w, path);
     if (!h)
         return 0;
+    if (h->kind == HOLD_SAVED && h->changed_at <= planned_at) {
+        hold_clear(w, path); /* saved before it was read for this batch: what was read is whole */
+        return 0;
+    }
     if (now_ms < h->since_ms + GS_WATCH_HOLD_MAX_MS) {
         *until = h->since_ms + GS_WATCH_HOLD_MAX_MS;
         return 1;
     }
-    if (h->kind == HOLD_WRITING)
-        h->since_ms = now_ms; /* sent now as it is; the next change waits again */
-    else
+    if (h->kind == HOLD_MOVED_AWAY)
         hold_clear(w, path); /* it did not come back: a delete after all */
+    else
+        h->since_ms = now_ms; /* sent now as it is; the next change waits again */
     return 0;
 }
 
@@ -422,6 +471,7 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
             return gs_error_errno(err, GS_E_IO, "reading inotify events");
         for (char *p = buf; p < buf + n;) {
             const struct inotify_event *ev = (const struct inotify_event *)p;
+            w->events_read++;
             handle_event(w, ev, fn, ctx, &rescan);
             p += sizeof(*ev) + ev->len;
         }
@@ -430,6 +480,8 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
     finish_pending(w);
     if (rescan)
         hold_clear_all(w);
+    else if (w->n_holds > 1024)
+        hold_prune(w);
     if (rescan && !w->polling)
         rewatch_all(w);
     return rescan || (w->polling && !was_polling);

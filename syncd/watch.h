@@ -46,14 +46,21 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
 int gs_watch_polling(const struct gs_watch *w, const char **why);
 
 /* The longest a save in progress holds its file back. A writer that keeps a file open longer (a
- * log, a database) has a snapshot sent this often; a file renamed to a scratch name that does not
- * come back is deleted on the server this late. */
+ * log, a database), or saves it again and again without a pause, has a snapshot sent this often;
+ * a file renamed to a scratch name that does not come back is deleted on the server this late. */
 #define GS_WATCH_HOLD_MAX_MS 3000
 
-/* Whether `path` must not go to the server yet (see above), as of the events read so far: 1, with
- * *until set to when to ask again at the latest, or 0. When the hold of a file still open has run
- * out, answers 0 and starts a new hold, so a caller that sends it now waits again next time. */
-int gs_watch_hold(struct gs_watch *w, const char *path, int64_t now_ms, int64_t *until);
+/* How many events have been read so far: a caller notes it before it reads files for a batch. */
+uint64_t gs_watch_events_read(const struct gs_watch *w);
+
+/* Whether `path`, read for a batch after `planned_at` events had been read, must not go to the
+ * server yet, as of the events read so far: 1, with *until set to when to ask again at the
+ * latest, or 0. Held: a save still in progress (see above), and a save that ended after
+ * `planned_at`, since what the batch read may then be a moment inside it (an in-place save
+ * passes through an empty file). When the hold has run out, answers 0 and starts a new one, so a
+ * caller that sends the file now waits again next time. */
+int gs_watch_hold(struct gs_watch *w, const char *path, uint64_t planned_at, int64_t now_ms,
+                  int64_t *until);
 
 /* Number of directories watched. */
 size_t gs_watch_count(const struct gs_watch *w);

@@ -1,7 +1,8 @@
 /* tests/unit/test_watcher.c: syncd/watch's saves in progress, with real inotify on a temporary
- * tree: a file being written is held until its writer closes it, a file renamed to an editor's
- * scratch name is held until its new version is written, ordinary renames and deletes are not
- * held, and every hold ends after GS_WATCH_HOLD_MAX_MS. */
+ * tree: a file being written is held until its writer closes it, and from a batch that began
+ * reading it before it was closed; a file renamed to an editor's scratch name is held until its
+ * new version is written; ordinary renames and deletes are not held; every hold ends after
+ * GS_WATCH_HOLD_MAX_MS. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,8 +69,8 @@ static void read_events(void)
 static int held(const char *rel)
 {
     int64_t until = 0;
-    read_events();
-    return gs_watch_hold(w, rel, gs_clock_mono_ms(), &until);
+    read_events(); /* as a batch planned now would see it */
+    return gs_watch_hold(w, rel, gs_watch_events_read(w), gs_clock_mono_ms(), &until);
 }
 
 static void put(const char *rel, const char *text)
@@ -104,6 +105,22 @@ static void test_watcher__an_in_place_save_is_held_from_truncation_to_close(void
     assert_int_equal(held("cfg.yaml"), 1);
     assert_int_equal(close(fd), 0);
     assert_int_equal(held("cfg.yaml"), 0);
+}
+
+/* A batch that read a file while it was being saved again must not send what it read: an
+ * in-place save passes through an empty file, even when it has ended by the time the batch asks. */
+static void test_watcher__a_save_that_ends_while_a_batch_reads_is_held(void **state)
+{
+    (void)state;
+    put("notes.md", "v1\n");
+    read_events();
+    uint64_t planned = gs_watch_events_read(w); /* a batch starts reading files here */
+    put("notes.md", "v2\n");
+    read_events();
+    int64_t until = 0;
+    assert_int_equal(gs_watch_hold(w, "notes.md", planned, gs_clock_mono_ms(), &until), 1);
+    /* the next batch, planned after the save ended, sends it */
+    assert_int_equal(held("notes.md"), 0);
 }
 
 /* vim's and Emacs' default save: f -> f~, a new f written, f~ removed. */
@@ -157,12 +174,12 @@ static void test_watcher__holds_end_after_the_limit(void **state)
     assert_int_equal(write(fd, "step 1\n", 7), 7);
     read_events();
     int64_t now = gs_clock_mono_ms(), until = 0;
-    assert_int_equal(gs_watch_hold(w, "log.txt", now, &until), 1);
+    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), now, &until), 1);
     assert_true(until > now && until <= now + GS_WATCH_HOLD_MAX_MS);
     /* a writer that never closes: sent as it is after the limit, then held afresh */
     int64_t later = until;
-    assert_int_equal(gs_watch_hold(w, "log.txt", later, &until), 0);
-    assert_int_equal(gs_watch_hold(w, "log.txt", later, &until), 1);
+    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), later, &until), 0);
+    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), later, &until), 1);
     assert_int_equal(until, later + GS_WATCH_HOLD_MAX_MS);
     assert_int_equal(close(fd), 0);
     /* a backup that never comes back: deleted after the limit, for good */
@@ -170,9 +187,9 @@ static void test_watcher__holds_end_after_the_limit(void **state)
     assert_int_equal(rename(abs_path("old.py"), abs_path("old.py~")), 0);
     read_events();
     now = gs_clock_mono_ms();
-    assert_int_equal(gs_watch_hold(w, "old.py", now, &until), 1);
-    assert_int_equal(gs_watch_hold(w, "old.py", until, &until), 0);
-    assert_int_equal(gs_watch_hold(w, "old.py", now, &until), 0);
+    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), now, &until), 1);
+    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), until, &until), 0);
+    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), now, &until), 0);
 }
 
 int main(void)
@@ -181,6 +198,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_watcher__a_new_file_is_held_until_its_writer_closes_it),
         T(test_watcher__an_in_place_save_is_held_from_truncation_to_close),
+        T(test_watcher__a_save_that_ends_while_a_batch_reads_is_held),
         T(test_watcher__a_file_renamed_to_its_backup_is_held_until_rewritten),
         T(test_watcher__a_jetbrains_safe_write_is_held_until_the_new_file_is_in),
         T(test_watcher__ordinary_renames_and_deletes_are_not_held),
