@@ -34,6 +34,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/events.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "fixtures/tree.h"
@@ -60,25 +61,7 @@ static char immutable[2048];  /* a remote directory made immutable (chattr +i), 
 /* Runs `argv` (argv[0] a path) in `cwd` without a terminal; stdin is /dev/null. */
 static struct gs_test_result run_prog(const char *cwd, const char *const *argv)
 {
-    int out[2], err[2];
-    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setsid();
-        if (cwd && chdir(cwd) != 0)
-            _exit(126);
-        int null = open("/dev/null", O_RDONLY);
-        dup2(null, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    return gs_test_finish(pid, out[0], err[0], RUN_TIMEOUT_MS);
+    return gs_test_run_prog(cwd, argv, RUN_TIMEOUT_MS);
 }
 
 static struct gs_test_result gpusync(const char *cwd, const char *const *args)
@@ -358,110 +341,17 @@ static int group_teardown(void **state)
 
 /* ---- the event stream ---- */
 
-struct events {
-    pid_t pid;
-    int fd;
-    struct gs_buf in;
-    json_t *all; /* every event read so far */
-};
-
-static void events_start(struct events *ev)
-{
-    int out[2];
-    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    ev->pid = fork();
-    assert_true(ev->pid >= 0);
-    if (ev->pid == 0) {
-        if (chdir(cur.local) != 0)
-            _exit(126);
-        dup2(out[1], 1);
-        execl(gs_test_gpusync(), gs_test_gpusync(), "events", "--json", (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    ev->fd = out[0];
-    ev->in = (struct gs_buf)GS_BUF_INIT;
-    ev->all = json_array();
-}
-
-/* Reads events until one has "event" `kind` and "path" `path` (or, for a `path` ending in '/',
- * a path below it). Returns 1, or 0 after `limit_ms`. */
-static int events_wait(struct events *ev, const char *kind, const char *path, int limit_ms)
-{
-    int64_t end = gs_clock_mono_ms() + limit_ms;
-    size_t len = strlen(path);
-    for (;;) {
-        char *nl;
-        while (ev->in.len && (nl = memchr(ev->in.data, '\n', ev->in.len))) {
-            json_t *e = json_loadb(ev->in.data, (size_t)(nl - ev->in.data), 0, NULL);
-            gs_buf_consume(&ev->in, (size_t)(nl - ev->in.data) + 1);
-            if (!e)
-                continue;
-            json_array_append_new(ev->all, e);
-            const char *k = json_string_value(json_object_get(e, "event"));
-            const char *p = json_string_value(json_object_get(e, "path"));
-            int below = len && path[len - 1] == '/' && p && strncmp(p, path, len) == 0;
-            if (k && p && strcmp(k, kind) == 0 && (strcmp(p, path) == 0 || below))
-                return 1;
-        }
-        int left = (int)(end - gs_clock_mono_ms());
-        struct pollfd p = {.fd = ev->fd, .events = POLLIN};
-        if (poll(&p, 1, left > 0 ? left : 0) <= 0) { /* past the deadline: one last look */
-            if (left <= 0)
-                return 0;
-            continue;
-        }
-        char chunk[65536];
-        ssize_t n = read(ev->fd, chunk, sizeof(chunk));
-        if (n <= 0)
-            fail_msg("the event stream ended while waiting for %s %s", kind, path);
-        gs_buf_add(&ev->in, chunk, (size_t)n);
-    }
-}
-
-static void events_until(struct events *ev, const char *kind, const char *path, int limit_ms)
-{
-    if (!events_wait(ev, kind, path, limit_ms))
-        fail_msg("no \"%s\" event for %s within %d ms", kind, path, limit_ms);
-}
-
-/* Events of `kind` whose path starts with `prefix` (e.g. "dir/"), among those read so far. */
-static int events_count(const struct events *ev, const char *kind, const char *prefix)
-{
-    size_t i;
-    json_t *e;
-    int n = 0;
-    json_array_foreach(ev->all, i, e)
-    {
-        const char *k = json_string_value(json_object_get(e, "event"));
-        const char *p = json_string_value(json_object_get(e, "path"));
-        n += k && p && strcmp(k, kind) == 0 && strncmp(p, prefix, strlen(prefix)) == 0;
-    }
-    return n;
-}
-
-static void events_stop(struct events *ev)
-{
-    if (ev->pid > 0) {
-        kill(ev->pid, SIGTERM);
-        waitpid(ev->pid, NULL, 0);
-    }
-    close(ev->fd);
-    gs_buf_release(&ev->in);
-    json_decref(ev->all);
-}
-
 /* Writes `name` and waits for its "synced" event: everything before it has been reported. The
  * first marker also proves the stream is subscribed, which `gpusync events` does not announce:
  * rewrite it until an event shows up. */
-static void events_mark(struct events *ev, const char *name)
+static void events_mark(struct gs_test_events *ev, const char *name)
 {
     for (int i = 0; i < 50; i++) {
         char body[64];
         snprintf(body, sizeof(body), "%s %d\n", name, i);
         put(name, body);
         flush("flush after a marker");
-        if (events_wait(ev, "synced", name, 200 + 100 * i))
+        if (gs_test_events_wait(ev, "synced", name, 200 + 100 * i))
             return;
     }
     fail_msg("no \"synced\" event for marker %s", name);
@@ -486,8 +376,8 @@ static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void 
     json_decref(st);
     assert_true(pid > 0 && kill(pid, 0) == 0);
 
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker");
     gs_ok(ARGS("watch", "--stop"), "gpusync watch --stop");
     gs_test_await_gone(pid);
@@ -495,7 +385,7 @@ static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void 
     assert_int_equal(waitpid(ev.pid, &status, 0), ev.pid); /* the stream ends with the daemon */
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     ev.pid = -1;
-    events_stop(&ev);
+    gs_test_events_stop(&ev);
     char sock[2048];
     path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
     assert_int_not_equal(access(sock, F_OK), 0);
@@ -809,8 +699,8 @@ static void test_watch__directory_rename_is_one_remote_rename(void **state)
     watch_start();
     flush("first flush");
     expect_trees_equal("before the rename");
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker1"); /* the stream is subscribed */
     rename_in("big", "moved");
     flush("flush after the directory rename");
@@ -826,9 +716,10 @@ static void test_watch__directory_rename_is_one_remote_rename(void **state)
         renamed_dir +=
             k && p && from && !strcmp(k, "renamed") && !strcmp(p, "moved") && !strcmp(from, "big");
     }
-    int renamed = events_count(&ev, "renamed", ""), synced = events_count(&ev, "synced", "moved"),
-        deleted = events_count(&ev, "deleted", "");
-    events_stop(&ev);
+    int renamed = gs_test_events_count(&ev, "renamed", ""),
+        synced = gs_test_events_count(&ev, "synced", "moved"),
+        deleted = gs_test_events_count(&ev, "deleted", "");
+    gs_test_events_stop(&ev);
     if (renamed_dir != 1 || renamed != 1 || synced != 0 || deleted != 0)
         fail_msg("directory rename: %d rename(s) of big -> moved, %d renamed events in all, %d "
                  "files synced under moved/, %d deleted (want 1, 1, 0, 0)",
@@ -1145,8 +1036,8 @@ static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop
     proj_init(sshd.port);
     watch_start();
     flush("first flush");
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker");
     char abs[2048];
     path_in(abs, sizeof(abs), cur.local, "train.log");
@@ -1157,10 +1048,10 @@ static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop
         int len = snprintf(line, sizeof(line), "step %d loss 0.%d\n", i, 1000 - i);
         write_at(abs, line, (size_t)len, O_APPEND);
         if (!seen_while_writing)
-            seen_while_writing = events_wait(&ev, "synced", "train.log", 0);
+            seen_while_writing = gs_test_events_wait(&ev, "synced", "train.log", 0);
         usleep(5000); /* the writer's pace (shorter than the debounce), not synchronisation */
     }
-    events_stop(&ev);
+    gs_test_events_stop(&ev);
     assert_true(seen_while_writing);
     flush("flush after the writer stopped");
     expect_trees_equal("after the writer stopped");
@@ -1173,15 +1064,15 @@ static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **st
     proj_init(sshd.port);
     watch_start();
     flush("first flush");
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker");
     assert_int_equal(kill(ev.pid, SIGSTOP), 0);
     /* about 4,000 "synced" events of ~60 bytes: more than a socket buffer holds */
     make_files("many", 4000, 8);
     struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "60"));
     kill(ev.pid, SIGCONT);
-    events_stop(&ev);
+    gs_test_events_stop(&ev);
     expect_status(&r, 0, "flush with a stuck event reader");
     gs_test_result_release(&r);
     expect_trees_equal("with a stuck event reader");
@@ -1596,8 +1487,8 @@ static void test_watch__a_file_saved_while_it_is_sent_goes_again_without_an_erro
     proj_init(wan.port);
     watch_start();
     flush("first flush");
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker");
     size_t size = 16u << 20; /* 1.3 s at 100 Mbit/s: the second save lands mid-stream */
     char *v1 = malloc(size + 1), *v2 = malloc(size + 1);
@@ -1613,8 +1504,8 @@ static void test_watch__a_file_saved_while_it_is_sent_goes_again_without_an_erro
     flush("flush after a save during the upload");
     expect_remote("model.ckpt", v2);
     events_mark(&ev, "marker");
-    assert_int_equal(events_count(&ev, "error", ""), 0);
-    events_stop(&ev);
+    assert_int_equal(gs_test_events_count(&ev, "error", ""), 0);
+    gs_test_events_stop(&ev);
     free(v1);
     free(v2);
 }
@@ -1687,8 +1578,8 @@ static void test_watch__directory_renamed_while_disconnected_is_one_rename(void 
         0);
     watch_start();
     flush("first flush");
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker1");
     gs_test_sshd_stop(&sshd);
     await_connected(0, 20000);
@@ -1696,8 +1587,9 @@ static void test_watch__directory_renamed_while_disconnected_is_one_rename(void 
     assert_int_equal(gs_test_sshd_restart(&sshd, 0), 0);
     flush("flush after sshd came back");
     events_mark(&ev, "marker2");
-    int synced = events_count(&ev, "synced", "moved/"), renamed = events_count(&ev, "renamed", "");
-    events_stop(&ev);
+    int synced = gs_test_events_count(&ev, "synced", "moved/"),
+        renamed = gs_test_events_count(&ev, "renamed", "");
+    gs_test_events_stop(&ev);
     expect_trees_equal("after the rename while disconnected");
     if (synced != 0 || renamed < 1)
         fail_msg("a directory renamed while disconnected: %d files uploaded again under moved/, "
@@ -1742,14 +1634,14 @@ static void test_watch__daemon_killed_mid_batch_converges_after_restart(void **s
     watch_start();
     flush("first flush");
     pid_t pid = daemon_pid();
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker1");
     make_files("bulk", 400, 64 * 1024);
-    events_until(&ev, "synced", "bulk/", 30000); /* the batch is under way */
+    gs_test_events_until(&ev, "synced", "bulk/", 30000); /* the batch is under way */
     assert_int_equal(kill(pid, SIGKILL), 0);
-    int synced = events_count(&ev, "synced", "bulk/");
-    events_stop(&ev);
+    int synced = gs_test_events_count(&ev, "synced", "bulk/");
+    gs_test_events_stop(&ev);
     print_message("killed after %d of 400 files were reported synced\n", synced);
     gs_test_await_gone(pid);
     put("a.txt", "changed while no daemon ran\n");
