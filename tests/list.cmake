@@ -72,6 +72,8 @@ gs_add_test(test_pull          LABEL e2e TIMEOUT 300 SOURCES e2e/test_pull.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_watch         LABEL e2e TIMEOUT 400 SOURCES e2e/test_watch.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_editor_saves  LABEL e2e TIMEOUT 400 SOURCES e2e/test_editor_saves.c
+    LIBS ${cli_libs} PkgConfig::XXHASH DEPENDS ${cli_runs})
 gs_add_test(test_runs          LABEL e2e TIMEOUT 400 SOURCES e2e/test_runs.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_fence         LABEL e2e TIMEOUT 400 SOURCES e2e/test_fence.c
