@@ -497,9 +497,14 @@ static int hold_op(void *ctx, const struct gs_plan_op *op)
     if (!d->batch_drained)
         read_changes(d);
     d->batch_drained = 1;
+    struct gs_watch_found at = {.planned_at = d->batch_planned_at,
+                                .gone = op->type == GS_OP_DELETE,
+                                .empty = op->type == GS_OP_PUT && op->record.size == 0,
+                                .mtime_ns = op->record.mtime_ns};
+    struct gs_watch_found from = {.planned_at = d->batch_planned_at, .gone = !op->subtree};
     int64_t now = gs_clock_mono_ms(), until = now, from_until = now;
-    int held = gs_watch_hold(d->watch, op->path, d->batch_planned_at, now, &until);
-    if (op->from && gs_watch_hold(d->watch, op->from, d->batch_planned_at, now, &from_until)) {
+    int held = gs_watch_hold(d->watch, op->path, &at, now, &until);
+    if (op->from && gs_watch_hold(d->watch, op->from, &from, now, &from_until)) {
         until = held && until < from_until ? until : from_until;
         held = 1;
     }

@@ -28,6 +28,8 @@ enum hold_kind {
     HOLD_WRITING,    /* created or modified, not yet closed */
     HOLD_SAVED,      /* closed by its writer: held only from a batch planned before the close */
     HOLD_MOVED_AWAY, /* renamed to an editor's scratch name; the new version comes next */
+    HOLD_GONE,       /* deleted or renamed away, as an event said: a delete may go */
+    HOLD_UNSEEN,     /* found gone by a batch before any event said so */
 };
 
 struct hold {
@@ -81,9 +83,9 @@ static struct hold *hold_find(struct gs_watch *w, const char *path)
     return found ? *found : NULL;
 }
 
-/* Notes an event of a save of `path`. Saves that follow each other closely (an editor saving in a
- * burst, a log written line by line) are one run: its start bounds the hold, so such a file is
- * still sent every GS_WATCH_HOLD_MAX_MS. */
+/* Notes an event of a save of `path`. The limit counts from the start of one write (the first
+ * modification after a close) or of one rename away, never across saves: a burst of saves must
+ * not have its hold run out in the middle of one of them. */
 static void hold_set(struct gs_watch *w, const char *path, enum hold_kind kind)
 {
     int64_t now = gs_clock_mono_ms();
@@ -95,7 +97,7 @@ static void hold_set(struct gs_watch *w, const char *path, enum hold_kind kind)
             gs_out_of_memory(sizeof(*h));
         w->n_holds++;
         h->since_ms = now;
-    } else if (now - h->changed_ms >= GS_WATCH_HOLD_MAX_MS || kind == HOLD_MOVED_AWAY) {
+    } else if (h->kind != kind && kind != HOLD_SAVED) {
         h->since_ms = now;
     }
     h->kind = kind;
@@ -130,7 +132,7 @@ static void collect_stale(const void *node, VISIT visit, void *ctx)
 {
     const struct hold *h = *(const struct hold *const *)node;
     struct stale *st = ctx;
-    if ((visit == postorder || visit == leaf) && h->kind == HOLD_SAVED &&
+    if ((visit == postorder || visit == leaf) && (h->kind == HOLD_SAVED || h->kind == HOLD_GONE) &&
         h->changed_ms < st->before_ms)
         gs_buf_add(&st->paths, h->path, strlen(h->path) + 1);
 }
@@ -161,8 +163,10 @@ static int is_regular_file(struct gs_watch *w, const char *rel)
 /* Follows one event on the file `path` (not a directory) through a save. */
 static void track_save(struct gs_watch *w, uint32_t mask, const char *path)
 {
-    if (mask & (IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM))
-        hold_clear(w, path); /* a whole file renamed in, or gone (moved_away may hold it again) */
+    if (mask & IN_MOVED_TO)
+        hold_clear(w, path); /* a whole file renamed in */
+    else if (mask & (IN_DELETE | IN_MOVED_FROM))
+        hold_set(w, path, HOLD_GONE); /* moved_away may hold it on */
     else if ((mask & IN_CLOSE_WRITE) && hold_find(w, path))
         hold_set(w, path, HOLD_SAVED);
     else if ((mask & IN_MODIFY) || ((mask & IN_CREATE) && is_regular_file(w, path)))
@@ -174,15 +178,52 @@ uint64_t gs_watch_events_read(const struct gs_watch *w)
     return w->events_read;
 }
 
-int gs_watch_hold(struct gs_watch *w, const char *path, uint64_t planned_at, int64_t now_ms,
-                  int64_t *until)
+/* The batch found `path` gone, but no event read so far says it went: the kernel makes a rename
+ * or an unlink visible a moment before it queues its event, and in that moment vim's rename to
+ * f~ looks like a delete. Held GS_WATCH_SETTLE_MS, by when the event has come. */
+static int hold_unseen_gone(struct gs_watch *w, const char *path, int64_t now_ms, int64_t *until)
+{
+    hold_set(w, path, HOLD_UNSEEN);
+    struct hold *h = hold_find(w, path);
+    if (now_ms < h->since_ms + GS_WATCH_SETTLE_MS) {
+        *until = h->since_ms + GS_WATCH_SETTLE_MS;
+        return 1;
+    }
+    hold_clear(w, path);
+    return 0;
+}
+
+/* An empty file may be a save caught inside open(O_TRUNC) or open(O_CREAT) before the kernel
+ * queued the event that says so: sent once it has stayed empty GS_WATCH_SETTLE_MS. */
+static int hold_fresh_empty(int64_t mtime_ns, int64_t now_ms, int64_t *until)
+{
+    int64_t age_ms = gs_clock_wall_ms() - mtime_ns / 1000000;
+    if (age_ms < 0 || age_ms >= GS_WATCH_SETTLE_MS)
+        return 0;
+    *until = now_ms + GS_WATCH_SETTLE_MS - age_ms;
+    return 1;
+}
+
+int gs_watch_hold(struct gs_watch *w, const char *path, const struct gs_watch_found *found,
+                  int64_t now_ms, int64_t *until)
 {
     struct hold *h = hold_find(w, path);
+    if (found->gone && (!h || (h->kind != HOLD_GONE && h->kind != HOLD_MOVED_AWAY)))
+        return hold_unseen_gone(w, path, now_ms, until);
+    if (found->empty && hold_fresh_empty(found->mtime_ns, now_ms, until))
+        return 1;
     if (!h)
         return 0;
-    if (h->kind == HOLD_SAVED && h->changed_at <= planned_at) {
-        hold_clear(w, path); /* saved before it was read for this batch: what was read is whole */
+    if (h->kind == HOLD_GONE || h->kind == HOLD_UNSEEN ||
+        (h->kind == HOLD_SAVED && h->changed_at <= found->planned_at)) {
+        hold_clear(w, path); /* gone as an event said, or saved before the batch read it */
         return 0;
+    }
+    if (h->kind == HOLD_SAVED) {
+        /* saved while it was read, so what was read may be a moment inside a save: no limit, but
+         * no wait either, as the event that ended the save makes the path part of the next batch */
+        *until = now_ms + GS_WATCH_HOLD_MAX_MS;
+        return 1;
     }
     if (now_ms < h->since_ms + GS_WATCH_HOLD_MAX_MS) {
         *until = h->since_ms + GS_WATCH_HOLD_MAX_MS;

@@ -53,14 +53,27 @@ int gs_watch_polling(const struct gs_watch *w, const char **why);
 /* How many events have been read so far: a caller notes it before it reads files for a batch. */
 uint64_t gs_watch_events_read(const struct gs_watch *w);
 
-/* Whether `path`, read for a batch after `planned_at` events had been read, must not go to the
- * server yet, as of the events read so far: 1, with *until set to when to ask again at the
- * latest, or 0. Held: a save still in progress (see above), and a save that ended after
- * `planned_at`, since what the batch read may then be a moment inside it (an in-place save
- * passes through an empty file). When the hold has run out, answers 0 and starts a new one, so a
- * caller that sends the file now waits again next time. */
-int gs_watch_hold(struct gs_watch *w, const char *path, uint64_t planned_at, int64_t now_ms,
-                  int64_t *until);
+/* The kernel makes a creation, truncation, rename or unlink visible a moment before it queues the
+ * event that reports it (longer when the writer is preempted in between). What a batch finds in
+ * that moment without an event to explain it (an empty file, a file gone) waits this long. */
+#define GS_WATCH_SETTLE_MS 250
+
+/* What a batch found at a path, for gs_watch_hold. */
+struct gs_watch_found {
+    uint64_t planned_at; /* gs_watch_events_read when the batch began reading files */
+    int gone;            /* the path is gone: the batch would delete it (or rename it away) */
+    int empty;           /* an empty regular file ... */
+    int64_t mtime_ns;    /* ... last modified then (wall clock) */
+};
+
+/* Whether the batch that found `found` at `path` must not send it yet, as of the events read so
+ * far: 1, with *until set to when to ask again at the latest, or 0. Held: a save still in progress
+ * (see above); a save that ended after the batch began reading, since what it read may be a
+ * moment inside it (an in-place save passes through an empty file); a file gone or empty with no
+ * event yet to say so (GS_WATCH_SETTLE_MS). When a hold has run out, answers 0 and starts a new
+ * one, so a caller that sends the file now waits again next time. */
+int gs_watch_hold(struct gs_watch *w, const char *path, const struct gs_watch_found *found,
+                  int64_t now_ms, int64_t *until);
 
 /* Number of directories watched. */
 size_t gs_watch_count(const struct gs_watch *w);

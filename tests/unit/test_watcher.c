@@ -1,8 +1,8 @@
 /* tests/unit/test_watcher.c: syncd/watch's saves in progress, with real inotify on a temporary
  * tree: a file being written is held until its writer closes it, and from a batch that began
  * reading it before it was closed; a file renamed to an editor's scratch name is held until its
- * new version is written; ordinary renames and deletes are not held; every hold ends after
- * GS_WATCH_HOLD_MAX_MS. */
+ * new version is written; ordinary renames and deletes are not held; a file gone or empty with no
+ * event yet to explain it settles first; every hold ends after its limit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/buf.h"
@@ -66,11 +68,29 @@ static void read_events(void)
     assert_true(gs_watch_read(w, count_path, &n, NULL) >= 0);
 }
 
+/* What a batch that began reading after `planned_at` events finds at `rel` now. */
+static struct gs_watch_found found(const char *rel, uint64_t planned_at)
+{
+    struct stat st;
+    struct gs_watch_found f = {.planned_at = planned_at};
+    f.gone = lstat(abs_path(rel), &st) != 0;
+    f.empty = !f.gone && S_ISREG(st.st_mode) && st.st_size == 0;
+    f.mtime_ns = f.gone ? 0 : st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    return f;
+}
+
+static int hold_at(const char *rel, uint64_t planned_at, int64_t now, int64_t *until)
+{
+    struct gs_watch_found f = found(rel, planned_at);
+    return gs_watch_hold(w, rel, &f, now, until);
+}
+
+/* Whether a batch planned now would hold `rel`. */
 static int held(const char *rel)
 {
     int64_t until = 0;
-    read_events(); /* as a batch planned now would see it */
-    return gs_watch_hold(w, rel, gs_watch_events_read(w), gs_clock_mono_ms(), &until);
+    read_events();
+    return hold_at(rel, gs_watch_events_read(w), gs_clock_mono_ms(), &until);
 }
 
 static void put(const char *rel, const char *text)
@@ -118,7 +138,7 @@ static void test_watcher__a_save_that_ends_while_a_batch_reads_is_held(void **st
     put("notes.md", "v2\n");
     read_events();
     int64_t until = 0;
-    assert_int_equal(gs_watch_hold(w, "notes.md", planned, gs_clock_mono_ms(), &until), 1);
+    assert_int_equal(hold_at("notes.md", planned, gs_clock_mono_ms(), &until), 1);
     /* the next batch, planned after the save ended, sends it */
     assert_int_equal(held("notes.md"), 0);
 }
@@ -174,12 +194,12 @@ static void test_watcher__holds_end_after_the_limit(void **state)
     assert_int_equal(write(fd, "step 1\n", 7), 7);
     read_events();
     int64_t now = gs_clock_mono_ms(), until = 0;
-    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), now, &until), 1);
+    assert_int_equal(hold_at("log.txt", gs_watch_events_read(w), now, &until), 1);
     assert_true(until > now && until <= now + GS_WATCH_HOLD_MAX_MS);
     /* a writer that never closes: sent as it is after the limit, then held afresh */
     int64_t later = until;
-    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), later, &until), 0);
-    assert_int_equal(gs_watch_hold(w, "log.txt", gs_watch_events_read(w), later, &until), 1);
+    assert_int_equal(hold_at("log.txt", gs_watch_events_read(w), later, &until), 0);
+    assert_int_equal(hold_at("log.txt", gs_watch_events_read(w), later, &until), 1);
     assert_int_equal(until, later + GS_WATCH_HOLD_MAX_MS);
     assert_int_equal(close(fd), 0);
     /* a backup that never comes back: deleted after the limit, for good */
@@ -187,9 +207,27 @@ static void test_watcher__holds_end_after_the_limit(void **state)
     assert_int_equal(rename(abs_path("old.py"), abs_path("old.py~")), 0);
     read_events();
     now = gs_clock_mono_ms();
-    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), now, &until), 1);
-    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), until, &until), 0);
-    assert_int_equal(gs_watch_hold(w, "old.py", gs_watch_events_read(w), now, &until), 0);
+    assert_int_equal(hold_at("old.py", gs_watch_events_read(w), now, &until), 1);
+    assert_int_equal(hold_at("old.py", gs_watch_events_read(w), until, &until), 0);
+}
+
+/* The kernel makes a rename or a creation visible a moment before it queues its event: what a
+ * batch finds then, with no event to explain it, waits GS_WATCH_SETTLE_MS. */
+static void test_watcher__what_no_event_explains_yet_settles_first(void **state)
+{
+    (void)state;
+    /* gone, as far as the batch can tell, but no event said so (here: it never existed) */
+    read_events();
+    int64_t now = gs_clock_mono_ms(), until = 0;
+    assert_int_equal(hold_at("src/gone.py", gs_watch_events_read(w), now, &until), 1);
+    assert_int_equal(until, now + GS_WATCH_SETTLE_MS);
+    assert_int_equal(hold_at("src/gone.py", gs_watch_events_read(w), until, &until), 0);
+    /* an empty file made just now may be inside open(O_TRUNC): it settles; an old one does not */
+    put("__init__.py", "");
+    assert_int_equal(held("__init__.py"), 1);
+    struct timespec old[2] = {{.tv_sec = time(NULL) - 5}, {.tv_sec = time(NULL) - 5}};
+    assert_int_equal(utimensat(AT_FDCWD, abs_path("__init__.py"), old, 0), 0);
+    assert_int_equal(held("__init__.py"), 0);
 }
 
 int main(void)
@@ -203,6 +241,7 @@ int main(void)
         T(test_watcher__a_jetbrains_safe_write_is_held_until_the_new_file_is_in),
         T(test_watcher__ordinary_renames_and_deletes_are_not_held),
         T(test_watcher__holds_end_after_the_limit),
+        T(test_watcher__what_no_event_explains_yet_settles_first),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
