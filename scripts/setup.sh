@@ -28,7 +28,7 @@ packages=(
     openssh-server openssh-client rsync procps psmisc iproute2 python3
     libopenblas-dev dataset-fashion-mnist
     clang libclang-rt-14-dev
-    neovim emacs-nox tmux
+    vim neovim emacs-nox tmux
 )
 # Editor-plugin tests need node and npm; a machine whose node came from elsewhere (with its own
 # npm) keeps it: Debian's npm package would conflict with it.

@@ -358,13 +358,37 @@ static int scan_paths(struct gs_scan *scan, const char *root, struct gs_ignore *
     return rc;
 }
 
-/* The operations a caller may hold back: those no other operation of the plan waits for. */
+struct hold_ctx {
+    const char *root;
+    const struct gs_push_opts *opts;
+};
+
+/* Whether the local parent directory of `path` is still one: if not, the plan deletes it or
+ * changes its kind on the server, which needs this path's operation done first. */
+static int parent_stays(const char *root, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return 1;
+    struct gs_buf abs = GS_BUF_INIT;
+    struct stat st;
+    gs_buf_addf(&abs, "%s/%.*s", root, (int)(slash - path), path);
+    int stays = lstat(abs.data, &st) == 0 && S_ISDIR(st.st_mode);
+    gs_buf_release(&abs);
+    return stays;
+}
+
+/* The operations a caller may hold back are those no other operation of the plan waits for: a
+ * put, a delete of a file or a rename of one, but not one that clears the way for a change of
+ * kind (phase 0), nor one inside a directory the plan removes. */
 static int holdable_held(void *ctx, const struct gs_plan_op *op)
 {
-    const struct gs_push_opts *o = ctx;
-    int holdable = op->type == GS_OP_PUT || op->type == GS_OP_RENAME ||
+    const struct hold_ctx *h = ctx;
+    int holdable = op->type == GS_OP_PUT || (op->type == GS_OP_RENAME && !op->subtree) ||
                    (op->type == GS_OP_DELETE && op->expect.kind != GS_EXPECT_DIR);
-    return holdable && o->hold(o->ctx, op);
+    holdable = holdable && op->phase != 0 && parent_stays(h->root, op->path) &&
+               (!op->from || parent_stays(h->root, op->from));
+    return holdable && h->opts->hold(h->opts->ctx, op);
 }
 
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
@@ -387,8 +411,9 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     memset(st, 0, sizeof(*st));
     st->start_ms = gs_clock_mono_ms();
     int rc = plan_tree(root, ig, idx, opts, plan, err);
+    struct hold_ctx hold = {root, opts};
     if (rc == 0 && opts->hold && !opts->dry_run)
-        gs_plan_remove_if(plan, holdable_held, (void *)opts);
+        gs_plan_remove_if(plan, holdable_held, &hold);
     if (rc == 0)
         fill_plan_stats(st, plan);
     return rc;
