@@ -70,7 +70,7 @@ gs_add_test(test_push          LABEL e2e TIMEOUT 400 SOURCES e2e/test_push.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_pull          LABEL e2e TIMEOUT 300 SOURCES e2e/test_pull.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
-gs_add_test(test_watch         LABEL e2e TIMEOUT 400 SOURCES e2e/test_watch.c
+gs_add_test(test_watch         LABEL e2e TIMEOUT 900 SOURCES e2e/test_watch.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_editor_saves  LABEL e2e TIMEOUT 400 SOURCES e2e/test_editor_saves.c
     LIBS ${cli_libs} PkgConfig::XXHASH DEPENDS ${cli_runs})
