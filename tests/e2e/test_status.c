@@ -24,6 +24,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/events.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "wansim_harness.h"
@@ -107,82 +108,6 @@ static void expect_one_conflict(json_t *list, const char *path)
     json_t *c = json_array_get(list, 0);
     assert_string_equal(json_string_value(json_object_get(c, "path")), path);
     assert_non_null(strstr(json_string_value(json_object_get(c, "kept")), ".gpusync-conflict-"));
-}
-
-/* ---- the event stream ---- */
-
-struct events {
-    pid_t pid;
-    int fd;
-    struct gs_buf in;
-};
-
-static void events_start(struct events *ev)
-{
-    int out[2];
-    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    ev->pid = fork();
-    assert_true(ev->pid >= 0);
-    if (ev->pid == 0) {
-        if (chdir(project) != 0)
-            _exit(126);
-        dup2(out[1], 1);
-        execl(gs_test_gpusync(), gs_test_gpusync(), "events", "--json", (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    ev->fd = out[0];
-    ev->in = (struct gs_buf)GS_BUF_INIT;
-}
-
-/* The next event (a new reference) in *out and 1; 0 when the stream ended; -1 past `deadline`. */
-static int events_next(struct events *ev, int64_t deadline, json_t **out)
-{
-    for (;;) {
-        char *nl = ev->in.len ? memchr(ev->in.data, '\n', ev->in.len) : NULL;
-        if (nl) {
-            *out = json_loadb(ev->in.data, (size_t)(nl - ev->in.data), 0, NULL);
-            gs_buf_consume(&ev->in, (size_t)(nl - ev->in.data) + 1);
-            if (*out)
-                return 1;
-            continue;
-        }
-        int left = (int)(deadline - gs_clock_mono_ms());
-        struct pollfd p = {.fd = ev->fd, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, left) == 0)
-            return -1;
-        char chunk[4096];
-        ssize_t n = read(ev->fd, chunk, sizeof(chunk));
-        if (n <= 0)
-            return 0;
-        gs_buf_add(&ev->in, chunk, (size_t)n);
-    }
-}
-
-/* Waits for an event `kind` about `path`; fails after 10 s or at the end of the stream. */
-static void events_until(struct events *ev, const char *kind, const char *path)
-{
-    int64_t deadline = gs_clock_mono_ms() + 10000;
-    json_t *e;
-    for (int rc; (rc = events_next(ev, deadline, &e)) == 1; json_decref(e)) {
-        const char *k = json_string_value(json_object_get(e, "event"));
-        const char *p = json_string_value(json_object_get(e, "path"));
-        if (k && p && !strcmp(k, kind) && !strcmp(p, path)) {
-            json_decref(e);
-            return;
-        }
-    }
-    fail_msg("no \"%s\" event for %s", kind, path);
-}
-
-static void events_stop(struct events *ev)
-{
-    if (ev->pid > 0) {
-        kill(ev->pid, SIGTERM);
-        waitpid(ev->pid, NULL, 0);
-    }
-    close(ev->fd);
-    gs_buf_release(&ev->in);
 }
 
 /* ---- one project per case ---- */
@@ -274,24 +199,24 @@ static void test_status__a_daemon_whose_config_was_removed_stops_and_says_why(vo
     json_t *st = await_daemon_status();
     pid_t pid = (pid_t)json_integer_value(json_object_get(st, "pid"));
     json_decref(st);
-    struct events ev;
-    events_start(&ev);
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, project);
     gs_test_write_file(project, "marker.txt",
                        "subscribed\n"); /* its event proves the stream is subscribed */
     gs_test_gpusync_ok(project, ARGS("flush"), "flush the marker");
-    events_until(&ev, "synced", "marker.txt");
+    gs_test_events_until(&ev, "synced", "marker.txt", 10000);
     assert_int_equal(gs_test_sh("rm -rf '%s/.gpusync'", project), 0);
-    int said = 0, rc;
+    int ended = gs_test_events_read_to_end(&ev, 10000), said = 0;
+    size_t i;
     json_t *e;
-    int64_t deadline = gs_clock_mono_ms() + 10000;
-    while ((rc = events_next(&ev, deadline, &e)) == 1) {
-        said |= !strcmp(json_string_value(json_object_get(e, "event")), "error") &&
-                json_is_null(json_object_get(e, "path")) &&
+    json_array_foreach(ev.all, i, e)
+    {
+        const char *kind = json_string_value(json_object_get(e, "event"));
+        said |= kind && !strcmp(kind, "error") && json_is_null(json_object_get(e, "path")) &&
                 json_is_string(json_object_get(e, "message"));
-        json_decref(e);
     }
-    events_stop(&ev);
-    if (rc != 0)
+    gs_test_events_stop(&ev);
+    if (!ended)
         fail_msg("the event stream did not end within 10 s of the removal");
     gs_test_await_gone(pid);
     if (!said)
