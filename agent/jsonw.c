@@ -122,6 +122,11 @@ void ga_jw_null(struct ga_jw *w)
     w->need_comma = 1;
 }
 
+void ga_jw_bool(struct ga_jw *w, int v)
+{
+    ga_jw_raw(w, v ? "true" : "false", v ? 4 : 5);
+}
+
 void ga_jw_raw(struct ga_jw *w, const char *json, size_t n)
 {
     jw_sep(w);

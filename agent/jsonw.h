@@ -27,6 +27,7 @@ void ga_jw_key(struct ga_jw *w, const char *key);
 void ga_jw_str(struct ga_jw *w, const char *s);
 void ga_jw_int(struct ga_jw *w, long long v);
 void ga_jw_null(struct ga_jw *w);
+void ga_jw_bool(struct ga_jw *w, int v);
 /* Writes n bytes of already valid JSON as one value. */
 void ga_jw_raw(struct ga_jw *w, const char *json, size_t n);
 

@@ -3,7 +3,10 @@
  * session, which reports "started" (or why not) back through a pipe. The supervisor is a
  * single-threaded loop over a signalfd (SIGCHLD, SIGTERM, SIGINT) with the grace deadline as
  * the poll timeout; it is a child subreaper, so a rank's orphaned workers are reparented to it
- * and reaped, and it holds supervisor.lock for as long as it lives. */
+ * and reaped, and it holds supervisor.lock for as long as it lives. A run ends only when every
+ * process descended from it has: what left its rank's process group (setsid, a daemon) is found
+ * through /proc and the run's cgroup (procs.h), sent SIGTERM with the ranks and SIGKILL after the
+ * grace period, and what had to be killed is recorded in status.json for `stop` to report. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -30,6 +33,7 @@
 #include "jsonw.h"
 #include "logtimes.h"
 #include "pgroup.h"
+#include "procs.h"
 #include "proto/run.h"
 #include "runlog.h"
 #include "runs.h"
@@ -62,6 +66,9 @@ struct sup {
     int stop_sig;          /* SIGTERM/SIGINT received, 0 if none */
     int terminating;       /* SIGTERM sent to the groups */
     long long kill_at;     /* monotonic ms of the SIGKILL escalation, 0 if none */
+    long long killed_at;   /* monotonic ms of the first SIGKILL, 0 if none */
+    long long oom_base;    /* the OOM kill count when the attempt started; -1 unknown */
+    struct ga_procs procs; /* the run's processes beyond its ranks' groups */
     struct ga_logtimes lt; /* when the rank logs grew, for tail's time order */
 };
 
@@ -296,6 +303,7 @@ static void rank_env(const struct sup *s, int local, int restart)
     set_env_long("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
     setenv("TORCHELASTIC_RUN_ID", o->id, 1);
     setenv("GPUSYNC_RUN_ID", o->id, 1);
+    setenv("GPUSYNC_RUN_DIR", o->dir, 1); /* also how stop finds what escaped the supervisor */
     setenv("OMP_NUM_THREADS", "1", 0);
     if (o->gpus)
         setenv("CUDA_VISIBLE_DEVICES", o->gpus, 1);
@@ -311,6 +319,7 @@ static void rank_exec(const struct sup *s, int local, int restart, const char *l
     static const int reset[] = {SIGPIPE, SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGCHLD};
     sigset_t none;
     setpgid(0, 0);
+    ga_procs_cgroup_enter(&s->procs); /* best effort: /proc and the environment still mark it */
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     for (size_t i = 0; i < sizeof(reset) / sizeof(reset[0]); i++)
@@ -448,14 +457,98 @@ static void signal_groups(struct sup *s, int sig)
         ga_pgroup_signal(&s->st.ranks[i], sig);
 }
 
-/* SIGTERM to every rank group, with SIGKILL due after the grace period. */
+/* 1 if pgid is the group of a rank (whose members a group signal reaches anyway). */
+static int rank_group(const struct sup *s, long pgid)
+{
+    for (int i = 0; i < s->st.nranks; i++)
+        if (s->st.ranks[i].pgid == pgid && !s->st.ranks[i].group_gone)
+            return 1;
+    return 0;
+}
+
+/* SIGTERM to the run's processes outside its ranks' groups (a setsid child, a daemon), each
+ * once: a group signal already reached the others, and a second SIGTERM may cut short the
+ * cleanup a handler started on the first. */
+static void term_others(struct sup *s)
+{
+    struct ga_proclist l = {0};
+    ga_procs_find(&s->procs, GA_PROCS_DESCENDANTS, &l);
+    size_t kept = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (!rank_group(s, l.v[i].pgid))
+            l.v[kept++] = l.v[i];
+    l.n = kept;
+    s->st.others_termed += (long)ga_procs_signal(&l, SIGTERM);
+    ga_proclist_release(&l);
+}
+
+/* SIGTERM to every rank group and every other process of the run, with SIGKILL due after the
+ * grace period. */
 static void terminate(struct sup *s)
 {
     if (s->terminating)
         return;
     s->terminating = 1;
+    for (int i = 0; i < s->st.nranks; i++)
+        s->st.ranks[i].stopped = s->st.ranks[i].exit_code < 0;
     signal_groups(s, SIGTERM);
-    s->kill_at = ga_runs_mono_ms() + s->o->grace_ms;
+    term_others(s);
+    s->kill_at = ga_runs_mono_ms() + s->st.grace_ms;
+    save_status(s);
+}
+
+/* Records the processes about to get SIGKILL (they outlived the grace period) in status.json. */
+static void record_killed(struct sup *s, const struct ga_proclist *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        int known = 0;
+        for (int k = 0; k < s->st.nkilled && !known; k++)
+            known = s->st.killed[k].pid == l->v[i].pid;
+        if (known)
+            continue;
+        s->st.killed_count++;
+        if (s->st.nkilled < GA_RUNS_KILLED_MAX) {
+            struct ga_runs_killed *k = &s->st.killed[s->st.nkilled++];
+            k->pid = l->v[i].pid;
+            snprintf(k->name, sizeof(k->name), "%s", l->v[i].name);
+        }
+    }
+}
+
+/* SIGKILL to everything of the run that is left: the cgroup at once where there is one, then
+ * each group and each process found. */
+static void kill_all(struct sup *s)
+{
+    struct ga_proclist l = {0};
+    ga_procs_find(&s->procs, GA_PROCS_DESCENDANTS, &l);
+    record_killed(s, &l);
+    ga_procs_cgroup_kill(&s->procs);
+    signal_groups(s, SIGKILL);
+    ga_procs_signal(&l, SIGKILL);
+    ga_proclist_release(&l);
+    save_status(s);
+}
+
+/* 1 while a process of the run outside its ranks' groups lives on (a scan of /proc: asked only
+ * once no rank and no rank group is left). */
+static int others_alive(struct sup *s)
+{
+    struct ga_proclist l = {0};
+    int alive = ga_procs_find(&s->procs, GA_PROCS_DESCENDANTS, &l) == 0 && l.n > 0;
+    ga_proclist_release(&l);
+    return alive;
+}
+
+/* 1 if the kernel counted an OOM kill since the attempt started (for a rank that died of a
+ * SIGKILL the supervisor did not send), and records where it was counted. */
+static int killed_by_oom(struct sup *s)
+{
+    const char *scope = NULL;
+    long long now = ga_procs_oom_kills(&s->procs, &scope);
+    if (s->oom_base < 0 || now <= s->oom_base)
+        return 0;
+    snprintf(s->st.oom_scope, sizeof(s->st.oom_scope), "%s", scope);
+    return 1;
 }
 
 /* Records the exit of the rank with this pid (if it is one: reparented orphans are not). */
@@ -469,8 +562,11 @@ static void rank_exited(struct sup *s, pid_t pid, int ws)
         r->exit_code = WIFSIGNALED(ws) ? 128 + r->signal : WEXITSTATUS(ws);
         s->alive--;
         ga_pgroup_alive(r); /* the leader was the only member: its number is free from now on */
+        if (r->signal == SIGKILL && !s->killed_at)
+            r->oom = killed_by_oom(s);
         if (r->exit_code != 0 && s->first_fail < 0 && !s->terminating) {
             s->first_fail = r->exit_code;
+            s->st.failed_rank = r->rank;
             terminate(s);
         }
         save_status(s);
@@ -486,12 +582,19 @@ static void reap(struct sup *s)
         rank_exited(s, pid, ws);
 }
 
-/* Handles one signal from the signalfd. */
-static void on_signal(struct sup *s, int sig)
+/* Handles one signal from the signalfd. `stop` sends SIGTERM with sigqueue(3), its value the
+ * grace period it asks for in milliseconds; a plain kill keeps the run's own. */
+static void on_signal(struct sup *s, const struct signalfd_siginfo *si)
 {
+    int sig = (int)si->ssi_signo;
     if (sig == SIGCHLD) {
         reap(s);
         return;
+    }
+    if (si->ssi_code == SI_QUEUE && si->ssi_int >= 0) {
+        s->st.grace_ms = si->ssi_int;
+        if (s->kill_at) /* already terminating: the new grace counts from now */
+            s->kill_at = ga_runs_mono_ms() + s->st.grace_ms;
     }
     if (s->stop_sig) /* a second stop request: no more grace */
         s->kill_at = ga_runs_mono_ms();
@@ -504,6 +607,8 @@ static void on_signal(struct sup *s, int sig)
 static int next_timeout(const struct sup *s)
 {
     long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
+    if (s->alive == 0 && s->terminating)
+        t = 50; /* waiting for processes that are not our children: each pass scans /proc */
     long long times = ga_logtimes_timeout(&s->lt);
     if (times >= 0 && (t < 0 || times < t))
         t = times;
@@ -515,13 +620,24 @@ static int next_timeout(const struct sup *s)
     return (int)t;
 }
 
-/* Runs until every rank has exited and every rank group is empty, or until processes have
- * survived SIGKILL for LAUNCH_UNKILLABLE_MS (stuck in the kernel, e.g. in a GPU driver): the run
- * then ends anyway, and supervisor.log names the groups. */
+/* Names in supervisor.log what survived SIGKILL for LAUNCH_UNKILLABLE_MS. */
+static void log_unkillable(struct sup *s)
+{
+    struct ga_proclist l = {0};
+    char what[1024];
+    ga_procs_find(&s->procs, GA_PROCS_DESCENDANTS, &l);
+    ga_proclist_describe(&l, 8, what, sizeof(what));
+    fprintf(stderr, "gpusync-agent: run %s: %s survived SIGKILL\n", s->o->id, what);
+    ga_proclist_release(&l);
+}
+
+/* Runs until every rank has exited and every process of the run is gone (rank groups, and what
+ * left them), or until processes have survived SIGKILL for LAUNCH_UNKILLABLE_MS (stuck in the
+ * kernel, e.g. in a GPU driver): the run then ends anyway, and supervisor.log names them. */
 static void wait_group(struct sup *s)
 {
-    long long killed_at = 0;
-    while (groups_alive(s) || s->alive > 0) { /* every pass: a group seen empty is let go */
+    /* every pass: a group seen empty is let go; /proc is scanned only once no rank is left */
+    while (groups_alive(s) || s->alive > 0 || others_alive(s)) {
         if (s->alive == 0)
             terminate(s); /* leftovers of ranks that exited: they must not outlive the run */
         struct pollfd p[2] = {{s->sfd, POLLIN, 0}, {ga_logtimes_fd(&s->lt), POLLIN, 0}};
@@ -529,21 +645,16 @@ static void wait_group(struct sup *s)
         if (n > 0 && p[0].revents) {
             struct signalfd_siginfo si;
             while (read(s->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-                on_signal(s, (int)si.ssi_signo);
+                on_signal(s, &si);
         }
         ga_logtimes_update(&s->lt);
         reap(s);
         long long now = ga_runs_mono_ms();
-        if (killed_at && now - killed_at > LAUNCH_UNKILLABLE_MS) {
-            for (int i = 0; i < s->st.nranks; i++)
-                if (ga_pgroup_alive(&s->st.ranks[i]))
-                    fprintf(stderr, "gpusync-agent: run %s: process group %ld survived SIGKILL\n",
-                            s->o->id, s->st.ranks[i].pgid);
-            return;
-        }
+        if (s->killed_at && now - s->killed_at > LAUNCH_UNKILLABLE_MS)
+            return log_unkillable(s);
         if (s->kill_at && now >= s->kill_at) {
-            signal_groups(s, SIGKILL);
-            killed_at = killed_at ? killed_at : now;
+            kill_all(s);
+            s->killed_at = s->killed_at ? s->killed_at : now;
             s->kill_at = now + 1000; /* and again, should anything linger */
         }
     }
@@ -567,8 +678,10 @@ static void supervise(struct sup *s, int report_fd)
         char why[512] = "ok";
         s->first_fail = -1;
         s->terminating = 0;
-        s->kill_at = 0;
+        s->kill_at = s->killed_at = 0;
         s->st.restarts = attempt;
+        s->st.failed_rank = -1;
+        s->oom_base = ga_procs_oom_kills(&s->procs, NULL);
         int cannot = spawn_ranks(s, attempt, why, sizeof(why));
         save_status(s);
         if (report_fd >= 0) {
@@ -637,6 +750,12 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
     s.st.master_port = (int)o->master_port;
     s.st.nranks = (int)o->nproc;
     s.st.ranks = calloc((size_t)o->nproc, sizeof(*s.st.ranks));
+    s.st.max_restarts = (int)o->max_restarts;
+    s.st.grace_ms = o->grace_ms;
+    s.st.failed_rank = -1;
+    s.procs.supervisor = s.st.supervisor_pid;
+    snprintf(s.procs.id, sizeof(s.procs.id), "%s", o->id);
+    snprintf(s.procs.dir, sizeof(s.procs.dir), "%s", o->dir);
     const char *fail = s.sfd < 0                   ? "signalfd"
                        : !s.st.ranks               ? "out of memory"
                        : take_lock(o)              ? "cannot lock supervisor.lock"
@@ -646,10 +765,13 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
         dprintf(report_fd, "%s: %s\n", fail, strerror(errno));
         _exit(1);
     }
+    ga_procs_cgroup_make(&s.procs);
+    snprintf(s.st.cgroup, sizeof(s.st.cgroup), "%s", s.procs.cgroup);
     /* Before the ranks start, so their first bytes are seen; without it the logs are still
      * kept, and tail reads them rank by rank. */
     ga_logtimes_open(&s.lt, o->dir, (int)(o->node_rank * o->nproc), (int)o->nproc);
     supervise(&s, report_fd);
+    ga_procs_cgroup_remove(&s.procs);
     ga_logtimes_close(&s.lt);
     ga_runs_status_release(&s.st);
     _exit(0);

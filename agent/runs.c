@@ -21,6 +21,7 @@
 
 #include "jsonw.h"
 #include "pgroup.h"
+#include "procs.h"
 #include "wrapper.h"
 
 void ga_runs_status_release(struct ga_runs_status *st)
@@ -141,9 +142,42 @@ static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
         ga_jw_key(w, "pgid_start");
         ga_jw_int(w, r->pgid_start);
         ga_jw_key(w, "group_gone");
-        ga_jw_raw(w, r->group_gone ? "true" : "false", r->group_gone ? 4 : 5);
+        ga_jw_bool(w, r->group_gone);
         jw_opt(w, "exit_code", r->exit_code, -1);
         jw_opt(w, "signal", r->signal, 0);
+        ga_jw_key(w, "oom");
+        ga_jw_bool(w, r->oom);
+        ga_jw_key(w, "stopped");
+        ga_jw_bool(w, r->stopped);
+        ga_jw_obj_end(w);
+    }
+    ga_jw_arr_end(w);
+}
+
+/* Writes how the run ended and what its supervisor had to kill. */
+static void status_end_json(struct ga_jw *w, const struct ga_runs_status *st)
+{
+    ga_jw_key(w, "max_restarts");
+    ga_jw_int(w, st->max_restarts);
+    ga_jw_key(w, "grace_ms");
+    ga_jw_int(w, st->grace_ms);
+    jw_opt(w, "failed_rank", st->failed_rank, -1);
+    ga_jw_key(w, "oom_scope");
+    ga_jw_str(w, st->oom_scope[0] ? st->oom_scope : NULL);
+    ga_jw_key(w, "cgroup");
+    ga_jw_str(w, st->cgroup[0] ? st->cgroup : NULL);
+    ga_jw_key(w, "others_termed");
+    ga_jw_int(w, st->others_termed);
+    ga_jw_key(w, "killed_count");
+    ga_jw_int(w, st->killed_count);
+    ga_jw_key(w, "killed");
+    ga_jw_arr(w);
+    for (int i = 0; i < st->nkilled; i++) {
+        ga_jw_obj(w);
+        ga_jw_key(w, "pid");
+        ga_jw_int(w, st->killed[i].pid);
+        ga_jw_key(w, "name");
+        ga_jw_str(w, st->killed[i].name);
         ga_jw_obj_end(w);
     }
     ga_jw_arr_end(w);
@@ -171,6 +205,7 @@ static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
     ga_jw_int(w, st->master_port);
     ga_jw_key(w, "ranks");
     status_ranks_json(w, st);
+    status_end_json(w, st);
 }
 
 int ga_runs_write_status(const char *dir, const struct ga_runs_status *st)
@@ -235,8 +270,37 @@ static int parse_ranks(struct ga_json_span arr, struct ga_runs_status *st)
         r->group_gone = json_true(e, "group_gone");
         r->exit_code = (int)ga_json_get_int(e, "exit_code", -1);
         r->signal = (int)ga_json_get_int(e, "signal", 0);
+        r->oom = json_true(e, "oom");
+        r->stopped = json_true(e, "stopped");
     }
     return rc;
+}
+
+/* Parses status.json's killed array into st. */
+static void parse_killed(struct ga_json_span obj, struct ga_runs_status *st)
+{
+    struct ga_json_span arr, e;
+    size_t pos = 0;
+    if (ga_json_get(obj, "killed", &arr) < 0)
+        return;
+    while (st->nkilled < GA_RUNS_KILLED_MAX && ga_json_next(arr, &pos, &e) == 1) {
+        struct ga_runs_killed *k = &st->killed[st->nkilled++];
+        k->pid = (long)ga_json_get_int(e, "pid", 0);
+        ga_json_get_str(e, "name", k->name, sizeof(k->name));
+    }
+}
+
+/* Reads how the run ended (status_end_json) into st. */
+static void parse_end(struct ga_json_span obj, struct ga_runs_status *st)
+{
+    st->max_restarts = (int)ga_json_get_int(obj, "max_restarts", 0);
+    st->grace_ms = (long)ga_json_get_int(obj, "grace_ms", 0);
+    st->failed_rank = (int)ga_json_get_int(obj, "failed_rank", -1);
+    ga_json_get_str(obj, "oom_scope", st->oom_scope, sizeof(st->oom_scope));
+    ga_json_get_str(obj, "cgroup", st->cgroup, sizeof(st->cgroup));
+    st->others_termed = (long)ga_json_get_int(obj, "others_termed", 0);
+    st->killed_count = (long)ga_json_get_int(obj, "killed_count", 0);
+    parse_killed(obj, st);
 }
 
 int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
@@ -258,6 +322,7 @@ int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
     st->restarts = (int)ga_json_get_int(obj, "restarts", 0);
     st->supervisor_pid = (long)ga_json_get_int(obj, "supervisor_pid", 0);
     st->master_port = (int)ga_json_get_int(obj, "master_port", 0);
+    parse_end(obj, st);
     int rc = st->state[0] && ga_json_get(obj, "ranks", &ranks) == 0 ? parse_ranks(ranks, st) : -1;
     free(text);
     if (rc < 0)
@@ -550,41 +615,132 @@ static void mark_stopped(const char *dir, struct ga_runs_status *st)
     ga_runs_write_status(dir, st);
 }
 
-/* Stops the run in dir. Returns 1 if it was running, 0 if not, -1 if something survived. */
-static int stop_run(const char *dir, long grace_ms)
+/* What stop did, for its report. */
+struct stop_report {
+    int was_running;
+    struct ga_runs_status st; /* as the supervisor left it */
+    struct ga_proclist swept; /* processes stop itself had to kill (the supervisor was gone) */
+    struct ga_proclist left;  /* processes that survived everything */
+};
+
+/* The run's processes that only marks can find now (procs.h): its environment, its cgroup. */
+static void find_marked(const char *dir, const struct ga_runs_status *st, struct ga_proclist *out)
 {
-    struct ga_runs_status st;
-    if (ga_runs_read_status(dir, &st) < 0)
+    struct ga_procs p = {.supervisor = 0};
+    if (!realpath(dir, p.dir)) /* as the supervisor wrote it: launch makes it absolute */
+        p.dir[0] = '\0';
+    snprintf(p.cgroup, sizeof(p.cgroup), "%s", st->cgroup);
+    ga_procs_find(&p, GA_PROCS_MARKED, out);
+}
+
+/* Kills what is left of the run once its supervisor is gone, and waits up to 3 s for it to go:
+ * what is still there then is in r->left. */
+static void sweep(const char *dir, struct stop_report *r)
+{
+    find_marked(dir, &r->st, &r->swept);
+    struct ga_procs p = {.supervisor = 0};
+    snprintf(p.cgroup, sizeof(p.cgroup), "%s", r->st.cgroup);
+    if (r->swept.n > 0) {
+        ga_procs_cgroup_kill(&p);
+        ga_procs_signal(&r->swept, SIGKILL);
+    }
+    for (long long end = ga_runs_mono_ms() + 3000;;) {
+        ga_proclist_release(&r->left);
+        find_marked(dir, &r->st, &r->left);
+        int gone = r->left.n == 0 && wait_gone(dir, &r->st, 0);
+        if (gone || ga_runs_mono_ms() >= end)
+            break;
+        nap_ms(10);
+    }
+    if (r->left.n == 0)
+        ga_procs_cgroup_remove(&p);
+}
+
+/* Stops the run in dir: SIGTERM to its supervisor (with the grace period it is to give the
+ * ranks, when grace_ms >= 0; else the run keeps its own), SIGKILL to it and the groups if it does
+ * not end in time, then a sweep for anything of the run still alive. Fills r; returns 0, or -1 if
+ * status.json is unreadable. */
+static int stop_run(const char *dir, long grace_ms, struct stop_report *r)
+{
+    struct ga_runs_status *st = &r->st;
+    if (ga_runs_read_status(dir, st) < 0)
         return -1;
     int sup = ga_runs_supervisor_alive(dir);
     /* A lost run (status running, supervisor gone) counts as running: stop ends it. */
-    int was_running = sup || !strcmp(st.state, "running");
-    if (sup && st.supervisor_pid > 1)
-        kill((pid_t)st.supervisor_pid, SIGTERM);
-    if (sup)
-        wait_gone(dir, &st, grace_ms + 1000);
-    /* The supervisor may have restarted the group since we read it: read again. */
+    r->was_running = sup || !strcmp(st->state, "running");
+    if (sup && st->supervisor_pid > 1) {
+        union sigval grace = {.sival_int = (int)grace_ms};
+        if (grace_ms >= 0)
+            sigqueue((pid_t)st->supervisor_pid, SIGTERM, grace);
+        else
+            kill((pid_t)st->supervisor_pid, SIGTERM);
+        /* the grace, the kill, and two seconds for the supervisor to see everything gone */
+        wait_gone(dir, st, (grace_ms >= 0 ? grace_ms : st->grace_ms ? st->grace_ms : 10000) + 2000);
+    }
+    /* The supervisor may have restarted the group since we read it, and it records what it
+     * killed: read again. */
     struct ga_runs_status now;
     if (ga_runs_read_status(dir, &now) == 0) {
-        ga_runs_status_release(&st);
-        st = now;
+        ga_runs_status_release(st);
+        *st = now;
     }
-    if (!strcmp(st.state, "running") || sup) {
-        if (ga_runs_supervisor_alive(dir) && st.supervisor_pid > 1)
-            kill((pid_t)st.supervisor_pid, SIGKILL);
-        kill_groups(&st, SIGKILL);
+    if (!strcmp(st->state, "running") || sup) {
+        if (ga_runs_supervisor_alive(dir) && st->supervisor_pid > 1)
+            kill((pid_t)st->supervisor_pid, SIGKILL);
+        kill_groups(st, SIGKILL);
     }
-    int gone = wait_gone(dir, &st, 3000);
-    if (gone && !strcmp(st.state, "running"))
-        mark_stopped(dir, &st);
-    ga_runs_status_release(&st);
-    return gone ? was_running : -1;
+    sweep(dir, r);
+    if (r->left.n == 0 && !strcmp(st->state, "running"))
+        mark_stopped(dir, st);
+    return 0;
+}
+
+/* Counts the ranks the supervisor ended with its signal. */
+static int ranks_stopped(const struct ga_runs_status *st)
+{
+    int n = 0;
+    for (int i = 0; i < st->nranks; i++)
+        n += st->ranks[i].stopped;
+    return n;
+}
+
+/* Prints what stop did: "stopped ID: SIGTERM to 2 ranks and 3 other processes; 1 process
+ * outlived the 10.0 s grace period and got SIGKILL (pid 4242 python3)". */
+static void print_report(const char *id, const struct stop_report *r)
+{
+    const struct ga_runs_status *st = &r->st;
+    int ranks = ranks_stopped(st);
+    printf("%s %s", r->was_running ? "stopped" : "not running", id);
+    const char *sep = ": ";
+    if (r->was_running && ranks) {
+        printf("%sSIGTERM to %d rank%s", sep, ranks, ranks == 1 ? "" : "s");
+        sep = "; ";
+    }
+    if (r->was_running && st->others_termed) {
+        printf("%s%ld other process%s", ranks ? " and " : "SIGTERM to ", st->others_termed,
+               st->others_termed == 1 ? "" : "es");
+        sep = "; ";
+    }
+    if (r->was_running && st->killed_count) {
+        printf("%s%ld process%s outlived the %.1f s grace period and got SIGKILL (pid", sep,
+               st->killed_count, st->killed_count == 1 ? "" : "es", (double)st->grace_ms / 1000.0);
+        sep = "; ";
+        for (int i = 0; i < st->nkilled; i++)
+            printf("%s%ld %s", i ? ", " : " ", st->killed[i].pid, st->killed[i].name);
+        printf("%s)", st->killed_count > st->nkilled ? ", ..." : "");
+    }
+    if (r->swept.n) {
+        char what[1024];
+        ga_proclist_describe(&r->swept, 8, what, sizeof(what));
+        printf("%sSIGKILL to %s it had left behind", sep, what);
+    }
+    printf("\n");
 }
 
 int ga_stop_main(int argc, char **argv)
 {
     const char *root = NULL, *arg = NULL;
-    long grace_ms = 10000;
+    long grace_ms = -1; /* the run's own (launch --grace-ms) */
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -598,7 +754,7 @@ int ga_stop_main(int argc, char **argv)
         else
             bad = 1;
     }
-    if (bad || !root || !arg || grace_ms < 0) {
+    if (bad || !root || !arg || grace_ms < -1 || grace_ms > INT_MAX) {
         fprintf(stderr, "usage: gpusync-agent stop --root DIR --id ID [--grace-ms MS]\n");
         return 2;
     }
@@ -608,14 +764,22 @@ int ga_stop_main(int argc, char **argv)
         return 1;
     }
     ga_runs_path(dir, sizeof(dir), root, id);
-    int rc = stop_run(dir, grace_ms);
-    if (rc < 0) {
-        fprintf(stderr,
-                "gpusync-agent stop: processes of run %s survived SIGKILL (or %s/status.json is "
-                "unreadable)\n",
-                id, dir);
+    struct stop_report r;
+    memset(&r, 0, sizeof(r));
+    int rc = stop_run(dir, grace_ms, &r);
+    if (rc < 0)
+        fprintf(stderr, "gpusync-agent stop: cannot read %s/status.json\n", dir);
+    else if (r.left.n) {
+        char what[1024];
+        ga_proclist_describe(&r.left, 16, what, sizeof(what));
+        fprintf(stderr, "gpusync-agent stop: run %s: %s survived SIGKILL\n", id, what);
+        rc = -1;
+    } else
+        print_report(id, &r);
+    ga_runs_status_release(&r.st);
+    ga_proclist_release(&r.swept);
+    ga_proclist_release(&r.left);
+    if (rc < 0)
         return 1;
-    }
-    printf(rc ? "stopped %s\n" : "not running %s\n", id);
     return fflush(stdout) == 0 ? 0 : 1;
 }

@@ -20,7 +20,16 @@ struct ga_runs_rank {
     int exit_code, signal;
     long long pgid_start; /* the group leader's start time (pgroup.h); 0 when unknown */
     int group_gone;       /* the group was seen empty or its number reused: never signal it */
+    int oom;              /* killed by SIGKILL while the kernel counted an OOM kill */
+    int stopped;          /* ended by the supervisor's signal (a stop, or another rank failed) */
 };
+
+/* A process that outlived SIGTERM by the grace period and got SIGKILL. */
+struct ga_runs_killed {
+    long pid;
+    char name[17];
+};
+#define GA_RUNS_KILLED_MAX 16 /* how many status.json names; killed_count has them all */
 
 /* The contents of status.json. */
 struct ga_runs_status {
@@ -33,6 +42,15 @@ struct ga_runs_status {
     int master_port;
     int nranks;
     struct ga_runs_rank *ranks; /* nranks entries, owned */
+    int max_restarts;
+    long grace_ms;      /* SIGTERM to SIGKILL */
+    int failed_rank;    /* global rank of the first failure; -1 = null */
+    char oom_scope[16]; /* where an OOM kill was counted: "cgroup", "machine"; "" = none */
+    char cgroup[4096];  /* the run's cgroup v2 directory (procs.h); "" = none */
+    long others_termed; /* processes outside the ranks' groups that got SIGTERM */
+    long killed_count;  /* processes that got SIGKILL after the grace period */
+    int nkilled;        /* the first of them, named */
+    struct ga_runs_killed killed[GA_RUNS_KILLED_MAX];
 };
 
 /* Frees st->ranks; *st is then zeroed. */
@@ -83,7 +101,9 @@ int ga_runs_resolve(const char *root, const char *arg, char *out, size_t cap, ch
 /* `gpusync-agent ps --root DIR [--json]`. Returns the exit status. */
 int ga_ps_main(int argc, char **argv);
 
-/* `gpusync-agent stop --root DIR --id ID [--grace-ms MS]`. Returns the exit status: 0 when no
+/* `gpusync-agent stop --root DIR --id ID [--grace-ms MS]`: SIGTERM to every process of the run,
+ * SIGKILL to those still there after the grace period (the run's own, from launch, unless
+ * --grace-ms), and a report of what it killed. Returns the exit status: 0 when no
  * process of the run remains, 1 if one survived or the run is unknown, 2 on bad usage. */
 int ga_stop_main(int argc, char **argv);
 

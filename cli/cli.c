@@ -288,3 +288,16 @@ int gs_cli_run(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **ar
         rc = gs_cli_prepare(cli, cli->needs);
     return rc != 0 ? rc : cmd->exec(cli);
 }
+
+int gs_cli_parse_grace(const char *arg, long *ms, char *why, size_t cap)
+{
+    char *end;
+    errno = 0;
+    double sec = strtod(arg, &end);
+    if (errno || end == arg || *end || !(sec >= 0 && sec <= 3600)) {
+        snprintf(why, cap, "--grace %s: expected seconds from 0 to 3600 (e.g. 30 or 2.5)", arg);
+        return -1;
+    }
+    *ms = (long)(sec * 1000.0 + 0.5);
+    return 0;
+}

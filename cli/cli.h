@@ -110,6 +110,10 @@ int gs_cli_parse_options(struct gs_cli *cli, const struct gs_cmd *cmd, int argc,
                          const char *shortopts, const struct option *longopts,
                          int (*own)(struct gs_cli *cli, int opt, const char *arg));
 
+/* Reads a --grace value: seconds, decimals allowed, 0 to 3600, into *ms. Returns 0, or -1 with
+ * what is wrong in why. */
+int gs_cli_parse_grace(const char *arg, long *ms, char *why, size_t cap);
+
 /* Loads the project (root and config) into cli. Returns 0 or a GS_E_* code with cli->err set. */
 int gs_cli_load_project(struct gs_cli *cli);
 

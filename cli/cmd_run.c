@@ -31,7 +31,8 @@ enum {
     OPT_NAME,
     OPT_RANKS,
     OPT_STOP_ON_INT,
-    OPT_HOSTS
+    OPT_HOSTS,
+    OPT_GRACE
 };
 
 static const struct option run_options[] = {
@@ -45,6 +46,7 @@ static const struct option run_options[] = {
     {"ranks", required_argument, NULL, OPT_RANKS},
     {"stop-on-interrupt", no_argument, NULL, OPT_STOP_ON_INT},
     {"hosts", required_argument, NULL, OPT_HOSTS},
+    {"grace", required_argument, NULL, OPT_GRACE},
     {NULL, 0, NULL, 0},
 };
 
@@ -312,7 +314,7 @@ static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const cha
     if (!stop)
         return 130;
     struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_ctx_stop(cli, rc, id, &out);
+    int r = gs_run_ctx_stop(cli, rc, id, -1, &out);
     if (r == 0)
         fprintf(stderr, "gpusync: %s", out.data ? out.data : "stopped\n");
     gs_buf_release(&out);
@@ -386,6 +388,7 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc,
                                .nproc = p->nproc,
                                .gpus = p->gpus.len ? p->gpus.data : NULL,
                                .max_restarts = a->max_restarts,
+                               .grace_ms = a->grace_ms,
                                .argc = p->c.argc,
                                .argv = p->c.argv};
     return a->detach ? launch_detached(cli, rc, &spec) : launch_and_follow(cli, rc, &spec, a);
@@ -432,6 +435,10 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
             break;
         case OPT_HOSTS:
             a->hosts = optarg;
+            break;
+        case OPT_GRACE:
+            if (gs_cli_parse_grace(optarg, &a->grace_ms, why, sizeof(why)) < 0)
+                return gs_cli_usage_error(&gs_cmd_run, "%s", why);
             break;
         default:
             if ((r = gs_cli_common_option(cli, &gs_cmd_run, opt)) <= 0)
@@ -495,6 +502,7 @@ const struct gs_cmd gs_cmd_run = {
     .usage =
         "run [--gpus N|LIST | --cpu N] [--hosts H1,H2...] [--max-restarts K] [--detach]\n"
         "                   [--no-sync] [--name NAME] [--ranks all|0,1] [--stop-on-interrupt]\n"
+        "                   [--grace SECONDS]\n"
         "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
     .help =
@@ -507,6 +515,8 @@ const struct gs_cmd gs_cmd_run = {
         "  --name NAME            a name to use instead of the run id\n"
         "  --ranks all|0,1        whose logs to show (default all; the trainer: 0)\n"
         "  --stop-on-interrupt    Ctrl-C stops the run instead of detaching\n"
+        "  --grace SECONDS        when the run is stopped (or a rank fails), how long its\n"
+        "                         processes get after SIGTERM before SIGKILL (default 10)\n"
         "  --hosts H1,H2,...      a multi-node run (default: [remote] hosts): each host is\n"
         "                         [user@]host[:port][/abs/path] (path default: [remote] path);\n"
         "                         the first is the master. Each host is synced and runs the\n"

@@ -1,14 +1,29 @@
-/* cli/cmd_stop.c: `gpusync stop RUN`: TERM, then KILL, to every process of the run, and a check
- * that none remains. */
+/* cli/cmd_stop.c: `gpusync stop [--grace S] RUN`: TERM, then KILL after the grace period, to
+ * every process of the run (its ranks, and whatever they started, setsid or not), a report of
+ * what it killed, and a check that none remains. */
 #include <stdio.h>
 
 #include "cli/run_util.h"
 
-static const struct option stop_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
+enum { OPT_GRACE = 1000 };
+
+static const struct option stop_options[] = {
+    GS_CLI_COMMON_LONGOPTS, {"grace", required_argument, NULL, OPT_GRACE}, {NULL, 0, NULL, 0}};
+
+static long grace_ms = -1; /* the run's own */
+
+static int stop_option(struct gs_cli *cli, int opt, const char *arg)
+{
+    (void)cli;
+    char why[128];
+    if (opt == OPT_GRACE && gs_cli_parse_grace(arg, &grace_ms, why, sizeof(why)) < 0)
+        return gs_cli_usage_error(&gs_cmd_stop, "%s", why);
+    return 0;
+}
 
 static int stop_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    int r = gs_cli_parse_options(cli, &gs_cmd_stop, argc, argv, "h", stop_options, NULL);
+    int r = gs_cli_parse_options(cli, &gs_cmd_stop, argc, argv, "h", stop_options, stop_option);
     if (r == 0 && cli->argc != 1)
         return gs_cli_usage_error(&gs_cmd_stop, "expected one RUN (an id or a --name)");
     return r;
@@ -21,12 +36,13 @@ static int stop_exec(struct gs_cli *cli)
     gs_run_ctx_init(cli, &rc);
     int r = gs_run_ctx_resolve(cli, &rc, cli->argv[0], &id);
     if (r == 0)
-        r = gs_run_ctx_stop(cli, &rc, id.data, &out);
+        r = gs_run_ctx_stop(cli, &rc, id.data, grace_ms, &out);
     int code = 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);
     else if (cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:s}", "v", 1, "ok", 1, "id", id.data));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:s}", "v", 1, "ok", 1, "id", id.data, "report",
+                                    out.data ? out.data : ""));
     else
         fputs(out.data ? out.data : "stopped\n", stdout);
     gs_buf_release(&id);
@@ -37,8 +53,13 @@ static int stop_exec(struct gs_cli *cli)
 
 const struct gs_cmd gs_cmd_stop = {
     .name = "stop",
-    .usage = "stop RUN",
+    .usage = "stop [--grace SECONDS] RUN",
     .summary = "Stop a run: every rank and its children, confirmed gone",
+    .help = "  --grace SECONDS  how long processes get to exit after SIGTERM before SIGKILL\n"
+            "                   (default: the run's, 10 s unless 'run --grace' set it)\n"
+            "  Every process the run started is stopped, also those that left the rank's process\n"
+            "  group (setsid, daemons). Prints what got SIGTERM and what had to be killed; fails\n"
+            "  (exit 1, naming them) if any process of the run is still alive afterwards.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .parse = stop_parse,
     .exec = stop_exec,

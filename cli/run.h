@@ -19,6 +19,7 @@ struct run_args {
     int cpu;            /* CPU ranks, from --cpu or the job */
     char gpus_src[600]; /* where `gpus` came from, for messages: "--gpus 5" */
     int max_restarts;
+    long grace_ms; /* --grace: SIGTERM to SIGKILL; 0: the agent's default */
     int detach, no_sync, stop_on_interrupt;
     const char *name;
     const char *ranks;

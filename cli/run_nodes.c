@@ -189,6 +189,7 @@ static int node_launch(struct run_args *a, struct multi *m, int rank, const char
                                .nproc = p->nproc,
                                .gpus = p->gpus.len ? p->gpus.data : NULL,
                                .max_restarts = a->max_restarts,
+                               .grace_ms = a->grace_ms,
                                .argc = p->c.argc,
                                .argv = p->c.argv,
                                .nnodes = m->n,

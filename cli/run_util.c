@@ -278,16 +278,22 @@ void gs_notice_end(struct gs_notice *n)
     pthread_mutex_destroy(&n->lock);
 }
 
-int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out)
+int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, long grace_ms,
+                    struct gs_buf *out)
 {
     struct gs_buf args = GS_BUF_INIT, errout = GS_BUF_INIT;
     struct gs_notice notice;
+    char grace[64] = "the run's grace period (10 s unless run --grace said otherwise)";
     gs_buf_adds(&args, "--id ");
     gs_shell_quote(&args, id);
+    if (grace_ms >= 0) {
+        gs_buf_addf(&args, " --grace-ms %ld", grace_ms);
+        snprintf(grace, sizeof(grace), "%.1f s", (double)grace_ms / 1000.0);
+    }
     gs_notice_begin(&notice, GS_NOTICE_MS,
-                    "stopping run %s: waiting for its ranks to exit after SIGTERM; any "
-                    "still running 10 s after it get SIGKILL",
-                    id);
+                    "stopping run %s: waiting for its processes to exit after SIGTERM; any still "
+                    "running after %s get SIGKILL",
+                    id, grace);
     int r = gs_run_ctx_capture(cli, rc, GS_PROTO_RUN_STOP, args.data, out, &errout);
     gs_notice_end(&notice);
     if (r > 0)

@@ -66,11 +66,13 @@ void gs_notice_begin(struct gs_notice *n, int after_ms, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void gs_notice_end(struct gs_notice *n);
 
-/* Stops run `id` (the agent's stop, as gs_run_ctx_capture runs it); the agent's report goes to
- * `out`. Says what it waits for when that takes more than GS_NOTICE_MS (ranks that ignore
- * SIGTERM are killed after a grace of 10 s). Returns 0, or GS_E_REMOTE when something survived
- * or the run is unknown. */
-int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, struct gs_buf *out);
+/* Stops run `id` (the agent's stop, as gs_run_ctx_capture runs it): SIGTERM to every process of
+ * it, SIGKILL to what is left after grace_ms (< 0: the run's own grace period, 10 s unless `run
+ * --grace`); the agent's report of what it killed goes to `out`. Says what it waits for when that
+ * takes more than GS_NOTICE_MS. Returns 0, or GS_E_REMOTE when something survived or the run is
+ * unknown. */
+int gs_run_ctx_stop(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, long grace_ms,
+                    struct gs_buf *out);
 
 /* Connects cli->ssh unless a connected watch daemon can carry the commands. */
 int gs_cli_connect_unless_daemon(struct gs_cli *cli);

@@ -41,6 +41,8 @@ void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, s
                 spec->extra_env ? " " : "", spec->agent ? spec->agent : GS_AGENT_CACHED);
     gs_shell_quote(&body, spec->id);
     gs_buf_addf(&body, " --nproc %d --max-restarts %d", spec->nproc, spec->max_restarts);
+    if (spec->grace_ms > 0)
+        gs_buf_addf(&body, " --grace-ms %ld", spec->grace_ms);
     if (spec->gpus) {
         gs_buf_adds(&body, " --gpus ");
         gs_shell_quote(&body, spec->gpus);

@@ -24,6 +24,7 @@ struct gs_run_spec {
     int nproc;
     const char *gpus; /* "0,2", or NULL for CPU ranks / no restriction */
     int max_restarts;
+    long grace_ms; /* SIGTERM to SIGKILL when the run is stopped; 0: the agent's default */
     int argc;
     char *const *argv;     /* the command, exactly (each argument quoted for the remote shell) */
     const char *extra_env; /* "NAME=value" words for the remote shell, or NULL */

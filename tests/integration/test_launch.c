@@ -617,7 +617,7 @@ static void test_launch__stop_kills_every_process_even_those_ignoring_term(void 
     const char *stop[] = {"stop", "--root", f->root, "--id", "st", NULL};
     struct out r = agent_run(stop);
     assert_int_equal(r.status, 0);
-    assert_string_equal(r.text, "stopped st\n");
+    assert_true(strncmp(r.text, "stopped st: ", 12) == 0);
     free(r.text);
     assert_no_process_left(running);
     assert_true(pid_gone(sup));
@@ -625,6 +625,9 @@ static void test_launch__stop_kills_every_process_even_those_ignoring_term(void 
     assert_string_equal(jstr(st, "state"), "stopped");
     assert_int_equal(jint(st, "exit_code"), 128 + SIGTERM);
     assert_int_equal(jint(jrank(st, 0), "signal"), SIGKILL);
+    /* both rank shells and their four sleeps ignored SIGTERM: all six were killed, by name */
+    assert_int_equal(jint(st, "killed_count"), 6);
+    assert_int_equal(json_array_size(json_object_get(st, "killed")), 6);
     r = agent_run(stop);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.text, "not running st\n");
@@ -674,6 +677,204 @@ static void test_launch__lost_supervisor_is_reported_and_stop_cleans_up(void **s
     json_decref(st);
     st = load_json(f, "lost", "status.json");
     assert_string_equal(jstr(st, "state"), "stopped");
+    json_decref(st);
+}
+
+/* ---- processes that left their rank's group -------------------------------------------- */
+
+/* The pid a rank wrote into root/name, waiting for it to be there. */
+static long pid_file(const struct fx *f, const char *name)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", f->root, name);
+    long long end = now_ms() + WAIT_MS;
+    for (;;) { /* the rank writes it before it prints "up", which the caller awaited */
+        char *s = slurp(path);
+        long pid = s ? atol(s) : 0;
+        free(s);
+        if (pid > 0)
+            return pid;
+        if (now_ms() > end)
+            fail_msg("no pid in %s", path);
+    }
+}
+
+/* 1 if status.json's killed list names pid. */
+static int killed_names(json_t *st, long pid)
+{
+    size_t i;
+    json_t *k;
+    json_array_foreach(json_object_get(st, "killed"), i, k) if (jint(k, "pid") == pid) return 1;
+    return 0;
+}
+
+/* A rank's child that called setsid and ignores SIGTERM, and a daemon (double fork + setsid):
+ * neither is in the rank's process group, and both were left alive by `stop` before the
+ * supervisor looked beyond the groups. */
+static void test_launch__stop_ends_setsid_children_and_daemons_too(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {
+        "--nproc",
+        "1",
+        "--grace-ms",
+        "300",
+        "--",
+        "sh",
+        "-c",
+        "setsid sh -c 'trap \"\" TERM; echo $$ > stubborn.pid; exec sleep 1000' & "
+        "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 1001' &); "
+        "while [ ! -s stubborn.pid ] || [ ! -s daemon.pid ]; do sleep 0.01; done; echo up; wait",
+        NULL};
+    long sup;
+    launch_env(f, "esc", opts, NULL, &sup, NULL);
+    await_run(f, "esc", 0, "up");
+    long stubborn = pid_file(f, "stubborn.pid"), daemon = pid_file(f, "daemon.pid");
+    const char *stop[] = {"stop", "--root", f->root, "--id", "esc", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    free(r.text);
+    assert_true(pid_gone(stubborn));
+    assert_true(pid_gone(daemon));
+    assert_true(pid_gone(sup));
+    json_t *st = load_json(f, "esc", "status.json");
+    assert_string_equal(jstr(st, "state"), "stopped");
+    assert_int_equal(jint(st, "others_termed"), 2); /* the two, each with a SIGTERM of its own */
+    assert_true(killed_names(st, stubborn));        /* it ignored SIGTERM: killed, and named */
+    assert_false(killed_names(st, daemon));         /* it did not */
+    json_decref(st);
+}
+
+/* A run whose ranks all succeeded is over only once what they left running is gone. */
+static void test_launch__a_daemon_left_by_a_finished_run_does_not_outlive_it(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc",
+                          "1",
+                          "--",
+                          "sh",
+                          "-c",
+                          "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 1000' &); "
+                          "while [ ! -s daemon.pid ]; do sleep 0.01; done; echo done",
+                          NULL};
+    launch_env(f, "fin", opts, NULL, NULL, NULL);
+    json_t *st = await_end(f, "fin");
+    assert_string_equal(jstr(st, "state"), "succeeded");
+    assert_int_equal(jint(st, "exit_code"), 0);
+    assert_int_equal(jint(st, "others_termed"), 1);
+    assert_true(pid_gone(pid_file(f, "daemon.pid")));
+    json_decref(st);
+}
+
+/* Once the supervisor is killed outright, a setsid child belongs to init: stop finds it by the
+ * run's marks, its environment and (where the server gives one) its cgroup. The second child
+ * clears GPUSYNC_RUN_DIR, so only the cgroup can find it. */
+static void test_launch__stop_of_a_lost_run_finds_its_escaped_children(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {
+        "--nproc",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "setsid sh -c 'echo $$ > env.pid; exec sleep 1000' & "
+        "env -u GPUSYNC_RUN_DIR setsid sh -c 'echo $$ > bare.pid; exec sleep 1001' & "
+        "while [ ! -s env.pid ] || [ ! -s bare.pid ]; do sleep 0.01; done; echo up; wait",
+        NULL};
+    long sup;
+    launch_env(f, "lost2", opts, NULL, &sup, NULL);
+    await_run(f, "lost2", 0, "up");
+    long marked = pid_file(f, "env.pid"), bare = pid_file(f, "bare.pid");
+    json_t *st = load_json(f, "lost2", "status.json");
+    int has_cgroup = json_is_string(json_object_get(st, "cgroup"));
+    json_decref(st);
+    assert_int_equal(kill((pid_t)sup, SIGKILL), 0);
+    while (!pid_gone(sup))
+        usleep(1000); /* not our child: no event to wait on */
+    const char *stop[] = {"stop", "--root", f->root, "--id", "lost2", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    free(r.text);
+    assert_true(pid_gone(marked));
+    if (has_cgroup)
+        assert_true(pid_gone(bare));
+    else {
+        kill((pid_t)bare, SIGKILL);
+        print_message("no cgroup v2 here: the unmarked child was not expected to be found\n");
+    }
+}
+
+/* Makes a memory cgroup (v1, or v2 with the memory controller) limited to `bytes` for the test
+ * and writes the file a process joins it by into procs. Returns 0, or -1 where the kernel or
+ * our privileges do not allow it. */
+static int memory_cgroup(char *dir, size_t cap, char *procs, size_t pcap, long bytes)
+{
+    char limit[PATH_MAX + 32], value[32];
+    snprintf(value, sizeof(value), "%ld", bytes);
+    const char *v1 = "/sys/fs/cgroup/memory", *v2 = "/sys/fs/cgroup";
+    struct stat sb;
+    int is_v1 = stat(v1, &sb) == 0;
+    snprintf(dir, cap, "%s/gpusync-test-oom-%ld", is_v1 ? v1 : v2, (long)getpid());
+    if (mkdir(dir, 0755) < 0)
+        return -1;
+    snprintf(limit, sizeof(limit), "%s/%s", dir, is_v1 ? "memory.limit_in_bytes" : "memory.max");
+    FILE *fp = fopen(limit, "w");
+    int ok = fp && fputs(value, fp) >= 0;
+    if (fp && fclose(fp) != 0)
+        ok = 0;
+    if (!ok) {
+        rmdir(dir);
+        return -1;
+    }
+    snprintf(procs, pcap, "%s/cgroup.procs", dir);
+    return 0;
+}
+
+/* A rank that the kernel kills for using too much memory is told apart from one killed by
+ * hand: status.json names the failing rank, says oom, and marks the rank stopped because of it. */
+static void test_launch__a_rank_killed_for_memory_is_named_out_of_memory(void **state)
+{
+    struct fx *f = *state;
+    char dir[PATH_MAX], procs[PATH_MAX + 16], cmd[2 * PATH_MAX];
+    if (memory_cgroup(dir, sizeof(dir), procs, sizeof(procs), 64L << 20) < 0) {
+        print_message("no memory cgroup can be made here: skipped\n");
+        skip();
+    }
+    snprintf(
+        cmd, sizeof(cmd),
+        "if [ \"$RANK\" = 1 ]; then echo $$ > %s && exec python3 -c \"x = b'x' * (512 << 20)\";"
+        " else exec sleep 1000; fi",
+        procs);
+    const char *opts[] = {"--nproc", "2", "--", "sh", "-c", cmd, NULL};
+    launch_env(f, "oom", opts, NULL, NULL, NULL);
+    json_t *st = await_end(f, "oom");
+    rmdir(dir);
+    assert_string_equal(jstr(st, "state"), "failed");
+    assert_int_equal(jint(st, "failed_rank"), 1);
+    assert_int_equal(jint(jrank(st, 1), "signal"), SIGKILL);
+    assert_true(json_is_true(json_object_get(jrank(st, 1), "oom")));
+    assert_false(json_is_true(json_object_get(jrank(st, 1), "stopped")));
+    assert_true(json_is_true(json_object_get(jrank(st, 0), "stopped")));
+    assert_false(json_is_true(json_object_get(jrank(st, 0), "oom")));
+    assert_non_null(json_string_value(json_object_get(st, "oom_scope")));
+    json_decref(st);
+}
+
+/* The same SIGKILL sent by hand is not called out of memory. */
+static void test_launch__a_rank_killed_by_hand_is_not_called_out_of_memory(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1", "--", "sh", "-c", "echo up; exec sleep 1000", NULL};
+    launch_env(f, "kill9", opts, NULL, NULL, NULL);
+    await_run(f, "kill9", 0, "up");
+    json_t *running = load_json(f, "kill9", "status.json");
+    assert_int_equal(kill((pid_t)jint(jrank(running, 0), "pid"), SIGKILL), 0);
+    json_decref(running);
+    json_t *st = await_end(f, "kill9");
+    assert_int_equal(jint(st, "failed_rank"), 0);
+    assert_int_equal(jint(jrank(st, 0), "signal"), SIGKILL);
+    assert_false(json_is_true(json_object_get(jrank(st, 0), "oom")));
     json_decref(st);
 }
 
@@ -1255,6 +1456,16 @@ int main(void)
             test_launch__stop_kills_every_process_even_those_ignoring_term, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__lost_supervisor_is_reported_and_stop_cleans_up,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__stop_ends_setsid_children_and_daemons_too,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_launch__a_daemon_left_by_a_finished_run_does_not_outlive_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__stop_of_a_lost_run_finds_its_escaped_children,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_launch__a_rank_killed_for_memory_is_named_out_of_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_launch__a_rank_killed_by_hand_is_not_called_out_of_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__an_exited_ranks_pgid_reused_is_never_signalled,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__stop_of_a_lost_run_never_signals_a_reused_pgid,
