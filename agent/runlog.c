@@ -309,6 +309,26 @@ static int run_ended(const struct tail *t, int *code, char *state, size_t cap)
     return ended;
 }
 
+/* Writes the X line: the run's exit code and state, and the summary of how it ended. */
+static int write_end(const struct tail *t, int code, const char *state)
+{
+    struct ga_runs_status st;
+    struct ga_jw summary;
+    ga_jw_init(&summary);
+    if (ga_runs_read_status(t->dir, &st) == 0) {
+        snprintf(st.state, sizeof(st.state), "%s", state); /* "lost" is only derived */
+        ga_runs_summary_json(t->dir, &st, &summary);
+        ga_runs_status_release(&st);
+    }
+    size_t cap = summary.len + 96;
+    char *x = malloc(cap);
+    int n = x ? gs_proto_run_exit_format(x, cap, code, state, summary.buf) : -1;
+    int rc = n < 0 ? -1 : ga_write_all(1, x, (size_t)n);
+    free(x);
+    ga_jw_release(&summary);
+    return rc;
+}
+
 /* Milliseconds to wait for the next pass. */
 static int wait_ms(const struct tail *t, int inotify_fd)
 {
@@ -352,11 +372,8 @@ static int tail_run(struct tail *t)
         char state[32] = "";
         int ended = run_ended(t, &code, state, sizeof(state));
         rc = drain(t, ended);
-        if (rc == 0 && ended) {
-            char x[64];
-            int n = gs_proto_run_exit_format(x, sizeof(x), code, state);
-            rc = ga_write_all(1, x, (size_t)n);
-        }
+        if (rc == 0 && ended)
+            rc = write_end(t, code, state);
         if (rc < 0 || ended || !t->follow || (rc = wait_change(t, ifd)) < 0)
             break;
     }

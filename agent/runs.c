@@ -330,6 +330,102 @@ int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
     return rc;
 }
 
+/* ---- the end of a run, summed up ---------------------------------------------------------- */
+
+#define SUMMARY_LINES    5   /* of the failing rank's log */
+#define SUMMARY_LINE_MAX 240 /* bytes kept of each */
+
+/* Writes up to SUMMARY_LINES last lines of rank's log in dir as a JSON array of strings. */
+static void last_lines_json(const char *dir, int rank, struct ga_jw *w)
+{
+    char name[32], path[PATH_MAX], buf[4096];
+    snprintf(name, sizeof(name), "rank%d.log", rank);
+    ssize_t n = -1;
+    int fd =
+        ga_runs_join(path, sizeof(path), dir, name) == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0) {
+        off_t end = lseek(fd, 0, SEEK_END);
+        off_t from = end > (off_t)sizeof(buf) ? end - (off_t)sizeof(buf) : 0;
+        n = pread(fd, buf, sizeof(buf), from);
+        close(fd);
+    }
+    const char *start[SUMMARY_LINES];
+    size_t len[SUMMARY_LINES], count = 0;
+    /* walk back from the end: lines as the log holds them, the last one possibly unterminated */
+    for (ssize_t at = n > 0 && buf[n - 1] == '\n' ? n - 1 : n; at > 0 && count < SUMMARY_LINES;) {
+        ssize_t b = at;
+        while (b > 0 && buf[b - 1] != '\n')
+            b--;
+        if (b == 0 && n == (ssize_t)sizeof(buf))
+            break; /* a line cut by the window: not shown in part */
+        start[count] = buf + b;
+        len[count++] = (size_t)(at - b);
+        at = b - 1;
+    }
+    ga_jw_arr(w);
+    for (size_t i = count; i-- > 0;) {
+        char line[SUMMARY_LINE_MAX + 1];
+        size_t l = len[i] < SUMMARY_LINE_MAX ? len[i] : SUMMARY_LINE_MAX;
+        memcpy(line, start[i], l);
+        line[l] = '\0';
+        ga_jw_str(w, line);
+    }
+    ga_jw_arr_end(w);
+}
+
+/* Writes the failing rank (status.json's failed_rank) with how it ended, or null. */
+static void failed_rank_json(const char *dir, const struct ga_runs_status *st, struct ga_jw *w)
+{
+    ga_jw_key(w, "failed");
+    const struct ga_runs_rank *r = NULL;
+    for (int i = 0; i < st->nranks && st->failed_rank >= 0; i++)
+        if (st->ranks[i].rank == st->failed_rank)
+            r = &st->ranks[i];
+    if (!r) {
+        ga_jw_null(w);
+        return;
+    }
+    ga_jw_obj(w);
+    ga_jw_key(w, "rank");
+    ga_jw_int(w, r->rank);
+    jw_opt(w, "exit_code", r->exit_code, -1);
+    jw_opt(w, "signal", r->signal, 0);
+    ga_jw_key(w, "oom");
+    ga_jw_bool(w, r->oom);
+    ga_jw_key(w, "oom_scope");
+    ga_jw_str(w, r->oom && st->oom_scope[0] ? st->oom_scope : NULL);
+    ga_jw_key(w, "last_lines");
+    last_lines_json(dir, r->rank, w);
+    ga_jw_obj_end(w);
+}
+
+void ga_runs_summary_json(const char *dir, const struct ga_runs_status *st, struct ga_jw *w)
+{
+    long long start = ga_runs_iso_ms(st->start), end = ga_runs_iso_ms(st->end);
+    ga_jw_obj(w);
+    ga_jw_key(w, "state");
+    ga_jw_str(w, st->state);
+    jw_opt(w, "exit_code", st->exit_code, -1);
+    ga_jw_key(w, "duration_ms");
+    ga_jw_int(w, start < 0 || end < 0 ? -1 : end - start);
+    ga_jw_key(w, "restarts");
+    ga_jw_int(w, st->restarts);
+    ga_jw_key(w, "max_restarts");
+    ga_jw_int(w, st->max_restarts);
+    failed_rank_json(dir, st, w);
+    ga_jw_key(w, "stopped_ranks");
+    ga_jw_arr(w);
+    for (int i = 0; i < st->nranks; i++)
+        if (st->ranks[i].stopped)
+            ga_jw_int(w, st->ranks[i].rank);
+    ga_jw_arr_end(w);
+    ga_jw_key(w, "others_termed");
+    ga_jw_int(w, st->others_termed);
+    ga_jw_key(w, "killed_count");
+    ga_jw_int(w, st->killed_count);
+    ga_jw_obj_end(w);
+}
+
 int ga_runs_supervisor_alive(const char *dir)
 {
     char path[PATH_MAX];

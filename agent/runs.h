@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "jsonw.h"
 #include "proto/run.h" /* GS_PROTO_RUN_ID_MAX, GS_PROTO_RUN_MAX_RANKS: limits both sides check */
 
 #define GA_RUNS_NAME_MAX 128 /* --name values */
@@ -89,6 +90,12 @@ char *ga_runs_slurp(const char *path, size_t *len);
 /* Reads dir/status.json into *st (which the caller releases). Returns 0, or -1 (missing or
  * malformed file; *st is then empty). */
 int ga_runs_read_status(const char *dir, struct ga_runs_status *st);
+
+/* Writes how the run in dir ended as one JSON object on one line (the summary of tail's X line,
+ * proto/run.h): state, exit_code, duration_ms, restarts, max_restarts; the failing rank (or null)
+ * with its exit_code, signal, oom and up to 5 last lines of its log; the ranks stopped because of
+ * it; the other processes stopped and killed. */
+void ga_runs_summary_json(const char *dir, const struct ga_runs_status *st, struct ga_jw *w);
 
 /* Returns 1 while the supervisor of the run in dir holds supervisor.lock, 0 otherwise. */
 int ga_runs_supervisor_alive(const char *dir);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/progress.h"
+#include "cli/run_end.h"
 #include "cli/run_local.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -578,6 +579,8 @@ static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id
         first = 1;
         if (r == 0 && st->finished) {
             *exit_code = st->exit_code < 0 ? 1 : st->exit_code;
+            fflush(stdout); /* the log before the summary, on a terminal */
+            gs_run_end_print(cli, id, st->state, st->exit_code, st->summary);
             return 0;
         }
         if (r == GS_E_INTERRUPTED || (r < 0 && r != GS_E_DISCONNECTED && r != GS_E_TIMEOUT))

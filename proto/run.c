@@ -66,20 +66,31 @@ int gs_proto_run_log_parse(const char *line, int *rank, unsigned long long *offs
     return whole_line(line, end) ? 0 : -1;
 }
 
-int gs_proto_run_exit_format(char *buf, size_t cap, int exit_code, const char *state)
+int gs_proto_run_exit_format(char *buf, size_t cap, int exit_code, const char *state,
+                             const char *summary)
 {
-    int n = exit_code >= 0 ? snprintf(buf, cap, "X %d %s\n", exit_code, state)
-                           : snprintf(buf, cap, "X null %s\n", state);
-    return fitted(n, cap);
+    char code[16] = "null";
+    if (exit_code >= 0)
+        snprintf(code, sizeof(code), "%d", exit_code);
+    int has = summary && summary[0] == '{' && !strchr(summary, '\n');
+    return fitted(
+        snprintf(buf, cap, "X %s %s%s%s\n", code, state, has ? " " : "", has ? summary : ""), cap);
 }
 
-int gs_proto_run_exit_parse(const char *line, int *exit_code, char state[GS_PROTO_RUN_STATE_MAX])
+int gs_proto_run_exit_parse(const char *line, int *exit_code, char state[GS_PROTO_RUN_STATE_MAX],
+                            int *summary_at)
 {
     char code[32];
     /* %31s: GS_PROTO_RUN_STATE_MAX - 1 */
     int end = 0;
-    if (line[0] != 'X' || sscanf(line, "X %31s %31s%n", code, state, &end) != 2 ||
-        !whole_line(line, end))
+    if (line[0] != 'X' || sscanf(line, "X %31s %31s%n", code, state, &end) != 2)
+        return -1;
+    *summary_at = 0;
+    if (line[end] == ' ' && line[end + 1] == '{' && within_line(line, end + 1)) {
+        *summary_at = end + 1;
+        end += (int)strcspn(line + end, "\r\n");
+    }
+    if (!whole_line(line, end))
         return -1;
     *exit_code = strcmp(code, "null") == 0 ? -1 : atoi(code);
     return 0;

@@ -20,9 +20,12 @@
  *                                      frames of `tail --follow` come next.
  *   "L RANK OFFSET LENGTH" + LENGTH bytes   tail: bytes OFFSET.. of rank RANK's log (global rank);
  *                                      LENGTH <= GS_PROTO_RUN_MAX_CHUNK.
- *   "X EXIT STATE"                     tail: once, last, when the run has ended and every byte was
+ *   "X EXIT STATE [SUMMARY]"           tail: once, last, when the run has ended and every byte was
  *                                      sent. EXIT is the exit code or "null"; STATE is succeeded,
  *                                      failed, stopped, or lost when the supervisor vanished.
+ *                                      SUMMARY, the rest of the line, is a JSON object saying how
+ *                                      it ended (agent/runs.h ga_runs_summary_json: the failing
+ *                                      rank, its last lines, OOM, restarts, duration).
  *   "stopped ID" / "not running ID"    stop: the report the client shows as it is.
  *
  * JSON: `ps --json` prints one array of run objects; the client reads "id", "name", "state",
@@ -63,9 +66,12 @@ int gs_proto_run_log_format(char *buf, size_t cap, int rank, long long offset, s
 int gs_proto_run_log_parse(const char *line, int *rank, unsigned long long *offset,
                            unsigned long long *length);
 
-/* exit_code < 0 is written as null. */
-int gs_proto_run_exit_format(char *buf, size_t cap, int exit_code, const char *state);
-/* *exit_code is -1 for null. */
-int gs_proto_run_exit_parse(const char *line, int *exit_code, char state[GS_PROTO_RUN_STATE_MAX]);
+/* exit_code < 0 is written as null; summary (a one-line JSON object) may be NULL. */
+int gs_proto_run_exit_format(char *buf, size_t cap, int exit_code, const char *state,
+                             const char *summary);
+/* *exit_code is -1 for null; *summary_at: the offset of SUMMARY in line, 0 when it has none (it
+ * runs to the end of the line). */
+int gs_proto_run_exit_parse(const char *line, int *exit_code, char state[GS_PROTO_RUN_STATE_MAX],
+                            int *summary_at);
 
 #endif

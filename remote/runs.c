@@ -124,7 +124,7 @@ static int parse_frames(struct gs_run_stream *p)
         if (!nl)
             return 0;
         size_t head = (size_t)(nl - p->in.data) + 1;
-        int rank, code;
+        int rank, code, summary_at;
         unsigned long long off, len;
         char state[GS_PROTO_RUN_STATE_MAX];
         if (gs_proto_run_log_parse(p->in.data, &rank, &off, &len) == 0) {
@@ -141,10 +141,13 @@ static int parse_frames(struct gs_run_stream *p)
         } else if (!p->st->launched && gs_proto_run_is_started(p->in.data)) {
             if (parse_started(p, head) < 0)
                 return -1;
-        } else if (gs_proto_run_exit_parse(p->in.data, &code, state) == 0) {
+        } else if (gs_proto_run_exit_parse(p->in.data, &code, state, &summary_at) == 0) {
             p->st->finished = 1;
             p->st->exit_code = code;
             snprintf(p->st->state, sizeof(p->st->state), "%s", state);
+            p->in.data[head - 1] = '\0';
+            snprintf(p->st->summary, sizeof(p->st->summary), "%s",
+                     summary_at ? p->in.data + summary_at : "");
             gs_buf_consume(&p->in, head);
         } else {
             return -1;

@@ -55,6 +55,7 @@ struct gs_tail_state {
     int finished;
     int exit_code; /* -1 when unknown (a lost run) */
     char state[GS_PROTO_RUN_STATE_MAX];
+    char summary[16384]; /* how it ended: the X line's JSON object (proto/run.h), "" if none */
     /* Filled by gs_run_launch_follow once the run started: */
     int launched;
     long pid;

@@ -583,6 +583,62 @@ static void test_run__one_rank_crashing_stops_the_others(void **state)
     child_release(&c);
 }
 
+/* The last line of a --json run's stdout, as JSON (the "ended" object after the plain log). */
+static json_t *ended_json(const struct child *c)
+{
+    const char *out = c->out.data ? c->out.data : "";
+    size_t n = strlen(out);
+    while (n > 0 && out[n - 1] == '\n')
+        n--;
+    const char *line = out + n;
+    while (line > out && line[-1] != '\n')
+        line--;
+    json_t *j = json_loadb(line, (size_t)(out + n - line), 0, NULL);
+    if (!json_is_object(j) || strcmp(str_at(j, "event"), "ended") != 0)
+        fail_msg("no ended object at the end of stdout: %s", out);
+    return j;
+}
+
+/* How a run ended is said once at its end: which rank failed and how, its last lines, the ranks
+ * stopped because of it, restarts and duration (and the same as an "ended" object with --json). */
+static void test_run__a_failure_is_summed_up_naming_the_rank(void **state)
+{
+    (void)state;
+    struct child c =
+        run_in(project, ARGS("run", "--json", "--cpu", "3", "--ranks", "0", "--", "sh", "-c",
+                             "if [ \"$RANK\" = 1 ]; then echo loading shard 1; "
+                             "echo about to die; kill -9 $$; fi; exec sleep 120"));
+    expect_status(&c, 128 + SIGKILL, "a rank killed by SIGKILL");
+    json_t *e = ended_json(&c);
+    assert_string_equal(str_at(e, "state"), "failed");
+    assert_int_equal(int_at(e, "exit_code"), 128 + SIGKILL);
+    json_t *failed = json_object_get(e, "failed");
+    assert_int_equal(int_at(failed, "rank"), 1);
+    assert_int_equal(int_at(failed, "signal"), SIGKILL);
+    assert_false(json_is_true(json_object_get(failed, "oom")));
+    /* rank 1's lines were not followed (--ranks 0): the summary brings its last ones */
+    json_t *lines = json_object_get(failed, "last_lines");
+    assert_int_equal(json_array_size(lines), 2);
+    assert_string_equal(json_string_value(json_array_get(lines, 1)), "about to die");
+    json_t *stopped = json_object_get(e, "stopped_ranks");
+    assert_int_equal(json_array_size(stopped), 2);
+    assert_int_equal(json_integer_value(json_array_get(stopped, 0)), 0);
+    assert_int_equal(json_integer_value(json_array_get(stopped, 1)), 2);
+    assert_int_equal(int_at(e, "restarts"), 0);
+    assert_true(int_at(e, "duration_ms") >= 0);
+    json_decref(e);
+    child_release(&c);
+
+    c = run_in(project, ARGS("run", "--json", "--cpu", "1", "--", "true"));
+    expect_status(&c, 0, "a run that succeeds");
+    e = ended_json(&c);
+    assert_string_equal(str_at(e, "state"), "succeeded");
+    assert_true(json_is_null(json_object_get(e, "failed")));
+    assert_int_equal(json_array_size(json_object_get(e, "stopped_ranks")), 0);
+    json_decref(e);
+    child_release(&c);
+}
+
 static void test_run__max_restarts_two_restarts_twice_then_fails(void **state)
 {
     (void)state;
@@ -1345,6 +1401,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_run__through_the_daemon_after_the_server_restarted,
                                         use_home, stop_watch),
         cmocka_unit_test_setup(test_run__one_rank_crashing_stops_the_others, use_home),
+        cmocka_unit_test_setup(test_run__a_failure_is_summed_up_naming_the_rank, use_home),
         cmocka_unit_test_setup(test_run__max_restarts_two_restarts_twice_then_fails, use_home),
         cmocka_unit_test_setup(test_run__environment_contract_rank_by_rank, use_home),
         cmocka_unit_test_setup(test_run__a_jobs_gpus_from_the_config_are_used, use_home),
