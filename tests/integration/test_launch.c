@@ -1074,7 +1074,15 @@ static void parse_frames(const char *p, size_t n, struct frames *fr)
             const char *nl = memchr(p, '\n', (size_t)(end - p));
             assert_non_null(nl);
             assert_ptr_equal(nl + 1, end);
-            snprintf(fr->x, sizeof(fr->x), "%.*s", (int)(nl - p), p);
+            /* "X CODE STATE", then the summary object (checked where it matters) */
+            const char *brace = memchr(p, '{', (size_t)(nl - p));
+            const char *x_end = brace ? brace - 1 : nl;
+            snprintf(fr->x, sizeof(fr->x), "%.*s", (int)(x_end - p), p);
+            if (brace) {
+                json_t *summary = json_loadb(brace, (size_t)(nl - brace), 0, NULL);
+                assert_true(json_is_object(summary));
+                json_decref(summary);
+            }
             return;
         }
         assert_int_equal(sscanf(p, "L %d %lld %zu\n%n", &rank, &off, &len, &used), 3);

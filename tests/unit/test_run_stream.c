@@ -222,6 +222,14 @@ static void test_stream__the_exit_line_ends_the_run_with_its_code_and_state(void
     assert_true(st->finished);
     assert_int_equal(st->exit_code, -1); /* a lost run has no exit code */
     assert_string_equal(st->state, "lost");
+    assert_string_equal(st->summary, "");
+    /* the summary of how it ended: the rest of the line, kept whole */
+    memset(st, 0, sizeof(*st));
+    assert_int_equal(feed_text(st, &log, "X 137 failed {\"failed\":{\"rank\":1,\"s\":\"a b\"}}\n"),
+                     0);
+    assert_int_equal(st->exit_code, 137);
+    assert_string_equal(st->state, "failed");
+    assert_string_equal(st->summary, "{\"failed\":{\"rank\":1,\"s\":\"a b\"}}");
     gs_buf_release(&log);
     free(st);
 }
