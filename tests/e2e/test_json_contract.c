@@ -134,8 +134,11 @@ static const struct field rank_item[] = {
     {"group_gone", T_BOOL, 0, NULL},
     {"exit_code", T_INT | T_NULL, 0, NULL},
     {"signal", T_INT | T_NULL, 0, NULL},
+    {"oom", T_BOOL, 0, NULL},
+    {"stopped", T_BOOL, 0, NULL},
     END,
 };
+static const struct field killed_item[] = {{"pid", T_INT, 0, NULL}, {"name", T_STR, 0, NULL}, END};
 static const struct field run_item[] = {
     {"id", T_STR, 0, NULL},
     {"state", T_STR, 0, NULL},
@@ -149,10 +152,19 @@ static const struct field run_item[] = {
     {"name", T_STR | T_NULL, 0, NULL},
     {"command", T_ARR | T_NULL, 0, NULL},
     {"duration_ms", T_INT, 0, NULL},
+    {"max_restarts", T_INT, 0, NULL},
+    {"grace_ms", T_INT, 0, NULL},
+    {"failed_rank", T_INT | T_NULL, 0, NULL},
+    {"oom_scope", T_STR | T_NULL, 0, NULL},
+    {"cgroup", T_STR | T_NULL, 0, NULL},
+    {"others_termed", T_INT, 0, NULL},
+    {"killed_count", T_INT, 0, NULL},
+    {"killed", T_ARR, 0, killed_item},
     END,
 };
 static const struct field ps_spec[] = {{"runs", T_ARR, 0, run_item}, END};
-static const struct field stop_spec[] = {{"id", T_STR, 0, NULL}, END};
+static const struct field stop_spec[] = {
+    {"id", T_STR, 0, NULL}, {"report", T_STR, 0, NULL}, END};
 static const struct field check_item[] = {
     {"name", T_STR, 0, NULL},
     {"status", T_STR, 0, NULL},
