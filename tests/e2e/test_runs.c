@@ -1042,6 +1042,53 @@ static void test_logs__json_is_refused_and_not_offered(void **state)
     child_release(&c);
 }
 
+/* The pid a rank wrote into the remote project's file `name` (it did before it printed "up"). */
+static long remote_pid(const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/%s", remote, name);
+    FILE *fp = fopen(path, "r");
+    long pid = 0;
+    if (!fp || fscanf(fp, "%ld", &pid) != 1)
+        fail_msg("no pid in %s", path);
+    fclose(fp);
+    return pid;
+}
+
+/* What training code starts outside its rank's process group, a setsid child that ignores
+ * SIGTERM (Popen(start_new_session=True)) and a double-forked daemon, is gone after one `stop`,
+ * which says what it had to kill. */
+static void test_stop__leaves_no_setsid_child_or_daemon_of_the_run(void **state)
+{
+    (void)state;
+    struct child c = run_in(
+        project,
+        ARGS("run", "--detach", "--cpu", "2", "--grace", "0.5", "--", "sh", "-c",
+             "setsid sh -c 'trap \"\" TERM; echo $$ > stubborn.$RANK.pid; exec sleep 1000' & "
+             "(setsid sh -c 'echo $$ > daemon.$RANK.pid; exec sleep 1001' &); "
+             "while [ ! -s stubborn.$RANK.pid ] || [ ! -s daemon.$RANK.pid ]; do sleep 0.01; "
+             "done; echo up; wait"));
+    expect_status(&c, 0, "run --detach with escaping children");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    await_remote_log(id, 1, "up\n");
+    long pids[4] = {remote_pid("stubborn.0.pid"), remote_pid("daemon.0.pid"),
+                    remote_pid("stubborn.1.pid"), remote_pid("daemon.1.pid")};
+    struct child s = run_in(project, ARGS("stop", "--json", id));
+    expect_status(&s, 0, "stop");
+    for (int i = 0; i < 4; i++)
+        if (!process_gone(pids[i], 0)) /* stop returned: gone by now, not later */
+            fail_msg("pid %ld of run %s survived stop", pids[i], id);
+    json_t *st = run_json(remote, id, "status.json");
+    assert_string_equal(str_at(st, "state"), "stopped");
+    assert_int_equal(int_at(st, "others_termed"), 4);
+    assert_int_equal(int_at(st, "killed_count") >= 2, 1); /* the two stubborn ones, at least */
+    json_decref(st);
+    child_release(&s);
+}
+
 /* ---- detach, re-attach, stop ---- */
 
 static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
@@ -1419,6 +1466,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_run__names_the_server_alike_with_and_without_the_daemon, use_home, stop_watch),
         cmocka_unit_test_setup(test_run__detach_reattach_and_stop_leaves_no_process, use_home),
+        cmocka_unit_test_setup(test_stop__leaves_no_setsid_child_or_daemon_of_the_run, use_home),
         cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
         cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
