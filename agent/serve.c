@@ -193,6 +193,9 @@ static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
         return -1;
     s->fsync = s->fsync || (m.flags & GS_HELLO_FSYNC);
     s->greeted = 1;
+    /* level 1: fast enough not to slow a LAN; the replies it packs are mostly small (zframes.h) */
+    if (m.flags & GS_HELLO_ZSTD)
+        s->z = gs_zframes_new(1);
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_HELLO_OK;
     r.id = f->id;
@@ -204,14 +207,46 @@ static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
     if ((m.flags & GS_HELLO_SYNC_ID) && ga_sync_id_get(s->rootfd, sync_id) < 0)
         sync_id[0] = '\0'; /* the client then records none, and asks again next time */
     r.path = gs_proto_cstr(sync_id);
+    r.flags = s->z ? GS_HELLO_ZSTD : 0;
     ga_serve_emit(s, &r);
     return s->fatal ? -1 : 0;
+}
+
+/* Handles the frames a ZFRAMES carries, in order, as if they had come one by one. */
+static void zframes(struct ga_serve *s, const struct gs_proto_frame *f)
+{
+    struct gs_proto_msg m;
+    if (!s->z) {
+        ga_serve_reply_error(s, f->id, ENOSYS, "ZFRAMES without GS_HELLO_ZSTD agreed");
+        return;
+    }
+    if (gs_proto_decode(f, &m) < 0 || gs_zframes_unpack(s->z, &m, &s->zin) < 0) {
+        ga_serve_reply_error(s, f->id, EBADMSG, "malformed ZFRAMES frame; closing");
+        s->fatal = EXIT_PROTOCOL; /* the frames it held are lost: the stream cannot go on */
+        return;
+    }
+    struct gs_proto_buf inner = s->zin; /* a ZFRAMES inside is refused, so zin is not reused */
+    for (size_t at = 0; at < inner.len && !s->fatal;) {
+        struct gs_proto_frame g;
+        long len = gs_proto_parse_frame(inner.data + at, inner.len - at, &g);
+        if (len <= 0 || g.type == GS_MSG_ZFRAMES) {
+            ga_serve_reply_error(s, f->id, EBADMSG, "malformed frame inside ZFRAMES; closing");
+            s->fatal = EXIT_PROTOCOL;
+            return;
+        }
+        at += (size_t)len;
+        ga_serve_frame(s, &g);
+    }
 }
 
 int ga_serve_frame(struct ga_serve *s, const struct gs_proto_frame *f)
 {
     if (!s->greeted)
         return handshake(s, f);
+    if (f->type == GS_MSG_ZFRAMES) {
+        zframes(s, f);
+        return s->fatal ? -1 : 0;
+    }
     struct gs_proto_msg m;
     handler_fn h = (f->type & 0x80) ? NULL : handler_for(f->type);
     if (!h) {
@@ -246,11 +281,28 @@ long ga_serve_feed(struct ga_serve *s, const uint8_t *p, size_t n)
     return -1;
 }
 
+/* Packs the queued replies into s->zout (compressed where it pays). Returns 0 or -1. */
+static int pack_out(struct ga_serve *s)
+{
+    s->zout.len = 0;
+    for (size_t at = 0; at < s->out.len;) {
+        long used =
+            gs_zframes_pack(s->z, GS_MSG_ZFRAMES_R, s->out.data + at, s->out.len - at, &s->zout);
+        if (used < 0)
+            return -1;
+        at += (size_t)used;
+    }
+    return 0;
+}
+
 int ga_serve_flush(struct ga_serve *s)
 {
     if (s->out.len == 0)
         return 0;
-    if (s->write(s->write_ctx, s->out.data, s->out.len) < 0) {
+    struct gs_proto_buf *wire = &s->out;
+    if (s->z && pack_out(s) == 0)
+        wire = &s->zout;
+    if (s->write(s->write_ctx, wire->data, wire->len) < 0) {
         s->out.len = 0;
         if (!s->fatal)
             s->fatal = EXIT_IO;
@@ -321,6 +373,9 @@ void ga_serve_release(struct ga_serve *s)
         close(s->rootfd);
     free(s->root);
     gs_proto_buf_release(&s->out);
+    gs_proto_buf_release(&s->zin);
+    gs_proto_buf_release(&s->zout);
+    gs_zframes_free(s->z);
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
     ga_fence_init(&s->fence);

@@ -9,6 +9,7 @@
 
 #include "fence.h"
 #include "proto/sync.h"
+#include "proto/zframes.h"
 
 #define GA_AGENT_VERSION "0.1.0"
 
@@ -31,6 +32,8 @@ struct ga_serve {
     int writer;                      /* take the root's writer lock in the handshake (fence.h) */
     struct ga_fence fence;           /* that lock, held from HELLO_OK to ga_serve_release */
     int clean_end;                   /* ga_serve_run ended at end of input, no error */
+    struct gs_zframes *z;            /* set once both sides said GS_HELLO_ZSTD (zframes.h) */
+    struct gs_proto_buf zin, zout;   /* a ZFRAMES's frames; replies packed for the wire */
 };
 
 /* Opens the root (creating it with mkdir -p if create is set) and prepares a session writing

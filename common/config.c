@@ -89,6 +89,15 @@ static int set_sync(struct parse_state *st, const char *key, const char *value)
             return fail(st, "sync.transport: '%s' is not one of: agent, sftp%s", value, "");
         return 1;
     }
+    if (strcmp(key, "compress") == 0) {
+        static const char *const names[] = {"auto", "zstd", "off"};
+        for (int i = 0; i < 3; i++)
+            if (strcmp(value, names[i]) == 0) {
+                st->cfg->compress = (enum gs_compress)i;
+                return 1;
+            }
+        return fail(st, "sync.compress: '%s' is not one of: auto, zstd, off%s", value, "");
+    }
     return fail(st, "unknown key '%s' in section [sync]%s", key, "");
 }
 
@@ -357,6 +366,8 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\thosts = %s\n", cfg->hosts);
     gs_buf_addf(out, "\n[sync]\n\ttransport = %s\n",
                 cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
+    if (cfg->compress != GS_COMPRESS_AUTO)
+        gs_buf_addf(out, "\tcompress = %s\n", cfg->compress == GS_COMPRESS_ZSTD ? "zstd" : "off");
     for (size_t i = 0; i < cfg->n_excludes; i++)
         gs_buf_addf(out, "\texclude = %s\n", cfg->excludes[i]);
     for (size_t i = 0; i < cfg->n_jobs; i++) {

@@ -2,7 +2,8 @@
  * with libinih:
  *
  *   [remote]            host, port, user, path, identity, hosts (multi-node runs)
- *   [sync]              exclude (repeatable glob), transport = agent | sftp
+ *   [sync]              exclude (repeatable glob), transport = agent | sftp,
+ *                       compress = auto | zstd | off
  *   [job "NAME"]        command, gpus | cpu
  *
  * Every error names the file, the line and the key, so a user can fix it without guessing. */
@@ -19,6 +20,9 @@
 #define GS_CONFIG_MAX_CPU 4096
 
 enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
+/* auto: zstd level 1 where the agent has it; zstd: level 3 (for slow links); off: never. Either
+ * way an agent built without libzstd is spoken to uncompressed (proto/zframes.h). */
+enum gs_compress { GS_COMPRESS_AUTO, GS_COMPRESS_ZSTD, GS_COMPRESS_OFF };
 
 struct gs_job {
     char *name;
@@ -37,6 +41,7 @@ struct gs_config {
     char *hosts;       /* multi-node runs: "[user@]host[:port][/path],..." (first = master);
                         * kept as written, parsed by `gpusync run`; NULL: not set */
     enum gs_transport transport;
+    enum gs_compress compress;
     char **excludes;
     size_t n_excludes;
     struct gs_job *jobs;

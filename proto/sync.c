@@ -252,7 +252,11 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         break;
     case GS_MSG_HELLO_OK:
         w_u32(w, m->magic), w_u32(w, m->version), w_str(w, m->text), w_str(w, m->path2);
-        w_str(w, m->path);
+        w_str(w, m->path), w_u32(w, m->flags);
+        break;
+    case GS_MSG_ZFRAMES:
+    case GS_MSG_ZFRAMES_R:
+        w_u32(w, (uint32_t)m->size), w_bytes(w, m->data.p, m->data.len);
         break;
     case GS_MSG_DONE:
         w_u32(w, m->flags), w_str(w, m->path2);
@@ -324,6 +328,11 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
     case GS_MSG_HELLO:
         m->magic = r_u32(r), m->version = r_u32(r), m->flags = r_u32(r);
         break;
+    case GS_MSG_ZFRAMES:
+        m->size = r_u32(r);
+        m->data.p = (const char *)r->p, m->data.len = (uint32_t)r->n;
+        r_take(r, r->n);
+        break;
     case GS_MSG_PUT:
     case GS_MSG_PUT_BEGIN:
         m->path = r_str(r), r_meta(r, &m->meta), r_expect(r, &m->expect);
@@ -374,7 +383,12 @@ static int decode_reply(struct reader *r, struct gs_proto_msg *m)
     switch (m->type) {
     case GS_MSG_HELLO_OK:
         m->magic = r_u32(r), m->version = r_u32(r), m->text = r_str(r), m->path2 = r_str(r);
-        m->path = r_str(r);
+        m->path = r_str(r), m->flags = r_u32(r);
+        break;
+    case GS_MSG_ZFRAMES_R:
+        m->size = r_u32(r);
+        m->data.p = (const char *)r->p, m->data.len = (uint32_t)r->n;
+        r_take(r, r->n);
         break;
     case GS_MSG_DONE:
         m->flags = r_u32(r), m->path2 = r_str(r);
@@ -522,6 +536,10 @@ const char *gs_proto_type_name(uint8_t type)
         return "LIST";
     case GS_MSG_HELLO_OK:
         return "HELLO_OK";
+    case GS_MSG_ZFRAMES:
+        return "ZFRAMES";
+    case GS_MSG_ZFRAMES_R:
+        return "ZFRAMES_R";
     case GS_MSG_DONE:
         return "DONE";
     case GS_MSG_ERROR:

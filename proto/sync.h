@@ -79,6 +79,15 @@
  * use), EMFILE (more than GS_PROTO_MAX_STREAMS streams), and any errno of the file operation
  * itself (ENOSPC, EACCES, ENOTEMPTY, EISDIR, ...). Truncated input at EOF: exit status 2.
  *
+ * COMPRESSION (v6). A client that can read zstd says so in HELLO (GS_HELLO_ZSTD); an agent built
+ * with libzstd answers with the same flag in HELLO_OK and from then on may send ZFRAMES_R, and
+ * accepts ZFRAMES. A ZFRAMES frame carries other frames, whole and in order, compressed as one
+ * zstd frame: the receiver decompresses it and handles what it holds exactly as if those frames
+ * had arrived one by one (a ZFRAMES inside one is malformed). A sender compresses what it has
+ * queued when that is worth it and sends the frames plain when not, frame by frame, so
+ * incompressible data (checkpoints, archives) costs only the try (proto/zframes.h). An agent
+ * without libzstd never sets the flag, and both sides then speak exactly v5's frames.
+ *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
@@ -89,7 +98,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION      5 /* v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: one writer per root */
+#define GS_PROTO_VERSION 6 /* v6: zstd ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock   \
+                            */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
@@ -99,6 +109,7 @@
 #define GS_PROTO_CHUNK        (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
 #define GS_PROTO_PUT_INLINE   (1u << 20) /* files up to this size fit a single PUT (advice) */
 #define GS_PROTO_MAX_STREAMS  16         /* put streams (PUT_BEGIN..PUT_END) open at once */
+#define GS_PROTO_ZRAW_MAX     (8u << 20) /* the most frame bytes one ZFRAMES may carry */
 #define GS_PROTO_HASH_LEN     16
 #define GS_PROTO_SIZE_UNKNOWN UINT64_MAX           /* PUT_BEGIN size when not known in advance */
 #define GS_PROTO_TMP_PREFIX   ".gpusync-tmp-"      /* scanners must ignore these names */
@@ -110,6 +121,10 @@
 enum gs_msg_type {
     /* HELLO: u32 magic | u32 version | u32 flags (GS_HELLO_*) */
     GS_MSG_HELLO = 0x01,
+    /* ZFRAMES (v6, only after HELLO_OK said GS_HELLO_ZSTD): u32 raw_size | a zstd frame that
+     * decompresses to exactly raw_size bytes (<= GS_PROTO_ZRAW_MAX) of whole request frames.
+     * The frame's own id is 0 and never answered. */
+    GS_MSG_ZFRAMES = 0x0e,
 
     /* PUT: str path | meta | expect | str data. Whole file in one frame. Reply DONE. */
     GS_MSG_PUT = 0x10,
@@ -157,8 +172,10 @@ enum gs_msg_type {
 
     /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
      * str sync_id (with GS_HELLO_SYNC_ID: the root's .gpusync/sync-id, created if missing; "" if
-     * it could not be; otherwise "") */
+     * it could not be; otherwise "") | u32 flags (v6: GS_HELLO_ZSTD when both sides compress) */
     GS_MSG_HELLO_OK = 0x81,
+    /* ZFRAMES_R: as ZFRAMES, carrying reply frames (only to a client that sent GS_HELLO_ZSTD). */
+    GS_MSG_ZFRAMES_R = 0x8e,
     /* DONE: u32 flags (GS_DONE_*) | str kept (conflict copy, relative to root; "" if none) */
     GS_MSG_DONE = 0x82,
     /* ERROR: i32 errno (Linux numbering) | str message (names the op and path) */
@@ -183,8 +200,9 @@ enum gs_msg_type {
 };
 
 enum gs_hello_flags {
-    GS_HELLO_FSYNC = 1u,  /* fsync files and directories before replying */
-    GS_HELLO_SYNC_ID = 2u /* answer with the root's sync id (agent/sync_id.h) */
+    GS_HELLO_FSYNC = 1u,   /* fsync files and directories before replying */
+    GS_HELLO_SYNC_ID = 2u, /* answer with the root's sync id (agent/sync_id.h) */
+    GS_HELLO_ZSTD = 4u     /* v6: HELLO: I read ZFRAMES_R; HELLO_OK: so do I, ZFRAMES */
 };
 /* The longest sync id HELLO_OK carries (without a newline); the client keeps no more. */
 #define GS_SYNC_ID_MAX 64
@@ -244,14 +262,14 @@ struct gs_proto_msg {
     struct gs_proto_str path2;      /* RENAME.to, SYMLINK target, STAT/LIST link target,
                                      * HELLO_OK root, DONE kept */
     struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message */
-    struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes */
+    struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes; ZFRAMES compressed bytes */
     struct gs_proto_meta meta;
     struct gs_proto_expect expect;
     struct gs_proto_expect expect2; /* RENAME: about `from` */
     uint8_t kind;
     uint8_t has_hash; /* set by the decoder for PUT_END/HASH_R/GET_END; LIST entries */
     uint8_t hash[GS_PROTO_HASH_LEN];
-    uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count */
+    uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count; ZFRAMES raw size */
     int32_t err;    /* ERROR, LIST_SKIPPED */
     uint32_t count; /* LIST_ENTRIES: number of entries (decode them with gs_proto_list_next) */
     struct gs_proto_str entries; /* LIST_ENTRIES: the packed entries */

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/wrapper.h"
 #include "proto/sync.h"
+#include "proto/zframes.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -48,7 +49,11 @@ struct gs_agent {
     struct gs_ssh *ssh;
     LIBSSH2_CHANNEL *ch;
     struct gs_exec_gate gate; /* the shell's noise before the agent's first byte is not a frame */
-    struct gs_proto_buf out;
+    struct gs_proto_buf out;  /* whole frames queued, not yet on their way */
+    struct gs_proto_buf wire; /* bytes being written: frames from `out`, packed when zstd is on */
+    struct gs_zframes *z;     /* compression offered in HELLO (NULL: off) */
+    int zstd;                 /* the agent agreed: pack what goes out, unpack ZFRAMES_R */
+    struct gs_proto_buf zin;  /* the frames of the last ZFRAMES_R */
     uint8_t *in;
     size_t in_len, in_cap;
     struct gs_buf errtail; /* the agent's stderr, for messages when it dies */
@@ -132,12 +137,37 @@ static void complete(struct gs_agent *a, const struct gs_proto_msg *m)
         a->ops.done(a->ops.done_ctx, p.ctx, &r);
 }
 
+static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, struct gs_error *err);
+
+/* Handles the reply frames a ZFRAMES_R carries, in order. */
+static int unpack_replies(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
+{
+    if (!a->z || gs_zframes_unpack(a->z, m, &a->zin) < 0)
+        return gs_error_set(err, GS_E_PROTO, "malformed compressed replies from the agent on %s",
+                            gs_ssh_target(a->ssh));
+    int rc = 0;
+    for (size_t at = 0; rc == 0 && at < a->zin.len;) {
+        struct gs_proto_frame g;
+        long len = gs_proto_parse_frame(a->zin.data + at, a->zin.len - at, &g);
+        if (len <= 0 || g.type == GS_MSG_ZFRAMES_R)
+            return gs_error_set(err, GS_E_PROTO,
+                                "a malformed frame inside compressed replies "
+                                "from the agent on %s",
+                                gs_ssh_target(a->ssh));
+        at += (size_t)len;
+        rc = handle_frame(a, &g, err);
+    }
+    return rc;
+}
+
 static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, struct gs_error *err)
 {
     struct gs_proto_msg m;
     if (gs_proto_decode(f, &m) != 0)
         return gs_error_set(err, GS_E_PROTO, "malformed %s reply from the agent on %s",
                             gs_proto_type_name(f->type), gs_ssh_target(a->ssh));
+    if (m.type == GS_MSG_ZFRAMES_R)
+        return unpack_replies(a, &m, err);
     for (int i = 0; i < a->n_sync; i++) {
         struct sync_call *c = a->sync[i];
         if (m.id - c->id < (c->span ? c->span : 1u)) /* unsigned: ids below c->id are huge */
@@ -176,20 +206,47 @@ static int dispatch(struct gs_agent *a, struct gs_error *err)
 /* 1 when libssh2 holds a half-sent packet: then only the same write may be called (1.10). */
 static int half_sent(struct gs_agent *a)
 {
-    return a->out.len && (libssh2_session_block_directions(gs_ssh_session(a->ssh)) &
-                          LIBSSH2_SESSION_BLOCK_OUTBOUND);
+    return a->wire.len && (libssh2_session_block_directions(gs_ssh_session(a->ssh)) &
+                           LIBSSH2_SESSION_BLOCK_OUTBOUND);
+}
+
+/* Bytes queued or being written. */
+static size_t unsent(const struct gs_agent *a)
+{
+    return a->out.len + a->wire.len;
+}
+
+/* Refills the wire from the queue once it is empty: whole frames, packed by zstd where that pays
+ * (zframes.h), else the queue as it is (the buffers swap: no copy). Returns 0 or -1 (ENOMEM). */
+static int refill_wire(struct gs_agent *a)
+{
+    if (a->wire.len || !a->out.len)
+        return 0;
+    if (!a->zstd) {
+        struct gs_proto_buf t = a->wire;
+        a->wire = a->out;
+        a->out = t;
+        return 0;
+    }
+    long used = gs_zframes_pack(a->z, GS_MSG_ZFRAMES, a->out.data, a->out.len, &a->wire);
+    if (used < 0)
+        return -1;
+    gs_proto_buf_consume(&a->out, (size_t)used);
+    return 0;
 }
 
 static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
 {
-    if (!a->out.len)
+    if (refill_wire(a) < 0)
+        return gs_error_set(err, GS_E_NOMEM, "out of memory compressing requests");
+    if (!a->wire.len)
         return 0;
-    ssize_t n = libssh2_channel_write(a->ch, (const char *)a->out.data, a->out.len);
+    ssize_t n = libssh2_channel_write(a->ch, (const char *)a->wire.data, a->wire.len);
     if (n == LIBSSH2_ERROR_EAGAIN)
         return 0;
     if (n < 0)
         return gs_ssh_error(a->ssh, (int)n, "writing to the agent", err);
-    gs_proto_buf_consume(&a->out, (size_t)n);
+    gs_proto_buf_consume(&a->wire, (size_t)n);
     *progress |= n > 0;
     return 0;
 }
@@ -252,9 +309,9 @@ static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
 static int make_room(struct gs_agent *a, struct gs_error *err)
 {
     int rc = 0;
-    while (rc == 0 && (a->out.len > OUT_HIGH_WATER || a->q_len >= MAX_IN_FLIGHT))
+    while (rc == 0 && (unsent(a) > OUT_HIGH_WATER || a->q_len >= MAX_IN_FLIGHT))
         rc = pump(a, 1, err);
-    return rc == 0 && a->out.len >= WRITE_BATCH ? pump(a, 0, err) : rc;
+    return rc == 0 && unsent(a) >= WRITE_BATCH ? pump(a, 0, err) : rc;
 }
 
 static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
@@ -459,7 +516,7 @@ static int agent_drain(struct gs_fileops *ops, struct gs_error *err)
 {
     struct gs_agent *a = (struct gs_agent *)ops;
     int rc = 0;
-    while (rc == 0 && (a->q_len || a->out.len || !a->hello_call.done))
+    while (rc == 0 && (a->q_len || unsent(a) || !a->hello_call.done))
         rc = pump(a, 1, err);
     return rc;
 }
@@ -589,6 +646,7 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
         size_t n = m->path.len < GS_SYNC_ID_MAX ? m->path.len : GS_SYNC_ID_MAX;
         memcpy(a->sync_id, m->path.p, n);
         a->sync_id[n] = '\0';
+        a->zstd = a->z && (m->flags & GS_HELLO_ZSTD);
         return 0;
     }
     return a->hello_rc =
@@ -606,7 +664,7 @@ static int handshake(struct gs_agent *a, struct gs_error *err)
     struct gs_proto_msg m = {.type = GS_MSG_HELLO,
                              .magic = GS_PROTO_MAGIC,
                              .version = GS_PROTO_VERSION,
-                             .flags = GS_HELLO_SYNC_ID};
+                             .flags = GS_HELLO_SYNC_ID | (a->z ? GS_HELLO_ZSTD : 0)};
     a->hello_call = (struct sync_call){.on_frame = on_hello};
     a->hello_call.id = m.id = new_id(a);
     a->hello_err = err;
@@ -625,11 +683,12 @@ int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err)
 }
 
 int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
-                  struct gs_error *err)
+                  int compress_level, struct gs_error *err)
 {
     *out = NULL;
     struct gs_agent *a = gs_xcalloc(1, sizeof(*a));
     a->ssh = ssh;
+    a->z = compress_level > 0 ? gs_zframes_new(compress_level) : NULL;
     a->ops = (struct gs_fileops){.submit = agent_submit,
                                  .drain = agent_drain,
                                  .probe = agent_probe,
@@ -645,6 +704,13 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
     }
     *out = a;
     return 0;
+}
+
+int gs_agent_compression(const struct gs_agent *a, unsigned long long *frames,
+                         unsigned long long *wire)
+{
+    gs_zframes_stats(a->zstd ? a->z : NULL, frames, wire);
+    return a->zstd;
 }
 
 const char *gs_agent_sync_id(struct gs_agent *a)
@@ -668,6 +734,9 @@ void gs_agent_close(struct gs_agent *a)
     else if (a->ch && a->eof)
         libssh2_channel_free(a->ch);
     gs_proto_buf_release(&a->out);
+    gs_proto_buf_release(&a->wire);
+    gs_proto_buf_release(&a->zin);
+    gs_zframes_free(a->z);
     gs_buf_release(&a->errtail);
     free(a->in);
     free(a->q);

@@ -18,10 +18,18 @@ struct gs_agent;
 
 /* Runs `command` (a remote shell command that starts `gpusync-agent serve --root DIR`) and sends
  * the versioned handshake without waiting for its answer (see gs_agent_wait_ready; a version
- * mismatch or an agent that did not start surfaces there or on the first reply). Returns 0 and a
- * new agent in *out, or a connection error. The agent borrows `ssh`, which must outlive it. */
+ * mismatch or an agent that did not start surfaces there or on the first reply). With
+ * compress_level > 0 (zstd's level) the handshake offers compression, and once the agent agrees
+ * both directions are compressed where it pays (proto/zframes.h); 0 never compresses. Returns 0
+ * and a new agent in *out, or a connection error. The agent borrows `ssh`, which must outlive
+ * it. */
 int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
-                  struct gs_error *err);
+                  int compress_level, struct gs_error *err);
+
+/* After the handshake: 1 if the stream is compressed, and the bytes of frames sent and the bytes
+ * that went on the wire for them (equal when nothing was compressed). */
+int gs_agent_compression(const struct gs_agent *a, unsigned long long *frames,
+                         unsigned long long *wire);
 
 /* Waits for the handshake's answer (gs_agent_open does not, so that its round trip overlaps the
  * caller's work). Returns 0, or the error that ended the session: an agent that did not start

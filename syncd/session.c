@@ -97,6 +97,13 @@ static int verify_server(struct gs_session *s, struct gs_error *err)
     return rc;
 }
 
+/* The zstd level the session offers the agent ([sync] compress; proto/zframes.h): 1 by default,
+ * fast enough not to slow a LAN; 3 when asked for, for slow links; 0 for off. */
+static int compress_level(const struct gs_config *cfg)
+{
+    return cfg->compress == GS_COMPRESS_OFF ? 0 : cfg->compress == GS_COMPRESS_ZSTD ? 3 : 1;
+}
+
 /* Installs the agent (the cached one was missing or stale) and starts it, waiting for its answer.
  * Falls back to SFTP when no agent can run there. */
 static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
@@ -112,7 +119,7 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         rc = open_sftp(s, ssh, s->remote_path, why, err);
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
-        rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
+        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
         if (rc == 0)
             rc = gs_agent_wait_ready(s->agent, err);
         if (rc == 0)
@@ -155,7 +162,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     /* Start whichever agent build is cached there, in one exec, without waiting for it. */
     struct gs_buf cmd = GS_BUF_INIT;
     gs_agent_cached_serve_command(remote_dir, &cmd);
-    int rc = gs_agent_open(&s->agent, ssh, cmd.data, err);
+    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
     gs_buf_release(&cmd);
     return rc;
 }

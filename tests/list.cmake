@@ -50,7 +50,7 @@ gs_add_test(test_sftp_ops    LABEL integration TIMEOUT 120 SOURCES integration/t
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA)
 gs_add_test(test_agent_client LABEL integration TIMEOUT 120 SOURCES integration/test_agent_client.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
-    DEPENDS gpusync-agent)
+    DEPENDS gpusync-agent gpusync-agent-plain)
 gs_add_test(test_launch      LABEL integration TIMEOUT 180 SOURCES integration/test_launch.c
     LIBS PkgConfig::JANSSON PkgConfig::CMOCKA DEPENDS gpusync-agent)
 gs_add_test(test_agent_serve LABEL integration TIMEOUT 180

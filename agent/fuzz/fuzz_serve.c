@@ -19,18 +19,50 @@
 #include "serve.h"
 
 #ifdef GA_FUZZ_SEEDS
-/* Writes one seed file holding the frames in b. */
-static void seed(const char *dir, int n, struct gs_proto_buf *b)
+/* Writes one seed file holding the frames in b, after the selector byte (0: prepend HELLO; 2:
+ * prepend a HELLO that offers zstd). */
+static void seed_as(const char *dir, int n, struct gs_proto_buf *b, int selector)
 {
     char p[4200];
     snprintf(p, sizeof(p), "%s/seed-%02d", dir, n);
     FILE *f = fopen(p, "wb");
     if (f) {
-        fputc(0, f); /* selector byte: prepend HELLO */
+        fputc(selector, f);
         fwrite(b->data, 1, b->len, f);
         fclose(f);
     }
     b->len = 0;
+}
+
+static void seed(const char *dir, int n, struct gs_proto_buf *b)
+{
+    seed_as(dir, n, b, 0);
+}
+
+/* Seeds whose requests come packed in a ZFRAMES (v6): compressible PUTs, so packing pays. */
+static int zframes_seeds(const char *dir, int n)
+{
+    struct gs_zframes *z = gs_zframes_new(1);
+    struct gs_proto_buf plain, b;
+    char text[2048];
+    if (!z)
+        return n; /* built without zstd: nothing to seed */
+    memset(text, 'x', sizeof(text));
+    gs_proto_buf_init(&plain);
+    gs_proto_buf_init(&b);
+    for (int i = 0; i < 2; i++) {
+        struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = (uint32_t)(10 + i)};
+        m.path = gs_proto_cstr(i ? "d/e/f" : "a");
+        m.data = (struct gs_proto_str){text, sizeof(text)};
+        m.meta.mode = 0644;
+        gs_proto_encode(&plain, &m);
+    }
+    gs_zframes_pack(z, GS_MSG_ZFRAMES, plain.data, plain.len, &b);
+    seed_as(dir, n++, &b, 2);
+    gs_proto_buf_release(&plain);
+    gs_proto_buf_release(&b);
+    gs_zframes_free(z);
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -66,6 +98,7 @@ int main(int argc, char **argv)
             seed(argv[1], n++, &b);
         }
     }
+    zframes_seeds(argv[1], n);
     gs_proto_buf_release(&b);
     return 0;
 }
@@ -73,14 +106,16 @@ int main(int argc, char **argv)
 
 static char base[4096], root[4200], outside[4200];
 
-/* Appends a HELLO frame of the current version. */
-static void hello(struct gs_proto_buf *b)
+/* Appends a HELLO frame of the current version (offering zstd if asked: then ZFRAMES frames are
+ * unpacked and their frames served). */
+static void hello(struct gs_proto_buf *b, int zstd)
 {
     struct gs_proto_msg m = {0};
     m.type = GS_MSG_HELLO;
     m.id = 1;
     m.magic = GS_PROTO_MAGIC;
     m.version = GS_PROTO_VERSION;
+    m.flags = zstd ? GS_HELLO_ZSTD : 0;
     gs_proto_encode(b, &m);
 }
 
@@ -209,10 +244,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     struct gs_proto_buf in;
     gs_proto_buf_init(&in);
-    /* The first byte picks the mode: even = a valid HELLO first, so requests are reached;
-     * 3 mod 4 = decode only (above). */
+    /* The first byte picks the mode: even = a valid HELLO first, so requests are reached (with
+     * bit 1, one that offers zstd, so ZFRAMES are unpacked); 3 mod 4 = decode only (above). */
     if (size > 0 && (data[0] & 1) == 0)
-        hello(&in);
+        hello(&in, data[0] & 2);
     if (size > 1 && gs_proto_buf_reserve(&in, size - 1) == 0) {
         memcpy(in.data + in.len, data + 1, size - 1);
         in.len += size - 1;

@@ -74,7 +74,8 @@ static int group_teardown(void **state)
     return 0;
 }
 
-static int setup(void **state)
+/* A fixture whose agent is `agent` (a path under the build folder). */
+static int setup_with(void **state, const char *agent)
 {
     struct fx *f = calloc(1, sizeof(*f));
     snprintf(f->base, sizeof(f->base), "/tmp/gs-agent-client.XXXXXX");
@@ -85,8 +86,8 @@ static int setup(void **state)
     mkdir(f->local, 0755);
     struct gs_buf cmd = GS_BUF_INIT;
     struct gs_error err = {0};
-    gs_agent_serve_command(gs_test_build_path("agent/gpusync-agent"), f->remote, &cmd);
-    int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, &err);
+    gs_agent_serve_command(gs_test_build_path(agent), f->remote, &cmd);
+    int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, 1, &err);
     if (rc == 0)
         rc = gs_agent_wait_ready(f->agent, &err);
     gs_buf_release(&cmd);
@@ -99,6 +100,17 @@ static int setup(void **state)
     f->ops->done_ctx = f;
     *state = f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, "agent/gpusync-agent");
+}
+
+/* The agent as a server without libzstd builds it. */
+static int setup_plain(void **state)
+{
+    return setup_with(state, "agent/gpusync-agent-plain");
 }
 
 static int teardown(void **state)
@@ -239,6 +251,85 @@ static void test_agent_client__many_small_puts_all_arrive(void **state)
     }
 }
 
+/* Writes local NAME with `len` bytes from /dev/urandom (incompressible); returns them. */
+static char *random_file(struct fx *f, const char *name, size_t len)
+{
+    char *data = malloc(len + 1), path[256];
+    FILE *rnd = fopen("/dev/urandom", "rb");
+    assert_non_null(rnd);
+    assert_int_equal(fread(data, 1, len, rnd), len);
+    fclose(rnd);
+    snprintf(path, sizeof(path), "%s/%s", f->local, name);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, len, fp), len);
+    fclose(fp);
+    return data;
+}
+
+/* Frame bytes and wire bytes sent so far. */
+static void sent(struct fx *f, unsigned long long *frames, unsigned long long *wire)
+{
+    gs_agent_compression(f->agent, frames, wire);
+}
+
+/* Source-like data shrinks on the wire and arrives byte for byte; random data goes as it is
+ * (the try does not make it bigger); empty and one-byte files are fine; and a pull (the reply
+ * direction) brings the compressible file back exact. */
+static void test_agent_client__compressed_both_ways_and_exact(void **state)
+{
+    struct fx *f = *state;
+    unsigned long long frames0, wire0, frames1, wire1, frames2, wire2;
+    assert_int_equal(gs_agent_compression(f->agent, &frames0, &wire0), 1);
+    enum { BIG = 3 << 20 };
+    char *text = make_file(f, "text.bin", BIG, 7), *one = make_file(f, "one", 1, 8);
+    char *empty = make_file(f, "empty", 0, 9);
+    submit_put(f, "text.bin", text, BIG, 0);
+    submit_put(f, "one", one, 1, 1);
+    submit_put(f, "empty", empty, 0, 2);
+    drain(f);
+    sent(f, &frames1, &wire1);
+    assert_true(frames1 - frames0 > BIG);
+    assert_true(wire1 - wire0 < (frames1 - frames0) / 4); /* a periodic pattern: far smaller */
+    char *noise = random_file(f, "noise.bin", BIG);
+    submit_put(f, "noise.bin", noise, BIG, 3);
+    drain(f);
+    sent(f, &frames2, &wire2);
+    assert_true(frames2 - frames1 > BIG);
+    assert_true(wire2 - wire1 <= frames2 - frames1); /* never more than plain */
+    assert_int_equal(f->n_ok, 4);
+    expect_remote(f, "text.bin", text, BIG);
+    expect_remote(f, "one", one, 1);
+    expect_remote(f, "empty", empty, 0);
+    expect_remote(f, "noise.bin", noise, BIG);
+    char back[300];
+    struct gs_error err = {0};
+    snprintf(back, sizeof(back), "%s/text.back", f->local);
+    if (gs_agent_get(f->agent, "text.bin", back, NULL, NULL, &err) < 0)
+        fail_msg("get: %s", err.msg);
+    FILE *fp = fopen(back, "rb");
+    char *got = malloc(BIG);
+    assert_int_equal(fread(got, 1, BIG, fp), BIG);
+    fclose(fp);
+    assert_memory_equal(got, text, BIG);
+    free(got);
+    free(text), free(one), free(empty), free(noise);
+}
+
+/* An agent built where there is no libzstd declines in the handshake: the same puts go plain. */
+static void test_agent_client__an_agent_without_zstd_is_spoken_to_plainly(void **state)
+{
+    struct fx *f = *state;
+    unsigned long long frames, wire;
+    assert_int_equal(gs_agent_compression(f->agent, &frames, &wire), 0);
+    char *text = make_file(f, "text.bin", 1 << 20, 7);
+    submit_put(f, "text.bin", text, 1 << 20, 0);
+    drain(f);
+    assert_int_equal(f->n_ok, 1);
+    expect_remote(f, "text.bin", text, 1 << 20);
+    free(text);
+}
+
 /* Probe (the question reconciling asks after a crash) reports, in one pipelined batch, what the
  * server really holds: a file with its content hash, a directory, a symlink with the hash of its
  * target string, nothing (also below a missing directory), for more paths than one round trip's
@@ -345,6 +436,10 @@ int main(void)
             test_agent_client__small_and_large_puts_arrive_byte_for_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_agent_client__small_file_changed_since_hashed_is_not_sent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__compressed_both_ways_and_exact, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__an_agent_without_zstd_is_spoken_to_plainly, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__many_small_puts_all_arrive, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__probe_reports_what_the_server_holds,

@@ -26,6 +26,7 @@ static const char valid_config[] = "# a comment\n"
                                    "    exclude = data/\n"
                                    "    exclude = .venv\n"
                                    "    transport = sftp\n"
+                                   "    compress = zstd\n"
                                    "\n"
                                    "[job \"train\"]\n"
                                    "\tcommand = python train.py --lr 0.1\n"
@@ -45,6 +46,7 @@ static void test_config__valid_file_fills_every_field(void **state)
     assert_string_equal(cfg.remote_path, "~/work/proj");
     assert_string_equal(cfg.identity, "~/.ssh/gpusync_ed25519");
     assert_int_equal(cfg.transport, GS_TRANSPORT_SFTP);
+    assert_int_equal(cfg.compress, GS_COMPRESS_ZSTD);
     assert_string_equal(cfg.file, "cfg");
     gs_config_release(&cfg);
 }
@@ -267,6 +269,13 @@ static void test_config__syntax_error_names_line(void **state)
     expect_error("[remote]\nhost = h\n[sync\n", "/p/.gpusync/config:3:", NULL);
 }
 
+static void test_config__bad_compress_names_value(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\n[sync]\ncompress = fast\n", "/p/.gpusync/config:4:",
+                 "compress", "fast", NULL);
+}
+
 static void test_config__bad_transport_names_value(void **state)
 {
     (void)state;
@@ -413,6 +422,7 @@ static void test_config__save_then_load_round_trips(void **state)
     assert_string_equal(back.remote_path, cfg.remote_path);
     assert_string_equal(back.identity, cfg.identity);
     assert_int_equal(back.transport, cfg.transport);
+    assert_int_equal(back.compress, cfg.compress);
     assert_int_equal(back.n_excludes, cfg.n_excludes);
     for (size_t i = 0; i < cfg.n_excludes; i++)
         assert_string_equal(back.excludes[i], cfg.excludes[i]);
@@ -500,6 +510,7 @@ int main(void)
         cmocka_unit_test(test_config__key_outside_a_section_names_line_and_key),
         cmocka_unit_test(test_config__syntax_error_names_line),
         cmocka_unit_test(test_config__bad_transport_names_value),
+        cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
         cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
