@@ -1,7 +1,7 @@
 /* gpusync-agent: the program gpusync runs on the server. A command table dispatches to `serve`
  * (file operations over the sync protocol, proto/sync.h) and to `launch`, `tail`, `ps` and `stop`
- * (runs and their logs, proto/run.h). Errors and usage go to stderr; while serving, stdout
- * carries protocol frames only. */
+ * (runs and their logs, proto/run.h) and `sample` (the live readings of `gpusync top`). Errors and
+ * usage go to stderr; while serving, stdout carries protocol frames only. */
 // Build without cmake, from the repository root (what the client does on a server with only a
 // compiler; xxhash.h must be in the include path); add -static for a self-contained binary:
 //
@@ -24,6 +24,7 @@
 #include "proto/sync.h"
 #include "runlog.h"
 #include "runs.h"
+#include "sample.h"
 #include "serve.h"
 #include "wrapper.h"
 
@@ -46,6 +47,9 @@ static const struct agent_cmd agent_cmds[] = {
     {GS_PROTO_RUN_PS, "ps --root DIR [--json]", "list the runs in DIR", ga_ps_main},
     {GS_PROTO_RUN_STOP, "stop --root DIR --id ID", "stop a run and every process of it",
      ga_stop_main},
+    {GS_PROTO_RUN_SAMPLE, "sample [--root DIR] [--interval-ms N] [--count N]",
+     "stream CPU, memory, disk, network, GPU and run readings, one JSON line per interval",
+     ga_sample_main},
 };
 
 #define N_CMDS (sizeof(agent_cmds) / sizeof(agent_cmds[0]))

@@ -10,6 +10,7 @@
  *   tail   --root DIR --id ID --ranks all|R,R... [--offsets R:OFF,R:OFF...] [--follow]
  *   ps     --root DIR --json
  *   stop   --root DIR --id ID
+ *   sample --root DIR [--interval-ms N] [--count N]   (gpusync top: JSON lines, agent/sample.h)
  * ID may be a run's --name where a run already exists (tail, stop). Exit status: 0 done, 1
  * failure (message on stderr), 2 bad usage.
  *
@@ -43,6 +44,7 @@
 #define GS_PROTO_RUN_TAIL   "tail"
 #define GS_PROTO_RUN_PS     "ps"
 #define GS_PROTO_RUN_STOP   "stop"
+#define GS_PROTO_RUN_SAMPLE "sample"
 
 #define GS_PROTO_RUN_MAX_RANKS 4096        /* local ranks per node */
 #define GS_PROTO_RUN_ID_MAX    64          /* run ids: [A-Za-z0-9._-], not starting with '.' */
