@@ -313,7 +313,7 @@ static const char *query_gpus(char *out, size_t cap)
     if (late)
         return "nvidia-smi did not answer within 3 s (a busy or wedged driver?)";
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-        return "no nvidia-smi on the server's PATH (no NVIDIA driver?)";
+        return "nvidia-smi is not on the server's PATH (no NVIDIA driver?)";
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return "nvidia-smi failed (run it on the server to see why)";
     return NULL;

@@ -180,6 +180,7 @@ extern const struct gs_cmd gs_cmd_run;
 extern const struct gs_cmd gs_cmd_logs;
 extern const struct gs_cmd gs_cmd_ps;
 extern const struct gs_cmd gs_cmd_stop;
+extern const struct gs_cmd gs_cmd_top;
 extern const struct gs_cmd gs_cmd_hosts;
 
 #endif

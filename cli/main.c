@@ -27,6 +27,7 @@ static const struct gs_cmd *const cmd_table[] = {
     &gs_cmd_logs,   //
     &gs_cmd_ps,     //
     &gs_cmd_stop,   //
+    &gs_cmd_top,    //
     &gs_cmd_exec,   //
     &gs_cmd_doctor, //
 };

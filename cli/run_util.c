@@ -228,6 +228,35 @@ int gs_run_ctx_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *su
     return r < 0 ? r : status;
 }
 
+int gs_run_ctx_stream(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub, const char *args,
+                      gs_run_out_fn fn, void *ctx, struct gs_buf *errout,
+                      volatile sig_atomic_t *interrupted)
+{
+    struct gs_buf cmd = GS_BUF_INIT;
+    int status = 0, r = 1;
+    if (!cli->ssh) {
+        gs_run_agent_command(rc->agent.len ? rc->agent.data : NULL, rc->dir.data, sub, args, &cmd);
+        r = via_daemon(cli, cmd.data, fn, ctx, errout, interrupted, &status);
+        if (r == 0 && status == 127 && gs_agent_reported_missing(errout))
+            r = 1; /* no agent cached there (nothing was streamed): install it ourselves */
+        if (r == GS_E_INTERRUPTED)
+            gs_error_set(&cli->err, r, "interrupted");
+    }
+    if (r == 1) {
+        gs_buf_reset(errout);
+        gs_buf_reset(&cmd);
+        r = gs_run_ctx_agent(cli, rc);
+        if (r == 0) {
+            gs_run_agent_command(rc->agent.data, rc->dir.data, sub, args, &cmd);
+            status =
+                gs_run_stream_command(cli->ssh, cmd.data, fn, ctx, errout, interrupted, &cli->err);
+            r = status < 0 ? status : 0;
+        }
+    }
+    gs_buf_release(&cmd);
+    return r < 0 ? r : status;
+}
+
 /* The notice's thread: prints the line unless the wait ends first. */
 static void *notice_main(void *arg)
 {

@@ -51,6 +51,15 @@ int gs_cli_capture(struct gs_cli *cli, const char *command, struct gs_buf *out);
 int gs_run_ctx_capture(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub, const char *args,
                        struct gs_buf *out, struct gs_buf *errout);
 
+/* Runs the agent's `sub` with `args` as gs_run_ctx_capture does (through the daemon's spare
+ * connection when cli->ssh is not connected and a daemon runs, else over cli->ssh), handing its
+ * stdout to `fn` as it arrives and its stderr to `errout`. Returns the exit status (>= 0),
+ * GS_E_INTERRUPTED once *interrupted is set (the remote command's stdout is then closed under
+ * it), or a negative code in cli->err. */
+int gs_run_ctx_stream(struct gs_cli *cli, struct gs_run_ctx *rc, const char *sub, const char *args,
+                      gs_run_out_fn fn, void *ctx, struct gs_buf *errout,
+                      volatile sig_atomic_t *interrupted);
+
 /* A line for a wait that may be long: printed on stderr ("gpusync: TEXT") only if the wait
  * lasts more than `after_ms`, so a quick answer stays quiet and a slow one says what it waits
  * for. Uses a thread; gs_notice_end must follow every gs_notice_begin. */

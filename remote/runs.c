@@ -184,9 +184,11 @@ static void offsets_arg(const struct gs_tail_state *st, struct gs_buf *cmd)
     }
 }
 
-/* Reads the tail channel until EOF, an interrupt or an error. */
-static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct gs_run_stream *p,
-                     volatile sig_atomic_t *interrupted, struct gs_error *err)
+/* Reads a channel until EOF, an interrupt or an error: stdout to `fn` (which fails the stream,
+ * as garbled `what`, by returning < 0), stderr to `errout` (its first 4 KiB). */
+static int pump_output(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, gs_run_out_fn fn, void *ctx,
+                       struct gs_buf *errout, volatile sig_atomic_t *interrupted, const char *what,
+                       struct gs_error *err)
 {
     char buf[32768];
     struct gs_exec_gate gate;
@@ -197,24 +199,36 @@ static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct gs_run_stre
         char ebuf[1024];
         ssize_t e;
         while ((e = gs_exec_read(ch, &gate, 1, ebuf, sizeof(ebuf))) > 0)
-            if (p->errout.len < 4096)
-                gs_buf_add(&p->errout, ebuf, (size_t)e);
+            if (errout->len < 4096)
+                gs_buf_add(errout, ebuf, (size_t)e);
         ssize_t n = gs_exec_read(ch, &gate, 0, buf, sizeof(buf));
         if (n > 0) {
-            if (gs_run_stream_feed(p, buf, (size_t)n) < 0)
-                return gs_error_set(err, GS_E_PROTO, "garbled log stream from %s",
+            if (fn(ctx, buf, (size_t)n) < 0)
+                return gs_error_set(err, GS_E_PROTO, "garbled %s from %s", what,
                                     gs_ssh_target(ssh));
             continue;
         }
         if (n == 0 && libssh2_channel_eof(ch))
             return 0;
         if (n < 0 && n != LIBSSH2_ERROR_EAGAIN)
-            return gs_ssh_error(ssh, (int)n, "following logs", err);
+            return gs_ssh_error(ssh, (int)n, what, err);
         /* Wake up at least every 100 ms to notice Ctrl-C. */
         int rc = gs_ssh_wait(ssh, gs_clock_mono_ms() + 100, err);
         if (rc < 0 && rc != GS_E_TIMEOUT)
             return rc;
     }
+}
+
+static int feed_run_stream(void *ctx, const char *data, size_t len)
+{
+    return gs_run_stream_feed(ctx, data, len);
+}
+
+/* Reads the tail channel until EOF, an interrupt or an error. */
+static int pump_tail(struct gs_ssh *ssh, LIBSSH2_CHANNEL *ch, struct gs_run_stream *p,
+                     volatile sig_atomic_t *interrupted, struct gs_error *err)
+{
+    return pump_output(ssh, ch, feed_run_stream, p, &p->errout, interrupted, "log stream", err);
 }
 
 /* Frees a channel we stop reading, waiting (briefly) for the close exchange. A single
@@ -242,6 +256,21 @@ static int follow_command(struct gs_ssh *ssh, const char *cmd, struct gs_run_str
         abandon_channel(ssh, ch); /* the remote tail ends when its stdout closes */
     else if (ch)
         *status = gs_exec_close(ssh, ch, err);
+    return rc;
+}
+
+int gs_run_stream_command(struct gs_ssh *ssh, const char *cmd, gs_run_out_fn fn, void *ctx,
+                          struct gs_buf *errout, volatile sig_atomic_t *interrupted,
+                          struct gs_error *err)
+{
+    LIBSSH2_CHANNEL *ch = gs_exec_open(ssh, cmd, err);
+    if (!ch)
+        return err && err->code ? err->code : GS_E_REMOTE;
+    int rc = pump_output(ssh, ch, fn, ctx, errout, interrupted, "output", err);
+    if (rc == GS_E_INTERRUPTED || rc == GS_E_PROTO)
+        abandon_channel(ssh, ch); /* the remote command sees its stdout close */
+    else if (rc == 0)
+        return gs_exec_close(ssh, ch, err);
     return rc;
 }
 

@@ -107,6 +107,18 @@ int gs_run_tail(struct gs_ssh *ssh, const char *agent, const char *remote_dir, c
                 const char *ranks, int follow, struct gs_tail_state *st, gs_tail_fn fn, void *ctx,
                 volatile sig_atomic_t *interrupted, struct gs_error *err);
 
+/* Receives a command's stdout as it arrives. Returns 0, or < 0 to stop the stream. */
+typedef int (*gs_run_out_fn)(void *ctx, const char *data, size_t len);
+
+/* Runs `cmd` and hands its stdout to `fn` as it arrives, its stderr (the first 4 KiB) to
+ * `errout`, until it ends. Returns its exit status (>= 0, as gs_exec_run), GS_E_INTERRUPTED once
+ * *interrupted is set, GS_E_PROTO when `fn` refused the output, or a connection error. After an
+ * interrupt or a refusal the channel is closed without waiting for the command: a remote command
+ * that writes or watches its stdout (the agent's tail and sample do) then ends by itself. */
+int gs_run_stream_command(struct gs_ssh *ssh, const char *cmd, gs_run_out_fn fn, void *ctx,
+                          struct gs_buf *errout, volatile sig_atomic_t *interrupted,
+                          struct gs_error *err);
+
 /* Stops run `id` (TERM, then KILL) and confirms no process of it remains. Appends the agent's
  * report to `out`. Returns 0, or GS_E_REMOTE when something survived or the run is unknown. */
 int gs_run_stop(struct gs_ssh *ssh, const char *agent, const char *remote_dir, const char *id,
