@@ -58,11 +58,11 @@ static double num(json_t *o, const char *key)
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-/* A number with `decimals` places and a unit, or "-" when unknown (null). */
+/* A number with `decimals` places, or "-" when unknown (null), then `unit`. */
 static void add_num(struct gs_buf *b, double v, int decimals, const char *unit)
 {
     if (isnan(v))
-        gs_buf_adds(b, "-");
+        gs_buf_addf(b, "-%s", unit);
     else
         gs_buf_addf(b, "%.*f%s", decimals, v, unit);
 }
