@@ -81,8 +81,8 @@ static void format_gpu(struct gs_buf *b, json_t *gpu)
             "C");
 }
 
-/* The one-line GPU summary editors show: each GPU's format_gpu, joined by " | ", or why there is
- * none. */
+/* The one-line GPU summary editors show: each GPU's format_gpu, joined by " | ", or "no GPUs"
+ * (gpu_error says why: too long for a status line). */
 static void gpu_summary(json_t *sample, struct gs_buf *b)
 {
     json_t *gpus = json_object_get(sample, "gpus"), *gpu;
@@ -93,10 +93,8 @@ static void gpu_summary(json_t *sample, struct gs_buf *b)
             gs_buf_adds(b, " | ");
         format_gpu(b, gpu);
     }
-    if (json_array_size(gpus) == 0) {
-        const char *why = json_string_value(json_object_get(sample, "gpu_error"));
-        gs_buf_addf(b, "no GPUs%s%s", why ? ": " : "", why ? why : "");
-    }
+    if (json_array_size(gpus) == 0)
+        gs_buf_adds(b, "no GPUs");
 }
 
 static void render_cpu(struct gs_buf *b, json_t *s)
@@ -125,11 +123,8 @@ static void render_gpus(struct gs_buf *b, json_t *s)
         format_gpu(b, gpu);
         gs_buf_addf(b, "  %s\n", str(gpu, "name", ""));
     }
-    if (json_array_size(gpus) == 0) {
-        gs_buf_adds(b, "GPU  ");
-        gpu_summary(s, b);
-        gs_buf_addc(b, '\n');
-    }
+    if (json_array_size(gpus) == 0)
+        gs_buf_addf(b, "GPU  none: %s\n", str(s, "gpu_error", "nvidia-smi listed none"));
 }
 
 /* "Disk vda      read    0.5 MB/s  write 1920.0 MB/s", one line per device. */

@@ -18,6 +18,7 @@
 ;;   M-x gpusync-stop-run        stop the run started here (or the one running)
 ;;   M-x gpusync-status          the daemon's state in the echo area
 ;;   M-x gpusync-doctor          the server checks in *gpusync-doctor*
+;;   M-x gpusync-gpu             one sample of `gpusync top': a GPU summary in the mode line
 ;;
 ;; Conflicts and errors are reported with `display-warning' and name the file.
 
@@ -52,6 +53,7 @@ conflict or error.")
 (defvar gpusync--last-run nil "Id of the newest run started from this Emacs.")
 (defvar gpusync--run-active nil "Whether `gpusync--last-run' is still followed.")
 (defvar gpusync--stopping nil "Ids of the runs `gpusync-stop-run' asked to stop.")
+(defvar gpusync--gpu nil "The server's one-line GPU summary from `gpusync-gpu', or nil.")
 
 ;;;; Helpers
 
@@ -143,7 +145,8 @@ line as it comes.  Returns the process."
             (s (symbol-name s)))
           (if gpusync--last-run
               (format " [run %s %s]" gpusync--last-run (if gpusync--run-active "running" "ended"))
-            "")))
+            "")
+          (if gpusync--gpu (format " [%s]" gpusync--gpu) "")))
 
 (define-minor-mode gpusync-mode
   "Show gpusync's sync state in the mode line (turned on by `gpusync-watch')."
@@ -438,6 +441,23 @@ Asks which one when several are running."
            (display-buffer buf)
            (gpusync--notify (if (and (= code 0) (= bad 0)) :info :warning)
                             "doctor: %d check(s), %d not ok" (length (alist-get 'checks r)) bad)))))))
+
+;;;###autoload
+(defun gpusync-gpu ()
+  "Show the server's GPUs (one sample of `gpusync top') in the echo area and the mode line,
+such as \"GPU0 87% 31.2/79.6 GiB 250 W 64°C | GPU1 ...\"."
+  (interactive)
+  (gpusync--call
+   '("top" "--json" "--count" "1")
+   (lambda (code out err)
+     (let* ((r (gpusync--last-json out)) (summary (alist-get 'gpu_summary r)))
+       (if (or (/= code 0) (not (stringp summary)))
+           (gpusync--notify :error "gpu: %s" (gpusync--failure r err))
+         (setq gpusync--gpu summary)
+         (gpusync-mode 1)
+         (force-mode-line-update t)
+         (gpusync--notify :info "%s%s" summary
+                          (if-let ((why (alist-get 'gpu_error r))) (concat ": " why) "")))))))
 
 (provide 'gpusync)
 ;;; gpusync.el ends here

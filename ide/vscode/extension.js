@@ -31,11 +31,14 @@ class Gpusync {
     this.events = null; // the `gpusync events --json` child
     this.logs = null; // the `gpusync logs -f` child
     this.lastRun = null; // id of the last run started from here
+    // The GPU summary of the last "Show GPUs" (gpusync top), hidden until there is one.
+    this.gpuItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 9);
+    this.gpuItem.command = 'gpusync.gpu';
     this.output = vscode.window.createOutputChannel('gpusync');
     this.logChannel = vscode.window.createOutputChannel('gpusync logs');
     this.item = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 10);
     this.item.command = 'gpusync.showDetails';
-    context.subscriptions.push(this.output, this.logChannel, this.item, {
+    context.subscriptions.push(this.output, this.logChannel, this.item, this.gpuItem, {
       dispose: () => this.dispose(),
     });
     this.render();
@@ -415,6 +418,23 @@ class Gpusync {
     return r;
   }
 
+  // One sample of `gpusync top`: "GPU0 87% 31.2/79.6 GiB 250 W 64°C | GPU1 ..." in the status
+  // bar (clicking it samples again); the full sample goes to the output channel.
+  async gpu() {
+    if (!this.requireProject()) return null;
+    let r;
+    try {
+      r = await this.json(['top', '--count', '1']);
+    } catch (e) {
+      vscode.window.showErrorMessage(`gpusync: cannot read the server's GPUs: ${e.message}`);
+      return null;
+    }
+    this.gpuItem.text = r.gpu_summary;
+    this.gpuItem.tooltip = r.gpu_error || `gpusync top at ${r.time} (click to refresh)`;
+    this.gpuItem.show();
+    return r;
+  }
+
   showDetails() {
     const lines = this.state.details();
     this.output.appendLine('gpusync status:');
@@ -458,6 +478,7 @@ function activate(context) {
     'gpusync.showLogs': (id) => g.showLogs(id),
     'gpusync.stopRun': () => g.stopRun(),
     'gpusync.doctor': () => g.doctor(),
+    'gpusync.gpu': () => g.gpu(),
     'gpusync.showDetails': () => g.showDetails(),
   };
   for (const [id, fn] of Object.entries(commands))

@@ -135,6 +135,18 @@
     (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted "doctor: [0-9]+ check"))))
     (should (string-match-p "^\\[ok  \\] " (gpusync-test--buffer-text "*gpusync-doctor*")))))
 
+(ert-deftest gpusync-test/gpu-puts-the-summary-in-the-mode-line ()
+  (let ((default-directory gpusync-test--project)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil))
+    (setq gpusync--gpu nil)
+    (gpusync-gpu)
+    ;; this server may have no GPU: the summary then says so
+    (should (gpusync-test--wait 30 (lambda () gpusync--gpu)))
+    (should (string-match-p "^\\(GPU[0-9]\\|no GPUs\\)" gpusync--gpu))
+    (should (string-match-p (regexp-quote gpusync--gpu) (gpusync-mode-line)))
+    (setq gpusync--gpu nil)))
+
 (ert-deftest gpusync-test/run-fills-the-log-buffer ()
   (skip-unless (not (equal (getenv "GS_EMACS_SKIP_RUN") "1")))
   (let ((default-directory gpusync-test--project)

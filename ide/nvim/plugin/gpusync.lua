@@ -1,4 +1,4 @@
--- plugin/gpusync.lua: defines :Gpusync (watch|stop|push|run [job] [gpus]|logs|stoprun|status|doctor)
+-- plugin/gpusync.lua: defines :Gpusync (watch|stop|push|run [job] [gpus]|logs|stoprun|status|doctor|gpu)
 -- and loads lua/gpusync lazily, so an editor that never uses it pays nothing.
 if vim.g.loaded_gpusync then
   return
@@ -9,7 +9,7 @@ vim.api.nvim_create_user_command('Gpusync', function(opts)
   require('gpusync').command(opts.args)
 end, {
   nargs = '*',
-  desc = 'gpusync: watch | stop | push | run [job] [gpus] | logs [run] | stoprun [run] | status | doctor',
+  desc = 'gpusync: watch | stop | push | run [job] [gpus] | logs [run] | stoprun [run] | status | doctor | gpu',
   complete = function(arglead, cmdline)
     return require('gpusync').complete(arglead, cmdline)
   end,

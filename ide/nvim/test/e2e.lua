@@ -222,8 +222,19 @@ local function step_offline()
     'an unknown subcommand is an error')
 end
 
+-- :Gpusync gpu: one `gpusync top` sample in the statusline (this server may have no GPU: then the
+-- summary says why).
+local function step_gpu()
+  vim.cmd('Gpusync gpu')
+  ok(wait(30000, function() return gs.state.gpu ~= nil end), ':Gpusync gpu reads a sample of gpusync top')
+  local g = gs.state.gpu or ''
+  ok((g:find('^GPU%d') or g:find('^no GPUs')) and gs.statusline():find(g, 1, true) ~= nil,
+    'the statusline shows the GPU summary (' .. gs.statusline() .. ')')
+end
+
 local function main()
   step_offline()
+  step_gpu()
   if only:find('sync') then
     step_sync()
   end

@@ -293,6 +293,15 @@ test('Doctor writes every check to the output channel', async () => {
   assert.ok(fake.messages.some((m) => /gpusync doctor: \d+ ok/.test(m.text)));
 });
 
+test('Show GPUs puts the one-line GPU summary of gpusync top in its status bar item', async () => {
+  const r = await vscodeFake.commands.executeCommand('gpusync.gpu');
+  assert.ok(r && typeof r.gpu_summary === 'string', `gpu failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  // this server may have no GPU: the summary then says so
+  assert.match(r.gpu_summary, /^(GPU\d|no GPUs)/);
+  const item = fake.statusItems.find((i) => i.command === 'gpusync.gpu' && i.text === r.gpu_summary);
+  assert.ok(item && item.visible, 'the GPU item shows the summary');
+});
+
 test('Stop Watching stops the daemon and the status bar says so', async () => {
   const before = cliJson(['status']);
   assert.equal(before.daemon, true);

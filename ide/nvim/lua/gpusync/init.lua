@@ -20,6 +20,7 @@ local state = {
   run_active = false,
   log_jobs = {},      -- buffer number -> job id of its `gpusync logs -f`
   stopping = {},      -- run id -> true once :Gpusync stoprun asked for it
+  gpu = nil,          -- the server's one-line GPU summary from :Gpusync gpu (gpusync top)
 }
 M.state = state
 
@@ -284,6 +285,9 @@ function M.statusline()
   local text = 'gpusync: ' .. s
   if state.last_run then
     text = text .. ' | run ' .. state.last_run .. (state.run_active and ': running' or ': ended')
+  end
+  if state.gpu then
+    text = text .. ' | ' .. state.gpu
   end
   return text
 end
@@ -677,6 +681,21 @@ function M.doctor()
   end)
 end
 
+-- :Gpusync gpu: one sample of `gpusync top` for the statusline, e.g.
+-- "GPU0 87% 31.2/79.6 GiB 250 W 64°C | GPU1 ...", and as a notification.
+function M.gpu()
+  cli({ 'top', '--json', '--count', '1' }, function(code, out, err)
+    local r = last_json(out)
+    if code ~= 0 or not r or type(r.gpu_summary) ~= 'string' then
+      notify('gpu: ' .. failure(r, err), ERROR)
+      return
+    end
+    state.gpu = r.gpu_summary
+    notify(r.gpu_summary .. (type(r.gpu_error) == 'string' and (': ' .. r.gpu_error) or ''))
+    redraw()
+  end)
+end
+
 local subcommands = {
   watch = function() M.watch() end,
   stop = function() M.stop_watching() end,
@@ -686,6 +705,7 @@ local subcommands = {
   stoprun = function(words) M.stop_run(words[1]) end,
   status = function() M.status() end,
   doctor = function() M.doctor() end,
+  gpu = function() M.gpu() end,
 }
 
 -- The :Gpusync command: `:Gpusync SUBCOMMAND ARGS`.
@@ -694,7 +714,7 @@ function M.command(line)
   local name = table.remove(words, 1) or 'status'
   local f = subcommands[name]
   if not f then
-    notify('unknown subcommand "' .. name .. '"; try watch, stop, push, run, logs, stoprun, status, doctor', ERROR)
+    notify('unknown subcommand "' .. name .. '"; try watch, stop, push, run, logs, stoprun, status, doctor, gpu', ERROR)
     return
   end
   f(words)
