@@ -202,6 +202,56 @@ static const struct field facts_spec[] = {
 };
 static const struct field doctor_spec[] = {
     {"checks", T_ARR, 0, check_item}, {"facts", T_OBJ, 0, facts_spec}, END};
+static const struct field top_cpu[] = {
+    {"cores", T_INT, 0, NULL},
+    {"load1", T_NUM | T_NULL, 0, NULL},
+    {"load5", T_NUM | T_NULL, 0, NULL},
+    {"load15", T_NUM | T_NULL, 0, NULL},
+    {"util_pct", T_NUM, 0, NULL},
+    {"iowait_pct", T_NUM, 0, NULL},
+    END,
+};
+static const struct field top_memory[] = {{"total_mib", T_NUM, 0, NULL},
+                                          {"used_mib", T_NUM, 0, NULL},
+                                          {"available_mib", T_NUM, 0, NULL},
+                                          END};
+static const struct field top_disk[] = {
+    {"name", T_STR, 0, NULL}, {"read_mb_s", T_NUM, 0, NULL}, {"write_mb_s", T_NUM, 0, NULL}, END};
+static const struct field top_net[] = {
+    {"name", T_STR, 0, NULL}, {"rx_mb_s", T_NUM, 0, NULL}, {"tx_mb_s", T_NUM, 0, NULL}, END};
+static const struct field top_gpu[] = {
+    {"index", T_INT, 0, NULL},
+    {"name", T_STR, 0, NULL},
+    {"util_pct", T_NUM | T_NULL, 0, NULL},
+    {"mem_used_mib", T_NUM | T_NULL, 0, NULL},
+    {"mem_total_mib", T_NUM | T_NULL, 0, NULL},
+    {"power_w", T_NUM | T_NULL, 0, NULL},
+    {"temp_c", T_NUM | T_NULL, 0, NULL},
+    END,
+};
+static const struct field top_rank[] = {{"rank", T_INT, 0, NULL},
+                                        {"pid", T_INT, 0, NULL},
+                                        {"state", T_STR, 0, NULL},
+                                        {"exit_code", T_INT | T_NULL, 0, NULL},
+                                        END};
+static const struct field top_run[] = {{"id", T_STR, 0, NULL},
+                                       {"state", T_STR, 0, NULL},
+                                       {"ranks", T_ARR, 0, top_rank},
+                                       {"samples_per_s", T_NUM | T_NULL, 0, NULL},
+                                       END};
+static const struct field top_spec[] = {
+    {"time", T_STR, 0, NULL},
+    {"interval_ms", T_INT, 0, NULL},
+    {"cpu", T_OBJ, 0, top_cpu},
+    {"memory", T_OBJ, 0, top_memory},
+    {"disks", T_ARR, 0, top_disk},
+    {"net", T_ARR, 0, top_net},
+    {"gpus", T_ARR, 0, top_gpu},
+    {"gpu_error", T_STR | T_NULL, 0, NULL},
+    {"gpu_summary", T_STR, 0, NULL},
+    {"run", T_OBJ | T_NULL, 0, top_run},
+    END,
+};
 static const struct field error_spec[] = {
     {"error", T_STR, 0, NULL}, {"message", T_STR, 0, NULL}, END};
 
@@ -1006,6 +1056,22 @@ static void test_contract__stop_reports_the_run_id(void **state)
     json_decref(run);
 }
 
+static void test_contract__top_samples_the_server_and_the_running_run(void **state)
+{
+    (void)state;
+    json_t *run = reply_of(GPUSYNC("run", "--json", "--cpu", "1", "--detach", "--", "sleep", "300"),
+                           0, run_spec, "run --detach");
+    json_t *o =
+        reply_of(GPUSYNC("top", "--json", "--count", "1", "--interval", "0.2"), 0, top_spec, "top");
+    json_t *top_run = json_object_get(o, "run");
+    assert_true(json_is_object(top_run)); /* so its shape was checked too */
+    assert_string_equal(str_of(top_run, "id"), str_of(run, "id"));
+    json_decref(o);
+    o = reply_of(GPUSYNC("stop", "--json", str_of(run, "id")), 0, stop_spec, "stop");
+    json_decref(o);
+    json_decref(run);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1025,6 +1091,7 @@ int main(void)
         cmocka_unit_test(test_contract__run_detach_reports_id_ranks_and_port),
         cmocka_unit_test(test_contract__ps_lists_runs_with_every_field),
         cmocka_unit_test(test_contract__stop_reports_the_run_id),
+        cmocka_unit_test(test_contract__top_samples_the_server_and_the_running_run),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
