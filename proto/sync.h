@@ -81,9 +81,11 @@
  *
  * COMPRESSION (v6). A client that can read zstd says so in HELLO (GS_HELLO_ZSTD); an agent built
  * with libzstd answers with the same flag in HELLO_OK and from then on may send ZFRAMES_R, and
- * accepts ZFRAMES. A ZFRAMES frame carries other frames, whole and in order, compressed as one
- * zstd frame: the receiver decompresses it and handles what it holds exactly as if those frames
- * had arrived one by one (a ZFRAMES inside one is malformed). A sender compresses what it has
+ * accepts ZFRAMES. A ZFRAMES frame carries other frames, whole and in order, compressed as the
+ * next flushed blocks of the sender's one zstd stream for the session: the receiver decompresses
+ * every ZFRAMES in order with one stream context, and handles what each holds exactly as if those
+ * frames had arrived one by one (a ZFRAMES inside one is malformed; one that does not decompress
+ * to exactly raw_size bytes ends the session). A sender compresses what it has
  * queued when that is worth it and sends the frames plain when not, frame by frame, so
  * incompressible data (checkpoints, archives) costs only the try (proto/zframes.h). An agent
  * without libzstd never sets the flag, and both sides then speak exactly v5's frames.
@@ -121,9 +123,9 @@
 enum gs_msg_type {
     /* HELLO: u32 magic | u32 version | u32 flags (GS_HELLO_*) */
     GS_MSG_HELLO = 0x01,
-    /* ZFRAMES (v6, only after HELLO_OK said GS_HELLO_ZSTD): u32 raw_size | a zstd frame that
-     * decompresses to exactly raw_size bytes (<= GS_PROTO_ZRAW_MAX) of whole request frames.
-     * The frame's own id is 0 and never answered. */
+    /* ZFRAMES (v6, only after HELLO_OK said GS_HELLO_ZSTD): u32 raw_size | the next blocks of
+     * the sender's zstd stream, which decompress to exactly raw_size bytes (<= GS_PROTO_ZRAW_MAX)
+     * of whole request frames (COMPRESSION above). Its own id is 0 and never answered. */
     GS_MSG_ZFRAMES = 0x0e,
 
     /* PUT: str path | meta | expect | str data. Whole file in one frame. Reply DONE. */

@@ -4,6 +4,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+size_t gs_zframes_whole(const uint8_t *in, size_t n, size_t max)
+{
+    size_t at = 0;
+    while (n - at >= 4) {
+        size_t len = 4 + ((size_t)in[at] << 24 | (size_t)in[at + 1] << 16 |
+                          (size_t)in[at + 2] << 8 | (size_t)in[at + 3]);
+        if (len > n - at || (at > 0 && at + len > max))
+            break;
+        at += len;
+    }
+    return at ? at : n;
+}
+
 #ifdef GS_ZSTD
 #include <zstd.h>
 
@@ -23,7 +36,9 @@ struct gs_zframes *gs_zframes_new(int level)
     z->cctx = ZSTD_createCCtx();
     z->dctx = ZSTD_createDCtx();
     z->level = level;
-    if (!z->cctx || !z->dctx) {
+    if (!z->cctx || !z->dctx ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(z->cctx, ZSTD_c_compressionLevel, level)) ||
+        ZSTD_isError(ZSTD_DCtx_setParameter(z->dctx, ZSTD_d_windowLogMax, 23))) {
         gs_zframes_free(z);
         return NULL;
     }
@@ -39,21 +54,6 @@ void gs_zframes_free(struct gs_zframes *z)
     free(z);
 }
 
-/* The length of the whole frames at the start of in[0..n) that fit within `max` bytes (the
- * first frame always counts, whatever its size). */
-static size_t whole_frames(const uint8_t *in, size_t n, size_t max)
-{
-    size_t at = 0;
-    while (n - at >= 4) {
-        size_t len = 4 + ((size_t)in[at] << 24 | (size_t)in[at + 1] << 16 |
-                          (size_t)in[at + 2] << 8 | (size_t)in[at + 3]);
-        if (len > n - at || (at > 0 && at + len > max))
-            break;
-        at += len;
-    }
-    return at ? at : n;
-}
-
 /* Appends in[0..n) to out as it is. */
 static long plain(struct gs_zframes *z, const uint8_t *in, size_t n, struct gs_proto_buf *out)
 {
@@ -66,33 +66,53 @@ static long plain(struct gs_zframes *z, const uint8_t *in, size_t n, struct gs_p
     return (long)n;
 }
 
+/* Compresses in[0..n) as the next flushed blocks of the session's one zstd stream into `out`,
+ * after room for the frame header. Returns the compressed length, or -1. */
+static long stream_compress(struct gs_zframes *z, const uint8_t *in, size_t n,
+                            struct gs_proto_buf *out, size_t at)
+{
+    ZSTD_inBuffer src = {in, n, 0};
+    size_t room = ZSTD_compressBound(n) + 64, produced = 0;
+    for (;;) {
+        if (gs_proto_buf_reserve(out, at - out->len + produced + room) < 0)
+            return -1;
+        ZSTD_outBuffer dst = {out->data + at + produced, room, 0};
+        size_t left = ZSTD_compressStream2(z->cctx, &dst, &src, ZSTD_e_flush);
+        if (ZSTD_isError(left))
+            return -1;
+        produced += dst.pos;
+        if (left == 0 && src.pos == n)
+            return (long)produced;
+        room = left + 64; /* more to flush: grow and go on */
+    }
+}
+
 long gs_zframes_pack(struct gs_zframes *z, uint8_t type, const uint8_t *in, size_t n,
                      struct gs_proto_buf *out)
 {
-    size_t take = whole_frames(in, n, GS_PROTO_ZRAW_MAX);
-    if (take < GS_ZFRAMES_MIN || take > GS_PROTO_ZRAW_MAX || z->skip > 0) {
+    size_t take = gs_zframes_whole(in, n, GS_ZFRAMES_TAKE);
+    if (take < GS_ZFRAMES_MIN || take > GS_ZFRAMES_TAKE || z->skip > 0) {
         z->skip = z->skip > take ? z->skip - take : 0;
         return plain(z, in, take, out);
     }
-    size_t bound = ZSTD_compressBound(take), mark = out->len;
-    if (gs_proto_buf_reserve(out, GS_PROTO_HDR + 4 + bound) < 0)
-        return -1;
-    uint8_t *body = out->data + mark + GS_PROTO_HDR + 4;
-    size_t c = ZSTD_compressCCtx(z->cctx, body, bound, in, take, z->level);
-    if (ZSTD_isError(c) || c + GS_PROTO_HDR + 4 > take - take / 10) {
+    /* One stream for the whole session: each batch is a flushed block of it, so small batches
+     * (a save, a burst of small files) compress against everything sent before, as rsync -z's
+     * single zlib stream does. Once in the stream, the bytes must go: a batch that did not
+     * shrink is sent anyway (zstd stores it raw, a few bytes more) and trying pauses. */
+    size_t mark = out->len, body = mark + GS_PROTO_HDR + 4;
+    long c = stream_compress(z, in, take, out, body);
+    if (c < 0 || (size_t)c + 4 > GS_PROTO_MAX_PAYLOAD)
+        return -1; /* the stream is now out of step with the peer's: the session must end */
+    if ((size_t)c > take - take / 10)
         z->skip = GS_ZFRAMES_SKIP;
-        return plain(z, in, take, out);
-    }
-    /* the header is written after the body it describes: encode it in place */
     out->len = mark;
-    if (gs_proto_encode_header(out, type, 0, (uint32_t)(4 + c)) < 0)
-        return -1;
+    gs_proto_encode_header(out, type, 0, (uint32_t)(4 + c)); /* room was reserved */
     uint8_t *raw = out->data + out->len;
     raw[0] = (uint8_t)(take >> 24), raw[1] = (uint8_t)(take >> 16);
     raw[2] = (uint8_t)(take >> 8), raw[3] = (uint8_t)take;
-    out->len += 4 + c;
+    out->len += 4 + (size_t)c;
     z->plain += take;
-    z->wire += GS_PROTO_HDR + 4 + c;
+    z->wire += GS_PROTO_HDR + 4 + (size_t)c;
     return (long)take;
 }
 
@@ -101,13 +121,17 @@ int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct
     raw->len = 0;
     if (m->size > GS_PROTO_ZRAW_MAX || gs_proto_buf_reserve(raw, (size_t)m->size) < 0)
         return -1;
-    unsigned long long content = ZSTD_getFrameContentSize(m->data.p, m->data.len);
-    if (content != m->size) /* also refuses an unknown size, and what is not zstd at all */
+    ZSTD_inBuffer src = {m->data.p, m->data.len, 0};
+    ZSTD_outBuffer dst = {raw->data, (size_t)m->size, 0};
+    while (src.pos < src.size) {
+        size_t before = dst.pos, used = src.pos;
+        size_t r = ZSTD_decompressStream(z->dctx, &dst, &src);
+        if (ZSTD_isError(r) || (dst.pos == before && src.pos == used))
+            return -1; /* not zstd, or more output than raw_size says */
+    }
+    if (dst.pos != m->size)
         return -1;
-    size_t got = ZSTD_decompressDCtx(z->dctx, raw->data, (size_t)m->size, m->data.p, m->data.len);
-    if (ZSTD_isError(got) || got != m->size)
-        return -1;
-    raw->len = got;
+    raw->len = dst.pos;
     return 0;
 }
 

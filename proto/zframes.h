@@ -3,11 +3,16 @@
  * libzstd) it compresses; without it gs_zframes_new returns NULL and the protocol stays plain,
  * so an agent built on a server without libzstd still works.
  *
- * Policy: a batch of frames is compressed at zstd level 1 (about 400 MB/s a core, so even a
- * 1 Gbit/s link is not slowed by it) and sent compressed only when that saves at least a tenth
- * of it; otherwise the frames go as they are, and the next GS_ZFRAMES_SKIP bytes are not even
- * tried, so a stream of incompressible data (checkpoints, archives, .npy) pays for one try in
- * eight MiB. Small batches (< GS_ZFRAMES_MIN bytes) are never worth the try. */
+ * Policy: each side keeps one zstd stream for the session, and each batch of queued frames (up
+ * to GS_ZFRAMES_TAKE bytes) goes as the next flushed blocks of it, so even a small batch is
+ * compressed against everything sent before (as rsync -z's one zlib stream is; measured on
+ * Python's standard library at 50 Mbit/s, independent batches reached 2.4x where the stream
+ * reaches about 4x). Level 1 by default: about 400 MB/s a core, so a LAN is not slowed by it.
+ * A batch that did not shrink by a tenth still goes compressed (zstd stores it raw: a few bytes
+ * more; the stream cannot skip bytes it took in), and then the next GS_ZFRAMES_SKIP bytes go
+ * plain without a try, so incompressible data (checkpoints, archives, .npy) pays for one try in
+ * eight MiB. Batches under GS_ZFRAMES_MIN bytes go plain. Because the stream carries history,
+ * the receiver must unpack every ZFRAMES of the session, in order. */
 #ifndef GS_PROTO_ZFRAMES_H
 #define GS_PROTO_ZFRAMES_H
 
@@ -15,6 +20,7 @@
 
 #define GS_ZFRAMES_MIN  512u
 #define GS_ZFRAMES_SKIP (8u << 20)
+#define GS_ZFRAMES_TAKE (2u << 20) /* compressed, it still fits one frame whatever the data */
 
 struct gs_zframes;
 
@@ -23,10 +29,11 @@ struct gs_zframes;
 struct gs_zframes *gs_zframes_new(int level);
 void gs_zframes_free(struct gs_zframes *z);
 
-/* Moves whole frames from the start of in[0..n) (at most GS_PROTO_ZRAW_MAX bytes of them, and at
+/* Moves whole frames from the start of in[0..n) (at most GS_ZFRAMES_TAKE bytes of them, and at
  * least one frame) to the end of `out`: as one frame of `type` (GS_MSG_ZFRAMES or
- * GS_MSG_ZFRAMES_R) when compressing saves enough, else unchanged. in[0..n) must hold whole
- * frames. Returns the number of bytes of `in` moved, or -1 when out of memory. */
+ * GS_MSG_ZFRAMES_R), or unchanged (see the policy above). in[0..n) must hold whole frames.
+ * Returns the number of bytes of `in` moved, or -1 when out of memory or zstd failed: the
+ * stream is then out of step with the peer's, and the session must end. */
 long gs_zframes_pack(struct gs_zframes *z, uint8_t type, const uint8_t *in, size_t n,
                      struct gs_proto_buf *out);
 
@@ -34,6 +41,10 @@ long gs_zframes_pack(struct gs_zframes *z, uint8_t type, const uint8_t *in, size
  * Returns 0, or -1 when it is malformed: a raw size over GS_PROTO_ZRAW_MAX, not a zstd frame, or
  * not exactly that many bytes. */
 int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct gs_proto_buf *raw);
+
+/* The length of the whole frames at the start of in[0..n) that fit within `max` bytes (the first
+ * frame counts whatever its size; n when in[0..n) does not start with a whole frame). */
+size_t gs_zframes_whole(const uint8_t *in, size_t n, size_t max);
 
 /* Bytes given to gs_zframes_pack, and bytes it put out: how much compression saved. */
 void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain,

@@ -22,13 +22,14 @@
 #include <xxhash.h>
 #include "remote/exec.h"
 
-#define OUT_HIGH_WATER (4u << 20)  /* stop queueing and pump when this much is unsent */
-#define WRITE_BATCH    (32u << 10) /* write once this much is queued (one full SSH packet) */
-#define SMALL_PUT_MAX  (64u << 10) /* files up to this size go as one PUT frame */
-#define MAX_IN_FLIGHT  8192        /* requests awaiting a reply */
-#define READ_CHUNK     (256u << 10)
-#define IN_READ_MAX    (2 * GS_PROTO_MAX_FRAME) /* stop reading replies and dispatch them */
-#define STDERR_KEEP    4096
+#define OUT_HIGH_WATER  (4u << 20)  /* stop queueing and pump when this much is unsent */
+#define WRITE_BATCH     (32u << 10) /* write once this much is queued (one full SSH packet) */
+#define SMALL_PUT_MAX   (64u << 10) /* files up to this size go as one PUT frame */
+#define MAX_IN_FLIGHT   8192        /* requests awaiting a reply */
+#define READ_CHUNK      (256u << 10)
+#define IN_READ_MAX     (2 * GS_PROTO_MAX_FRAME) /* stop reading replies and dispatch them */
+#define STDERR_KEEP     4096
+#define EARLY_PLAIN_MAX (64u << 10) /* sent plain while compression is offered, not yet agreed */
 
 struct pending {
     uint32_t id;
@@ -54,6 +55,7 @@ struct gs_agent {
     struct gs_zframes *z;     /* compression offered in HELLO (NULL: off) */
     int zstd;                 /* the agent agreed: pack what goes out, unpack ZFRAMES_R */
     struct gs_proto_buf zin;  /* the frames of the last ZFRAMES_R */
+    size_t early_plain;       /* bytes sent plain before the agent answered the offer */
     uint8_t *in;
     size_t in_len, in_cap;
     struct gs_buf errtail; /* the agent's stderr, for messages when it dies */
@@ -222,6 +224,22 @@ static int refill_wire(struct gs_agent *a)
 {
     if (a->wire.len || !a->out.len)
         return 0;
+    if (!a->zstd && a->z && !a->hello_call.done) {
+        /* Compression offered, the answer not in yet: a save goes at once, but a bulk upload
+         * waits for it (at most a round trip, in which a fast link carries little) instead of
+         * going out plain. Measured: 6 of 11 MB went plain on loopback before this. */
+        size_t take =
+            a->early_plain < EARLY_PLAIN_MAX
+                ? gs_zframes_whole(a->out.data, a->out.len, EARLY_PLAIN_MAX - a->early_plain)
+                : 0;
+        if (take == 0 || gs_proto_buf_reserve(&a->wire, take) < 0)
+            return 0;
+        memcpy(a->wire.data, a->out.data, take);
+        a->wire.len = take;
+        a->early_plain += take;
+        gs_proto_buf_consume(&a->out, take);
+        return 0;
+    }
     if (!a->zstd) {
         struct gs_proto_buf t = a->wire;
         a->wire = a->out;

@@ -58,9 +58,13 @@ median() {
     printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'
 }
 
-# gpusync_project DIR REMOTE_PATH PORT: writes a config for DIR.
+# gpusync_project DIR REMOTE_PATH PORT: writes a config for DIR ([sync] compress from $COMPRESS,
+# when set: auto, zstd or off).
 gpusync_project() {
     mkdir -p "$1/.gpusync"
     printf '[remote]\nhost = 127.0.0.1\nport = %s\nuser = root\npath = %s\n' "$3" "$2" \
         >"$1/.gpusync/config"
+    if [[ -n ${COMPRESS:-} ]]; then
+        printf '[sync]\ncompress = %s\n' "$COMPRESS" >>"$1/.gpusync/config"
+    fi
 }

@@ -70,10 +70,56 @@ initial_sync() { # KIND LABEL
     printf '%-26s %-8s %9.2f\n' "" floor "$floor"
 }
 
+# A real, compressible source tree that Debian installs: Python 3.11's standard library (.py files
+# only), against the peers that compress too: rsync -az and tar | zstd -3 | ssh.
+run_rsync_z() { time_cmd rsync -az -e "$ssh" --exclude=.gpusync "$1/" "root@127.0.0.1:$bench/remote/rsyncz-$2/"; }
+run_tar_zstd() {
+    local t0=$EPOCHREALTIME
+    tar -C "$1" --exclude=.gpusync -cf - . | zstd -q -3 -c |
+        $ssh root@127.0.0.1 "mkdir -p $bench/remote/tarz-$2 && zstd -q -d -c | tar -xf - -C $bench/remote/tarz-$2"
+    awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.3f\n", b - a}'
+}
+real_tree() {
+    local src=$bench/src-real from=/usr/lib/python3.11
+    rm -rf "$src" && mkdir -p "$src"
+    (cd "$from" && find . -name '*.py' -not -path '*/__pycache__/*' -print0 |
+        tar --null -T - -cf -) | tar -xf - -C "$src"
+    local bytes
+    bytes=$(find "$src" -path "$src/.gpusync" -prune -o -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+    floor=$(awk -v b="$bytes" -v r="$rate" -v t="$rtt_s" 'BEGIN {print b * 8 / (r * 1e6) + t}')
+    local g=() r=() z=() t=() tz=()
+    for i in $(seq 1 "$runs"); do
+        g+=("$(run_gpusync "$src" "real-$i")")
+        r+=("$(run_rsync "$src" "real-$i")")
+        z+=("$(run_rsync_z "$src" "real-$i")")
+        t+=("$(run_tar "$src" "real-$i")")
+        tz+=("$(run_tar_zstd "$src" "real-$i")")
+        diff -r --exclude=.gpusync "$src" "$bench/remote/gpusync-real-$i" >/dev/null
+        rm -rf "$bench/remote/"*"-real-$i"
+    done
+    ref=$(median "${z[@]}")
+    local label
+    label="python3.11 stdlib ($(awk -v b="$bytes" 'BEGIN {printf "%.1f MB", b / 1e6}'))"
+    echo
+    echo "a real source tree, $(find "$src" -type f | wc -l) files from $from (ratios: vs rsync -az)"
+    printf '%-26s %-8s %9s %9s %9s   %s\n' workload tool median_s vs_rsyncz vs_floor runs
+    row "$label" gpusync "${g[@]}"
+    row "" rsync "${r[@]}"
+    row "" rsync-z "${z[@]}"
+    row "" tar+ssh "${t[@]}"
+    row "" tar+zstd "${tz[@]}"
+    printf '%-26s %-8s %9.2f\n' "" floor "$floor"
+}
+
 echo "link: ${delay} ms each way (RTT $((2 * delay)) ms), ${rate} Mbit/s; $runs runs per tool; tmpfs"
+if [[ ${ONLY:-} == real ]]; then # just the real tree (ONLY=real scripts/bench/sync.sh)
+    real_tree
+    exit 0
+fi
 printf '%-26s %-8s %9s %9s %9s   %s\n' workload tool median_s vs_rsync vs_floor runs
 initial_sync small "2,000 x 4 KiB"
 initial_sync project "ML project"
+real_tree
 
 # Re-push with one file changed in a 20,000-file tree.
 src=$bench/src-big
