@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpus.h"
 #include "jsonw.h"
 #include "logtimes.h"
 #include "pgroup.h"
@@ -39,9 +40,13 @@
 #include "runs.h"
 
 #define LAUNCH_USAGE                                                                               \
-    "usage: gpusync-agent launch --root DIR --id ID --nproc N [--gpus 0,2] [--max-restarts K]\n"   \
-    "         [--name NAME] [--nnodes M --node-rank R --master-addr HOST --master-port P]\n"       \
-    "         [--grace-ms MS] [--follow RANKS] -- CMD ARGS...\n"                                   \
+    "usage: gpusync-agent launch --root DIR --id ID --nproc N [--gpus 0,2 [--ngpus G] [--wait]]\n" \
+    "         [--max-restarts K] [--name NAME] [--nnodes M --node-rank R --master-addr HOST\n"     \
+    "         --master-port P] [--grace-ms MS] [--follow RANKS] -- CMD ARGS...\n"                  \
+    "  --gpus LIST     reserve these GPUs for the run (exit 3 while other runs hold them)\n"       \
+    "  --ngpus G       reserve the first G of --gpus LIST that no run holds\n"                     \
+    "  --wait          queue until the GPUs are free instead of exiting 3\n"                       \
+    "                  (without --gpus the ranks see no GPU: CUDA_VISIBLE_DEVICES is empty)\n"     \
     "  --follow RANKS  after the 'started' line, stream the run's logs as `tail --follow` does\n"
 
 /* How long processes may survive SIGKILL before the run is declared over without them. */
@@ -49,8 +54,10 @@
 
 struct launch_opts {
     const char *root, *id, *name, *gpus, *master_addr, *follow;
-    long nproc, max_restarts, nnodes, node_rank, master_port, grace_ms;
-    char **cmd; /* NULL-terminated, points into argv */
+    long nproc, max_restarts, nnodes, node_rank, master_port, grace_ms, ngpus;
+    int wait;                              /* --wait: queue for the GPUs */
+    char **cmd;                            /* NULL-terminated, points into argv */
+    char gpus_held[GS_PROTO_RUN_GPUS_MAX]; /* the GPUs reserved (gpus.h); gpus points here */
     char rootabs[PATH_MAX];
     char dir[PATH_MAX]; /* the run directory */
     long agent_pid;     /* the process that ran `launch` */
@@ -86,12 +93,11 @@ static int parse_long(const char *s, long max, long *out)
     return 0;
 }
 
-/* Returns 1 if s is a comma-separated list of non-negative integers. */
+/* Returns 1 if s is a comma-separated list of distinct non-negative integers. */
 static int gpus_valid(const char *s)
 {
-    if (!*s || strspn(s, "0123456789,") != strlen(s) || s[0] == ',' || s[strlen(s) - 1] == ',')
-        return 0;
-    return strstr(s, ",,") == NULL;
+    int idx[GA_GPUS_MAX];
+    return strspn(s, "0123456789,") == strlen(s) && ga_gpus_parse(s, idx, GA_GPUS_MAX) > 0;
 }
 
 /* Handles one option that takes a number. Returns 1 if name matched, -1 on a bad value. */
@@ -108,6 +114,7 @@ static int opt_number(struct launch_opts *o, const char *name, const char *val)
         {"--node-rank", offsetof(struct launch_opts, node_rank), 100000},
         {"--master-port", offsetof(struct launch_opts, master_port), 65535},
         {"--grace-ms", offsetof(struct launch_opts, grace_ms), 3600 * 1000},
+        {"--ngpus", offsetof(struct launch_opts, ngpus), GA_GPUS_MAX},
     };
     for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
         if (!strcmp(name, nums[i].name))
@@ -140,7 +147,11 @@ static const char *opts_check(const struct launch_opts *o)
     if (o->name && strlen(o->name) > GA_RUNS_NAME_MAX)
         return "--name is longer than 128 characters";
     if (o->gpus && !gpus_valid(o->gpus))
-        return "--gpus wants a list of device numbers such as 0,2";
+        return "--gpus wants a list of distinct device numbers such as 0,2";
+    if (o->ngpus && !o->gpus)
+        return "--ngpus G chooses from --gpus LIST: it needs one";
+    if (o->wait && !o->gpus)
+        return "--wait queues for GPUs: it needs --gpus";
     if (o->nnodes < 1 || o->node_rank >= o->nnodes)
         return "--node-rank must be below --nnodes";
     if (o->node_rank > 0 && (!o->master_addr || o->master_port == 0))
@@ -158,6 +169,11 @@ static int opts_parse(struct launch_opts *o, int argc, char **argv)
         if (!strcmp(argv[i], "--")) {
             o->cmd = argv + i + 1;
             break;
+        }
+        if (!strcmp(argv[i], "--wait")) { /* the one option without a value */
+            o->wait = 1;
+            i--;
+            continue;
         }
         int m = i + 1 < argc ? opt_number(o, argv[i], argv[i + 1]) : 0;
         if (m == 0 && i + 1 < argc)
@@ -293,6 +309,7 @@ static void rank_env(const struct sup *s, int local, int restart)
     set_env_long("WORLD_SIZE", world);
     set_env_long("LOCAL_WORLD_SIZE", o->nproc);
     set_env_long("GROUP_RANK", o->node_rank);
+    set_env_long("NODE_RANK", o->node_rank); /* torch.distributed.launch, Lightning */
     set_env_long("GROUP_WORLD_SIZE", o->nnodes);
     set_env_long("ROLE_RANK", rank);
     set_env_long("ROLE_WORLD_SIZE", world);
@@ -305,8 +322,8 @@ static void rank_env(const struct sup *s, int local, int restart)
     setenv("GPUSYNC_RUN_ID", o->id, 1);
     setenv("GPUSYNC_RUN_DIR", o->dir, 1); /* also how stop finds what escaped the supervisor */
     setenv("OMP_NUM_THREADS", "1", 0);
-    if (o->gpus)
-        setenv("CUDA_VISIBLE_DEVICES", o->gpus, 1);
+    /* CPU ranks see no GPU at all, rather than every GPU that other runs hold. */
+    setenv("CUDA_VISIBLE_DEVICES", o->gpus ? o->gpus : "", 1);
     /* Not TORCHELASTIC_USE_AGENT_STORE: rank 0 must host the TCPStore itself. */
 }
 
@@ -715,6 +732,12 @@ static int take_lock(const struct launch_opts *o)
     return fd < 0 || flock(fd, LOCK_EX) < 0 ? -1 : 0;
 }
 
+/* Holds the run's GPUs for the supervisor's lifetime (gpus.h). Returns 0 or -1. */
+static int hold_gpus(const struct launch_opts *o)
+{
+    return o->gpus ? ga_gpus_hold(o->gpus, o->id, o->rootabs) : 0;
+}
+
 /* Blocks the signals the loop handles and returns a signalfd for them, or -1. */
 static int signals_setup(void)
 {
@@ -759,6 +782,7 @@ static void supervisor_main(struct launch_opts *o, int report_fd)
     const char *fail = s.sfd < 0                   ? "signalfd"
                        : !s.st.ranks               ? "out of memory"
                        : take_lock(o)              ? "cannot lock supervisor.lock"
+                       : hold_gpus(o)              ? "cannot reserve the GPUs"
                        : write_meta(o, s.st.start) ? "cannot write meta.json"
                                                    : NULL;
     if (fail) {
@@ -881,11 +905,43 @@ static int follow_logs(struct launch_opts *o)
     return ga_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
 }
 
+/* Prints a waiting line (proto/run.h) while the launch queues for GPUs. */
+static void print_waiting(const char *text)
+{
+    char line[GS_PROTO_RUN_WAIT_MAX + 16];
+    if (gs_proto_run_waiting_format(line, sizeof(line), text) > 0) {
+        fputs(line, stdout);
+        fflush(stdout);
+    }
+}
+
+/* Reserves the GPUs of --gpus / --ngpus (queuing with --wait) and points o->gpus at the chosen
+ * list. Returns the choose.lock descriptor to close once the supervisor holds them (-1 when the
+ * run has no GPUs), or an exit status < -1 after saying why: -1 - status. */
+static int reserve_gpus(struct launch_opts *o)
+{
+    if (!o->gpus)
+        return -1;
+    struct ga_gpus_req req = {o->gpus, (int)o->ngpus, o->wait, print_waiting};
+    char why[4096];
+    int fd = ga_gpus_reserve(&req, o->gpus_held, sizeof(o->gpus_held), why, sizeof(why));
+    if (fd >= 0) {
+        o->gpus = o->gpus_held;
+        return fd;
+    }
+    fprintf(stderr, "gpusync-agent launch: %s\n", why);
+    return -1 - (fd == GA_GPUS_BUSY ? GS_PROTO_RUN_EXIT_BUSY : 1);
+}
+
 int ga_launch_main(int argc, char **argv)
 {
     struct launch_opts o;
     if (opts_parse(&o, argc, argv) < 0)
         return 2;
+    /* Before the run directory: a launch refused or given up leaves nothing behind. */
+    int choosing = reserve_gpus(&o);
+    if (choosing < -1)
+        return -1 - choosing;
     if (make_run_dir(&o) < 0)
         return 1;
     if (o.master_port == 0 && (o.master_port = pick_free_port()) < 0) {
@@ -895,6 +951,8 @@ int ga_launch_main(int argc, char **argv)
     o.agent_pid = getpid();
     char why[512];
     long pid = start_supervisor(&o, why, sizeof(why));
+    if (choosing >= 0)
+        close(choosing); /* the supervisor holds the GPUs now (or never will) */
     if (pid < 0) {
         fprintf(stderr, "gpusync-agent launch: run %s did not start: %s\n", o.id, why);
         return 1;
@@ -905,6 +963,8 @@ int ga_launch_main(int argc, char **argv)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     exe[n > 0 ? n : 0] = '\0';
     char line[PATH_MAX + 160];
+    if (o.gpus && gs_proto_run_gpus_format(line, sizeof(line), o.gpus) > 0)
+        fputs(line, stdout);
     if (gs_proto_run_started_format(line, sizeof(line), o.id, pid, o.master_port, exe) < 0 ||
         fputs(line, stdout) < 0 || fflush(stdout) != 0)
         return 1;

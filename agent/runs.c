@@ -573,6 +573,11 @@ static void ps_print_json(struct ps_row *rows, size_t n)
             ga_jw_raw(&w, v.p, v.n);
         else
             ga_jw_null(&w);
+        ga_jw_key(&w, "gpus"); /* the GPUs reserved for it, null for CPU ranks */
+        if (ga_json_get(meta, "gpus", &v) == 0)
+            ga_jw_raw(&w, v.p, v.n);
+        else
+            ga_jw_null(&w);
         ga_jw_key(&w, "duration_ms");
         ga_jw_int(&w, row_duration(&rows[i]));
         ga_jw_obj_end(&w);
@@ -582,24 +587,38 @@ static void ps_print_json(struct ps_row *rows, size_t n)
     ga_jw_release(&w);
 }
 
+/* Writes meta's "gpus" array as "1,3" into buf ("-" when null or missing). */
+static void meta_gpus(struct ga_json_span meta, char *buf, size_t cap)
+{
+    struct ga_json_span arr, e;
+    size_t pos = 0, len = 0;
+    buf[0] = '\0';
+    if (ga_json_get(meta, "gpus", &arr) == 0)
+        while (ga_json_next(arr, &pos, &e) == 1 && len + e.n + 2 < cap)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%.*s", len ? "," : "", (int)e.n, e.p);
+    if (!buf[0])
+        snprintf(buf, cap, "-");
+}
+
 static void ps_print_table(struct ps_row *rows, size_t n)
 {
-    printf("%-24s %-16s %-9s %5s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "START",
-           "DURATION", "EXIT");
+    printf("%-24s %-16s %-9s %5s %-8s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "GPUS",
+           "START", "DURATION", "EXIT");
     for (size_t i = 0; i < n; i++) {
-        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-";
+        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-", gpus[64] = "-";
         if (rows[i].meta) {
             struct ga_json_span meta = {rows[i].meta, rows[i].meta_len};
             ga_json_get_str(meta, "name", name, sizeof(name));
             if (!name[0])
                 snprintf(name, sizeof(name), "-");
+            meta_gpus(meta, gpus, sizeof(gpus));
         }
         fmt_duration(row_duration(&rows[i]), dur, sizeof(dur));
         if (rows[i].st.exit_code >= 0)
             snprintf(code, sizeof(code), "%d", rows[i].st.exit_code);
-        printf("%-24s %-16s %-9s %5d %-24s %10s %4s\n", rows[i].st.id, name,
-               rows[i].lost ? "lost" : rows[i].st.state, rows[i].st.nranks, rows[i].st.start, dur,
-               code);
+        printf("%-24s %-16s %-9s %5d %-8s %-24s %10s %4s\n", rows[i].st.id, name,
+               rows[i].lost ? "lost" : rows[i].st.state, rows[i].st.nranks, gpus, rows[i].st.start,
+               dur, code);
     }
 }
 

@@ -52,6 +52,40 @@ int gs_proto_run_started_parse(const char *line, long *pid, int *port, int *agen
     return 0;
 }
 
+#define WAITING "waiting "
+#define GPUS    "gpus "
+
+int gs_proto_run_waiting_format(char *buf, size_t cap, const char *text)
+{
+    return fitted(snprintf(buf, cap, WAITING "%.*s\n", (int)strcspn(text, "\n"), text), cap);
+}
+
+int gs_proto_run_waiting_parse(const char *line, char text[GS_PROTO_RUN_WAIT_MAX])
+{
+    size_t len = strcspn(line, "\n"), head = strlen(WAITING);
+    if (strncmp(line, WAITING, head) != 0 || !line[len] || len - head >= GS_PROTO_RUN_WAIT_MAX)
+        return -1;
+    memcpy(text, line + head, len - head);
+    text[len - head] = '\0';
+    return 0;
+}
+
+int gs_proto_run_gpus_format(char *buf, size_t cap, const char *list)
+{
+    return fitted(snprintf(buf, cap, GPUS "%s\n", list), cap);
+}
+
+int gs_proto_run_gpus_parse(const char *line, char list[GS_PROTO_RUN_GPUS_MAX])
+{
+    size_t len = strcspn(line, "\n"), head = strlen(GPUS);
+    if (strncmp(line, GPUS, head) != 0 || !line[len] || len == head ||
+        len - head >= GS_PROTO_RUN_GPUS_MAX || strspn(line + head, "0123456789,") != len - head)
+        return -1;
+    memcpy(list, line + head, len - head);
+    list[len - head] = '\0';
+    return 0;
+}
+
 int gs_proto_run_log_format(char *buf, size_t cap, int rank, long long offset, size_t length)
 {
     return fitted(snprintf(buf, cap, "L %d %lld %zu\n", rank, offset, length), cap);

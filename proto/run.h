@@ -4,9 +4,13 @@
  * One header (and proto/run.c for the line formats) so the two sides cannot drift. C99, libc.
  *
  * COMMANDS, run by the client through the remote shell in the project directory (one exec each):
- *   launch --root DIR --id ID --nproc N --max-restarts K [--gpus LIST] [--name NAME]
- *          [--nnodes M --node-rank R] [--master-addr HOST] [--master-port P]
+ *   launch --root DIR --id ID --nproc N --max-restarts K [--gpus LIST [--ngpus G] [--wait]]
+ *          [--name NAME] [--nnodes M --node-rank R] [--master-addr HOST] [--master-port P]
  *          [--follow RANKS] -- CMD ARGS...
+ *          --gpus alone reserves exactly those GPUs; with --ngpus the first G of LIST (the
+ *          client's least-busy order) that no other run holds. Not free: exit
+ *          GS_PROTO_RUN_EXIT_BUSY naming the holders, or with --wait queue for them. Without
+ *          --gpus the ranks see no GPU (CUDA_VISIBLE_DEVICES is empty).
  *   tail   --root DIR --id ID --ranks all|R,R... [--offsets R:OFF,R:OFF...] [--follow]
  *   ps     --root DIR --json
  *   stop   --root DIR --id ID
@@ -15,6 +19,10 @@
  * failure (message on stderr), 2 bad usage.
  *
  * LINES on stdout, each ending in '\n':
+ *   "waiting TEXT"                     launch --wait: queued for GPUs; TEXT says for which and who
+ *                                      holds them. Again whenever that changes; before "started".
+ *   "gpus LIST"                        launch: the GPUs reserved for the run ("1,3"), just before
+ *                                      the started line; none for a run without GPUs.
  *   "started ID PID PORT AGENT_PATH"   launch: the run started (supervisor pid, the rendezvous
  *                                      port); AGENT_PATH, the rest of the line, is the agent that
  *                                      ran, for the client's later commands. With --follow, the
@@ -50,6 +58,11 @@
 #define GS_PROTO_RUN_ID_MAX    64          /* run ids: [A-Za-z0-9._-], not starting with '.' */
 #define GS_PROTO_RUN_MAX_CHUNK (16u << 20) /* the longest LENGTH an L line may announce */
 #define GS_PROTO_RUN_STATE_MAX 32          /* buffer for an X line's STATE, NUL included */
+#define GS_PROTO_RUN_GPUS_MAX  1024        /* buffer for a gpus line's LIST, NUL included */
+#define GS_PROTO_RUN_WAIT_MAX  4096        /* buffer for a waiting line's TEXT, NUL included */
+
+/* launch's exit status when the GPUs it was asked for are held by other runs (and no --wait). */
+#define GS_PROTO_RUN_EXIT_BUSY 3
 
 /* Each format function writes one line, '\n' included, into buf (cap bytes) and returns its
  * length, or -1 if it does not fit. Each parse function reads the line at the start of `line`
@@ -62,6 +75,14 @@ int gs_proto_run_started_format(char *buf, size_t cap, const char *id, long pid,
 int gs_proto_run_is_started(const char *line);
 /* *agent_at: the offset of AGENT_PATH in line, or 0 when the line has none. */
 int gs_proto_run_started_parse(const char *line, long *pid, int *port, int *agent_at);
+
+/* The text is cut at its first '\n'. */
+int gs_proto_run_waiting_format(char *buf, size_t cap, const char *text);
+int gs_proto_run_waiting_parse(const char *line, char text[GS_PROTO_RUN_WAIT_MAX]);
+
+int gs_proto_run_gpus_format(char *buf, size_t cap, const char *list);
+/* Accepts only digits and commas as LIST. */
+int gs_proto_run_gpus_parse(const char *line, char list[GS_PROTO_RUN_GPUS_MAX]);
 
 int gs_proto_run_log_format(char *buf, size_t cap, int rank, long long offset, size_t length);
 /* Checks the syntax only: the caller bounds rank and length. */
