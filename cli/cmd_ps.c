@@ -11,6 +11,23 @@ static const char *str(json_t *o, const char *key)
     return s ? s : "-";
 }
 
+/* A run's "gpus" array as "1,3" in buf; "-" for CPU ranks (null). */
+static const char *gpus_text(json_t *r, char *buf, size_t cap)
+{
+    size_t i, len = 0;
+    json_t *g;
+    buf[0] = '\0';
+    json_array_foreach(json_object_get(r, "gpus"), i, g)
+    {
+        int n = snprintf(buf + len, cap - len, "%s%lld", i ? "," : "",
+                         (long long)json_integer_value(g));
+        if (n < 0 || (size_t)n >= cap - len)
+            break;
+        len += (size_t)n;
+    }
+    return buf[0] ? buf : "-";
+}
+
 static void print_table(json_t *runs)
 {
     printf("%-22s %-12s %-10s %5s %-8s %-20s %9s %5s\n", "RUN", "NAME", "STATE", "RANKS", "GPUS",
@@ -24,10 +41,11 @@ static void print_table(json_t *runs)
         if (json_is_integer(code))
             snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
         json_t *dur = json_object_get(r, "duration_ms");
+        char gpus[64];
         printf("%-22s %-12s %-10s %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
-               str(r, "state"), json_array_size(json_object_get(r, "ranks")), str(r, "gpus"),
-               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0,
-               exit_s);
+               str(r, "state"), json_array_size(json_object_get(r, "ranks")),
+               gpus_text(r, gpus, sizeof(gpus)), str(r, "start"),
+               json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0, exit_s);
     }
     if (json_array_size(runs) == 0)
         printf("(no runs yet: start one with 'gpusync run')\n");

@@ -32,7 +32,8 @@ enum {
     OPT_RANKS,
     OPT_STOP_ON_INT,
     OPT_HOSTS,
-    OPT_GRACE
+    OPT_GRACE,
+    OPT_WAIT
 };
 
 static const struct option run_options[] = {
@@ -47,6 +48,7 @@ static const struct option run_options[] = {
     {"stop-on-interrupt", no_argument, NULL, OPT_STOP_ON_INT},
     {"hosts", required_argument, NULL, OPT_HOSTS},
     {"grace", required_argument, NULL, OPT_GRACE},
+    {"wait", no_argument, NULL, OPT_WAIT},
     {NULL, 0, NULL, 0},
 };
 
@@ -109,11 +111,14 @@ static int check_gpu_list(struct gs_cli *cli, const struct run_args *a, const st
     return 0;
 }
 
-/* Turns the GPU request (a->gpus, checked when parsed) into the devices to use: a list as it
- * is, a count N as the N least-used GPUs ("0,2"). Asks the server (nvidia-smi), so it runs
- * before the sync: a request the server cannot meet is refused before any byte is sent.
- * Returns 0 or a usage error naming where the request came from. */
-static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf *list, int *nproc)
+/* Turns the GPU request (a->gpus, checked when parsed) into what the launcher reserves: a list
+ * as it is, a count N as every GPU of the server, least-used first, of which the launcher takes
+ * the first N that no other run of ours holds (*count = N): only the server can choose among its
+ * runs' reservations without a race. Asks the server (nvidia-smi), so it runs before the sync: a
+ * request the server cannot meet at all is refused before any byte is sent. Returns 0 or a usage
+ * error naming where the request came from. */
+static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf *list, int *count,
+                     int *nproc)
 {
     char why[300];
     const char *want = a->gpus ? a->gpus : "1";
@@ -134,8 +139,9 @@ static int pick_gpus(struct gs_cli *cli, const struct run_args *a, struct gs_buf
         return gs_error_set(&cli->err, GS_E_USAGE, "%s has %d GPU%s; %s asks for %d",
                             gs_cli_server_name(cli), have, have == 1 ? "" : "s", a->gpus_src, n);
     qsort(gpus, (size_t)have, sizeof(gpus[0]), gpu_cmp);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < have; i++)
         gs_buf_addf(list, "%s%d", i ? "," : "", gpus[i].index);
+    *count = n;
     *nproc = n;
     return 0;
 }
@@ -267,7 +273,7 @@ int gs_runcmd_plan(struct gs_cli *cli, struct run_args *a, struct run_plan *p)
     memset(p, 0, sizeof(*p));
     gs_buf_init(&p->gpus);
     p->nproc = a->cpu;
-    int r = a->cpu ? 0 : pick_gpus(cli, a, &p->gpus, &p->nproc);
+    int r = a->cpu ? 0 : pick_gpus(cli, a, &p->gpus, &p->gpu_count, &p->nproc);
     return r < 0 ? r : resolve_command(cli, a, &p->c);
 }
 
@@ -327,17 +333,38 @@ struct run_view {
     struct gs_cli *cli;
     const char *id;
     int nproc;
+    int started; /* the launcher said so (until then it may be queuing for GPUs) */
 };
+
+/* "1,3" as a JSON array of integers; null for "". */
+static json_t *gpus_json(const char *list)
+{
+    if (!*list)
+        return json_null();
+    json_t *arr = json_array();
+    for (const char *p = list; *p; p += strcspn(p, ","), p += *p == ',')
+        json_array_append_new(arr, json_integer(atoi(p)));
+    return arr;
+}
 
 static void on_started(void *ctx, const struct gs_tail_state *st)
 {
     struct run_view *v = ctx;
+    if (!st->launched) { /* queued for GPUs (--wait); this says for which, and who holds them */
+        fprintf(stderr, "gpusync: run %s waiting %s\n", v->id, st->waiting);
+        return;
+    }
+    v->started = 1;
+    char gpus[GS_PROTO_RUN_GPUS_MAX + 16] = "";
+    if (st->gpus[0])
+        snprintf(gpus, sizeof(gpus), ", GPU%s %s", strchr(st->gpus, ',') ? "s" : "", st->gpus);
     if (v->cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i}", "v", 1, "ok", 1, "id", v->id, "ranks",
-                                    v->nproc, "master_port", st->port));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:o}", "v", 1, "ok", 1, "id", v->id,
+                                    "ranks", v->nproc, "master_port", st->port, "gpus",
+                                    gpus_json(st->gpus)));
     else
-        fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d)\n", v->id,
-                v->nproc, v->nproc == 1 ? "" : "s", gs_cli_server_name(v->cli), st->port);
+        fprintf(stderr, "gpusync: run %s started: %d rank%s on %s (MASTER_PORT %d%s)\n", v->id,
+                v->nproc, v->nproc == 1 ? "" : "s", gs_cli_server_name(v->cli), st->port, gpus);
 }
 
 /* Starts the run and follows its logs until it ends or Ctrl-C. */
@@ -354,6 +381,10 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     int r = gs_run_ctx_launch_follow(cli, rc, spec, a->ranks, on_started, &v.printer,
                                      &gs_runcmd_interrupted, &exit_code);
     gs_log_printer_finish(&v.printer);
+    if (r == GS_E_INTERRUPTED && !v.started) { /* the launcher sees us go and gives up */
+        fprintf(stderr, "\ngpusync: stopped waiting; run %s was not started\n", spec->id);
+        return 130;
+    }
     if (r == GS_E_INTERRUPTED)
         return handle_interrupt(cli, rc, spec->id, a);
     if (r < 0)
@@ -364,18 +395,24 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
 /* Starts the run and returns (--detach). */
 static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec)
 {
-    long pid = 0;
-    int port = 0;
+    struct gs_tail_state *st = gs_xmalloc(sizeof(*st));
+    struct gs_notice notice;
     int r = gs_run_ctx_agent(cli, rc);
     spec->agent = rc->agent.data;
+    if (spec->wait_gpus)
+        gs_notice_begin(&notice, GS_NOTICE_MS,
+                        "run %s is waiting for GPUs that other runs hold (--wait); 'gpusync ps' "
+                        "shows them; Ctrl-C gives up",
+                        spec->id);
     if (r == 0)
-        r = gs_run_launch(cli->ssh, spec, &pid, &port, &cli->err);
-    if (r < 0)
-        return gs_cli_fail(cli, r);
-    struct gs_tail_state st = {.port = port};
+        r = gs_run_launch_state(cli->ssh, spec, st, &cli->err);
+    if (spec->wait_gpus)
+        gs_notice_end(&notice);
     struct run_view v = {.cli = cli, .id = spec->id, .nproc = spec->nproc};
-    on_started(&v, &st);
-    return 0;
+    if (r == 0)
+        on_started(&v, st);
+    free(st);
+    return r < 0 ? gs_cli_fail(cli, r) : 0;
 }
 
 static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc, struct run_plan *p)
@@ -387,6 +424,8 @@ static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc,
                                .name = a->name,
                                .nproc = p->nproc,
                                .gpus = p->gpus.len ? p->gpus.data : NULL,
+                               .gpu_count = p->gpu_count,
+                               .wait_gpus = a->wait,
                                .max_restarts = a->max_restarts,
                                .grace_ms = a->grace_ms,
                                .argc = p->c.argc,
@@ -440,6 +479,9 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
             if (gs_cli_parse_grace(optarg, &a->grace_ms, why, sizeof(why)) < 0)
                 return gs_cli_usage_error(&gs_cmd_run, "%s", why);
             break;
+        case OPT_WAIT:
+            a->wait = 1;
+            break;
         default:
             if ((r = gs_cli_common_option(cli, &gs_cmd_run, opt)) <= 0)
                 return GS_EXIT_USAGE;
@@ -447,6 +489,8 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
     }
     if (a->gpus && a->cpu)
         return gs_cli_usage_error(&gs_cmd_run, "--gpus and --cpu exclude each other");
+    if (a->wait && a->cpu)
+        return gs_cli_usage_error(&gs_cmd_run, "--wait queues for GPUs; --cpu ranks use none");
     /* TARGET [-- ARGS...]  or  -- CMD ARGS... (getopt has consumed a leading "--") */
     int dashdash = optind > 1 && strcmp(argv[optind - 1], "--") == 0;
     if (optind < argc && !dashdash) {
@@ -479,6 +523,8 @@ static int run_exec(struct gs_cli *cli)
         return gs_cli_fail(cli, r);
     if (!a->hosts)
         a->hosts = cli->cfg.hosts;
+    if (a->hosts && a->wait) /* nodes that started would wait for one that queues */
+        return gs_cli_usage_error(&gs_cmd_run, "--wait is for a run on one server, not --hosts");
     if (a->hosts)
         return gs_runcmd_multi(cli, a);
     if ((r = gs_cli_prepare(cli, GS_CMD_NEED_SERVER)) != 0)
@@ -499,16 +545,19 @@ static int run_exec(struct gs_cli *cli)
 
 const struct gs_cmd gs_cmd_run = {
     .name = "run",
-    .usage =
-        "run [--gpus N|LIST | --cpu N] [--hosts H1,H2...] [--max-restarts K] [--detach]\n"
-        "                   [--no-sync] [--name NAME] [--ranks all|0,1] [--stop-on-interrupt]\n"
-        "                   [--grace SECONDS]\n"
-        "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
+    .usage = "run [--gpus N|LIST [--wait] | --cpu N] [--hosts H1,H2...] [--max-restarts K]\n"
+             "                   [--detach] [--no-sync] [--name NAME] [--ranks all|0,1]\n"
+             "                   [--stop-on-interrupt] [--grace SECONDS]\n"
+             "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
     .help =
-        "  --gpus N | --gpus 0,2  the N least-busy GPUs, or exactly these (default: the job's\n"
-        "                         gpus or cpu, else 1 GPU)\n"
-        "  --cpu N                N CPU ranks (the trainer's TCP all-reduce)\n"
+        "  --gpus N | --gpus 0,2  the N least-busy GPUs that no other run holds, or exactly\n"
+        "                         these (default: the job's gpus or cpu, else 1 GPU). A run\n"
+        "                         holds its GPUs on the server until it ends; when too few are\n"
+        "                         free the run is refused, naming the runs that hold them\n"
+        "  --wait                 queue until enough GPUs are free instead (says what it waits\n"
+        "                         for; Ctrl-C gives up)\n"
+        "  --cpu N                N CPU ranks (the trainer's TCP all-reduce); they see no GPU\n"
         "  --max-restarts K       restart the whole group up to K times after a failure\n"
         "  -d, --detach           start it and return; follow later with 'gpusync logs -f'\n"
         "  --no-sync              launch without syncing first\n"
@@ -527,9 +576,10 @@ const struct gs_cmd gs_cmd_run = {
         "  TARGET is a [job \"NAME\"] from the config (command, and gpus or cpu); 'train' is\n"
         "  the bundled trainer unless such a job has a command. What the server cannot run\n"
         "  (more GPUs than it has) and what the config gets wrong are refused before the\n"
-        "  sync. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-        "  MASTER_ADDR, a free MASTER_PORT, ...). Exit status: the job's (the first failing\n"
-        "  rank's; 128+N for signal N), 130 after Ctrl-C, 255 if the connection failed.\n",
+        "  sync. Ranks get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, NODE_RANK,\n"
+        "  MASTER_ADDR, a free MASTER_PORT, CUDA_VISIBLE_DEVICES, ...). Exit status: the\n"
+        "  job's (the first failing rank's; 128+N for signal N), 130 after Ctrl-C, 255 if the\n"
+        "  connection failed.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_REMOTE_STATUS,
     .parse = run_parse,
     .exec = run_exec,

@@ -21,6 +21,7 @@ struct run_args {
     int max_restarts;
     long grace_ms; /* --grace: SIGTERM to SIGKILL; 0: the agent's default */
     int detach, no_sync, stop_on_interrupt;
+    int wait; /* --wait: queue for GPUs that other runs hold */
     const char *name;
     const char *ranks;
     const char *target;
@@ -41,6 +42,7 @@ struct run_command {
 struct run_plan {
     struct run_command c;
     struct gs_buf gpus; /* "0,2", empty for CPU ranks */
+    int gpu_count;      /* > 0: the launcher reserves this many of `gpus`, its order of choice */
     int nproc;
 };
 

@@ -188,6 +188,7 @@ static int node_launch(struct run_args *a, struct multi *m, int rank, const char
                                .name = a->name,
                                .nproc = p->nproc,
                                .gpus = p->gpus.len ? p->gpus.data : NULL,
+                               .gpu_count = p->gpu_count,
                                .max_restarts = a->max_restarts,
                                .grace_ms = a->grace_ms,
                                .argc = p->c.argc,

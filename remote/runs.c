@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/shell.h"
+#include "common/wrapper.h"
 #include "remote/agent_install.h"
 #include "remote/exec.h"
 
@@ -46,6 +47,10 @@ void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, s
     if (spec->gpus) {
         gs_buf_adds(&body, " --gpus ");
         gs_shell_quote(&body, spec->gpus);
+        if (spec->gpu_count > 0)
+            gs_buf_addf(&body, " --ngpus %d", spec->gpu_count);
+        if (spec->wait_gpus)
+            gs_buf_adds(&body, " --wait");
     }
     if (spec->name) {
         gs_buf_adds(&body, " --name ");
@@ -78,19 +83,34 @@ static int launch_failed(const char *target, const struct gs_buf *out, const str
                         "the run did not start on %s: %s", target, why);
 }
 
-int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
-                  struct gs_error *err)
+int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
+                        struct gs_tail_state *st, struct gs_error *err)
 {
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT, errout = GS_BUF_INIT;
+    struct gs_run_stream p = {.st = st};
+    memset(st, 0, sizeof(*st));
     gs_run_launch_command(spec, NULL, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
-    if (rc == 0 && (!out.data || gs_proto_run_started_parse(out.data, pid, port, NULL) < 0))
+    /* The same parser as a followed launch: waiting and gpus lines may come first. */
+    if (rc == 0 && (!out.data || gs_run_stream_feed(&p, out.data, out.len) < 0 || !st->launched))
         rc = 1;
     if (rc > 0)
         rc = launch_failed(gs_ssh_target(ssh), &out, &errout, err);
+    gs_run_stream_release(&p);
     gs_buf_release(&cmd);
     gs_buf_release(&out);
     gs_buf_release(&errout);
+    return rc;
+}
+
+int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
+                  struct gs_error *err)
+{
+    struct gs_tail_state *st = gs_xmalloc(sizeof(*st));
+    int rc = gs_run_launch_state(ssh, spec, st, err);
+    *pid = st->pid;
+    *port = st->port;
+    free(st);
     return rc;
 }
 
@@ -132,8 +152,8 @@ static int parse_frames(struct gs_run_stream *p)
                 off > UINT64_MAX - len)
                 return -1; /* a length that would wrap head + len is garbage, not a frame */
             if (p->in.len < head + len)
-                return 0;                   /* the data has not all arrived */
-            if (off == p->st->offset[rank]) /* never deliver a byte twice */
+                return 0;                            /* the data has not all arrived */
+            if (off == p->st->offset[rank] && p->fn) /* never deliver a byte twice */
                 p->fn(p->ctx, rank, off, p->in.data + head, (size_t)len);
             if (off + len > p->st->offset[rank])
                 p->st->offset[rank] = off + len;
@@ -141,6 +161,13 @@ static int parse_frames(struct gs_run_stream *p)
         } else if (!p->st->launched && gs_proto_run_is_started(p->in.data)) {
             if (parse_started(p, head) < 0)
                 return -1;
+        } else if (!p->st->launched && gs_proto_run_gpus_parse(p->in.data, p->st->gpus) == 0) {
+            gs_buf_consume(&p->in, head);
+        } else if (!p->st->launched &&
+                   gs_proto_run_waiting_parse(p->in.data, p->st->waiting) == 0) {
+            if (p->started)
+                p->started(p->ctx, p->st);
+            gs_buf_consume(&p->in, head);
         } else if (gs_proto_run_exit_parse(p->in.data, &code, state, &summary_at) == 0) {
             p->st->finished = 1;
             p->st->exit_code = code;

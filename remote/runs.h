@@ -22,7 +22,10 @@ struct gs_run_spec {
     const char *id;
     const char *name; /* or NULL */
     int nproc;
-    const char *gpus; /* "0,2", or NULL for CPU ranks / no restriction */
+    const char *gpus; /* "0,2", or NULL for CPU ranks (they then see no GPU) */
+    int gpu_count;    /* > 0: the launcher reserves this many of `gpus`, which is then the order
+                       * to choose in; 0: exactly `gpus` */
+    int wait_gpus;    /* queue until the GPUs are free instead of failing */
     int max_restarts;
     long grace_ms; /* SIGTERM to SIGKILL when the run is stopped; 0: the agent's default */
     int argc;
@@ -61,7 +64,13 @@ struct gs_tail_state {
     long pid;
     int port;
     char agent[1024]; /* the agent that launched it, as a shell word for later commands */
+    char gpus[GS_PROTO_RUN_GPUS_MAX];    /* the GPUs reserved for it ("1,3"), "" for none */
+    char waiting[GS_PROTO_RUN_WAIT_MAX]; /* before it started: what the launch queues for */
 };
+
+/* As gs_run_launch, with what the launcher said in *st (pid, port, gpus; zeroed first). */
+int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
+                        struct gs_tail_state *st, struct gs_error *err);
 
 /* The arguments of `tail` for run `id` from the offsets in `st` (ranks NULL: all). */
 void gs_run_tail_args(const char *id, const char *ranks, int follow, const struct gs_tail_state *st,
@@ -71,7 +80,9 @@ void gs_run_tail_args(const char *id, const char *ranks, int follow, const struc
  * of different ranks come in the order they were written (as far as the server recorded it). */
 typedef void (*gs_tail_fn)(void *ctx, int rank, uint64_t off, const char *data, size_t len);
 
-/* Called once when the run has started, before any of its logs. */
+/* Called once when the run has started (st->launched 1), before any of its logs; and before
+ * that, while the launcher queues for GPUs (launch --wait), each time st->waiting changes
+ * (st->launched 0). */
 typedef void (*gs_started_fn)(void *ctx, const struct gs_tail_state *st);
 
 /* A parser for what `launch --follow` and `tail` print, for output that arrives some other way

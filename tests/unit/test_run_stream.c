@@ -1,8 +1,9 @@
 /* tests/unit/test_run_stream.c: the client's parser of `launch --follow` / `tail` output
  * (remote/runs.c, lines of proto/run.h): L frames deliver each byte once and in order however the
- * stream is cut into reads, data bytes pass untouched, the started line names the agent, the X line
- * ends the run, and a line that is no frame, or a frame whose length or rank cannot be true, is
- * garbage, never a read past the buffer. */
+ * stream is cut into reads, data bytes pass untouched, the started line names the agent, waiting
+ * and gpus lines come before it (launch --wait, GPU reservations), the X line ends the run, and a
+ * line that is no frame, or a frame whose length or rank cannot be true, is garbage, never a read
+ * past the buffer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,10 +81,14 @@ static void record_chunk(void *ctx, int rank, uint64_t off, const char *data, si
     gs_buf_addc(log, '\n');
 }
 
-/* Appends "S PID PORT AGENT". */
+/* Appends "S PID PORT AGENT GPUS", or "W TEXT" while the launch waits for GPUs. */
 static void record_started(void *ctx, const struct gs_tail_state *st)
 {
-    gs_buf_addf(ctx, "S %ld %d %s\n", st->pid, st->port, st->agent);
+    if (!st->launched)
+        gs_buf_addf(ctx, "W %s\n", st->waiting);
+    else
+        gs_buf_addf(ctx, "S %ld %d %s%s%s\n", st->pid, st->port, st->agent, st->gpus[0] ? " " : "",
+                    st->gpus);
 }
 
 /* Feeds `len` bytes of `text` in pieces of at most `piece` bytes, the first one `first` bytes
@@ -186,6 +191,11 @@ static void test_stream__lines_that_are_not_frames_are_garbage(void **state)
         "L 0 0 1 extra\nx",
         "X 0 succeeded now\n",
         "started r1 1\n2 /a\n",
+        /* waiting and gpus lines belong before the started line, and a LIST is numbers */
+        "started r1 1 2 /a\ngpus 1\n",
+        "started r1 1 2 /a\nwaiting for GPU 1\n",
+        "gpus 1;reboot\n",
+        "gpus \n",
     };
     for (size_t i = 0; i < sizeof(garbage) / sizeof(garbage[0]); i++) {
         struct gs_tail_state *st = calloc(1, sizeof(*st));
@@ -268,6 +278,28 @@ static void test_stream__the_started_line_names_the_agent_as_a_shell_word(void *
     free(st);
 }
 
+/* launch --wait: each waiting line reaches the started callback (not yet launched), the gpus
+ * line names the GPUs reserved, then the run starts as usual. */
+static void test_stream__waiting_and_gpus_lines_come_before_the_started_line(void **state)
+{
+    (void)state;
+    struct gs_tail_state *st = calloc(1, sizeof(*st));
+    struct gs_buf log = GS_BUF_INIT;
+    assert_int_equal(feed_pieces(st, &log,
+                                 "waiting for GPU 1: GPU 1 held by run r0 in /p q\n"
+                                 "waiting for GPU 1: GPU 1 held by run r9 in /x\n"
+                                 "gpus 1,3\nstarted r1 7 29501 /a\nL 0 0 2\nok",
+                                 135, 5, 7),
+                     0);
+    assert_string_equal(log.data, "W for GPU 1: GPU 1 held by run r0 in /p q\n"
+                                  "W for GPU 1: GPU 1 held by run r9 in /x\n"
+                                  "S 7 29501 '/a' 1,3\n"
+                                  "C 0 0 2:ok\n");
+    assert_string_equal(st->gpus, "1,3");
+    gs_buf_release(&log);
+    free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_stream__the_exit_line_ends_the_run_with_its_code_and_state),
         cmocka_unit_test(test_stream__crlf_line_ends_are_line_ends),
         cmocka_unit_test(test_stream__the_started_line_names_the_agent_as_a_shell_word),
+        cmocka_unit_test(test_stream__waiting_and_gpus_lines_come_before_the_started_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
