@@ -682,7 +682,7 @@ static void check_env_line(const char *log, int rank, int local, int world, int 
     assert_int_equal(gr, group);
     assert_string_equal(ma, addr);
     assert_int_equal(omp, 1);
-    assert_string_equal(cvd, "unset"); /* CPU ranks get no GPU */
+    assert_string_equal(cvd, "[]"); /* CPU ranks see no GPU: set, and empty */
     assert_true(mp > 0 && mp < 65536);
     if (*port == 0)
         *port = mp;
@@ -692,7 +692,7 @@ static void check_env_line(const char *log, int rank, int local, int world, int 
 #define ENV_SCRIPT                                                                                 \
     "echo \"ENV RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "                         \
     "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR "          \
-    "MASTER_PORT=$MASTER_PORT OMP=$OMP_NUM_THREADS CVD=${CUDA_VISIBLE_DEVICES-unset}\""
+    "MASTER_PORT=$MASTER_PORT OMP=$OMP_NUM_THREADS CVD=[${CUDA_VISIBLE_DEVICES-unset}]\""
 
 static void test_run__environment_contract_rank_by_rank(void **state)
 {
@@ -817,11 +817,11 @@ static void test_run__a_job_can_ask_for_cpu_ranks(void **state)
 {
     (void)state;
     add_to_config("\n[job \"cpuranks\"]\ncommand = echo WS=$WORLD_SIZE "
-                  "CVD=${CUDA_VISIBLE_DEVICES-unset}\ncpu = 3\n");
+                  "CVD=[${CUDA_VISIBLE_DEVICES-unset}]\ncpu = 3\n");
     struct child c = run_in(project, ARGS("run", "cpuranks"));
     restore_config();
     expect_status(&c, 0, "run of a [job] with cpu = 3");
-    assert_int_equal(count(c.out.data, "WS=3 CVD=unset\n"), 3);
+    assert_int_equal(count(c.out.data, "WS=3 CVD=[]\n"), 3);
     json_t *meta = run_json(remote, run_id_of(&c), "meta.json");
     assert_int_equal(int_at(meta, "nproc"), 3);
     assert_true(json_is_null(json_object_get(meta, "gpus")));
