@@ -123,8 +123,11 @@ static const struct field flush_daemon_spec[] = {{"daemon", T_BOOL, 0, NULL},
                                                  {"ms", T_INT, 0, NULL},
                                                  {"conflicts", T_ARR, 0, conflict_item},
                                                  END};
-static const struct field run_spec[] = {
-    {"id", T_STR, 0, NULL}, {"ranks", T_INT, 0, NULL}, {"master_port", T_INT, 0, NULL}, END};
+static const struct field run_spec[] = {{"id", T_STR, 0, NULL},
+                                        {"ranks", T_INT, 0, NULL},
+                                        {"master_port", T_INT, 0, NULL},
+                                        {"gpus", T_ARR | T_NULL, 0, NULL},
+                                        END};
 static const struct field rank_item[] = {
     {"rank", T_INT, 0, NULL},
     {"local_rank", T_INT, 0, NULL},
@@ -151,6 +154,7 @@ static const struct field run_item[] = {
     {"ranks", T_ARR, 0, rank_item},
     {"name", T_STR | T_NULL, 0, NULL},
     {"command", T_ARR | T_NULL, 0, NULL},
+    {"gpus", T_ARR | T_NULL, 0, NULL},
     {"duration_ms", T_INT, 0, NULL},
     {"max_restarts", T_INT, 0, NULL},
     {"grace_ms", T_INT, 0, NULL},
