@@ -156,6 +156,11 @@ static int int_cmp(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
+static int held_cmp(const void *a, const void *b)
+{
+    return ((const struct held *)a)->index - ((const struct held *)b)->index;
+}
+
 /* Looks at every GPU of idx (n of them) in order and takes the first `want` free ones into
  * pk->chosen (ascending), recording the held ones. Returns 1 if it got `want`, else 0. */
 static int pick(const char *dir, const int *idx, int n, int want, struct pick *pk)
@@ -169,6 +174,7 @@ static int pick(const char *dir, const int *idx, int n, int want, struct pick *p
             pk->chosen[pk->nchosen++] = idx[i];
     }
     qsort(pk->chosen, (size_t)pk->nchosen, sizeof(int), int_cmp);
+    qsort(pk->held, (size_t)pk->nheld, sizeof(*pk->held), held_cmp);
     return pk->nchosen == want;
 }
 
