@@ -382,8 +382,8 @@ static int group_setup(void **state)
     return ok ? 0 : -1;
 }
 
-/* Stops whatever a failed test left running, before the sandbox goes. */
-static int group_teardown(void **state)
+/* Stops whatever a failed test left running: its GPUs would fail the next tests too. */
+static int stop_leftovers(void **state)
 {
     (void)state;
     struct gs_test_result r =
@@ -401,6 +401,12 @@ static int group_teardown(void **state)
     }
     json_decref(ps);
     gs_test_result_release(&r);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    stop_leftovers(state);
     gs_test_sshd_destroy(&srv);
     return 0;
 }
@@ -410,10 +416,13 @@ int main(void)
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*wait*' */
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpus__two_concurrent_runs_get_disjoint_gpus_and_ps_shows_them),
-        cmocka_unit_test(test_gpus__a_run_without_free_gpus_is_refused_or_waits_with_wait),
-        cmocka_unit_test(test_gpus__ctrl_c_while_waiting_starts_nothing),
-        cmocka_unit_test(test_gpus__a_supervisor_killed_hard_frees_its_gpus),
+        cmocka_unit_test_teardown(
+            test_gpus__two_concurrent_runs_get_disjoint_gpus_and_ps_shows_them, stop_leftovers),
+        cmocka_unit_test_teardown(test_gpus__a_run_without_free_gpus_is_refused_or_waits_with_wait,
+                                  stop_leftovers),
+        cmocka_unit_test_teardown(test_gpus__ctrl_c_while_waiting_starts_nothing, stop_leftovers),
+        cmocka_unit_test_teardown(test_gpus__a_supervisor_killed_hard_frees_its_gpus,
+                                  stop_leftovers),
         cmocka_unit_test(test_gpus__cpu_ranks_see_no_gpu_and_get_node_rank),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
