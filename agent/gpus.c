@@ -250,8 +250,10 @@ static int take_choose_lock(const char *dir, char *err, size_t errlen)
     int fd = n < 0 || n >= PATH_MAX ? -1 : open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
     while (fd >= 0 && flock(fd, LOCK_EX) < 0) {
         if (errno != EINTR) {
+            int e = errno;
             close(fd);
             fd = -1;
+            errno = e;
         }
     }
     if (fd < 0)
@@ -259,9 +261,16 @@ static int take_choose_lock(const char *dir, char *err, size_t errlen)
     return fd;
 }
 
+/* 1 once stdout has no reader left: the client gave up (Ctrl-C) and the SSH channel is closed,
+ * so a queued launch must not start a run nobody waits for any more. */
+static int client_gone(void)
+{
+    struct pollfd p = {STDOUT_FILENO, 0, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP));
+}
+
 /* Sleeps until a lock file of dir was closed by a writer (a holder let go), or WAIT_RECHECK_MS.
- * Returns 0, or -1 once stdout has no reader left: the client gave up (Ctrl-C), and the launch
- * must not start a run nobody asked for any more. */
+ * Returns 0, or -1 when the client is gone (client_gone). */
 static int await_release(int ino)
 {
     struct pollfd p[2] = {{ino, POLLIN, 0}, {STDOUT_FILENO, 0, 0}};
@@ -315,6 +324,11 @@ static int reserve_loop(const struct ga_gpus_req *req, const char *dir, const in
             rc = GA_GPUS_GONE;
             break;
         }
+    }
+    if (rc >= 0 && req->wait && client_gone()) { /* gave up just as the GPUs came free */
+        close(rc);
+        say(err, errlen, "the client went away while the launch waited for GPUs");
+        rc = GA_GPUS_GONE;
     }
     if (rc >= 0)
         chosen_list(pk, out, cap);
