@@ -40,26 +40,11 @@ static const char fake_nvidia_smi[] =
     "echo '1, NVIDIA H100 80GB HBM3, 3, 1024, 81559, [N/A], 41'\n";
 
 static struct gs_test_sshd server;
-static char base[64], project[128], remote[128], fakebin[128];
+static char base[64], project[128], remote[128];
 
 static struct gs_test_result gpusync(const char *const *args)
 {
     return gs_test_run_gpusync(project, NULL, NULL, args, TIMEOUT_MS);
-}
-
-/* The server's sessions get PATH with the fake nvidia-smi first (sshd's SetEnv overrides the
- * default PATH; the login shell's rc files only prepend to it). */
-static int put_fake_nvidia_smi_on_the_servers_path(void)
-{
-    snprintf(fakebin, sizeof(fakebin), "%s/bin", base);
-    mkdir(fakebin, 0755);
-    gs_test_write_file(fakebin, "nvidia-smi", fake_nvidia_smi);
-    return gs_test_sh("chmod 755 %s/nvidia-smi && echo 'SetEnv PATH=%s:/usr/local/sbin:"
-                      "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' >> %s/sshd_config",
-                      fakebin, fakebin, server.dir) == 0 &&
-                   gs_test_sshd_relaunch(&server) == 0
-               ? 0
-               : -1;
 }
 
 static int group_setup(void **state)
@@ -73,7 +58,7 @@ static int group_setup(void **state)
     snprintf(project, sizeof(project), "%s/proj", base);
     snprintf(remote, sizeof(remote), "%s/remote", base);
     mkdir(project, 0755);
-    if (put_fake_nvidia_smi_on_the_servers_path() != 0)
+    if (gs_test_sshd_fake_program(&server, "nvidia-smi", fake_nvidia_smi, NULL) != 0)
         return -1;
     char target[64];
     snprintf(target, sizeof(target), "root@127.0.0.1:%d", server.port);
