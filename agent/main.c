@@ -1,7 +1,8 @@
 /* gpusync-agent: the program gpusync runs on the server. A command table dispatches to `serve`
- * (file operations over the sync protocol, proto/sync.h) and to `launch`, `tail`, `ps` and `stop`
- * (runs and their logs, proto/run.h) and `sample` (the live readings of `gpusync top`). Errors and
- * usage go to stderr; while serving, stdout carries protocol frames only. */
+ * (file operations over the sync protocol, proto/sync.h), to `launch`, `tail`, `ps` and `stop`
+ * (runs and their logs, proto/run.h), to `sample` (the live readings of `gpusync top`) and to
+ * `net` (probes for multi-node runs). Errors and usage go to stderr; while serving, stdout carries
+ * protocol frames only. */
 // Build without cmake, from the repository root (what the client does on a server with only a
 // compiler; xxhash.h must be in the include path); add -static for a self-contained binary:
 //
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "net.h"
 #include "proto/run.h"
 #include "proto/sync.h"
 #include "runlog.h"
@@ -50,6 +52,8 @@ static const struct agent_cmd agent_cmds[] = {
     {GS_PROTO_RUN_SAMPLE, "sample [--root DIR] [--interval-ms N] [--count N]",
      "stream CPU, memory, disk, network, GPU and run readings, one JSON line per interval",
      ga_sample_main},
+    {GS_PROTO_RUN_NET, "net src ADDR | listen | connect ADDR PORT",
+     "network probes for multi-node runs (route source, TCP reachability)", ga_net_main},
 };
 
 #define N_CMDS (sizeof(agent_cmds) / sizeof(agent_cmds[0]))

@@ -15,6 +15,8 @@
  *   ps     --root DIR --json
  *   stop   --root DIR --id ID
  *   sample --root DIR [--interval-ms N] [--count N]   (gpusync top: JSON lines, agent/sample.h)
+ *   net    src ADDR | listen [--timeout-ms MS] | connect ADDR PORT [--timeout-ms MS]
+ *          (no --root: probes for multi-node runs, agent/net.h)
  * ID may be a run's --name where a run already exists (tail, stop). Exit status: 0 done, 1
  * failure (message on stderr), 2 bad usage.
  *
@@ -36,6 +38,9 @@
  *                                      it ended (agent/runs.h ga_runs_summary_json: the failing
  *                                      rank, its last lines, OOM, restarts, duration).
  *   "stopped ID" / "not running ID"    stop: the report the client shows as it is.
+ *   "ADDR"                             net src: this server's address on its route to ADDR.
+ *   "port N", then "accepted FROM"     net listen: listening on N; then the one connection came.
+ *   "connected"                        net connect: the TCP connection was made.
  *
  * JSON: `ps --json` prints one array of run objects; the client reads "id", "name", "state",
  * "exit_code", "start", "gpus", "ranks" (an array, one object per local rank) and "duration_ms".
@@ -53,6 +58,11 @@
 #define GS_PROTO_RUN_PS     "ps"
 #define GS_PROTO_RUN_STOP   "stop"
 #define GS_PROTO_RUN_SAMPLE "sample"
+#define GS_PROTO_RUN_NET    "net"
+
+#define GS_PROTO_NET_SRC     "src"
+#define GS_PROTO_NET_LISTEN  "listen"
+#define GS_PROTO_NET_CONNECT "connect"
 
 #define GS_PROTO_RUN_MAX_RANKS 4096        /* local ranks per node */
 #define GS_PROTO_RUN_ID_MAX    64          /* run ids: [A-Za-z0-9._-], not starting with '.' */
