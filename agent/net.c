@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "proto/run.h"
@@ -88,13 +87,6 @@ static void addr_print(const struct net_addr *a, char *buf, size_t cap)
     int family = raw == (const void *)&v6->s6_addr[12] ? AF_INET : a->ss.ss_family;
     if (!inet_ntop(family, raw, buf, (socklen_t)cap))
         snprintf(buf, cap, "?");
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* `net src ADDR`: the local address the routing table picks to reach ADDR. */
@@ -196,18 +188,15 @@ static int connect_once(const struct net_addr *to, int ms)
     return e;
 }
 
-/* `net connect ADDR PORT`: connects, retrying a refusal until the deadline (the listener may be
- * a moment late). */
+/* `net connect ADDR PORT`: one connection, within the timeout (the client starts it once the
+ * listener said its port, so a refusal means no listener, not a late one). */
 static int net_connect(const char *host, int port, int timeout_ms)
 {
     struct net_addr to;
     if (addr_resolve(host, &to) < 0)
         return 1;
     addr_set_port(&to, port);
-    long long end = now_ms() + timeout_ms;
-    int e;
-    while ((e = connect_once(&to, (int)(end - now_ms()))) == ECONNREFUSED && now_ms() < end)
-        usleep(50000); /* retrying a refusal: there is nothing to wait on from here */
+    int e = connect_once(&to, timeout_ms);
     if (e != 0) {
         fprintf(stderr, "gpusync-agent net: cannot connect to %s port %d: %s\n", host, port,
                 strerror(e));
@@ -233,6 +222,11 @@ static int timeout_opt(int argc, char **argv, int i, int *ms)
 int ga_net_main(int argc, char **argv)
 {
     int ms = NET_DEFAULT_TIMEOUT_MS;
+    if (argc > 2 && !strcmp(argv[1], "--root")) { /* the client's common prefix: unused here */
+        argv[2] = argv[0];
+        argc -= 2;
+        argv += 2;
+    }
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, GS_PROTO_NET_SRC) && argc == 3)
         return net_src(argv[2]);

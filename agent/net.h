@@ -7,7 +7,8 @@
 #define GA_NET_H
 
 /* `gpusync-agent net src ADDR | listen [--timeout-ms MS] | connect ADDR PORT [--timeout-ms MS]`
- * (argv[0] = "net"), as GS_PROTO_NET_* in proto/run.h describes. Returns 0, 1 on failure (the
+ * (argv[0] = "net"; a leading "--root DIR", which every client command has, is ignored), as
+ * GS_PROTO_NET_* in proto/run.h describes. Returns 0, 1 on failure (the
  * reason on stderr) or 2 for bad usage. */
 int ga_net_main(int argc, char **argv);
 
