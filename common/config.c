@@ -61,6 +61,9 @@ static int set_remote(struct parse_state *st, const char *key, const char *value
     if (strcmp(key, "hosts") == 0)
         return value[0] ? replace_string(&cfg->hosts, value)
                         : fail(st, "remote.hosts: empty list%s%s", "", "");
+    if (strcmp(key, "master_addr") == 0)
+        return value[0] ? replace_string(&cfg->master_addr, value)
+                        : fail(st, "remote.master_addr: empty address%s%s", "", "");
     if (strcmp(key, "port") == 0)
         return parse_port(value, &cfg->port)
                    ? 1
@@ -330,6 +333,7 @@ void gs_config_release(struct gs_config *cfg)
     free(cfg->remote_path);
     free(cfg->identity);
     free(cfg->hosts);
+    free(cfg->master_addr);
     for (size_t i = 0; i < cfg->n_excludes; i++)
         free(cfg->excludes[i]);
     free(cfg->excludes);
@@ -364,6 +368,8 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\tidentity = %s\n", cfg->identity);
     if (cfg->hosts)
         gs_buf_addf(out, "\thosts = %s\n", cfg->hosts);
+    if (cfg->master_addr)
+        gs_buf_addf(out, "\tmaster_addr = %s\n", cfg->master_addr);
     gs_buf_addf(out, "\n[sync]\n\ttransport = %s\n",
                 cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
     if (cfg->compress != GS_COMPRESS_AUTO)

@@ -1,7 +1,8 @@
 /* common/config.h: the project configuration, .gpusync/config, a git-config-style INI file read
  * with libinih:
  *
- *   [remote]            host, port, user, path, identity, hosts (multi-node runs)
+ *   [remote]            host, port, user, path, identity, hosts and master_addr (multi-node
+ *                       runs)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp,
  *                       compress = auto | zstd | off
  *   [job "NAME"]        command, gpus | cpu
@@ -40,6 +41,8 @@ struct gs_config {
     char *identity;    /* an identity file to try first; NULL: the defaults */
     char *hosts;       /* multi-node runs: "[user@]host[:port][/path],..." (first = master);
                         * kept as written, parsed by `gpusync run`; NULL: not set */
+    char *master_addr; /* multi-node runs: the address the nodes reach node 0 by (MASTER_ADDR);
+                        * NULL: detected from node 0's route to node 1 */
     enum gs_transport transport;
     enum gs_compress compress;
     char **excludes;
