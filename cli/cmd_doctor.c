@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/run_nodes.h"
 #include "common/proc.h"
 #include "remote/exec.h"
 
@@ -296,6 +297,19 @@ static void check_local(struct gs_cli *cli, struct doctor *d)
                   "ssh not found");
 }
 
+/* Multi-node runs ([remote] hosts): node 1 must reach MASTER_ADDR on node 0's ports. */
+static void check_nodes(struct gs_cli *cli, struct doctor *d)
+{
+    char detail[512];
+    int ok =
+        gs_nodes_check_reach(cli, cli->cfg.hosts, cli->cfg.master_addr, detail, sizeof(detail));
+    add_check(d, "nodes", ok ? "ok" : "fail",
+              ok ? NULL
+                 : "set [remote] master_addr to node 0's address on the network the nodes share "
+                   "(e.g. its 10.x/192.168.x address), and let node 0 accept TCP from node 1",
+              "%s", detail);
+}
+
 static int report(struct gs_cli *cli, struct doctor *d)
 {
     int failed = 0;
@@ -329,6 +343,8 @@ static int doctor_exec(struct gs_cli *cli)
         check_remote(cli, &d);
     else
         add_check(&d, "ssh", "fail", NULL, "%s", cli->err.msg);
+    if (cli->cfg.hosts)
+        check_nodes(cli, &d);
     int rc = report(cli, &d);
     json_decref(d.facts);
     return rc;
@@ -338,7 +354,9 @@ const struct gs_cmd gs_cmd_doctor = {
     .name = "doctor",
     .usage = "doctor [--json]",
     .summary = "Check the local setup and the server: SSH, latency, disk, GPUs, CUDA, NCCL, Python",
-    .help = "  Exit status 1 if a check failed (warnings do not fail).\n",
+    .help = "  With [remote] hosts (multi-node runs), also checks that node 1 reaches MASTER_ADDR\n"
+            "  ([remote] master_addr, or as 'run' detects it) on a free port of node 0.\n"
+            "  Exit status 1 if a check failed (warnings do not fail).\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = doctor_exec,
 };

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cli/run_local.h"
-#include "cli/run_util.h"
+#include "cli/run_nodes.h"
 #include "common/path.h"
 
 enum { OPT_RANK = 2000, OPT_TAIL };
@@ -108,18 +108,37 @@ static int logs_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
+/* The multi-node run RUN names (the newest one, when RUN is not given and it is newer than
+ * [remote]'s newest run `newest`), or NULL: this project recorded none such. */
+static json_t *multi_node_run(struct gs_cli *cli, const char *run, const char *newest)
+{
+    json_t *rec = gs_nodes_record_find(cli->root.data, run);
+    const char *id = json_string_value(json_object_get(rec, "id"));
+    if (rec && !run && newest && strcmp(id, newest) < 0) {
+        json_decref(rec);
+        rec = NULL;
+    }
+    return rec;
+}
+
 static int logs_exec(struct gs_cli *cli)
 {
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
     const char *run = cli->argc ? cli->argv[0] : NULL;
+    json_t *rec = run ? multi_node_run(cli, run, NULL) : NULL;
     gs_run_ctx_init(cli, &rc);
-    int r = gs_run_ctx_resolve(cli, &rc, run, &id), code;
-    if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
+    int r = rec ? 0 : gs_run_ctx_resolve(cli, &rc, run, &id), code;
+    if (!rec && !run)
+        rec = multi_node_run(cli, NULL, r == 0 ? id.data : NULL);
+    if (rec)
+        code = gs_nodes_logs(cli, rec, opts.rank, opts.follow, opts.tail);
+    else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
         code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
     else
         code = r < 0 ? gs_cli_fail(cli, r)
                      : show(cli, &rc, id.data, opts.follow, opts.rank, opts.tail);
+    json_decref(rec);
     gs_buf_release(&id);
     gs_run_ctx_release(&rc);
     return code;
@@ -136,7 +155,10 @@ const struct gs_cmd gs_cmd_logs = {
             "  RUN is a run id or a --name. Several ranks' lines come in the order they were\n"
             "  printed. A copy is kept in .gpusync/runs/<id>/; when the server no longer has\n"
             "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"
-            "  exits 1. Text only: run states are in 'gpusync ps --json'.\n",
+            "  exits 1. A multi-node run (run --hosts) shows every node's ranks, one connection\n"
+            "  per node, lines prefixed by global rank; across nodes, lines come in the order\n"
+            "  they arrive here (--tail N: the last N lines of each node). Text only: run\n"
+            "  states are in 'gpusync ps --json'.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER | GS_CMD_TEXT_ONLY,
     .parse = logs_parse,
     .exec = logs_exec,

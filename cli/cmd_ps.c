@@ -1,9 +1,9 @@
 /* cli/cmd_ps.c: `gpusync ps [--json]`: the runs on the server with state, GPUs, start, duration
- * and exit code. */
+ * and exit code; a multi-node run once, its state combined over its nodes (run_nodes_attach.c). */
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/run_util.h"
+#include "cli/run_nodes.h"
 
 static const char *str(json_t *o, const char *key)
 {
@@ -30,8 +30,8 @@ static const char *gpus_text(json_t *r, char *buf, size_t cap)
 
 static void print_table(json_t *runs)
 {
-    printf("%-22s %-12s %-10s %5s %-8s %-20s %9s %5s\n", "RUN", "NAME", "STATE", "RANKS", "GPUS",
-           "STARTED", "DURATION", "EXIT");
+    printf("%-22s %-12s %-10s %5s %5s %-8s %-20s %9s %5s\n", "RUN", "NAME", "STATE", "NODES",
+           "RANKS", "GPUS", "STARTED", "DURATION", "EXIT");
     size_t i;
     json_t *r;
     json_array_foreach(runs, i, r)
@@ -42,10 +42,12 @@ static void print_table(json_t *runs)
             snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
         json_t *dur = json_object_get(r, "duration_ms");
         char gpus[64];
-        printf("%-22s %-12s %-10s %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
-               str(r, "state"), json_array_size(json_object_get(r, "ranks")),
-               gpus_text(r, gpus, sizeof(gpus)), str(r, "start"),
-               json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0, exit_s);
+        json_t *nodes = json_object_get(r, "nodes");
+        printf("%-22s %-12s %-10s %5zu %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
+               str(r, "state"), nodes ? json_array_size(nodes) : 1,
+               json_array_size(json_object_get(r, "ranks")), gpus_text(r, gpus, sizeof(gpus)),
+               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0,
+               exit_s);
     }
     if (json_array_size(runs) == 0)
         printf("(no runs yet: start one with 'gpusync run')\n");
@@ -60,6 +62,8 @@ static int ps_exec(struct gs_cli *cli)
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
     if (r == 0 && !json_is_array(runs))
         r = gs_error_set(&cli->err, GS_E_PROTO, "the agent's run list is not a JSON array");
+    if (r == 0)
+        r = gs_nodes_ps_merge(cli, runs);
     int code = 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);
@@ -77,6 +81,10 @@ const struct gs_cmd gs_cmd_ps = {
     .name = "ps",
     .usage = "ps [--json]",
     .summary = "List runs on the server",
+    .help = "  A multi-node run (run --hosts) is listed once, each of its nodes asked: STATE is\n"
+            "  running while any node runs, else failed if any failed, else lost, unknown (a\n"
+            "  node could not be asked; it is named on stderr), stopped, succeeded. --json\n"
+            "  adds \"nodes\": [{node, host, state, exit_code}] to such a run.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .exec = ps_exec,
 };

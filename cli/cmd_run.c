@@ -33,7 +33,8 @@ enum {
     OPT_STOP_ON_INT,
     OPT_HOSTS,
     OPT_GRACE,
-    OPT_WAIT
+    OPT_WAIT,
+    OPT_MASTER_ADDR
 };
 
 static const struct option run_options[] = {
@@ -49,6 +50,7 @@ static const struct option run_options[] = {
     {"hosts", required_argument, NULL, OPT_HOSTS},
     {"grace", required_argument, NULL, OPT_GRACE},
     {"wait", no_argument, NULL, OPT_WAIT},
+    {"master-addr", required_argument, NULL, OPT_MASTER_ADDR},
     {NULL, 0, NULL, 0},
 };
 
@@ -482,6 +484,9 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
         case OPT_WAIT:
             a->wait = 1;
             break;
+        case OPT_MASTER_ADDR:
+            a->master_addr = optarg;
+            break;
         default:
             if ((r = gs_cli_common_option(cli, &gs_cmd_run, opt)) <= 0)
                 return GS_EXIT_USAGE;
@@ -525,6 +530,8 @@ static int run_exec(struct gs_cli *cli)
         a->hosts = cli->cfg.hosts;
     if (a->hosts && a->wait) /* nodes that started would wait for one that queues */
         return gs_cli_usage_error(&gs_cmd_run, "--wait is for a run on one server, not --hosts");
+    if (!a->master_addr)
+        a->master_addr = cli->cfg.master_addr;
     if (a->hosts)
         return gs_runcmd_multi(cli, a);
     if ((r = gs_cli_prepare(cli, GS_CMD_NEED_SERVER)) != 0)
@@ -545,9 +552,9 @@ static int run_exec(struct gs_cli *cli)
 
 const struct gs_cmd gs_cmd_run = {
     .name = "run",
-    .usage = "run [--gpus N|LIST [--wait] | --cpu N] [--hosts H1,H2...] [--max-restarts K]\n"
-             "                   [--detach] [--no-sync] [--name NAME] [--ranks all|0,1]\n"
-             "                   [--stop-on-interrupt] [--grace SECONDS]\n"
+    .usage = "run [--gpus N|LIST [--wait] | --cpu N] [--hosts H1,H2... [--master-addr ADDR]]\n"
+             "                   [--max-restarts K] [--detach] [--no-sync] [--name NAME]\n"
+             "                   [--ranks all|0,1] [--stop-on-interrupt] [--grace SECONDS]\n"
              "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
     .help =
@@ -570,9 +577,12 @@ const struct gs_cmd gs_cmd_run = {
         "                         [user@]host[:port][/abs/path] (path default: [remote] path);\n"
         "                         the first is the master. Each host is synced and runs the\n"
         "                         ranks (--gpus/--cpu) as node 0, 1, ... with WORLD_SIZE = nodes\n"
-        "                         x ranks, MASTER_ADDR = the first host and node 0's free\n"
-        "                         MASTER_PORT; when one node fails the others are stopped.\n"
-        "                         logs/ps/stop reach the [remote] server only\n"
+        "                         x ranks and node 0's free MASTER_PORT; when one node fails\n"
+        "                         the others are stopped. logs, ps and stop then act on every\n"
+        "                         node of the run (this machine keeps its node list)\n"
+        "  --master-addr ADDR     MASTER_ADDR of a multi-node run (default: [remote]\n"
+        "                         master_addr, else node 0's address on its route to node 1,\n"
+        "                         as the agent finds it there; 'gpusync doctor' checks it)\n"
         "  TARGET is a [job \"NAME\"] from the config (command, and gpus or cpu); 'train' is\n"
         "  the bundled trainer unless such a job has a command. What the server cannot run\n"
         "  (more GPUs than it has) and what the config gets wrong are refused before the\n"

@@ -1,9 +1,10 @@
 /* cli/cmd_stop.c: `gpusync stop [--grace S] RUN`: TERM, then KILL after the grace period, to
  * every process of the run (its ranks, and whatever they started, setsid or not), a report of
- * what it killed, and a check that none remains. */
+ * what it killed, and a check that none remains; on every node of a multi-node run
+ * (run_nodes_attach.c). */
 #include <stdio.h>
 
-#include "cli/run_util.h"
+#include "cli/run_nodes.h"
 
 enum { OPT_GRACE = 1000 };
 
@@ -31,6 +32,12 @@ static int stop_parse(struct gs_cli *cli, int argc, char **argv)
 
 static int stop_exec(struct gs_cli *cli)
 {
+    json_t *rec = gs_nodes_record_find(cli->root.data, cli->argv[0]);
+    if (rec) { /* a multi-node run: every node */
+        int code = gs_nodes_stop(cli, rec, grace_ms);
+        json_decref(rec);
+        return code;
+    }
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT, out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
@@ -57,9 +64,12 @@ const struct gs_cmd gs_cmd_stop = {
     .summary = "Stop a run: every rank and its children, confirmed gone",
     .help = "  --grace SECONDS  how long processes get to exit after SIGTERM before SIGKILL\n"
             "                   (default: the run's, 10 s unless 'run --grace' set it)\n"
-            "  Every process the run started is stopped, also those that left the rank's process\n"
-            "  group (setsid, daemons). Prints what got SIGTERM and what had to be killed; fails\n"
-            "  (exit 1, naming them) if any process of the run is still alive afterwards.\n",
+            "  RUN is a run id or a --name. Every process the run started is stopped, also those\n"
+            "  that left the rank's process group (setsid, daemons). Prints what got SIGTERM and\n"
+            "  what had to be killed; fails (exit 1, naming them) if any process of the run is\n"
+            "  still alive afterwards. A multi-node run (run --hosts) is stopped on every node at\n"
+            "  once, each node's report on its own line; stop fails, naming the node, when a node\n"
+            "  cannot be reached or something of the run survives there.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .parse = stop_parse,
     .exec = stop_exec,

@@ -25,8 +25,9 @@ struct run_args {
     const char *name;
     const char *ranks;
     const char *target;
-    const char *hosts; /* --hosts, else [remote] hosts, else NULL (one server) */
-    int argc;          /* the command (after --), or extra arguments for TARGET */
+    const char *hosts;       /* --hosts, else [remote] hosts, else NULL (one server) */
+    const char *master_addr; /* --master-addr, else [remote] master_addr, else NULL: detected */
+    int argc;                /* the command (after --), or extra arguments for TARGET */
     char **argv;
     enum target_kind kind;
     const struct gs_job *job; /* TARGET_JOB: the [job] (owned by the config) */

@@ -8,42 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <time.h>
 
-#include "cli/run.h"
-#include "cli/run_util.h"
+#include "cli/run_nodes.h"
+#include "common/shell.h"
 #include "common/wrapper.h"
+#include "remote/exec.h"
 #include "remote/runs.h"
 #include "remote/target.h"
-
-/* One host of a multi-node run. `cli` is a copy of the command's context that points at this
- * host: it shares the project, config and password (never released through it) and owns its
- * connection; its cfg is the node spec's. */
-struct node {
-    struct gs_cli cli;
-    struct gs_run_ctx rc;
-    struct gs_node_spec spec;
-    int primary;          /* the configured [remote] itself: synced as usual */
-    struct run_plan plan; /* settled in nodes_prepare, before any node is synced */
-    int planned;
-    int launched, nproc;
-    pthread_t thread;
-    int has_thread;
-    volatile sig_atomic_t abort; /* ends this node's follow */
-    int stop_wanted;             /* another node failed: stop this one, keep following */
-    int done, result, exit_code;
-    struct multi *m;
-};
-
-struct multi {
-    struct node *nodes;
-    int n;
-    const char *id;
-    const char *ranks;
-    struct gs_log_printer printer;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-};
 
 int gs_node_spec_parse(struct gs_cli *cli, const char *spec, struct gs_node_spec *n)
 {
@@ -77,7 +51,7 @@ void gs_node_spec_release(struct gs_node_spec *n)
 
 /* Makes `n` the node `spec` names, with its own copy of the command's context. Returns 0 or
  * GS_E_USAGE in cli->err. */
-static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
+static int node_parse(struct gs_cli *cli, const char *spec, struct gs_node *n)
 {
     int r = gs_node_spec_parse(cli, spec, &n->spec);
     if (r < 0)
@@ -101,7 +75,7 @@ static int node_parse(struct gs_cli *cli, const char *spec, struct node *n)
 }
 
 /* Parses the comma list into m->nodes. Returns 0 or a usage error in cli->err. */
-static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
+static int nodes_parse(struct gs_cli *cli, const char *hosts, struct gs_nodes *m)
 {
     char *list = gs_xstrdup(hosts), *save = NULL;
     m->nodes = gs_xcalloc(strlen(hosts) / 2 + 1, sizeof(*m->nodes));
@@ -117,21 +91,62 @@ static int nodes_parse(struct gs_cli *cli, const char *hosts, struct multi *m)
     return r;
 }
 
-static void nodes_free(struct multi *m)
+int gs_nodes_init(struct gs_cli *cli, struct gs_nodes *m, const char *id, const char *hosts)
+{
+    memset(m, 0, sizeof(*m));
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    m->id = id;
+    return nodes_parse(cli, hosts, m);
+}
+
+void gs_nodes_release(struct gs_nodes *m)
 {
     for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
+        struct gs_node *n = &m->nodes[i];
         gs_ssh_free(n->cli.ssh);
         gs_run_ctx_release(&n->rc);
         if (n->planned)
             gs_runcmd_plan_release(&n->plan);
         gs_node_spec_release(&n->spec);
+        gs_buf_release(&n->report);
     }
     free(m->nodes);
+    pthread_cond_destroy(&m->cond);
+    pthread_mutex_destroy(&m->lock);
+    memset(m, 0, sizeof(*m));
+}
+
+char *gs_node_spec_format(const struct gs_node *n)
+{
+    const struct gs_config *c = &n->cli.cfg;
+    struct gs_buf b = GS_BUF_INIT;
+    if (c->user)
+        gs_buf_addf(&b, "%s@", c->user);
+    gs_buf_addf(&b, strchr(c->host, ':') ? "[%s]" : "%s", c->host);
+    if (c->port)
+        gs_buf_addf(&b, ":%d", c->port);
+    if (c->remote_path && c->remote_path[0] == '/')
+        gs_buf_adds(&b, c->remote_path);
+    return gs_buf_detach(&b, NULL);
+}
+
+const char *gs_node_name(struct gs_node *n, int rank)
+{
+    const struct gs_config *c = &n->cli.cfg;
+    if (n->cli.ssh)
+        snprintf(n->name, sizeof(n->name), "node %d (%s)", rank, gs_ssh_target(n->cli.ssh));
+    else if (c->port)
+        snprintf(n->name, sizeof(n->name), "node %d (%s%s%s:%d)", rank, c->user ? c->user : "",
+                 c->user ? "@" : "", c->host, c->port);
+    else
+        snprintf(n->name, sizeof(n->name), "node %d (%s%s%s)", rank, c->user ? c->user : "",
+                 c->user ? "@" : "", c->host);
+    return n->name;
 }
 
 /* Copies a node's error into the command's context and prints it. Returns the exit code. */
-static int node_fail(struct gs_cli *cli, struct node *n, int r)
+static int node_fail(struct gs_cli *cli, struct gs_node *n, int r)
 {
     cli->err = n->cli.err;
     return gs_cli_fail(cli, r);
@@ -139,10 +154,10 @@ static int node_fail(struct gs_cli *cli, struct node *n, int r)
 
 /* Connects to every node, installs the agent and settles what it runs on which devices; then,
  * when every node can run its part, syncs them. Returns 0 or the exit code. */
-static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m)
+static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct gs_nodes *m)
 {
     for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
+        struct gs_node *n = &m->nodes[i];
         int r = gs_cli_connect(&n->cli);
         if (r == 0)
             r = gs_run_ctx_open(&n->cli, &n->rc);
@@ -154,7 +169,7 @@ static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m
             return node_fail(cli, n, r);
     }
     for (int i = 0; i < m->n && !a->no_sync; i++) {
-        struct node *n = &m->nodes[i];
+        struct gs_node *n = &m->nodes[i];
         int r = n->primary ? gs_cli_sync(&n->cli) : gs_cli_sync_node(&n->cli);
         if (r < 0)
             return node_fail(cli, n, r);
@@ -162,9 +177,9 @@ static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct multi *m
     return 0;
 }
 
-/* The address the other nodes reach node 0 at: its real host name (an ~/.ssh/config alias
- * resolved as OpenSSH would). */
-static char *master_addr(struct node *n0)
+/* The address the other nodes reach node 0 at, when nothing says better: its real host name
+ * (an ~/.ssh/config alias resolved as OpenSSH would). */
+static char *first_host_name(struct gs_node *n0)
 {
     struct gs_target t;
     struct gs_error err = {0};
@@ -176,11 +191,80 @@ static char *master_addr(struct node *n0)
     return addr ? addr : gs_xstrdup(n0->spec.host); /* the name as given when ssh -G cannot tell */
 }
 
+/* The numeric address this machine's connection reached node `n` at, into buf ("" when the
+ * connection is not a plain socket, e.g. a proxy command). */
+static void peer_addr(struct gs_node *n, char *buf, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    int fd = n->cli.ssh ? gs_ssh_fd(n->cli.ssh) : -1;
+    buf[0] = 0;
+    if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &len) < 0 ||
+        getnameinfo((struct sockaddr *)&ss, len, buf, (socklen_t)cap, NULL, 0, NI_NUMERICHOST))
+        buf[0] = 0;
+}
+
+int gs_node_route_src(struct gs_node *n, const char *to, struct gs_buf *out)
+{
+    struct gs_buf args = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    gs_buf_adds(&args, GS_PROTO_NET_SRC " ");
+    gs_shell_quote(&args, to);
+    gs_run_agent_command(n->rc.agent.data, n->rc.dir.data, GS_PROTO_RUN_NET, args.data, &cmd);
+    int r = gs_exec_capture(n->cli.ssh, cmd.data, out, NULL, &n->cli.err);
+    while (out->len && (out->data[out->len - 1] == '\n' || out->data[out->len - 1] == ' '))
+        out->data[--out->len] = 0;
+    int ok = r == 0 && out->len > 0 && !strchr(out->data, ' ');
+    gs_buf_release(&args);
+    gs_buf_release(&cmd);
+    return ok ? 0 : -1;
+}
+
+/* Node 0's address on its route to node 1 (malloc'd), or NULL when it cannot be told. Node 1
+ * first says which of its addresses faces node 0 (as this machine reached node 0: through a NAT
+ * or a bastion, that is node 1's own inside address), then node 0 which of its addresses faces
+ * that one: on a cluster, its address on the network the nodes share. */
+static char *detect_master_addr(struct gs_nodes *m)
+{
+    struct gs_node *n0 = &m->nodes[0], *n1 = &m->nodes[1];
+    char p0[128], p1[128];
+    struct gs_buf a1 = GS_BUF_INIT, s0 = GS_BUF_INIT;
+    peer_addr(n0, p0, sizeof(p0));
+    peer_addr(n1, p1, sizeof(p1));
+    int r = p0[0] ? gs_node_route_src(n1, p0, &a1) : -1;
+    if (r < 0 && p1[0]) { /* node 1 as this machine reaches it */
+        gs_buf_reset(&a1);
+        gs_buf_adds(&a1, p1);
+        r = 0;
+    }
+    if (r == 0)
+        r = gs_node_route_src(n0, a1.data, &s0);
+    gs_buf_release(&a1);
+    if (r < 0)
+        gs_buf_release(&s0);
+    return r < 0 ? NULL : gs_buf_detach(&s0, NULL);
+}
+
+char *gs_nodes_master_addr(struct gs_nodes *m, const char *given, const char **how)
+{
+    char *addr = NULL;
+    if (given) {
+        *how = "as configured";
+        return gs_xstrdup(given);
+    }
+    if (m->n > 1 && (addr = detect_master_addr(m))) {
+        *how = "node 0's address on its route to node 1";
+        return addr;
+    }
+    *how = "the first host's name";
+    return first_host_name(&m->nodes[0]);
+}
+
 /* Launches node `rank` of the run. Returns 0 (with *port filled for node 0) or a negative code
  * in the node's error. */
-static int node_launch(struct run_args *a, struct multi *m, int rank, const char *addr, int *port)
+static int node_launch(struct run_args *a, struct gs_nodes *m, int rank, const char *addr,
+                       int *port)
 {
-    struct node *n = &m->nodes[rank];
+    struct gs_node *n = &m->nodes[rank];
     struct run_plan *p = &n->plan;
     struct gs_run_spec spec = {.agent = n->rc.agent.data,
                                .remote_dir = n->rc.dir.data,
@@ -212,7 +296,7 @@ static int node_launch(struct run_args *a, struct multi *m, int rank, const char
 }
 
 /* Stops the run on every node that was launched (from the main thread, no follower running). */
-static void nodes_stop(struct multi *m)
+static void nodes_stop(struct gs_nodes *m)
 {
     struct gs_notice notice;
     gs_notice_begin(&notice, GS_NOTICE_MS,
@@ -220,7 +304,7 @@ static void nodes_stop(struct multi *m)
                     "SIGTERM; any still running 10 s after it get SIGKILL",
                     m->id, m->n);
     for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
+        struct gs_node *n = &m->nodes[i];
         struct gs_buf out = GS_BUF_INIT;
         if (n->launched && gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out,
                                        &n->cli.err) == 0)
@@ -231,12 +315,12 @@ static void nodes_stop(struct multi *m)
 }
 
 /* Ctrl-C during a multi-node follow: detach, or stop every node on a second Ctrl-C. */
-static int multi_interrupt(const struct run_args *a, struct multi *m)
+static int multi_interrupt(const struct run_args *a, struct gs_nodes *m)
 {
     struct gs_buf msg = GS_BUF_INIT;
     gs_buf_addf(&msg,
                 "\ngpusync: detached; run %s keeps going on %d nodes.\n"
-                "  re-attach: gpusync logs -f %s   (node 0, when it is the [remote] server)\n"
+                "  re-attach: gpusync logs -f %s   (every node)\n"
                 "(Ctrl-C again within 2 s stops it on every node now)\n",
                 m->id, m->n, m->id);
     if (gs_runcmd_wants_stop(a, msg.data))
@@ -249,8 +333,8 @@ static int multi_interrupt(const struct run_args *a, struct multi *m)
  * failed), stops it and follows on, so its last lines and its end still arrive. */
 static void *node_follow(void *arg)
 {
-    struct node *n = arg;
-    struct multi *m = n->m;
+    struct gs_node *n = arg;
+    struct gs_nodes *m = n->m;
     int code = 0, r;
     for (;;) {
         r = gs_run_ctx_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
@@ -277,7 +361,7 @@ static void *node_follow(void *arg)
 
 /* Waits for every follower; on Ctrl-C ends them all (returns 1), and when a node fails first,
  * has the others stopped and records its exit code in *first_code (else it stays -1). */
-static int nodes_wait(struct multi *m, int *first_code)
+static int nodes_wait(struct gs_nodes *m, int *first_code)
 {
     int left = m->n, detached = 0;
     pthread_mutex_lock(&m->lock);
@@ -290,7 +374,7 @@ static int nodes_wait(struct multi *m, int *first_code)
         pthread_cond_timedwait(&m->cond, &m->lock, &ts);
         left = 0;
         for (int i = 0; i < m->n; i++) {
-            struct node *n = &m->nodes[i];
+            struct gs_node *n = &m->nodes[i];
             left += !n->done;
             if (gs_runcmd_interrupted && !detached)
                 n->abort = 1;
@@ -299,7 +383,7 @@ static int nodes_wait(struct multi *m, int *first_code)
             n->done = 2; /* seen */
             if (n->result == 0 && n->exit_code != 0 && *first_code < 0) {
                 *first_code = n->exit_code;
-                for (int j = 0; j < m->n; j++)
+                for (int j = 0; j < m->n && m->stop_on_failure; j++)
                     if (!m->nodes[j].done)
                         m->nodes[j].stop_wanted = 1, m->nodes[j].abort = 1;
             }
@@ -310,26 +394,21 @@ static int nodes_wait(struct multi *m, int *first_code)
     return detached;
 }
 
-/* Follows every node in its own thread (SIGINT blocked there: the main thread handles it).
- * Returns the run's exit code, 130 when detached, or an error's exit code. */
-static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct multi *m)
+/* 1 when `ranks` asks for one rank only: its lines then go without "[rank N]" prefixes. */
+static int one_rank(const char *ranks)
 {
-    int total = 0, first_code = -1;
-    for (int i = 0; i < m->n; i++)
-        total += m->nodes[i].nproc;
-    gs_log_printer_init(&m->printer, cli, m->id,
-                        total > 1 &&
-                            !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
-    m->printer.lock = &m->lock;
-    m->ranks = a->ranks;
-    struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
-    sigaction(SIGINT, &sa, NULL);
+    return ranks && !strchr(ranks, ',') && strcmp(ranks, "all") != 0;
+}
+
+/* Starts a follower thread per node (SIGINT blocked there: the main thread handles it). */
+static void start_followers(struct gs_nodes *m)
+{
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
     pthread_sigmask(SIG_BLOCK, &block, &old);
     for (int i = 0; i < m->n; i++) {
-        struct node *n = &m->nodes[i];
+        struct gs_node *n = &m->nodes[i];
         n->has_thread = pthread_create(&n->thread, NULL, node_follow, n) == 0;
         if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
             n->done = 1;
@@ -338,27 +417,52 @@ static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct multi *m)
         }
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    int detached = nodes_wait(m, &first_code);
+}
+
+int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached)
+{
+    int total = 0, first_code = -1;
+    for (int i = 0; i < m->n; i++)
+        total += m->nodes[i].nproc;
+    gs_log_printer_init(&m->printer, cli, m->id, total > 1 && !one_rank(ranks));
+    m->printer.lock = &m->lock;
+    m->ranks = ranks;
+    struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    start_followers(m);
+    *detached = nodes_wait(m, &first_code);
     for (int i = 0; i < m->n; i++)
         if (m->nodes[i].has_thread)
             pthread_join(m->nodes[i].thread, NULL);
     m->printer.lock = NULL;
     gs_log_printer_finish(&m->printer);
-    if (detached)
-        return multi_interrupt(a, m);
-    if (first_code >= 0)
-        return first_code;
+    if (*detached || first_code >= 0)
+        return *detached ? 130 : first_code;
     for (int i = 0; i < m->n; i++)
-        if (m->nodes[i].result < 0)
+        if (m->nodes[i].result < 0) {
+            struct gs_error why = m->nodes[i].cli.err; /* a copy: rewritten in place */
+            gs_error_set(&m->nodes[i].cli.err, m->nodes[i].result, "%s: %s",
+                         gs_node_name(&m->nodes[i], i), why.msg);
             return node_fail(cli, &m->nodes[i], m->nodes[i].result);
+        }
     return 0;
+}
+
+/* Follows every node; Ctrl-C detaches (or stops, see multi_interrupt). */
+static int nodes_follow(struct gs_cli *cli, struct run_args *a, struct gs_nodes *m)
+{
+    int detached = 0;
+    m->stop_on_failure = 1;
+    int code = gs_nodes_follow(cli, m, a->ranks, &detached);
+    return detached ? multi_interrupt(a, m) : code;
 }
 
 /* Launches node 0 (which picks MASTER_PORT), then the others with that port. Returns 0, or the
  * exit code after stopping what had started. */
-static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
+static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct gs_nodes *m)
 {
-    char *addr = master_addr(&m->nodes[0]);
+    const char *how;
+    char *addr = gs_nodes_master_addr(m, a->master_addr, &how);
     int port = 0, r = 0, i;
     for (i = 0; i < m->n && r == 0; i++)
         r = node_launch(a, m, i, addr, &port);
@@ -367,12 +471,15 @@ static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
         code = node_fail(cli, &m->nodes[i - 1], r);
         nodes_stop(m);
     } else if (cli->json) {
+        gs_nodes_record(cli, m, a->name, addr, port);
         gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:s,s:i}", "v", 1, "ok", 1, "id", m->id,
                                     "nodes", m->n, "ranks", m->n * m->nodes[0].nproc, "master_addr",
                                     addr, "master_port", port));
     } else {
-        fprintf(stderr, "gpusync: run %s started on %d nodes (MASTER_ADDR %s, MASTER_PORT %d)\n",
-                m->id, m->n, addr, port);
+        gs_nodes_record(cli, m, a->name, addr, port);
+        fprintf(stderr,
+                "gpusync: run %s started on %d nodes (MASTER_ADDR %s: %s; MASTER_PORT %d)\n", m->id,
+                m->n, addr, how, port);
     }
     free(addr);
     return code;
@@ -380,21 +487,15 @@ static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct multi *m)
 
 int gs_runcmd_multi(struct gs_cli *cli, struct run_args *a)
 {
-    struct multi m;
+    struct gs_nodes m;
     char id[64];
-    memset(&m, 0, sizeof(m));
-    pthread_mutex_init(&m.lock, NULL);
-    pthread_cond_init(&m.cond, NULL);
     gs_runcmd_new_id(id);
-    m.id = id;
-    int r = nodes_parse(cli, a->hosts, &m);
+    int r = gs_nodes_init(cli, &m, id, a->hosts);
     int code = r < 0 ? gs_cli_fail(cli, r) : nodes_prepare(cli, a, &m);
     if (code == 0)
         code = nodes_launch(cli, a, &m);
     if (code == 0 && !a->detach)
         code = nodes_follow(cli, a, &m);
-    nodes_free(&m);
-    pthread_cond_destroy(&m.cond);
-    pthread_mutex_destroy(&m.lock);
+    gs_nodes_release(&m);
     return code;
 }
