@@ -1,0 +1,373 @@
+/* tests/e2e/test_nodes.c: a multi-node run followed and stopped as one (issue 16), through the
+ * built CLI against two sandbox sshd servers on this machine (so both nodes' run directories and
+ * processes can be inspected directly): one `stop` ends the run on both nodes, `ps` lists it
+ * once with both nodes, `logs` shows both nodes' ranks, MASTER_ADDR comes from the config or is
+ * detected, and `doctor` checks that node 1 reaches it. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/proc.h"
+#include "fixtures/sshd.h"
+
+#define ARGS   GS_TEST_ARGS
+#define CMD_MS 60000
+
+static struct gs_test_sshd a, b; /* node 0 (the project's [remote]) and node 1 */
+static char project[600];        /* the local project */
+static char ra[700], rb[700];    /* its remote directories on a and b (this machine) */
+static char hosts[1600];         /* "root@127.0.0.1:A/ra,root@127.0.0.1:B/rb" */
+
+/* ---- helpers ---- */
+
+/* Trusts b's host key under `name` (as `[name]:port`) in the tests' known_hosts. */
+static int trust_b(const char *name)
+{
+    return gs_test_sh("printf '[%s]:%d %%s\\n' \"$(cat '%s/host_ed25519.pub')\" >> '%s/.ssh/"
+                      "known_hosts'",
+                      name, b.port, b.dir, a.home);
+}
+
+/* Drops [remote] master_addr from the project's config, then adds `line` under [remote] (NULL:
+ * nothing). */
+static void set_remote_extra(const char *line)
+{
+    assert_int_equal(gs_test_sh("sed -i '/^\tmaster_addr = /d' '%s/.gpusync/config'", project), 0);
+    if (line)
+        assert_int_equal(gs_test_sh("sed -i 's|^\\[remote\\]$|[remote]\\n\\t%s|' "
+                                    "'%s/.gpusync/config'",
+                                    line, project),
+                         0);
+}
+
+/* Starts a detached two-node run of `script` (one CPU rank per node). Returns its id (static). */
+static const char *start_detached(const char *script)
+{
+    static char id[128];
+    json_t *j = gs_test_gpusync_json(
+        project, ARGS("run", "--json", "--detach", "--cpu", "1", "--", "sh", "-c", script), 0,
+        "run --detach on two nodes");
+    snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(j, "id")));
+    assert_int_equal(json_integer_value(json_object_get(j, "nodes")), 2);
+    json_decref(j);
+    return id;
+}
+
+/* DIR/.gpusync/runs/ID/NAME as JSON (fails the test if it cannot be read). */
+static json_t *run_file(const char *dir, const char *id, const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", dir, id, name);
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (!j)
+        fail_msg("%s: %s", path, e.text);
+    return j;
+}
+
+/* A rank's log on a node, whole (malloc'd; "" when missing). */
+static char *rank_log(const char *dir, const char *id, int rank)
+{
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", dir, id, rank);
+    struct gs_buf buf = GS_BUF_INIT;
+    FILE *fp = fopen(path, "r");
+    char chunk[4096];
+    size_t n;
+    while (fp && (n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
+        gs_buf_add(&buf, chunk, n);
+    if (fp)
+        fclose(fp);
+    gs_buf_grow(&buf, 0);
+    return gs_buf_detach(&buf, NULL);
+}
+
+/* 1 when process `pid` (this machine) has GPUSYNC_RUN_ID=id in its environment. */
+static int has_run_env(const char *pid, const char *id)
+{
+    char path[300], want[200], env[65536];
+    snprintf(path, sizeof(path), "/proc/%s/environ", pid);
+    snprintf(want, sizeof(want), "GPUSYNC_RUN_ID=%s", id);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, env, sizeof(env) - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1) {
+        env[n] = 0;
+        if (!strcmp(env + i, want))
+            return 1;
+    }
+    return 0;
+}
+
+/* How many processes of run `id` exist on this machine (both nodes are this machine). */
+static int run_processes(const char *id)
+{
+    int count = 0;
+    DIR *d = opendir("/proc");
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && has_run_env(e->d_name, id))
+            count++;
+    if (d)
+        closedir(d);
+    return count;
+}
+
+/* Waits (polling /proc with a deadline: there is no event for a process's end here) until no
+ * process of run `id` remains. Returns 1 once none does. */
+static int run_processes_gone(const char *id, int ms)
+{
+    int64_t end = gs_clock_mono_ms() + ms;
+    while (run_processes(id) > 0) {
+        if (gs_clock_mono_ms() > end)
+            return 0;
+        usleep(20000);
+    }
+    return 1;
+}
+
+/* The JSON check called `name` from `doctor --json`, or NULL. */
+static json_t *doctor_check(json_t *doc, const char *name)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "checks"), i, c)
+    {
+        if (!strcmp(json_string_value(json_object_get(c, "name")), name))
+            return c;
+    }
+    return NULL;
+}
+
+static const char *str_at(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+/* ---- group ---- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (gs_test_sshd_start_for_cli(&a) != 0 || gs_test_sshd_start(&b, NULL) != 0)
+        return -1;
+    snprintf(project, sizeof(project), "%s/work/proj", a.dir);
+    snprintf(ra, sizeof(ra), "%s/node-a", a.dir);
+    snprintf(rb, sizeof(rb), "%s/node-b", b.dir);
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", a.port, ra, b.port,
+             rb);
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", a.port);
+    if (gs_test_sh("mkdir -p '%s' && cat '%s/.ssh/id_ed25519.pub' >> '%s/authorized_keys'", project,
+                   a.home, b.dir) != 0 ||
+        trust_b("127.0.0.1") != 0)
+        return -1;
+    struct gs_test_result r =
+        gs_test_run_gpusync(project, NULL, NULL, ARGS("init", target, "--path", ra), CMD_MS);
+    int ok = r.status == 0 &&
+             gs_test_sh("cd '%s' && sed -i 's|^\\[remote\\]$|[remote]\\n\\thosts = %s|' "
+                        ".gpusync/config",
+                        project, hosts) == 0;
+    if (!ok)
+        fprintf(stderr, "init failed (%d): %s%s\n", r.status, r.out.data, r.err.data);
+    gs_test_result_release(&r);
+    return ok ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&b);
+    gs_test_sshd_destroy(&a);
+    return 0;
+}
+
+/* ---- stop ---- */
+
+static void test_nodes__one_stop_ends_a_detached_run_on_both_nodes(void **state)
+{
+    (void)state;
+    const char *id = start_detached("echo up $RANK; exec sleep 120");
+    assert_int_equal(run_processes(id), 2); /* one rank on each node, both running */
+    struct gs_test_result r = gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", id), CMD_MS);
+    gs_test_expect_status(&r, 0, "stop of a two-node run");
+    assert_true(run_processes_gone(id, 5000));
+    const char *dirs[2] = {ra, rb};
+    for (int i = 0; i < 2; i++) {
+        json_t *st = run_file(dirs[i], id, "status.json");
+        assert_string_equal(str_at(st, "state"), "stopped");
+        json_decref(st);
+    }
+    gs_test_result_release(&r);
+}
+
+static void test_nodes__stop_names_a_node_it_cannot_reach_and_a_retry_finishes(void **state)
+{
+    (void)state;
+    const char *id = start_detached("exec sleep 120");
+    gs_test_sshd_stop(&b);
+    struct gs_test_result r = gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", id), CMD_MS);
+    assert_int_not_equal(r.status, 0);
+    char node1[64];
+    snprintf(node1, sizeof(node1), "node 1 (");
+    assert_non_null(strstr(r.err.data, node1));
+    assert_int_equal(run_processes(id), 1); /* node 0's rank is gone, node 1's still runs */
+    gs_test_result_release(&r);
+    assert_int_equal(gs_test_sshd_restart(&b, 0), 0);
+    r = gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", id), CMD_MS);
+    gs_test_expect_status(&r, 0, "stop again once node 1 is back");
+    assert_true(run_processes_gone(id, 5000));
+    gs_test_result_release(&r);
+}
+
+/* ---- ps and logs ---- */
+
+static void test_nodes__ps_lists_the_run_once_with_both_nodes(void **state)
+{
+    (void)state;
+    const char *id = start_detached("exec sleep 120");
+    json_t *ps = gs_test_gpusync_json(project, ARGS("ps", "--json"), 0, "ps --json");
+    size_t i, seen = 0;
+    json_t *run, *mine = NULL;
+    json_array_foreach(json_object_get(ps, "runs"), i, run)
+    {
+        if (!strcmp(str_at(run, "id"), id))
+            seen++, mine = run;
+    }
+    assert_int_equal(seen, 1);
+    assert_string_equal(str_at(mine, "state"), "running");
+    assert_int_equal(json_array_size(json_object_get(mine, "ranks")), 2);
+    json_t *nodes = json_object_get(mine, "nodes");
+    assert_int_equal(json_array_size(nodes), 2);
+    for (i = 0; i < 2; i++)
+        assert_string_equal(str_at(json_array_get(nodes, i), "state"), "running");
+    json_decref(ps);
+    gs_test_gpusync_ok(project, ARGS("stop", id), "stop");
+    ps = gs_test_gpusync_json(project, ARGS("ps", "--json"), 0, "ps --json after stop");
+    json_array_foreach(json_object_get(ps, "runs"), i, run)
+    {
+        if (!strcmp(str_at(run, "id"), id))
+            assert_string_equal(str_at(run, "state"), "stopped");
+    }
+    json_decref(ps);
+}
+
+static void test_nodes__logs_show_the_ranks_of_both_nodes(void **state)
+{
+    (void)state;
+    const char *id = start_detached("echo hello from $RANK; sleep 1; echo bye $RANK; exit $RANK");
+    /* -f follows both nodes to the end: the run's exit code is node 1's (rank 1 exits 1) */
+    struct gs_test_result r =
+        gs_test_run_gpusync(project, NULL, NULL, ARGS("logs", "-f", id), CMD_MS);
+    gs_test_expect_status(&r, 1, "logs -f of a two-node run");
+    assert_non_null(strstr(r.out.data, "[rank 0] hello from 0"));
+    assert_non_null(strstr(r.out.data, "[rank 1] bye 1"));
+    gs_test_result_release(&r);
+    r = gs_test_run_gpusync(project, NULL, NULL, ARGS("logs", id), CMD_MS);
+    gs_test_expect_status(&r, 0, "logs of a two-node run");
+    assert_non_null(strstr(r.out.data, "[rank 0] bye 0"));
+    assert_non_null(strstr(r.out.data, "[rank 1] hello from 1"));
+    gs_test_result_release(&r);
+}
+
+/* ---- MASTER_ADDR ---- */
+
+/* Runs a two-node run printing MASTER_ADDR and returns node 1's rank log (malloc'd). */
+static char *master_addr_seen(const char *const *extra_args)
+{
+    const char *args[16] = {"run", "--cpu", "1"};
+    int n = 3;
+    for (; extra_args && *extra_args; extra_args++)
+        args[n++] = *extra_args;
+    args[n++] = "--";
+    args[n++] = "sh";
+    args[n++] = "-c";
+    args[n++] = "echo MA=$MASTER_ADDR.";
+    args[n] = NULL;
+    struct gs_test_result r = gs_test_run_gpusync(project, NULL, NULL, args, CMD_MS);
+    gs_test_expect_status(&r, 0, "two-node run printing MASTER_ADDR");
+    char id[128];
+    const char *p = strstr(r.err.data, "gpusync: run ");
+    if (!p || sscanf(p, "gpusync: run %127s started", id) != 1)
+        fail_msg("no run id on stderr: %s", r.err.data);
+    gs_test_result_release(&r);
+    return rank_log(rb, id, 1);
+}
+
+static void
+test_nodes__master_addr_from_the_config_or_the_command_line_reaches_the_ranks(void **state)
+{
+    (void)state;
+    set_remote_extra("master_addr = localhost");
+    char *log = master_addr_seen(NULL);
+    assert_non_null(strstr(log, "MA=localhost."));
+    free(log);
+    log = master_addr_seen(ARGS("--master-addr", "127.0.0.1"));
+    assert_non_null(strstr(log, "MA=127.0.0.1."));
+    free(log);
+    set_remote_extra(NULL);
+}
+
+static void test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses(void **state)
+{
+    (void)state;
+    char by_name[1600];
+    snprintf(by_name, sizeof(by_name), "root@localhost:%d%s,root@localhost:%d%s", a.port, ra,
+             b.port, rb);
+    char *log = master_addr_seen(ARGS("--accept-new-host-key", "--hosts", by_name));
+    /* node 0's address on its route to node 1, not "localhost" as the hosts list names it */
+    assert_non_null(strstr(log, "MA=127.0.0.1."));
+    free(log);
+}
+
+/* ---- doctor ---- */
+
+static void test_nodes__doctor_checks_that_node_1_reaches_master_addr(void **state)
+{
+    (void)state;
+    json_t *doc = gs_test_gpusync_json(project, ARGS("doctor", "--json"), 0, "doctor");
+    json_t *c = doctor_check(doc, "nodes");
+    assert_non_null(c);
+    assert_string_equal(str_at(c, "status"), "ok");
+    json_decref(doc);
+    set_remote_extra("master_addr = 198.51.100.1"); /* TEST-NET-2: no node there */
+    doc = gs_test_gpusync_json(project, ARGS("doctor", "--json"), 1, "doctor, wrong address");
+    c = doctor_check(doc, "nodes");
+    assert_non_null(c);
+    assert_string_equal(str_at(c, "status"), "fail");
+    assert_non_null(strstr(str_at(c, "detail"), "198.51.100.1"));
+    assert_non_null(strstr(str_at(c, "hint"), "master_addr"));
+    json_decref(doc);
+    set_remote_extra(NULL);
+}
+
+int main(void)
+{
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nodes__one_stop_ends_a_detached_run_on_both_nodes),
+        cmocka_unit_test(test_nodes__stop_names_a_node_it_cannot_reach_and_a_retry_finishes),
+        cmocka_unit_test(test_nodes__ps_lists_the_run_once_with_both_nodes),
+        cmocka_unit_test(test_nodes__logs_show_the_ranks_of_both_nodes),
+        cmocka_unit_test(
+            test_nodes__master_addr_from_the_config_or_the_command_line_reaches_the_ranks),
+        cmocka_unit_test(test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses),
+        cmocka_unit_test(test_nodes__doctor_checks_that_node_1_reaches_master_addr),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
