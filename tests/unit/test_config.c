@@ -445,6 +445,32 @@ static void test_config__save_then_load_round_trips(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* [remote] master_addr (multi-node runs) is read, survives a save (hosts add rewrites the
+ * file), and an empty one names the key. */
+static void test_config__master_addr_is_read_saved_and_checked(void **state)
+{
+    (void)state;
+    struct gs_config cfg, back;
+    struct gs_error err = {0};
+    assert_int_equal(
+        gs_config_parse(&cfg, "[remote]\nhost = h\nmaster_addr = 10.0.0.5\n", "c", &err), 0);
+    assert_string_equal(cfg.master_addr, "10.0.0.5");
+    char dir[] = "/tmp/gs-test-config-maddr.XXXXXX", path[128], cmd[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    assert_int_equal(gs_config_save(&cfg, path, &err), 0);
+    assert_int_equal(gs_config_load(&back, path, &err), 0);
+    assert_string_equal(back.master_addr, "10.0.0.5");
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    assert_int_not_equal(gs_config_parse(&cfg, "[remote]\nhost = h\nmaster_addr =\n", "c", &err),
+                         0);
+    assert_non_null(strstr(err.msg, "remote.master_addr"));
+    gs_config_release(&cfg);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_config__save_minimal_round_trips_unset_fields_as_unset(void **state)
 {
     (void)state;
@@ -519,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_parse_target__bad_ports_and_empty_hosts),
         cmocka_unit_test(test_parse_target__replaces_previous_values),
         cmocka_unit_test(test_config__save_then_load_round_trips),
+        cmocka_unit_test(test_config__master_addr_is_read_saved_and_checked),
         cmocka_unit_test(test_config__save_minimal_round_trips_unset_fields_as_unset),
         cmocka_unit_test(test_config__save_into_missing_directory_is_io_error),
         cmocka_unit_test(test_config__release_is_safe_on_zeroed_and_twice),
