@@ -460,6 +460,7 @@ static void test_config__master_addr_is_read_saved_and_checked(void **state)
     snprintf(path, sizeof(path), "%s/config", dir);
     assert_int_equal(gs_config_save(&cfg, path, &err), 0);
     assert_int_equal(gs_config_load(&back, path, &err), 0);
+    assert_non_null(back.master_addr);
     assert_string_equal(back.master_addr, "10.0.0.5");
     gs_config_release(&back);
     gs_config_release(&cfg);
