@@ -2,7 +2,8 @@
  * connection, sync and launcher per host, node 0 first so that its free MASTER_PORT can be handed
  * to the others; one follower thread per node (each with its own connection, so a slow or cut link
  * stalls only its own logs); the first node to fail gets the others stopped, and its exit code is
- * the run's. */
+ * the run's. MASTER_ADDR is given or detected here; the node list is kept for logs, ps and stop
+ * (run_nodes_attach.c), which follow with the same threads (gs_nodes_follow). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -204,7 +205,9 @@ static void peer_addr(struct gs_node *n, char *buf, size_t cap)
         buf[0] = 0;
 }
 
-int gs_node_route_src(struct gs_node *n, const char *to, struct gs_buf *out)
+/* Runs the agent's `net src TO` on connected node `n`: its address on its route to TO, into
+ * `out`. Returns 0, or -1. */
+static int route_src(struct gs_node *n, const char *to, struct gs_buf *out)
 {
     struct gs_buf args = GS_BUF_INIT, cmd = GS_BUF_INIT;
     gs_buf_adds(&args, GS_PROTO_NET_SRC " ");
@@ -230,14 +233,14 @@ static char *detect_master_addr(struct gs_nodes *m)
     struct gs_buf a1 = GS_BUF_INIT, s0 = GS_BUF_INIT;
     peer_addr(n0, p0, sizeof(p0));
     peer_addr(n1, p1, sizeof(p1));
-    int r = p0[0] ? gs_node_route_src(n1, p0, &a1) : -1;
+    int r = p0[0] ? route_src(n1, p0, &a1) : -1;
     if (r < 0 && p1[0]) { /* node 1 as this machine reaches it */
         gs_buf_reset(&a1);
         gs_buf_adds(&a1, p1);
         r = 0;
     }
     if (r == 0)
-        r = gs_node_route_src(n0, a1.data, &s0);
+        r = route_src(n0, a1.data, &s0);
     gs_buf_release(&a1);
     if (r < 0)
         gs_buf_release(&s0);

@@ -62,10 +62,6 @@ const char *gs_node_name(struct gs_node *n, int rank);
  * host's name. *how says which, for messages. malloc'd. */
 char *gs_nodes_master_addr(struct gs_nodes *m, const char *given, const char **how);
 
-/* Runs the agent's `net src TO` on connected node `n`: its address on its route to TO, into
- * `out`. Returns 0, or -1 (n->cli.err may say why). */
-int gs_node_route_src(struct gs_node *n, const char *to, struct gs_buf *out);
-
 /* Follows every node's ranks (`ranks`: NULL or "all", or global ranks) in a thread each, lines
  * printed as they arrive. Returns the run's exit code (the first node to end non-zero), 0, or an
  * error's exit code (the failed node named); *detached is 1 after Ctrl-C. */
