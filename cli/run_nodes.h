@@ -85,7 +85,8 @@ int gs_nodes_stop(struct gs_cli *cli, json_t *rec, long grace_ms);
 
 /* `ps`: replaces, in `runs` (the [remote] server's list), each recorded multi-node run by one
  * entry combined over its nodes (each node asked once), with a "nodes" array; a node that
- * cannot be reached is named on stderr and in its entry. Returns 0 or a negative code. */
+ * cannot be reached is named on stderr and in its entry. A run that has ended on every node is
+ * kept in its record ("final") and shown from there after. Returns 0 or a negative code. */
 int gs_nodes_ps_merge(struct gs_cli *cli, json_t *runs);
 
 /* doctor: whether node 1 of `hosts` reaches MASTER_ADDR (`given`, else as a run would choose
