@@ -108,29 +108,14 @@ static int logs_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
-/* The multi-node run RUN names (the newest one, when RUN is not given and it is newer than
- * [remote]'s newest run `newest`), or NULL: this project recorded none such. */
-static json_t *multi_node_run(struct gs_cli *cli, const char *run, const char *newest)
-{
-    json_t *rec = gs_nodes_record_find(cli->root.data, run);
-    const char *id = json_string_value(json_object_get(rec, "id"));
-    if (rec && !run && newest && strcmp(id, newest) < 0) {
-        json_decref(rec);
-        rec = NULL;
-    }
-    return rec;
-}
-
 static int logs_exec(struct gs_cli *cli)
 {
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
     const char *run = cli->argc ? cli->argv[0] : NULL;
-    json_t *rec = run ? multi_node_run(cli, run, NULL) : NULL;
+    int r, code;
     gs_run_ctx_init(cli, &rc);
-    int r = rec ? 0 : gs_run_ctx_resolve(cli, &rc, run, &id), code;
-    if (!rec && !run)
-        rec = multi_node_run(cli, NULL, r == 0 ? id.data : NULL);
+    json_t *rec = gs_nodes_resolve(cli, &rc, run, &id, &r);
     if (rec)
         code = gs_nodes_logs(cli, rec, opts.rank, opts.follow, opts.tail);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))

@@ -30,30 +30,35 @@ static int stop_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
-static int stop_exec(struct gs_cli *cli)
+/* Stops run `id` on the [remote] server and prints the agent's report. Returns the exit code. */
+static int stop_on_server(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id)
 {
-    json_t *rec = gs_nodes_record_find(cli->root.data, cli->argv[0]);
-    if (rec) { /* a multi-node run: every node */
-        int code = gs_nodes_stop(cli, rec, grace_ms);
-        json_decref(rec);
-        return code;
-    }
-    struct gs_run_ctx rc;
-    struct gs_buf id = GS_BUF_INIT, out = GS_BUF_INIT;
-    gs_run_ctx_init(cli, &rc);
-    int r = gs_run_ctx_resolve(cli, &rc, cli->argv[0], &id);
-    if (r == 0)
-        r = gs_run_ctx_stop(cli, &rc, id.data, grace_ms, &out);
-    int code = 0;
+    struct gs_buf out = GS_BUF_INIT;
+    int r = gs_run_ctx_stop(cli, rc, id, grace_ms, &out), code = 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);
     else if (cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:s}", "v", 1, "ok", 1, "id", id.data, "report",
+        gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:s}", "v", 1, "ok", 1, "id", id, "report",
                                     out.data ? out.data : ""));
     else
         fputs(out.data ? out.data : "stopped\n", stdout);
-    gs_buf_release(&id);
     gs_buf_release(&out);
+    return code;
+}
+
+static int stop_exec(struct gs_cli *cli)
+{
+    struct gs_run_ctx rc;
+    struct gs_buf id = GS_BUF_INIT;
+    int r, code;
+    gs_run_ctx_init(cli, &rc);
+    json_t *rec = gs_nodes_resolve(cli, &rc, cli->argv[0], &id, &r);
+    if (rec) /* a multi-node run: every node */
+        code = gs_nodes_stop(cli, rec, grace_ms);
+    else
+        code = r < 0 ? gs_cli_fail(cli, r) : stop_on_server(cli, &rc, id.data);
+    json_decref(rec);
+    gs_buf_release(&id);
     gs_run_ctx_release(&rc);
     return code;
 }

@@ -72,9 +72,12 @@ int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, i
 void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *name,
                      const char *master_addr, int master_port);
 
-/* The node list of the newest recorded multi-node run whose id or name is `run` (any, when
- * NULL), as a new reference, or NULL when this project recorded none. */
-json_t *gs_nodes_record_find(const char *root, const char *run);
+/* Resolves RUN (an id, a --name, or NULL for the newest run) over the [remote] server's runs and
+ * this project's multi-node runs. Returns the node list (a new reference) when the newest match
+ * is a multi-node run, with *r 0; else NULL, with *r and `id` as gs_run_ctx_resolve leaves
+ * them. An exact id of a recorded run is not looked up on the server. */
+json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+                         struct gs_buf *id, int *r);
 
 /* `logs [-f] RUN` for the recorded run `rec`: every node's ranks; -f in a thread per node. */
 int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow, int tail);

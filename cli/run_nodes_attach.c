@@ -20,11 +20,30 @@
 
 /* ---- the node list ---- */
 
+/* Writes `rec` as run `id`'s node list, atomically. Returns 0, or -1 with a warning. */
+static int record_save(const char *root, const char *id, json_t *rec)
+{
+    struct gs_buf dir = GS_BUF_INIT, tmp = GS_BUF_INIT, path = GS_BUF_INIT;
+    gs_buf_addf(&dir, "%s/%s/runs/%s", root, GS_DIR, id);
+    gs_buf_addf(&tmp, "%s/.%s.tmp", dir.data, RECORD_FILE);
+    gs_buf_addf(&path, "%s/%s", dir.data, RECORD_FILE);
+    int rc = gs_path_mkdir_p(dir.data, 0755, NULL) < 0 || json_dump_file(rec, tmp.data, 0) < 0 ||
+                     rename(tmp.data, path.data) < 0
+                 ? -1
+                 : 0;
+    if (rc < 0)
+        gs_warn("cannot keep the node list of run %s in %s", id, path.data);
+    gs_buf_release(&dir);
+    gs_buf_release(&tmp);
+    gs_buf_release(&path);
+    return rc;
+}
+
 void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *name,
                      const char *master_addr, int master_port)
 {
     json_t *nodes = json_array();
-    struct gs_buf hosts = GS_BUF_INIT, dir = GS_BUF_INIT, tmp = GS_BUF_INIT, path = GS_BUF_INIT;
+    struct gs_buf hosts = GS_BUF_INIT;
     for (int i = 0, first = 0; i < m->n; first += m->nodes[i++].nproc) {
         char *spec = gs_node_spec_format(&m->nodes[i]);
         gs_buf_addf(&hosts, "%s%s", i ? "," : "", spec);
@@ -35,19 +54,10 @@ void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *n
     json_t *rec = json_pack("{s:i,s:s,s:s?,s:s,s:o,s:s,s:i}", "v", 1, "id", m->id, "name", name,
                             "hosts", hosts.data, "nodes", nodes, "master_addr", master_addr,
                             "master_port", master_port);
-    gs_buf_addf(&dir, "%s/%s/runs/%s", cli->root.data, GS_DIR, m->id);
-    gs_buf_addf(&tmp, "%s/.%s.tmp", dir.data, RECORD_FILE);
-    gs_buf_addf(&path, "%s/%s", dir.data, RECORD_FILE);
-    if (gs_path_mkdir_p(dir.data, 0755, NULL) < 0 || json_dump_file(rec, tmp.data, 0) < 0 ||
-        rename(tmp.data, path.data) < 0)
-        gs_warn("cannot keep the node list of run %s in %s: logs, ps and stop will reach the "
-                "[remote] server only",
-                m->id, path.data);
+    if (record_save(cli->root.data, m->id, rec) < 0)
+        gs_warn("logs, ps and stop will reach the [remote] server only for run %s", m->id);
     json_decref(rec);
     gs_buf_release(&hosts);
-    gs_buf_release(&dir);
-    gs_buf_release(&tmp);
-    gs_buf_release(&path);
 }
 
 /* The record in runs/<entry>/, when it is one and names `run` (any, when NULL). */
@@ -89,7 +99,9 @@ static const char *rec_str(json_t *rec, const char *key)
     return json_string_value(json_object_get(rec, key));
 }
 
-json_t *gs_nodes_record_find(const char *root, const char *run)
+/* The node list of the newest recorded multi-node run whose id or name is `run` (any, when
+ * NULL), as a new reference, or NULL when this project recorded none. */
+static json_t *record_find(const char *root, const char *run)
 {
     json_t *all = records_all(root, run), *rec, *best = NULL;
     size_t i;
@@ -102,6 +114,26 @@ json_t *gs_nodes_record_find(const char *root, const char *run)
     json_incref(best);
     json_decref(all);
     return best;
+}
+
+json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+                         struct gs_buf *id, int *r)
+{
+    json_t *rec = record_find(cli->root.data, run);
+    const char *rid = rec_str(rec, "id");
+    *r = 0;
+    if (rec && run && !strcmp(rid, run))
+        return rec; /* an exact id: nothing to compare */
+    *r = gs_run_ctx_resolve(cli, rc, run, id);
+    if (rec && *r == 0 && strcmp(rid, id->data) < 0) {
+        json_decref(rec); /* [remote] has a newer run by that name: that one */
+        return NULL;
+    }
+    if (rec) {
+        *r = 0;
+        gs_error_clear(&cli->err);
+    }
+    return rec;
 }
 
 /* ---- connecting to the recorded nodes ---- */
@@ -366,6 +398,21 @@ static json_t *combine(struct gs_cli *cli, json_t *rec, json_t *cache, json_t *r
     return all;
 }
 
+/* 1 when every node of the combined entry `all` has ended for good (succeeded, failed or
+ * stopped; a lost run may still be stopped, an unreachable node still be asked). */
+static int ended_everywhere(json_t *all)
+{
+    size_t i;
+    json_t *node;
+    json_array_foreach(json_object_get(all, "nodes"), i, node)
+    {
+        const char *st = json_string_value(json_object_get(node, "state"));
+        if (!st || (strcmp(st, "succeeded") && strcmp(st, "failed") && strcmp(st, "stopped")))
+            return 0;
+    }
+    return json_array_size(json_object_get(all, "nodes")) > 0;
+}
+
 /* Orders runs newest first by their "start" (ISO times compare as strings). */
 static int by_start(const void *a, const void *b)
 {
@@ -394,7 +441,11 @@ int gs_nodes_ps_merge(struct gs_cli *cli, json_t *runs)
     size_t i;
     json_array_foreach(recs, i, rec)
     {
-        json_t *all = combine(cli, rec, cache, remote_runs);
+        json_t *all = json_incref(json_object_get(rec, "final"));
+        if (!all && (all = combine(cli, rec, cache, remote_runs)) && ended_everywhere(all)) {
+            json_object_set(rec, "final", all); /* nothing changes now: no need to ask again */
+            record_save(cli->root.data, rec_str(rec, "id"), rec);
+        }
         json_t *mine = entry_of(runs, rec_str(rec, "id"));
         for (size_t k = 0; mine && k < json_array_size(runs); k++)
             if (json_array_get(runs, k) == mine)
