@@ -323,9 +323,9 @@ static int multi_interrupt(const struct run_args *a, struct gs_nodes *m)
     struct gs_buf msg = GS_BUF_INIT;
     gs_buf_addf(&msg,
                 "\ngpusync: detached; run %s keeps going on %d nodes.\n"
-                "  re-attach: gpusync logs -f %s   (every node)\n"
+                "  re-attach: gpusync logs -f %s\n  stop:      gpusync stop %s   (every node)\n"
                 "(Ctrl-C again within 2 s stops it on every node now)\n",
-                m->id, m->n, m->id);
+                m->id, m->n, m->id, m->id);
     if (gs_runcmd_wants_stop(a, msg.data))
         nodes_stop(m);
     gs_buf_release(&msg);

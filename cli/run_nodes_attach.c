@@ -287,8 +287,7 @@ int gs_nodes_stop(struct gs_cli *cli, json_t *rec, long grace_ms)
 
 /* The run lists of the nodes asked so far, by node key (gs_cli_node_key): a JSON array, or a
  * string (why the node could not be asked). */
-static json_t *node_list(struct gs_cli *cli, struct gs_node *n, int i, json_t *cache,
-                         json_t *remote_runs)
+static json_t *node_list(struct gs_node *n, int i, json_t *cache, json_t *remote_runs)
 {
     char *key = gs_cli_node_key(&n->cli.cfg);
     json_t *got = json_object_get(cache, key);
@@ -310,7 +309,6 @@ static json_t *node_list(struct gs_cli *cli, struct gs_node *n, int i, json_t *c
         json_object_set_new(cache, key, got);
         gs_buf_release(&out);
     }
-    (void)cli;
     free(key);
     return got;
 }
@@ -378,7 +376,7 @@ static json_t *combine(struct gs_cli *cli, json_t *rec, json_t *cache, json_t *r
         all = json_pack("{s:s,s:s?,s:[],s:[],s:i}", "id", id, "name", rec_str(rec, "name"), "ranks",
                         "nodes", "duration_ms", 0);
         for (int i = 0; i < m.n; i++) {
-            json_t *list = node_list(cli, &m.nodes[i], i, cache, remote_runs);
+            json_t *list = node_list(&m.nodes[i], i, cache, remote_runs);
             json_t *e = json_is_array(list) ? entry_of(list, id) : NULL;
             char *spec = gs_node_spec_format(&m.nodes[i]);
             if (e && !found)
