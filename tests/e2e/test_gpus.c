@@ -237,13 +237,13 @@ static void test_gpus__two_concurrent_runs_get_disjoint_gpus_and_ps_shows_them(v
     assert_non_null(entry);
     assert_int_equal(gpu_set(json_object_get(entry, "gpus")), sa);
     json_decref(ps);
-    /* the table's GPUS column: RUN NAME STATE RANKS GPUS ... */
+    /* the table's GPUS column: RUN NAME STATE NODES RANKS GPUS ... */
     struct gs_test_result t = gs_test_run_gpusync(project, NULL, NULL, ARGS("ps"), LIMIT_MS);
     gs_test_expect_status(&t, 0, "ps");
     const char *row = strstr(t.out.data, id_of(a));
     char gpus[32] = "";
     assert_non_null(row);
-    assert_int_equal(sscanf(row, "%*s %*s %*s %*d %31s", gpus), 1);
+    assert_int_equal(sscanf(row, "%*s %*s %*s %*d %*d %31s", gpus), 1);
     assert_string_equal(gpus, "1,2");
     gs_test_result_release(&t);
     end_holder(a, "gate-a1");
