@@ -335,6 +335,50 @@ int ga_runs_read_status(const char *dir, struct ga_runs_status *st)
 #define SUMMARY_LINES    5   /* of the failing rank's log */
 #define SUMMARY_LINE_MAX 240 /* bytes kept of each */
 
+/* The length of the UTF-8 sequence at p[0..n), or 0 when it is not a valid one. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    size_t len = p[0] < 0x80             ? 1
+                 : (p[0] & 0xe0) == 0xc0 ? 2
+                 : (p[0] & 0xf0) == 0xe0 ? 3
+                 : (p[0] & 0xf8) == 0xf0 ? 4
+                                         : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
+/* Copies a log line into dst (cap bytes, NUL-terminated) as a terminal would show it: what
+ * follows its last carriage return (a progress bar's last state), cut at a character boundary,
+ * with bytes that are not UTF-8 as '?' (JSON readers refuse them). */
+static void shown_line(const char *src, size_t len, char *dst, size_t cap)
+{
+    const char *cr = memchr(src, '\r', len);
+    while (cr && cr + 1 < src + len) { /* the last non-empty part after a '\r' */
+        len -= (size_t)(cr + 1 - src);
+        src = cr + 1;
+        cr = memchr(src, '\r', len);
+    }
+    if (cr)
+        len = (size_t)(cr - src);
+    size_t out = 0;
+    for (size_t at = 0; at < len;) {
+        size_t n = utf8_len((const unsigned char *)src + at, len - at);
+        if (out + (n ? n : 1) >= cap)
+            break;
+        if (n)
+            memcpy(dst + out, src + at, n);
+        else
+            dst[out] = '?';
+        out += n ? n : 1;
+        at += n ? n : 1;
+    }
+    dst[out] = '\0';
+}
+
 /* Writes up to SUMMARY_LINES last lines of rank's log in dir as a JSON array of strings. */
 static void last_lines_json(const char *dir, int rank, struct ga_jw *w)
 {
@@ -365,9 +409,7 @@ static void last_lines_json(const char *dir, int rank, struct ga_jw *w)
     ga_jw_arr(w);
     for (size_t i = count; i-- > 0;) {
         char line[SUMMARY_LINE_MAX + 1];
-        size_t l = len[i] < SUMMARY_LINE_MAX ? len[i] : SUMMARY_LINE_MAX;
-        memcpy(line, start[i], l);
-        line[l] = '\0';
+        shown_line(start[i], len[i], line, sizeof(line));
         ga_jw_str(w, line);
     }
     ga_jw_arr_end(w);

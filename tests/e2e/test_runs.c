@@ -607,6 +607,7 @@ static void test_run__a_failure_is_summed_up_naming_the_rank(void **state)
     struct child c =
         run_in(project, ARGS("run", "--json", "--cpu", "3", "--ranks", "0", "--", "sh", "-c",
                              "if [ \"$RANK\" = 1 ]; then echo loading shard 1; "
+                             "printf 'epoch 1\\repoch 2\\n\\377bad\\n'; "
                              "echo about to die; kill -9 $$; fi; exec sleep 120"));
     expect_status(&c, 128 + SIGKILL, "a rank killed by SIGKILL");
     json_t *e = ended_json(&c);
@@ -616,10 +617,14 @@ static void test_run__a_failure_is_summed_up_naming_the_rank(void **state)
     assert_int_equal(int_at(failed, "rank"), 1);
     assert_int_equal(int_at(failed, "signal"), SIGKILL);
     assert_false(json_is_true(json_object_get(failed, "oom")));
-    /* rank 1's lines were not followed (--ranks 0): the summary brings its last ones */
+    /* rank 1's lines were not followed (--ranks 0): the summary brings its last ones, as a
+     * terminal shows them (a progress line's last state), and readable as JSON (a byte that is
+     * not UTF-8 becomes '?') */
     json_t *lines = json_object_get(failed, "last_lines");
-    assert_int_equal(json_array_size(lines), 2);
-    assert_string_equal(json_string_value(json_array_get(lines, 1)), "about to die");
+    assert_int_equal(json_array_size(lines), 4);
+    assert_string_equal(json_string_value(json_array_get(lines, 1)), "epoch 2");
+    assert_string_equal(json_string_value(json_array_get(lines, 2)), "?bad");
+    assert_string_equal(json_string_value(json_array_get(lines, 3)), "about to die");
     json_t *stopped = json_object_get(e, "stopped_ranks");
     assert_int_equal(json_array_size(stopped), 2);
     assert_int_equal(json_integer_value(json_array_get(stopped, 0)), 0);
