@@ -141,17 +141,6 @@ static const char *id_of(json_t *line)
     return id;
 }
 
-/* Loads the run's remote meta.json or status.json. */
-static json_t *run_file(const char *id, const char *name)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", remote, id, name);
-    json_t *j = json_load_file(path, 0, NULL);
-    if (!j)
-        fail_msg("cannot read %s", path);
-    return j;
-}
-
 /* Opens the gate of a holder, and waits (`stop`, which returns once no process of the run is
  * left) until it has let its GPUs go. */
 static void end_holder(json_t *line, const char *gate)
@@ -231,7 +220,7 @@ static void test_gpus__two_concurrent_runs_get_disjoint_gpus_and_ps_shows_them(v
     assert_int_equal(sa & sb, 0);
     /* the least busy first (the fake nvidia-smi: GPU 2, then 1, then 0, then 3) */
     assert_int_equal(sa, 1 << 1 | 1 << 2);
-    json_t *meta = run_file(id_of(b), "meta.json"), *ps;
+    json_t *meta = gs_test_run_json(remote, id_of(b), "meta.json"), *ps;
     assert_int_equal(gpu_set(json_object_get(meta, "gpus")), sb);
     json_t *entry = ps_entry(&ps, id_of(a));
     assert_non_null(entry);
@@ -289,7 +278,8 @@ static void test_gpus__a_run_without_free_gpus_is_refused_or_waits_with_wait(voi
     /* it started after a ended */
     char id[128];
     assert_int_equal(sscanf(strstr(w.r.err.data, "gpusync: run "), "gpusync: run %127s", id), 1);
-    json_t *ws = run_file(id, "status.json"), *as = run_file(id_of(a), "status.json");
+    json_t *ws = gs_test_run_json(remote, id, "status.json"),
+           *as = gs_test_run_json(remote, id_of(a), "status.json");
     assert_true(strcmp(json_string_value(json_object_get(ws, "start")),
                        json_string_value(json_object_get(as, "end"))) >= 0);
     end_holder(b, "gate-b2");
@@ -331,7 +321,7 @@ static void test_gpus__a_supervisor_killed_hard_frees_its_gpus(void **state)
     assert_int_equal(gpu_set(json_object_get(a, "gpus")), ALL_FOUR);
     struct gs_test_result r = run_refused(ARGS("run", "--no-sync", "--gpus", "1", "--", "true"));
     gs_test_result_release(&r);
-    json_t *st = run_file(id_of(a), "status.json");
+    json_t *st = gs_test_run_json(remote, id_of(a), "status.json");
     long sup = (long)json_integer_value(json_object_get(st, "supervisor_pid"));
     assert_true(sup > 1);
     assert_int_equal(kill((pid_t)sup, SIGKILL), 0);

@@ -66,35 +66,6 @@ static const char *start_detached(const char *script)
     return id;
 }
 
-/* DIR/.gpusync/runs/ID/NAME as JSON (fails the test if it cannot be read). */
-static json_t *run_file(const char *dir, const char *id, const char *name)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", dir, id, name);
-    json_error_t e;
-    json_t *j = json_load_file(path, 0, &e);
-    if (!j)
-        fail_msg("%s: %s", path, e.text);
-    return j;
-}
-
-/* A rank's log on a node, whole (malloc'd; "" when missing). */
-static char *rank_log(const char *dir, const char *id, int rank)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", dir, id, rank);
-    struct gs_buf buf = GS_BUF_INIT;
-    FILE *fp = fopen(path, "r");
-    char chunk[4096];
-    size_t n;
-    while (fp && (n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
-        gs_buf_add(&buf, chunk, n);
-    if (fp)
-        fclose(fp);
-    gs_buf_grow(&buf, 0);
-    return gs_buf_detach(&buf, NULL);
-}
-
 /* 1 when process `pid` (this machine) has GPUSYNC_RUN_ID=id in its environment. */
 static int has_run_env(const char *pid, const char *id)
 {
@@ -208,7 +179,7 @@ static void test_nodes__one_stop_ends_a_detached_run_on_both_nodes(void **state)
     assert_true(run_processes_gone(id, 5000));
     const char *dirs[2] = {ra, rb};
     for (int i = 0; i < 2; i++) {
-        json_t *st = run_file(dirs[i], id, "status.json");
+        json_t *st = gs_test_run_json(dirs[i], id, "status.json");
         assert_string_equal(str_at(st, "state"), "stopped");
         json_decref(st);
     }
@@ -313,7 +284,7 @@ static char *master_addr_seen(const char *const *extra_args)
     if (!p || sscanf(p, "gpusync: run %127s started", id) != 1)
         fail_msg("no run id on stderr: %s", r.err.data);
     gs_test_result_release(&r);
-    return rank_log(rb, id, 1);
+    return gs_test_rank_log(rb, id, 1);
 }
 
 static void

@@ -183,36 +183,6 @@ static const char *run_id_of(const struct child *c)
     return id;
 }
 
-/* Loads DIR/.gpusync/runs/ID/NAME as JSON (fails the test if it cannot). */
-static json_t *run_json(const char *dir, const char *id, const char *name)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/%s", dir, id, name);
-    json_error_t e;
-    json_t *j = json_load_file(path, 0, &e);
-    if (!j)
-        fail_msg("%s: %s", path, e.text);
-    return j;
-}
-
-/* A rank's remote log, whole (malloc'd; "" when missing). */
-static char *rank_log(const char *dir, const char *id, int rank)
-{
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/.gpusync/runs/%s/rank%d.log", dir, id, rank);
-    FILE *fp = fopen(path, "r");
-    struct gs_buf b = GS_BUF_INIT;
-    char chunk[4096];
-    size_t n;
-    while (fp && (n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
-        gs_buf_add(&b, chunk, n);
-    if (fp)
-        fclose(fp);
-    if (!b.data)
-        gs_buf_grow(&b, 0);
-    return gs_buf_detach(&b, NULL);
-}
-
 static long long int_at(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);
@@ -273,7 +243,7 @@ static void await_remote_log(const char *id, int rank, const char *text)
     assert_true(inotify_add_watch(ifd, dir, IN_MODIFY | IN_CREATE) >= 0);
     int64_t end = gs_clock_mono_ms() + 60000;
     for (;;) {
-        char *log = rank_log(remote, id, rank);
+        char *log = gs_test_rank_log(remote, id, rank);
         int has = strstr(log, text) != NULL;
         free(log);
         if (has)
@@ -364,7 +334,7 @@ static void test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status(voi
         sscanf(strstr(epoch, "| test acc ") + 11, "%lf", &acc) != 1)
         fail_msg("no epoch summary with a test accuracy: %s", c.out.data);
     assert_true(acc > 0.3); /* well above chance (0.1) after one epoch on 4000 images */
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "succeeded");
     assert_int_equal(int_at(st, "exit_code"), 0);
     assert_int_equal(int_at(st, "restarts"), 0);
@@ -377,11 +347,11 @@ static void test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status(voi
         assert_int_equal(int_at(r, "exit_code"), 0);
         assert_false(group_exists(int_at(r, "pgid")));
     }
-    json_t *meta = run_json(remote, id, "meta.json");
+    json_t *meta = gs_test_run_json(remote, id, "meta.json");
     assert_int_equal(int_at(meta, "nproc"), 2);
     assert_true(json_is_null(json_object_get(meta, "gpus")));
     /* what was printed is rank 0's log, and the local copy is the same bytes */
-    char *log0 = rank_log(remote, id, 0), *local0 = rank_log(project, id, 0);
+    char *log0 = gs_test_rank_log(remote, id, 0), *local0 = gs_test_rank_log(project, id, 0);
     assert_true(strlen(log0) > 0);
     assert_string_equal(log0, c.out.data);
     assert_string_equal(local0, log0);
@@ -418,7 +388,7 @@ static void test_run__command_exit_code_is_the_runs(void **state)
     (void)state;
     struct child c = run_in(project, ARGS("run", "--cpu", "1", "--", "sh", "-c", "exit 3"));
     expect_status(&c, 3, "a command that exits 3");
-    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    json_t *st = gs_test_run_json(remote, run_id_of(&c), "status.json");
     assert_string_equal(str_at(st, "state"), "failed");
     assert_int_equal(int_at(st, "exit_code"), 3);
     json_decref(st);
@@ -439,7 +409,7 @@ static void test_run__a_server_without_the_agent_gets_it_and_runs_once(void **st
     gs_test_fresh_agent_end(dir);
     expect_status(&c, 4, "a run through a freshly installed agent");
     assert_string_equal(c.out.data, "ran once\n");
-    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    json_t *st = gs_test_run_json(remote, run_id_of(&c), "status.json");
     assert_int_equal(int_at(st, "exit_code"), 4);
     json_decref(st);
     child_release(&c);
@@ -494,7 +464,7 @@ static void test_run__with_watch_running_goes_through_the_daemon(void **state)
     assert_non_null(strstr(c.out.data, "[rank 1] rank 1 of 2\n"));
     char id[128];
     snprintf(id, sizeof(id), "%s", run_id_of(&c));
-    json_t *run = run_json(remote, id, "status.json");
+    json_t *run = gs_test_run_json(remote, id, "status.json");
     assert_int_equal(int_at(run, "exit_code"), 5);
     json_decref(run);
     child_release(&c);
@@ -566,7 +536,7 @@ static void test_run__one_rank_crashing_stops_the_others(void **state)
     int64_t took = gs_clock_mono_ms() - t0;
     expect_status(&c, 7, "one rank exits 7");
     assert_true(took < 60000); /* the others did not run their 120 s */
-    json_t *st = run_json(remote, run_id_of(&c), "status.json");
+    json_t *st = gs_test_run_json(remote, run_id_of(&c), "status.json");
     assert_string_equal(str_at(st, "state"), "failed");
     assert_int_equal(int_at(st, "exit_code"), 7);
     json_t *ranks = json_object_get(st, "ranks");
@@ -652,10 +622,10 @@ static void test_run__max_restarts_two_restarts_twice_then_fails(void **state)
                              "echo attempt $TORCHELASTIC_RESTART_COUNT; exit 5"));
     expect_status(&c, 5, "a command that always fails, 2 restarts");
     const char *id = run_id_of(&c);
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "failed");
     assert_int_equal(int_at(st, "restarts"), 2);
-    char *log = rank_log(remote, id, 0);
+    char *log = gs_test_rank_log(remote, id, 0);
     assert_int_equal(count(log, "attempt "), 3);
     assert_non_null(strstr(log, "attempt 0\n=== restart 1 ===\nattempt 1\n=== restart 2 ===\n"
                                 "attempt 2\n"));
@@ -705,10 +675,10 @@ static void test_run__environment_contract_rank_by_rank(void **state)
     struct child c = run_in(project, ARGS("run", "--cpu", "3", "--", "sh", "-c", ENV_SCRIPT));
     expect_status(&c, 0, "env run");
     const char *id = run_id_of(&c);
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     int port = (int)int_at(st, "master_port");
     for (int rank = 0; rank < 3; rank++) {
-        char *log = rank_log(remote, id, rank), prefix[32];
+        char *log = gs_test_rank_log(remote, id, rank), prefix[32];
         check_env_line(log, rank, rank, 3, 3, 0, "127.0.0.1", &port);
         /* all ranks' logs are shown by default for a command, each line prefixed */
         snprintf(prefix, sizeof(prefix), "[rank %d] ENV RANK=%d ", rank, rank);
@@ -731,7 +701,7 @@ static void test_run__a_jobs_gpus_from_the_config_are_used(void **state)
     sh("cd '%s' && mv config.saved .gpusync/config", project);
     expect_status(&c, 0, "run of a [job] with gpus = 0,2");
     assert_int_equal(count(c.out.data, "CVD=0,2 WS=2\n"), 2);
-    json_t *meta = run_json(remote, run_id_of(&c), "meta.json");
+    json_t *meta = gs_test_run_json(remote, run_id_of(&c), "meta.json");
     assert_int_equal(int_at(meta, "nproc"), 2);
     json_decref(meta);
     child_release(&c);
@@ -827,7 +797,7 @@ static void test_run__a_job_can_ask_for_cpu_ranks(void **state)
     restore_config();
     expect_status(&c, 0, "run of a [job] with cpu = 3");
     assert_int_equal(count(c.out.data, "WS=3 CVD=[]\n"), 3);
-    json_t *meta = run_json(remote, run_id_of(&c), "meta.json");
+    json_t *meta = gs_test_run_json(remote, run_id_of(&c), "meta.json");
     assert_int_equal(int_at(meta, "nproc"), 3);
     assert_true(json_is_null(json_object_get(meta, "gpus")));
     json_decref(meta);
@@ -864,7 +834,7 @@ static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **stat
     assert_true(said >= 1000);      /* and not for a stop that is quick */
     child_finish(&s);
     expect_status(&s, 0, "stop of a rank ignoring SIGTERM");
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "stopped");
     assert_int_equal(int_at(json_array_get(json_object_get(st, "ranks"), 0), "signal"), SIGKILL);
     json_decref(st);
@@ -1005,7 +975,8 @@ static void test_logs__a_run_the_server_lost_is_shown_from_the_local_copy(void *
     expect_status(&l, 0, "logs while the server has the run");
     child_release(&l);
     for (int rank = 0; rank < 2; rank++) {
-        char *mine = rank_log(project, id, rank), *theirs = rank_log(remote, id, rank);
+        char *mine = gs_test_rank_log(project, id, rank),
+             *theirs = gs_test_rank_log(remote, id, rank);
         assert_string_equal(mine, theirs);
         free(mine);
         free(theirs);
@@ -1086,7 +1057,7 @@ static void test_stop__leaves_no_setsid_child_or_daemon_of_the_run(void **state)
     for (int i = 0; i < 4; i++)
         if (!process_gone(pids[i], 0)) /* stop returned: gone by now, not later */
             fail_msg("pid %ld of run %s survived stop", pids[i], id);
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "stopped");
     assert_int_equal(int_at(st, "others_termed"), 4);
     assert_int_equal(int_at(st, "killed_count") >= 2, 1); /* the two stubborn ones, at least */
@@ -1112,7 +1083,7 @@ static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
     char reattach[200];
     snprintf(reattach, sizeof(reattach), "gpusync logs -f %s", id);
     assert_non_null(strstr(c.err.data, reattach));
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "running"); /* detaching did not stop it */
     json_decref(st);
 
@@ -1127,7 +1098,7 @@ static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
 
     struct child s = run_in(project, ARGS("stop", id));
     expect_status(&s, 0, "stop");
-    st = run_json(remote, id, "status.json");
+    st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "stopped");
     json_t *ranks = json_object_get(st, "ranks"), *r;
     size_t i;
@@ -1167,7 +1138,7 @@ static void test_logs__tail_rank_and_the_newest_run_by_default(void **state)
     /* stopping a run that has ended stops nothing and says so; nothing of it runs */
     struct child s = run_in(project, ARGS("stop", id));
     print_message("stop after the end: exit %d: %s%s", s.status, s.out.data, s.err.data);
-    json_t *st = run_json(remote, id, "status.json");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
     assert_string_equal(str_at(st, "state"), "succeeded");
     json_decref(st);
     child_release(&s);
@@ -1251,8 +1222,8 @@ static void test_run__two_concurrent_runs_both_start_and_finish(void **state)
     assert_string_not_equal(ida, run_id_of(&b));
     assert_int_equal(count(a.out.data, "done"), 2);
     assert_int_equal(count(b.out.data, "done"), 2);
-    json_t *sa = run_json(remote, ida, "status.json"),
-           *sb = run_json(remote, run_id_of(&b), "status.json");
+    json_t *sa = gs_test_run_json(remote, ida, "status.json"),
+           *sb = gs_test_run_json(remote, run_id_of(&b), "status.json");
     assert_string_equal(str_at(sa, "state"), "succeeded");
     assert_string_equal(str_at(sb, "state"), "succeeded");
     /* their time on the server overlapped: they really ran at once */
@@ -1366,7 +1337,7 @@ static void test_run__two_nodes_share_the_master_and_connect_across(void **state
     int port = 0;
     for (int rank = 0; rank < 4; rank++) {
         const char *rdir = rank < 2 ? t.ra : t.rb;
-        char *log = rank_log(rdir, id, rank);
+        char *log = gs_test_rank_log(rdir, id, rank);
         check_env_line(log, rank, rank % 2, 4, 2, rank / 2, "127.0.0.1", &port);
         if (rank == 0)
             assert_non_null(strstr(log, "got [1, 2, 3]"));
@@ -1377,7 +1348,8 @@ static void test_run__two_nodes_share_the_master_and_connect_across(void **state
         snprintf(prefix, sizeof(prefix), "[rank %d] ENV", rank);
         assert_non_null(strstr(c.out.data, prefix));
     }
-    json_t *sa = run_json(t.ra, id, "status.json"), *sb = run_json(t.rb, id, "status.json");
+    json_t *sa = gs_test_run_json(t.ra, id, "status.json"),
+           *sb = gs_test_run_json(t.rb, id, "status.json");
     assert_int_equal(int_at(sa, "master_port"), port);
     assert_int_equal(int_at(sb, "master_port"), port);
     assert_string_equal(str_at(sb, "state"), "succeeded");
@@ -1400,7 +1372,8 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
     expect_status(&c, 9, "two-node run where node 1 fails");
     assert_true(gs_clock_mono_ms() - t0 < 60000);
     const char *id = run_id_of(&c);
-    json_t *sa = run_json(t.ra, id, "status.json"), *sb = run_json(t.rb, id, "status.json");
+    json_t *sa = gs_test_run_json(t.ra, id, "status.json"),
+           *sb = gs_test_run_json(t.rb, id, "status.json");
     assert_string_equal(str_at(sb, "state"), "failed");
     assert_string_equal(str_at(sa, "state"), "stopped");
     json_t *r = json_array_get(json_object_get(sa, "ranks"), 0);
@@ -1429,7 +1402,7 @@ static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
     const char *id = run_id_of(&c);
     const char *dirs[2] = {t.ra, t.rb};
     for (int i = 0; i < 2; i++) {
-        json_t *st = run_json(dirs[i], id, "status.json");
+        json_t *st = gs_test_run_json(dirs[i], id, "status.json");
         assert_string_equal(str_at(st, "state"), "stopped");
         assert_false(group_exists(int_at(json_array_get(json_object_get(st, "ranks"), 0), "pgid")));
         json_decref(st);
