@@ -127,6 +127,24 @@ void ga_jw_bool(struct ga_jw *w, int v)
     ga_jw_raw(w, v ? "true" : "false", v ? 4 : 5);
 }
 
+void ga_jw_key_int(struct ga_jw *w, const char *key, long long v)
+{
+    ga_jw_key(w, key);
+    ga_jw_int(w, v);
+}
+
+void ga_jw_key_str(struct ga_jw *w, const char *key, const char *s)
+{
+    ga_jw_key(w, key);
+    ga_jw_str(w, s);
+}
+
+void ga_jw_key_bool(struct ga_jw *w, const char *key, int v)
+{
+    ga_jw_key(w, key);
+    ga_jw_bool(w, v);
+}
+
 void ga_jw_raw(struct ga_jw *w, const char *json, size_t n)
 {
     jw_sep(w);

@@ -28,6 +28,10 @@ void ga_jw_str(struct ga_jw *w, const char *s);
 void ga_jw_int(struct ga_jw *w, long long v);
 void ga_jw_null(struct ga_jw *w);
 void ga_jw_bool(struct ga_jw *w, int v);
+/* "key": value, in one call. */
+void ga_jw_key_int(struct ga_jw *w, const char *key, long long v);
+void ga_jw_key_str(struct ga_jw *w, const char *key, const char *s);
+void ga_jw_key_bool(struct ga_jw *w, const char *key, int v);
 /* Writes n bytes of already valid JSON as one value. */
 void ga_jw_raw(struct ga_jw *w, const char *json, size_t n);
 

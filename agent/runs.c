@@ -131,24 +131,16 @@ static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
     for (int i = 0; i < st->nranks; i++) {
         const struct ga_runs_rank *r = &st->ranks[i];
         ga_jw_obj(w);
-        ga_jw_key(w, "rank");
-        ga_jw_int(w, r->rank);
-        ga_jw_key(w, "local_rank");
-        ga_jw_int(w, r->local_rank);
-        ga_jw_key(w, "pid");
-        ga_jw_int(w, r->pid);
-        ga_jw_key(w, "pgid");
-        ga_jw_int(w, r->pgid);
-        ga_jw_key(w, "pgid_start");
-        ga_jw_int(w, r->pgid_start);
-        ga_jw_key(w, "group_gone");
-        ga_jw_bool(w, r->group_gone);
+        ga_jw_key_int(w, "rank", r->rank);
+        ga_jw_key_int(w, "local_rank", r->local_rank);
+        ga_jw_key_int(w, "pid", r->pid);
+        ga_jw_key_int(w, "pgid", r->pgid);
+        ga_jw_key_int(w, "pgid_start", r->pgid_start);
+        ga_jw_key_bool(w, "group_gone", r->group_gone);
         jw_opt(w, "exit_code", r->exit_code, -1);
         jw_opt(w, "signal", r->signal, 0);
-        ga_jw_key(w, "oom");
-        ga_jw_bool(w, r->oom);
-        ga_jw_key(w, "stopped");
-        ga_jw_bool(w, r->stopped);
+        ga_jw_key_bool(w, "oom", r->oom);
+        ga_jw_key_bool(w, "stopped", r->stopped);
         ga_jw_obj_end(w);
     }
     ga_jw_arr_end(w);
@@ -157,27 +149,19 @@ static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
 /* Writes how the run ended and what its supervisor had to kill. */
 static void status_end_json(struct ga_jw *w, const struct ga_runs_status *st)
 {
-    ga_jw_key(w, "max_restarts");
-    ga_jw_int(w, st->max_restarts);
-    ga_jw_key(w, "grace_ms");
-    ga_jw_int(w, st->grace_ms);
+    ga_jw_key_int(w, "max_restarts", st->max_restarts);
+    ga_jw_key_int(w, "grace_ms", st->grace_ms);
     jw_opt(w, "failed_rank", st->failed_rank, -1);
-    ga_jw_key(w, "oom_scope");
-    ga_jw_str(w, st->oom_scope[0] ? st->oom_scope : NULL);
-    ga_jw_key(w, "cgroup");
-    ga_jw_str(w, st->cgroup[0] ? st->cgroup : NULL);
-    ga_jw_key(w, "others_termed");
-    ga_jw_int(w, st->others_termed);
-    ga_jw_key(w, "killed_count");
-    ga_jw_int(w, st->killed_count);
+    ga_jw_key_str(w, "oom_scope", st->oom_scope[0] ? st->oom_scope : NULL);
+    ga_jw_key_str(w, "cgroup", st->cgroup[0] ? st->cgroup : NULL);
+    ga_jw_key_int(w, "others_termed", st->others_termed);
+    ga_jw_key_int(w, "killed_count", st->killed_count);
     ga_jw_key(w, "killed");
     ga_jw_arr(w);
     for (int i = 0; i < st->nkilled; i++) {
         ga_jw_obj(w);
-        ga_jw_key(w, "pid");
-        ga_jw_int(w, st->killed[i].pid);
-        ga_jw_key(w, "name");
-        ga_jw_str(w, st->killed[i].name);
+        ga_jw_key_int(w, "pid", st->killed[i].pid);
+        ga_jw_key_str(w, "name", st->killed[i].name);
         ga_jw_obj_end(w);
     }
     ga_jw_arr_end(w);
@@ -188,21 +172,14 @@ static void status_end_json(struct ga_jw *w, const struct ga_runs_status *st)
 static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
                                const char *state_override)
 {
-    ga_jw_key(w, "id");
-    ga_jw_str(w, st->id);
-    ga_jw_key(w, "state");
-    ga_jw_str(w, state_override ? state_override : st->state);
+    ga_jw_key_str(w, "id", st->id);
+    ga_jw_key_str(w, "state", state_override ? state_override : st->state);
     jw_opt(w, "exit_code", st->exit_code, -1);
-    ga_jw_key(w, "restarts");
-    ga_jw_int(w, st->restarts);
-    ga_jw_key(w, "start");
-    ga_jw_str(w, st->start);
-    ga_jw_key(w, "end");
-    ga_jw_str(w, st->end[0] ? st->end : NULL);
-    ga_jw_key(w, "supervisor_pid");
-    ga_jw_int(w, st->supervisor_pid);
-    ga_jw_key(w, "master_port");
-    ga_jw_int(w, st->master_port);
+    ga_jw_key_int(w, "restarts", st->restarts);
+    ga_jw_key_str(w, "start", st->start);
+    ga_jw_key_str(w, "end", st->end[0] ? st->end : NULL);
+    ga_jw_key_int(w, "supervisor_pid", st->supervisor_pid);
+    ga_jw_key_int(w, "master_port", st->master_port);
     ga_jw_key(w, "ranks");
     status_ranks_json(w, st);
     status_end_json(w, st);
@@ -428,14 +405,11 @@ static void failed_rank_json(const char *dir, const struct ga_runs_status *st, s
         return;
     }
     ga_jw_obj(w);
-    ga_jw_key(w, "rank");
-    ga_jw_int(w, r->rank);
+    ga_jw_key_int(w, "rank", r->rank);
     jw_opt(w, "exit_code", r->exit_code, -1);
     jw_opt(w, "signal", r->signal, 0);
-    ga_jw_key(w, "oom");
-    ga_jw_bool(w, r->oom);
-    ga_jw_key(w, "oom_scope");
-    ga_jw_str(w, r->oom && st->oom_scope[0] ? st->oom_scope : NULL);
+    ga_jw_key_bool(w, "oom", r->oom);
+    ga_jw_key_str(w, "oom_scope", r->oom && st->oom_scope[0] ? st->oom_scope : NULL);
     ga_jw_key(w, "last_lines");
     last_lines_json(dir, r->rank, w);
     ga_jw_obj_end(w);
@@ -445,15 +419,11 @@ void ga_runs_summary_json(const char *dir, const struct ga_runs_status *st, stru
 {
     long long start = ga_runs_iso_ms(st->start), end = ga_runs_iso_ms(st->end);
     ga_jw_obj(w);
-    ga_jw_key(w, "state");
-    ga_jw_str(w, st->state);
+    ga_jw_key_str(w, "state", st->state);
     jw_opt(w, "exit_code", st->exit_code, -1);
-    ga_jw_key(w, "duration_ms");
-    ga_jw_int(w, start < 0 || end < 0 ? -1 : end - start);
-    ga_jw_key(w, "restarts");
-    ga_jw_int(w, st->restarts);
-    ga_jw_key(w, "max_restarts");
-    ga_jw_int(w, st->max_restarts);
+    ga_jw_key_int(w, "duration_ms", start < 0 || end < 0 ? -1 : end - start);
+    ga_jw_key_int(w, "restarts", st->restarts);
+    ga_jw_key_int(w, "max_restarts", st->max_restarts);
     failed_rank_json(dir, st, w);
     ga_jw_key(w, "stopped_ranks");
     ga_jw_arr(w);
@@ -461,10 +431,8 @@ void ga_runs_summary_json(const char *dir, const struct ga_runs_status *st, stru
         if (st->ranks[i].stopped)
             ga_jw_int(w, st->ranks[i].rank);
     ga_jw_arr_end(w);
-    ga_jw_key(w, "others_termed");
-    ga_jw_int(w, st->others_termed);
-    ga_jw_key(w, "killed_count");
-    ga_jw_int(w, st->killed_count);
+    ga_jw_key_int(w, "others_termed", st->others_termed);
+    ga_jw_key_int(w, "killed_count", st->killed_count);
     ga_jw_obj_end(w);
 }
 

@@ -193,8 +193,7 @@ static void write_cpu(struct ga_jw *w, const struct reading *prev, const struct 
     unsigned long long total = cur->cpu_total - prev->cpu_total;
     ga_jw_key(w, "cpu");
     ga_jw_obj(w);
-    ga_jw_key(w, "cores");
-    ga_jw_int(w, sysconf(_SC_NPROCESSORS_ONLN));
+    ga_jw_key_int(w, "cores", sysconf(_SC_NPROCESSORS_ONLN));
     jw_key_num(w, "load1", load[0], 2);
     jw_key_num(w, "load5", load[1], 2);
     jw_key_num(w, "load15", load[2], 2);
@@ -235,8 +234,7 @@ static void write_rates(struct ga_jw *w, const struct dev_list *prev, const stru
         if (!p)
             continue;
         ga_jw_obj(w);
-        ga_jw_key(w, "name");
-        ga_jw_str(w, c->name);
+        ga_jw_key_str(w, "name", c->name);
         /* a counter that went back (device reset, 32-bit wrap) reads as 0, not as a huge rate */
         jw_key_num(w, ka, c->a >= p->a ? (double)(c->a - p->a) * unit / MIB / secs : 0, 2);
         jw_key_num(w, kb, c->b >= p->b ? (double)(c->b - p->b) * unit / MIB / secs : 0, 2);
@@ -360,8 +358,7 @@ static void write_gpu_line(struct ga_jw *w, char *line)
         return;
     ga_jw_obj(w);
     jw_field_num(w, "index", f[0], 0);
-    ga_jw_key(w, "name");
-    ga_jw_str(w, f[1]);
+    ga_jw_key_str(w, "name", f[1]);
     jw_field_num(w, "util_pct", f[2], 0);
     jw_field_num(w, "mem_used_mib", f[3], 0);
     jw_field_num(w, "mem_total_mib", f[4], 0);
@@ -380,8 +377,7 @@ static void write_gpus(struct ga_jw *w)
          line = strtok_r(NULL, "\n", &save))
         write_gpu_line(w, line);
     ga_jw_arr_end(w);
-    ga_jw_key(w, "gpu_error");
-    ga_jw_str(w, why);
+    ga_jw_key_str(w, "gpu_error", why);
 }
 
 /* ---- the current run --------------------------------------------------------------------- */
@@ -447,12 +443,9 @@ static void write_run_ranks(struct ga_jw *w, const struct ga_runs_status *st)
     for (int i = 0; i < st->nranks; i++) {
         const struct ga_runs_rank *r = &st->ranks[i];
         ga_jw_obj(w);
-        ga_jw_key(w, "rank");
-        ga_jw_int(w, r->rank);
-        ga_jw_key(w, "pid");
-        ga_jw_int(w, r->pid);
-        ga_jw_key(w, "state");
-        ga_jw_str(w, rank_state(r));
+        ga_jw_key_int(w, "rank", r->rank);
+        ga_jw_key_int(w, "pid", r->pid);
+        ga_jw_key_str(w, "state", rank_state(r));
         ga_jw_key(w, "exit_code");
         if (r->exit_code < 0)
             ga_jw_null(w);
@@ -475,10 +468,8 @@ static void write_run(struct ga_jw *w, const char *root)
         return;
     }
     ga_jw_obj(w);
-    ga_jw_key(w, "id");
-    ga_jw_str(w, id);
-    ga_jw_key(w, "state");
-    ga_jw_str(w, st.state);
+    ga_jw_key_str(w, "id", id);
+    ga_jw_key_str(w, "state", st.state);
     write_run_ranks(w, &st);
     jw_key_num(w, "samples_per_s", last_samples_per_s(dir), 0);
     ga_jw_obj_end(w);
@@ -496,10 +487,8 @@ static void write_sample(struct ga_jw *w, const char *root, const struct reading
         secs = 0.001;
     ga_runs_now_iso(now, sizeof(now));
     ga_jw_obj(w);
-    ga_jw_key(w, "time");
-    ga_jw_str(w, now);
-    ga_jw_key(w, "interval_ms");
-    ga_jw_int(w, cur->mono_ms - prev->mono_ms);
+    ga_jw_key_str(w, "time", now);
+    ga_jw_key_int(w, "interval_ms", cur->mono_ms - prev->mono_ms);
     write_cpu(w, prev, cur);
     write_memory(w);
     ga_jw_key(w, "disks");
