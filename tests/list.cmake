@@ -48,7 +48,7 @@ gs_add_test(test_ssh         LABEL integration TIMEOUT 240 SOURCES integration/t
     LIBS gs_test_fixtures gs_remote gs_common PkgConfig::LIBSSH2 PkgConfig::CMOCKA Threads::Threads)
 gs_add_test(test_sftp_ops    LABEL integration TIMEOUT 120 SOURCES integration/test_sftp_ops.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA)
-gs_add_test(test_agent_client LABEL integration TIMEOUT 120 SOURCES integration/test_agent_client.c
+gs_add_test(test_agent_client LABEL integration TIMEOUT 300 SOURCES integration/test_agent_client.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
     DEPENDS gpusync-agent gpusync-agent-plain)
 gs_add_test(test_launch      LABEL integration TIMEOUT 180 SOURCES integration/test_launch.c

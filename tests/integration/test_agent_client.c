@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -317,6 +318,47 @@ static void test_agent_client__compressed_both_ways_and_exact(void **state)
     free(text), free(one), free(empty), free(noise);
 }
 
+/* A file past 2 GiB, sparse here (mostly zeros, a marker at each end and on both sides of 2^31),
+ * streams through the compressed session and arrives whole: offsets and sizes over 32 bits, and a
+ * zstd stream that carries gigabytes of zeros in a few megabytes. */
+static void test_agent_client__a_sparse_file_past_2_gib_arrives_whole(void **state)
+{
+    struct fx *f = *state;
+    const off_t size = (2LL << 30) + 3, marks[] = {0, (1LL << 31) - 1, 1LL << 31, size - 1};
+    char path[256];
+    snprintf(path, sizeof(path), "%s/sparse.bin", f->local);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, size), 0);
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
+        assert_int_equal(pwrite(fd, "ABCD" + i, 1, marks[i]), 1);
+    char *planned = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    assert_true(planned != MAP_FAILED);
+    unsigned long long frames0, wire0, frames1, wire1;
+    gs_agent_compression(f->agent, &frames0, &wire0);
+    submit_put(f, "sparse.bin", planned, (size_t)size, 0);
+    drain(f);
+    gs_agent_compression(f->agent, &frames1, &wire1);
+    munmap(planned, (size_t)size);
+    close(fd);
+    unlink(path);
+    assert_int_equal(f->n_ok, 1); /* PUT_END's hash of all 2 GiB matched on the server */
+    assert_true(wire1 - wire0 < (64u << 20));
+    snprintf(path, sizeof(path), "%s/sparse.bin", f->remote);
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    assert_int_equal(sb.st_size, size);
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
+        char c = 0;
+        assert_int_equal(pread(fd, &c, 1, marks[i]), 1);
+        assert_int_equal(c, "ABCD"[i]);
+    }
+    close(fd);
+    unlink(path);
+}
+
 /* An agent built where there is no libzstd declines in the handshake: the same puts go plain. */
 static void test_agent_client__an_agent_without_zstd_is_spoken_to_plainly(void **state)
 {
@@ -441,6 +483,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_agent_client__an_agent_without_zstd_is_spoken_to_plainly, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__a_sparse_file_past_2_gib_arrives_whole,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__many_small_puts_all_arrive, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__probe_reports_what_the_server_holds,
