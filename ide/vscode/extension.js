@@ -32,11 +32,23 @@ class Gpusync {
     this.logs = null; // the `gpusync logs -f` child
     this.lastRun = null; // id of the last run started from here
     // The GPU summary of the last "Show GPUs" (gpusync top), hidden until there is one.
-    this.gpuItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 9);
+    // Items get ids and names: VS Code lists them by name in the status bar's menu (where a user
+    // can hide each one) and keeps that choice per id.
+    this.gpuItem = vscode.window.createStatusBarItem(
+      'gpusync.gpu',
+      vscode.StatusBarAlignment.Left,
+      9,
+    );
+    this.gpuItem.name = 'gpusync GPUs';
     this.gpuItem.command = 'gpusync.gpu';
     this.output = vscode.window.createOutputChannel('gpusync');
     this.logChannel = vscode.window.createOutputChannel('gpusync logs');
-    this.item = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 10);
+    this.item = vscode.window.createStatusBarItem(
+      'gpusync.status',
+      vscode.StatusBarAlignment.Left,
+      10,
+    );
+    this.item.name = 'gpusync sync state';
     this.item.command = 'gpusync.showDetails';
     context.subscriptions.push(this.output, this.logChannel, this.item, this.gpuItem, {
       dispose: () => this.dispose(),

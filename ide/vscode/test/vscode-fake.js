@@ -1,5 +1,5 @@
-// test/vscode-fake.js: a small stand-in for the `vscode` module, because VS Code itself cannot be
-// downloaded or run here (no display, and only the npm registry is reachable). It implements just
+// test/vscode-fake.js: a small stand-in for the `vscode` module, for the quick tests (the real VS
+// Code test is ../test-real.sh, which runs code-server in headless Chromium). It implements just
 // the API the extension uses, records everything the extension shows (status bar text, output
 // channels, notifications) and answers prompts from queues the tests fill. Every visible change
 // emits 'change' on `fake.changes`, so tests wait for what a user would see instead of sleeping.
@@ -48,9 +48,14 @@ class ThemeColor {
   }
 }
 
-function createStatusBarItem(alignment, priority) {
+// Both of VS Code's overloads: (alignment, priority) and (id, alignment, priority).
+function createStatusBarItem(...args) {
+  const id = typeof args[0] === 'string' ? args.shift() : undefined;
+  const [alignment, priority] = args;
   let text = '';
   const item = {
+    id,
+    name: undefined,
     alignment,
     priority,
     history: [], // every text it has shown, in order
