@@ -109,6 +109,11 @@ find_program(GS_NPM npm)
 if(GS_NODE AND GS_NPM)
     gs_add_test(test_ide_vscode LABEL e2e TIMEOUT 600 COMMAND sh ${GS_ROOT}/ide/vscode/test.sh
         ENV ${ide_env})
+    # The extension in a real VS Code (code-server) and headless Chromium: ~30 s, plus ~1 min to
+    # install them on a fresh machine. Its own label too, so `ctest -LE vscode_real` leaves it out.
+    gs_add_test(test_ide_vscode_real LABEL e2e TIMEOUT 600
+        COMMAND ${GS_ROOT}/ide/vscode/test-real.sh ENV ${ide_env} SKIP_RETURN_CODE 77)
+    set_tests_properties(test_ide_vscode_real PROPERTIES LABELS "e2e;vscode_real")
 else()
     message(STATUS "node/npm not found: test_ide_vscode is not registered")
 endif()
