@@ -2,10 +2,11 @@
 // against the sandbox sshd (scripts/sandbox-server.sh), with the server's tree checked directly on
 // this machine's filesystem.
 //
-// Why a fake `vscode`: VS Code itself cannot be downloaded or run here (only the npm registry is
-// reachable, and there is no display), so test/vscode-fake.js stands in for the `vscode` module.
-// It records what the extension shows (status bar, output channels, notifications) and answers
-// prompts from queues; everything below the extension's calls to the VS Code API is real.
+// test/vscode-fake.js stands in for the `vscode` module: it records what the extension shows
+// (status bar, output channels, notifications) and answers prompts from queues; everything below
+// the extension's calls to the VS Code API is real. What a user sees in a real VS Code (watching,
+// an edit saved in the editor, the status bar's states, a conflict, Run Job, Stop Run, Show GPUs)
+// is tested there, by ../test-real.sh; these cover the rest in seconds, without a browser.
 'use strict';
 
 const { test, before, after } = require('node:test');
@@ -196,24 +197,24 @@ test('Push puts a new file on the server', async () => {
   assert.ok(fake.messages.some((m) => m.level === 'info' && /pushed 1 file/.test(m.text)));
 });
 
-test('Start Watching, then an edit: the status bar goes through syncing to up to date and the file is on the server', async () => {
+// A single small file's "synced" and the "idle" after it arrive together: the fake records the
+// brief "syncing 1" but a real workbench never paints it, so this waits only for "up to date"
+// (test-real.sh sees "syncing N" with a batch of large files).
+test('Start Watching, then an edit: the status bar comes back to up to date and the file is on the server', async () => {
   const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
   assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
   await waitFor(() => /up to date|connected/.test(statusItem().text), 'the first state');
   const mark = statusItem().history.length;
   fs.writeFileSync(path.join(env.project, 'edited.py'), 'x = 1\n');
+  // the item already said "up to date": wait for the one that ends this edit's batch
   await waitFor(
     () =>
+      remoteFile('edited.py') === 'x = 1\n' &&
       statusItem()
         .history.slice(mark)
-        .some((t) => /syncing 1/.test(t)),
-    '"syncing 1"',
+        .some((t) => /up to date/.test(t)),
+    '"up to date" with edited.py on the server',
   );
-  await waitFor(() => {
-    const h = statusItem().history.slice(mark);
-    const s = h.findIndex((t) => /syncing/.test(t));
-    return s >= 0 && h.slice(s).some((t) => /up to date/.test(t));
-  }, '"up to date" after the sync');
   assert.equal(remoteFile('edited.py'), 'x = 1\n');
   assert.equal(api.state(), 'up_to_date');
 });
@@ -251,38 +252,6 @@ test('a conflict raises a notification that names the file', async () => {
   assert.doesNotMatch(statusItem().text, /problem/);
 });
 
-test('Run Job with 2 CPU ranks fills the logs output channel', async () => {
-  fs.appendFileSync(
-    path.join(env.project, '.gpusync', 'config'),
-    '\n[job "hello"]\n\tcommand = echo hello from rank $RANK of $WORLD_SIZE\n',
-  );
-  fake.answers.quickPick.push(
-    (items) => items.find((i) => i.label === 'hello'),
-    (items) => items.find((i) => i.label === '2 CPU ranks'),
-  );
-  const r = await vscodeFake.commands.executeCommand('gpusync.runJob');
-  assert.ok(r && r.run, `run failed: ${JSON.stringify(fake.messages.slice(-2))}`);
-  assert.equal(r.run.ranks, 2);
-  assert.match(r.run.id, /\S/);
-  const code = await r.ended;
-  assert.equal(code, 0);
-  const text = channel('gpusync logs').text;
-  assert.match(text, /hello from rank 0 of 2/);
-  assert.match(text, /hello from rank 1 of 2/);
-});
-
-test('Stop Run stops the running job the user picks', async () => {
-  const started = cliJson(['run', '--cpu', '1', '--detach', '--', 'sleep', '120']);
-  assert.equal(started.ok, true);
-  fake.answers.quickPick.push((items) => items.find((i) => i.label === started.id));
-  const r = await vscodeFake.commands.executeCommand('gpusync.stopRun');
-  assert.ok(r, `stop failed: ${JSON.stringify(fake.messages.slice(-2))}`);
-  assert.equal(r.id, started.id);
-  const run = cliJson(['ps']).runs.find((x) => x.id === started.id);
-  assert.ok(run, 'the run is listed');
-  assert.notEqual(run.state, 'running');
-});
-
 test('Doctor writes every check to the output channel', async () => {
   const r = await vscodeFake.commands.executeCommand('gpusync.doctor');
   assert.ok(
@@ -291,15 +260,6 @@ test('Doctor writes every check to the output channel', async () => {
   );
   assert.match(channel('gpusync').text, /ok\s+ssh\s+root@127\.0\.0\.1/);
   assert.ok(fake.messages.some((m) => /gpusync doctor: \d+ ok/.test(m.text)));
-});
-
-test('Show GPUs puts the one-line GPU summary of gpusync top in its status bar item', async () => {
-  const r = await vscodeFake.commands.executeCommand('gpusync.gpu');
-  assert.ok(r && typeof r.gpu_summary === 'string', `gpu failed: ${JSON.stringify(fake.messages.slice(-2))}`);
-  // this server may have no GPU: the summary then says so
-  assert.match(r.gpu_summary, /^(GPU\d|no GPUs)/);
-  const item = fake.statusItems.find((i) => i.command === 'gpusync.gpu' && i.text === r.gpu_summary);
-  assert.ok(item && item.visible, 'the GPU item shows the summary');
 });
 
 test('Stop Watching stops the daemon and the status bar says so', async () => {
