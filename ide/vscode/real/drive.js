@@ -203,9 +203,14 @@ async function watchAndEdit(page) {
   step('four 16 MiB files in one batch: syncing, then up to date');
   const mark = (await history(page)).length;
   const names = ['w0.bin', 'w1.bin', 'w2.bin', 'w3.bin'];
-  for (const n of names) fs.writeFileSync(path.join(env.project, n), crypto.randomBytes(16 << 20));
+  // written beside the project, then moved in, so that they land in the same batch
+  const stage = fs.mkdtempSync(path.join(path.dirname(env.project), 'stage-'));
+  for (const n of names) fs.writeFileSync(path.join(stage, n), crypto.randomBytes(16 << 20));
+  for (const n of names) fs.renameSync(path.join(stage, n), path.join(env.project, n));
   await waitForStates(page, mark, [/syncing \d/, /up to date/], 'syncing, then up to date');
-  for (const n of names) assert.equal(fs.statSync(path.join(env.remote, n)).size, 16 << 20);
+  const size = (n) =>
+    fs.existsSync(path.join(env.remote, n)) ? fs.statSync(path.join(env.remote, n)).size : -1;
+  await until(() => names.every((n) => size(n) === 16 << 20), 'the four files on the server');
   await screenshot(page, 'status-bar', '#workbench\\.parts\\.statusbar');
 }
 
