@@ -29,6 +29,9 @@ packages=(
     libopenblas-dev dataset-fashion-mnist
     clang libclang-rt-14-dev
     vim neovim emacs-nox tmux
+    # the VS Code extension's real test (ide/vscode/test-real.sh): headless Chromium, and what
+    # code-server's native modules and search need (libkrb5-dev for kerberos, Debian's rg)
+    chromium ripgrep libkrb5-dev
 )
 # Editor-plugin tests need node and npm; a machine whose node came from elsewhere (with its own
 # npm) keeps it: Debian's npm package would conflict with it.
