@@ -268,21 +268,27 @@ async function runJob(page) {
 async function stopRun(page) {
   const started = cliJson(['run', '--cpu', '1', '--detach', '--', 'sleep', '120']);
   assert.equal(started.ok, true);
-  await runCommand(page, 'gpusync: Stop Run');
-  await pickInQuickInput(page, started.id, started.id);
-  await until(() => {
-    const run = cliJson(['ps']).runs.find((r) => r.id === started.id);
-    return run && run.state !== 'running';
-  }, `run ${started.id} to stop`);
+  const state = () => (cliJson(['ps']).runs.find((r) => r.id === started.id) || {}).state;
+  try {
+    await runCommand(page, 'gpusync: Stop Run');
+    await pickInQuickInput(page, started.id, started.id);
+    await until(() => state() && state() !== 'running', `run ${started.id} to stop`);
+  } finally {
+    if (state() === 'running') cliJson(['stop', started.id]); // not left behind when this failed
+  }
 }
 
 async function showGpus(page) {
   await runCommand(page, 'gpusync: Show GPUs');
-  await page.waitForFunction(
-    (sel) => /GPU\d|no GPUs/.test((document.querySelector(sel) || {}).textContent || ''),
-    { timeout: WAIT_MS, polling: 100 },
-    GPU_ITEM,
-  );
+  try {
+    await page.waitForFunction(
+      (sel) => /GPU\d|no GPUs/.test((document.querySelector(sel) || {}).textContent || ''),
+      { timeout: WAIT_MS, polling: 100 },
+      GPU_ITEM,
+    );
+  } catch (e) {
+    throw new Error(`the GPU status bar item never showed a summary (${e.message})`);
+  }
 }
 
 async function main() {
