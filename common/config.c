@@ -64,6 +64,10 @@ static int set_remote(struct parse_state *st, const char *key, const char *value
     if (strcmp(key, "master_addr") == 0)
         return value[0] ? replace_string(&cfg->master_addr, value)
                         : fail(st, "remote.master_addr: empty address%s%s", "", "");
+    char why[300];
+    int slurm = gs_config_slurm_key(&cfg->slurm, key, value, why, sizeof(why));
+    if (slurm != 0)
+        return slurm > 0 ? 1 : fail(st, "%s%s", why, "");
     if (strcmp(key, "port") == 0)
         return parse_port(value, &cfg->port)
                    ? 1
@@ -334,6 +338,7 @@ void gs_config_release(struct gs_config *cfg)
     free(cfg->identity);
     free(cfg->hosts);
     free(cfg->master_addr);
+    gs_config_slurm_release(&cfg->slurm);
     for (size_t i = 0; i < cfg->n_excludes; i++)
         free(cfg->excludes[i]);
     free(cfg->excludes);
@@ -370,6 +375,7 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\thosts = %s\n", cfg->hosts);
     if (cfg->master_addr)
         gs_buf_addf(out, "\tmaster_addr = %s\n", cfg->master_addr);
+    gs_config_slurm_format(&cfg->slurm, out);
     gs_buf_addf(out, "\n[sync]\n\ttransport = %s\n",
                 cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
     if (cfg->compress != GS_COMPRESS_AUTO)

@@ -2,7 +2,7 @@
  * with libinih:
  *
  *   [remote]            host, port, user, path, identity, hosts and master_addr (multi-node
- *                       runs)
+ *                       runs), scheduler = slurm and its keys (config_slurm.h)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp,
  *                       compress = auto | zstd | off
  *   [job "NAME"]        command, gpus | cpu
@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "common/config_slurm.h"
 #include "common/error.h"
 
 /* The highest GPU number a list may name, and the most CPU ranks a job may ask for (the
@@ -43,6 +44,7 @@ struct gs_config {
                         * kept as written, parsed by `gpusync run`; NULL: not set */
     char *master_addr; /* multi-node runs: the address the nodes reach node 0 by (MASTER_ADDR);
                         * NULL: detected from node 0's route to node 1 */
+    struct gs_slurm_config slurm; /* scheduler = slurm: host is the login node */
     enum gs_transport transport;
     enum gs_compress compress;
     char **excludes;
