@@ -9,6 +9,7 @@
 
 #include "cli/run_local.h"
 #include "cli/run_nodes.h"
+#include "cli/run_slurm.h"
 #include "common/path.h"
 
 enum { OPT_RANK = 2000, OPT_TAIL };
@@ -120,9 +121,12 @@ static int logs_exec(struct gs_cli *cli)
         code = gs_nodes_logs(cli, rec, opts.rank, opts.follow, opts.tail);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
         code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
+    else if (r < 0 && !(cli->cfg.slurm.enabled && run && opts.follow))
+        code = gs_cli_fail(cli, r);
+    else if (r < 0 && (code = gs_slurm_logs_wait(cli, run)) != 0) /* a Slurm job still pending */
+        ;
     else
-        code = r < 0 ? gs_cli_fail(cli, r)
-                     : show(cli, &rc, id.data, opts.follow, opts.rank, opts.tail);
+        code = show(cli, &rc, r < 0 ? run : id.data, opts.follow, opts.rank, opts.tail);
     json_decref(rec);
     gs_buf_release(&id);
     gs_run_ctx_release(&rc);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/run_nodes.h"
+#include "cli/run_slurm.h"
 
 static const char *str(json_t *o, const char *key)
 {
@@ -55,6 +56,8 @@ static void print_table(json_t *runs)
 
 static int ps_exec(struct gs_cli *cli)
 {
+    if (cli->cfg.slurm.enabled) /* the scheduler's view, with Slurm job ids */
+        return gs_slurm_ps(cli);
     struct gs_run_ctx rc;
     struct gs_buf out = GS_BUF_INIT;
     gs_run_ctx_init(cli, &rc);
@@ -81,10 +84,13 @@ const struct gs_cmd gs_cmd_ps = {
     .name = "ps",
     .usage = "ps [--json]",
     .summary = "List runs on the server",
-    .help = "  A multi-node run (run --hosts) is listed once, each of its nodes asked: STATE is\n"
-            "  running while any node runs, else failed if any failed, else lost, unknown (a\n"
-            "  node could not be asked; it is named on stderr), stopped, succeeded. --json\n"
-            "  adds \"nodes\": [{node, host, state, exit_code}] to such a run.\n",
+    .help =
+        "  A multi-node run (run --hosts) is listed once, each of its nodes asked: STATE is\n"
+        "  running while any node runs, else failed if any failed, else lost, unknown (a\n"
+        "  node could not be asked; it is named on stderr), stopped, succeeded. --json\n"
+        "  adds \"nodes\": [{node, host, state, exit_code}] to such a run. On Slurm ([remote]\n"
+        "  scheduler = slurm) it lists the project's jobs: run id, Slurm job id, the\n"
+        "  scheduler's state (PENDING with its reason, RUNNING, COMPLETED, FAILED, ...), exit.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .exec = ps_exec,
 };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/run.h"
+#include "cli/run_slurm.h"
 #include "cli/run_util.h"
 #include "common/clock.h"
 #include "common/shell.h"
@@ -34,7 +35,11 @@ enum {
     OPT_HOSTS,
     OPT_GRACE,
     OPT_WAIT,
-    OPT_MASTER_ADDR
+    OPT_MASTER_ADDR,
+    OPT_SLURM,
+    OPT_NODES,
+    OPT_GPUS_PER_NODE,
+    OPT_PARTITION
 };
 
 static const struct option run_options[] = {
@@ -51,6 +56,10 @@ static const struct option run_options[] = {
     {"grace", required_argument, NULL, OPT_GRACE},
     {"wait", no_argument, NULL, OPT_WAIT},
     {"master-addr", required_argument, NULL, OPT_MASTER_ADDR},
+    {"slurm", no_argument, NULL, OPT_SLURM},
+    {"nodes", required_argument, NULL, OPT_NODES},
+    {"gpus-per-node", required_argument, NULL, OPT_GPUS_PER_NODE},
+    {"partition", required_argument, NULL, OPT_PARTITION},
     {NULL, 0, NULL, 0},
 };
 
@@ -160,7 +169,7 @@ static void add_word(struct run_command *c, const char *w)
     c->argc++;
 }
 
-static void release_command(struct run_command *c)
+void gs_runcmd_command_release(struct run_command *c)
 {
     for (int i = 0; i < c->argc; i++)
         gs_buf_release(&c->words[i]);
@@ -251,7 +260,7 @@ static int choose_target(struct gs_cli *cli, struct run_args *a)
 
 /* The launcher's argv for what choose_target decided (the trainer is built on the server first
  * if it must be). Returns 0 or a negative code in cli->err. */
-static int resolve_command(struct gs_cli *cli, struct run_args *a, struct run_command *c)
+int gs_runcmd_resolve(struct gs_cli *cli, struct run_args *a, struct run_command *c)
 {
     if (a->kind == TARGET_TRAINER)
         return trainer_command(cli, a, c);
@@ -276,12 +285,12 @@ int gs_runcmd_plan(struct gs_cli *cli, struct run_args *a, struct run_plan *p)
     gs_buf_init(&p->gpus);
     p->nproc = a->cpu;
     int r = a->cpu ? 0 : pick_gpus(cli, a, &p->gpus, &p->gpu_count, &p->nproc);
-    return r < 0 ? r : resolve_command(cli, a, &p->c);
+    return r < 0 ? r : gs_runcmd_resolve(cli, a, &p->c);
 }
 
 void gs_runcmd_plan_release(struct run_plan *p)
 {
-    release_command(&p->c);
+    gs_runcmd_command_release(&p->c);
     gs_buf_release(&p->gpus);
 }
 
@@ -487,6 +496,19 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
         case OPT_MASTER_ADDR:
             a->master_addr = optarg;
             break;
+        case OPT_SLURM:
+            a->slurm = 1;
+            break;
+        case OPT_NODES:
+        case OPT_GPUS_PER_NODE:
+            if ((r = atoi(optarg)) < 1 || r > 4096)
+                return gs_cli_usage_error(&gs_cmd_run, "--%s %s: expected a count (1 to 4096)",
+                                          opt == OPT_NODES ? "nodes" : "gpus-per-node", optarg);
+            *(opt == OPT_NODES ? &a->slurm_nodes : &a->slurm_gpus_per_node) = r;
+            break;
+        case OPT_PARTITION:
+            a->slurm_partition = optarg;
+            break;
         default:
             if ((r = gs_cli_common_option(cli, &gs_cmd_run, opt)) <= 0)
                 return GS_EXIT_USAGE;
@@ -494,6 +516,8 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
     }
     if (a->gpus && a->cpu)
         return gs_cli_usage_error(&gs_cmd_run, "--gpus and --cpu exclude each other");
+    if (a->slurm_gpus_per_node && a->cpu)
+        return gs_cli_usage_error(&gs_cmd_run, "--gpus-per-node and --cpu exclude each other");
     if (a->wait && a->cpu)
         return gs_cli_usage_error(&gs_cmd_run, "--wait queues for GPUs; --cpu ranks use none");
     /* TARGET [-- ARGS...]  or  -- CMD ARGS... (getopt has consumed a leading "--") */
@@ -526,6 +550,8 @@ static int run_exec(struct gs_cli *cli)
     int r = choose_target(cli, a);
     if (r < 0)
         return gs_cli_fail(cli, r);
+    if (a->slurm || cli->cfg.slurm.enabled) /* host is the login node: no --hosts there */
+        return (r = gs_cli_prepare(cli, GS_CMD_NEED_SERVER)) != 0 ? r : gs_runcmd_slurm(cli, a);
     if (!a->hosts)
         a->hosts = cli->cfg.hosts;
     if (a->hosts && a->wait) /* nodes that started would wait for one that queues */
@@ -555,6 +581,7 @@ const struct gs_cmd gs_cmd_run = {
     .usage = "run [--gpus N|LIST [--wait] | --cpu N] [--hosts H1,H2... [--master-addr ADDR]]\n"
              "                   [--max-restarts K] [--detach] [--no-sync] [--name NAME]\n"
              "                   [--ranks all|0,1] [--stop-on-interrupt] [--grace SECONDS]\n"
+             "                   [--slurm [--nodes N] [--gpus-per-node G] [--partition P]]\n"
              "                   [TARGET [-- ARGS...] | -- CMD ARGS...]",
     .summary = "Sync, then run a multi-rank job on the server and follow its logs",
     .help =
@@ -583,6 +610,14 @@ const struct gs_cmd gs_cmd_run = {
         "  --master-addr ADDR     MASTER_ADDR of a multi-node run (default: [remote]\n"
         "                         master_addr, else node 0's address on its route to node 1,\n"
         "                         as the agent finds it there; 'gpusync doctor' checks it)\n"
+        "  --slurm                submit to Slurm through the login node (default when\n"
+        "                         [remote] scheduler = slurm): sbatch runs a script gpusync\n"
+        "                         writes to .gpusync/runs/<id>/job.sbatch, srun starts one task\n"
+        "                         per GPU (or --cpu N tasks) with torchrun's environment from\n"
+        "                         Slurm's; shows 'pending: REASON' while it waits. The exit\n"
+        "                         status is the job's; ps, logs -f and stop (scancel) follow it\n"
+        "  --nodes N, --gpus-per-node G, --partition P\n"
+        "                         override [remote] nodes, gpus_per_node, partition\n"
         "  TARGET is a [job \"NAME\"] from the config (command, and gpus or cpu); 'train' is\n"
         "  the bundled trainer unless such a job has a command. What the server cannot run\n"
         "  (more GPUs than it has) and what the config gets wrong are refused before the\n"

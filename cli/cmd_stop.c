@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "cli/run_nodes.h"
+#include "cli/run_slurm.h"
 
 enum { OPT_GRACE = 1000 };
 
@@ -51,6 +52,8 @@ static int stop_exec(struct gs_cli *cli)
     struct gs_run_ctx rc;
     struct gs_buf id = GS_BUF_INIT;
     int r, code;
+    if (cli->cfg.slurm.enabled) /* scancel: the scheduler owns the job's processes */
+        return gs_slurm_stop(cli, cli->argv[0]);
     gs_run_ctx_init(cli, &rc);
     json_t *rec = gs_nodes_resolve(cli, &rc, cli->argv[0], &id, &r);
     if (rec) /* a multi-node run: every node */
@@ -74,7 +77,9 @@ const struct gs_cmd gs_cmd_stop = {
             "  what had to be killed; fails (exit 1, naming them) if any process of the run is\n"
             "  still alive afterwards. A multi-node run (run --hosts) is stopped on every node at\n"
             "  once, each node's report on its own line; stop fails, naming the node, when a node\n"
-            "  cannot be reached or something of the run survives there.\n",
+            "  cannot be reached or something of the run survives there. On Slurm ([remote]\n"
+            "  scheduler = slurm) RUN is a run id, stopped with scancel and confirmed when the\n"
+            "  scheduler no longer lists its job.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .parse = stop_parse,
     .exec = stop_exec,

@@ -31,6 +31,9 @@ struct run_args {
     char **argv;
     enum target_kind kind;
     const struct gs_job *job; /* TARGET_JOB: the [job] (owned by the config) */
+    /* Slurm (run_slurm.c): --slurm, and what the command line sets over [remote]'s keys */
+    int slurm, slurm_nodes, slurm_gpus_per_node;
+    const char *slurm_partition;
 };
 
 struct run_command {
@@ -52,6 +55,12 @@ struct run_plan {
  * cli->err; `p` is to be released with gs_runcmd_plan_release either way. */
 int gs_runcmd_plan(struct gs_cli *cli, struct run_args *a, struct run_plan *p);
 void gs_runcmd_plan_release(struct run_plan *p);
+
+/* The launcher's argv for TARGET or the command (the trainer is built on the server first if it
+ * must be), without asking about GPUs: what a Slurm run needs. Returns 0 or a negative code in
+ * cli->err; `c` (zeroed by the caller) is released with gs_runcmd_command_release either way. */
+int gs_runcmd_resolve(struct gs_cli *cli, struct run_args *a, struct run_command *c);
+void gs_runcmd_command_release(struct run_command *c);
 
 /* A new run id: UTC time and 16 random-ish bits, "20261124-013000-1a2b". */
 void gs_runcmd_new_id(char id[64]);
