@@ -82,6 +82,9 @@ gs_add_test(test_gpus          LABEL e2e TIMEOUT 300 SOURCES e2e/test_gpus.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_nodes         LABEL e2e TIMEOUT 300 SOURCES e2e/test_nodes.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
+# a real single-host Slurm (tests/fixtures/slurm-cluster.sh); exits 77 where it cannot start
+gs_add_test(test_slurm         LABEL slurm TIMEOUT 300 SKIP_RETURN_CODE 77
+    SOURCES e2e/test_slurm.c LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_fence         LABEL e2e TIMEOUT 400 SOURCES e2e/test_fence.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_faults        LABEL e2e TIMEOUT 600 SOURCES e2e/test_faults.c
