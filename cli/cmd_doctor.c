@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/run_nodes.h"
+#include "cli/run_slurm.h"
 #include "common/proc.h"
 #include "remote/exec.h"
 
@@ -310,6 +311,16 @@ static void check_nodes(struct gs_cli *cli, struct doctor *d)
               "%s", detail);
 }
 
+/* A Slurm remote ([remote] scheduler = slurm): the scheduler, the partition, the account. */
+static void check_slurm(struct gs_cli *cli, struct doctor *d)
+{
+    static const char *status[] = {"ok", "warn", "fail"};
+    char detail[512];
+    const char *hint;
+    int s = gs_slurm_doctor(cli, detail, sizeof(detail), &hint);
+    add_check(d, "slurm", status[s], hint, "%s", detail);
+}
+
 static int report(struct gs_cli *cli, struct doctor *d)
 {
     int failed = 0;
@@ -345,6 +356,8 @@ static int doctor_exec(struct gs_cli *cli)
         add_check(&d, "ssh", "fail", NULL, "%s", cli->err.msg);
     if (cli->cfg.hosts)
         check_nodes(cli, &d);
+    if (cli->cfg.slurm.enabled && cli->ssh)
+        check_slurm(cli, &d);
     int rc = report(cli, &d);
     json_decref(d.facts);
     return rc;
@@ -355,7 +368,10 @@ const struct gs_cmd gs_cmd_doctor = {
     .usage = "doctor [--json]",
     .summary = "Check the local setup and the server: SSH, latency, disk, GPUs, CUDA, NCCL, Python",
     .help = "  With [remote] hosts (multi-node runs), also checks that node 1 reaches MASTER_ADDR\n"
-            "  ([remote] master_addr, or as 'run' detects it) on a free port of node 0.\n"
+            "  ([remote] master_addr, or as 'run' detects it) on a free port of node 0. With\n"
+            "  [remote] scheduler = slurm, checks on the login node that sinfo answers, that\n"
+            "  [remote] partition is up and account is yours, and says how many CPUs and GPUs\n"
+            "  are idle.\n"
             "  Exit status 1 if a check failed (warnings do not fail).\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = doctor_exec,

@@ -295,3 +295,70 @@ int gs_slurm_ps(struct gs_cli *cli)
     gs_buf_release(&out);
     return code;
 }
+
+/* The value of "key=" in the doctor probe's output, or "" (static). */
+static const char *probe_value(const char *out, const char *key)
+{
+    static char value[256];
+    size_t klen = strlen(key);
+    value[0] = 0;
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p += p != NULL) {
+        if (strncmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t n = strcspn(p + klen + 1, "\n");
+            snprintf(value, sizeof(value), "%.*s", (int)(n < 255 ? n : 255), p + klen + 1);
+            break;
+        }
+    }
+    return value;
+}
+
+/* Appends what sinfo says is free: "4 of 4 CPUs idle, 0 GPUs on idle nodes". */
+static void describe_idle(const char *out, char *detail, size_t cap)
+{
+    long alloc = 0, idle = 0, other = 0, total = 0;
+    sscanf(probe_value(out, "cpus"), "%ld/%ld/%ld/%ld", &alloc, &idle, &other, &total);
+    size_t len = strlen(detail);
+    snprintf(detail + len, cap - len, "; %ld of %ld CPUs idle, %s GPU(s) on idle nodes", idle,
+             total, probe_value(out, "gpus"));
+}
+
+int gs_slurm_doctor(struct gs_cli *cli, char *detail, size_t cap, const char **hint)
+{
+    struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT;
+    const struct gs_slurm_config *s = &cli->cfg.slurm;
+    gs_slurm_doctor_command(s, &cmd);
+    int r = gs_cli_capture(cli, cmd.data, &out), status = 0;
+    const char *o = out.data ? out.data : "";
+    *hint = NULL;
+    if (r != 0 || strcmp(probe_value(o, "sinfo"), "ok") != 0) {
+        snprintf(detail, cap, "sinfo failed on the login node: %s",
+                 r < 0 ? cli->err.msg : probe_value(o, "why"));
+        *hint = "install the Slurm client there, or check that slurmctld answers (scontrol ping)";
+        status = 2;
+    } else {
+        snprintf(detail, cap, "sinfo ok");
+        if (s->partition) {
+            const char *avail = probe_value(o, "partition");
+            size_t len = strlen(detail);
+            snprintf(detail + len, cap - len, "; partition %s: %s", s->partition,
+                     avail[0] ? avail : "not found");
+            if (strcmp(avail, "up") != 0) {
+                status = 2;
+                *hint = "set [remote] partition to one that 'sinfo' lists as up";
+            }
+        }
+        if (s->account) {
+            const char *acct = probe_value(o, "account");
+            size_t len = strlen(detail);
+            snprintf(detail + len, cap - len, "; account %s: %s", s->account, acct);
+            if (strcmp(acct, "missing") == 0) {
+                status = 2;
+                *hint = "set [remote] account to one of yours ('sacctmgr show assoc user=$USER')";
+            }
+        }
+        describe_idle(o, detail, cap);
+    }
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    return status;
+}

@@ -20,4 +20,9 @@ int gs_slurm_stop(struct gs_cli *cli, const char *run);
  * or the job has ended. Returns 0, 130 after Ctrl-C, or gs_cli_fail's exit code. */
 int gs_slurm_logs_wait(struct gs_cli *cli, const char *id);
 
+/* `doctor` on a Slurm remote: sinfo answers, the partition is up, the account is the user's
+ * (where the site keeps accounting), and how many CPUs and GPUs are idle. Fills `detail` and
+ * *hint (a static string or NULL). Returns 0 (ok), 1 (warn) or 2 (fail). */
+int gs_slurm_doctor(struct gs_cli *cli, char *detail, size_t cap, const char **hint);
+
 #endif

@@ -217,3 +217,40 @@ int gs_slurm_state_final(const char *state)
             return 0;
     return 1;
 }
+
+/* Appends "-p 'P'" when the config names a partition. */
+static void partition_opt(const struct gs_slurm_config *cfg, struct gs_buf *cmd)
+{
+    if (cfg->partition) {
+        gs_buf_adds(cmd, " -p ");
+        gs_shell_quote(cmd, cfg->partition);
+    }
+}
+
+void gs_slurm_doctor_command(const struct gs_slurm_config *cfg, struct gs_buf *cmd)
+{
+    gs_buf_adds(cmd, "sinfo -h -o %P >/dev/null 2>&1 || { echo sinfo=fail; "
+                     "sinfo 2>&1 | head -n 1 | sed 's/^/why=/'; exit 0; }; echo sinfo=ok; ");
+    if (cfg->partition) {
+        gs_buf_adds(cmd, "echo \"partition=$(sinfo -h -o %a");
+        partition_opt(cfg, cmd);
+        gs_buf_adds(cmd, " 2>/dev/null | head -n 1)\"; ");
+    }
+    if (cfg->account) {
+        gs_buf_adds(cmd, "a=");
+        gs_shell_quote(cmd, cfg->account);
+        /* without accounting (no slurmdbd) the account cannot be checked, only named */
+        gs_buf_adds(cmd,
+                    "; if sacctmgr -n -P show assoc where user=$(id -un) account=\"$a\" "
+                    "format=Account 2>/dev/null | grep -q .; then echo account=ok; "
+                    "elif sacctmgr -n show cluster >/dev/null 2>&1; then echo account=missing; "
+                    "else echo account=unknown; fi; ");
+    }
+    gs_buf_adds(cmd, "echo \"cpus=$(sinfo -h -o %C");
+    partition_opt(cfg, cmd);
+    gs_buf_adds(cmd, " | head -n 1)\"; echo \"gpus=$(sinfo -h -N -t idle -o %G");
+    partition_opt(cfg, cmd);
+    gs_buf_adds(cmd, " | awk -F, '{for (i = 1; i <= NF; i++) if ($i ~ /^gpu/) { g = $i; "
+                     "sub(/\\(.*/, \"\", g); n = split(g, a, \":\"); s += a[n] }} "
+                     "END { print s + 0 }')\"");
+}

@@ -43,6 +43,12 @@ void gs_slurm_ps_command(const char *remote_dir, struct gs_buf *cmd);
 void gs_slurm_cancel_command(const char *remote_dir, const char *id, int wait_s,
                              struct gs_buf *cmd);
 
+/* Appends the command `doctor` runs on the login node: lines "sinfo=ok|fail" (and "why=..."),
+ * "partition=up|down|..." ("" when unknown) when the config names one, "account=ok|missing|
+ * unknown" when it names one (unknown: the site keeps no accounting to ask), "cpus=A/I/O/T"
+ * (sinfo %C) and "gpus=N" (GPUs of idle nodes, from their gres). */
+void gs_slurm_doctor_command(const struct gs_slurm_config *cfg, struct gs_buf *cmd);
+
 /* A run's state as the scheduler reports it. */
 struct gs_slurm_state {
     char id[64];

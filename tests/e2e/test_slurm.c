@@ -350,6 +350,46 @@ static void test_slurm__logs_f_after_a_detach_shows_every_line_once(void **state
     gs_test_result_release(&r);
 }
 
+/* `doctor`'s check named `name` (borrowed from `doc`), or NULL. */
+static json_t *doctor_check(json_t *doc, const char *name)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "checks"), i, c)
+    {
+        if (!strcmp(json_string_value(json_object_get(c, "name")), name))
+            return c;
+    }
+    return NULL;
+}
+
+static void test_slurm__doctor_checks_sinfo_and_the_partition_and_counts_idle_cpus(void **state)
+{
+    (void)state;
+    json_t *doc = gs_test_gpusync_json(project, ARGS("doctor", "--json"), 0, "doctor");
+    json_t *c = doctor_check(doc, "slurm");
+    assert_non_null(c);
+    assert_string_equal(json_string_value(json_object_get(c, "status")), "ok");
+    const char *detail = json_string_value(json_object_get(c, "detail"));
+    assert_non_null(strstr(detail, "partition debug: up"));
+    assert_non_null(strstr(detail, "of 4 CPUs idle"));
+    json_decref(doc);
+    assert_int_equal(gs_test_sh("sed -i 's/partition = debug/partition = nosuch/' "
+                                "'%s/.gpusync/config'",
+                                project),
+                     0);
+    doc = gs_test_gpusync_json(project, ARGS("doctor", "--json"), 1, "doctor, no such partition");
+    c = doctor_check(doc, "slurm");
+    assert_non_null(c);
+    assert_string_equal(json_string_value(json_object_get(c, "status")), "fail");
+    assert_non_null(strstr(json_string_value(json_object_get(c, "detail")), "nosuch: not found"));
+    json_decref(doc);
+    assert_int_equal(gs_test_sh("sed -i 's/partition = nosuch/partition = debug/' "
+                                "'%s/.gpusync/config'",
+                                project),
+                     0);
+}
+
 /* Starts the cluster; exits 77 with Slurm's reason when it cannot start here. */
 static void start_cluster(void)
 {
@@ -383,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_slurm__stop_cancels_a_running_job_and_leaves_nothing),
         cmocka_unit_test(test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_runs),
         cmocka_unit_test(test_slurm__logs_f_after_a_detach_shows_every_line_once),
+        cmocka_unit_test(test_slurm__doctor_checks_sinfo_and_the_partition_and_counts_idle_cpus),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
     gs_test_sh("'%s' stop '%s'; rm -rf '%s'",
