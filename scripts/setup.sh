@@ -2,7 +2,8 @@
 # setup.sh: installs what gpusync's build and tests need (Debian 12 packages), then configures and
 # builds everything into build/. Safe to run again: packages already present are not reinstalled
 # and the build is incremental. CUDA is optional: with /usr/local/cuda/bin/nvcc the trainer's GPU
-# path is built too.
+# path is built too. Slurm's daemons and munge are installed for the `slurm` tests, which start a
+# private single-host cluster (tests/fixtures/slurm-cluster.sh; needs root).
 #
 #   scripts/setup.sh [--no-build] [--build-dir DIR] [--sanitize]
 set -euo pipefail
@@ -32,6 +33,8 @@ packages=(
     # the VS Code extension's real test (ide/vscode/test-real.sh): headless Chromium, and what
     # code-server's native modules and search need (libkrb5-dev for kerberos, Debian's rg)
     chromium ripgrep libkrb5-dev
+    # the Slurm tests (tests/fixtures/slurm-cluster.sh): a real single-host cluster
+    slurmctld slurmd slurm-client munge
 )
 # Editor-plugin tests need node and npm; a machine whose node came from elsewhere (with its own
 # npm) keeps it: Debian's npm package would conflict with it.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: installs and builds (scripts/setup.sh), then runs every test with ctest and exits
 # non-zero on any failure. Unit tests run in parallel; tests that start servers or measure time
-# run one at a time, so timing checks are not disturbed by the machine's other core.
+# run one at a time, so timing checks are not disturbed by the machine's other core. The `slurm`
+# tests start a private Slurm (root; setup.sh installs it) and are skipped where it cannot start.
 #
 #   scripts/test.sh [--sanitize] [-L LABEL_REGEX] [-R NAME_REGEX]
 #
