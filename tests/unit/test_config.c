@@ -272,8 +272,8 @@ static void test_config__syntax_error_names_line(void **state)
 static void test_config__bad_compress_names_value(void **state)
 {
     (void)state;
-    expect_error("[remote]\nhost = h\n[sync]\ncompress = fast\n", "/p/.gpusync/config:4:",
-                 "compress", "fast", NULL);
+    expect_error("[remote]\nhost = h\n[sync]\ncompress = fast\n",
+                 "/p/.gpusync/config:4:", "compress", "fast", NULL);
 }
 
 static void test_config__bad_transport_names_value(void **state)
@@ -472,6 +472,45 @@ static void test_config__master_addr_is_read_saved_and_checked(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+static void test_config__slurm_keys_are_read_saved_and_checked(void **state)
+{
+    (void)state;
+    struct gs_config cfg, back;
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_parse(&cfg,
+                                     "[remote]\nhost = login\nscheduler = slurm\npartition = gpu\n"
+                                     "account = lab\ntime = 1:00:00\nmem = 16G\nnodes = 2\n"
+                                     "gpus_per_node = 4\ncpus_per_task = 8\n"
+                                     "sbatch_args = --qos=high --exclusive\n",
+                                     "c", &err),
+                     0);
+    assert_true(cfg.slurm.enabled);
+    assert_string_equal(cfg.slurm.partition, "gpu");
+    assert_int_equal(cfg.slurm.nodes, 2);
+    assert_int_equal(cfg.slurm.gpus_per_node, 4);
+    assert_string_equal(cfg.slurm.sbatch_args, "--qos=high --exclusive");
+    char dir[] = "/tmp/gs-test-config-slurm.XXXXXX", path[128], cmd[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    assert_int_equal(gs_config_save(&cfg, path, &err), 0);
+    assert_int_equal(gs_config_load(&back, path, &err), 0);
+    assert_true(back.slurm.enabled);
+    assert_string_equal(back.slurm.account, "lab");
+    assert_string_equal(back.slurm.time, "1:00:00");
+    assert_string_equal(back.slurm.mem, "16G");
+    assert_int_equal(back.slurm.cpus_per_task, 8);
+    assert_string_equal(back.slurm.sbatch_args, "--qos=high --exclusive");
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    expect_error("[remote]\nhost = h\nscheduler = pbs\n",
+                 "/p/.gpusync/config:3:", "remote.scheduler", "pbs", NULL);
+    expect_error("[remote]\nhost = h\nnodes = 0\n", "/p/.gpusync/config:3:", "remote.nodes", NULL);
+    expect_error("[remote]\nhost = h\npartition =\n", "/p/.gpusync/config:3:", "remote.partition",
+                 NULL);
+}
+
 static void test_config__save_minimal_round_trips_unset_fields_as_unset(void **state)
 {
     (void)state;
@@ -547,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_parse_target__replaces_previous_values),
         cmocka_unit_test(test_config__save_then_load_round_trips),
         cmocka_unit_test(test_config__master_addr_is_read_saved_and_checked),
+        cmocka_unit_test(test_config__slurm_keys_are_read_saved_and_checked),
         cmocka_unit_test(test_config__save_minimal_round_trips_unset_fields_as_unset),
         cmocka_unit_test(test_config__save_into_missing_directory_is_io_error),
         cmocka_unit_test(test_config__release_is_safe_on_zeroed_and_twice),
