@@ -350,6 +350,19 @@ static void test_slurm__logs_f_after_a_detach_shows_every_line_once(void **state
     gs_test_result_release(&r);
 }
 
+static void test_slurm__the_bundled_trainer_runs_unchanged_on_two_tasks(void **state)
+{
+    (void)state;
+    struct gs_test_result r = gs_test_run_gpusync(
+        project, NULL, NULL,
+        ARGS("run", "--cpu", "2", "train", "--", "--epochs", "1", "--limit-train", "2000"),
+        CMD_MS * 3);
+    gs_test_expect_status(&r, 0, "the trainer on 2 Slurm tasks");
+    assert_non_null(strstr(r.out.data, "2 rank(s)")); /* WORLD_SIZE from SLURM_NTASKS */
+    assert_non_null(strstr(r.out.data, "epoch   1/1 |"));
+    gs_test_result_release(&r);
+}
+
 /* `doctor`'s check named `name` (borrowed from `doc`), or NULL. */
 static json_t *doctor_check(json_t *doc, const char *name)
 {
@@ -423,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_slurm__stop_cancels_a_running_job_and_leaves_nothing),
         cmocka_unit_test(test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_runs),
         cmocka_unit_test(test_slurm__logs_f_after_a_detach_shows_every_line_once),
+        cmocka_unit_test(test_slurm__the_bundled_trainer_runs_unchanged_on_two_tasks),
         cmocka_unit_test(test_slurm__doctor_checks_sinfo_and_the_partition_and_counts_idle_cpus),
     };
     int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
