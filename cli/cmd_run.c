@@ -550,7 +550,12 @@ static int run_exec(struct gs_cli *cli)
     int r = choose_target(cli, a);
     if (r < 0)
         return gs_cli_fail(cli, r);
-    if (a->slurm || cli->cfg.slurm.enabled) /* host is the login node: no --hosts there */
+    if ((a->slurm || cli->cfg.slurm.enabled) && (a->hosts || a->wait))
+        return gs_cli_usage_error(&gs_cmd_run,
+                                  "%s is for SSH servers; on Slurm the scheduler "
+                                  "places and queues the job (--nodes N)",
+                                  a->hosts ? "--hosts" : "--wait");
+    if (a->slurm || cli->cfg.slurm.enabled) /* host is the login node */
         return (r = gs_cli_prepare(cli, GS_CMD_NEED_SERVER)) != 0 ? r : gs_runcmd_slurm(cli, a);
     if (!a->hosts)
         a->hosts = cli->cfg.hosts;

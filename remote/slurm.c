@@ -146,7 +146,7 @@ void gs_slurm_state_command(const char *remote_dir, const char *id, struct gs_bu
 void gs_slurm_ps_command(const char *remote_dir, struct gs_buf *cmd)
 {
     gs_buf_addf(cmd,
-                "%scd %s 2>/dev/null || exit 0; for r in $(ls -1dt " RUNS_DIR
+                "%scd %s 2>/dev/null || exit 0; for r in $(ls -1dr " RUNS_DIR
                 "/*/ 2>/dev/null); do r=${r%%/}; [ -f \"$r/slurm_job_id\" ] && gs_st \"$r\"; "
                 "done; exit 0",
                 state_fn, remote_dir);
@@ -204,6 +204,8 @@ int gs_slurm_state_parse(const char *line, struct gs_slurm_state *st)
         field(line, 5, started, sizeof(started)) || !st->job[0])
         return -1;
     st->exit_code = exit_code_of(ec);
+    if (strncmp(st->state, "CANCELLED", 9) == 0 && st->exit_code == 0)
+        st->exit_code = -1; /* cancelled before it ran: Slurm's 0:0 is no exit code */
     st->started = started[0] == '1';
     return 0;
 }
