@@ -1,7 +1,7 @@
 /* tests/e2e/test_slurm.c: gpusync on a Slurm cluster (issue 18), through the built CLI against a
  * real single-host Slurm (tests/fixtures/slurm-cluster.sh: munged, slurmctld and slurmd from
- * Debian's packages, private config, 4 CPUs, CPU tasks) whose login node is the sandbox sshd on
- * this machine, so the job's files and processes can be inspected directly. Exits 77 with the
+ * Debian's packages, private config, 4 CPUs and 2 fake GPUs) whose login node is the sandbox sshd
+ * on this machine, so the job's files and processes can be inspected directly. Exits 77 with the
  * reason when Slurm cannot start here (ctest label `slurm`). */
 #include <dirent.h>
 #include <fcntl.h>
@@ -201,6 +201,21 @@ static void test_slurm__two_tasks_run_with_the_torchrun_environment(void **state
     assert_non_null(strstr(script, "#SBATCH --ntasks-per-node=2"));
     assert_non_null(strstr(script, "#SBATCH --partition=debug"));
     free(script);
+    gs_test_result_release(&r);
+}
+
+static void test_slurm__gpu_tasks_one_per_gpu_see_the_nodes_gpus(void **state)
+{
+    (void)state;
+    struct gs_test_result r = gs_test_run_gpusync(
+        project, NULL, NULL,
+        ARGS("run", "--gpus-per-node", "2", "--", "sh", "-c",
+             "echo R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE CVD=$CUDA_VISIBLE_DEVICES."),
+        CMD_MS);
+    gs_test_expect_status(&r, 0, "a Slurm run with one task per GPU");
+    /* every task sees the job's GPUs of its node, as under torchrun: LOCAL_RANK picks one */
+    assert_int_equal(count(r.out.data, "R=0 L=0 W=2 CVD=0,1."), 1);
+    assert_int_equal(count(r.out.data, "R=1 L=1 W=2 CVD=0,1."), 1);
     gs_test_result_release(&r);
 }
 
@@ -432,6 +447,7 @@ int main(void)
     start_cluster();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slurm__two_tasks_run_with_the_torchrun_environment),
+        cmocka_unit_test(test_slurm__gpu_tasks_one_per_gpu_see_the_nodes_gpus),
         cmocka_unit_test(test_slurm__a_failing_task_fails_the_job_and_run_exits_with_its_code),
         cmocka_unit_test(test_slurm__stop_cancels_a_running_job_and_leaves_nothing),
         cmocka_unit_test(test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_runs),
