@@ -146,8 +146,9 @@ const struct gs_cmd gs_cmd_logs = {
             "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"
             "  exits 1. A multi-node run (run --hosts) shows every node's ranks, one connection\n"
             "  per node, lines prefixed by global rank; across nodes, lines come in the order\n"
-            "  they arrive here (--tail N: the last N lines of each node). Text only: run\n"
-            "  states are in 'gpusync ps --json'.\n",
+            "  they arrive here (--tail N: the last N lines of each node). On Slurm, -f RUN\n"
+            "  waits while the job is pending, saying why. Text only: run states are in\n"
+            "  'gpusync ps --json'.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER | GS_CMD_TEXT_ONLY,
     .parse = logs_parse,
     .exec = logs_exec,
