@@ -134,7 +134,7 @@ static int ended_unstarted(const char *id, const struct gs_slurm_state *st)
 
 /* Follows a submitted run: pending, then its logs until it ends. Returns the exit code. */
 static int follow(struct gs_cli *cli, const struct run_args *a, struct gs_run_ctx *rc,
-                  const char *id, const char *job)
+                  const char *id, const char *job, int ntasks)
 {
     struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
     sigaction(SIGINT, &sa, NULL);
@@ -147,7 +147,9 @@ static int follow(struct gs_cli *cli, const struct run_args *a, struct gs_run_ct
     if (!st.started)
         return ended_unstarted(id, &st);
     struct gs_log_printer printer;
-    gs_log_printer_init(&printer, cli, id, a->ranks == NULL || strchr(a->ranks, ','));
+    /* "[rank N] " prefixes as for a run on one server: unless one rank is shown */
+    int one = a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0;
+    gs_log_printer_init(&printer, cli, id, ntasks > 1 && !one);
     int code = 0;
     r = gs_run_ctx_follow(cli, rc, id, a->ranks, &printer, &gs_runcmd_interrupted, &code);
     gs_log_printer_finish(&printer);
@@ -196,18 +198,16 @@ int gs_runcmd_slurm(struct gs_cli *cli, struct run_args *a)
     sj.argv = c.argv;
     if (r == 0)
         r = submit(cli, &sj, &job);
-    int code = r < 0 ? gs_cli_fail(cli, r) : 0;
+    int code = r < 0 ? gs_cli_fail(cli, r) : 0, nodes = s.nodes > 0 ? s.nodes : 1,
+        ntasks = sj.tasks_per_node * nodes;
     if (r == 0 && cli->json)
         gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:s,s:i}", "v", 1, "ok", 1, "id", id,
-                                    "slurm_job_id", job.data, "ranks",
-                                    sj.tasks_per_node * (s.nodes > 0 ? s.nodes : 1)));
+                                    "slurm_job_id", job.data, "ranks", ntasks));
     else if (r == 0)
         fprintf(stderr, "gpusync: run %s submitted as Slurm job %s (%d task%s on %d node%s)\n", id,
-                job.data, sj.tasks_per_node * (s.nodes > 0 ? s.nodes : 1),
-                sj.tasks_per_node * (s.nodes > 0 ? s.nodes : 1) == 1 ? "" : "s",
-                s.nodes > 0 ? s.nodes : 1, s.nodes > 1 ? "s" : "");
+                job.data, ntasks, ntasks == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s");
     if (r == 0 && !a->detach)
-        code = follow(cli, a, &rc, id, job.data);
+        code = follow(cli, a, &rc, id, job.data, ntasks);
     gs_runcmd_command_release(&c);
     gs_buf_release(&job);
     gs_run_ctx_release(&rc);
