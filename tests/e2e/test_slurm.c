@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -276,8 +277,9 @@ static const char *await_pending_reason(const char *id)
     }
 }
 
-/* Starts `gpusync logs -f id` in the background; its pipes in fds[0] (stdout), fds[1] (stderr). */
-static pid_t start_logs_f(const char *id, int fds[2])
+/* Starts gpusync with `args` in the project, in the background; its pipes in fds[0] (stdout),
+ * fds[1] (stderr). */
+static pid_t start_gpusync(const char *const *args, int fds[2])
 {
     int out[2], err[2];
     assert_int_equal(pipe(out), 0);
@@ -291,7 +293,7 @@ static pid_t start_logs_f(const char *id, int fds[2])
         dup2(err[1], 2);
         close(out[0]);
         close(err[0]);
-        gs_test_exec_gpusync(ARGS("logs", "-f", id));
+        gs_test_exec_gpusync(args);
     }
     close(out[1]);
     close(err[1]);
@@ -330,7 +332,7 @@ static void test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_
     snprintf(reason, sizeof(reason), "%s", await_pending_reason(id));
     int fds[2];
     struct gs_buf err = GS_BUF_INIT;
-    pid_t pid = start_logs_f(id, fds);
+    pid_t pid = start_gpusync(ARGS("logs", "-f", id), fds);
     char want[128];
     snprintf(want, sizeof(want), ") pending: %s\n", reason);
     await_output(fds[1], &err, want); /* what the scheduler said, as the user sees it */
@@ -342,6 +344,30 @@ static void test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_
     assert_int_equal(count(r.out.data, "ran 1"), 1);
     unlink(path);
     gs_buf_release(&err);
+    gs_test_result_release(&r);
+}
+
+static void test_slurm__ctrl_c_detaches_and_the_job_keeps_running(void **state)
+{
+    (void)state;
+    int fds[2];
+    struct gs_buf out = GS_BUF_INIT;
+    pid_t pid =
+        start_gpusync(ARGS("run", "--cpu", "2", "--", "sh", "-c", "echo up $RANK; sleep 300"), fds);
+    await_output(fds[0], &out, "up 1");
+    kill(pid, SIGINT);
+    struct gs_test_result r = gs_test_finish(pid, fds[0], fds[1], CMD_MS);
+    gs_test_expect_status(&r, 130, "Ctrl-C during a Slurm run");
+    char id[128];
+    const char *p = strstr(r.err.data, "gpusync: run ");
+    if (!p || sscanf(p, "gpusync: run %127s submitted", id) != 1)
+        fail_msg("no run id on stderr: %s", r.err.data);
+    json_t *row = ps_row(id); /* detached: the scheduler still runs it */
+    assert_non_null(row);
+    assert_string_equal(json_string_value(json_object_get(row, "state")), "RUNNING");
+    json_decref(row);
+    gs_test_gpusync_ok(project, ARGS("stop", id), "stop after the detach");
+    gs_buf_release(&out);
     gs_test_result_release(&r);
 }
 
@@ -451,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_slurm__a_failing_task_fails_the_job_and_run_exits_with_its_code),
         cmocka_unit_test(test_slurm__stop_cancels_a_running_job_and_leaves_nothing),
         cmocka_unit_test(test_slurm__a_job_that_must_wait_shows_pending_with_its_reason_then_runs),
+        cmocka_unit_test(test_slurm__ctrl_c_detaches_and_the_job_keeps_running),
         cmocka_unit_test(test_slurm__logs_f_after_a_detach_shows_every_line_once),
         cmocka_unit_test(test_slurm__the_bundled_trainer_runs_unchanged_on_two_tasks),
         cmocka_unit_test(test_slurm__doctor_checks_sinfo_and_the_partition_and_counts_idle_cpus),
