@@ -126,6 +126,8 @@ static handler_fn handler_for(uint8_t type)
         return ga_serve_put_data;
     case GS_MSG_PUT_END:
         return ga_serve_put_end;
+    case GS_MSG_PUT_DELTA:
+        return ga_serve_put_delta;
     case GS_MSG_MKDIR:
         return ga_serve_mkdir;
     case GS_MSG_DELETE:
@@ -196,6 +198,9 @@ static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
     /* level 1: fast enough not to slow a LAN; the replies it packs are mostly small (zframes.h) */
     if (m.flags & GS_HELLO_ZSTD)
         s->z = gs_zframes_new(1);
+#ifdef GS_RSYNC
+    s->delta = (m.flags & GS_HELLO_DELTA) != 0;
+#endif
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_HELLO_OK;
     r.id = f->id;
@@ -207,7 +212,7 @@ static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
     if ((m.flags & GS_HELLO_SYNC_ID) && ga_sync_id_get(s->rootfd, sync_id) < 0)
         sync_id[0] = '\0'; /* the client then records none, and asks again next time */
     r.path = gs_proto_cstr(sync_id);
-    r.flags = s->z ? GS_HELLO_ZSTD : 0;
+    r.flags = (s->z ? GS_HELLO_ZSTD : 0) | (s->delta ? GS_HELLO_DELTA : 0);
     ga_serve_emit(s, &r);
     return s->fatal ? -1 : 0;
 }

@@ -33,6 +33,7 @@ struct ga_serve {
     struct ga_fence fence;           /* that lock, held from HELLO_OK to ga_serve_release */
     int clean_end;                   /* ga_serve_run ended at end of input, no error */
     struct gs_zframes *z;            /* set once both sides said GS_HELLO_ZSTD (zframes.h) */
+    int delta;                       /* both sides said GS_HELLO_DELTA: PUT_DELTA accepted */
     struct gs_proto_buf zin, zout;   /* a ZFRAMES's frames; replies packed for the wire */
 };
 

@@ -61,6 +61,17 @@ int ga_serve_take_path(struct ga_serve *s, const struct gs_proto_msg *m, struct 
 int ga_serve_parent(struct ga_serve *s, const struct gs_proto_msg *m, const char *op,
                     const char *path, int create, int *dirfd, char *name);
 
+/* Moves dirfd/tmp over dirfd/name after the conflict check (new_hash: the content's hash), and
+ * replies. On failure the temporary is removed and the target is untouched (or kept as a
+ * conflict copy). */
+void ga_serve_commit(struct ga_serve *s, uint32_t id, const char *op, const char *path, int dirfd,
+                     const char *tmp, const char *name, const struct gs_proto_expect *expect,
+                     const uint8_t *new_hash);
+
+/* Finishes a temporary file: metadata, optional fsync, close. Returns 0 or a negative errno;
+ * the fd is closed either way. */
+int ga_serve_finish_tmp(struct ga_serve *s, int fd, const struct gs_proto_meta *meta);
+
 /* Closes a stream's descriptors, removes its temporary file and frees the slot. */
 void ga_serve_stream_free(struct ga_serve_stream *st);
 
@@ -69,6 +80,7 @@ void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_put_delta(struct ga_serve *s, const struct gs_proto_msg *m); /* serve_delta.c */
 void ga_serve_symlink(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_chmod(struct ga_serve *s, const struct gs_proto_msg *m);

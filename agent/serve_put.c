@@ -23,11 +23,9 @@ static int write_all(int fd, const void *p, size_t n)
     return ga_write_all(fd, p, n) < 0 ? -errno : 0;
 }
 
-/* Moves dirfd/tmp over dirfd/name after the conflict check, and replies. On failure the
- * temporary is removed and the target is untouched (or kept as a conflict copy). */
-static void commit(struct ga_serve *s, uint32_t id, const char *op, const char *path, int dirfd,
-                   const char *tmp, const char *name, const struct gs_proto_expect *expect,
-                   const uint8_t *new_hash)
+void ga_serve_commit(struct ga_serve *s, uint32_t id, const char *op, const char *path, int dirfd,
+                     const char *tmp, const char *name, const struct gs_proto_expect *expect,
+                     const uint8_t *new_hash)
 {
     char kept[GA_FS_NAME_MAX + 1];
     int rc = ga_fs_check_expect(dirfd, name, expect, new_hash, kept);
@@ -47,9 +45,7 @@ static void commit(struct ga_serve *s, uint32_t id, const char *op, const char *
     ga_serve_reply_done(s, id, 0, path, kept);
 }
 
-/* Finishes a temporary file: metadata, optional fsync, close. Returns 0 or a negative errno;
- * the fd is closed either way. */
-static int finish_tmp(struct ga_serve *s, int fd, const struct gs_proto_meta *meta)
+int ga_serve_finish_tmp(struct ga_serve *s, int fd, const struct gs_proto_meta *meta)
 {
     int rc = ga_fs_set_meta(fd, meta);
     if (rc == 0 && s->fsync && fsync(fd) < 0)
@@ -76,7 +72,7 @@ void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m)
     int fd = ga_fs_tmp_create(dirfd, tmp);
     rc = fd < 0 ? fd : write_all(fd, m->data.p, m->data.len);
     if (fd >= 0) {
-        int r = finish_tmp(s, fd, &m->meta);
+        int r = ga_serve_finish_tmp(s, fd, &m->meta);
         rc = rc < 0 ? rc : r;
     }
     if (rc < 0) {
@@ -86,7 +82,7 @@ void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m)
     } else {
         uint8_t hash[GS_PROTO_HASH_LEN];
         ga_fs_hash_mem(m->data.p, m->data.len, hash);
-        commit(s, m->id, "put", path, dirfd, tmp, name, &m->expect, hash);
+        ga_serve_commit(s, m->id, "put", path, dirfd, tmp, name, &m->expect, hash);
     }
     close(dirfd);
     free(path);
@@ -189,7 +185,7 @@ void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
         XXH128_canonical_t c;
         XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st->hs));
         memcpy(hash, c.digest, sizeof(hash));
-        int rc = finish_tmp(s, st->fd, &st->meta);
+        int rc = ga_serve_finish_tmp(s, st->fd, &st->meta);
         st->fd = -1;
         if (rc == 0 && st->size != GS_PROTO_SIZE_UNKNOWN && st->size != st->received)
             rc = -EBADMSG; /* a lost or extra chunk: never commit it */
@@ -199,7 +195,8 @@ void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
             unlinkat(st->dirfd, st->tmp, 0);
             ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
         } else {
-            commit(s, m->id, "put", st->path, st->dirfd, st->tmp, st->name, &st->expect, hash);
+            ga_serve_commit(s, m->id, "put", st->path, st->dirfd, st->tmp, st->name, &st->expect,
+                            hash);
         }
     }
     ga_serve_stream_free(st);
@@ -226,7 +223,7 @@ void ga_serve_symlink(struct ga_serve *s, const struct gs_proto_msg *m)
         } else {
             uint8_t hash[GS_PROTO_HASH_LEN];
             ga_fs_hash_mem(target, m->path2.len, hash);
-            commit(s, m->id, "symlink", path, dirfd, tmp, name, &m->expect, hash);
+            ga_serve_commit(s, m->id, "symlink", path, dirfd, tmp, name, &m->expect, hash);
         }
         close(dirfd);
     }

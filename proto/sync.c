@@ -222,6 +222,10 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         else
             w_u64(w, m->size);
         break;
+    case GS_MSG_PUT_DELTA:
+        w_str(w, m->path), w_meta(w, &m->meta), w_expect(w, &m->expect);
+        w_bytes(w, m->hash, GS_PROTO_HASH_LEN), w_str(w, m->data);
+        break;
     case GS_MSG_PUT_DATA:
     case GS_MSG_GET_DATA:
         w_bytes(w, m->data.p, m->data.len);
@@ -340,6 +344,12 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
             m->data = r_str(r);
         else
             m->size = r_u64(r);
+        break;
+    case GS_MSG_PUT_DELTA:
+        m->path = r_str(r), r_meta(r, &m->meta), r_expect(r, &m->expect);
+        r_hash(r, m->hash), m->has_hash = 1, m->data = r_str(r);
+        if (m->expect.kind != GS_EXPECT_HASH) /* a delta needs a known basis */
+            r->failed = 1;
         break;
     case GS_MSG_PUT_DATA:
         m->data.p = (const char *)r->p, m->data.len = (uint32_t)r->n;
@@ -516,6 +526,8 @@ const char *gs_proto_type_name(uint8_t type)
         return "PUT_DATA";
     case GS_MSG_PUT_END:
         return "PUT_END";
+    case GS_MSG_PUT_DELTA:
+        return "PUT_DELTA";
     case GS_MSG_MKDIR:
         return "MKDIR";
     case GS_MSG_DELETE:

@@ -90,6 +90,18 @@
  * incompressible data (checkpoints, archives) costs only the try (proto/zframes.h). An agent
  * without libzstd never sets the flag, and both sides then speak exactly v5's frames.
  *
+ * DELTA (v7). A client that keeps librsync signatures says so in HELLO (GS_HELLO_DELTA); an agent
+ * built with librsync answers with the same flag, and then accepts PUT_DELTA: a file rebuilt on
+ * the server from the copy it holds (the basis, named by the expect hash) and an rdiff delta. The
+ * agent checks the basis's hash before it reads a byte of the delta; if the server holds anything
+ * else (edited there, missing, not a file) it changes nothing and answers ERROR ESTALE, and the
+ * client then sends the whole file as a PUT with the same expect, whose conflict check keeps the
+ * server's copy (so a conflict costs one extra round trip, and the common case none). The result
+ * is written to a temporary file, its hash checked against the one the request carries (EBADMSG
+ * and the target untouched when it differs), and renamed into place like every other write. One
+ * frame carries the whole delta: the client sends a full put instead when the delta would pass
+ * GS_PROTO_DELTA_MAX (such a change is a large part of the file; then the delta saves little).
+ *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
@@ -100,8 +112,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GS_PROTO_VERSION 6 /* v6: zstd ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock   \
-                            */
+#define GS_PROTO_VERSION                                                                           \
+    7 /* v7: PUT_DELTA; v6: zstd ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED;                         \
+       * v4: writer lock */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
@@ -113,8 +126,9 @@
 #define GS_PROTO_MAX_STREAMS  16         /* put streams (PUT_BEGIN..PUT_END) open at once */
 #define GS_PROTO_ZRAW_MAX     (8u << 20) /* the most frame bytes one ZFRAMES may carry */
 #define GS_PROTO_HASH_LEN     16
-#define GS_PROTO_SIZE_UNKNOWN UINT64_MAX           /* PUT_BEGIN size when not known in advance */
-#define GS_PROTO_TMP_PREFIX   ".gpusync-tmp-"      /* scanners must ignore these names */
+#define GS_PROTO_DELTA_MAX    (3u << 20)      /* the largest delta a PUT_DELTA carries (advice) */
+#define GS_PROTO_SIZE_UNKNOWN UINT64_MAX      /* PUT_BEGIN size when not known in advance */
+#define GS_PROTO_TMP_PREFIX   ".gpusync-tmp-" /* scanners must ignore these names */
 #define GS_PROTO_CONFLICT_TAG ".gpusync-conflict-" /* NAME + tag + YYYYmmdd-HHMMSS[-N] */
 
 /* Message types. 0x01-0x7f travel client -> agent, 0x80-0xff agent -> client.
@@ -140,6 +154,12 @@ enum gs_msg_type {
      * stream (DONE, or ERROR at the first failure; after a failure the stream's later DATA/END
      * frames are dropped silently). DATA/END for an id with no open stream: ERROR EBADF. */
     GS_MSG_PUT_END = 0x13,
+    /* PUT_DELTA (v7, only after HELLO_OK said GS_HELLO_DELTA): str path | meta | expect (must
+     * be GS_EXPECT_HASH: the basis) | hash (of the result) | str delta (librsync's format).
+     * Reply DONE, or ERROR ESTALE (the basis is not there: nothing changed; send a PUT),
+     * EBADMSG (a delta that does not apply, or a result with another hash: target untouched),
+     * ENOSYS (an agent without librsync). See DELTA above. */
+    GS_MSG_PUT_DELTA = 0x1d,
     /* MKDIR: str path | u32 mode. mkdir -p; mode applied to the last component. DONE
      * (flags NOOP if it already was a directory), ERROR ENOTDIR/EEXIST if a non-directory. */
     GS_MSG_MKDIR = 0x14,
@@ -204,7 +224,8 @@ enum gs_msg_type {
 enum gs_hello_flags {
     GS_HELLO_FSYNC = 1u,   /* fsync files and directories before replying */
     GS_HELLO_SYNC_ID = 2u, /* answer with the root's sync id (agent/sync_id.h) */
-    GS_HELLO_ZSTD = 4u     /* v6: HELLO: I read ZFRAMES_R; HELLO_OK: so do I, ZFRAMES */
+    GS_HELLO_ZSTD = 4u,    /* v6: HELLO: I read ZFRAMES_R; HELLO_OK: so do I, ZFRAMES */
+    GS_HELLO_DELTA = 8u    /* v7: HELLO: I may send PUT_DELTA; HELLO_OK: I apply them */
 };
 /* The longest sync id HELLO_OK carries (without a newline); the client keeps no more. */
 #define GS_SYNC_ID_MAX 64
@@ -264,12 +285,13 @@ struct gs_proto_msg {
     struct gs_proto_str path2;      /* RENAME.to, SYMLINK target, STAT/LIST link target,
                                      * HELLO_OK root, DONE kept */
     struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message */
-    struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes; ZFRAMES compressed bytes */
+    struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes; ZFRAMES compressed bytes;
+                                     * PUT_DELTA's delta */
     struct gs_proto_meta meta;
     struct gs_proto_expect expect;
     struct gs_proto_expect expect2; /* RENAME: about `from` */
     uint8_t kind;
-    uint8_t has_hash; /* set by the decoder for PUT_END/HASH_R/GET_END; LIST entries */
+    uint8_t has_hash; /* set by the decoder for PUT_END/PUT_DELTA/HASH_R/GET_END; LIST entries */
     uint8_t hash[GS_PROTO_HASH_LEN];
     uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count; ZFRAMES raw size */
     int32_t err;    /* ERROR, LIST_SKIPPED */

@@ -212,9 +212,12 @@ static void build_script(const struct sources *src, const char *key, struct gs_b
         gs_buf_adds(sh, "GPUSYNC_SOURCE_END_7f3a\n");
     }
     gs_buf_addf(sh,
-                /* with the server's libzstd if it has one (a compressed stream), else without */
+                /* with the server's libzstd and librsync if it has them (a compressed stream,
+                 * deltas), else with what it has */
+                "cc -std=c99 -O2 -D_GNU_SOURCE -DGS_ZSTD -DGS_RSYNC -I. -o gpusync-agent "
+                "agent/*.c proto/*.c -lzstd -lrsync >build.log 2>&1 || "
                 "cc -std=c99 -O2 -D_GNU_SOURCE -DGS_ZSTD -I. -o gpusync-agent agent/*.c "
-                "proto/*.c -lzstd >build.log 2>&1 || "
+                "proto/*.c -lzstd >>build.log 2>&1 || "
                 "cc -std=c99 -O2 -D_GNU_SOURCE -I. -o gpusync-agent agent/*.c proto/*.c "
                 ">>build.log 2>&1 || { echo 'agent build failed:' >&2; tail -n 20 build.log >&2; "
                 "exit 3; }\n"

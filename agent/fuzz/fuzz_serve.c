@@ -65,14 +65,39 @@ static int zframes_seeds(const char *dir, int n)
     return n;
 }
 
+/* A PUT of "data" then a PUT_DELTA that applies to it ("data!"): a seed that reaches the patch
+ * job, so mutations explore librsync's delta commands, not only the frame's fields. */
+static int delta_seed(const char *dir, int n)
+{
+    static const uint8_t delta[] = {'r',  's', 0x02, '6', /* RS_DELTA_MAGIC */
+                                    0x45, 0,   4,         /* COPY pos 0, len 4 */
+                                    0x41, 1,   '!',       /* LITERAL 1 byte */
+                                    0};                   /* END */
+    struct gs_proto_buf b;
+    struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = 2};
+    gs_proto_buf_init(&b);
+    m.path = gs_proto_cstr("a");
+    m.data = gs_proto_cstr("data");
+    m.meta.mode = 0644;
+    gs_proto_encode(&b, &m);
+    m.type = GS_MSG_PUT_DELTA, m.id = 3, m.expect.kind = GS_EXPECT_HASH;
+    ga_fs_hash_mem("data", 4, m.expect.hash);
+    ga_fs_hash_mem("data!", 5, m.hash);
+    m.data = (struct gs_proto_str){(const char *)delta, sizeof(delta)};
+    gs_proto_encode(&b, &m);
+    seed(dir, n++, &b);
+    gs_proto_buf_release(&b);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     struct gs_proto_buf b;
     struct gs_proto_msg m;
     const char *paths[] = {"a", "d/e/f", "out/x", "abs/y", "../z", "lnk"};
-    uint8_t types[] = {GS_MSG_PUT,     GS_MSG_MKDIR, GS_MSG_DELETE,   GS_MSG_RENAME,
-                       GS_MSG_SYMLINK, GS_MSG_CHMOD, GS_MSG_STAT,     GS_MSG_HASH,
-                       GS_MSG_GET,     GS_MSG_LIST,  GS_MSG_PUT_BEGIN};
+    uint8_t types[] = {GS_MSG_PUT,     GS_MSG_MKDIR, GS_MSG_DELETE,    GS_MSG_RENAME,
+                       GS_MSG_SYMLINK, GS_MSG_CHMOD, GS_MSG_STAT,      GS_MSG_HASH,
+                       GS_MSG_GET,     GS_MSG_LIST,  GS_MSG_PUT_BEGIN, GS_MSG_PUT_DELTA};
     int n = 0;
     if (argc < 2)
         return 2;
@@ -98,6 +123,7 @@ int main(int argc, char **argv)
             seed(argv[1], n++, &b);
         }
     }
+    n = delta_seed(argv[1], n);
     zframes_seeds(argv[1], n);
     gs_proto_buf_release(&b);
     return 0;
@@ -115,7 +141,7 @@ static void hello(struct gs_proto_buf *b, int zstd)
     m.id = 1;
     m.magic = GS_PROTO_MAGIC;
     m.version = GS_PROTO_VERSION;
-    m.flags = zstd ? GS_HELLO_ZSTD : 0;
+    m.flags = (zstd ? GS_HELLO_ZSTD : 0) | GS_HELLO_DELTA; /* PUT_DELTA reaches librsync */
     gs_proto_encode(b, &m);
 }
 
