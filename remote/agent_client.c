@@ -17,6 +17,7 @@
 #include "common/wrapper.h"
 #include "proto/sync.h"
 #include "proto/zframes.h"
+#include "remote/delta.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -34,6 +35,7 @@
 struct pending {
     uint32_t id;
     void *ctx;
+    struct gs_fop_req *resend; /* a PUT_DELTA's request, owned: sent whole if the basis is gone */
 };
 
 /* A request whose replies the caller consumes itself (handshake, GET, LIST, ping). */
@@ -71,6 +73,10 @@ struct gs_agent {
     int hello_rc;
     char sync_id[GS_SYNC_ID_MAX + 1]; /* from HELLO_OK: the root's .gpusync/sync-id */
     struct gs_error *hello_err;
+    int delta;                  /* the agent agreed to PUT_DELTA */
+    char *sig_dir;              /* where signatures are kept (gs_agent_set_delta_dir), or NULL */
+    struct gs_fop_req **resend; /* deltas refused for want of a basis, to send whole (owned) */
+    size_t n_resend, resend_cap;
 };
 
 /* ---- reading, writing, dispatching ---- */
@@ -116,11 +122,15 @@ static int read_some(struct gs_agent *a, struct gs_error *err)
     return n > 0;
 }
 
+static int delta_refused(struct gs_agent *a, struct pending *p, const struct gs_proto_msg *m);
+
 static void complete(struct gs_agent *a, const struct gs_proto_msg *m)
 {
     struct pending p = a->q[a->q_head];
     a->q_head = (a->q_head + 1) % a->q_cap;
     a->q_len--;
+    if (delta_refused(a, &p, m))
+        return; /* completed when the whole file is answered */
     char message[1024] = "", kept[4200] = "";
     struct gs_fop_result r = {.ok = m->type == GS_MSG_DONE};
     if (m->type == GS_MSG_DONE) {
@@ -316,7 +326,7 @@ static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
         a->q_cap = cap;
         a->q_head = 0;
     }
-    a->q[(a->q_head + a->q_len) % a->q_cap] = (struct pending){id, ctx};
+    a->q[(a->q_head + a->q_len) % a->q_cap] = (struct pending){id, ctx, NULL};
     a->q_len++;
     return 0;
 }
@@ -444,6 +454,146 @@ static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, ui
     return rc;
 }
 
+/* ---- deltas: PUT_DELTA (proto/sync.h, DELTA) against kept signatures (remote/delta.h) ---- */
+
+#define DELTA_FILE_MAX                                                                             \
+    (256ull << 20) /* held in memory to diff: larger files go whole, unsigned                      \
+                    */
+
+static void free_req(struct gs_fop_req *r)
+{
+    if (!r)
+        return;
+    free((char *)r->path);
+    free((char *)r->local_file);
+    free(r);
+}
+
+/* A put's request, owned, for sending again after its delta was refused. */
+static struct gs_fop_req *copy_req(const struct gs_fop_req *req)
+{
+    struct gs_fop_req *r = gs_xmalloc(sizeof(*r));
+    *r = *req;
+    r->path = gs_xstrdup(req->path);
+    r->local_file = gs_xstrdup(req->local_file);
+    r->path2 = NULL;
+    return r;
+}
+
+/* 1 when a file of this size gets its signature kept once sent: the agent takes deltas (or has
+ * not said yet: the first sync of a tree goes before the handshake's answer). */
+static int delta_keeps(const struct gs_agent *a, const struct stat *st)
+{
+    return a->sig_dir && (a->delta || !a->hello_call.done) && st->st_size >= GS_DELTA_MIN &&
+           (uint64_t)st->st_size <= DELTA_FILE_MAX;
+}
+
+/* 1 when this put may go as a delta: the server's copy is known by its hash. */
+static int delta_wanted(const struct gs_agent *a, const struct gs_fop_req *req,
+                        const struct stat *st)
+{
+    return a->delta && req->expect == GS_FOP_EXPECT_HASH && delta_keeps(a, st);
+}
+
+/* Sends `data` as a PUT_DELTA against the server's copy (req->hash). The request is kept to
+ * be sent whole if the agent answers ESTALE (delta_refused). Returns 0 or a negative code. */
+static int send_delta(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
+                      const struct gs_buf *delta, struct gs_error *err)
+{
+    struct gs_proto_msg m = {.type = GS_MSG_PUT_DELTA, .id = id};
+    m.path = gs_proto_cstr(req->path);
+    m.data = (struct gs_proto_str){delta->data, (uint32_t)delta->len};
+    memcpy(m.hash, req->content_hash, sizeof(m.hash));
+    set_meta(&m, req);
+    set_expect(&m, req);
+    int rc = push_pending(a, id, req->ctx);
+    if (rc == 0)
+        rc = encode(a, &m, err);
+    if (rc == 0) {
+        a->q[(a->q_head + a->q_len - 1) % a->q_cap].resend = copy_req(req);
+        a->ops.bytes_sent += delta->len;
+    }
+    return rc;
+}
+
+/* Sends a file the server holds an older copy of as a delta against that copy's kept signature.
+ * Returns 0 or a negative code when sent (or 1 when answered here: the file changed), and 2
+ * when no delta applies (no signature, or one as large as the file): then the caller streams
+ * the file, whose signature this has kept already. */
+static int submit_delta_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id, int fd,
+                            const struct stat *st, struct gs_error *err)
+{
+    struct gs_buf data = GS_BUF_INIT, sig = GS_BUF_INIT, delta = GS_BUF_INIT;
+    size_t max =
+        (size_t)st->st_size / 2 < GS_PROTO_DELTA_MAX ? (size_t)st->st_size / 2 : GS_PROTO_DELTA_MAX;
+    int rc = 2;
+    if (gs_delta_read_file(fd, (size_t)st->st_size, req->content_hash, &data) < 0) {
+        put_vanished(a, req, EAGAIN);
+        rc = 1;
+    } else if (gs_delta_sig_load(a->sig_dir, req->hash, &sig) == 0 &&
+               gs_delta_make(sig.data, sig.len, data.data, data.len, max, &delta, NULL) == 0) {
+        rc = send_delta(a, req, id, &delta, err);
+        /* the save goes now; its new signature is computed while it travels */
+        if (rc == 0)
+            rc = pump(a, 0, err);
+    }
+    if (rc == 0 || rc == 2)
+        gs_delta_keep(a->sig_dir, req->content_hash, data.data, data.len);
+    /* the old signature goes once the server holds the new content (delta_refused): a delta cut
+     * off on its way is sent again as a delta */
+    if (rc == 2 && memcmp(req->hash, req->content_hash, GS_PROTO_HASH_LEN) != 0)
+        gs_delta_sig_drop(a->sig_dir, req->hash);
+    gs_buf_release(&data);
+    gs_buf_release(&sig);
+    gs_buf_release(&delta);
+    return rc;
+}
+
+/* A PUT_DELTA refused for want of its basis (ESTALE: the server's copy changed or went) is sent
+ * again whole, with the same expectation, so the agent keeps the server's copy as a conflict
+ * copy and reports it. Returns 1 when `m` was such a refusal (completed later), else 0. */
+static int delta_refused(struct gs_agent *a, struct pending *p, const struct gs_proto_msg *m)
+{
+    struct gs_fop_req *r = p->resend;
+    if (!r)
+        return 0;
+    p->resend = NULL;
+    if (m->type != GS_MSG_ERROR || m->err != ESTALE) {
+        /* done: the basis's signature is of no more use; refused otherwise: it may be wrong */
+        if (m->type != GS_MSG_DONE || memcmp(r->hash, r->content_hash, GS_PROTO_HASH_LEN) != 0)
+            gs_delta_sig_drop(a->sig_dir, r->hash);
+        free_req(r);
+        return 0;
+    }
+    gs_delta_sig_drop(a->sig_dir, r->hash);
+    GS_ALLOC_GROW(a->resend, a->n_resend + 1, a->resend_cap);
+    a->resend[a->n_resend++] = r;
+    return 1;
+}
+
+static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
+                      struct gs_error *err);
+
+/* Sends the first refused delta's file whole. Returns 0 or a negative code. */
+static int resend_whole(struct gs_agent *a, struct gs_error *err)
+{
+    struct gs_fop_req *r = a->resend[0];
+    memmove(a->resend, a->resend + 1, --a->n_resend * sizeof(*a->resend));
+    int delta = a->delta;
+    a->delta = 0; /* whole, this time */
+    int rc = submit_put(a, r, new_id(a), err);
+    a->delta = delta;
+    free_req(r);
+    return rc < 0 ? rc : 0;
+}
+
+int gs_agent_set_delta_dir(struct gs_agent *a, const char *dir)
+{
+    free(a->sig_dir);
+    a->sig_dir = dir ? gs_xstrdup(dir) : NULL;
+    return 0;
+}
+
 /* Streams a file as PUT_BEGIN, PUT_DATA..., PUT_END. The END carries the hash the plan computed,
  * with VERIFY: if the file changed since it was hashed, the agent refuses to commit and the
  * target stays as it was; the next sync sends the new content. */
@@ -468,6 +618,16 @@ static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
         close(fd);
         return rc;
     }
+    int kept = 0;
+    if (delta_wanted(a, req, &st)) {
+        int rc = submit_delta_put(a, req, id, fd, &st, err);
+        if (rc != 2 || lseek(fd, 0, SEEK_SET) != 0) {
+            close(fd);
+            return rc == 2 ? gs_error_errno(err, GS_E_IO, "%s: cannot rewind", req->local_file)
+                           : rc;
+        }
+        kept = 1; /* its signature, by submit_delta_put */
+    }
     struct gs_proto_msg m = {.type = GS_MSG_PUT_BEGIN, .id = id, .size = req->size};
     m.path = gs_proto_cstr(req->path);
     set_meta(&m, req);
@@ -487,7 +647,10 @@ static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
     struct gs_proto_msg end = {.type = GS_MSG_PUT_END, .id = id, .flags = GS_PUTEND_VERIFY};
     memcpy(end.hash, req->content_hash, sizeof(end.hash));
     end.has_hash = 1;
-    return rc ? rc : encode(a, &end, err);
+    rc = rc ? rc : encode(a, &end, err);
+    if (rc == 0 && !kept && delta_keeps(a, &st))
+        gs_delta_keep_file(a->sig_dir, req->local_file, req->content_hash); /* next: a delta */
+    return rc;
 }
 
 static int submit_simple(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id,
@@ -534,8 +697,8 @@ static int agent_drain(struct gs_fileops *ops, struct gs_error *err)
 {
     struct gs_agent *a = (struct gs_agent *)ops;
     int rc = 0;
-    while (rc == 0 && (a->q_len || unsent(a) || !a->hello_call.done))
-        rc = pump(a, 1, err);
+    while (rc == 0 && (a->q_len || unsent(a) || !a->hello_call.done || a->n_resend))
+        rc = a->n_resend ? resend_whole(a, err) : pump(a, 1, err);
     return rc;
 }
 
@@ -665,6 +828,7 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
         memcpy(a->sync_id, m->path.p, n);
         a->sync_id[n] = '\0';
         a->zstd = a->z && (m->flags & GS_HELLO_ZSTD);
+        a->delta = (m->flags & GS_HELLO_DELTA) != 0;
         return 0;
     }
     return a->hello_rc =
@@ -682,7 +846,8 @@ static int handshake(struct gs_agent *a, struct gs_error *err)
     struct gs_proto_msg m = {.type = GS_MSG_HELLO,
                              .magic = GS_PROTO_MAGIC,
                              .version = GS_PROTO_VERSION,
-                             .flags = GS_HELLO_SYNC_ID | (a->z ? GS_HELLO_ZSTD : 0)};
+                             .flags =
+                                 GS_HELLO_SYNC_ID | GS_HELLO_DELTA | (a->z ? GS_HELLO_ZSTD : 0)};
     a->hello_call = (struct sync_call){.on_frame = on_hello};
     a->hello_call.id = m.id = new_id(a);
     a->hello_err = err;
@@ -757,6 +922,12 @@ void gs_agent_close(struct gs_agent *a)
     gs_zframes_free(a->z);
     gs_buf_release(&a->errtail);
     free(a->in);
+    for (size_t i = 0; i < a->q_len; i++)
+        free_req(a->q[(a->q_head + i) % a->q_cap].resend);
+    for (size_t i = 0; i < a->n_resend; i++)
+        free_req(a->resend[i]);
+    free(a->resend);
+    free(a->sig_dir);
     free(a->q);
     free(a);
 }

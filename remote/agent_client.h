@@ -40,6 +40,13 @@ int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err);
  * agent/sync_id.h): valid once gs_agent_wait_ready succeeded; "" if it could not be made. */
 const char *gs_agent_sync_id(struct gs_agent *a);
 
+/* Turns on deltas of large files (proto/sync.h, DELTA; remote/delta.h): signatures of what was
+ * sent are kept in `dir` (copied; made when needed), and a put whose server copy has a kept
+ * signature goes as a delta when the agent takes them. NULL turns them off (the default).
+ * Returns 0. A delta the agent refuses for want of its basis is sent again whole: its completion
+ * then comes after those of requests submitted later. */
+int gs_agent_set_delta_dir(struct gs_agent *a, const char *dir);
+
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
 

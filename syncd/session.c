@@ -104,6 +104,15 @@ static int compress_level(const struct gs_config *cfg)
     return cfg->compress == GS_COMPRESS_OFF ? 0 : cfg->compress == GS_COMPRESS_ZSTD ? 3 : 1;
 }
 
+/* Deltas of large files: their signatures live beside the index (remote/delta.h). */
+static void keep_signatures(struct gs_session *s)
+{
+    struct gs_buf dir = GS_BUF_INIT;
+    gs_buf_addf(&dir, "%s/%s", s->root, GS_SESSION_SIGS);
+    gs_agent_set_delta_dir(s->agent, dir.data);
+    gs_buf_release(&dir);
+}
+
 /* Installs the agent (the cached one was missing or stale) and starts it, waiting for its answer.
  * Falls back to SFTP when no agent can run there. */
 static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
@@ -120,6 +129,8 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
         rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
+        if (rc == 0)
+            keep_signatures(s);
         if (rc == 0)
             rc = gs_agent_wait_ready(s->agent, err);
         if (rc == 0)
@@ -164,6 +175,8 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     gs_agent_cached_serve_command(remote_dir, &cmd);
     int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
     gs_buf_release(&cmd);
+    if (rc == 0)
+        keep_signatures(s);
     return rc;
 }
 

@@ -33,6 +33,7 @@ struct gs_session {
 };
 
 #define GS_SESSION_LOCK ".gpusync/sync.lock" /* relative to the project root */
+#define GS_SESSION_SIGS ".gpusync/sigs"      /* signatures of large files sent (remote/delta.h) */
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
  * it must outlive the session). Returns 0 or a negative code; on failure nothing stays open. */
