@@ -28,6 +28,8 @@ gs_add_test(test_hostkey    LABEL unit TIMEOUT 300 SOURCES unit/test_hostkey.c
     LIBS gs_remote gs_common PkgConfig::LIBSSH2 PkgConfig::CMOCKA)
 gs_add_test(test_target     LABEL unit TIMEOUT 300 SOURCES unit/test_target.c   LIBS ${remote_libs})
 gs_add_test(test_auth       LABEL unit TIMEOUT 300 SOURCES unit/test_auth.c     LIBS ${remote_libs})
+gs_add_test(test_delta_unit LABEL unit TIMEOUT 120 SOURCES unit/test_delta.c   LIBS ${remote_libs}
+    ${GS_RSYNC_LIB})
 gs_add_test(test_run_stream LABEL unit TIMEOUT 300 SOURCES unit/test_run_stream.c
     LIBS ${remote_libs})
 gs_add_test(test_hash       LABEL unit TIMEOUT 120 SOURCES unit/test_hash.c     LIBS ${syncd_libs})
