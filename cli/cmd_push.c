@@ -86,7 +86,7 @@ static void on_progress(void *ctx, const struct gs_push_stats *st)
 }
 
 static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
-                          const char *transport)
+                          const char *transport, uint64_t link_bytes)
 {
     char bytes[32];
     if (ui->cli->json) {
@@ -97,6 +97,8 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                               (int)st->unchanged, "failed_count", (int)st->failed, "seconds",
                               st->elapsed_ms / 1000.0, "conflicts", json_incref(ui->conflicts),
                               "failures", json_incref(ui->failures), "transport", transport);
+        /* what crossed for the files: a delta counts as its own size (before compression) */
+        json_object_set_new(o, "link_bytes", json_integer((json_int_t)link_bytes));
         if (dry_run)
             json_object_set(o, "ops", ui->planned);
         gs_cli_json_print(o);
@@ -279,7 +281,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
             rc = execute_plan(cli, s, ui, o, &p);
     }
     if (rc == 0 || rc == GS_E_REMOTE)
-        print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport);
+        print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport,
+                      s->ops ? s->ops->bytes_sent : 0);
     if (rc == GS_E_REMOTE && !cli->json)
         fprintf(stderr, "gpusync: %s\n", cli->err.msg);
     gs_plan_release(&p.plan);

@@ -1041,6 +1041,31 @@ static int rss_checked(void)
 }
 
 /* "Large files stream without being held in memory", both ways. */
+/* A small edit of a large file is pushed as a delta: the summary's bytes (what was handed to the
+ * link) are a small part of the file, and the server holds the exact new bytes. */
+static void test_push__small_edit_of_a_large_file_sends_a_delta(void **state)
+{
+    struct proj *p = &cur;
+    *state = p;
+    proj_new(p, 0, NULL);
+    enum { SIZE = 3 << 20 };
+    put_random(p->local, "nb.ipynb", SIZE, 42, 0644);
+    push_compare_drop(p, "first push");
+    char path[256];
+    path_at(path, sizeof(path), p->local, "nb.ipynb");
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    fseek(fp, SIZE / 2, SEEK_SET);
+    fputs("{\"cell\": \"changed\"}", fp);
+    fclose(fp);
+    json_t *o = push_and_compare(p, 0, "push of the edit");
+    expect_count(o, "sent", 1);
+    expect_count(o, "bytes", SIZE); /* the file's size, as ever */
+    if (jint(o, "link_bytes") >= 64 * 1024)
+        fail_msg("the edit sent %lld bytes of a %d-byte file", jint(o, "link_bytes"), SIZE);
+    json_decref(o);
+}
+
 static void test_push__large_file_streams_both_ways_in_bounded_memory(void **state)
 {
     (void)state;
@@ -1820,6 +1845,7 @@ int main(void)
         T(test_status__json_counts_pending_changes),
         T(test_pull__file_and_directory_arrive_whole),
         T(test_push__large_file_streams_both_ways_in_bounded_memory),
+        T(test_push__small_edit_of_a_large_file_sends_a_delta),
         TW(test_push__sshd_killed_mid_push_then_push_converges),
         TW(test_push__client_sigkilled_mid_push_then_push_converges),
         TW(test_push__files_a_killed_push_placed_are_deleted_renamed_and_replaced),
