@@ -68,6 +68,7 @@ static const struct field push_spec[] = {
     {"dry_run", T_BOOL, 0, NULL},
     {"sent", T_INT, 0, NULL},
     {"bytes", T_INT, 0, NULL},
+    {"link_bytes", T_INT, 0, NULL},
     {"deleted", T_INT, 0, NULL},
     {"renamed", T_INT, 0, NULL},
     {"mkdirs", T_INT, 0, NULL},
