@@ -25,7 +25,7 @@ done
 packages=(
     build-essential cmake ninja-build pkg-config git
     libssh2-1-dev libssl-dev libgit2-dev libsqlite3-dev libinih-dev libxxhash-dev zlib1g-dev
-    libcmocka-dev libjansson-dev libzstd-dev
+    libcmocka-dev libjansson-dev libzstd-dev librsync-dev libb2-dev
     openssh-server openssh-client rsync procps psmisc iproute2 python3
     libopenblas-dev dataset-fashion-mnist
     clang libclang-rt-14-dev
