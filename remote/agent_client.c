@@ -456,9 +456,8 @@ static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, ui
 
 /* ---- deltas: PUT_DELTA (proto/sync.h, DELTA) against kept signatures (remote/delta.h) ---- */
 
-#define DELTA_FILE_MAX                                                                             \
-    (256ull << 20) /* held in memory to diff: larger files go whole, unsigned                      \
-                    */
+/* Files are held in memory to make a delta: larger ones go whole and get no signature. */
+#define DELTA_FILE_MAX (256ull << 20)
 
 static void free_req(struct gs_fop_req *r)
 {
