@@ -55,7 +55,7 @@ gs_add_test(test_agent_client LABEL integration TIMEOUT 300 SOURCES integration/
     DEPENDS gpusync-agent gpusync-agent-plain)
 gs_add_test(test_delta       LABEL integration TIMEOUT 120 SOURCES integration/test_delta.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
-    DEPENDS gpusync-agent)
+    DEPENDS gpusync-agent gpusync-agent-plain)
 gs_add_test(test_launch      LABEL integration TIMEOUT 180 SOURCES integration/test_launch.c
     LIBS PkgConfig::JANSSON PkgConfig::CMOCKA DEPENDS gpusync-agent)
 gs_add_test(test_agent_serve LABEL integration TIMEOUT 180

@@ -39,6 +39,7 @@ struct fx {
     char sigs[128];   /* the client's signature store */
     struct gs_agent *agent;
     struct gs_fileops *ops;
+    int plain; /* the agent built without librsync (and libzstd) */
     int n_done, n_ok, err_no;
     char kept[512];
 };
@@ -84,12 +85,14 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* Starts an agent session on f->remote with deltas on. Returns 0 or -1. */
+/* Starts an agent session on f->remote with deltas on (the agent built as on a server without
+ * librsync, when f->plain). Returns 0 or -1. */
 static int open_agent(struct fx *f)
 {
     struct gs_buf cmd = GS_BUF_INIT;
     struct gs_error err = {0};
-    gs_agent_serve_command(gs_test_build_path("agent/gpusync-agent"), f->remote, &cmd);
+    const char *agent = f->plain ? "agent/gpusync-agent-plain" : "agent/gpusync-agent";
+    gs_agent_serve_command(gs_test_build_path(agent), f->remote, &cmd);
     int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, 1, &err);
     if (rc == 0)
         rc = gs_agent_wait_ready(f->agent, &err);
@@ -105,9 +108,10 @@ static int open_agent(struct fx *f)
     return 0;
 }
 
-static int setup(void **state)
+static int setup_as(void **state, int plain)
 {
     struct fx *f = calloc(1, sizeof(*f));
+    f->plain = plain;
     snprintf(f->base, sizeof(f->base), "/tmp/gs-delta.XXXXXX");
     if (!f || !mkdtemp(f->base))
         return -1;
@@ -117,6 +121,16 @@ static int setup(void **state)
     mkdir(f->local, 0755);
     *state = f;
     return open_agent(f);
+}
+
+static int setup(void **state)
+{
+    return setup_as(state, 0);
+}
+
+static int setup_plain(void **state)
+{
+    return setup_as(state, 1);
 }
 
 static int teardown(void **state)
@@ -302,6 +316,18 @@ static void test_delta__rebuilt_file_with_another_hash_is_refused(void **state)
     free(v1), free(v2), free(other);
 }
 
+/* An agent built without librsync does not offer deltas: the edit goes whole, exact. */
+static void test_delta__an_agent_without_librsync_gets_whole_files(void **state)
+{
+    struct fx *f = *state;
+    char *v1, *v2 = send_v1_then_edit(f, &v1);
+    assert_true(put(f, "nb.ipynb", v2, BIG, v1, BIG) >= BIG);
+    drain(f);
+    assert_int_equal(f->n_ok, 2);
+    expect_bytes(f->remote, "nb.ipynb", v2, BIG);
+    free(v1), free(v2);
+}
+
 /* The pid of the agent serving f->remote, or -1. */
 static pid_t agent_pid(const struct fx *f)
 {
@@ -366,6 +392,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_delta__rebuilt_file_with_another_hash_is_refused,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delta__an_agent_without_librsync_gets_whole_files,
+                                        setup_plain, teardown),
         cmocka_unit_test_setup_teardown(test_delta__interrupted_delta_leaves_old_file_and_resumes,
                                         setup, teardown),
     };
