@@ -23,6 +23,9 @@ size_t gs_zframes_whole(const uint8_t *in, size_t n, size_t max)
 struct gs_zframes {
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;
+    ZSTD_CCtx *trial; /* gs_zframes_compressible's, apart from the session's stream */
+    void *scratch;
+    size_t scratch_cap;
     int level;
     size_t skip; /* bytes still to send without trying: the last try did not pay */
     unsigned long long plain, wire;
@@ -51,6 +54,8 @@ void gs_zframes_free(struct gs_zframes *z)
         return;
     ZSTD_freeCCtx(z->cctx);
     ZSTD_freeDCtx(z->dctx);
+    ZSTD_freeCCtx(z->trial);
+    free(z->scratch);
     free(z);
 }
 
@@ -135,6 +140,21 @@ int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct
     return 0;
 }
 
+int gs_zframes_compressible(struct gs_zframes *z, const uint8_t *in, size_t n)
+{
+    size_t bound = ZSTD_compressBound(n);
+    if (!z->trial && !(z->trial = ZSTD_createCCtx()))
+        return 0;
+    if (z->scratch_cap < bound) {
+        void *p = realloc(z->scratch, bound);
+        if (!p)
+            return 0;
+        z->scratch = p, z->scratch_cap = bound;
+    }
+    size_t c = ZSTD_compressCCtx(z->trial, z->scratch, bound, in, n, 1);
+    return !ZSTD_isError(c) && c <= n - n / 10;
+}
+
 void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain_bytes,
                       unsigned long long *wire)
 {
@@ -166,6 +186,12 @@ int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct
 {
     (void)z, (void)m, (void)raw;
     return -1;
+}
+
+int gs_zframes_compressible(struct gs_zframes *z, const uint8_t *in, size_t n)
+{
+    (void)z, (void)in, (void)n;
+    return 0;
 }
 
 void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain,

@@ -46,6 +46,10 @@ int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct
  * frame counts whatever its size; n when in[0..n) does not start with a whole frame). */
 size_t gs_zframes_whole(const uint8_t *in, size_t n, size_t max);
 
+/* 1 if in[0..n) would shrink by a tenth or more at level 1: a trial on a context of its own, the
+ * session's stream untouched (for a sender deciding whether to wait for the peer's agreement). */
+int gs_zframes_compressible(struct gs_zframes *z, const uint8_t *in, size_t n);
+
 /* Bytes given to gs_zframes_pack, and bytes it put out: how much compression saved. */
 void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain,
                       unsigned long long *wire);
