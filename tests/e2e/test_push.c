@@ -1363,6 +1363,31 @@ static void test_push__first_push_to_a_server_without_the_agent_installs_it(void
     json_decref(o);
 }
 
+/* The summary's `seconds` is what a user timing the push sees: connecting and installing the
+ * agent count too. Through a 100 ms RTT link, a first push that installs the agent spends most of
+ * its time there; planning again after the install used to restart the clock. */
+static void test_push__summary_time_counts_connecting_and_starting_the_agent(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts wo = {.target_port = sshd.port, .delay_ms = 50};
+    if (wansim_start(&wan, &wo, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    proj_new(&cur, wan.port, NULL);
+    put_text(cur.local, "a.txt", "one small file\n", 0644);
+    assert_int_equal(gs_test_fresh_agent_begin(cur.dir), 0);
+    int64_t start = gs_clock_mono_ms();
+    json_t *o = push_and_compare(&cur, 0, "first push through a 100 ms RTT link");
+    int64_t wall_ms = gs_clock_mono_ms() - start;
+    gs_test_fresh_agent_end(cur.dir);
+    double seconds = json_real_value(json_object_get(o, "seconds"));
+    print_message("push took %lld ms; its summary says %.3f s\n", (long long)wall_ms, seconds);
+    /* what is left out: starting the process, reading the config, closing (no round trip) */
+    if (seconds * 1000 < (double)wall_ms - 300)
+        fail_msg("summary says %.3f s of a %lld ms push", seconds, (long long)wall_ms);
+    json_decref(o);
+}
+
 /* A server the static agent cannot serve (another arch, or GPUSYNC_AGENT_FORCE_BUILD) gets the
  * agent built there from agent/ and proto/ with only `cc`: that build must still work from the
  * layout the sources have, and the push must then mirror the tree. The sources are copied and
@@ -1852,6 +1877,7 @@ int main(void)
         T(test_push__rename_done_on_server_but_not_recorded_converges),
         T(test_push__server_tree_wiped_then_push_restores_it),
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),
+        TW(test_push__summary_time_counts_connecting_and_starting_the_agent),
         T(test_push__agent_is_built_on_a_server_from_its_sources),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_push__remote_disk_full_summary_counts_what_arrived),
