@@ -81,8 +81,10 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
 static void on_progress(void *ctx, const struct gs_push_stats *st)
 {
     struct push_ui *ui = ctx;
+    /* bytes handed to the transport, not only confirmed: one large file shows it is moving */
+    uint64_t bytes = st->bytes_out > st->bytes_sent ? st->bytes_out : st->bytes_sent;
     if (!ui->cli->json)
-        gs_progress_update(&ui->bar, st->ops_done, st->ops_total, st->bytes_sent, st->bytes_total);
+        gs_progress_update(&ui->bar, st->ops_done, st->ops_total, bytes, st->bytes_total);
 }
 
 static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
@@ -176,6 +178,7 @@ static void add_stats(struct gs_push_stats *to, const struct gs_push_stats *from
     to->failed += from->failed;
     to->bytes_total += from->bytes_total;
     to->bytes_sent += from->bytes_sent;
+    to->bytes_out += from->bytes_out;
     if (!to->first_error[0])
         memcpy(to->first_error, from->first_error, sizeof(to->first_error));
 }
@@ -361,7 +364,9 @@ const struct gs_cmd gs_cmd_push = {
     .help = "  -n, --dry-run          list what would be done, change nothing\n"
             "  PATH...                only these files or directories\n"
             "  Files changed on the server since gpusync wrote them are kept there as\n"
-            "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n",
+            "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n"
+            "  On a terminal a progress bar counts bytes as they go (one large file moves it);\n"
+            "  the summary's time counts connecting and starting the agent.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = push_parse,
     .exec = push_exec,

@@ -38,7 +38,10 @@ void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t fil
     double rate = secs > 0 ? (double)bytes_done / secs : 0;
     double eta =
         rate > 0 && bytes_total > bytes_done ? (double)(bytes_total - bytes_done) / rate : 0;
-    int width = 24, fill = files_total ? (int)(width * files_done / files_total) : width;
+    /* by bytes where there are any to send: one large file fills the bar as it goes */
+    uint64_t done = bytes_total ? bytes_done : files_done;
+    uint64_t total = bytes_total ? bytes_total : files_total;
+    int width = 24, fill = total ? (int)(width * (done < total ? done : total) / total) : width;
     char bar[32], a[32], b[32], r[32];
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '=' : ' ';

@@ -12,7 +12,8 @@ struct gs_progress {
 };
 
 void gs_progress_init(struct gs_progress *p);
-/* Redraws with `files_done` of `files_total` and `bytes_done` of `bytes_total`. */
+/* Redraws with `files_done` of `files_total` and `bytes_done` of `bytes_total`; the bar fills by
+ * bytes when there are any, else by files. */
 void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t files_total,
                         uint64_t bytes_done, uint64_t bytes_total);
 /* Clears the line. */

@@ -305,6 +305,15 @@ static int refill_wire(struct gs_agent *a)
     return 0;
 }
 
+/* Tells the caller how much content has been handed over and how much of it still waits here
+ * (fileops.h); frame headers and compression make the waiting part an estimate. */
+static void report_progress(struct gs_agent *a)
+{
+    a->ops.bytes_unsent = unsent(a);
+    if (a->ops.progress)
+        a->ops.progress(a->ops.progress_ctx);
+}
+
 static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
 {
     if (refill_wire(a) < 0)
@@ -318,6 +327,8 @@ static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
         return gs_ssh_error(a->ssh, (int)n, "writing to the agent", err);
     a->wire_at += (size_t)n;
     *progress |= n > 0;
+    if (n > 0)
+        report_progress(a);
     return 0;
 }
 
@@ -431,6 +442,7 @@ static ssize_t append_data(struct gs_agent *a, uint32_t id, int fd)
     gs_proto_encode_header(&a->out, GS_MSG_PUT_DATA, id, (uint32_t)n);
     a->out.len += (size_t)n;
     a->ops.bytes_sent += (uint64_t)n;
+    report_progress(a);
     return n;
 }
 

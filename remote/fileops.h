@@ -93,6 +93,13 @@ struct gs_fileops {
     void *done_ctx;
     /* Progress: bytes of file content handed to the transport so far. */
     uint64_t bytes_sent;
+    /* Of those, about how many still wait in the transport's buffers (megabytes on a slow link:
+     * a whole file can be handed over long before it has gone). */
+    uint64_t bytes_unsent;
+    /* Called, when set, as a file's bytes are handed over and as they go out, so that a large
+     * file shows progress long before its reply. */
+    void (*progress)(void *progress_ctx);
+    void *progress_ctx;
 };
 
 #endif

@@ -708,6 +708,8 @@ static int write_all(struct sftp_ops *o, LIBSSH2_SFTP_HANDLE *h, const char *buf
         buf += n;
         len -= (size_t)n;
         o->base.bytes_sent += (uint64_t)n;
+        if (o->base.progress)
+            o->base.progress(o->base.progress_ctx);
     }
     return 0;
 }
@@ -1081,6 +1083,8 @@ static int put_call(struct sftp_ops *o, struct put_entry *e)
             return (int)n;
         e->off += (size_t)n;
         o->base.bytes_sent += (uint64_t)n;
+        if (o->base.progress)
+            o->base.progress(o->base.progress_ctx);
         return e->off < e->len;
     }
     case PS_META:

@@ -38,6 +38,7 @@
 #define SUSPEND_JUMP_MS   3000  /* wall clock ran this far ahead of the monotonic one: we slept */
 #define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
 #define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
+#define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
 
 struct client {
     int fd;
@@ -81,7 +82,8 @@ struct daemon {
     int lost_renames;   /* renames of this batch whose source was gone on the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
-    int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
+    int64_t next_progress_ms; /* while syncing: when the batch next reports its progress */
+    int64_t lock_retry_ms;    /* the sync lock was busy: connect or batch again from then on */
     /* A connection attempt runs in a thread (a login can take seconds, a dead server a connect
      * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
      * d->ssh until it signals connect_done. */
@@ -491,6 +493,21 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     broadcast(d, ev);
 }
 
+/* Reports a long batch's progress, bytes as well as files, so that a plugin shows one large file
+ * moving. A save's batch ends before the first report: it adds nothing to the stream. */
+static void on_batch_progress(void *ctx, const struct gs_push_stats *st)
+{
+    struct daemon *d = ctx;
+    int64_t now = gs_clock_mono_ms();
+    if (now < d->next_progress_ms)
+        return;
+    d->next_progress_ms = now + PROGRESS_EVERY_MS;
+    uint64_t bytes = st->bytes_out > st->bytes_sent ? st->bytes_out : st->bytes_sent;
+    broadcast(d, json_pack("{s:s,s:I,s:I,s:I,s:I}", "event", "progress", "ops_done",
+                           (json_int_t)st->ops_done, "ops_total", (json_int_t)st->ops_total,
+                           "bytes", (json_int_t)bytes, "bytes_total", (json_int_t)st->bytes_total));
+}
+
 /* Holds back an operation on a file in the middle of a save (syncd/watch.h). Asked once the batch
  * has been planned and hashed, after reading the events that arrived meanwhile: a save that began
  * while its file was hashed is then known, and the half-written bytes are not sent. */
@@ -606,11 +623,13 @@ static void sync_batch(struct daemon *d)
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
+                             .on_progress = on_batch_progress,
                              .hold = hold_op,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
     d->lost_renames = d->changed_while_sent = d->batch_drained = 0;
+    d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
     if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)

@@ -29,7 +29,24 @@ struct run {
     int64_t *intent;      /* per plan op: its intent's id in the index, 0 if none */
     size_t intents_upto;  /* ops below this have their intent recorded */
     const struct gs_plan_op *ops_base;
+    uint64_t bytes_base; /* the transport's bytes_sent when this run began */
 };
+
+/* Bytes this run's transport has sent on (see gs_push_stats.bytes_out). */
+static void count_bytes_out(struct run *run)
+{
+    uint64_t handed = run->ops->bytes_sent - run->bytes_base;
+    run->st->bytes_out = handed > run->ops->bytes_unsent ? handed - run->ops->bytes_unsent : 0;
+}
+
+/* The transport streamed more of a file: progress moves before the file's reply. */
+static void on_bytes(void *ctx)
+{
+    struct run *run = ctx;
+    count_bytes_out(run);
+    if (run->opts->on_progress)
+        run->opts->on_progress(run->opts->ctx, run->st);
+}
 
 static void count_success(struct gs_push_stats *st, const struct gs_plan_op *op)
 {
@@ -147,6 +164,7 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     }
     if (run->opts->on_op)
         run->opts->on_op(run->opts->ctx, op, r);
+    count_bytes_out(run);
     if (run->opts->on_progress)
         run->opts->on_progress(run->opts->ctx, run->st);
     maybe_commit(run);
@@ -433,11 +451,15 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
                           .ops = ops,
                           .state = gs_xcalloc(plan->n_ops + 1, 1),
                           .intent = gs_xcalloc(plan->n_ops + 1, sizeof(int64_t)),
-                          .ops_base = plan->ops};
+                          .ops_base = plan->ops,
+                          .bytes_base = ops->bytes_sent};
         ops->done = on_done;
         ops->done_ctx = &run;
+        ops->progress = on_bytes;
+        ops->progress_ctx = &run;
         rc = execute(root, plan, &run, err);
         ops->done = NULL;
+        ops->progress = NULL;
         free(run.state);
         free(run.intent);
     }

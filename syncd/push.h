@@ -22,7 +22,9 @@ struct gs_push_stats {
     size_t conflicts, failed;
     size_t unchanged; /* touched files with the same content: nothing sent */
     size_t hashed;
-    uint64_t bytes_total, bytes_sent;
+    uint64_t bytes_total, bytes_sent; /* bytes_sent: of the files the server has confirmed */
+    uint64_t bytes_out; /* sent on by the transport so far, files in flight included: moves
+                         * while one large file goes */
     int64_t start_ms;   /* when planning began (gs_clock_mono_ms) */
     int64_t elapsed_ms; /* from then until the last reply */
     char first_error[512];

@@ -168,8 +168,7 @@ static const struct field run_item[] = {
     END,
 };
 static const struct field ps_spec[] = {{"runs", T_ARR, 0, run_item}, END};
-static const struct field stop_spec[] = {
-    {"id", T_STR, 0, NULL}, {"report", T_STR, 0, NULL}, END};
+static const struct field stop_spec[] = {{"id", T_STR, 0, NULL}, {"report", T_STR, 0, NULL}, END};
 static const struct field check_item[] = {
     {"name", T_STR, 0, NULL},
     {"status", T_STR, 0, NULL},
@@ -270,6 +269,11 @@ static const struct field ev_error[] = {
 static const struct field ev_connected[] = {{"target", T_STR, 0, NULL}, END};
 static const struct field ev_disconnected[] = {{"message", T_STR, 0, NULL}, END};
 static const struct field ev_idle[] = {END};
+static const struct field ev_progress[] = {{"ops_done", T_INT, 0, NULL},
+                                           {"ops_total", T_INT, 0, NULL},
+                                           {"bytes", T_INT, 0, NULL},
+                                           {"bytes_total", T_INT, 0, NULL},
+                                           END};
 
 static const struct {
     const char *name;
@@ -283,6 +287,7 @@ static const struct {
     {"connected", ev_connected},
     {"disconnected", ev_disconnected},
     {"idle", ev_idle},
+    {"progress", ev_progress},
 };
 #define N_EVENT_KINDS (sizeof(event_specs) / sizeof(event_specs[0]))
 

@@ -1057,6 +1057,46 @@ static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop
     expect_trees_equal("after the writer stopped");
 }
 
+/* A batch that carries one large file reports its progress in bytes while the file goes, not
+ * only once it has arrived, so a plugin shows it moving (at 16 Mbit/s, 3 MB take 1.5 s). */
+static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 16};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    watch_start();
+    flush("first flush");
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
+    events_mark(&ev, "marker");
+    /* written beside the project and renamed in: the daemon sees one whole file */
+    assert_int_equal(gs_test_sh("head -c 3000000 /dev/urandom > '%s/big.bin' && "
+                                "mv '%s/big.bin' '%s/big.bin'",
+                                cur.base, cur.base, cur.local),
+                     0);
+    gs_test_events_until(&ev, "synced", "big.bin", 30000);
+    int moving = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev.all, i, e)
+    {
+        json_int_t bytes = json_integer_value(json_object_get(e, "bytes"));
+        moving += strcmp(json_string_value(json_object_get(e, "event")), "progress") == 0 &&
+                  json_integer_value(json_object_get(e, "ops_done")) == 0 && bytes > 0 &&
+                  bytes < json_integer_value(json_object_get(e, "bytes_total"));
+    }
+    if (!moving) {
+        char *all = json_dumps(ev.all, 0);
+        fail_msg("no progress event showed big.bin's bytes moving: %s", all);
+    }
+    gs_test_events_stop(&ev);
+    flush("flush after the large file");
+    expect_trees_equal("after the large file");
+}
+
 /* An editor plugin that stops reading its event stream must not stall the daemon. */
 static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **state)
 {
@@ -1787,6 +1827,7 @@ int main(void)
         T(test_watch__paths_that_change_kind_in_one_batch_converge),
         T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
         T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
+        T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
         T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
         T(test_watch__git_checkout_of_500_files_converges),
