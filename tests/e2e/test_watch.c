@@ -1057,6 +1057,41 @@ static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop
     expect_trees_equal("after the writer stopped");
 }
 
+/* Saves in a steady stream never wait for the liveness check. It opens a channel (two round
+ * trips, the loop blocked) every 5 s of a link without answers, and it used to run between saves
+ * too: the next save waited for it. At 100 ms RTT a save's "synced" ms (first event to the
+ * server's answer) is about one round trip; one behind the check took three. */
+static void test_watch__steady_saves_never_wait_for_the_liveness_check(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 50};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    watch_start();
+    flush("first flush");
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
+    events_mark(&ev, "marker");
+    json_int_t worst = 0;
+    int saves = 0;
+    for (int64_t end = gs_clock_mono_ms() + 7000; gs_clock_mono_ms() < end; saves++) {
+        char body[64];
+        snprintf(body, sizeof(body), "save %d\n", saves);
+        put("edit.py", body);
+        gs_test_events_until(&ev, "synced", "edit.py", 5000);
+        json_t *last = json_array_get(ev.all, json_array_size(ev.all) - 1);
+        json_int_t ms = json_integer_value(json_object_get(last, "ms"));
+        worst = ms > worst ? ms : worst;
+        usleep(20000); /* a person's pace between saves, not synchronisation */
+    }
+    gs_test_events_stop(&ev);
+    print_message("%d saves at 100 ms RTT; the slowest took %lld ms\n", saves, (long long)worst);
+    if (worst >= 200)
+        fail_msg("a save took %lld ms at 100 ms RTT: it waited for something", (long long)worst);
+}
+
 /* A batch that carries one large file reports its progress in bytes while the file goes, not
  * only once it has arrived, so a plugin shows it moving (at 16 Mbit/s, 3 MB take 1.5 s). */
 static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(void **state)
@@ -1828,6 +1863,7 @@ int main(void)
         T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
         T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
+        T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
         T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
         T(test_watch__git_checkout_of_500_files_converges),
