@@ -42,7 +42,7 @@ python3 "$repo/scripts/bench/latency.py" sftp "$proj/edit.py" "$bench/remote/sft
     -o UserKnownHostsFile="$HOME/.ssh/known_hosts" root@127.0.0.1 >"$bench/lat-sftp"
 
 echo "save-to-visible latency, one file, RTT $rtt ms; $samples samples each (ms)"
-echo "target for gpusync: p50 <= $((rtt + 15)), p99 <= $((2 * rtt + 30))"
+echo "target for gpusync: p50 <= $((rtt + 15)), p99 <= $((rtt + 30))"
 printf '%-34s %8s %8s %8s %10s\n' tool p50 p90 p99 p50_ratio
 g50=$(pct "$bench/lat-gpusync" | cut -d' ' -f1)
 for t in gpusync rsync sftp; do
