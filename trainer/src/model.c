@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lenet.h"
 #include "sampler.h"
 
 #ifdef GT_HAVE_CBLAS
@@ -19,21 +20,28 @@ static float at(const float *A, int lda, int trans, int r, int c)
 }
 #endif
 
-void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
-             int ldb, float *C, int ldc)
+void gt_gemm_ex(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc)
 {
 #ifdef GT_HAVE_CBLAS
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 #else
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float acc = 0.0f;
             for (int k = 0; k < K; k++)
                 acc += at(A, lda, trans_a, i, k) * at(B, ldb, trans_b, k, j);
-            C[(size_t)i * ldc + j] = acc;
+            float *c = &C[(size_t)i * ldc + j];
+            *c = beta == 0.0f ? acc : acc + beta * *c; /* beta 0 ignores C, as BLAS does */
         }
 #endif
+}
+
+void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+             int ldb, float *C, int ldc)
+{
+    gt_gemm_ex(trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, ldc);
 }
 
 static int layout(gt_mlp *m, int in, const int *hidden, int nhidden, int out, gt_err *err)
@@ -98,6 +106,7 @@ int gt_mlp_init(gt_mlp *m, int in, const int *hidden, int nhidden, int out, int 
 
 void gt_mlp_release(gt_mlp *m)
 {
+    gt_lenet_free(m->cnn);
     free(m->params);
     free(m->grads);
     for (int l = 0; l <= GT_MLP_MAX_LAYERS; l++) {
@@ -107,8 +116,17 @@ void gt_mlp_release(gt_mlp *m)
     memset(m, 0, sizeof(*m));
 }
 
+void gt_mlp_set_mode(gt_mlp *m, int training, uint64_t key, const int64_t *ids)
+{
+    m->training = training;
+    m->drop_key = key;
+    m->drop_ids = ids;
+}
+
 const float *gt_mlp_forward(gt_mlp *m, const float *x, int B)
 {
+    if (m->cnn)
+        return gt_lenet_forward(m, x, B);
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->sizes[l], out = m->sizes[l + 1];
         const float *X = l == 0 ? x : m->acts[l]; /* (B, in) */
@@ -156,6 +174,10 @@ double gt_mlp_loss(gt_mlp *m, const uint8_t *y, int B, int with_grad, int64_t *c
 
 void gt_mlp_backward(gt_mlp *m, const float *x, int B)
 {
+    if (m->cnn) {
+        gt_lenet_backward(m, x, B);
+        return;
+    }
     for (int l = m->nlayers - 1; l >= 0; l--) {
         int in = m->sizes[l], out = m->sizes[l + 1];
         const float *X = l == 0 ? x : m->acts[l]; /* (B, in) */

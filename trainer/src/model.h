@@ -1,4 +1,5 @@
-/* model.h: the MLP (Linear -> ReLU -> ... -> Linear) with softmax cross-entropy, on the CPU.
+/* model.h: the CPU model: the MLP (Linear -> ReLU -> ... -> Linear) or, with cnn set, the LeNet
+ * of lenet.h, with softmax cross-entropy.
  * All parameters live in one flat buffer, layer by layer as PyTorch's nn.Linear stores them
  * (weight (out, in) row-major, then bias (out)), and gradients in a buffer of the same layout,
  * so the all-reduce, the optimiser and the checkpoint each see one array. */
@@ -12,6 +13,11 @@
 
 #define GT_MLP_MAX_LAYERS 8
 
+/* The architectures --model names; the value is stored in checkpoints. */
+typedef enum { GT_MODEL_MLP = 0, GT_MODEL_LENET = 1 } gt_model_kind;
+
+struct gt_lenet;
+
 typedef struct gt_mlp {
     int nlayers;                      /* Linear layers (hidden + 1) */
     int sizes[GT_MLP_MAX_LAYERS + 1]; /* sizes[0] = input, sizes[nlayers] = classes */
@@ -24,6 +30,12 @@ typedef struct gt_mlp {
     float
         *acts[GT_MLP_MAX_LAYERS + 1]; /* acts[l+1]: (B, sizes[l+1]) layer outputs; acts[0] unused */
     float *dacts[GT_MLP_MAX_LAYERS + 1]; /* gradients w.r.t. acts, same shapes */
+    gt_model_kind kind;
+    struct gt_lenet *cnn;    /* the LeNet's layers when kind is GT_MODEL_LENET, owned; the logits
+                                are still acts[nlayers] (nlayers 1) so the loss is shared */
+    int training;            /* dropout on (training) or off (evaluation) */
+    uint64_t drop_key;       /* this step's dropout key (gt_dropout_key) */
+    const int64_t *drop_ids; /* (B) dataset indices of the batch's samples, not owned */
 } gt_mlp;
 
 /* Allocates an MLP in -> hidden[0] -> ... -> out for batches up to max_batch, initialised as
@@ -32,6 +44,11 @@ typedef struct gt_mlp {
 int gt_mlp_init(gt_mlp *m, int in, const int *hidden, int nhidden, int out, int max_batch,
                 uint64_t seed, gt_err *err);
 void gt_mlp_release(gt_mlp *m);
+
+/* Sets dropout for the next forward: training with this step's key and the batch's dataset
+ * indices (ids must stay valid until the backward), or evaluation (dropout off). The MLP has no
+ * dropout and ignores it. */
+void gt_mlp_set_mode(gt_mlp *m, int training, uint64_t key, const int64_t *ids);
 
 /* Forward pass on x (B, in); returns the logits (B, out), owned by m, valid until the next call. */
 const float *gt_mlp_forward(gt_mlp *m, const float *x, int B);
@@ -47,5 +64,8 @@ void gt_mlp_backward(gt_mlp *m, const float *x, int B);
 /* Row-major C = op(A) * op(B) with beta 0 (CBLAS when built with it); exposed for tests. */
 void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
              int ldb, float *C, int ldc);
+/* The same with C = op(A) * op(B) + beta * C (beta 0 never reads C). */
+void gt_gemm_ex(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc);
 
 #endif

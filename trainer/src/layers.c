@@ -1,0 +1,169 @@
+/* layers.c: CPU conv2d, max pooling and dropout. Convolutions unfold one sample at a time
+ * (im2col), so the scratch is one sample's columns and the GEMMs stay BLAS-sized; gradients of
+ * the weights accumulate over the batch through gt_gemm_ex's beta. */
+#include "layers.h"
+
+#include <string.h>
+
+#include "model.h"
+
+int gt_conv2d_init(gt_conv2d *s, int C, int H, int W, int K, int k, int stride, int pad)
+{
+    memset(s, 0, sizeof(*s));
+    if (C < 1 || K < 1 || k < 1 || stride < 1 || pad < 0 || H + 2 * pad < k || W + 2 * pad < k)
+        return -1;
+    *s = (gt_conv2d){.C = C, .H = H, .W = W, .K = K, .k = k, .stride = stride, .pad = pad};
+    s->OH = (H + 2 * pad - k) / stride + 1;
+    s->OW = (W + 2 * pad - k) / stride + 1;
+    return 0;
+}
+
+size_t gt_conv2d_col_len(const gt_conv2d *s)
+{
+    return (size_t)s->C * s->k * s->k * s->OH * s->OW;
+}
+
+/* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. */
+static void im2col(const gt_conv2d *s, const float *x, float *col)
+{
+    int P = s->OH * s->OW;
+    for (int c = 0; c < s->C; c++)
+        for (int ki = 0; ki < s->k; ki++)
+            for (int kj = 0; kj < s->k; kj++) {
+                float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                for (int oy = 0; oy < s->OH; oy++) {
+                    int iy = oy * s->stride - s->pad + ki;
+                    for (int ox = 0; ox < s->OW; ox++) {
+                        int ix = ox * s->stride - s->pad + kj;
+                        int in = iy >= 0 && iy < s->H && ix >= 0 && ix < s->W;
+                        row[oy * s->OW + ox] = in ? x[((size_t)c * s->H + iy) * s->W + ix] : 0.0f;
+                    }
+                }
+            }
+}
+
+/* The adjoint of im2col: adds col's entries back onto dx (C, H, W), which the caller zeroed. */
+static void col2im(const gt_conv2d *s, const float *col, float *dx)
+{
+    int P = s->OH * s->OW;
+    for (int c = 0; c < s->C; c++)
+        for (int ki = 0; ki < s->k; ki++)
+            for (int kj = 0; kj < s->k; kj++) {
+                const float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                for (int oy = 0; oy < s->OH; oy++) {
+                    int iy = oy * s->stride - s->pad + ki;
+                    if (iy < 0 || iy >= s->H)
+                        continue;
+                    for (int ox = 0; ox < s->OW; ox++) {
+                        int ix = ox * s->stride - s->pad + kj;
+                        if (ix >= 0 && ix < s->W)
+                            dx[((size_t)c * s->H + iy) * s->W + ix] += row[oy * s->OW + ox];
+                    }
+                }
+            }
+}
+
+void gt_conv2d_forward(const gt_conv2d *s, int B, const float *x, const float *w, const float *b,
+                       float *y, float *col)
+{
+    int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
+    for (int n = 0; n < B; n++) {
+        float *yn = y + (size_t)n * s->K * P; /* (K, P) */
+        im2col(s, x + (size_t)n * s->C * s->H * s->W, col);
+        gt_gemm(0, 0, s->K, P, CKK, w, CKK, col, P, yn, P);
+        for (int k = 0; k < s->K; k++)
+            for (int p = 0; p < P; p++)
+                yn[(size_t)k * P + p] += b[k];
+    }
+}
+
+void gt_conv2d_backward(const gt_conv2d *s, int B, const float *x, const float *w, const float *dy,
+                        float *dw, float *db, float *dx, float *col)
+{
+    int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
+    size_t in_len = (size_t)s->C * s->H * s->W;
+    memset(db, 0, (size_t)s->K * sizeof(float));
+    for (int n = 0; n < B; n++) {
+        const float *dyn = dy + (size_t)n * s->K * P; /* (K, P) */
+        im2col(s, x + (size_t)n * in_len, col);
+        /* dw (K, CKK) (+)= dyn (K, P) * col^T (P, CKK); the first sample overwrites. */
+        gt_gemm_ex(0, 1, s->K, CKK, P, dyn, P, col, P, n ? 1.0f : 0.0f, dw, CKK);
+        for (int k = 0; k < s->K; k++)
+            for (int p = 0; p < P; p++)
+                db[k] += dyn[(size_t)k * P + p];
+        if (!dx)
+            continue;
+        /* dcol (CKK, P) = w^T (CKK, K) * dyn (K, P), folded back onto the input. */
+        gt_gemm(1, 0, CKK, P, s->K, w, CKK, dyn, P, col, P);
+        memset(dx + (size_t)n * in_len, 0, in_len * sizeof(float));
+        col2im(s, col, dx + (size_t)n * in_len);
+    }
+}
+
+void gt_maxpool2d_forward(int BC, int H, int W, int k, int stride, const float *x, float *y,
+                          int32_t *arg)
+{
+    int OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
+    for (int pl = 0; pl < BC; pl++) {
+        const float *xp = x + (size_t)pl * H * W;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                int best = oy * stride * W + ox * stride;
+                for (int i = 0; i < k; i++)
+                    for (int j = 0; j < k; j++) {
+                        int at = (oy * stride + i) * W + ox * stride + j;
+                        if (xp[at] > xp[best])
+                            best = at;
+                    }
+                size_t o = ((size_t)pl * OH + oy) * OW + ox;
+                y[o] = xp[best];
+                arg[o] = best;
+            }
+    }
+}
+
+void gt_maxpool2d_backward(int BC, int H, int W, int k, int stride, const float *dy,
+                           const int32_t *arg, float *dx)
+{
+    int OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
+    memset(dx, 0, (size_t)BC * H * W * sizeof(float));
+    for (int pl = 0; pl < BC; pl++)
+        for (int o = 0; o < OH * OW; o++) {
+            size_t i = (size_t)pl * OH * OW + o;
+            dx[(size_t)pl * H * W + arg[i]] += dy[i];
+        }
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit function of its input. */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t gt_dropout_key(uint64_t seed, int64_t step, int layer)
+{
+    return mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ (uint64_t)layer);
+}
+
+void gt_dropout_mask(float *mask, int B, int units, float p, uint64_t key, const int64_t *ids)
+{
+    float keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    for (int i = 0; i < B; i++) {
+        uint64_t sample = mix64(key ^ (uint64_t)(ids ? ids[i] : i));
+        for (int u = 0; u < units; u++) {
+            /* 24 random bits: a uniform float in [0, 1) with every value exact. */
+            float r = (float)(mix64(sample + (uint64_t)u) >> 40) * (1.0f / 16777216.0f);
+            mask[(size_t)i * units + u] = r < p ? 0.0f : keep;
+        }
+    }
+}
+
+void gt_dropout_apply(float *x, const float *mask, int B, int units, int per)
+{
+    for (size_t iu = 0; iu < (size_t)B * units; iu++)
+        for (int e = 0; e < per; e++)
+            x[iu * per + e] *= mask[iu];
+}
