@@ -19,7 +19,7 @@ typedef struct ckpt_header {
     uint32_t sizes[GT_MLP_MAX_LAYERS + 1];
     uint32_t optim_kind;
     uint32_t global_batch;
-    uint32_t reserved; /* explicit, so no padding byte escapes the header CRC */
+    uint32_t model; /* gt_model_kind; was a zeroed reserved field, so older files read as mlp */
     uint64_t nparams;
     uint64_t state_len;
     uint64_t epoch;
@@ -59,6 +59,7 @@ static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
         h->sizes[l] = (uint32_t)m->sizes[l];
     h->optim_kind = (uint32_t)o->kind;
     h->global_batch = meta->global_batch;
+    h->model = (uint32_t)m->kind;
     h->nparams = m->nparams;
     h->state_len = gt_optim_state_len(o);
     h->epoch = meta->epoch;
@@ -120,6 +121,10 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
     if (h->version != GT_CKPT_VERSION)
         return gt_errf(err, "%s: checkpoint format version %u, this build reads %d", path,
                        h->version, GT_CKPT_VERSION);
+    if (h->model != (uint32_t)m->kind)
+        return gt_errf(err, "%s: checkpoint holds a %s model, this run trains --model %s", path,
+                       h->model == GT_MODEL_LENET ? "lenet" : "mlp",
+                       m->kind == GT_MODEL_LENET ? "lenet" : "mlp");
     int same = h->nlayers == (uint32_t)m->nlayers && h->nparams == m->nparams;
     for (int l = 0; same && l <= m->nlayers; l++)
         same = h->sizes[l] == (uint32_t)m->sizes[l];

@@ -55,8 +55,20 @@ static int parse_schedule(gt_config *c, const char *v, gt_err *err)
     return 0;
 }
 
+static int parse_model(gt_config *c, const char *v, gt_err *err)
+{
+    if (strcmp(v, "mlp") == 0)
+        c->model = GT_MODEL_MLP;
+    else if (strcmp(v, "lenet") == 0)
+        c->model = GT_MODEL_LENET;
+    else
+        return gt_errf(err, "--model %s: use mlp or lenet", v);
+    return 0;
+}
+
 static int parse_device(gt_config *c, const char *v, gt_err *err)
 {
+    c->device_auto = strcmp(v, "auto") == 0;
     if (strcmp(v, "cpu") == 0)
         c->use_gpu = false;
     else if (strcmp(v, "cuda") == 0 || strcmp(v, "gpu") == 0)
@@ -82,7 +94,14 @@ static int parse_master(gt_config *c, const char *v, gt_err *err)
 static const flag FLAGS[] = {
     {"--data", "DIR", F_STR, OFF(data_dir), NULL,
      "MNIST-format directory (train-/t10k- images/labels, .gz or not); default " GT_DEFAULT_DATA},
-    {"--hidden", "N,N,...", F_FN, 0, parse_hidden, "hidden layer sizes (default 512,256)"},
+    {"--model", "mlp|lenet", F_FN, 0, parse_model,
+     "mlp: Linear+ReLU layers of --hidden sizes (default). lenet: the seeds' MNIST CNN, "
+     "conv 1->10 k5, max-pool 2, ReLU; conv 10->20 k5, dropout2d, max-pool 2, ReLU; fc 320->50, "
+     "ReLU, dropout; fc 50->10 (21840 params; CPU only for now)"},
+    {"--hidden", "N,N,...", F_FN, 0, parse_hidden, "hidden layer sizes of mlp (default 512,256)"},
+    {"--dropout", "P", F_FLOAT, OFF(dropout), NULL,
+     "lenet's dropout and dropout2d probability (default 0.5); masks depend on seed, step and "
+     "sample only, so any rank count and --resume draw the same"},
     {"--optim", "sgd|adam", F_FN, 0, parse_optim, "optimiser (default adam)"},
     {"--lr", "F", F_FLOAT, OFF(lr), NULL, "learning rate (default 0.001)"},
     {"--lr-schedule", "cosine|constant", F_FN, 0, parse_schedule,
@@ -132,11 +151,12 @@ static const flag FLAGS[] = {
 
 void gt_flags_usage(FILE *out)
 {
-    fprintf(out, "usage: gpusync-train [flags]\n"
-                 "Data-parallel MLP training on MNIST-format data (default Fashion-MNIST).\n"
-                 "Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
-                 "MASTER_PORT),\nSlurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or the flags "
-                 "below.\n\n");
+    fprintf(out,
+            "usage: gpusync-train [flags]\n"
+            "Data-parallel MLP or LeNet training on MNIST-format data (default Fashion-MNIST).\n"
+            "Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+            "MASTER_PORT),\nSlurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or the flags "
+            "below.\n\n");
     for (size_t i = 0; i < NFLAGS; i++) {
         char left[64];
         snprintf(left, sizeof(left), "%s%s%s", FLAGS[i].name, FLAGS[i].metavar ? " " : "",
@@ -212,6 +232,10 @@ int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
             strcmp(f->name, "--master") == 0)
             c->dist.source = "flags";
     }
+    if (c->device_auto && c->model != GT_MODEL_MLP)
+        c->use_gpu = false; /* auto picks the CPU for a model the GPU path lacks */
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return gt_errf(err, "--dropout %g: use a probability in [0, 1)", (double)c->dropout);
     if (c->epochs < 1 || c->batch_size < 1 || c->eval_batch_size < 1)
         return gt_errf(err, "--epochs, --batch-size and --eval-batch-size must be at least 1");
     if (c->dist.world < 1 || c->dist.rank >= c->dist.world)

@@ -14,6 +14,8 @@
 
 #include "ckpt.h"
 #include "idx.h"
+#include "layers.h"
+#include "lenet.h"
 #include "sampler.h"
 #ifdef GT_HAVE_CUDA
 #include "gpu.h"
@@ -42,6 +44,8 @@ void gt_config_defaults(gt_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->data_dir = GT_DEFAULT_DATA;
+    c->model = GT_MODEL_MLP;
+    c->dropout = 0.5f;
     c->hidden[0] = 512;
     c->hidden[1] = 256;
     c->nhidden = 2;
@@ -119,6 +123,9 @@ static int resume(run *r, gt_err *err)
 static int setup_gpu(run *r, gt_err *err)
 {
 #ifdef GT_HAVE_CUDA
+    if (r->c->model != GT_MODEL_MLP)
+        return gt_errf(err, "--device cuda: --model %s has no GPU path yet; use --device cpu",
+                       gt_model_name(r->c->model));
     if (gt_gpu_device_count() <= 0)
         return gt_errf(err, "--device cuda: no CUDA device is visible");
     return gt_gpu_init((gt_gpu **)&r->gpu, &r->model, &r->opt, &r->train, &r->test, r->max_batch,
@@ -128,6 +135,21 @@ static int setup_gpu(run *r, gt_err *err)
     return gt_errf(err, "--device cuda: this build has no GPU path (CUDA/NCCL not found at "
                         "configure time)");
 #endif
+}
+
+const char *gt_model_name(gt_model_kind k)
+{
+    return k == GT_MODEL_LENET ? "lenet" : "mlp";
+}
+
+static int init_model(run *r, gt_err *err)
+{
+    const gt_config *c = r->c;
+    if (c->model == GT_MODEL_LENET)
+        return gt_lenet_init(&r->model, (int)r->train.dim, r->train.nclasses, r->max_batch, c->seed,
+                             c->dropout, err);
+    return gt_mlp_init(&r->model, (int)r->train.dim, c->hidden, c->nhidden, r->train.nclasses,
+                       r->max_batch, c->seed, err);
 }
 
 static int setup(run *r, gt_err *err)
@@ -141,10 +163,8 @@ static int setup(run *r, gt_err *err)
         gt_sampler_init(&r->test_s, (int64_t)r->test.count, W, R, false, false, 0, err) != 0 ||
         alloc_buffers(r, err) != 0)
         return -1;
-    if (gt_mlp_init(&r->model, (int)r->train.dim, c->hidden, c->nhidden, r->train.nclasses,
-                    r->max_batch, c->seed, err) != 0 ||
-        gt_optim_init(&r->opt, c->optim, r->model.nparams, c->lr, c->momentum, c->weight_decay,
-                      err) != 0)
+    if (init_model(r, err) != 0 || gt_optim_init(&r->opt, c->optim, r->model.nparams, c->lr,
+                                                 c->momentum, c->weight_decay, err) != 0)
         return -1;
     int64_t per_epoch = (r->train_s.num_samples + c->batch_size - 1) / c->batch_size;
     r->total_steps = per_epoch * c->epochs;
@@ -176,6 +196,8 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
 {
     gt_mlp *m = &r->model;
     gather(r, &r->train, idx, B);
+    /* Dropout masks are a function of (seed, step, sample): the same on any rank and on resume. */
+    gt_mlp_set_mode(m, 1, gt_dropout_key(r->meta.seed, r->opt.step, 0), idx);
     gt_mlp_forward(m, r->xb, B);
     int64_t correct = 0;
     stats[0] += gt_mlp_loss(m, r->yb, B, 1, &correct);
@@ -292,6 +314,7 @@ static int evaluate(run *r, double *acc, gt_err *err)
         }
 #endif
         gather(r, &r->test, r->tidx + k, real);
+        gt_mlp_set_mode(&r->model, 0, 0, NULL);
         gt_mlp_forward(&r->model, r->xb, real);
         int64_t correct = 0;
         stats[0] += gt_mlp_loss(&r->model, r->yb, real, 0, &correct);
@@ -360,7 +383,9 @@ static void banner(const run *r)
     if (r->dist.rank != 0 || c->quiet)
         return;
     char arch[128], *p = arch;
-    for (int l = 0; l <= r->model.nlayers; l++)
+    if (r->model.kind == GT_MODEL_LENET)
+        snprintf(arch, sizeof(arch), "lenet (dropout %g)", (double)c->dropout);
+    for (int l = 0; r->model.kind == GT_MODEL_MLP && l <= r->model.nlayers; l++)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
            "global batch %u (%d per rank x %d)%s\n",

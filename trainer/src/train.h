@@ -15,6 +15,8 @@
 
 typedef struct gt_config {
     const char *data_dir;
+    gt_model_kind model; /* --model mlp|lenet */
+    float dropout;       /* p of the LeNet's dropout and dropout2d */
     int hidden[GT_MLP_MAX_LAYERS];
     int nhidden;
     gt_optim_kind optim;
@@ -32,17 +34,21 @@ typedef struct gt_config {
     const char *metrics;     /* JSON-lines file written by rank 0 (NULL: none) */
     const char *dump_params; /* raw f32 parameters written by rank 0 at the end (tests) */
     bool use_gpu;
+    bool device_auto; /* --device auto: a model without a GPU path falls back to the CPU */
     bool quiet;
     gt_dist_config dist;
 } gt_config;
 
-/* Fills the defaults: Fashion-MNIST, hidden 512,256, Adam lr 1e-3 with a cosine schedule,
- * batch 64 per rank, 10 epochs, seed 0. */
+/* Fills the defaults: Fashion-MNIST, --model mlp with hidden 512,256 (LeNet dropout 0.5), Adam lr
+ * 1e-3 with a cosine schedule, batch 64 per rank, 10 epochs, seed 0. */
 void gt_config_defaults(gt_config *c);
 
 /* Runs training to completion. Returns 0, or -1 with a message naming this rank in err. Rank 0
  * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */
 int gt_train_run(const gt_config *c, gt_err *err);
+
+/* "mlp" or "lenet". */
+const char *gt_model_name(gt_model_kind k);
 
 /* The learning rate of optimiser step `step` (0-based) out of `total`: c->lr, or with c->cosine
  * c->lr * (1 + cos(pi * step / total)) / 2, which is torch's CosineAnnealingLR(T_max=total,
