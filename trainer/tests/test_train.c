@@ -2,6 +2,7 @@
  * - data parallelism: 1 rank x batch 64 and 2 ranks x batch 32 reach the same parameters
  *   after 50 steps (relative 1e-5), with Adam and with SGD momentum;
  * - resume: 2 epochs straight and 1 epoch + --resume + 1 epoch give identical bytes;
+ * - the same two with --model lenet (dropout on) on 28x28 images, after 20 steps;
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
  * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -19,7 +21,7 @@
 #include "testutil.h"
 #include "train.h"
 
-static char dir[256], data[300];
+static char dir[256], data[300], data28[300];
 
 static int setup(void **state)
 {
@@ -27,12 +29,17 @@ static int setup(void **state)
     tu_mkdtemp(dir, sizeof(dir));
     snprintf(data, sizeof(data), "%s", dir);
     /* 8x8 images, 4 classes: 3200 training samples = 50 steps of 64. */
-    return tu_write_synthetic(data, 3200, 203, 8, 4, 12345);
+    if (tu_write_synthetic(data, 3200, 203, 8, 4, 12345) != 0)
+        return -1;
+    /* 28x28 for the LeNet: 1280 samples = 20 steps of 64. */
+    snprintf(data28, sizeof(data28), "%s/28", dir);
+    return mkdir(data28, 0700) == 0 ? tu_write_synthetic(data28, 1280, 100, 28, 4, 777) : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
+    tu_rmtree(data28);
     tu_rmtree(dir);
     return 0;
 }
@@ -104,9 +111,16 @@ static size_t max_abs_over_tol(const char *pa, const char *pb)
     return bad;
 }
 
-static void equivalence(gt_optim_kind kind, float lr)
+static gt_config lenet(void)
 {
-    gt_config one = base(), two = base();
+    gt_config c = base();
+    c.model = GT_MODEL_LENET;
+    c.data_dir = data28;
+    return c;
+}
+
+static void equivalence_of(gt_config one, gt_config two, gt_optim_kind kind, float lr)
+{
     one.optim = two.optim = kind;
     one.lr = two.lr = lr;
     one.batch_size = 64;
@@ -118,12 +132,17 @@ static void equivalence(gt_optim_kind kind, float lr)
     size_t n;
     double norm;
     double d = max_rel_diff(one.dump_params, two.dump_params, &n, &norm);
-    print_message("%s: %zu params, after 50 steps max relative difference %.3g, norm %.3g\n",
-                  kind == GT_OPTIM_ADAM ? "adam" : "sgd", n, d, norm);
+    print_message("%s %s: %zu params, max relative difference %.3g, norm %.3g\n",
+                  gt_model_name(one.model), kind == GT_OPTIM_ADAM ? "adam" : "sgd", n, d, norm);
     /* Within 1e-5 relative, with an absolute floor of 1e-7 (float resolution near 1) for
      * parameters that pass close to zero; the whole vector must agree much tighter. */
     assert_true(d <= 1e-5 || max_abs_over_tol(one.dump_params, two.dump_params) == 0);
     assert_true(norm <= 1e-6);
+}
+
+static void equivalence(gt_optim_kind kind, float lr)
+{
+    equivalence_of(base(), base(), kind, lr);
 }
 
 static void test_train__two_ranks_equal_one_rank_with_adam(void **state)
@@ -138,16 +157,23 @@ static void test_train__two_ranks_equal_one_rank_with_sgd(void **state)
     equivalence(GT_OPTIM_SGD, 0.05f);
 }
 
-static void test_train__resume_continues_bit_exactly(void **state)
+static void test_train__lenet_two_ranks_equal_one_rank_after_20_steps(void **state)
 {
     (void)state;
-    gt_config straight = base(), first = base(), second = base();
+    /* Dropout stays on (p 0.5): its masks follow the sample, not the rank. */
+    equivalence_of(lenet(), lenet(), GT_OPTIM_ADAM, 1e-3f);
+}
+
+/* 2 epochs straight against 1 epoch (of steps_per_epoch steps), a checkpoint and a resumed
+ * second epoch, all on 2 ranks: the final parameters must be the same bytes. */
+static void resume_of(gt_config straight, gt_config first, gt_config second, int steps_per_epoch)
+{
     straight.epochs = 2;
     straight.dump_params = file_in_dir("straight.f32");
     /* The first run is told the whole run's length (the cosine schedule spans it) and stops
      * after epoch 1's 50 steps, as an interrupted run would. */
     first.epochs = 2;
-    first.max_steps = 50;
+    first.max_steps = steps_per_epoch;
     first.save_dir = file_in_dir("ckpt");
     second.epochs = 2;
     second.resume = file_in_dir("ckpt/last.ckpt");
@@ -166,6 +192,18 @@ static void test_train__resume_continues_bit_exactly(void **state)
     free(a);
     free(b);
     tu_rmtree(file_in_dir("ckpt"));
+}
+
+static void test_train__resume_continues_bit_exactly(void **state)
+{
+    (void)state;
+    resume_of(base(), base(), base(), 50);
+}
+
+static void test_train__lenet_resume_continues_bit_exactly(void **state)
+{
+    (void)state;
+    resume_of(lenet(), lenet(), lenet(), 20);
 }
 
 static double last_test_acc(const char *metrics)
@@ -241,6 +279,8 @@ int main(void)
         cmocka_unit_test(test_train__two_ranks_equal_one_rank_with_adam),
         cmocka_unit_test(test_train__two_ranks_equal_one_rank_with_sgd),
         cmocka_unit_test(test_train__resume_continues_bit_exactly),
+        cmocka_unit_test(test_train__lenet_two_ranks_equal_one_rank_after_20_steps),
+        cmocka_unit_test(test_train__lenet_resume_continues_bit_exactly),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
     };
