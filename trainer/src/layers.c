@@ -3,6 +3,7 @@
  * the weights accumulate over the batch through gt_gemm_ex's beta. */
 #include "layers.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "model.h"
@@ -71,7 +72,7 @@ void gt_conv2d_forward(const gt_conv2d *s, int B, const float *x, const float *w
         float *yn = y + (size_t)n * s->K * P; /* (K, P) */
         im2col(s, x + (size_t)n * s->C * s->H * s->W, col);
         gt_gemm(0, 0, s->K, P, CKK, w, CKK, col, P, yn, P);
-        for (int k = 0; k < s->K; k++)
+        for (int k = 0; b && k < s->K; k++)
             for (int p = 0; p < P; p++)
                 yn[(size_t)k * P + p] += b[k];
     }
@@ -82,13 +83,14 @@ void gt_conv2d_backward(const gt_conv2d *s, int B, const float *x, const float *
 {
     int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
     size_t in_len = (size_t)s->C * s->H * s->W;
-    memset(db, 0, (size_t)s->K * sizeof(float));
+    if (db)
+        memset(db, 0, (size_t)s->K * sizeof(float));
     for (int n = 0; n < B; n++) {
         const float *dyn = dy + (size_t)n * s->K * P; /* (K, P) */
         im2col(s, x + (size_t)n * in_len, col);
         /* dw (K, CKK) (+)= dyn (K, P) * col^T (P, CKK); the first sample overwrites. */
         gt_gemm_ex(0, 1, s->K, CKK, P, dyn, P, col, P, n ? 1.0f : 0.0f, dw, CKK);
-        for (int k = 0; k < s->K; k++)
+        for (int k = 0; db && k < s->K; k++)
             for (int p = 0; p < P; p++)
                 db[k] += dyn[(size_t)k * P + p];
         if (!dx)
@@ -132,6 +134,128 @@ void gt_maxpool2d_backward(int BC, int H, int W, int k, int stride, const float 
             size_t i = (size_t)pl * OH * OW + o;
             dx[(size_t)pl * H * W + arg[i]] += dy[i];
         }
+}
+
+/* v[0..C) += per-channel sums of a, v[C..2C) += of a*b (b NULL: a*a), over (B, C, HW). */
+static void channel_sums(int B, int C, int HW, const float *a, const float *b, double *v)
+{
+    for (int n = 0; n < B; n++)
+        for (int c = 0; c < C; c++) {
+            const float *pa = a + ((size_t)n * C + c) * HW;
+            const float *pb = b ? b + ((size_t)n * C + c) * HW : pa;
+            double s = 0, s2 = 0;
+            for (int i = 0; i < HW; i++) {
+                s += pa[i];
+                s2 += (double)pa[i] * pb[i];
+            }
+            v[c] += s;
+            v[C + c] += s2;
+        }
+}
+
+int gt_bn_forward_train(int B, int C, int HW, const float *x, const float *gamma, const float *beta,
+                        float *y, float *mean, float *invstd, float *run_mean, float *run_var,
+                        gt_reduce_fn reduce, void *ctx)
+{
+    double v[2 * GT_BN_MAX_C + 1] = {0};
+    channel_sums(B, C, HW, x, NULL, v);
+    v[2 * C] = (double)B * HW;
+    int rc = reduce ? reduce(ctx, v, 2 * (size_t)C + 1) : 0;
+    double N = v[2 * C];
+    for (int c = 0; c < C; c++) {
+        double mu = v[c] / N, var = v[C + c] / N - mu * mu;
+        var = var > 0 ? var : 0;
+        mean[c] = (float)mu;
+        invstd[c] = (float)(1.0 / sqrt(var + GT_BN_EPS));
+        if (rc == 0) {
+            double unbiased = N > 1 ? var * N / (N - 1) : var;
+            run_mean[c] = (float)((1 - GT_BN_MOMENTUM) * run_mean[c] + GT_BN_MOMENTUM * mu);
+            run_var[c] = (float)((1 - GT_BN_MOMENTUM) * run_var[c] + GT_BN_MOMENTUM * unbiased);
+        }
+    }
+    for (int n = 0; n < B; n++)
+        for (int c = 0; c < C; c++) {
+            size_t o = ((size_t)n * C + c) * HW;
+            for (int i = 0; i < HW; i++)
+                y[o + i] = (x[o + i] - mean[c]) * invstd[c] * gamma[c] + beta[c];
+        }
+    return rc;
+}
+
+void gt_bn_forward_eval(int B, int C, int HW, const float *x, const float *gamma, const float *beta,
+                        const float *run_mean, const float *run_var, float *y)
+{
+    for (int n = 0; n < B; n++)
+        for (int c = 0; c < C; c++) {
+            size_t o = ((size_t)n * C + c) * HW;
+            float inv = (float)(1.0 / sqrt((double)run_var[c] + GT_BN_EPS));
+            for (int i = 0; i < HW; i++)
+                y[o + i] = (x[o + i] - run_mean[c]) * inv * gamma[c] + beta[c];
+        }
+}
+
+int gt_bn_backward(int B, int C, int HW, const float *x, const float *dy, const float *gamma,
+                   const float *mean, const float *invstd, float *dx, float *dgamma, float *dbeta,
+                   gt_reduce_fn reduce, void *ctx)
+{
+    /* v: sum(dy), sum(dy * x) per channel; sum(dy * xhat) = invstd * (sum(dy x) - mean sum(dy)). */
+    double v[2 * GT_BN_MAX_C + 1] = {0};
+    channel_sums(B, C, HW, dy, x, v);
+    v[2 * C] = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        v[C + c] = invstd[c] * (v[C + c] - mean[c] * v[c]);
+        dbeta[c] = (float)v[c];
+        dgamma[c] = (float)v[C + c];
+    }
+    int rc = reduce ? reduce(ctx, v, 2 * (size_t)C + 1) : 0;
+    double N = v[2 * C];
+    for (int n = 0; n < B; n++)
+        for (int c = 0; c < C; c++) {
+            size_t o = ((size_t)n * C + c) * HW;
+            double mdy = v[c] / N, mdyx = v[C + c] / N;
+            for (int i = 0; i < HW; i++) {
+                double xhat = (x[o + i] - mean[c]) * invstd[c];
+                dx[o + i] = (float)(gamma[c] * invstd[c] * (dy[o + i] - mdy - xhat * mdyx));
+            }
+        }
+    return rc;
+}
+
+void gt_relu(float *x, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+/* dx = 0 wherever the ReLU's output y was clamped to 0. */
+void gt_relu_backward(float *dx, const float *y, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (y[i] <= 0.0f)
+            dx[i] = 0.0f;
+}
+
+/* Y (B, out) = X (B, in) W^T + b, as nn.Linear. */
+void gt_linear_forward(const float *X, int B, int in, int out, const float *W, const float *b,
+                       float *Y)
+{
+    gt_gemm(0, 1, B, out, in, X, in, W, in, Y, out);
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < out; j++)
+            Y[(size_t)i * out + j] += b[j];
+}
+
+/* dW (out, in), db (out) and, unless NULL, dX (B, in) from dY (B, out). */
+void gt_linear_backward(const float *X, const float *dY, int B, int in, int out, const float *W,
+                        float *dW, float *db, float *dX)
+{
+    gt_gemm(1, 0, out, in, B, dY, out, X, in, dW, in);
+    memset(db, 0, (size_t)out * sizeof(float));
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < out; j++)
+            db[j] += dY[(size_t)i * out + j];
+    if (dX)
+        gt_gemm(0, 0, B, in, out, dY, out, W, in, dX, in);
 }
 
 /* splitmix64's finaliser: a well-mixed 64-bit function of its input. */

@@ -128,43 +128,6 @@ void gt_lenet_free(gt_lenet *n)
     free(n);
 }
 
-static void relu(float *x, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
-}
-
-/* dx = 0 wherever the ReLU's output y was clamped to 0. */
-static void relu_backward(float *dx, const float *y, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (y[i] <= 0.0f)
-            dx[i] = 0.0f;
-}
-
-/* Y (B, out) = X (B, in) W^T + b, as nn.Linear. */
-static void linear_forward(const float *X, int B, int in, int out, const float *W, const float *b,
-                           float *Y)
-{
-    gt_gemm(0, 1, B, out, in, X, in, W, in, Y, out);
-    for (int i = 0; i < B; i++)
-        for (int j = 0; j < out; j++)
-            Y[(size_t)i * out + j] += b[j];
-}
-
-/* dW (out, in), db (out) and, unless NULL, dX (B, in) from dY (B, out). */
-static void linear_backward(const float *X, const float *dY, int B, int in, int out, const float *W,
-                            float *dW, float *db, float *dX)
-{
-    gt_gemm(1, 0, out, in, B, dY, out, X, in, dW, in);
-    memset(db, 0, (size_t)out * sizeof(float));
-    for (int i = 0; i < B; i++)
-        for (int j = 0; j < out; j++)
-            db[j] += dY[(size_t)i * out + j];
-    if (dX)
-        gt_gemm(0, 0, B, in, out, dY, out, W, in, dX, in);
-}
-
 static int dropping(const gt_mlp *m)
 {
     return m->training && m->cnn->dropout > 0.0f;
@@ -177,7 +140,7 @@ const float *gt_lenet_forward(gt_mlp *m, const float *x, int B)
     int plane2 = n->conv2.OH * n->conv2.OW;
     gt_conv2d_forward(&n->conv1, B, x, P + n->off[0], P + n->off[1], n->c1, n->col);
     gt_maxpool2d_forward(B * 10, n->conv1.OH, n->conv1.OW, 2, 2, n->c1, n->p1, n->arg1);
-    relu(n->p1, (size_t)B * 10 * n->pool1 * n->pool1);
+    gt_relu(n->p1, (size_t)B * 10 * n->pool1 * n->pool1);
     gt_conv2d_forward(&n->conv2, B, n->p1, P + n->off[2], P + n->off[3], n->c2, n->col);
     if (dropping(m)) {
         gt_dropout_mask(n->mask2, B, 20, n->dropout, gt_dropout_key(m->drop_key, 0, 2),
@@ -185,16 +148,16 @@ const float *gt_lenet_forward(gt_mlp *m, const float *x, int B)
         gt_dropout_apply(n->c2, n->mask2, B, 20, plane2);
     }
     gt_maxpool2d_forward(B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->c2, n->p2, n->arg2);
-    relu(n->p2, (size_t)B * n->flat);
-    linear_forward(n->p2, B, n->flat, n->hidden, P + n->off[4], P + n->off[5], n->h);
-    relu(n->h, (size_t)B * n->hidden);
+    gt_relu(n->p2, (size_t)B * n->flat);
+    gt_linear_forward(n->p2, B, n->flat, n->hidden, P + n->off[4], P + n->off[5], n->h);
+    gt_relu(n->h, (size_t)B * n->hidden);
     if (dropping(m)) {
         /* Each layer derives its own key: the two masks must not be correlated. */
         gt_dropout_mask(n->mask3, B, n->hidden, n->dropout, gt_dropout_key(m->drop_key, 0, 3),
                         m->drop_ids);
         gt_dropout_apply(n->h, n->mask3, B, n->hidden, 1);
     }
-    linear_forward(n->h, B, n->hidden, m->sizes[1], P + n->off[6], P + n->off[7], m->acts[1]);
+    gt_linear_forward(n->h, B, n->hidden, m->sizes[1], P + n->off[6], P + n->off[7], m->acts[1]);
     return m->acts[1];
 }
 
@@ -204,20 +167,20 @@ void gt_lenet_backward(gt_mlp *m, const float *x, int B)
     const float *P = m->params;
     float *G = m->grads;
     int plane2 = n->conv2.OH * n->conv2.OW;
-    linear_backward(n->h, m->dacts[1], B, n->hidden, m->sizes[1], P + n->off[6], G + n->off[6],
-                    G + n->off[7], n->dh);
+    gt_linear_backward(n->h, m->dacts[1], B, n->hidden, m->sizes[1], P + n->off[6], G + n->off[6],
+                       G + n->off[7], n->dh);
     if (dropping(m))
         gt_dropout_apply(n->dh, n->mask3, B, n->hidden, 1);
-    relu_backward(n->dh, n->h, (size_t)B * n->hidden);
-    linear_backward(n->p2, n->dh, B, n->flat, n->hidden, P + n->off[4], G + n->off[4],
-                    G + n->off[5], n->dp2);
-    relu_backward(n->dp2, n->p2, (size_t)B * n->flat);
+    gt_relu_backward(n->dh, n->h, (size_t)B * n->hidden);
+    gt_linear_backward(n->p2, n->dh, B, n->flat, n->hidden, P + n->off[4], G + n->off[4],
+                       G + n->off[5], n->dp2);
+    gt_relu_backward(n->dp2, n->p2, (size_t)B * n->flat);
     gt_maxpool2d_backward(B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->dp2, n->arg2, n->dc2);
     if (dropping(m))
         gt_dropout_apply(n->dc2, n->mask2, B, 20, plane2);
     gt_conv2d_backward(&n->conv2, B, n->p1, P + n->off[2], n->dc2, G + n->off[2], G + n->off[3],
                        n->dp1, n->col);
-    relu_backward(n->dp1, n->p1, (size_t)B * 10 * n->pool1 * n->pool1);
+    gt_relu_backward(n->dp1, n->p1, (size_t)B * 10 * n->pool1 * n->pool1);
     gt_maxpool2d_backward(B * 10, n->conv1.OH, n->conv1.OW, 2, 2, n->dp1, n->arg1, n->dc1);
     gt_conv2d_backward(&n->conv1, B, x, P + n->off[0], n->dc1, G + n->off[0], G + n->off[1], NULL,
                        n->col);

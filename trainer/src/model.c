@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "lenet.h"
+#include "resnet.h"
 #include "sampler.h"
 
 #ifdef GT_HAVE_CBLAS
@@ -107,6 +108,8 @@ int gt_mlp_init(gt_mlp *m, int in, const int *hidden, int nhidden, int out, int 
 void gt_mlp_release(gt_mlp *m)
 {
     gt_lenet_free(m->cnn);
+    gt_resnet_free(m->rn);
+    free(m->buffers);
     free(m->params);
     free(m->grads);
     for (int l = 0; l <= GT_MLP_MAX_LAYERS; l++) {
@@ -127,6 +130,8 @@ const float *gt_mlp_forward(gt_mlp *m, const float *x, int B)
 {
     if (m->cnn)
         return gt_lenet_forward(m, x, B);
+    if (m->rn)
+        return gt_resnet_forward(m, x, B);
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->sizes[l], out = m->sizes[l + 1];
         const float *X = l == 0 ? x : m->acts[l]; /* (B, in) */
@@ -176,6 +181,10 @@ void gt_mlp_backward(gt_mlp *m, const float *x, int B)
 {
     if (m->cnn) {
         gt_lenet_backward(m, x, B);
+        return;
+    }
+    if (m->rn) {
+        gt_resnet_backward(m, x, B);
         return;
     }
     for (int l = m->nlayers - 1; l >= 0; l--) {

@@ -1,5 +1,5 @@
-/* model.h: the CPU model: the MLP (Linear -> ReLU -> ... -> Linear) or, with cnn set, the LeNet
- * of lenet.h, with softmax cross-entropy.
+/* model.h: the CPU model: the MLP (Linear -> ReLU -> ... -> Linear) or, with cnn or rn set, the
+ * LeNet of lenet.h or the ResNet of resnet.h, with softmax cross-entropy.
  * All parameters live in one flat buffer, layer by layer as PyTorch's nn.Linear stores them
  * (weight (out, in) row-major, then bias (out)), and gradients in a buffer of the same layout,
  * so the all-reduce, the optimiser and the checkpoint each see one array. */
@@ -14,9 +14,13 @@
 #define GT_MLP_MAX_LAYERS 8
 
 /* The architectures --model names; the value is stored in checkpoints. */
-typedef enum { GT_MODEL_MLP = 0, GT_MODEL_LENET = 1 } gt_model_kind;
+typedef enum { GT_MODEL_MLP = 0, GT_MODEL_LENET = 1, GT_MODEL_RESNET = 2 } gt_model_kind;
 
 struct gt_lenet;
+struct gt_resnet;
+
+/* Sums v (n doubles) over all ranks in place (SyncBatchNorm); 0, or -1 with its own message. */
+typedef int (*gt_model_reduce_fn)(void *ctx, double *v, size_t n);
 
 typedef struct gt_mlp {
     int nlayers;                      /* Linear layers (hidden + 1) */
@@ -31,9 +35,15 @@ typedef struct gt_mlp {
         *acts[GT_MLP_MAX_LAYERS + 1]; /* acts[l+1]: (B, sizes[l+1]) layer outputs; acts[0] unused */
     float *dacts[GT_MLP_MAX_LAYERS + 1]; /* gradients w.r.t. acts, same shapes */
     gt_model_kind kind;
-    struct gt_lenet *cnn;    /* the LeNet's layers when kind is GT_MODEL_LENET, owned; the logits
-                                are still acts[nlayers] (nlayers 1) so the loss is shared */
-    int training;            /* dropout on (training) or off (evaluation) */
+    struct gt_lenet *cnn; /* the LeNet's layers when kind is GT_MODEL_LENET, owned; the logits
+                             are still acts[nlayers] (nlayers 1) so the loss is shared */
+    struct gt_resnet *rn; /* the residual network's layers when kind is GT_MODEL_RESNET, owned */
+    float *buffers;       /* (nbuffers) BatchNorm running statistics, checkpointed, owned */
+    size_t nbuffers;
+    gt_model_reduce_fn reduce; /* set: BatchNorm statistics are reduced over ranks (--sync-bn) */
+    void *reduce_ctx;
+    int failed;              /* a reduce failed during the last pass (its ctx has the message) */
+    int training;            /* dropout on and batch statistics (training) or not (evaluation) */
     uint64_t drop_key;       /* this step's dropout key (gt_dropout_key) */
     const int64_t *drop_ids; /* (B) dataset indices of the batch's samples, not owned */
 } gt_mlp;

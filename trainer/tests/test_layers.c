@@ -1,8 +1,11 @@
 /* test_layers.c: the convolutional layers on the CPU. conv2d (stride and padding), max pooling
  * and dropout / dropout2d each against central finite differences of a random projection of
- * their output; the dropout masks' determinism, rate and shape; and the whole LeNet's gradient
- * of every parameter block against finite differences of the mean loss, dropout on. */
+ * their output; the dropout masks' determinism, rate and shape; BatchNorm2d likewise, with its
+ * running statistics; SyncBatchNorm on two ranks (threads sharing a reduction) against
+ * BatchNorm on the whole batch, forward and backward; and the whole LeNet's and ResNet's
+ * gradients against finite differences of the mean loss, dropout and batch statistics on. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,7 @@
 
 #include "layers.h"
 #include "lenet.h"
+#include "resnet.h"
 #include "sampler.h"
 #include "testutil.h"
 
@@ -252,6 +256,231 @@ static void test_lenet__has_the_seeds_shapes_on_28x28(void **state)
     assert_non_null(strstr(err.msg, "16x16"));
 }
 
+enum { BN_B = 4, BN_C = 3, BN_HW = 5, BN_N = BN_B * BN_C * BN_HW };
+
+typedef struct bn_case {
+    float x[BN_N], gamma[BN_C], beta[BN_C], y[BN_N], r[BN_N], dx[BN_N], dg[BN_C], db[BN_C];
+    float mean[BN_C], invstd[BN_C], rm[BN_C], rv[BN_C];
+} bn_case;
+
+static double bn_objective(bn_case *t)
+{
+    gt_bn_forward_train(BN_B, BN_C, BN_HW, t->x, t->gamma, t->beta, t->y, t->mean, t->invstd, t->rm,
+                        t->rv, NULL, NULL);
+    return dot(t->y, t->r, BN_N);
+}
+
+static void bn_check(bn_case *t, float *v, const float *grad, size_t n, const char *what)
+{
+    const float eps = 1e-2f;
+    for (size_t i = 0; i < n; i++) {
+        float keep = v[i];
+        v[i] = keep + eps;
+        double up = bn_objective(t);
+        v[i] = keep - eps;
+        double down = bn_objective(t);
+        v[i] = keep;
+        expect_close(what, i, grad[i], (up - down) / (2.0 * eps));
+    }
+}
+
+static void bn_case_init(bn_case *t)
+{
+    memset(t, 0, sizeof(*t));
+    fill(t->x, BN_N, 21), fill(t->gamma, BN_C, 22), fill(t->beta, BN_C, 23), fill(t->r, BN_N, 24);
+    for (int c = 0; c < BN_C; c++)
+        t->x[c * BN_HW] += 3.0f, t->rv[c] = 1.0f; /* a mean away from 0 */
+}
+
+static void test_batchnorm__gradients_and_running_statistics_match_pytorch(void **state)
+{
+    (void)state;
+    bn_case t;
+    bn_case_init(&t);
+    bn_objective(&t);
+    gt_bn_backward(BN_B, BN_C, BN_HW, t.x, t.r, t.gamma, t.mean, t.invstd, t.dx, t.dg, t.db, NULL,
+                   NULL);
+    bn_check(&t, t.x, t.dx, BN_N, "dx");
+    bn_check(&t, t.gamma, t.dg, BN_C, "dgamma");
+    bn_check(&t, t.beta, t.db, BN_C, "dbeta");
+    /* One update from (0, 1): momentum 0.1 of the batch mean and UNBIASED variance. */
+    memset(t.rm, 0, sizeof(t.rm));
+    for (int c = 0; c < BN_C; c++)
+        t.rv[c] = 1.0f;
+    bn_objective(&t);
+    double s = 0, s2 = 0, n = BN_B * BN_HW;
+    for (int b = 0; b < BN_B; b++)
+        for (int i = 0; i < BN_HW; i++)
+            s += t.x[b * BN_C * BN_HW + i],
+                s2 += (double)t.x[b * BN_C * BN_HW + i] * t.x[b * BN_C * BN_HW + i];
+    double mu = s / n, var = s2 / n - mu * mu;
+    assert_near(t.rm[0], 0.1 * mu, 1e-6);
+    assert_near(t.rv[0], 0.9 + 0.1 * var * n / (n - 1), 1e-5);
+    /* Evaluation normalises with the running statistics. */
+    float ye[BN_N];
+    gt_bn_forward_eval(BN_B, BN_C, BN_HW, t.x, t.gamma, t.beta, t.rm, t.rv, ye);
+    assert_near(ye[0], (t.x[0] - t.rm[0]) / sqrt(t.rv[0] + 1e-5) * t.gamma[0] + t.beta[0], 1e-5);
+}
+
+/* Two "ranks" as threads: each adds its vector into a shared sum, so both see the total. */
+typedef struct two_ranks {
+    pthread_barrier_t bar;
+    double sum[2 * BN_C + 1];
+} two_ranks;
+
+static int thread_reduce(void *ctx, double *v, size_t n)
+{
+    two_ranks *t = ctx;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_barrier_wait(&t->bar); /* the previous round's readers are done */
+    if (pthread_barrier_wait(&t->bar) == PTHREAD_BARRIER_SERIAL_THREAD)
+        memset(t->sum, 0, sizeof(t->sum));
+    pthread_barrier_wait(&t->bar);
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n; i++)
+        t->sum[i] += v[i];
+    pthread_mutex_unlock(&mu);
+    pthread_barrier_wait(&t->bar);
+    memcpy(v, t->sum, n * sizeof(double));
+    return 0;
+}
+
+typedef struct half {
+    two_ranks *shared;
+    const bn_case *whole;
+    int rank;
+    float y[BN_N / 2], dx[BN_N / 2], dg[BN_C], db[BN_C], rm[BN_C], rv[BN_C];
+} half;
+
+static void *sync_rank(void *arg)
+{
+    half *h = arg;
+    const bn_case *w = h->whole;
+    size_t off = (size_t)h->rank * BN_N / 2;
+    float mean[BN_C], invstd[BN_C];
+    for (int c = 0; c < BN_C; c++)
+        h->rm[c] = 0.0f, h->rv[c] = 1.0f;
+    gt_bn_forward_train(BN_B / 2, BN_C, BN_HW, w->x + off, w->gamma, w->beta, h->y, mean, invstd,
+                        h->rm, h->rv, thread_reduce, h->shared);
+    gt_bn_backward(BN_B / 2, BN_C, BN_HW, w->x + off, w->r + off, w->gamma, mean, invstd, h->dx,
+                   h->dg, h->db, thread_reduce, h->shared);
+    return NULL;
+}
+
+static void test_syncbatchnorm__two_ranks_equal_batchnorm_on_the_whole_batch(void **state)
+{
+    (void)state;
+    bn_case w;
+    bn_case_init(&w);
+    for (int c = 0; c < BN_C; c++)
+        w.rm[c] = 0.0f, w.rv[c] = 1.0f;
+    bn_objective(&w); /* whole batch, one rank: already checked against finite differences */
+    gt_bn_backward(BN_B, BN_C, BN_HW, w.x, w.r, w.gamma, w.mean, w.invstd, w.dx, w.dg, w.db, NULL,
+                   NULL);
+    two_ranks shared;
+    pthread_barrier_init(&shared.bar, NULL, 2);
+    half h[2] = {{.shared = &shared, .whole = &w, .rank = 0},
+                 {.shared = &shared, .whole = &w, .rank = 1}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(pthread_create(&th[r], NULL, sync_rank, &h[r]), 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&shared.bar);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < BN_N / 2; i++) {
+            assert_near(h[r].y[i], w.y[r * BN_N / 2 + i], 1e-5);
+            /* The loss of each rank is its half of the whole, so dx matches the whole's. */
+            assert_near(h[r].dx[i], w.dx[r * BN_N / 2 + i], 1e-5);
+        }
+    for (int c = 0; c < BN_C; c++) {
+        assert_near(h[0].dg[c] + h[1].dg[c], w.dg[c], 1e-5); /* local, summed by DDP */
+        assert_near(h[0].db[c] + h[1].db[c], w.db[c], 1e-5);
+        assert_near(h[0].rm[c], w.rm[c], 1e-6); /* global statistics on both ranks */
+        assert_near(h[1].rv[c], w.rv[c], 1e-6);
+    }
+}
+
+static double model_mean_loss(gt_mlp *m, const float *x, const uint8_t *y, int B)
+{
+    int64_t c = 0;
+    gt_mlp_forward(m, x, B);
+    return gt_mlp_loss(m, y, B, 0, &c) / B;
+}
+
+/* Whether the central difference of the mean loss in parameter i agrees with ana at eps 1e-3,
+ * 3e-4 or 1e-4 (a ReLU switching inside the interval spoils a large eps, float rounding a small
+ * one); 5% relative plus 1e-3 absolute. */
+static int resnet_param_agrees(gt_mlp *m, const float *x, const uint8_t *y, int B, size_t i,
+                               float ana)
+{
+    const float eps[3] = {1e-3f, 3e-4f, 1e-4f};
+    for (int e = 0; e < 3; e++) {
+        float keep = m->params[i];
+        m->params[i] = keep + eps[e];
+        double up = model_mean_loss(m, x, y, B);
+        m->params[i] = keep - eps[e];
+        double down = model_mean_loss(m, x, y, B);
+        m->params[i] = keep;
+        double num = (up - down) / (2.0 * eps[e]);
+        if (fabs(num - ana) <= 5e-2 * fmax(fabs(num), fabs(ana)) + 1e-3)
+            return 1;
+    }
+    return 0;
+}
+
+static void test_resnet__parameters_match_finite_differences(void **state)
+{
+    (void)state;
+    enum { SIDE = 8, B = 3, OUT = 3 };
+    gt_mlp m;
+    assert_int_equal(gt_resnet_init(&m, SIDE * SIDE, OUT, B, 5, NULL), 0);
+    float x[B * SIDE * SIDE];
+    uint8_t y[B] = {2, 0, 1};
+    fill(x, B * SIDE * SIDE, 31);
+    /* Move BatchNorm's affine parameters off (1, 0) so their gradients are generic. */
+    for (size_t i = 0; i < m.nparams; i++)
+        if (m.params[i] == 1.0f || m.params[i] == 0.0f)
+            m.params[i] += 0.3f * (float)((i * 2654435761u) % 1000) / 1000.0f - 0.15f;
+    gt_mlp_set_mode(&m, 1, 0, NULL); /* batch statistics */
+    model_mean_loss(&m, x, y, B);
+    int64_t c = 0;
+    gt_mlp_loss(&m, y, B, 1, &c);
+    gt_mlp_backward(&m, x, B);
+    float *grads = malloc(m.nparams * sizeof(float));
+    memcpy(grads, m.grads, m.nparams * sizeof(float));
+    /* Every 97th parameter (a prime: every block, at varied positions) and the last. A float
+     * network of 14 BatchNorms over 12 to 192 values per channel is full of ReLU switches, so a
+     * few parameters may sit on one at every eps: up to 2% may disagree; a wrong gradient
+     * anywhere upstream of the head makes most of them disagree. */
+    size_t checked = 0, bad = 0, live = 0;
+    for (size_t i = 0; i < m.nparams;
+         i = i + 97 < m.nparams || i == m.nparams - 1 ? i + 97 : m.nparams - 1) {
+        checked++;
+        live += fabsf(grads[i]) > 1e-5f;
+        if (!resnet_param_agrees(&m, x, y, B, i, grads[i])) {
+            bad++;
+            print_message("param %zu: analytic %.6g disagrees\n", i, (double)grads[i]);
+        }
+    }
+    print_message("%zu of %zu checked parameters disagree\n", bad, checked);
+    assert_true(bad * 50 <= checked);
+    assert_true(live * 2 > checked); /* the check is not vacuous */
+    free(grads);
+    gt_mlp_release(&m);
+}
+
+static void test_resnet__has_the_documented_size_on_28x28(void **state)
+{
+    (void)state;
+    gt_mlp m;
+    assert_int_equal(gt_resnet_init(&m, 784, 10, 2, 0, NULL), 0);
+    assert_int_equal(m.nparams, 174970); /* as --help and the README state */
+    assert_int_equal(m.nbuffers, 1120);
+    assert_int_equal(m.rn->blk[GT_RESNET_BLOCKS - 1].side, 7);
+    gt_mlp_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -261,6 +490,10 @@ int main(void)
         cmocka_unit_test(test_dropout2d__zeroes_whole_channels_and_backward_is_the_mask),
         cmocka_unit_test(test_lenet__every_parameter_matches_finite_differences_with_dropout),
         cmocka_unit_test(test_lenet__has_the_seeds_shapes_on_28x28),
+        cmocka_unit_test(test_batchnorm__gradients_and_running_statistics_match_pytorch),
+        cmocka_unit_test(test_syncbatchnorm__two_ranks_equal_batchnorm_on_the_whole_batch),
+        cmocka_unit_test(test_resnet__parameters_match_finite_differences),
+        cmocka_unit_test(test_resnet__has_the_documented_size_on_28x28),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
