@@ -19,8 +19,8 @@ typedef struct ckpt_header {
     uint32_t sizes[GT_MLP_MAX_LAYERS + 1];
     uint32_t optim_kind;
     uint32_t global_batch;
-    uint32_t model; /* gt_model_kind; was a zeroed reserved field, so older files read as mlp */
-    uint64_t nparams;
+    uint32_t model;   /* gt_model_kind; was a zeroed reserved field, so older files read as mlp */
+    uint64_t nparams; /* the model's parameters and then its buffers (BatchNorm statistics) */
     uint64_t state_len;
     uint64_t epoch;
     int64_t opt_step;
@@ -60,13 +60,15 @@ static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
     h->optim_kind = (uint32_t)o->kind;
     h->global_batch = meta->global_batch;
     h->model = (uint32_t)m->kind;
-    h->nparams = m->nparams;
+    h->nparams = m->nparams + m->nbuffers;
     h->state_len = gt_optim_state_len(o);
     h->epoch = meta->epoch;
     h->opt_step = o->step;
     h->seed = meta->seed;
     h->best_acc = meta->best_acc;
     h->payload_crc = crc(m->params, m->nparams * sizeof(float), 0);
+    if (m->nbuffers)
+        h->payload_crc = crc(m->buffers, m->nbuffers * sizeof(float), h->payload_crc);
     h->payload_crc = crc(o->m, o->n * sizeof(float), h->payload_crc);
     if (o->v)
         h->payload_crc = crc(o->v, o->n * sizeof(float), h->payload_crc);
@@ -90,6 +92,8 @@ int gt_ckpt_save(const char *path, const gt_mlp *m, const gt_optim *o, const gt_
         return gt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
     int rc = write_all(f, &h, sizeof(h));
     rc = rc ? rc : write_all(f, m->params, m->nparams * sizeof(float));
+    if (m->nbuffers)
+        rc = rc ? rc : write_all(f, m->buffers, m->nbuffers * sizeof(float));
     rc = rc ? rc : write_all(f, o->m, o->n * sizeof(float));
     if (o->v)
         rc = rc ? rc : write_all(f, o->v, o->n * sizeof(float));
@@ -111,6 +115,11 @@ int gt_ckpt_save(const char *path, const gt_mlp *m, const gt_optim *o, const gt_
     return 0;
 }
 
+static const char *model_name(uint32_t kind)
+{
+    return kind == GT_MODEL_LENET ? "lenet" : kind == GT_MODEL_RESNET ? "resnet" : "mlp";
+}
+
 static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m, const gt_optim *o,
                         gt_err *err)
 {
@@ -123,9 +132,8 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
                        h->version, GT_CKPT_VERSION);
     if (h->model != (uint32_t)m->kind)
         return gt_errf(err, "%s: checkpoint holds a %s model, this run trains --model %s", path,
-                       h->model == GT_MODEL_LENET ? "lenet" : "mlp",
-                       m->kind == GT_MODEL_LENET ? "lenet" : "mlp");
-    int same = h->nlayers == (uint32_t)m->nlayers && h->nparams == m->nparams;
+                       model_name(h->model), model_name((uint32_t)m->kind));
+    int same = h->nlayers == (uint32_t)m->nlayers && h->nparams == m->nparams + m->nbuffers;
     for (int l = 0; same && l <= m->nlayers; l++)
         same = h->sizes[l] == (uint32_t)m->sizes[l];
     if (!same) {
@@ -161,10 +169,13 @@ int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, g
     if (rc == 0 && crc(buf, n * sizeof(float), 0) != h.payload_crc)
         rc = gt_errf(err, "%s: checkpoint payload is corrupt (checksum mismatch)", path);
     if (rc == 0) {
+        size_t state = m->nparams + m->nbuffers;
         memcpy(m->params, buf, m->nparams * sizeof(float));
-        memcpy(o->m, buf + m->nparams, o->n * sizeof(float));
+        if (m->nbuffers)
+            memcpy(m->buffers, buf + m->nparams, m->nbuffers * sizeof(float));
+        memcpy(o->m, buf + state, o->n * sizeof(float));
         if (o->v)
-            memcpy(o->v, buf + m->nparams + o->n, o->n * sizeof(float));
+            memcpy(o->v, buf + state + o->n, o->n * sizeof(float));
         o->step = h.opt_step;
         meta->epoch = h.epoch;
         meta->seed = h.seed;

@@ -61,8 +61,10 @@ static int parse_model(gt_config *c, const char *v, gt_err *err)
         c->model = GT_MODEL_MLP;
     else if (strcmp(v, "lenet") == 0)
         c->model = GT_MODEL_LENET;
+    else if (strcmp(v, "resnet") == 0)
+        c->model = GT_MODEL_RESNET;
     else
-        return gt_errf(err, "--model %s: use mlp or lenet", v);
+        return gt_errf(err, "--model %s: use mlp, lenet or resnet", v);
     return 0;
 }
 
@@ -94,11 +96,17 @@ static int parse_master(gt_config *c, const char *v, gt_err *err)
 static const flag FLAGS[] = {
     {"--data", "DIR", F_STR, OFF(data_dir), NULL,
      "MNIST-format directory (train-/t10k- images/labels, .gz or not); default " GT_DEFAULT_DATA},
-    {"--model", "mlp|lenet", F_FN, 0, parse_model,
-     "mlp: Linear+ReLU layers of --hidden sizes (default). lenet: the seeds' MNIST CNN, "
-     "conv 1->10 k5, max-pool 2, ReLU; conv 10->20 k5, dropout2d, max-pool 2, ReLU; fc 320->50, "
-     "ReLU, dropout; fc 50->10 (21840 params; CPU only for now)"},
+    {"--model", "mlp|lenet|resnet", F_FN, 0, parse_model,
+     "mlp: Linear+ReLU layers of --hidden sizes (default).\n"
+     "    lenet: the seeds' MNIST CNN: conv 1->10 k5, max-pool 2, ReLU; conv 10->20 k5, "
+     "dropout2d,\n    max-pool 2, ReLU; fc 320->50, ReLU, dropout; fc 50->10 (21,840 params).\n"
+     "    resnet: conv 1->16 3x3, BN, ReLU; 3 stages of 2 basic blocks (conv3x3-BN-ReLU-"
+     "conv3x3-BN\n    + shortcut, ReLU) of 16, 32, 64 channels, stages 2 and 3 start with "
+     "stride 2 and a\n    1x1 conv+BN shortcut (28->14->7); global average pool; fc 64->10 "
+     "(174,970 params).\n    lenet and resnet run on the CPU only for now"},
     {"--hidden", "N,N,...", F_FN, 0, parse_hidden, "hidden layer sizes of mlp (default 512,256)"},
+    {"--sync-bn", NULL, F_BOOL, OFF(sync_bn), NULL,
+     "resnet: SyncBatchNorm, batch statistics over all ranks (default: each rank's own)"},
     {"--dropout", "P", F_FLOAT, OFF(dropout), NULL,
      "lenet's dropout and dropout2d probability (default 0.5); masks depend on seed, step and "
      "sample only, so any rank count and --resume draw the same"},
@@ -151,12 +159,12 @@ static const flag FLAGS[] = {
 
 void gt_flags_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: gpusync-train [flags]\n"
-            "Data-parallel MLP or LeNet training on MNIST-format data (default Fashion-MNIST).\n"
-            "Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
-            "MASTER_PORT),\nSlurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or the flags "
-            "below.\n\n");
+    fprintf(out, "usage: gpusync-train [flags]\n"
+                 "Data-parallel MLP, LeNet or ResNet training on MNIST-format data (default "
+                 "Fashion-MNIST).\n"
+                 "Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+                 "MASTER_PORT),\nSlurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or the flags "
+                 "below.\n\n");
     for (size_t i = 0; i < NFLAGS; i++) {
         char left[64];
         snprintf(left, sizeof(left), "%s%s%s", FLAGS[i].name, FLAGS[i].metavar ? " " : "",

@@ -16,14 +16,23 @@
 #include "idx.h"
 #include "layers.h"
 #include "lenet.h"
+#include "resnet.h"
 #include "sampler.h"
 #ifdef GT_HAVE_CUDA
 #include "gpu.h"
 #endif
 
+/* What the model's SyncBatchNorm reduces through: the process group and where a failure's
+ * message goes until the step reports it. */
+typedef struct bn_reduce {
+    gt_dist *dist;
+    gt_err err;
+} bn_reduce;
+
 typedef struct run {
     const gt_config *c;
     gt_dist dist;
+    bn_reduce bn;
     gt_dataset train, test;
     gt_sampler train_s, test_s;
     gt_mlp model;
@@ -112,6 +121,10 @@ static int resume(run *r, gt_err *err)
                    ? -1
                    : gt_errf(err, "rank 0 could not read checkpoint %s", r->c->resume);
     int rc = gt_dist_broadcast(&r->dist, r->model.params, r->model.nparams * sizeof(float), err);
+    if (r->model.nbuffers)
+        rc = rc ? rc
+                : gt_dist_broadcast(&r->dist, r->model.buffers, r->model.nbuffers * sizeof(float),
+                                    err);
     rc = rc ? rc : gt_dist_broadcast(&r->dist, r->opt.m, r->opt.n * sizeof(float), err);
     if (r->opt.v)
         rc = rc ? rc : gt_dist_broadcast(&r->dist, r->opt.v, r->opt.n * sizeof(float), err);
@@ -139,15 +152,34 @@ static int setup_gpu(run *r, gt_err *err)
 
 const char *gt_model_name(gt_model_kind k)
 {
-    return k == GT_MODEL_LENET ? "lenet" : "mlp";
+    return k == GT_MODEL_LENET ? "lenet" : k == GT_MODEL_RESNET ? "resnet" : "mlp";
+}
+
+static int reduce_over_ranks(void *ctx, double *v, size_t n)
+{
+    bn_reduce *b = ctx;
+    return gt_dist_allreduce_f64(b->dist, v, n, &b->err);
 }
 
 static int init_model(run *r, gt_err *err)
 {
     const gt_config *c = r->c;
+    /* The CNNs keep every activation for the backward: they are sized for the training batch
+     * and evaluation runs in chunks of it, not for the (larger) evaluation batch. */
     if (c->model == GT_MODEL_LENET)
-        return gt_lenet_init(&r->model, (int)r->train.dim, r->train.nclasses, r->max_batch, c->seed,
-                             c->dropout, err);
+        return gt_lenet_init(&r->model, (int)r->train.dim, r->train.nclasses, c->batch_size,
+                             c->seed, c->dropout, err);
+    if (c->model == GT_MODEL_RESNET) {
+        if (gt_resnet_init(&r->model, (int)r->train.dim, r->train.nclasses, c->batch_size, c->seed,
+                           err) != 0)
+            return -1;
+        r->bn.dist = &r->dist;
+        if (c->sync_bn && r->dist.world > 1) {
+            r->model.reduce = reduce_over_ranks;
+            r->model.reduce_ctx = &r->bn;
+        }
+        return 0;
+    }
     return gt_mlp_init(&r->model, (int)r->train.dim, c->hidden, c->nhidden, r->train.nclasses,
                        r->max_batch, c->seed, err);
 }
@@ -196,6 +228,10 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
 {
     gt_mlp *m = &r->model;
     gather(r, &r->train, idx, B);
+    /* DDP's broadcast_buffers: every forward starts from rank 0's BatchNorm running statistics. */
+    if (r->dist.world > 1 && m->nbuffers &&
+        gt_dist_broadcast(&r->dist, m->buffers, m->nbuffers * sizeof(float), err) != 0)
+        return -1;
     /* Dropout masks are a function of (seed, step, sample): the same on any rank and on resume. */
     gt_mlp_set_mode(m, 1, gt_dropout_key(r->meta.seed, r->opt.step, 0), idx);
     gt_mlp_forward(m, r->xb, B);
@@ -204,6 +240,10 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
     stats[1] += (double)correct;
     stats[2] += B;
     gt_mlp_backward(m, r->xb, B);
+    if (m->failed) {
+        *err = r->bn.err; /* a SyncBatchNorm reduction failed mid-pass */
+        return -1;
+    }
     if (r->dist.world > 1) {
         if (gt_dist_allreduce_f32(&r->dist, m->grads, m->nparams, err) != 0)
             return -1;
@@ -291,6 +331,21 @@ static int train_epoch(run *r, uint64_t epoch, double *stats, gt_err *err)
     return stopped;
 }
 
+/* Adds loss, correct and count of the gathered rows to stats, in chunks the model holds. */
+static void eval_rows(run *r, int rows, double *stats)
+{
+    gt_mlp *m = &r->model;
+    gt_mlp_set_mode(m, 0, 0, NULL);
+    for (int s = 0; s < rows; s += m->max_batch) {
+        int b = rows - s < m->max_batch ? rows - s : m->max_batch;
+        gt_mlp_forward(m, r->xb + (size_t)s * r->test.dim, b);
+        int64_t correct = 0;
+        stats[0] += gt_mlp_loss(m, r->yb + s, b, 0, &correct);
+        stats[1] += (double)correct;
+        stats[2] += b;
+    }
+}
+
 /* Counts correct predictions on this rank's test shard, leaving out padding positions. */
 static int evaluate(run *r, double *acc, gt_err *err)
 {
@@ -314,12 +369,7 @@ static int evaluate(run *r, double *acc, gt_err *err)
         }
 #endif
         gather(r, &r->test, r->tidx + k, real);
-        gt_mlp_set_mode(&r->model, 0, 0, NULL);
-        gt_mlp_forward(&r->model, r->xb, real);
-        int64_t correct = 0;
-        stats[0] += gt_mlp_loss(&r->model, r->yb, real, 0, &correct);
-        stats[1] += (double)correct;
-        stats[2] += real;
+        eval_rows(r, real, stats);
     }
     if (take_stats(r, stats, err) != 0 || gt_dist_allreduce_f64(&r->dist, stats, 3, err) != 0)
         return -1;
@@ -385,6 +435,8 @@ static void banner(const run *r)
     char arch[128], *p = arch;
     if (r->model.kind == GT_MODEL_LENET)
         snprintf(arch, sizeof(arch), "lenet (dropout %g)", (double)c->dropout);
+    if (r->model.kind == GT_MODEL_RESNET)
+        snprintf(arch, sizeof(arch), "resnet (%s)", c->sync_bn ? "SyncBatchNorm" : "BatchNorm");
     for (int l = 0; r->model.kind == GT_MODEL_MLP && l <= r->model.nlayers; l++)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
@@ -402,6 +454,8 @@ static int dump_params(run *r, gt_err *err)
     FILE *f = fopen(r->c->dump_params, "wb");
     size_t n = r->model.nparams;
     int ok = f && fwrite(r->model.params, sizeof(float), n, f) == n;
+    size_t nb = r->model.nbuffers; /* then BatchNorm's running statistics */
+    ok = ok && (nb == 0 || fwrite(r->model.buffers, sizeof(float), nb, f) == nb);
     if (f && fclose(f) != 0)
         ok = 0;
     return ok ? 0 : gt_errf(err, "%s: cannot write parameters", r->c->dump_params);

@@ -15,7 +15,8 @@
 
 typedef struct gt_config {
     const char *data_dir;
-    gt_model_kind model; /* --model mlp|lenet */
+    gt_model_kind model; /* --model mlp|lenet|resnet */
+    bool sync_bn;        /* resnet: SyncBatchNorm (statistics over all ranks) */
     float dropout;       /* p of the LeNet's dropout and dropout2d */
     int hidden[GT_MLP_MAX_LAYERS];
     int nhidden;
@@ -47,7 +48,7 @@ void gt_config_defaults(gt_config *c);
  * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */
 int gt_train_run(const gt_config *c, gt_err *err);
 
-/* "mlp" or "lenet". */
+/* "mlp", "lenet" or "resnet". */
 const char *gt_model_name(gt_model_kind k);
 
 /* The learning rate of optimiser step `step` (0-based) out of `total`: c->lr, or with c->cosine
