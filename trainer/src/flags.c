@@ -3,6 +3,7 @@
 #include "flags.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,19 @@ static int parse_model(gt_config *c, const char *v, gt_err *err)
     return 0;
 }
 
+static int parse_precision(gt_config *c, const char *v, gt_err *err)
+{
+    if (strcmp(v, "fp32") == 0)
+        c->precision = GT_PREC_FP32;
+    else if (strcmp(v, "bf16") == 0)
+        c->precision = GT_PREC_BF16;
+    else if (strcmp(v, "fp16") == 0)
+        c->precision = GT_PREC_FP16;
+    else
+        return gt_errf(err, "--precision %s: use fp32, bf16 or fp16", v);
+    return 0;
+}
+
 static int parse_device(gt_config *c, const char *v, gt_err *err)
 {
     c->device_auto = strcmp(v, "auto") == 0;
@@ -105,6 +119,13 @@ static const flag FLAGS[] = {
      "stride 2 and a\n    1x1 conv+BN shortcut (28->14->7); global average pool; fc 64->10 "
      "(174,970 params).\n    lenet and resnet run on the CPU only for now"},
     {"--hidden", "N,N,...", F_FN, 0, parse_hidden, "hidden layer sizes of mlp (default 512,256)"},
+    {"--precision", "fp32|bf16|fp16", F_FN, 0, parse_precision,
+     "GEMM and convolution inputs in bf16 or fp16 with fp32 accumulation and fp32 master "
+     "weights (emulated by rounding on the CPU); fp16 adds GradScaler's dynamic loss scaling "
+     "(x0.5 and the step skipped on inf/NaN, x2 after 2000 clean steps; skipped steps are "
+     "printed). The all-reduce stays fp32 (default fp32)"},
+    {"--init-scale", "F", F_FLOAT, OFF(init_scale), NULL,
+     "fp16: GradScaler's initial loss scale (default 65536)"},
     {"--sync-bn", NULL, F_BOOL, OFF(sync_bn), NULL,
      "resnet: SyncBatchNorm, batch statistics over all ranks (default: each rank's own)"},
     {"--dropout", "P", F_FLOAT, OFF(dropout), NULL,
@@ -240,8 +261,13 @@ int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
             strcmp(f->name, "--master") == 0)
             c->dist.source = "flags";
     }
-    if (c->device_auto && c->model != GT_MODEL_MLP)
-        c->use_gpu = false; /* auto picks the CPU for a model the GPU path lacks */
+    if (!(c->init_scale > 0.0f) || isinf(c->init_scale))
+        return gt_errf(err, "--init-scale %g: use a positive finite scale", (double)c->init_scale);
+    if (c->use_gpu && c->precision != GT_PREC_FP32 && !c->device_auto)
+        return gt_errf(err, "--precision %s: the GPU path runs fp32 only for now; use --device cpu",
+                       gt_precision_name(c->precision));
+    if (c->device_auto && (c->model != GT_MODEL_MLP || c->precision != GT_PREC_FP32))
+        c->use_gpu = false; /* auto picks the CPU for what the GPU path lacks */
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
         return gt_errf(err, "--dropout %g: use a probability in [0, 1)", (double)c->dropout);
     if (c->epochs < 1 || c->batch_size < 1 || c->eval_batch_size < 1)

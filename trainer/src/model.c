@@ -21,8 +21,67 @@ static float at(const float *A, int lda, int trans, int r, int c)
 }
 #endif
 
+static gt_precision gemm_precision;
+static float *round_scratch; /* grown on demand, never freed: one per process */
+static size_t round_cap;
+
+void gt_gemm_set_precision(gt_precision p)
+{
+    gemm_precision = p;
+}
+
+float gt_round_to(gt_precision p, float x)
+{
+    if (p == GT_PREC_FP16)
+        return (float)(_Float16)x;
+    if (p != GT_PREC_BF16 || isnan(x))
+        return x;
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* round to nearest, ties to even */
+    memcpy(&x, &u, sizeof(u));
+    return x;
+}
+
+/* A rows x cols matrix with leading dimension ld, rounded into scratch from offset at. */
+static const float *rounded(const float *A, int rows, int cols, int ld, size_t at)
+{
+    size_t n = (size_t)(rows - 1) * ld + cols;
+    for (size_t i = 0; i < n; i++)
+        round_scratch[at + i] = gt_round_to(gemm_precision, A[i]);
+    return round_scratch + at;
+}
+
+static int ensure_scratch(size_t n)
+{
+    if (n <= round_cap)
+        return 0;
+    float *p = realloc(round_scratch, n * sizeof(float));
+    if (!p)
+        return -1;
+    round_scratch = p;
+    round_cap = n;
+    return 0;
+}
+
+static void gemm_fp32(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc);
+
 void gt_gemm_ex(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+    size_t na = (size_t)(ar - 1) * lda + ac, nb = (size_t)(br - 1) * ldb + bc;
+    /* Out of memory for the rounding copies: compute in fp32 rather than fail a step. */
+    if (gemm_precision != GT_PREC_FP32 && M > 0 && N > 0 && K > 0 && ensure_scratch(na + nb) == 0) {
+        A = rounded(A, ar, ac, lda, 0);
+        B = rounded(B, br, bc, ldb, na);
+    }
+    gemm_fp32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void gemm_fp32(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc)
 {
 #ifdef GT_HAVE_CBLAS
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

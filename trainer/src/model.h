@@ -16,6 +16,10 @@
 /* The architectures --model names; the value is stored in checkpoints. */
 typedef enum { GT_MODEL_MLP = 0, GT_MODEL_LENET = 1, GT_MODEL_RESNET = 2 } gt_model_kind;
 
+/* --precision: the GEMMs' (and so the convolutions') inputs are rounded to this format, with
+ * fp32 accumulation, as tensor-core GEMMs under autocast compute; everything else stays fp32. */
+typedef enum { GT_PREC_FP32 = 0, GT_PREC_BF16 = 1, GT_PREC_FP16 = 2 } gt_precision;
+
 struct gt_lenet;
 struct gt_resnet;
 
@@ -74,6 +78,12 @@ void gt_mlp_backward(gt_mlp *m, const float *x, int B);
 /* Row-major C = op(A) * op(B) with beta 0 (CBLAS when built with it); exposed for tests. */
 void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
              int ldb, float *C, int ldc);
+/* Sets the precision every later gt_gemm / gt_gemm_ex in this process emulates (fp32 by
+ * default). The rounding copies go through a process-wide scratch: one thread at a time. */
+void gt_gemm_set_precision(gt_precision p);
+/* x rounded to nearest-even in p (fp16 overflows to inf, as the hardware conversion does). */
+float gt_round_to(gt_precision p, float x);
+
 /* The same with C = op(A) * op(B) + beta * C (beta 0 never reads C). */
 void gt_gemm_ex(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);

@@ -18,6 +18,7 @@
 #include "lenet.h"
 #include "resnet.h"
 #include "sampler.h"
+#include "scaler.h"
 #ifdef GT_HAVE_CUDA
 #include "gpu.h"
 #endif
@@ -38,6 +39,7 @@ typedef struct run {
     gt_mlp model;
     gt_optim opt;
     gt_ckpt_meta meta;
+    gt_scaler scaler; /* fp16 loss scaling */
     int64_t steps;
     int64_t total_steps; /* optimiser steps the whole run takes (the cosine's period) */
     int max_batch;
@@ -55,6 +57,8 @@ void gt_config_defaults(gt_config *c)
     c->data_dir = GT_DEFAULT_DATA;
     c->model = GT_MODEL_MLP;
     c->dropout = 0.5f;
+    c->precision = GT_PREC_FP32;
+    c->init_scale = GT_SCALER_INIT;
     c->hidden[0] = 512;
     c->hidden[1] = 256;
     c->nhidden = 2;
@@ -207,6 +211,8 @@ static int setup(run *r, gt_err *err)
     r->steps = r->opt.step; /* --max-steps counts the checkpointed run's steps too */
     /* The sampler must replay the checkpointed run's shuffles. */
     r->train_s.seed = r->meta.seed;
+    gt_gemm_set_precision(c->precision);
+    gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
     if (c->use_gpu && setup_gpu(r, err) != 0)
         return -1;
     if (R == 0 && c->metrics && !(r->metrics = fopen(c->metrics, "a")))
@@ -221,6 +227,13 @@ static void gather(run *r, const gt_dataset *ds, const int64_t *idx, int B)
                ds->dim * sizeof(float));
         r->yb[i] = ds->y[idx[i]];
     }
+}
+
+static void scale_logit_grads(gt_mlp *m, int B, float scale)
+{
+    float *d = m->dacts[m->nlayers]; /* (B, classes) */
+    for (size_t i = 0; i < (size_t)B * m->sizes[m->nlayers]; i++)
+        d[i] *= scale;
 }
 
 /* One CPU step: local mean gradient, averaged over ranks, then the optimiser update. */
@@ -239,6 +252,8 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
     stats[0] += gt_mlp_loss(m, r->yb, B, 1, &correct);
     stats[1] += (double)correct;
     stats[2] += B;
+    if (r->c->precision == GT_PREC_FP16) /* scaler.scale(loss).backward() */
+        scale_logit_grads(m, B, r->scaler.scale);
     gt_mlp_backward(m, r->xb, B);
     if (m->failed) {
         *err = r->bn.err; /* a SyncBatchNorm reduction failed mid-pass */
@@ -251,6 +266,10 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
         for (size_t i = 0; i < m->nparams; i++)
             m->grads[i] *= scale;
     }
+    /* fp16: every rank holds the same averaged gradients, so all skip the same steps. */
+    if (r->c->precision == GT_PREC_FP16 &&
+        !gt_scaler_unscale_and_update(&r->scaler, m->grads, m->nparams))
+        return 0;
     gt_optim_step(&r->opt, m->params, m->grads);
     return 0;
 }
@@ -405,6 +424,22 @@ static int save_checkpoints(run *r, int improved, gt_err *err)
     return improved ? gt_ckpt_save(path, &r->model, &r->opt, &r->meta, err) : 0;
 }
 
+const char *gt_precision_name(gt_precision p)
+{
+    return p == GT_PREC_BF16 ? "bf16" : p == GT_PREC_FP16 ? "fp16" : "fp32";
+}
+
+/* fp16's epoch line ends with the loss scale and the steps skipped so far. */
+static const char *fp16_note(run *r)
+{
+    static char note[96];
+    if (r->c->precision != GT_PREC_FP16)
+        return "";
+    snprintf(note, sizeof(note), " | loss scale %g | %lld skipped step(s)", (double)r->scaler.scale,
+             (long long)r->scaler.skipped);
+    return note;
+}
+
 static void report(run *r, uint64_t epoch, const double *stats, double test_acc, double train_s,
                    double epoch_s)
 {
@@ -413,16 +448,19 @@ static void report(run *r, uint64_t epoch, const double *stats, double test_acc,
     double loss = stats[0] / stats[2], acc = stats[1] / stats[2], sps = stats[2] / train_s;
     if (!r->c->quiet)
         printf("epoch %3llu/%d | train loss %.4f | train acc %.4f | test acc %.4f | "
-               "%.0f samples/s | %.2f s\n",
-               (unsigned long long)epoch + 1, r->c->epochs, loss, acc, test_acc, sps, epoch_s);
+               "%.0f samples/s | %.2f s%s\n",
+               (unsigned long long)epoch + 1, r->c->epochs, loss, acc, test_acc, sps, epoch_s,
+               fp16_note(r));
     fflush(stdout);
     if (r->metrics) {
         fprintf(r->metrics,
                 "{\"epoch\":%llu,\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_acc\":%.6f,"
                 "\"samples_per_s\":%.1f,\"epoch_time_s\":%.4f,\"global_batch\":%u,"
-                "\"world_size\":%d}\n",
+                "\"world_size\":%d,\"precision\":\"%s\",\"loss_scale\":%.9g,"
+                "\"skipped_steps\":%lld}\n",
                 (unsigned long long)epoch + 1, loss, acc, test_acc, sps, epoch_s,
-                r->meta.global_batch, r->dist.world);
+                r->meta.global_batch, r->dist.world, gt_precision_name(r->c->precision),
+                (double)r->scaler.scale, (long long)r->scaler.skipped);
         fflush(r->metrics);
     }
 }
@@ -440,10 +478,10 @@ static void banner(const run *r)
     for (int l = 0; r->model.kind == GT_MODEL_MLP && l <= r->model.nlayers; l++)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
-           "global batch %u (%d per rank x %d)%s\n",
+           "global batch %u (%d per rank x %d), %s%s\n",
            r->dist.world, c->dist.source, r->gpu ? "cuda" : "cpu", arch, r->model.nparams,
            gt_optim_name(c->optim), (double)c->lr, r->meta.global_batch, c->batch_size,
-           r->dist.world, c->resume ? ", resumed" : "");
+           r->dist.world, gt_precision_name(c->precision), c->resume ? ", resumed" : "");
     fflush(stdout);
 }
 

@@ -15,9 +15,11 @@
 
 typedef struct gt_config {
     const char *data_dir;
-    gt_model_kind model; /* --model mlp|lenet|resnet */
-    bool sync_bn;        /* resnet: SyncBatchNorm (statistics over all ranks) */
-    float dropout;       /* p of the LeNet's dropout and dropout2d */
+    gt_model_kind model;    /* --model mlp|lenet|resnet */
+    bool sync_bn;           /* resnet: SyncBatchNorm (statistics over all ranks) */
+    gt_precision precision; /* --precision fp32|bf16|fp16 (emulated rounding on the CPU) */
+    float init_scale;       /* fp16: GradScaler's initial loss scale (2^16) */
+    float dropout;          /* p of the LeNet's dropout and dropout2d */
     int hidden[GT_MLP_MAX_LAYERS];
     int nhidden;
     gt_optim_kind optim;
@@ -47,6 +49,9 @@ void gt_config_defaults(gt_config *c);
 /* Runs training to completion. Returns 0, or -1 with a message naming this rank in err. Rank 0
  * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */
 int gt_train_run(const gt_config *c, gt_err *err);
+
+/* "fp32", "bf16" or "fp16". */
+const char *gt_precision_name(gt_precision p);
 
 /* "mlp", "lenet" or "resnet". */
 const char *gt_model_name(gt_model_kind k);

@@ -6,6 +6,8 @@
  * - --model resnet (8x8 images): with --sync-bn 2 ranks equal 1 rank after 20 steps, running
  *   statistics included; without it they differ, as plain BatchNorm under DDP must; resume is
  *   bit-exact (running statistics checkpointed and broadcast from rank 0);
+ * - --precision fp16: a forced overflow (huge initial scale) skips steps, halving the scale
+ *   each time, and a skipped step leaves the parameters alone; bf16 tracks fp32;
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
  * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
 #include <math.h>
@@ -298,6 +300,91 @@ static void test_train__sharded_evaluation_counts_each_test_sample_once(void **s
     assert_near(a1, a3, 1e-9);
 }
 
+/* The last epoch's value of a numeric metrics field. */
+static double last_metric(const char *metrics, const char *field)
+{
+    size_t n;
+    char *text = tu_read_file(metrics, &n), key[64];
+    assert_non_null(text);
+    text = realloc(text, n + 1);
+    text[n] = '\0';
+    snprintf(key, sizeof(key), "\"%s\":", field);
+    char *last = NULL, *p = text;
+    while ((p = strstr(p, key)) != NULL)
+        last = p++;
+    assert_non_null(last);
+    double v = strtod(last + strlen(key), NULL);
+    free(text);
+    return v;
+}
+
+static void test_train__fp16_overflow_skips_steps_and_halves_the_scale(void **state)
+{
+    (void)state;
+    /* 2^40 times the loss overflows fp16 in the backward GEMMs: the scaler must back off. */
+    gt_config c = base();
+    c.precision = GT_PREC_FP16;
+    c.init_scale = 0x1p40f;
+    c.epochs = 2; /* 50 steps per rank, enough left to learn after the skipped ones */
+    c.metrics = file_in_dir("fp16.jsonl");
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    double skipped = last_metric(c.metrics, "skipped_steps");
+    double scale = last_metric(c.metrics, "loss_scale");
+    print_message("fp16: %.0f skipped steps, loss scale %g\n", skipped, scale);
+    assert_true(skipped >= 1 && skipped < 30);
+    assert_near(scale, ldexp(1.0, 40 - (int)skipped), 0.0);
+    assert_true(last_metric(c.metrics, "test_acc") > 0.5); /* and it still learned */
+}
+
+static void test_train__fp16_skipped_steps_leave_the_parameters_alone(void **state)
+{
+    (void)state;
+    gt_config skip = base(), still = base();
+    skip.precision = GT_PREC_FP16;
+    skip.init_scale = 0x1p100f; /* still overflowing after 3 halvings */
+    skip.max_steps = 3;
+    skip.dump_params = file_in_dir("skipped.f32");
+    still.lr = 0.0f; /* one step that moves nothing: the initial parameters */
+    still.max_steps = 1;
+    still.dump_params = file_in_dir("initial.f32");
+    assert_int_equal(tu_run_ranks(&skip, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&still, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    size_t na, nb;
+    void *a = tu_read_file(skip.dump_params, &na), *b = tu_read_file(still.dump_params, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+}
+
+static void test_train__bf16_tracks_fp32_on_a_short_run(void **state)
+{
+    (void)state;
+    gt_config f32 = lenet(), b16 = lenet();
+    b16.precision = GT_PREC_BF16;
+    f32.dump_params = file_in_dir("f32.f32");
+    b16.dump_params = file_in_dir("b16.f32");
+    f32.metrics = file_in_dir("f32.jsonl");
+    b16.metrics = file_in_dir("b16.jsonl");
+    assert_int_equal(tu_run_ranks(&f32, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&b16, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    size_t n;
+    double norm;
+    max_rel_diff(f32.dump_params, b16.dump_params, &n, &norm);
+    double l32 = last_metric(f32.metrics, "train_loss"),
+           l16 = last_metric(b16.metrics, "train_loss");
+    print_message("bf16 vs fp32 after 20 LeNet steps: parameters differ by %.3g (norm), train "
+                  "loss %.4f vs %.4f\n",
+                  norm, l16, l32);
+    /* The stated tolerance: the training loss within 2%, the test accuracy within 0.05 and the
+     * parameters within 10% of their norm (Adam divides each gradient by its own size, so the
+     * rounding of small gradients moves their parameters by up to lr per step); and not equal,
+     * or the rounding would not be running at all. */
+    assert_true(fabs(l16 - l32) <= 0.02 * l32);
+    assert_near(last_metric(b16.metrics, "test_acc"), last_metric(f32.metrics, "test_acc"), 0.05);
+    assert_true(norm > 1e-6 && norm < 0.1);
+}
+
 static void bad_data_on_rank1(gt_config *c, int rank, void *arg)
 {
     (void)arg;
@@ -339,6 +426,9 @@ int main(void)
         cmocka_unit_test(test_train__resnet_sync_bn_two_ranks_equal_one_rank_after_20_steps),
         cmocka_unit_test(test_train__resnet_without_sync_bn_two_ranks_differ_from_one_rank),
         cmocka_unit_test(test_train__resnet_resume_continues_bit_exactly),
+        cmocka_unit_test(test_train__fp16_overflow_skips_steps_and_halves_the_scale),
+        cmocka_unit_test(test_train__fp16_skipped_steps_leave_the_parameters_alone),
+        cmocka_unit_test(test_train__bf16_tracks_fp32_on_a_short_run),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
     };
