@@ -3,6 +3,7 @@
 #include "ckpt.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +28,14 @@ typedef struct ckpt_header {
     uint64_t seed;
     double best_acc;
     uint32_t payload_crc;
-    uint32_t header_crc; /* CRC-32 of this header with header_crc = 0 */
+    uint32_t header_crc; /* CRC-32 of this header (v1: of its v1 part) with header_crc = 0 */
+    /* Version 2 from here on. */
+    float loss_scale;
+    int32_t scaler_clean;
+    int64_t scaler_skipped;
 } ckpt_header;
+
+#define V1_HEADER_SIZE offsetof(ckpt_header, loss_scale)
 
 static uint32_t crc(const void *p, size_t n, uint32_t acc)
 {
@@ -45,7 +52,7 @@ static uint32_t crc(const void *p, size_t n, uint32_t acc)
 static uint32_t header_crc(ckpt_header h)
 {
     h.header_crc = 0;
-    return crc(&h, sizeof(h), 0);
+    return crc(&h, h.version == 1 ? V1_HEADER_SIZE : sizeof(h), 0);
 }
 
 static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
@@ -66,6 +73,9 @@ static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
     h->opt_step = o->step;
     h->seed = meta->seed;
     h->best_acc = meta->best_acc;
+    h->loss_scale = meta->loss_scale;
+    h->scaler_clean = meta->scaler_clean;
+    h->scaler_skipped = meta->scaler_skipped;
     h->payload_crc = crc(m->params, m->nparams * sizeof(float), 0);
     if (m->nbuffers)
         h->payload_crc = crc(m->buffers, m->nbuffers * sizeof(float), h->payload_crc);
@@ -125,11 +135,11 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
 {
     if (memcmp(h->magic, MAGIC, sizeof(MAGIC)) != 0)
         return gt_errf(err, "%s: not a gpusync-train checkpoint (bad magic)", path);
-    if (h->header_crc != header_crc(*h))
-        return gt_errf(err, "%s: checkpoint header is corrupt (checksum mismatch)", path);
-    if (h->version != GT_CKPT_VERSION)
+    if (h->version != 1 && h->version != GT_CKPT_VERSION)
         return gt_errf(err, "%s: checkpoint format version %u, this build reads %d", path,
                        h->version, GT_CKPT_VERSION);
+    if (h->header_crc != header_crc(*h))
+        return gt_errf(err, "%s: checkpoint header is corrupt (checksum mismatch)", path);
     if (h->model != (uint32_t)m->kind)
         return gt_errf(err, "%s: checkpoint holds a %s model, this run trains --model %s", path,
                        model_name(h->model), model_name((uint32_t)m->kind));
@@ -148,6 +158,19 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
     return 0;
 }
 
+/* Reads the v1 part, then the v2 tail when the version says there is one; a v1 header reads
+ * as a run without loss scaling (scale 0). Returns -1 on a short file. */
+static int read_header(FILE *f, ckpt_header *h)
+{
+    if (fread(h, 1, V1_HEADER_SIZE, f) != V1_HEADER_SIZE)
+        return -1;
+    h->loss_scale = 0.0f;
+    if (h->version == 1)
+        return 0;
+    size_t tail = sizeof(*h) - V1_HEADER_SIZE;
+    return fread((char *)h + V1_HEADER_SIZE, 1, tail, f) == tail ? 0 : -1;
+}
+
 int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, gt_err *err)
 {
     FILE *f = fopen(path, "rb");
@@ -156,7 +179,7 @@ int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, g
     ckpt_header h;
     memset(&h, 0, sizeof(h));
     float *buf = NULL;
-    int rc = fread(&h, 1, sizeof(h), f) == sizeof(h)
+    int rc = read_header(f, &h) == 0
                  ? check_header(path, &h, m, o, err)
                  : gt_errf(err, "%s: checkpoint truncated (short header)", path);
     size_t n = (size_t)(h.nparams + h.state_len);
@@ -181,6 +204,9 @@ int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, g
         meta->seed = h.seed;
         meta->best_acc = h.best_acc;
         meta->global_batch = h.global_batch;
+        meta->loss_scale = h.loss_scale;
+        meta->scaler_clean = h.scaler_clean;
+        meta->scaler_skipped = h.scaler_skipped;
     }
     free(buf);
     fclose(f);

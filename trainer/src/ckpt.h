@@ -13,13 +13,18 @@
 #include "model.h"
 #include "optim.h"
 
-#define GT_CKPT_VERSION 1
+/* Version 2 appends fp16's loss-scaler state to the header; version 1 files still load (as a
+ * run without loss scaling). */
+#define GT_CKPT_VERSION 2
 
 typedef struct gt_ckpt_meta {
     uint64_t epoch;  /* epochs completed */
     uint64_t seed;   /* the run's --seed (sampler and init) */
     double best_acc; /* best test accuracy so far */
     uint32_t global_batch;
+    float loss_scale;       /* fp16 GradScaler state (scale 0 when the run was not fp16) */
+    int32_t scaler_clean;   /* clean steps since the scale last changed */
+    int64_t scaler_skipped; /* steps skipped so far */
 } gt_ckpt_meta;
 
 /* Writes path atomically (path.tmp, fsync, rename). Fails with a message naming path. */

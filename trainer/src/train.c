@@ -213,6 +213,12 @@ static int setup(run *r, gt_err *err)
     r->train_s.seed = r->meta.seed;
     gt_gemm_set_precision(c->precision);
     gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
+    /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. */
+    if (c->resume && c->precision == GT_PREC_FP16 && r->meta.loss_scale > 0.0f) {
+        r->scaler.scale = r->meta.loss_scale;
+        r->scaler.clean = r->meta.scaler_clean;
+        r->scaler.skipped = r->meta.scaler_skipped;
+    }
     if (c->use_gpu && setup_gpu(r, err) != 0)
         return -1;
     if (R == 0 && c->metrics && !(r->metrics = fopen(c->metrics, "a")))
@@ -413,6 +419,9 @@ static int sync_to_host(run *r, gt_err *err)
 static int save_checkpoints(run *r, int improved, gt_err *err)
 {
     char path[4200];
+    r->meta.loss_scale = r->c->precision == GT_PREC_FP16 ? r->scaler.scale : 0.0f;
+    r->meta.scaler_clean = r->scaler.clean;
+    r->meta.scaler_skipped = r->scaler.skipped;
     if (!r->c->save_dir || r->dist.rank != 0)
         return 0;
     if (mkdir(r->c->save_dir, 0777) != 0 && errno != EEXIST)

@@ -357,6 +357,16 @@ static void test_train__fp16_skipped_steps_leave_the_parameters_alone(void **sta
     free(b);
 }
 
+static void test_train__fp16_resume_continues_the_loss_scale_bit_exactly(void **state)
+{
+    (void)state;
+    /* 2^40 makes epoch 1 skip steps: a resumed run restarting at 2^40 would skip them again. */
+    gt_config c = base();
+    c.precision = GT_PREC_FP16;
+    c.init_scale = 0x1p40f;
+    resume_of(c, c, c, 25);
+}
+
 static void test_train__bf16_tracks_fp32_on_a_short_run(void **state)
 {
     (void)state;
@@ -428,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_train__resnet_resume_continues_bit_exactly),
         cmocka_unit_test(test_train__fp16_overflow_skips_steps_and_halves_the_scale),
         cmocka_unit_test(test_train__fp16_skipped_steps_leave_the_parameters_alone),
+        cmocka_unit_test(test_train__fp16_resume_continues_the_loss_scale_bit_exactly),
         cmocka_unit_test(test_train__bf16_tracks_fp32_on_a_short_run),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
