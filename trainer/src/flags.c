@@ -126,6 +126,9 @@ static const flag FLAGS[] = {
      "printed). The all-reduce stays fp32 (default fp32)"},
     {"--init-scale", "F", F_FLOAT, OFF(init_scale), NULL,
      "fp16: GradScaler's initial loss scale (default 65536)"},
+    {"--augment", NULL, F_BOOL, OFF(augment), NULL,
+     "random crop with padding 2 and horizontal flip of training images, from a hash of seed, "
+     "epoch and sample (the same on any rank and on resume; CPU only)"},
     {"--sync-bn", NULL, F_BOOL, OFF(sync_bn), NULL,
      "resnet: SyncBatchNorm, batch statistics over all ranks (default: each rank's own)"},
     {"--dropout", "P", F_FLOAT, OFF(dropout), NULL,
@@ -266,7 +269,7 @@ int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
     if (c->use_gpu && c->precision != GT_PREC_FP32 && !c->device_auto)
         return gt_errf(err, "--precision %s: the GPU path runs fp32 only for now; use --device cpu",
                        gt_precision_name(c->precision));
-    if (c->device_auto && (c->model != GT_MODEL_MLP || c->precision != GT_PREC_FP32))
+    if (c->device_auto && (c->model != GT_MODEL_MLP || c->precision != GT_PREC_FP32 || c->augment))
         c->use_gpu = false; /* auto picks the CPU for what the GPU path lacks */
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
         return gt_errf(err, "--dropout %g: use a probability in [0, 1)", (double)c->dropout);

@@ -44,6 +44,9 @@ typedef struct run {
     int64_t total_steps; /* optimiser steps the whole run takes (the cosine's period) */
     int max_batch;
     float *xb;            /* (max_batch, dim) gathered batch */
+    float *aug;           /* (dim) one image's scratch for --augment */
+    int side;             /* image side, for --augment (square images) */
+    uint64_t epoch;       /* the epoch being trained (the augmentation key) */
     uint8_t *yb;          /* (max_batch) */
     int64_t *idx;         /* this rank's train shard for the current epoch */
     int64_t *tidx, *tpos; /* the test shard and its positions in the padded list */
@@ -103,10 +106,11 @@ static int alloc_buffers(run *r, gt_err *err)
     r->max_batch = c->batch_size > c->eval_batch_size ? c->batch_size : c->eval_batch_size;
     r->xb = malloc((size_t)r->max_batch * r->train.dim * sizeof(float));
     r->yb = malloc((size_t)r->max_batch);
+    r->aug = malloc(r->train.dim * sizeof(float));
     r->idx = malloc((size_t)r->train_s.num_samples * sizeof(int64_t));
     r->tidx = malloc((size_t)r->test_s.num_samples * sizeof(int64_t));
     r->tpos = malloc((size_t)r->test_s.num_samples * sizeof(int64_t));
-    if (!r->xb || !r->yb || !r->idx || !r->tidx || !r->tpos)
+    if (!r->xb || !r->yb || !r->aug || !r->idx || !r->tidx || !r->tpos)
         return gt_errf(err, "out of memory for batch buffers");
     return 0;
 }
@@ -143,6 +147,8 @@ static int setup_gpu(run *r, gt_err *err)
     if (r->c->model != GT_MODEL_MLP)
         return gt_errf(err, "--device cuda: --model %s has no GPU path yet; use --device cpu",
                        gt_model_name(r->c->model));
+    if (r->c->augment)
+        return gt_errf(err, "--device cuda: --augment has no GPU path yet; use --device cpu");
     if (gt_gpu_device_count() <= 0)
         return gt_errf(err, "--device cuda: no CUDA device is visible");
     return gt_gpu_init((gt_gpu **)&r->gpu, &r->model, &r->opt, &r->train, &r->test, r->max_batch,
@@ -211,6 +217,9 @@ static int setup(run *r, gt_err *err)
     r->steps = r->opt.step; /* --max-steps counts the checkpointed run's steps too */
     /* The sampler must replay the checkpointed run's shuffles. */
     r->train_s.seed = r->meta.seed;
+    r->side = (int)lround(sqrt((double)r->train.dim));
+    if (c->augment && (size_t)r->side * r->side != r->train.dim)
+        return gt_errf(err, "--augment: images of %zu pixels are not square", r->train.dim);
     gt_gemm_set_precision(c->precision);
     gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
     /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. */
@@ -242,11 +251,37 @@ static void scale_logit_grads(gt_mlp *m, int B, float scale)
         d[i] *= scale;
 }
 
+/* --augment on image x (side x side), as torchvision's RandomCrop(side, padding=2) then
+ * RandomHorizontalFlip: out[y][x] = in[y+i-2][x'+j-2] with x' = x or side-1-x, zero outside.
+ * The offsets and the flip come from a hash of (seed, epoch, dataset index), so a sample is
+ * augmented alike on any rank and on resume. */
+static void augment_image(float *x, float *tmp, int side, uint64_t h)
+{
+    int i = (int)(h % 5), j = (int)((h >> 8) % 5), flip = (int)((h >> 16) & 1);
+    memcpy(tmp, x, (size_t)side * side * sizeof(float));
+    for (int y = 0; y < side; y++)
+        for (int c = 0; c < side; c++) {
+            int sy = y + i - 2, sx = (flip ? side - 1 - c : c) + j - 2;
+            int in = sy >= 0 && sy < side && sx >= 0 && sx < side;
+            x[y * side + c] = in ? tmp[sy * side + sx] : 0.0f;
+        }
+}
+
+static void augment_batch(run *r, const int64_t *idx, int B)
+{
+    uint64_t key = gt_dropout_key(r->meta.seed, (int64_t)r->epoch, 1000);
+    for (int b = 0; b < B; b++)
+        augment_image(r->xb + (size_t)b * r->train.dim, r->aug, r->side,
+                      gt_dropout_key(key, idx[b], 0));
+}
+
 /* One CPU step: local mean gradient, averaged over ranks, then the optimiser update. */
 static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *err)
 {
     gt_mlp *m = &r->model;
     gather(r, &r->train, idx, B);
+    if (r->c->augment)
+        augment_batch(r, idx, B);
     /* DDP's broadcast_buffers: every forward starts from rank 0's BatchNorm running statistics. */
     if (r->dist.world > 1 && m->nbuffers &&
         gt_dist_broadcast(&r->dist, m->buffers, m->nbuffers * sizeof(float), err) != 0)
@@ -335,6 +370,7 @@ static int train_epoch(run *r, uint64_t epoch, double *stats, gt_err *err)
     int B = r->c->batch_size;
     int64_t n = r->train_s.num_samples;
     gt_sampler_indices(&r->train_s, epoch, r->idx, NULL);
+    r->epoch = epoch;
     stats[0] = stats[1] = stats[2] = 0.0;
     if (upload_shard(r, 0, err) != 0)
         return -1;
@@ -544,6 +580,7 @@ static void release(run *r)
         fclose(r->metrics);
     free(r->xb);
     free(r->yb);
+    free(r->aug);
     free(r->idx);
     free(r->tidx);
     free(r->tpos);

@@ -19,6 +19,7 @@ typedef struct gt_config {
     bool sync_bn;           /* resnet: SyncBatchNorm (statistics over all ranks) */
     gt_precision precision; /* --precision fp32|bf16|fp16 (emulated rounding on the CPU) */
     float init_scale;       /* fp16: GradScaler's initial loss scale (2^16) */
+    bool augment;           /* random crop (padding 2) and horizontal flip of training images */
     float dropout;          /* p of the LeNet's dropout and dropout2d */
     int hidden[GT_MLP_MAX_LAYERS];
     int nhidden;

@@ -8,6 +8,8 @@
  *   bit-exact (running statistics checkpointed and broadcast from rank 0);
  * - --precision fp16: a forced overflow (huge initial scale) skips steps, halving the scale
  *   each time, and a skipped step leaves the parameters alone; bf16 tracks fp32;
+ * - --augment: 2 ranks equal 1 rank, the result differs from a run without it, and resume is
+ *   bit-exact (the crops and flips follow seed, epoch and sample);
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
  * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
 #include <math.h>
@@ -367,6 +369,32 @@ static void test_train__fp16_resume_continues_the_loss_scale_bit_exactly(void **
     resume_of(c, c, c, 25);
 }
 
+static gt_config augmented(void)
+{
+    gt_config c = base();
+    c.augment = true;
+    return c;
+}
+
+static void test_train__augment_two_ranks_equal_one_rank_and_it_changes_training(void **state)
+{
+    (void)state;
+    equivalence_of(augmented(), augmented(), GT_OPTIM_ADAM, 1e-3f);
+    gt_config plain = base();
+    plain.dump_params = file_in_dir("plain.f32");
+    assert_int_equal(tu_run_ranks(&plain, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    size_t n;
+    double norm;
+    max_rel_diff(plain.dump_params, file_in_dir("one.f32"), &n, &norm);
+    assert_true(norm > 1e-3); /* the augmentation really ran */
+}
+
+static void test_train__augment_resume_continues_bit_exactly(void **state)
+{
+    (void)state;
+    resume_of(augmented(), augmented(), augmented(), 25);
+}
+
 static void test_train__bf16_tracks_fp32_on_a_short_run(void **state)
 {
     (void)state;
@@ -440,6 +468,8 @@ int main(void)
         cmocka_unit_test(test_train__fp16_skipped_steps_leave_the_parameters_alone),
         cmocka_unit_test(test_train__fp16_resume_continues_the_loss_scale_bit_exactly),
         cmocka_unit_test(test_train__bf16_tracks_fp32_on_a_short_run),
+        cmocka_unit_test(test_train__augment_two_ranks_equal_one_rank_and_it_changes_training),
+        cmocka_unit_test(test_train__augment_resume_continues_bit_exactly),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
     };
