@@ -1,6 +1,8 @@
 /* test_ckpt.c: checkpoints round-trip parameters, optimiser state and run metadata exactly;
  * every corruption (payload byte, header byte, magic, truncation) and every mismatch (shapes,
- * optimiser) is refused with a message naming the file, leaving the live model untouched. */
+ * optimiser, model kind) is refused with a message naming the file, leaving the live model
+ * untouched; a version-1 file (before the loss scaler) still loads; the loss scaler's state and
+ * a ResNet's running statistics round-trip. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,10 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cmocka.h>
 
 #include "ckpt.h"
+#include "resnet.h"
 #include "testutil.h"
 
 static char dir[256], path[512];
@@ -183,6 +187,78 @@ static void test_ckpt__other_optimiser_is_refused(void **state)
     release(&b);
 }
 
+/* Rewrites path as a version-1 file: the header without its 16-byte loss-scaler tail (a float,
+ * an int32 and an int64 after header_crc), version 1, header CRC over the shorter header. */
+static void downgrade_to_v1(size_t payload_bytes)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(path, &n);
+    assert_non_null(b);
+    size_t v2 = n - payload_bytes, v1 = v2 - 16;
+    uint32_t one = 1, zero = 0;
+    memcpy(b + 8, &one, 4);       /* version, right after the 8-byte magic */
+    memcpy(b + v1 - 4, &zero, 4); /* header_crc, the last field of the v1 header */
+    uint32_t c = (uint32_t)crc32(0, b, (uInt)v1);
+    memcpy(b + v1 - 4, &c, 4);
+    memmove(b + v1, b + v2, payload_bytes);
+    assert_int_equal(tu_write_raw(path, b, n - 16), 0);
+    free(b);
+}
+
+static void test_ckpt__version_1_files_still_load(void **state)
+{
+    (void)state;
+    int hidden[1] = {4};
+    fixture a, b;
+    make(&a, hidden, 1, GT_OPTIM_ADAM, 1);
+    make(&b, hidden, 1, GT_OPTIM_ADAM, 2);
+    a.meta.loss_scale = 1024.0f;
+    assert_int_equal(gt_ckpt_save(path, &a.m, &a.o, &a.meta, NULL), 0);
+    downgrade_to_v1((a.m.nparams + 2 * a.o.n) * sizeof(float));
+    gt_err err = {{0}};
+    gt_ckpt_meta meta;
+    assert_int_equal(gt_ckpt_load(path, &b.m, &b.o, &meta, &err), 0);
+    assert_memory_equal(a.m.params, b.m.params, a.m.nparams * sizeof(float));
+    assert_true(meta.loss_scale == 0.0f); /* a run without loss scaling */
+    assert_int_equal(meta.epoch, 3);
+    release(&a);
+    release(&b);
+}
+
+static void test_ckpt__resnet_statistics_and_loss_scale_round_trip(void **state)
+{
+    (void)state;
+    gt_mlp a, b;
+    gt_optim oa, ob;
+    assert_int_equal(gt_resnet_init(&a, 64, 3, 2, 1, NULL), 0);
+    assert_int_equal(gt_resnet_init(&b, 64, 3, 2, 2, NULL), 0);
+    assert_int_equal(gt_optim_init(&oa, GT_OPTIM_SGD, a.nparams, 0.1f, 0.9f, 0.0f, NULL), 0);
+    assert_int_equal(gt_optim_init(&ob, GT_OPTIM_SGD, b.nparams, 0.1f, 0.9f, 0.0f, NULL), 0);
+    for (size_t i = 0; i < a.nbuffers; i++)
+        a.buffers[i] = (float)i * 0.125f;
+    gt_ckpt_meta meta = {.epoch = 1, .loss_scale = 512.0f, .scaler_clean = 7, .scaler_skipped = 3};
+    gt_ckpt_meta got;
+    assert_int_equal(gt_ckpt_save(path, &a, &oa, &meta, NULL), 0);
+    assert_int_equal(gt_ckpt_load(path, &b, &ob, &got, NULL), 0);
+    assert_memory_equal(a.params, b.params, a.nparams * sizeof(float));
+    assert_memory_equal(a.buffers, b.buffers, a.nbuffers * sizeof(float));
+    assert_true(got.loss_scale == 512.0f);
+    assert_int_equal(got.scaler_clean, 7);
+    assert_int_equal(got.scaler_skipped, 3);
+    /* An MLP run refuses a ResNet checkpoint, naming both kinds. */
+    fixture f;
+    int hidden[1] = {4};
+    make(&f, hidden, 1, GT_OPTIM_SGD, 1);
+    gt_err err = {{0}};
+    assert_int_equal(gt_ckpt_load(path, &f.m, &f.o, &got, &err), -1);
+    assert_non_null(strstr(err.msg, "resnet"));
+    release(&f);
+    gt_mlp_release(&a);
+    gt_mlp_release(&b);
+    gt_optim_release(&oa);
+    gt_optim_release(&ob);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,6 +269,8 @@ int main(void)
         cmocka_unit_test(test_ckpt__truncated_file_is_detected),
         cmocka_unit_test(test_ckpt__other_shapes_are_refused),
         cmocka_unit_test(test_ckpt__other_optimiser_is_refused),
+        cmocka_unit_test(test_ckpt__version_1_files_still_load),
+        cmocka_unit_test(test_ckpt__resnet_statistics_and_loss_scale_round_trip),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
