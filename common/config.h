@@ -22,7 +22,7 @@
 #define GS_CONFIG_MAX_CPU 4096
 
 enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
-/* auto: zstd level 1 where the agent has it; zstd: level 3 (for slow links); off: never. Either
+/* auto: zstd level 1 where the agent has it; zstd: level 9 (for slow links); off: never. Either
  * way an agent built without libzstd is spoken to uncompressed (proto/zframes.h). */
 enum gs_compress { GS_COMPRESS_AUTO, GS_COMPRESS_ZSTD, GS_COMPRESS_OFF };
 

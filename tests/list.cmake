@@ -41,6 +41,7 @@ gs_add_test(test_watcher    LABEL unit TIMEOUT 120 SOURCES unit/test_watcher.c  
 gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})
 gs_add_test(test_agent_proto LABEL unit TIMEOUT 300 SOURCES unit/test_agent_proto.c
     LIBS gs_agent_proto PkgConfig::CMOCKA)
+gs_add_test(test_zframes    LABEL unit TIMEOUT 120 SOURCES unit/test_zframes.c  LIBS ${remote_libs})
 gs_add_test(test_agent_jsonw LABEL unit TIMEOUT 300
     SOURCES unit/test_agent_jsonw.c ${GS_ROOT}/agent/jsonw.c ${GS_ROOT}/agent/wrapper.c
     LIBS PkgConfig::CMOCKA)
