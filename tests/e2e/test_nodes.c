@@ -66,35 +66,12 @@ static const char *start_detached(const char *script)
     return id;
 }
 
-/* 1 when process `pid` (this machine) has GPUSYNC_RUN_ID=id in its environment. */
-static int has_run_env(const char *pid, const char *id)
-{
-    char path[300], want[200], env[65536];
-    snprintf(path, sizeof(path), "/proc/%s/environ", pid);
-    snprintf(want, sizeof(want), "GPUSYNC_RUN_ID=%s", id);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, env, sizeof(env) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1) {
-        env[n] = 0;
-        if (!strcmp(env + i, want))
-            return 1;
-    }
-    return 0;
-}
-
 /* How many processes of run `id` exist on this machine (both nodes are this machine). */
 static int run_processes(const char *id)
 {
-    int count = 0;
-    DIR *d = opendir("/proc");
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && has_run_env(e->d_name, id))
-            count++;
-    if (d)
-        closedir(d);
-    return count;
+    char entry[200];
+    snprintf(entry, sizeof(entry), "GPUSYNC_RUN_ID=%s", id);
+    return gs_test_count_env(entry);
 }
 
 /* Waits (polling /proc with a deadline: there is no event for a process's end here) until no

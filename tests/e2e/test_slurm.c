@@ -87,35 +87,12 @@ static json_t *ps_row(const char *id)
     return found;
 }
 
-/* 1 when process `pid` has SLURM_JOB_ID=job in its environment. */
-static int in_job(const char *pid, const char *job)
-{
-    char path[300], want[100], env[65536];
-    snprintf(path, sizeof(path), "/proc/%s/environ", pid);
-    snprintf(want, sizeof(want), "SLURM_JOB_ID=%s", job);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, env, sizeof(env) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (n > 0)
-        env[n] = 0;
-    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1)
-        if (!strcmp(env + i, want))
-            return 1;
-    return 0;
-}
-
 /* How many processes of Slurm job `job` exist (the cluster is this machine). */
 static int job_processes(const char *job)
 {
-    int n = 0;
-    DIR *dir = opendir("/proc");
-    for (struct dirent *e; dir && (e = readdir(dir));)
-        if (e->d_name[0] >= '1' && e->d_name[0] <= '9' && in_job(e->d_name, job))
-            n++;
-    if (dir)
-        closedir(dir);
-    return n;
+    char entry[100];
+    snprintf(entry, sizeof(entry), "SLURM_JOB_ID=%s", job);
+    return gs_test_count_env(entry);
 }
 
 /* Waits (polling with a deadline: a file on the shared filesystem raises no event here) until
