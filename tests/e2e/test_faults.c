@@ -177,7 +177,7 @@ static void problem(const char *fmt, ...)
 static const char *first_line(const char *s, char *out, size_t size)
 {
     size_t n = s ? strcspn(s, "\n") : 0;
-    snprintf(out, size, "%.*s", (int)(n < 200 ? n : 200), s ? s : "");
+    snprintf(out, size, "%.*s", (int)n, s ? s : "");
     return out;
 }
 
@@ -489,7 +489,7 @@ static void check_status(void)
     json_t *st = r.status == 0 ? json_loads(r.out.data, 0, &jerr) : NULL;
     const char *state = st ? json_string_value(json_object_get(st, "state")) : NULL;
     if (!state || strcmp(state, "up_to_date") != 0) {
-        char line[256];
+        char line[4096];
         cur.not_up_to_date = 1;
         problem("status --json after the flush: %s",
                 first_line(r.out.len ? r.out.data : r.err.data, line, sizeof(line)));
