@@ -472,15 +472,17 @@ static void save_vim(const struct writer *w, struct file *f)
 }
 
 /* Neovim with its default options (writebackup, backupcopy=auto: the original renamed to f~, a
- * new f written, f~ deleted). -u NONE only skips loading plugins, which takes seconds here. */
+ * new f written, f~ deleted). -u NONE only skips loading plugins, which takes seconds here. One
+ * default is cleared: 'backupskip' names every file under /tmp, where a checkout running this test
+ * may live (a fresh clone under /tmp saved in place), and a user's project does not. */
 static void save_nvim(const struct writer *w, struct file *f)
 {
     (void)w;
     char cmds[2][64];
     ex_substitutions(f, cmds);
     const char *last = f->counters > 1 ? cmds[1] : "";
-    run_editor(ARGS("nvim", "--headless", "-u", "NONE", "-i", "NONE", "-c", cmds[0], "-c", last,
-                    "-c", "wq", f->name));
+    run_editor(ARGS("nvim", "--headless", "-u", "NONE", "-i", "NONE", "--cmd",
+                    "set backupskip=", "-c", cmds[0], "-c", last, "-c", "wq", f->name));
 }
 
 /* The gaps after each save of a burst (ms), so that the daemon's batches (8 ms of quiet, 100 ms
