@@ -27,7 +27,7 @@ struct push_ui {
     struct gs_cli *cli;
     struct gs_progress bar;
     json_t *conflicts, *failures, *planned;
-    json_t *lost; /* paths of renames whose source was gone on the server: pushed again */
+    json_t *lost; /* paths the server no longer had where the index said: pushed again */
 };
 
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
@@ -54,9 +54,10 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
                                        (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
         else
             printf("%s\n", line.data);
-    } else if (gs_push_lost_rename(op, r)) {
+    } else if (gs_push_lost(op, r)) {
         json_array_append_new(ui->lost, json_string(op->path));
-        json_array_append_new(ui->lost, json_string(op->from));
+        if (op->from)
+            json_array_append_new(ui->lost, json_string(op->from));
         if (r->moved_aside && r->kept) /* the source was edited there: kept, not moved */
             report_conflict(ui, op->from, r->kept);
     } else if (r->kept) {
@@ -183,10 +184,11 @@ static void add_stats(struct gs_push_stats *to, const struct gs_push_stats *from
         memcpy(to->first_error, from->first_error, sizeof(to->first_error));
 }
 
-/* After lost renames (an earlier push was killed after the server renamed but before the index
- * recorded it), plans and executes once more over those renames' paths only, so this push still
- * converges. The rest of the tree had its answer in the first pass: planning it again would send
- * each refused operation a second time and report it twice. */
+/* After lost operations (an earlier push was killed after the server renamed but before the index
+ * recorded it; a file was removed on the server behind gpusync's back: gs_push_lost), plans and
+ * executes once more over those renames' paths only, so this push still converges. The rest of the
+ * tree had its answer in the first pass: planning it again would send each refused operation a
+ * second time and report it twice. */
 static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                        const struct gs_push_opts *o, struct gs_push_stats *st)
 {
@@ -209,7 +211,7 @@ static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui 
     return rc;
 }
 
-/* Executes the plan, then plans and executes once more after lost renames. */
+/* Executes the plan, then plans and executes once more after lost operations. */
 static int execute_plan(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                         const struct gs_push_opts *o, struct planner *p)
 {

@@ -79,7 +79,7 @@ struct daemon {
     int64_t next_check_ms, next_poll_ms, last_wall_ms, last_mono_ms;
     int syncing, stop;
     size_t batch_paths; /* while syncing: the batch's paths, or 0 when it checks the whole tree */
-    int lost_renames;   /* renames of this batch whose source was gone on the server: sent again */
+    int lost_ops;       /* operations of this batch on paths gone from the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
     int64_t next_progress_ms; /* while syncing: when the batch next reports its progress */
@@ -460,10 +460,11 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         return;
     int64_t ms = gs_clock_mono_ms() - d->first_event_ms;
     json_t *ev;
-    if (gs_push_lost_rename(op, r)) {
+    if (gs_push_lost(op, r)) {
         mark_dirty(d, op->path);
-        mark_dirty(d, op->from);
-        d->lost_renames++;
+        if (op->from)
+            mark_dirty(d, op->from);
+        d->lost_ops++;
         if (!r->kept)
             return;
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
@@ -536,6 +537,15 @@ static int hold_op(void *ctx, const struct gs_plan_op *op)
     return 1;
 }
 
+/* An operation that waits for a held one (syncd/push.h) is sent with it. */
+static void held_along_op(void *ctx, const struct gs_plan_op *op)
+{
+    struct daemon *d = ctx;
+    hold_path(d, op->path, d->held_until_ms);
+    if (op->from)
+        hold_path(d, op->from, d->held_until_ms);
+}
+
 /* Answers the waiting flushes with an error: a connection attempt failed, so the server cannot be
  * known to match (waiting for the next attempt would answer a user who asked now only after the
  * backoff, up to BACKOFF_MAX_MS). A flush asked after that attempt began gets an attempt of its
@@ -570,10 +580,33 @@ static void refuse_flushes(struct daemon *d)
     json_decref(since);
 }
 
+/* A change an earlier batch could not make (refused by the server, or a local read error) is not
+ * on the server, so a flush this batch would satisfy cannot answer success yet: the change is tried
+ * once more, and the flushes wait for that batch, which answers them either way. Returns 1 when
+ * some flush waits again. */
+static int retry_for_flushes(struct daemon *d)
+{
+    int waiting = 0;
+    for (int i = 0; i < d->n_clients; i++)
+        waiting |= d->clients[i].flush_gen && d->clients[i].flush_gen <= d->synced_gen;
+    if (!waiting) /* no one asks: the retry timer sends them again, a lasting refusal never spins */
+        return 0;
+    retry_failed(d);
+    for (int i = 0; i < d->n_clients; i++) {
+        struct client *c = &d->clients[i];
+        if (c->flush_gen && c->flush_gen <= d->synced_gen)
+            c->flush_gen = d->event_gen;
+    }
+    d->flush_now = 1;
+    return 1;
+}
+
 /* Answers the flushes this batch satisfied; `error` (or NULL) says why the server does not match
  * after all: a flush must never report success over a refused change. */
 static void answer_flushes(struct daemon *d, const char *error)
 {
+    if (!error && d->n_failed && retry_for_flushes(d))
+        return;
     int64_t now = gs_clock_mono_ms();
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
@@ -625,10 +658,11 @@ static void sync_batch(struct daemon *d)
                              .on_op = on_op,
                              .on_progress = on_batch_progress,
                              .hold = hold_op,
+                             .held_along = held_along_op,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
-    d->lost_renames = d->changed_while_sent = d->batch_drained = 0;
+    d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
@@ -644,7 +678,7 @@ static void sync_batch(struct daemon *d)
             d->last_error[0] = '\0';
         if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
             keep_failed_batch(d, paths, n, full);
-        if (d->lost_renames || d->changed_while_sent) /* not synced yet: sent again at once */
+        if (d->lost_ops || d->changed_while_sent) /* not synced yet: sent again at once */
             d->flush_now = 1;
         else if (!d->n_held) /* a flush waits for the saves in progress */
             d->synced_gen = gen;
@@ -653,6 +687,11 @@ static void sync_batch(struct daemon *d)
         if (rc == 0 && st.ops_total) /* the server answered: the link is not idle */
             d->next_check_ms = gs_clock_mono_ms() + LIVENESS_EVERY_MS;
         d->next_retry_ms = gs_clock_mono_ms() + RETRY_FAILED_MS;
+        gs_debug("batch of %zu path%s%s: rc %d, %zu op%s, gen %llu of %llu synced; now %zu dirty, "
+                 "%zu failed, %zu held",
+                 n, n == 1 ? "" : "s", full ? " (full)" : "", rc, st.ops_total,
+                 st.ops_total == 1 ? "" : "s", (unsigned long long)d->synced_gen,
+                 (unsigned long long)d->event_gen, d->n_dirty, d->n_failed, d->n_held);
         answer_flushes(d, rc < 0 ? d->last_error : NULL);
         if (!d->n_dirty && !d->full && !d->n_failed && !d->n_held) /* the server matches */
             broadcast(d, json_pack("{s:s}", "event", "idle"));

@@ -110,17 +110,22 @@ static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_resul
  * between the server's rename and the index commit. Replaying it can never succeed, so the source
  * is dropped from the index instead of failing: planned again, the destination is then sent as
  * new, which the server accepts without a conflict when it already holds those bytes, and
- * anything else there is kept as a conflict copy as usual. Nothing is lost. The operation still
- * reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
-int gs_push_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r)
+ * anything else there is kept as a conflict copy as usual. Nothing is lost. A mode change of a
+ * file the server no longer has (removed there behind gpusync's back) cannot succeed either: the
+ * file is dropped from the index, and planned again it is sent whole. The operation still reaches
+ * on_op with its error, so a caller (gpusync push) can plan again at once. */
+int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
+    if (op->type == GS_OP_CHMOD)
+        return !r->ok && r->err_no == ENOENT;
     return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
 }
 
-static int lost_rename(struct run *run, const struct gs_plan_op *op, const struct gs_fop_result *r)
+static int lost_on_server(struct run *run, const struct gs_plan_op *op,
+                          const struct gs_fop_result *r)
 {
-    return gs_push_lost_rename(op, r) &&
-           gs_index_delete_subtree(run->idx, op->from, &run->index_err) == 0;
+    const char *gone = op->type == GS_OP_RENAME ? op->from : op->path;
+    return gs_push_lost(op, r) && gs_index_delete_subtree(run->idx, gone, &run->index_err) == 0;
 }
 
 int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)
@@ -152,8 +157,8 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     gs_index_intent_drop(run->idx, run->intent[i], &run->index_err);
     run->intent[i] = 0;
     run->st->ops_done++;
-    if (lost_rename(run, op, r)) {
-        /* neither a success nor a failure: see lost_rename (a source kept aside is a conflict) */
+    if (lost_on_server(run, op, r)) {
+        /* neither a success nor a failure: see gs_push_lost (a source kept aside is a conflict) */
         run->st->conflicts += r->moved_aside;
     } else if (r->ok) {
         count_success(run->st, op);
@@ -379,6 +384,8 @@ static int scan_paths(struct gs_scan *scan, const char *root, struct gs_ignore *
 struct hold_ctx {
     const char *root;
     const struct gs_push_opts *opts;
+    char **held; /* the paths of the operations held so far */
+    size_t n_held, cap_held;
 };
 
 /* Whether the local parent directory of `path` is still one: if not, the plan deletes it or
@@ -399,14 +406,66 @@ static int parent_stays(const char *root, const char *path)
 /* The operations a caller may hold back are those no other operation of the plan waits for: a
  * put, a delete of a file or a rename of one, but not one that clears the way for a change of
  * kind (phase 0), nor one inside a directory the plan removes. */
+static int holdable(const struct hold_ctx *h, const struct gs_plan_op *op)
+{
+    int kind = op->type == GS_OP_PUT || (op->type == GS_OP_RENAME && !op->subtree) ||
+               (op->type == GS_OP_DELETE && op->expect.kind != GS_EXPECT_DIR);
+    return kind && op->phase != 0 && parent_stays(h->root, op->path) &&
+           (!op->from || parent_stays(h->root, op->from));
+}
+
+static int is_held_path(const struct hold_ctx *h, const char *path)
+{
+    for (size_t i = 0; path && i < h->n_held; i++)
+        if (strcmp(h->held[i], path) == 0)
+            return 1;
+    return 0;
+}
+
+static void note_held(struct hold_ctx *h, const struct gs_plan_op *op)
+{
+    GS_ALLOC_GROW(h->held, h->n_held + 2, h->cap_held);
+    h->held[h->n_held++] = gs_xstrdup(op->path); /* the op itself is released when it is dropped */
+    if (op->from)
+        h->held[h->n_held++] = gs_xstrdup(op->from);
+}
+
 static int holdable_held(void *ctx, const struct gs_plan_op *op)
 {
-    const struct hold_ctx *h = ctx;
-    int holdable = op->type == GS_OP_PUT || (op->type == GS_OP_RENAME && !op->subtree) ||
-                   (op->type == GS_OP_DELETE && op->expect.kind != GS_EXPECT_DIR);
-    holdable = holdable && op->phase != 0 && parent_stays(h->root, op->path) &&
-               (!op->from || parent_stays(h->root, op->from));
-    return holdable && h->opts->hold(h->opts->ctx, op);
+    struct hold_ctx *h = ctx;
+    if (!holdable(h, op) || !h->opts->hold(h->opts->ctx, op))
+        return 0;
+    note_held(h, op);
+    return 1;
+}
+
+/* An operation on a path a held one also acts on waits with it: a chmod of the path a held rename
+ * makes would find nothing there, and a put sent before the held rename away of its path would be
+ * undone by it. Its own paths are held in turn. */
+static int held_along(void *ctx, const struct gs_plan_op *op)
+{
+    struct hold_ctx *h = ctx;
+    if (op->phase == 0 || (!is_held_path(h, op->path) && !is_held_path(h, op->from)))
+        return 0;
+    note_held(h, op);
+    if (h->opts->held_along)
+        h->opts->held_along(h->opts->ctx, op);
+    return 1;
+}
+
+/* Leaves out what the caller holds back, and every operation that must wait with it. */
+static void remove_held(const char *root, struct gs_plan *plan, const struct gs_push_opts *opts)
+{
+    struct hold_ctx h = {root, opts, NULL, 0, 0};
+    gs_plan_remove_if(plan, holdable_held, &h);
+    size_t before = 0;
+    while (h.n_held > before) { /* a rename held along holds its other path too */
+        before = h.n_held;
+        gs_plan_remove_if(plan, held_along, &h);
+    }
+    for (size_t i = 0; i < h.n_held; i++)
+        free(h.held[i]);
+    free(h.held);
 }
 
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
@@ -429,9 +488,8 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     memset(st, 0, sizeof(*st));
     st->start_ms = gs_clock_mono_ms();
     int rc = plan_tree(root, ig, idx, opts, plan, err);
-    struct hold_ctx hold = {root, opts};
     if (rc == 0 && opts->hold && !opts->dry_run)
-        gs_plan_remove_if(plan, holdable_held, &hold);
+        remove_held(root, plan, opts);
     if (rc == 0)
         fill_plan_stats(st, plan);
     return rc;

@@ -47,14 +47,18 @@ struct gs_push_opts {
      * out of this push (the watch daemon holds back a file in the middle of a save and sends it
      * later). NULL: nothing is held. */
     int (*hold)(void *ctx, const struct gs_plan_op *op);
+    /* Called for each operation left out with a held one because it acts on one of its paths (a
+     * chmod of the path a held rename makes): the caller must send its paths later as well. */
+    void (*held_along)(void *ctx, const struct gs_plan_op *op);
     void *ctx;
 };
 
-/* 1 when `r` answers a RENAME whose source the server no longer had where the index said (renamed
- * by an earlier session whose reply was lost, or edited there and kept aside as `r->kept`). The
- * executor then drops the source from the index; a caller plans `op->path` and `op->from` again,
- * which sends the destination afresh. */
-int gs_push_lost_rename(const struct gs_plan_op *op, const struct gs_fop_result *r);
+/* 1 when `r` answers an operation whose path the server no longer had where the index said: a
+ * RENAME whose source is gone (renamed by an earlier session whose reply was lost, or edited there
+ * and kept aside as `r->kept`), or a CHMOD of a file removed there. The executor then drops that
+ * path from the index; a caller plans `op->path` (and a rename's `op->from`) again, which sends
+ * the file afresh. */
+int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r);
 
 /* 1 when the local file of the PUT `op`, planned from the tree at `root`, no longer holds the
  * planned bytes: it was written, replaced or removed while it was being sent. A put refused then

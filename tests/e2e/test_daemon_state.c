@@ -2,7 +2,10 @@
  * (issues 12 and 13): nothing there for git to stage, a removed .gpusync/ put back, conflict
  * copies listed until acknowledged, an outage named with its start and what waits, the server
  * named as a connection resolves it, and the control socket closed to other users, to endless
- * request lines and to floods of remote commands. */
+ * request lines and to floods of remote commands; and, after changes made while no daemon ran,
+ * no false error for an operation that waits on a held one, a file removed on the server sent
+ * again, and no flush answered "done" over a change the server refused. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,6 +21,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "fixtures/events.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 
@@ -245,6 +249,164 @@ static void the_socket_refuses_other_users_endless_lines_and_floods(void **state
         fail_msg("20 concurrent remote commands: want 4 refused, the client said: %s", out);
 }
 
+/* Whether process `pid` has a socket open (the CLI's connection to the daemon). */
+static int has_socket(pid_t pid)
+{
+    char dir[64], link[320], target[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    int found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        snprintf(link, sizeof(link), "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(link, target, sizeof(target) - 1);
+        found = n > 0 && strncmp(target, "socket:", 7) == 0;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Waits until `pid` has connected to the daemon, then makes one request of our own: the daemon
+ * answers requests in the order they arrive, and `pid` sent its own as it connected. */
+static void await_request_of(pid_t pid)
+{
+    int64_t end = gs_clock_mono_ms() + TIMEOUT_MS;
+    while (!has_socket(pid)) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("process %d never connected to the daemon", (int)pid);
+        usleep(2000); /* polling /proc: no event says a process connected */
+    }
+    json_t *st = daemon_status();
+    assert_non_null(st);
+    json_decref(st);
+}
+
+/* Starts `gpusync flush --json` in the background; its stdout and stderr are *out and *err. */
+static pid_t flush_in_background(int *out, int *err)
+{
+    int o[2], e[2];
+    assert_int_equal(pipe(o), 0);
+    assert_int_equal(pipe(e), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(o[1], 1);
+        dup2(e[1], 2);
+        close(o[0]), close(o[1]), close(e[0]), close(e[1]);
+        if (chdir(project) != 0)
+            _exit(127);
+        gs_test_exec_gpusync(GS_TEST_ARGS("flush", "--json"));
+    }
+    close(o[1]), close(e[1]);
+    *out = o[0];
+    *err = e[0];
+    return pid;
+}
+
+/* Starts the daemon while the server does not answer (sshd stopped: connections wait in its
+ * backlog), subscribes to its events and has a flush waiting before the first batch, then lets
+ * the server go on. Returns the flush's result. */
+static struct gs_test_result start_daemon_stalled_and_flush(struct gs_test_events *ev)
+{
+    assert_int_equal(kill(server.pid, SIGSTOP), 0);
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "-d"), "watch -d");
+    gs_test_events_start(ev, project);
+    int out, err;
+    pid_t flush = flush_in_background(&out, &err);
+    await_request_of(ev->pid);
+    await_request_of(flush);
+    assert_int_equal(kill(server.pid, SIGCONT), 0);
+    return gs_test_finish(flush, out, err, TIMEOUT_MS);
+}
+
+/* Stops the daemon and counts the events of `kind` it sent since `ev` subscribed. */
+static int events_after_stop(struct gs_test_events *ev, const char *kind)
+{
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "--stop"), "watch --stop");
+    assert_true(gs_test_events_read_to_end(ev, TIMEOUT_MS));
+    int n = gs_test_events_count(ev, kind, "");
+    gs_test_events_stop(ev);
+    return n;
+}
+
+static int remote_mode(const char *rel)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", remote, rel);
+    return lstat(path, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
+}
+
+/* A rename made while no daemon ran has no event to explain its source's absence, so the first
+ * batch holds it a moment (syncd/watch.h); the mode change of the renamed file waits with it,
+ * instead of failing on a path the server does not have yet. */
+static void a_rename_and_mode_change_made_while_stopped_arrive_without_error(void **state)
+{
+    (void)state;
+    gs_test_write_file(project, "before.sh", "echo moved while no daemon ran\n");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "--stop"), "watch --stop");
+    assert_int_equal(gs_test_sh("cd '%s' && mv before.sh after.sh && chmod 755 after.sh", project),
+                     0);
+    struct gs_test_events ev;
+    struct gs_test_result r = start_daemon_stalled_and_flush(&ev);
+    gs_test_expect_status(&r, 0, "flush");
+    gs_test_result_release(&r);
+    json_t *st = daemon_status();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+    assert_int_equal(remote_mode("after.sh"), 0755);
+    assert_int_equal(remote_mode("before.sh"), -1);
+    int errors = events_after_stop(&ev, "error");
+    assert_int_equal(errors, 0);
+}
+
+/* A file removed on the server behind gpusync's back cannot take a mode change: it is sent whole
+ * again, with its new mode, and no error is reported. */
+static void a_file_lost_on_the_server_comes_back_with_its_new_mode(void **state)
+{
+    (void)state;
+    gs_test_write_file(project, "lost.sh", "echo lost on the server\n");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush");
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, project);
+    assert_int_equal(gs_test_sh("rm '%s/lost.sh' && chmod 755 '%s/lost.sh'", remote, project), 0);
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush");
+    assert_int_equal(remote_mode("lost.sh"), 0755);
+    assert_int_equal(gs_test_sh("cmp -s '%s/lost.sh' '%s/lost.sh'", project, remote), 0);
+    assert_int_equal(events_after_stop(&ev, "error"), 0);
+}
+
+/* A put the server refuses (its disk is full) in the same first batch as a rename held a moment:
+ * the flush waiting for that batch must not answer success once the held rename is sent. */
+static void a_flush_never_answers_success_over_a_refused_change(void **state)
+{
+    (void)state;
+    assert_int_equal(gs_test_sh("mkdir -p '%s/full'", project), 0);
+    gs_test_write_file(project, "old-name.txt", "renamed while no daemon ran\n");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush");
+    if (gs_test_sh("mount -t tmpfs -o size=1m gs-e2e-full '%s/full' 2>/dev/null", remote) != 0)
+        skip(); /* mounting a small file system needs root */
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "--stop"), "watch --stop");
+    assert_int_equal(gs_test_sh("cd '%s' && head -c 2000000 /dev/urandom > full/big.bin && "
+                                "mv old-name.txt new-name.txt",
+                                project),
+                     0);
+    struct gs_test_events ev;
+    struct gs_test_result r = start_daemon_stalled_and_flush(&ev);
+    gs_test_events_stop(&ev);
+    int said_done = r.status == 0;
+    json_t *st = daemon_status();
+    int up_to_date = !strcmp(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+    gs_test_sh("umount -l '%s/full'; rm -f '%s/full/big.bin'", remote, project);
+    if (said_done || up_to_date)
+        fail_msg("the server refused full/big.bin, yet %s said done: %s",
+                 said_done ? "flush" : "status", r.out.data);
+    gs_test_result_release(&r);
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("flush"), "flush once the disk has room");
+}
+
 static void status_names_the_server_as_resolved(void **state)
 {
     (void)state;
@@ -274,6 +436,11 @@ int main(void)
         cmocka_unit_test_setup(an_outage_says_since_when_and_what_waits, start_daemon),
         cmocka_unit_test_setup(the_socket_refuses_other_users_endless_lines_and_floods,
                                start_daemon),
+        cmocka_unit_test_setup(a_rename_and_mode_change_made_while_stopped_arrive_without_error,
+                               start_daemon),
+        cmocka_unit_test_setup(a_file_lost_on_the_server_comes_back_with_its_new_mode,
+                               start_daemon),
+        cmocka_unit_test_setup(a_flush_never_answers_success_over_a_refused_change, start_daemon),
         cmocka_unit_test(status_names_the_server_as_resolved),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
