@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "layer_index.h"
 #include "model.h"
 
 int gt_conv2d_init(gt_conv2d *s, int C, int H, int W, int K, int k, int stride, int pad)
@@ -24,7 +25,8 @@ size_t gt_conv2d_col_len(const gt_conv2d *s)
     return (size_t)s->C * s->k * s->k * s->OH * s->OW;
 }
 
-/* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. */
+/* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. The index math is
+ * layer_index.h's, shared with the CUDA kernel. */
 static void im2col(const gt_conv2d *s, const float *x, float *col)
 {
     int P = s->OH * s->OW;
@@ -32,14 +34,12 @@ static void im2col(const gt_conv2d *s, const float *x, float *col)
         for (int ki = 0; ki < s->k; ki++)
             for (int kj = 0; kj < s->k; kj++) {
                 float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
-                for (int oy = 0; oy < s->OH; oy++) {
-                    int iy = oy * s->stride - s->pad + ki;
+                for (int oy = 0; oy < s->OH; oy++)
                     for (int ox = 0; ox < s->OW; ox++) {
-                        int ix = ox * s->stride - s->pad + kj;
-                        int in = iy >= 0 && iy < s->H && ix >= 0 && ix < s->W;
-                        row[oy * s->OW + ox] = in ? x[((size_t)c * s->H + iy) * s->W + ix] : 0.0f;
+                        int64_t at =
+                            gt_im2col_src(s->H, s->W, s->stride, s->pad, c, ki, kj, oy, ox);
+                        row[oy * s->OW + ox] = at >= 0 ? x[at] : 0.0f;
                     }
-                }
             }
 }
 
@@ -134,6 +134,36 @@ void gt_maxpool2d_backward(int BC, int H, int W, int k, int stride, const float 
             size_t i = (size_t)pl * OH * OW + o;
             dx[(size_t)pl * H * W + arg[i]] += dy[i];
         }
+}
+
+void gt_avgpool2d_forward(int BC, int H, int W, int k, int stride, const float *x, float *y)
+{
+    int OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
+    for (int pl = 0; pl < BC; pl++) {
+        const float *xp = x + (size_t)pl * H * W;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                double s = 0; /* in double, as the ResNet's global pooling always summed */
+                for (int i = 0; i < k; i++)
+                    for (int j = 0; j < k; j++)
+                        s += xp[(oy * stride + i) * W + ox * stride + j];
+                y[((size_t)pl * OH + oy) * OW + ox] = (float)(s / (k * k));
+            }
+    }
+}
+
+void gt_avgpool2d_backward(int BC, int H, int W, int k, int stride, const float *dy, float *dx)
+{
+    int OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
+    memset(dx, 0, (size_t)BC * H * W * sizeof(float));
+    for (int pl = 0; pl < BC; pl++)
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float g = dy[((size_t)pl * OH + oy) * OW + ox] / (float)(k * k);
+                for (int i = 0; i < k; i++)
+                    for (int j = 0; j < k; j++)
+                        dx[(size_t)pl * H * W + (oy * stride + i) * W + ox * stride + j] += g;
+            }
 }
 
 /* v[0..C) += per-channel sums of a, v[C..2C) += of a*b (b NULL: a*a), over (B, C, HW). */
@@ -258,31 +288,17 @@ void gt_linear_backward(const float *X, const float *dY, int B, int in, int out,
         gt_gemm(0, 0, B, in, out, dY, out, W, in, dX, in);
 }
 
-/* splitmix64's finaliser: a well-mixed 64-bit function of its input. */
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 uint64_t gt_dropout_key(uint64_t seed, int64_t step, int layer)
 {
-    return mix64(mix64(mix64(seed) ^ (uint64_t)step) ^ (uint64_t)layer);
+    return gt_mix64(gt_mix64(gt_mix64(seed) ^ (uint64_t)step) ^ (uint64_t)layer);
 }
 
 void gt_dropout_mask(float *mask, int B, int units, float p, uint64_t key, const int64_t *ids)
 {
     float keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (int i = 0; i < B; i++) {
-        uint64_t sample = mix64(key ^ (uint64_t)(ids ? ids[i] : i));
-        for (int u = 0; u < units; u++) {
-            /* 24 random bits: a uniform float in [0, 1) with every value exact. */
-            float r = (float)(mix64(sample + (uint64_t)u) >> 40) * (1.0f / 16777216.0f);
-            mask[(size_t)i * units + u] = r < p ? 0.0f : keep;
-        }
-    }
+    for (int i = 0; i < B; i++)
+        for (int u = 0; u < units; u++)
+            mask[(size_t)i * units + u] = gt_dropout_unit(key, ids ? ids[i] : i, u, p, keep);
 }
 
 void gt_dropout_apply(float *x, const float *mask, int B, int units, int per)

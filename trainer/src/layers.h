@@ -42,6 +42,12 @@ void gt_maxpool2d_forward(int BC, int H, int W, int k, int stride, const float *
 void gt_maxpool2d_backward(int BC, int H, int W, int k, int stride, const float *dy,
                            const int32_t *arg, float *dx);
 
+/* Average pooling, square window k and stride, no padding, floor mode (F.avg_pool2d); k = H =
+ * W is global average pooling. Sums in double. */
+void gt_avgpool2d_forward(int BC, int H, int W, int k, int stride, const float *x, float *y);
+/* Overwrites dx with each output's gradient spread evenly over its window. */
+void gt_avgpool2d_backward(int BC, int H, int W, int k, int stride, const float *dy, float *dx);
+
 /* Draws a dropout mask (B, units): 0 with probability p, else 1/(1-p), unit u of sample i from
  * hash(key, ids[i], u) (ids NULL: i). dropout uses one unit per element, dropout2d one per channel.
  */

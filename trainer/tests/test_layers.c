@@ -1,9 +1,11 @@
 /* test_layers.c: the convolutional layers on the CPU. conv2d (stride and padding), max pooling
  * and dropout / dropout2d each against central finite differences of a random projection of
  * their output; the dropout masks' determinism, rate and shape; BatchNorm2d likewise, with its
- * running statistics; SyncBatchNorm on two ranks (threads sharing a reduction) against
- * BatchNorm on the whole batch, forward and backward; and the whole LeNet's and ResNet's
- * gradients against finite differences of the mean loss, dropout and batch statistics on. */
+ * running statistics; average pooling; layer_index.h's im2col/col2im index math (shared with
+ * the CUDA kernels) against the definition; SyncBatchNorm on two ranks (threads sharing a
+ * reduction) against BatchNorm on the whole batch, forward and backward; and the whole LeNet's and
+ * ResNet's gradients against finite differences of the mean loss, dropout and batch statistics on.
+ */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -15,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "layer_index.h"
 #include "layers.h"
 #include "lenet.h"
 #include "resnet.h"
@@ -127,6 +130,89 @@ static void test_maxpool__routes_the_gradient_to_each_window_maximum(void **stat
     gt_maxpool2d_forward(BC, H, W, K, K, x, y, arg);
     float m = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[W], x[W + 1]));
     assert_true(y[0] == m);
+}
+
+/* layer_index.h's im2col offsets against the definition, and its col2im gather (what the CUDA
+ * kernel runs) against a scatter written from the definition, over strides, paddings and
+ * kernel sizes that leave partial windows. Host-side, so the index math is checked here in CI. */
+static void test_layer_index__im2col_and_col2im_match_the_definition(void **state)
+{
+    (void)state;
+    const int g[][6] = {/* C, H, W, k, stride, pad */
+                        {2, 7, 6, 3, 2, 1},
+                        {1, 12, 12, 5, 1, 0},
+                        {3, 7, 7, 1, 2, 0},
+                        {2, 9, 8, 3, 3, 2},
+                        {2, 6, 7, 4, 2, 1}};
+    for (size_t t = 0; t < sizeof(g) / sizeof(g[0]); t++) {
+        int C = g[t][0], H = g[t][1], W = g[t][2], k = g[t][3], st = g[t][4], pad = g[t][5];
+        int OH = (H + 2 * pad - k) / st + 1, OW = (W + 2 * pad - k) / st + 1, P = OH * OW;
+        size_t ncol = (size_t)C * k * k * P, nx = (size_t)C * H * W;
+        float *col = malloc(ncol * sizeof(float)), *want = calloc(nx, sizeof(float));
+        fill(col, ncol, 40 + t);
+        for (int c = 0; c < C; c++)
+            for (int ki = 0; ki < k; ki++)
+                for (int kj = 0; kj < k; kj++)
+                    for (int oy = 0; oy < OH; oy++)
+                        for (int ox = 0; ox < OW; ox++) {
+                            int iy = oy * st - pad + ki, ix = ox * st - pad + kj;
+                            int in = iy >= 0 && iy < H && ix >= 0 && ix < W;
+                            int64_t at = gt_im2col_src(H, W, st, pad, c, ki, kj, oy, ox);
+                            assert_int_equal(at, in ? (c * H + iy) * W + ix : -1);
+                            size_t r = (size_t)((c * k + ki) * k + kj) * P + oy * OW + ox;
+                            if (in)
+                                want[(c * H + iy) * W + ix] += col[r];
+                        }
+        for (int c = 0; c < C; c++)
+            for (int iy = 0; iy < H; iy++)
+                for (int ix = 0; ix < W; ix++) {
+                    float sum = 0.0f;
+                    for (int ki = 0; ki < k; ki++)
+                        for (int kj = 0; kj < k; kj++) {
+                            int oy = gt_col2im_out(iy, ki, st, pad, OH);
+                            int ox = gt_col2im_out(ix, kj, st, pad, OW);
+                            if (oy >= 0 && ox >= 0)
+                                sum += col[(size_t)((c * k + ki) * k + kj) * P + oy * OW + ox];
+                        }
+                    assert_near(sum, want[(c * H + iy) * W + ix], 1e-5);
+                }
+        free(col);
+        free(want);
+    }
+}
+
+/* Average pooling (overlapping windows, 2x2 and global) against finite differences. */
+static void test_avgpool__gradients_match_finite_differences(void **state)
+{
+    (void)state;
+    const int g[][4] = {{6, 5, 2, 2}, {7, 7, 3, 2}, {7, 7, 7, 1}}; /* H, W, k, stride */
+    for (size_t t = 0; t < sizeof(g) / sizeof(g[0]); t++) {
+        enum { BC = 3 };
+        int H = g[t][0], W = g[t][1], k = g[t][2], st = g[t][3];
+        int OH = (H - k) / st + 1, OW = (W - k) / st + 1;
+        float x[BC * 49], y[BC * 49], r[BC * 49], dx[BC * 49], yy[BC * 49];
+        size_t nx = (size_t)BC * H * W, ny = (size_t)BC * OH * OW;
+        fill(x, nx, 50 + t), fill(r, ny, 60 + t);
+        gt_avgpool2d_forward(BC, H, W, k, st, x, y);
+        gt_avgpool2d_backward(BC, H, W, k, st, r, dx);
+        const float eps = 1e-2f;
+        for (size_t i = 0; i < nx; i++) {
+            float keep = x[i];
+            x[i] = keep + eps;
+            gt_avgpool2d_forward(BC, H, W, k, st, x, yy);
+            double up = dot(yy, r, ny);
+            x[i] = keep - eps;
+            gt_avgpool2d_forward(BC, H, W, k, st, x, yy);
+            double down = dot(yy, r, ny);
+            x[i] = keep;
+            expect_close("dx", i, dx[i], (up - down) / (2.0 * eps));
+        }
+        double want = 0; /* the first window's mean */
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < k; j++)
+                want += x[i * W + j];
+        assert_near(y[0], want / (k * k), 1e-6);
+    }
 }
 
 static void test_dropout__masks_follow_the_sample_not_its_position(void **state)
@@ -486,6 +572,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d__stride_and_padding_gradients_match_finite_differences),
         cmocka_unit_test(test_maxpool__routes_the_gradient_to_each_window_maximum),
+        cmocka_unit_test(test_layer_index__im2col_and_col2im_match_the_definition),
+        cmocka_unit_test(test_avgpool__gradients_match_finite_differences),
         cmocka_unit_test(test_dropout__masks_follow_the_sample_not_its_position),
         cmocka_unit_test(test_dropout2d__zeroes_whole_channels_and_backward_is_the_mask),
         cmocka_unit_test(test_lenet__every_parameter_matches_finite_differences_with_dropout),
