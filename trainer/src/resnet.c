@@ -161,6 +161,13 @@ static void init_params(gt_mlp *m, gt_resnet *n, uint64_t seed)
         }
 }
 
+size_t gt_resnet_carve(gt_resnet *n, float *base, int B)
+{
+    arena a = {base, 0};
+    carve(&a, n, B);
+    return a.used;
+}
+
 int gt_resnet_init(gt_mlp *m, int dim, int out, int max_batch, uint64_t seed, gt_err *err)
 {
     memset(m, 0, sizeof(*m));
@@ -264,14 +271,8 @@ const float *gt_resnet_forward(gt_mlp *m, const float *x, int B)
         block_forward(m, n, &n->blk[i], B, in);
         in = n->blk[i].out;
     }
-    const gt_rn_block *last = &n->blk[GT_RESNET_BLOCKS - 1];
-    int lhw = last->side * last->side;
-    for (size_t nc = 0; nc < (size_t)B * 64; nc++) { /* global average pooling */
-        double s = 0;
-        for (int i = 0; i < lhw; i++)
-            s += in[nc * lhw + i];
-        n->pooled[nc] = (float)(s / lhw);
-    }
+    const gt_rn_block *last = &n->blk[GT_RESNET_BLOCKS - 1]; /* global average pooling */
+    gt_avgpool2d_forward(B * 64, last->side, last->side, last->side, 1, in, n->pooled);
     gt_linear_forward(n->pooled, B, 64, m->sizes[1], m->params + n->fc_w, m->params + n->fc_b,
                       m->acts[1]);
     return m->acts[1];
@@ -308,10 +309,7 @@ void gt_resnet_backward(gt_mlp *m, const float *x, int B)
     gt_linear_backward(n->pooled, m->dacts[1], B, 64, m->sizes[1], m->params + n->fc_w, G + n->fc_w,
                        G + n->fc_b, n->dpooled);
     gt_rn_block *last = &n->blk[GT_RESNET_BLOCKS - 1];
-    int lhw = last->side * last->side;
-    for (size_t nc = 0; nc < (size_t)B * 64; nc++)
-        for (int i = 0; i < lhw; i++)
-            last->dout[nc * lhw + i] = n->dpooled[nc] / (float)lhw;
+    gt_avgpool2d_backward(B * 64, last->side, last->side, last->side, 1, n->dpooled, last->dout);
     for (int i = GT_RESNET_BLOCKS - 1; i >= 0; i--) {
         const float *in = i ? n->blk[i - 1].out : n->s_out;
         float *din = i ? n->blk[i - 1].dout : n->s_dout;

@@ -60,6 +60,12 @@ typedef struct gt_resnet {
 int gt_resnet_init(gt_mlp *m, int dim, int out, int max_batch, uint64_t seed, gt_err *err);
 void gt_resnet_free(gt_resnet *n);
 
+/* Points n's activation buffers (for batches up to B) into base, in a fixed order, and returns
+ * the floats they take; base NULL only counts. The CUDA path carves device memory this way
+ * (base is only offset, never read), so both paths share one buffer plan. n's geometry must be
+ * laid out already (a copy of an initialised model's gt_resnet). */
+size_t gt_resnet_carve(gt_resnet *n, float *base, int B);
+
 /* The passes behind gt_mlp_forward / gt_mlp_backward; a failed SyncBatchNorm reduction sets
  * m->failed (the reduce function holds the message). */
 const float *gt_resnet_forward(gt_mlp *m, const float *x, int B);

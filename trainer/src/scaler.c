@@ -11,23 +11,28 @@ void gt_scaler_init(gt_scaler *s, float init_scale)
     s->skipped = 0;
 }
 
-int gt_scaler_unscale_and_update(gt_scaler *s, float *grads, size_t n)
+int gt_scaler_update(gt_scaler *s, int finite)
 {
-    int finite = 1;
-    for (size_t i = 0; i < n && finite; i++)
-        finite = isfinite(grads[i]);
     if (!finite) {
         s->scale *= 0.5f;
         s->clean = 0;
         s->skipped++;
         return 0;
     }
-    float inv = 1.0f / s->scale; /* GradScaler multiplies by the reciprocal too */
-    for (size_t i = 0; i < n; i++)
-        grads[i] *= inv;
     if (++s->clean == GT_SCALER_GROWTH_INTERVAL) {
         s->scale *= 2.0f;
         s->clean = 0;
     }
     return 1;
+}
+
+int gt_scaler_unscale_and_update(gt_scaler *s, float *grads, size_t n)
+{
+    int finite = 1;
+    for (size_t i = 0; i < n && finite; i++)
+        finite = isfinite(grads[i]);
+    float inv = 1.0f / s->scale; /* GradScaler multiplies by the reciprocal too */
+    for (size_t i = 0; finite && i < n; i++)
+        grads[i] *= inv;
+    return gt_scaler_update(s, finite);
 }

@@ -23,4 +23,9 @@ void gt_scaler_init(gt_scaler *s, float init_scale);
  * having divided them by the scale, or 0 when the step must be skipped. Updates the scale. */
 int gt_scaler_unscale_and_update(gt_scaler *s, float *grads, size_t n);
 
+/* The scale's bookkeeping alone, for gradients unscaled elsewhere (the CUDA path, which divides
+ * by the scale read before this call): halves and counts a skip when !finite, else counts a
+ * clean step and doubles after GT_SCALER_GROWTH_INTERVAL of them. Returns finite. */
+int gt_scaler_update(gt_scaler *s, int finite);
+
 #endif
