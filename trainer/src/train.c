@@ -144,15 +144,12 @@ static int resume(run *r, gt_err *err)
 static int setup_gpu(run *r, gt_err *err)
 {
 #ifdef GT_HAVE_CUDA
-    if (r->c->model != GT_MODEL_MLP)
-        return gt_errf(err, "--device cuda: --model %s has no GPU path yet; use --device cpu",
-                       gt_model_name(r->c->model));
     if (r->c->augment)
         return gt_errf(err, "--device cuda: --augment has no GPU path yet; use --device cpu");
     if (gt_gpu_device_count() <= 0)
         return gt_errf(err, "--device cuda: no CUDA device is visible");
     return gt_gpu_init((gt_gpu **)&r->gpu, &r->model, &r->opt, &r->train, &r->test, r->max_batch,
-                       &r->dist, err);
+                       r->c->precision, &r->dist, err);
 #else
     (void)r;
     return gt_errf(err, "--device cuda: this build has no GPU path (CUDA/NCCL not found at "
@@ -330,8 +327,16 @@ static int train_step(run *r, int64_t off, int B, double *stats, gt_err *err)
     r->opt.lr = gt_train_lr_at(r->c, r->opt.step, r->total_steps);
 #ifdef GT_HAVE_CUDA
     if (r->gpu) {
-        r->opt.step++; /* mirrors the device optimiser's count for the schedule */
-        return gt_gpu_train_step((gt_gpu *)r->gpu, off, B, r->opt.lr, err);
+        gt_gpu_step st = {off, B, r->opt.lr, gt_dropout_key(r->meta.seed, r->opt.step, 0),
+                          r->c->precision == GT_PREC_FP16 ? &r->scaler : NULL};
+        int applied = 0;
+        if (gt_gpu_train_step((gt_gpu *)r->gpu, &st, &applied, err) != 0) {
+            if (r->bn.err.msg[0])
+                *err = r->bn.err; /* a SyncBatchNorm reduction failed mid-pass */
+            return -1;
+        }
+        r->opt.step += applied; /* mirrors the device optimiser's count for the schedule */
+        return 0;
     }
 #endif
     return cpu_step(r, r->idx + off, B, stats, err);
@@ -515,7 +520,11 @@ static void banner(const run *r)
     const gt_config *c = r->c;
     if (r->dist.rank != 0 || c->quiet)
         return;
-    char arch[128], *p = arch;
+    char arch[128], *p = arch, device[64] = "cpu";
+#ifdef GT_HAVE_CUDA
+    if (r->gpu)
+        snprintf(device, sizeof(device), "cuda (%s)", gt_gpu_allreduce_name((gt_gpu *)r->gpu));
+#endif
     if (r->model.kind == GT_MODEL_LENET)
         snprintf(arch, sizeof(arch), "lenet (dropout %g)", (double)c->dropout);
     if (r->model.kind == GT_MODEL_RESNET)
@@ -524,9 +533,9 @@ static void banner(const run *r)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
            "global batch %u (%d per rank x %d), %s%s\n",
-           r->dist.world, c->dist.source, r->gpu ? "cuda" : "cpu", arch, r->model.nparams,
-           gt_optim_name(c->optim), (double)c->lr, r->meta.global_batch, c->batch_size,
-           r->dist.world, gt_precision_name(c->precision), c->resume ? ", resumed" : "");
+           r->dist.world, c->dist.source, device, arch, r->model.nparams, gt_optim_name(c->optim),
+           (double)c->lr, r->meta.global_batch, c->batch_size, r->dist.world,
+           gt_precision_name(c->precision), c->resume ? ", resumed" : "");
     fflush(stdout);
 }
 
