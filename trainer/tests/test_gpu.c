@@ -91,12 +91,13 @@ static int test_gradients_match_cpu(void)
     gt_dist d = solo();
     gt_gpu *g = NULL;
     gt_err err = {{0}};
-    CHECK(gt_gpu_init(&g, &b.cpu, &b.opt, &b.train, NULL, 64, &d, &err) == 0, "%s", err.msg);
+    CHECK(gt_gpu_init(&g, &b.cpu, &b.opt, &b.train, NULL, 64, GT_PREC_FP32, &d, &err) == 0, "%s",
+          err.msg);
     CHECK(gt_gpu_set_indices(g, 0, b.idx, 64, &err) == 0, "%s", err.msg);
     float *gg = malloc(b.cpu.nparams * sizeof(float)), *x = malloc(64 * 784 * sizeof(float));
     uint8_t y[64];
     double gl = 0;
-    CHECK(gt_gpu_grads(g, 0, 64, gg, &gl, &err) == 0, "%s", err.msg);
+    CHECK(gt_gpu_grads(g, 0, 64, 0, gg, &gl, &err) == 0, "%s", err.msg);
     for (int i = 0; i < 64; i++) {
         memcpy(x + i * 784, b.train.x + b.idx[i] * 784, 784 * sizeof(float));
         y[i] = b.train.y[b.idx[i]];
@@ -128,7 +129,8 @@ static int test_training_steps_match_cpu(void)
     gt_dist d = solo();
     gt_gpu *g = NULL;
     gt_err err = {{0}};
-    CHECK(gt_gpu_init(&g, &b.cpu, &b.opt, &b.train, NULL, 64, &d, &err) == 0, "%s", err.msg);
+    CHECK(gt_gpu_init(&g, &b.cpu, &b.opt, &b.train, NULL, 64, GT_PREC_FP32, &d, &err) == 0, "%s",
+          err.msg);
     CHECK(gt_gpu_set_indices(g, 0, b.idx, 64, &err) == 0, "%s", err.msg);
     float *x = malloc(64 * 784 * sizeof(float));
     uint8_t y[64];
@@ -137,7 +139,9 @@ static int test_training_steps_match_cpu(void)
         y[i] = b.train.y[b.idx[i]];
     }
     for (int s = 0; s < 5; s++) {
-        CHECK(gt_gpu_train_step(g, 0, 64, 1e-3f, &err) == 0, "%s", err.msg);
+        gt_gpu_step st = {0, 64, 1e-3f, 0, NULL};
+        int applied = 0;
+        CHECK(gt_gpu_train_step(g, &st, &applied, &err) == 0 && applied, "%s", err.msg);
         int64_t c = 0;
         gt_mlp_forward(&b.cpu, x, 64);
         gt_mlp_loss(&b.cpu, y, 64, 1, &c);
