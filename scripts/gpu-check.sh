@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the trainer's GPU path in one command, for a machine with an NVIDIA GPU. It
-# builds gpusync-train with CUDA, runs the `gpu` tests (CUDA against the CPU path, 1-rank NCCL),
-# tries two ranks sharing the one GPU, trains each model briefly, runs the PyTorch comparison
+# builds gpusync-train with CUDA, runs the `gpu` tests (every CUDA layer and model against the
+# CPU path, 1-rank NCCL, two ranks sharing one GPU), trains each model briefly on CUDA in fp32,
+# bf16 and fp16, runs two ranks sharing the one GPU through the TCP all-reduce, runs the PyTorch comparison
 # (scripts/bench/trainer.sh) and regenerates trainer/tests/fixtures/torch_sampler.txt with
 # PyTorch's DistributedSampler where torch is installed. Every step's output goes to OUT_DIR,
 # with summary.txt listing each step, its status and its time; the whole run is held under ten
@@ -11,7 +12,6 @@
 #
 # Without a visible GPU (no nvidia-smi, or it lists no device) it writes "skipped" to
 # OUT_DIR/summary.txt and exits 0. Exit status: 0 when every required step passed, 1 otherwise.
-# The lenet and resnet models have no CUDA path yet: their short runs use the CPU and say so.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -89,38 +89,46 @@ fi
 step "build" 1 build.log cmake --build "$build" -j"$(nproc)" || exit 1
 bin=$build/gpusync-train
 
-# Every CUDA test (CUDA against the CPU path within tolerance, 1-rank NCCL convergence).
+# Every CUDA test: each layer and model against the CPU path within tolerance in fp32, bf16 and
+# fp16, 1-rank NCCL convergence, two ranks sharing the GPU (test_gpu, test_gpu_layers).
 step "ctest -L gpu" 1 gpu-tests.log ctest --test-dir "$build" -L gpu --output-on-failure
 
 # The CPU tests of the new layers, on this machine too (cheap, and the CUDA build links them).
 step "ctest -L unit" 1 unit-tests.log ctest --test-dir "$build" -L unit --output-on-failure
 
-# Short training runs of each model; lenet and resnet fall back to the CPU (no CUDA path yet),
-# on fewer samples there (resnet: ~100 s per 10k samples on 2 cores; evaluation is the full 10k).
+# Short CUDA training runs of each model in each precision (fp16 with its loss scaler).
 for model in mlp lenet resnet; do
-    dev=cuda n=10240
-    [[ $model != mlp ]] && dev=cpu n=2048
-    step "train $model ($dev, 1 epoch, $n)" 1 "train-$model.log" \
-        "$bin" --model "$model" --device "$dev" --data "$data" --epochs 1 \
-        --limit-train "$n" --metrics "$out/train-$model.jsonl"
+    for prec in fp32 bf16 fp16; do
+        step "train $model $prec (10240)" 1 "train-$model-$prec.log" \
+            "$bin" --model "$model" --device cuda --precision "$prec" --data "$data" --epochs 1 \
+            --limit-train 10240 --metrics "$out/train-$model-$prec.jsonl"
+    done
 done
 
-# Two ranks on the one GPU. NCCL refuses two ranks on one device; the TCP all-reduce for GPU
-# ranks is not written yet, so this records what happens (informational).
+# Two ranks on the one GPU (LOCAL_RANK 0 for both): NCCL refuses two ranks on one device, so
+# they must agree on the TCP all-reduce, which rank 0's banner names.
 two_ranks() {
-    local port=$((20000 + RANDOM % 20000)) pids=() rc=0
+    local model=$1 port=$((20000 + RANDOM % 20000)) pids=() rc=0
+    shift
     for r in 0 1; do
         RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-            "$bin" --device cuda --data "$data" --epochs 1 --limit-train 10240 \
-            --rdzv-timeout 60 --timeout 60 &
+            "$bin" --device cuda --model "$model" "$@" --data "$data" --epochs 1 \
+            --limit-train 10240 --rdzv-timeout 60 --timeout 60 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     return $rc
 }
-export -f two_ranks
+two_ranks_checked() {
+    set -o pipefail # not inherited through bash -c
+    local log=$out/two-ranks-$1.out
+    two_ranks "$@" | tee "$log" && grep -q 'cuda (TCP all-reduce)' "$log"
+}
+export -f two_ranks two_ranks_checked
 export bin data out
-step "2 ranks on 1 GPU (TCP all-reduce)" 0 two-ranks.log bash -c two_ranks
+step "2 ranks on 1 GPU, lenet (TCP)" 1 two-ranks-lenet.log bash -c 'two_ranks_checked lenet'
+step "2 ranks on 1 GPU, resnet --sync-bn" 1 two-ranks-resnet.log \
+    bash -c 'two_ranks_checked resnet --sync-bn'
 
 # gpusync-train against PyTorch on this GPU: (a) DataLoader loop, (b) data resident.
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \

@@ -7,7 +7,10 @@
  *   SyncBatchNorm's host reduction. Tolerance 1e-4 of the largest CPU value: both paths round
  *   the same inputs and accumulate in fp32, so only the summation order differs;
  * - the LeNet's and the ResNet's gradients of one batch (dropout and batch statistics on) and
- *   the ResNet's running statistics after it;
+ *   the ResNet's running statistics after it. Whole models get 10x the tolerance in bf16/fp16:
+ *   a layer's input differs between the paths by summation-order noise (1e-7), and where that
+ *   straddles a 16-bit rounding boundary the next GEMM sees a different 16-bit input; a
+ *   missing rounding is caught by the layer checks, where inputs are identical;
  * - a few SGD steps of each, per-step losses and final parameters against the CPU's, and fp16's
  *   loss scaler (a forced overflow skips the same steps as on the CPU);
  * - two ranks sharing one GPU (the TCP all-reduce) equal one rank with the whole batch: LeNet
@@ -506,11 +509,11 @@ static int model_grads_case(gt_model_kind kind, gt_precision prec)
     gt_gemm_set_precision(prec);
     double cl = cpu_pass(&b, key, 1.0f);
     gt_gemm_set_precision(GT_PREC_FP32);
-    double r = rel(gg, b.cpu.grads, b.cpu.nparams);
+    double r = rel(gg, b.cpu.grads, b.cpu.nparams), k = prec == GT_PREC_FP32 ? 1.0 : 10.0;
     printf("%s %s gradients: max |gpu-cpu| / max|g| = %.3g; loss gpu %.9g cpu %.9g\n",
            gt_model_name(kind), pname(prec), r, gl, cl);
-    CHECK(r <= 1e-4, "gradient mismatch %.3g", r);
-    CHECK(fabs(gl - cl) <= 1e-5 * fabs(cl), "loss mismatch");
+    CHECK(r <= 1e-4 * k, "gradient mismatch %.3g", r);
+    CHECK(fabs(gl - cl) <= 1e-5 * k * fabs(cl), "loss mismatch");
     if (kind == GT_MODEL_RESNET) {
         gt_mlp back;
         gt_optim ob;
@@ -519,7 +522,7 @@ static int model_grads_case(gt_model_kind kind, gt_precision prec)
         CHECK(gt_gpu_download(g, &back, &ob, &err) == 0, "%s", err.msg);
         double rb = rel(back.buffers, b.cpu.buffers, b.cpu.nbuffers);
         printf("resnet %s running statistics: max |gpu-cpu| / max = %.3g\n", pname(prec), rb);
-        CHECK(rb <= 1e-5, "running statistics differ: %.3g", rb);
+        CHECK(rb <= 1e-5 * k, "running statistics differ: %.3g", rb);
         gt_mlp_release(&back);
         gt_optim_release(&ob);
     }
