@@ -122,7 +122,7 @@ two_ranks() {
 two_ranks_checked() {
     set -o pipefail # not inherited through bash -c
     local log=$out/two-ranks-$1.out
-    two_ranks "$@" | tee "$log" && grep -q 'cuda (TCP all-reduce)' "$log"
+    two_ranks "$@" | tee "$log" && grep -q 'device cuda,.*, TCP all-reduce' "$log"
 }
 export -f two_ranks two_ranks_checked
 export bin data out

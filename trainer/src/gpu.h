@@ -73,7 +73,7 @@ int gt_gpu_grads(gt_gpu *g, int64_t off, int B, uint64_t drop_key, float *grads,
  * m and o. */
 int gt_gpu_download(gt_gpu *g, gt_mlp *m, gt_optim *o, gt_err *err);
 
-/* "NCCL", "TCP all-reduce" or "one rank": how this rank averages gradients. */
+/* "NCCL all-reduce", "TCP all-reduce" or "one rank": how this rank averages gradients. */
 const char *gt_gpu_allreduce_name(const gt_gpu *g);
 
 #ifdef __cplusplus

@@ -346,7 +346,7 @@ void gt_gpu_free(gt_gpu *g)
 
 const char *gt_gpu_allreduce_name(const gt_gpu *g)
 {
-    return g->world == 1 ? "one rank" : g->tcp ? "TCP all-reduce" : "NCCL";
+    return g->world == 1 ? "one rank" : g->tcp ? "TCP all-reduce" : "NCCL all-reduce";
 }
 
 /* Before any host synchronisation: a stuck NCCL reduction must fail, not block forever. */

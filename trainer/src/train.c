@@ -520,10 +520,11 @@ static void banner(const run *r)
     const gt_config *c = r->c;
     if (r->dist.rank != 0 || c->quiet)
         return;
-    char arch[128], *p = arch, device[64] = "cpu";
+    char arch[128], *p = arch, reduce[64] = "";
 #ifdef GT_HAVE_CUDA
-    if (r->gpu)
-        snprintf(device, sizeof(device), "cuda (%s)", gt_gpu_allreduce_name((gt_gpu *)r->gpu));
+    /* After the precision: scripts parse "device cuda," (scripts/bench/trainer.sh). */
+    if (r->gpu && r->dist.world > 1)
+        snprintf(reduce, sizeof(reduce), ", %s", gt_gpu_allreduce_name((gt_gpu *)r->gpu));
 #endif
     if (r->model.kind == GT_MODEL_LENET)
         snprintf(arch, sizeof(arch), "lenet (dropout %g)", (double)c->dropout);
@@ -532,10 +533,10 @@ static void banner(const run *r)
     for (int l = 0; r->model.kind == GT_MODEL_MLP && l <= r->model.nlayers; l++)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
-           "global batch %u (%d per rank x %d), %s%s\n",
-           r->dist.world, c->dist.source, device, arch, r->model.nparams, gt_optim_name(c->optim),
-           (double)c->lr, r->meta.global_batch, c->batch_size, r->dist.world,
-           gt_precision_name(c->precision), c->resume ? ", resumed" : "");
+           "global batch %u (%d per rank x %d), %s%s%s\n",
+           r->dist.world, c->dist.source, r->gpu ? "cuda" : "cpu", arch, r->model.nparams,
+           gt_optim_name(c->optim), (double)c->lr, r->meta.global_batch, c->batch_size,
+           r->dist.world, gt_precision_name(c->precision), reduce, c->resume ? ", resumed" : "");
     fflush(stdout);
 }
 
