@@ -31,7 +31,7 @@ struct gt_gpu {
     int rank, device, world;
     gt_gl gl; /* the compute stream, cuBLAS, the GEMM precision */
     gt_dist *dist;
-    gt_nccl *comm;           /* NULL with one rank or the TCP all-reduce */
+    gt_nccl *comm;           /* NULL with the TCP all-reduce */
     int tcp;                 /* gradients averaged over dist's TCP ring */
     float *host_grads;       /* (nparams) the TCP all-reduce's host copy */
     gt_gpu_cnn *cnn;         /* the LeNet or ResNet, NULL for the MLP */
@@ -309,7 +309,8 @@ int gt_gpu_init(gt_gpu **out, const gt_mlp *m, const gt_optim *o, const gt_datas
     rc = rc ? rc : alloc_model(g, m, o, err);
     rc = rc ? rc : upload_data(g, train, test, err);
     rc = rc ? rc : choose_allreduce(g, dist, err);
-    if (rc == 0 && g->world > 1 && !g->tcp)
+    /* One rank too, as before: its communicator's creation is part of what a 1-rank run tries. */
+    if (rc == 0 && !g->tcp)
         rc = gt_nccl_init(&g->comm, dist, err);
     /* The uploads ran on the legacy stream; the non-blocking compute stream is not ordered
      * after them, so wait for them here once. */
