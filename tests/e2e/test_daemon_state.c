@@ -281,28 +281,6 @@ static void await_request_of(pid_t pid)
     json_decref(st);
 }
 
-/* Starts `gpusync flush --json` in the background; its stdout and stderr are *out and *err. */
-static pid_t flush_in_background(int *out, int *err)
-{
-    int o[2], e[2];
-    assert_int_equal(pipe(o), 0);
-    assert_int_equal(pipe(e), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(o[1], 1);
-        dup2(e[1], 2);
-        close(o[0]), close(o[1]), close(e[0]), close(e[1]);
-        if (chdir(project) != 0)
-            _exit(127);
-        gs_test_exec_gpusync(GS_TEST_ARGS("flush", "--json"));
-    }
-    close(o[1]), close(e[1]);
-    *out = o[0];
-    *err = e[0];
-    return pid;
-}
-
 /* Starts the daemon while the server does not answer (sshd stopped: connections wait in its
  * backlog), subscribes to its events and has a flush waiting before the first batch, then lets
  * the server go on. Returns the flush's result. */
@@ -312,7 +290,8 @@ static struct gs_test_result start_daemon_stalled_and_flush(struct gs_test_event
     gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "-d"), "watch -d");
     gs_test_events_start(ev, project);
     int out, err;
-    pid_t flush = flush_in_background(&out, &err);
+    pid_t flush =
+        gs_test_start_gpusync(project, NULL, NULL, GS_TEST_ARGS("flush", "--json"), &out, &err);
     await_request_of(ev->pid);
     await_request_of(flush);
     assert_int_equal(kill(server.pid, SIGCONT), 0);

@@ -51,26 +51,10 @@ static void exec_gpusync(const char *cwd, const char *const *args)
     gs_test_exec_gpusync(args);
 }
 
-/* Runs gpusync in `cwd` with `args` (NULL-terminated), stdin /dev/null, and collects its output. */
+/* Runs gpusync in `cwd` with `args` (NULL-terminated), stdin empty, and collects its output. */
 static struct gs_test_result run_gpusync(const char *cwd, const char *const *args)
 {
-    int out[2], err[2];
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int null = open("/dev/null", O_RDONLY);
-        dup2(null, 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        close(out[0]);
-        close(err[0]);
-        exec_gpusync(cwd, args);
-    }
-    close(out[1]);
-    close(err[1]);
-    return gs_test_finish(pid, out[0], err[0], RUN_TIMEOUT_MS);
+    return gs_test_run_gpusync(cwd, NULL, NULL, args, RUN_TIMEOUT_MS);
 }
 
 /* Starts gpusync in the background with stdout and stderr into `log`; returns its pid. */
