@@ -191,6 +191,14 @@ static int init_model(run *r, gt_err *err)
                        r->max_batch, c->seed, err);
 }
 
+/* Training iterations so far, skipped ones included. PyTorch's loop calls scheduler.step() after
+ * every batch even when GradScaler skips optimizer.step(), so the lr schedule (and the dropout
+ * key) follow this count; opt.step counts only the updates taken, which is Adam's t. */
+static int64_t iteration(const run *r)
+{
+    return r->opt.step + r->scaler.skipped;
+}
+
 static int setup(run *r, gt_err *err)
 {
     const gt_config *c = r->c;
@@ -211,7 +219,6 @@ static int setup(run *r, gt_err *err)
     r->meta.global_batch = (uint32_t)(c->batch_size * W);
     if (c->resume && resume(r, err) != 0)
         return -1;
-    r->steps = r->opt.step; /* --max-steps counts the checkpointed run's steps too */
     /* The sampler must replay the checkpointed run's shuffles. */
     r->train_s.seed = r->meta.seed;
     r->side = (int)lround(sqrt((double)r->train.dim));
@@ -219,12 +226,15 @@ static int setup(run *r, gt_err *err)
         return gt_errf(err, "--augment: images of %zu pixels are not square", r->train.dim);
     gt_gemm_set_precision(c->precision);
     gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
-    /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. */
+    /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. The
+     * skipped count always carries over: it is part of the iteration count (see iteration()). */
     if (c->resume && c->precision == GT_PREC_FP16 && r->meta.loss_scale > 0.0f) {
         r->scaler.scale = r->meta.loss_scale;
         r->scaler.clean = r->meta.scaler_clean;
-        r->scaler.skipped = r->meta.scaler_skipped;
     }
+    if (c->resume)
+        r->scaler.skipped = r->meta.scaler_skipped;
+    r->steps = iteration(r); /* --max-steps counts the checkpointed run's steps too */
     if (c->use_gpu && setup_gpu(r, err) != 0)
         return -1;
     if (R == 0 && c->metrics && !(r->metrics = fopen(c->metrics, "a")))
@@ -284,7 +294,7 @@ static int cpu_step(run *r, const int64_t *idx, int B, double *stats, gt_err *er
         gt_dist_broadcast(&r->dist, m->buffers, m->nbuffers * sizeof(float), err) != 0)
         return -1;
     /* Dropout masks are a function of (seed, step, sample): the same on any rank and on resume. */
-    gt_mlp_set_mode(m, 1, gt_dropout_key(r->meta.seed, r->opt.step, 0), idx);
+    gt_mlp_set_mode(m, 1, gt_dropout_key(r->meta.seed, iteration(r), 0), idx);
     gt_mlp_forward(m, r->xb, B);
     int64_t correct = 0;
     stats[0] += gt_mlp_loss(m, r->yb, B, 1, &correct);
@@ -323,11 +333,11 @@ float gt_train_lr_at(const gt_config *c, int64_t step, int64_t total)
 /* Step on shard rows [off, off+B). */
 static int train_step(run *r, int64_t off, int B, double *stats, gt_err *err)
 {
-    /* The schedule is a function of the optimiser's step count, which checkpoints keep. */
-    r->opt.lr = gt_train_lr_at(r->c, r->opt.step, r->total_steps);
+    /* The schedule is a function of the iteration count, which checkpoints keep. */
+    r->opt.lr = gt_train_lr_at(r->c, iteration(r), r->total_steps);
 #ifdef GT_HAVE_CUDA
     if (r->gpu) {
-        gt_gpu_step st = {off, B, r->opt.lr, gt_dropout_key(r->meta.seed, r->opt.step, 0),
+        gt_gpu_step st = {off, B, r->opt.lr, gt_dropout_key(r->meta.seed, iteration(r), 0),
                           r->c->precision == GT_PREC_FP16 ? &r->scaler : NULL};
         int applied = 0;
         if (gt_gpu_train_step((gt_gpu *)r->gpu, &st, &applied, err) != 0) {
@@ -335,7 +345,7 @@ static int train_step(run *r, int64_t off, int B, double *stats, gt_err *err)
                 *err = r->bn.err; /* a SyncBatchNorm reduction failed mid-pass */
             return -1;
         }
-        r->opt.step += applied; /* mirrors the device optimiser's count for the schedule */
+        r->opt.step += applied; /* the device optimiser's count; skips are in r->scaler */
         return 0;
     }
 #endif
@@ -507,10 +517,11 @@ static void report(run *r, uint64_t epoch, const double *stats, double test_acc,
                 "{\"epoch\":%llu,\"train_loss\":%.6f,\"train_acc\":%.6f,\"test_acc\":%.6f,"
                 "\"samples_per_s\":%.1f,\"epoch_time_s\":%.4f,\"global_batch\":%u,"
                 "\"world_size\":%d,\"precision\":\"%s\",\"loss_scale\":%.9g,"
-                "\"skipped_steps\":%lld}\n",
+                "\"skipped_steps\":%lld,\"lr\":%.9g}\n",
                 (unsigned long long)epoch + 1, loss, acc, test_acc, sps, epoch_s,
                 r->meta.global_batch, r->dist.world, gt_precision_name(r->c->precision),
-                (double)r->scaler.scale, (long long)r->scaler.skipped);
+                (double)r->scaler.scale, (long long)r->scaler.skipped,
+                (double)gt_train_lr_at(r->c, iteration(r), r->total_steps));
         fflush(r->metrics);
     }
 }

@@ -7,7 +7,8 @@
  *   statistics included; without it they differ, as plain BatchNorm under DDP must; resume is
  *   bit-exact (running statistics checkpointed and broadcast from rank 0);
  * - --precision fp16: a forced overflow (huge initial scale) skips steps, halving the scale
- *   each time, and a skipped step leaves the parameters alone; bf16 tracks fp32;
+ *   each time, a skipped step leaves the parameters alone but still advances the lr schedule
+ *   (as PyTorch's scheduler.step() does); bf16 tracks fp32;
  * - --augment: 2 ranks equal 1 rank, the result differs from a run without it, and resume is
  *   bit-exact (the crops and flips follow seed, epoch and sample);
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
@@ -328,15 +329,41 @@ static void test_train__fp16_overflow_skips_steps_and_halves_the_scale(void **st
     gt_config c = base();
     c.precision = GT_PREC_FP16;
     c.init_scale = 0x1p40f;
-    c.epochs = 2; /* 50 steps per rank, enough left to learn after the skipped ones */
+    c.epochs = 3; /* 75 steps per rank: enough left to learn after the skipped ones, whose
+                   * share of the lr schedule is spent (as in PyTorch) */
     c.metrics = file_in_dir("fp16.jsonl");
     assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
     double skipped = last_metric(c.metrics, "skipped_steps");
     double scale = last_metric(c.metrics, "loss_scale");
-    print_message("fp16: %.0f skipped steps, loss scale %g\n", skipped, scale);
+    print_message("fp16: %.0f skipped steps, loss scale %g, test acc %g\n", skipped, scale,
+                  last_metric(c.metrics, "test_acc"));
     assert_true(skipped >= 1 && skipped < 30);
     assert_near(scale, ldexp(1.0, 40 - (int)skipped), 0.0);
     assert_true(last_metric(c.metrics, "test_acc") > 0.5); /* and it still learned */
+}
+
+/* PyTorch's loop calls scheduler.step() after every batch, also when GradScaler skipped
+ * optimizer.step(): the lr after an epoch with skipped steps is the one a run without skips has. */
+static void test_train__fp16_skipped_steps_still_advance_the_lr_schedule(void **state)
+{
+    (void)state;
+    gt_config skip = base(), clean = base();
+    skip.precision = GT_PREC_FP16;
+    skip.init_scale = 0x1p40f;
+    /* The cosine spans 2 epochs of 50 steps; both runs stop after the first, where lr is half. */
+    skip.epochs = clean.epochs = 2;
+    skip.max_steps = clean.max_steps = 50;
+    skip.metrics = file_in_dir("sched-fp16.jsonl");
+    clean.metrics = file_in_dir("sched-fp32.jsonl");
+    assert_int_equal(tu_run_ranks(&skip, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(tu_run_ranks(&clean, 1, tu_free_port(), NULL, NULL, NULL), 0);
+    double skipped = last_metric(skip.metrics, "skipped_steps");
+    double lr16 = last_metric(skip.metrics, "lr"), lr32 = last_metric(clean.metrics, "lr");
+    print_message("fp16: %.0f skipped steps; final lr %.9g (fp16) vs %.9g (fp32)\n", skipped, lr16,
+                  lr32);
+    assert_true(skipped >= 1);
+    assert_near(lr32, 0.5 * clean.lr, 1e-9);
+    assert_true(lr16 == lr32);
 }
 
 static void test_train__fp16_skipped_steps_leave_the_parameters_alone(void **state)
@@ -466,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_train__resnet_without_sync_bn_two_ranks_differ_from_one_rank),
         cmocka_unit_test(test_train__resnet_resume_continues_bit_exactly),
         cmocka_unit_test(test_train__fp16_overflow_skips_steps_and_halves_the_scale),
+        cmocka_unit_test(test_train__fp16_skipped_steps_still_advance_the_lr_schedule),
         cmocka_unit_test(test_train__fp16_skipped_steps_leave_the_parameters_alone),
         cmocka_unit_test(test_train__fp16_resume_continues_the_loss_scale_bit_exactly),
         cmocka_unit_test(test_train__bf16_tracks_fp32_on_a_short_run),
