@@ -43,9 +43,14 @@ typedef struct gt_config {
     gt_dist_config dist;
 } gt_config;
 
-/* Fills the defaults: Fashion-MNIST, --model mlp with hidden 512,256 (LeNet dropout 0.5), Adam lr
- * 1e-3 with a cosine schedule, batch 64 per rank, 10 epochs, seed 0. */
+/* Fills the defaults: Fashion-MNIST, --model mlp with hidden 512,256, seed 0, and mlp's training
+ * defaults (gt_config_model_defaults). */
 void gt_config_defaults(gt_config *c);
+
+/* Sets the training hyperparameters (optimiser, lr, momentum, weight decay, schedule, epochs,
+ * batch size, dropout, augmentation) to c->model's defaults, leaving everything else alone. The
+ * flag parser applies them once --model is known, before the other flags. */
+void gt_config_model_defaults(gt_config *c);
 
 /* Runs training to completion. Returns 0, or -1 with a message naming this rank in err. Rank 0
  * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */

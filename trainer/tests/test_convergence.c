@@ -66,6 +66,7 @@ int main(int argc, char **argv)
     c.model = strcmp(model, "lenet") == 0    ? GT_MODEL_LENET
               : strcmp(model, "resnet") == 0 ? GT_MODEL_RESNET
                                              : GT_MODEL_MLP;
+    gt_config_model_defaults(&c); /* the model's own defaults, as --model gives them */
     if (argc > 4)
         c.epochs = atoi(argv[4]);
     double bar = argc > 5 ? atof(argv[5]) : 0.885;
