@@ -1,5 +1,7 @@
 /* test_optim.c: SGD with momentum and weight decay, and Adam, against values computed by hand
- * (in double, from torch.optim's documented update rules) for two steps. */
+ * (in double, from torch.optim's documented update rules) for two steps; the cosine lr schedule
+ * against CosineAnnealingLR's own recursion. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 
 #include "optim.h"
 #include "testutil.h"
+#include "train.h"
 
 static void test_sgd__momentum_buffer_starts_at_first_gradient(void **state)
 {
@@ -79,6 +82,27 @@ static void test_optim__parse_names(void **state)
     assert_int_equal(gt_optim_parse("adamw", &k), -1);
 }
 
+/* The lr of every step of a 100-step run against torch.optim.lr_scheduler.CosineAnnealingLR
+ * (T_max=100, eta_min=0) as PyTorch computes it: recursively from the previous lr. */
+static void test_schedule__cosine_matches_torch_cosine_annealing_lr(void **state)
+{
+    (void)state;
+    gt_config c;
+    gt_config_defaults(&c);
+    c.lr = 0.1f;
+    const int T = 100;
+    double torch_lr = c.lr;
+    for (int e = 0; e <= T; e++) {
+        if (e > 0)
+            torch_lr *= (1.0 + cos(M_PI * e / T)) / (1.0 + cos(M_PI * (e - 1) / T));
+        assert_true(fabs(gt_train_lr_at(&c, e, T) - torch_lr) <= 1e-6 * c.lr);
+    }
+    assert_true(gt_train_lr_at(&c, T / 2, T) == 0.05f);
+    assert_true(gt_train_lr_at(&c, T, T) == 0.0f);
+    c.cosine = false; /* --lr-schedule constant */
+    assert_true(gt_train_lr_at(&c, T / 2, T) == c.lr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -87,6 +111,7 @@ int main(void)
         cmocka_unit_test(test_adam__two_steps_match_bias_corrected_update),
         cmocka_unit_test(test_adam__weight_decay_is_added_to_the_gradient),
         cmocka_unit_test(test_optim__parse_names),
+        cmocka_unit_test(test_schedule__cosine_matches_torch_cosine_annealing_lr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
