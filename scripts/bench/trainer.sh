@@ -11,8 +11,8 @@
 # --accuracy trains each model with its default flags (each model's own epochs unless --epochs)
 # on one rank and prints Fashion-MNIST test accuracy against the bars (mlp >= 0.89,
 # lenet >= 0.90, resnet >= 0.93) with the epochs, device and time each took; it exits 1 when a
-# bar is missed. lenet and resnet train on the CPU (no CUDA path yet): lenet's 20 epochs take
-# about 4 minutes on 2 cores, resnet's 30 about two hours.
+# bar is missed. Each trains on the GPU where there is one; with --cpu, lenet's 20 epochs take
+# about 4 minutes on 2 cores and resnet's 30 about two hours.
 #
 # Figures: samples/s is training samples over training time (evaluation excluded), averaged
 # over epochs after the first (warm-up); epoch time includes evaluation.
