@@ -52,7 +52,8 @@ struct gs_agent {
     struct gs_ssh *ssh;
     LIBSSH2_CHANNEL *ch;
     struct gs_exec_gate gate; /* the shell's noise before the agent's first byte is not a frame */
-    struct gs_proto_buf out;  /* whole frames queued, not yet on their way: from out_at on */
+    struct gs_exec_pending exec; /* the exec request, answered while the first requests go */
+    struct gs_proto_buf out;     /* whole frames queued, not yet on their way: from out_at on */
     struct gs_proto_buf wire; /* bytes being written: frames from `out`, packed when zstd is on */
     size_t out_at, wire_at;   /* how far each has been taken (read offsets: see take_out) */
     struct gs_zframes *z;     /* compression offered in HELLO (NULL: off) */
@@ -336,7 +337,8 @@ static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
  * the socket when nothing moved. Returns 0 or a negative code. */
 static int pump(struct gs_agent *a, int block, struct gs_error *err)
 {
-    int progress = 0, rc = write_some(a, &progress, err);
+    int progress = 0, rc = gs_exec_answered(a->ssh, a->ch, &a->exec, err);
+    rc = rc < 0 ? rc : write_some(a, &progress, err);
     if (rc == 0 && !half_sent(a)) {
         /* Bounded: on a fast link a GET's data frames arrive faster than they are written out,
          * and reading until EAGAIN piled a whole file into memory (measured: 256 MB resident to
@@ -932,7 +934,7 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);
     gs_exec_gate_init(&a->gate, ssh);
-    a->ch = gs_exec_open(ssh, command, err);
+    a->ch = gs_exec_start(ssh, command, &a->exec, err); /* HELLO goes without waiting */
     int rc = a->ch ? handshake(a, err) : (err && err->code ? err->code : GS_E_REMOTE);
     if (rc < 0) {
         gs_agent_close(a);
@@ -969,6 +971,7 @@ void gs_agent_close(struct gs_agent *a)
         gs_exec_abandon(a->ssh, a->ch);
     else if (a->ch && a->eof)
         libssh2_channel_free(a->ch);
+    gs_buf_release(&a->exec.request);
     gs_proto_buf_release(&a->out);
     gs_proto_buf_release(&a->wire);
     gs_proto_buf_release(&a->zin);

@@ -108,32 +108,92 @@ void gs_exec_blame_noise(const struct gs_exec_gate *g, struct gs_error *err)
              shown);
 }
 
-LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err)
+static LIBSSH2_CHANNEL *open_session(struct gs_ssh *s, struct gs_error *err)
 {
     LIBSSH2_SESSION *session = gs_ssh_session(s);
     LIBSSH2_CHANNEL *ch;
     int rc;
     GS_SSH_RETRY_PTR(s, ch, libssh2_channel_open_session(session), 0, err, rc);
-    if (rc < 0)
-        return NULL;
-    if (!ch) {
+    if (rc == 0 && !ch)
         gs_ssh_error(s, libssh2_session_last_errno(session), "opening a channel", err);
+    return ch;
+}
+
+/* Turns a failed exec request's code into err; returns the negative code. */
+static int exec_failed(struct gs_ssh *s, int rc, struct gs_error *err)
+{
+    if (!GS_IS_ERROR(rc))
+        rc = gs_ssh_error(s, rc, "starting a remote command", err);
+    return rc;
+}
+
+LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err)
+{
+    LIBSSH2_CHANNEL *ch = open_session(s, err);
+    if (!ch)
         return NULL;
-    }
     struct gs_buf marked = GS_BUF_INIT;
     gs_buf_adds(&marked, MARK_CMD);
     gs_buf_adds(&marked, command);
+    int rc;
     GS_SSH_RETRY(s, rc, libssh2_channel_exec(ch, marked.data), 0, err);
     gs_buf_release(&marked);
     if (rc == 0)
         gs_ssh_shell_starting(s, 1);
     if (rc < 0) {
-        if (!GS_IS_ERROR(rc))
-            gs_ssh_error(s, rc, "starting a remote command", err);
+        exec_failed(s, rc, err);
         libssh2_channel_free(ch);
         return NULL;
     }
     return ch;
+}
+
+/* libssh2 answers EAGAIN both while the request is still being written and while its answer is
+ * awaited; only the second lets the caller go on, and the blocked direction tells them apart. */
+static int exec_request_written(struct gs_ssh *s)
+{
+    return !(libssh2_session_block_directions(gs_ssh_session(s)) & LIBSSH2_SESSION_BLOCK_OUTBOUND);
+}
+
+LIBSSH2_CHANNEL *gs_exec_start(struct gs_ssh *s, const char *command, struct gs_exec_pending *p,
+                               struct gs_error *err)
+{
+    gs_buf_init(&p->request);
+    p->answered = 0;
+    LIBSSH2_CHANNEL *ch = open_session(s, err);
+    if (!ch)
+        return NULL;
+    gs_buf_adds(&p->request, MARK_CMD);
+    gs_buf_adds(&p->request, command);
+    gs_ssh_shell_starting(s, 1);
+    int rc;
+    while ((rc = libssh2_channel_exec(ch, p->request.data)) == LIBSSH2_ERROR_EAGAIN &&
+           !exec_request_written(s))
+        if ((rc = gs_ssh_wait(s, 0, err)) < 0)
+            break;
+    if (rc == 0 || rc == LIBSSH2_ERROR_EAGAIN) {
+        p->answered = rc == 0;
+        return ch;
+    }
+    exec_failed(s, rc, err);
+    libssh2_channel_free(ch);
+    gs_buf_release(&p->request);
+    return NULL;
+}
+
+int gs_exec_answered(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_exec_pending *p,
+                     struct gs_error *err)
+{
+    if (p->answered)
+        return 1;
+    int rc = libssh2_channel_exec(ch, p->request.data); /* only collects the answer now */
+    if (rc == LIBSSH2_ERROR_EAGAIN)
+        return 0;
+    if (rc < 0)
+        return exec_failed(s, rc, err);
+    p->answered = 1;
+    gs_buf_release(&p->request);
+    return 1;
 }
 
 static int exit_result(LIBSSH2_CHANNEL *ch)

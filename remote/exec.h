@@ -75,6 +75,25 @@ void gs_exec_blame_noise(const struct gs_exec_gate *g, struct gs_error *err);
  * client does this). Returns the channel or NULL with err set. Free with gs_exec_close. */
 LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err);
 
+/* An exec request whose answer has not come yet (gs_exec_start). */
+struct gs_exec_pending {
+    struct gs_buf request; /* the command as sent: libssh2 wants it again to collect the answer */
+    int answered;
+};
+
+/* As gs_exec_open, without waiting for the server's answer to the exec request: the caller may
+ * write to the channel at once (the server reads it once the command runs), saving a round trip,
+ * and must call gs_exec_answered from its I/O loop until it returns 1. Returns the channel, or
+ * NULL with err set (then `p` holds nothing). */
+LIBSSH2_CHANNEL *gs_exec_start(struct gs_ssh *s, const char *command, struct gs_exec_pending *p,
+                               struct gs_error *err);
+
+/* Collects the answer to gs_exec_start's request without blocking: 1 once the server has
+ * accepted it (p is released), 0 while it has not answered, or a negative code with err set when
+ * it refused to run the command or the connection failed. */
+int gs_exec_answered(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_exec_pending *p,
+                     struct gs_error *err);
+
 /* Sends EOF, waits for the close and returns the exit status as gs_exec_run does; frees `ch`. */
 int gs_exec_close(struct gs_ssh *s, LIBSSH2_CHANNEL *ch, struct gs_error *err);
 
