@@ -233,11 +233,14 @@ static int plan_again(struct gs_cli *cli, struct planner *p)
     return p->rc < 0 ? gs_error_set(&cli->err, p->rc, "%s", p->err.msg) : 0;
 }
 
-/* A first sync sends while the agent starts (gs_session_go_early) and checks its answer after.
- * If no agent was cached there, the early requests died with its failed start and nothing was
+/* A push sends while the agent starts (gs_session_go_early) and checks its answer after. If no
+ * agent was cached there, the early requests died with its failed start and nothing was
  * recorded: once ready has installed one, everything is planned and sent again, and the first
- * pass's outcomes are dropped with it. Otherwise the agent answered every request, and a refusal
- * (a full disk) is this push's answer for that operation, not a reason to send it again. */
+ * pass's outcomes are dropped with it. If the server held another tree than the index said, the
+ * index is cleared and everything is sent again too: the first pass's refusals came from a wrong
+ * plan and are dropped, but the conflict copies it kept are real, and stay reported. Otherwise
+ * the agent answered every request, and a refusal (a full disk) is this push's answer for that
+ * operation, not a reason to send it again. */
 static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                          const struct gs_push_opts *o, struct planner *p)
 {
@@ -249,10 +252,11 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
         cli->err = ready_err;
         return ready;
     }
-    if (!s->early_lost)
+    if (!s->early_lost && !s->index_reset)
         return rc;
     json_array_clear(ui->failures);
-    json_array_clear(ui->conflicts);
+    if (s->early_lost)
+        json_array_clear(ui->conflicts);
     if ((rc = plan_again(cli, p)) == 0)
         rc = execute_plan(cli, s, ui, o, p);
     return rc;

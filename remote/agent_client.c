@@ -543,11 +543,14 @@ static int delta_keeps(const struct gs_agent *a, const struct stat *st)
            (uint64_t)st->st_size <= DELTA_FILE_MAX;
 }
 
-/* 1 when this put may go as a delta: the server's copy is known by its hash. */
+/* 1 when this put may go as a delta: the server's copy is known by its hash. Before the
+ * handshake's answer the agent is taken to accept deltas (a push sends while it starts); one that
+ * does not refuses them with ENOSYS, and delta_refused sends the file whole. */
 static int delta_wanted(const struct gs_agent *a, const struct gs_fop_req *req,
                         const struct stat *st)
 {
-    return a->delta && req->expect == GS_FOP_EXPECT_HASH && delta_keeps(a, st);
+    return (a->delta || !a->hello_call.done) && req->expect == GS_FOP_EXPECT_HASH &&
+           delta_keeps(a, st);
 }
 
 /* Sends `data` as a PUT_DELTA against the server's copy (req->hash). The request is kept to
@@ -606,13 +609,19 @@ static int submit_delta_put(struct gs_agent *a, const struct gs_fop_req *req, ui
 
 /* A PUT_DELTA refused for want of its basis (ESTALE: the server's copy changed or went) is sent
  * again whole, with the same expectation, so the agent keeps the server's copy as a conflict
- * copy and reports it. Returns 1 when `m` was such a refusal (completed later), else 0. */
+ * copy and reports it; so is one sent before the handshake's answer to an agent that takes no
+ * deltas (ENOSYS). Returns 1 when `m` was such a refusal (completed later), else 0. */
 static int delta_refused(struct gs_agent *a, struct pending *p, const struct gs_proto_msg *m)
 {
     struct gs_fop_req *r = p->resend;
     if (!r)
         return 0;
     p->resend = NULL;
+    if (m->type == GS_MSG_ERROR && m->err == ENOSYS && !a->delta) {
+        GS_ALLOC_GROW(a->resend, a->n_resend + 1, a->resend_cap);
+        a->resend[a->n_resend++] = r; /* its basis's signature stays: it is still the server's */
+        return 1;
+    }
     if (m->type != GS_MSG_ERROR || m->err != ESTALE) {
         /* done: the basis's signature is of no more use; refused otherwise: it may be wrong */
         if (m->type != GS_MSG_DONE || memcmp(r->hash, r->content_hash, GS_PROTO_HASH_LEN) != 0)

@@ -83,8 +83,8 @@ static int verify_server(struct gs_session *s, struct gs_error *err)
     if (rc == 0)
         rc = gs_index_count(s->idx, &entries, err);
     int same = local && remote[0] && strcmp(local, remote) == 0;
-    if (s->early) /* the index was empty when the requests went out; what they added is true */
-        entries = 0;
+    if (s->early) /* what the requests that went out early added is true; the rest may not be */
+        entries = s->early_entries;
     if (rc == 0 && !same && local && entries) {
         gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
                 "recreated?): sending everything again");
@@ -186,11 +186,12 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
 
 int gs_session_go_early(struct gs_session *s)
 {
-    size_t entries = 1, intents = 1;
-    if (s->ops || !s->agent || gs_index_count(s->idx, &entries, NULL) < 0 || entries ||
+    size_t entries = 0, intents = 1;
+    if (s->ops || !s->agent || gs_index_count(s->idx, &entries, NULL) < 0 ||
         gs_index_intent_count(s->idx, &intents, NULL) < 0 || intents)
         return 0;
     s->early = 1;
+    s->early_entries = entries;
     s->ops = gs_agent_fileops(s->agent);
     return 1;
 }

@@ -23,12 +23,13 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
-    int index_reset;   /* gs_session_ready found another server's tree: the index was cleared */
-    int early;         /* ops went out before the agent answered (gs_session_go_early) */
-    int early_lost;    /* gs_session_ready had to install the agent: the early ops were lost */
-    int settled;       /* ready has reconciled the intents for this connection */
-    size_t reconciled; /* operations an interrupted sync left in doubt, settled by ready */
-    int locked;        /* lock_fd holds .gpusync/sync.lock (gs_session_lock) */
+    int index_reset;      /* gs_session_ready found another server's tree: the index was cleared */
+    int early;            /* ops went out before the agent answered (gs_session_go_early) */
+    size_t early_entries; /* the index's entries when they did (0: a first sync) */
+    int early_lost;       /* gs_session_ready had to install the agent: the early ops were lost */
+    int settled;          /* ready has reconciled the intents for this connection */
+    size_t reconciled;    /* operations an interrupted sync left in doubt, settled by ready */
+    int locked;           /* lock_fd holds .gpusync/sync.lock (gs_session_lock) */
     int lock_fd;
 };
 
@@ -70,14 +71,18 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
                      const char *remote_path, struct gs_error *err);
 int gs_session_ready(struct gs_session *s, struct gs_error *err);
 
-/* For a first sync (an index with no entries and no intents), lets requests go out between start
- * and ready: nothing in such a plan depends on what the server holds (every put expects no file
- * there, and the agent enforces that), so the bytes can cross the link while the server's shell and
- * agent start. Sets s->ops and returns 1, or returns 0 (not a first sync, SFTP, or already ready).
- * gs_session_ready must still follow; if it had to install the agent (none was cached, so the
+/* Unless an interrupted sync left intents to settle first, lets requests go out between start and
+ * ready, so that they cross the link while the server's shell and agent start (and the handshake's
+ * round trip overlaps them). A plan made from the index may be wrong about the server, but never
+ * harmfully so: every request carries what it expects there (no file, or the hash the index
+ * recorded), the agent enforces it, and a file it finds changed is kept as a conflict copy, as on
+ * any other sync. Sets s->ops and returns 1, or returns 0 (intents, SFTP, or already ready).
+ * gs_session_ready must still follow. If it had to install the agent (none was cached, so the
  * early requests were lost with the failed start, and nothing they asked for was done), it sets
- * s->early_lost and the caller plans and executes again. Otherwise every early request was
- * answered by the agent, refusals included, and must not be sent a second time. */
+ * s->early_lost; if the server turned out to hold another tree than the index's, it clears the
+ * index and sets s->index_reset. Either way the caller plans and executes again. Otherwise every
+ * early request was answered by the agent, refusals included, and must not be sent a second
+ * time. */
 int gs_session_go_early(struct gs_session *s);
 
 /* Serialises the syncs of one project on this machine. The agent fences out any earlier session on

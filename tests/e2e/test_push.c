@@ -1347,6 +1347,33 @@ static void test_push__first_push_to_a_server_without_the_agent_installs_it(void
     json_decref(o);
 }
 
+/* Every push sends while the agent starts, not only the first. When gpusync was upgraded since
+ * the last push (a new agent build, which no cache on the server holds), those early requests
+ * die with the failed start: the push must install the agent and send the changes again, report
+ * no failure, and leave the server holding every byte. */
+static void test_push__a_later_push_to_a_server_without_this_agent_installs_it(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    generate_tree(cur.local, 37);
+    push_compare_drop(&cur, "first push");
+    put_random(cur.local, "src/changed.bin", 300 * 1024, 38, 0644); /* a delta would apply */
+    put_text(cur.local, "src/new.py", "print('new')\n", 0644);
+    remove_path(cur.local, "scripts/f005.py");
+    assert_int_equal(gs_test_fresh_agent_begin(cur.dir), 0);
+    json_t *o = push_and_compare(&cur, 0, "second push, agent not on the server");
+    gs_test_fresh_agent_end(cur.dir);
+    const char *transport = json_string_value(json_object_get(o, "transport"));
+    if (!transport || !strstr(transport, "uploaded"))
+        fail_msg("the agent was not uploaded: transport %s", transport ? transport : "(none)");
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    assert_int_equal(json_array_size(json_object_get(o, "failures")), 0);
+    json_decref(o);
+    o = push_and_compare(&cur, 0, "third push: nothing left to send");
+    assert_int_equal(jint(o, "sent") + jint(o, "deleted"), 0);
+    json_decref(o);
+}
+
 /* The summary's `seconds` is what a user timing the push sees: connecting and installing the
  * agent count too. Through a 100 ms RTT link, a first push that installs the agent spends most of
  * its time there; planning again after the install used to restart the clock. */
@@ -1863,6 +1890,7 @@ int main(void)
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),
         TW(test_push__summary_time_counts_connecting_and_starting_the_agent),
         T(test_push__agent_is_built_on_a_server_from_its_sources),
+        T(test_push__a_later_push_to_a_server_without_this_agent_installs_it),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_push__remote_disk_full_summary_counts_what_arrived),
         T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),

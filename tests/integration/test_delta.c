@@ -86,15 +86,16 @@ static int group_teardown(void **state)
 }
 
 /* Starts an agent session on f->remote with deltas on (the agent built as on a server without
- * librsync, when f->plain). Returns 0 or -1. */
-static int open_agent(struct fx *f)
+ * librsync, when f->plain); with `wait`, waits for the handshake's answer, as a push that has
+ * nothing to send before it does. Returns 0 or -1. */
+static int open_agent_as(struct fx *f, int wait)
 {
     struct gs_buf cmd = GS_BUF_INIT;
     struct gs_error err = {0};
     const char *agent = f->plain ? "agent/gpusync-agent-plain" : "agent/gpusync-agent";
     gs_agent_serve_command(gs_test_build_path(agent), f->remote, &cmd);
     int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, 1, &err);
-    if (rc == 0)
+    if (rc == 0 && wait)
         rc = gs_agent_wait_ready(f->agent, &err);
     gs_buf_release(&cmd);
     if (rc < 0) {
@@ -106,6 +107,11 @@ static int open_agent(struct fx *f)
     f->ops->done = on_done;
     f->ops->done_ctx = f;
     return 0;
+}
+
+static int open_agent(struct fx *f)
+{
+    return open_agent_as(f, 1);
 }
 
 static int setup_as(void **state, int plain)
@@ -328,6 +334,30 @@ static void test_delta__an_agent_without_librsync_gets_whole_files(void **state)
     free(v1), free(v2);
 }
 
+/* A push sends before the agent has answered HELLO, taking deltas for granted (the cached agent
+ * is this build, which takes them). One built without librsync refuses the delta once it has
+ * answered (ENOSYS): the file then goes whole, and the server holds it exactly. */
+static void test_delta__a_delta_sent_before_the_handshake_goes_whole_if_refused(void **state)
+{
+    struct fx *f = *state;
+    char *v1 = random_bytes(BIG), *v2 = malloc(BIG);
+    assert_true(put(f, "nb.ipynb", v1, BIG, NULL, 0) >= BIG);
+    drain(f);
+    memcpy(v2, v1, BIG);
+    memcpy(v2 + BIG / 3, "one cell changed", 16);
+    uint8_t h1[16];
+    hash_of(v1, BIG, h1);
+    gs_delta_keep(f->sigs, h1, v1, BIG); /* as a session with a delta-taking agent kept it */
+    f->ops->close(f->ops);
+    assert_int_equal(open_agent_as(f, 0), 0);
+    uint64_t sent = put(f, "nb.ipynb", v2, BIG, v1, BIG);
+    assert_true(sent < BIG / 2); /* a delta went, before the answer */
+    drain(f);
+    assert_int_equal(f->n_ok, 2);
+    expect_bytes(f->remote, "nb.ipynb", v2, BIG);
+    free(v1), free(v2);
+}
+
 /* The pid of the agent serving f->remote, or -1. */
 static pid_t agent_pid(const struct fx *f)
 {
@@ -394,6 +424,9 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_delta__an_agent_without_librsync_gets_whole_files,
                                         setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_delta__a_delta_sent_before_the_handshake_goes_whole_if_refused, setup_plain,
+            teardown),
         cmocka_unit_test_setup_teardown(test_delta__interrupted_delta_leaves_old_file_and_resumes,
                                         setup, teardown),
     };
