@@ -27,7 +27,8 @@ struct gs_zframes {
     void *scratch;
     size_t scratch_cap;
     int level;
-    size_t skip; /* bytes still to send without trying: the last try did not pay */
+    int next_level; /* gs_zframes_set_level's: applied once the current zstd frame is ended */
+    size_t skip;    /* bytes still to send without trying: the last try did not pay */
     unsigned long long plain, wire;
 };
 
@@ -38,7 +39,7 @@ struct gs_zframes *gs_zframes_new(int level)
         return NULL;
     z->cctx = ZSTD_createCCtx();
     z->dctx = ZSTD_createDCtx();
-    z->level = level;
+    z->level = z->next_level = level;
     if (!z->cctx || !z->dctx ||
         ZSTD_isError(ZSTD_CCtx_setParameter(z->cctx, ZSTD_c_compressionLevel, level)) ||
         ZSTD_isError(ZSTD_DCtx_setParameter(z->dctx, ZSTD_d_windowLogMax, 23))) {
@@ -72,22 +73,30 @@ static long plain(struct gs_zframes *z, const uint8_t *in, size_t n, struct gs_p
 }
 
 /* Compresses in[0..n) as the next flushed blocks of the session's one zstd stream into `out`,
- * after room for the frame header. Returns the compressed length, or -1. */
+ * after room for the frame header. A level change ends the zstd frame with this batch (one
+ * thread's zstd takes a new level only between frames; the receiver's stream reads the next
+ * frame on), which costs the history once. Returns the compressed length, or -1. */
 static long stream_compress(struct gs_zframes *z, const uint8_t *in, size_t n,
                             struct gs_proto_buf *out, size_t at)
 {
+    ZSTD_EndDirective how = z->next_level != z->level ? ZSTD_e_end : ZSTD_e_flush;
     ZSTD_inBuffer src = {in, n, 0};
     size_t room = ZSTD_compressBound(n) + 64, produced = 0;
     for (;;) {
         if (gs_proto_buf_reserve(out, at - out->len + produced + room) < 0)
             return -1;
         ZSTD_outBuffer dst = {out->data + at + produced, room, 0};
-        size_t left = ZSTD_compressStream2(z->cctx, &dst, &src, ZSTD_e_flush);
+        size_t left = ZSTD_compressStream2(z->cctx, &dst, &src, how);
         if (ZSTD_isError(left))
             return -1;
         produced += dst.pos;
-        if (left == 0 && src.pos == n)
+        if (left == 0 && src.pos == n && how == ZSTD_e_end &&
+            ZSTD_isError(ZSTD_CCtx_setParameter(z->cctx, ZSTD_c_compressionLevel, z->next_level)))
+            return -1;
+        if (left == 0 && src.pos == n) {
+            z->level = z->next_level;
             return (long)produced;
+        }
         room = left + 64; /* more to flush: grow and go on */
     }
 }
@@ -119,6 +128,17 @@ long gs_zframes_pack(struct gs_zframes *z, uint8_t type, const uint8_t *in, size
     z->plain += take;
     z->wire += GS_PROTO_HDR + 4 + (size_t)c;
     return (long)take;
+}
+
+void gs_zframes_set_level(struct gs_zframes *z, int level)
+{
+    if (z)
+        z->next_level = level;
+}
+
+int gs_zframes_level(const struct gs_zframes *z)
+{
+    return z ? z->next_level : 0;
 }
 
 int gs_zframes_unpack(struct gs_zframes *z, const struct gs_proto_msg *m, struct gs_proto_buf *raw)
@@ -199,6 +219,17 @@ void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain,
 {
     (void)z;
     *plain = *wire = 0;
+}
+
+void gs_zframes_set_level(struct gs_zframes *z, int level)
+{
+    (void)z, (void)level;
+}
+
+int gs_zframes_level(const struct gs_zframes *z)
+{
+    (void)z;
+    return 0;
 }
 
 #endif

@@ -50,6 +50,14 @@ size_t gs_zframes_whole(const uint8_t *in, size_t n, size_t max);
  * session's stream untouched (for a sender deciding whether to wait for the peer's agreement). */
 int gs_zframes_compressible(struct gs_zframes *z, const uint8_t *in, size_t n);
 
+/* Changes the sender's level from the next batch on (NULL: nothing). The batch after the call
+ * ends the current zstd frame, and the next frame starts at the new level: the receiver reads on
+ * without being told, but the history is lost once, so a sender changes it rarely (a client that
+ * finds the link slow: remote/agent_client.c). gs_zframes_level says the level asked for (0 for
+ * NULL). */
+void gs_zframes_set_level(struct gs_zframes *z, int level);
+int gs_zframes_level(const struct gs_zframes *z);
+
 /* Bytes given to gs_zframes_pack, and bytes it put out: how much compression saved. */
 void gs_zframes_stats(const struct gs_zframes *z, unsigned long long *plain,
                       unsigned long long *wire);

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,62 @@ static void test_zframes__batches_of_one_stream_arrive_exact(void **state)
     gs_zframes_free(rx);
 }
 
+/* A PUT frame of `n` bytes of source-like text: lines from a small vocabulary with numbers, which
+ * zstd's higher levels shrink further than level 1 (as they do real code). */
+static void put_code(struct gs_proto_buf *b, uint32_t id, size_t n, unsigned seed)
+{
+    static const char *words[] = {"model", "layer", "x", "batch", "grad", "loss", "torch", "self"};
+    char *data = malloc(n + 64);
+    size_t len = 0;
+    while (len < n) {
+        seed = seed * 1103515245u + 12345u;
+        len += (size_t)sprintf(data + len, "%s_%u = %s.%s(%u)\n", words[(seed >> 8) % 8],
+                               (seed >> 12) % 97, words[(seed >> 16) % 8], words[(seed >> 20) % 8],
+                               (seed >> 4) % 1000);
+    }
+    struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = id};
+    m.path = gs_proto_cstr("a.py");
+    m.data = (struct gs_proto_str){data, (uint32_t)n};
+    assert_int_equal(gs_proto_encode(b, &m), 0);
+    free(data);
+}
+
+/* Packs 12 batches of code, the level set to `later` after the 4th; returns the wire bytes of all
+ * and checks that they unpack exactly with a receiver that was told nothing. */
+static size_t pack_with_level_change(int later)
+{
+    struct gs_zframes *tx = gs_zframes_new(1), *rx = gs_zframes_new(1);
+    struct gs_proto_buf sent, wire, got;
+    gs_proto_buf_init(&sent), gs_proto_buf_init(&wire), gs_proto_buf_init(&got);
+    for (unsigned i = 0; i < 12; i++) {
+        if (i == 4)
+            gs_zframes_set_level(tx, later);
+        size_t mark = sent.len;
+        put_code(&sent, i + 1, 60000, i);
+        assert_true(gs_zframes_pack(tx, GS_MSG_ZFRAMES, sent.data + mark, sent.len - mark, &wire) ==
+                    (long)(sent.len - mark));
+    }
+    assert_int_equal(gs_zframes_level(tx), later);
+    receive(rx, &wire, &got);
+    assert_int_equal(got.len, sent.len);
+    assert_memory_equal(got.data, sent.data, sent.len);
+    size_t n = wire.len;
+    gs_proto_buf_release(&sent), gs_proto_buf_release(&wire), gs_proto_buf_release(&got);
+    gs_zframes_free(tx), gs_zframes_free(rx);
+    return n;
+}
+
+/* A sender that finds the link slow raises its level mid-session: the batches after the change
+ * are smaller, and the receiver's one stream still unpacks every batch exactly. */
+static void test_zframes__a_level_raised_mid_session_shrinks_and_unpacks(void **state)
+{
+    (void)state;
+    size_t same = pack_with_level_change(1), raised = pack_with_level_change(9);
+    print_message("12 x 60 kB of code: %zu bytes at level 1, %zu raised to 9 after 4\n", same,
+                  raised);
+    assert_true(raised < same - same / 20);
+}
+
 static void test_zframes__a_damaged_or_oversized_batch_is_refused(void **state)
 {
     (void)state;
@@ -126,6 +183,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zframes__batches_of_one_stream_arrive_exact),
+        cmocka_unit_test(test_zframes__a_level_raised_mid_session_shrinks_and_unpacks),
         cmocka_unit_test(test_zframes__a_damaged_or_oversized_batch_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
