@@ -97,15 +97,58 @@ static int verify_server(struct gs_session *s, struct gs_error *err)
     return rc;
 }
 
-/* The zstd level the session offers the agent ([sync] compress; proto/zframes.h): 1 by default,
- * about 400 MB/s a core, so a LAN is not slowed; 9 when asked for, for slow links: about 45 MB/s a
- * core and 23% fewer bytes than level 1 on source code (Python's stdlib: 2.20 MB against 2.84),
- * which at 10 Mbit/s took a push from 2.82 s to 2.35 s (rsync -az 2.99 s); 0 for off. Measuring
- * the link to choose by itself did not work: the socket's send buffer takes megabytes at once,
- * so a push is mostly over before writes show the link's pace. */
-static int compress_level(const struct gs_config *cfg)
+/* The link's rate (wire bytes a second) the last session measured, or 0 when none did. */
+static double remembered_rate(const struct gs_session *s)
 {
-    return cfg->compress == GS_COMPRESS_OFF ? 0 : cfg->compress == GS_COMPRESS_ZSTD ? 9 : 1;
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, s->root, GS_SESSION_LINK);
+    FILE *fp = fopen(path.data, "r");
+    double rate = 0;
+    if (fp && fscanf(fp, "wire_bytes_per_second %lf", &rate) != 1)
+        rate = 0;
+    if (fp)
+        fclose(fp);
+    gs_buf_release(&path);
+    return rate > 0 ? rate : 0;
+}
+
+/* Keeps what this session measured of the link for the next one (nothing if it measured
+ * nothing: a small sync cannot tell). Best effort: without it, the next session starts at level
+ * 1 and measures again. */
+static void remember_rate(const struct gs_session *s)
+{
+    double rate = s->agent ? gs_agent_link_rate(s->agent) : 0;
+    if (rate <= 0 || !s->root)
+        return;
+    struct gs_buf path = GS_BUF_INIT, tmp = GS_BUF_INIT;
+    gs_path_join(&path, s->root, GS_SESSION_LINK);
+    gs_buf_addf(&tmp, "%s.tmp", path.data);
+    FILE *fp = fopen(tmp.data, "w");
+    int ok = fp && fprintf(fp, "wire_bytes_per_second %.0f\n", rate) > 0;
+    if (fp && fclose(fp) != 0)
+        ok = 0;
+    if (!ok || rename(tmp.data, path.data) != 0)
+        unlink(tmp.data);
+    gs_buf_release(&path);
+    gs_buf_release(&tmp);
+}
+
+/* The zstd level the session offers the agent ([sync] compress; proto/zframes.h). auto: 1, about
+ * 400 MB/s a core, so a LAN is not slowed, raised to GS_AGENT_SLOW_LEVEL by the agent client once
+ * the agent's answers show a slow link, and started there when the last session found it slow
+ * (the socket buffers and a slow link's queues take megabytes at once, so a push of a few MB is
+ * mostly queued at level 1 before any answer tells). zstd: 9 always (about 45 MB/s a core, 23%
+ * fewer bytes than level 1 on source code: at 10 Mbit/s Python's stdlib took 2.35 s instead of
+ * 2.82 s; rsync -az 2.99 s). off: 0. */
+static int compress_level(const struct gs_session *s)
+{
+    const struct gs_config *cfg = s->cfg;
+    if (cfg->compress == GS_COMPRESS_OFF)
+        return 0;
+    if (cfg->compress == GS_COMPRESS_ZSTD)
+        return GS_AGENT_SLOW_LEVEL;
+    double rate = remembered_rate(s);
+    return rate > 0 && rate < GS_AGENT_SLOW_LINK_BPS ? GS_AGENT_SLOW_LEVEL : 1;
 }
 
 /* Deltas of large files: their signatures live beside the index (remote/delta.h). */
@@ -132,7 +175,7 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         rc = open_sftp(s, ssh, s->remote_path, why, err);
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
-        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
+        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s), err);
         if (rc == 0)
             keep_signatures(s);
         if (rc == 0)
@@ -177,7 +220,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     /* Start whichever agent build is cached there, in one exec, without waiting for it. */
     struct gs_buf cmd = GS_BUF_INIT;
     gs_agent_cached_serve_command(remote_dir, &cmd);
-    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s->cfg), err);
+    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s), err);
     gs_buf_release(&cmd);
     if (rc == 0)
         keep_signatures(s);
@@ -267,6 +310,7 @@ void gs_session_unlock(struct gs_session *s)
 
 void gs_session_disconnect(struct gs_session *s)
 {
+    remember_rate(s);
     if (s->ops)
         s->ops->close(s->ops); /* for the agent transport this frees the agent too */
     else if (s->agent)

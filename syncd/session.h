@@ -35,6 +35,9 @@ struct gs_session {
 
 #define GS_SESSION_LOCK ".gpusync/sync.lock" /* relative to the project root */
 #define GS_SESSION_SIGS ".gpusync/sigs"      /* signatures of large files sent (remote/delta.h) */
+/* The link's rate as the last session measured it (remote/agent_client.h): with compress = auto,
+ * a session starts at the slow-link level when it says the link is slow. */
+#define GS_SESSION_LINK ".gpusync/link"
 
 /* Opens the local half (ignore rules and index) for the project at `root` with `cfg` (borrowed:
  * it must outlive the session). Returns 0 or a negative code; on failure nothing stays open. */

@@ -52,8 +52,8 @@ gs_add_test(test_ssh         LABEL integration TIMEOUT 240 SOURCES integration/t
 gs_add_test(test_sftp_ops    LABEL integration TIMEOUT 120 SOURCES integration/test_sftp_ops.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA)
 gs_add_test(test_agent_client LABEL integration TIMEOUT 300 SOURCES integration/test_agent_client.c
-    LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
-    DEPENDS gpusync-agent gpusync-agent-plain)
+    LIBS gs_remote gs_common gs_test_fixtures wansim_harness PkgConfig::CMOCKA PkgConfig::XXHASH
+    DEPENDS gpusync-agent gpusync-agent-plain wansim)
 gs_add_test(test_delta       LABEL integration TIMEOUT 120 SOURCES integration/test_delta.c
     LIBS gs_remote gs_common gs_test_fixtures PkgConfig::CMOCKA PkgConfig::XXHASH
     DEPENDS gpusync-agent gpusync-agent-plain)

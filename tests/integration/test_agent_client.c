@@ -26,6 +26,7 @@
 #include "remote/agent_client.h"
 #include "remote/agent_install.h"
 #include "remote/ssh.h"
+#include "tools/wansim_harness.h"
 
 #define MAX_DONE 512
 
@@ -41,6 +42,8 @@ struct fx {
 
 static struct gs_test_sshd g_sshd;
 static struct gs_ssh *g_ssh;
+static struct wansim_proc g_wan;  /* a slow link, for the tests that need one */
+static struct gs_ssh *g_slow_ssh; /* through it */
 
 static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r)
 {
@@ -75,8 +78,8 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* A fixture whose agent is `agent` (a path under the build folder). */
-static int setup_with(void **state, const char *agent)
+/* A fixture whose agent is `agent` (a path under the build folder), reached through `ssh`. */
+static int setup_on(void **state, struct gs_ssh *ssh, const char *agent)
 {
     struct fx *f = calloc(1, sizeof(*f));
     snprintf(f->base, sizeof(f->base), "/tmp/gs-agent-client.XXXXXX");
@@ -88,7 +91,7 @@ static int setup_with(void **state, const char *agent)
     struct gs_buf cmd = GS_BUF_INIT;
     struct gs_error err = {0};
     gs_agent_serve_command(gs_test_build_path(agent), f->remote, &cmd);
-    int rc = gs_agent_open(&f->agent, g_ssh, cmd.data, 1, &err);
+    int rc = gs_agent_open(&f->agent, ssh, cmd.data, 1, &err);
     if (rc == 0)
         rc = gs_agent_wait_ready(f->agent, &err);
     gs_buf_release(&cmd);
@@ -101,6 +104,30 @@ static int setup_with(void **state, const char *agent)
     f->ops->done_ctx = f;
     *state = f;
     return 0;
+}
+
+static int setup_with(void **state, const char *agent)
+{
+    return setup_on(state, g_ssh, agent);
+}
+
+/* The agent behind an 8 Mbit/s link with 10 ms round trips (wansim). */
+static int setup_slow(void **state)
+{
+    char why[256];
+    struct wansim_opts wo = {.target_port = g_sshd.port, .delay_ms = 5, .rate_mbit = 8};
+    if (wansim_start(&g_wan, &wo, why, sizeof(why)) < 0) {
+        fprintf(stderr, "wansim: %s\n", why);
+        return -1;
+    }
+    struct gs_ssh_opts o = {
+        .host = "127.0.0.1", .port = g_wan.port, .user = "root", .accept_new_host_key = 1};
+    struct gs_error err = {0};
+    if (gs_ssh_connect(&g_slow_ssh, &o, &err) < 0) {
+        fprintf(stderr, "connect through wansim: %s\n", err.msg);
+        return -1;
+    }
+    return setup_on(state, g_slow_ssh, "agent/gpusync-agent");
 }
 
 static int setup(void **state)
@@ -120,6 +147,15 @@ static int teardown(void **state)
     f->ops->close(f->ops);
     gs_test_sh("rm -rf '%s'", f->base);
     free(f);
+    return 0;
+}
+
+static int teardown_slow(void **state)
+{
+    teardown(state);
+    gs_ssh_free(g_slow_ssh);
+    g_slow_ssh = NULL;
+    wansim_stop(&g_wan);
     return 0;
 }
 
@@ -377,6 +413,70 @@ static void test_agent_client__an_agent_without_zstd_is_spoken_to_plainly(void *
  * server really holds: a file with its content hash, a directory, a symlink with the hash of its
  * target string, nothing (also below a missing directory), for more paths than one round trip's
  * chunk; and it follows earlier, unanswered requests rather than overtaking them. */
+/* Writes local NAME with `len` random hex digits and newlines (about 2:1 for zstd, like dense
+ * source: enough stays to keep a slow link busy); returns the bytes (malloc'd). */
+static char *hex_file(struct fx *f, const char *name, size_t len, unsigned seed)
+{
+    char path[256];
+    char *data = malloc(len + 1);
+    for (size_t i = 0; i < len; i++)
+        data[i] = i % 64 == 63 ? '\n' : "0123456789abcdef"[rand_r(&seed) % 16];
+    snprintf(path, sizeof(path), "%s/%s", f->local, name);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, len, fp), len);
+    fclose(fp);
+    return data;
+}
+
+/* Puts `n` hex files of `len` bytes each and drains; fails unless all arrive exact. */
+static void put_hex_files(struct fx *f, int n, size_t len)
+{
+    char *data[64];
+    assert_true(n <= 64);
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "h%02d.txt", i);
+        data[i] = hex_file(f, name, len, (unsigned)i + 1);
+        submit_put(f, name, data[i], len, i);
+    }
+    drain(f);
+    assert_int_equal(f->n_ok, n);
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "h%02d.txt", i);
+        expect_remote(f, name, data[i], len);
+        free(data[i]);
+    }
+}
+
+/* compress = auto on a link far faster than 20 Mbit/s (loopback): whatever the answers show, the
+ * level stays 1, which costs the least CPU. */
+static void test_agent_client__the_level_stays_1_on_a_fast_link(void **state)
+{
+    struct fx *f = *state;
+    put_hex_files(f, 48, 1024 * 1024); /* longer than the 250 ms a judgement takes */
+    double rate = gs_agent_link_rate(f->agent);
+    print_message("loopback: %.0f Mbit/s read from the answers, level %d\n", rate * 8 / 1e6,
+                  gs_agent_compress_level(f->agent));
+    assert_int_equal(gs_agent_compress_level(f->agent), 1);
+    assert_true(rate == 0 || rate >= GS_AGENT_SLOW_LINK_BPS); /* not read (never busy), or fast */
+}
+
+/* compress = auto on an 8 Mbit/s link: the socket buffers and the link's queue take megabytes at
+ * once, but the agent's answers come at the link's pace, and the level rises to 9; the rate read
+ * from them is the link's, within a margin, and every file arrives exact. */
+static void test_agent_client__a_slow_link_raises_the_level(void **state)
+{
+    struct fx *f = *state;
+    put_hex_files(f, 24, 128 * 1024);
+    double rate = gs_agent_link_rate(f->agent);
+    print_message("8 Mbit/s link: %.1f Mbit/s read from the answers, level %d\n", rate * 8 / 1e6,
+                  gs_agent_compress_level(f->agent));
+    assert_int_equal(gs_agent_compress_level(f->agent), GS_AGENT_SLOW_LEVEL);
+    assert_true(rate > 0.5e6 && rate < 1.2e6); /* 8 Mbit/s is 1e6 bytes a second */
+}
+
 static void test_agent_client__probe_reports_what_the_server_holds(void **state)
 {
     struct fx *f = *state;
@@ -479,6 +579,10 @@ int main(void)
             test_agent_client__small_and_large_puts_arrive_byte_for_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_agent_client__small_file_changed_since_hashed_is_not_sent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__the_level_stays_1_on_a_fast_link, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_agent_client__a_slow_link_raises_the_level, setup_slow,
+                                        teardown_slow),
         cmocka_unit_test_setup_teardown(test_agent_client__compressed_both_ways_and_exact, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
