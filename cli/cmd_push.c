@@ -89,7 +89,7 @@ static void on_progress(void *ctx, const struct gs_push_stats *st)
 }
 
 static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
-                          const char *transport, uint64_t link_bytes)
+                          const char *transport, uint64_t link_bytes, int level)
 {
     char bytes[32];
     if (ui->cli->json) {
@@ -102,6 +102,8 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                               "failures", json_incref(ui->failures), "transport", transport);
         /* what crossed for the files: a delta counts as its own size (before compression) */
         json_object_set_new(o, "link_bytes", json_integer((json_int_t)link_bytes));
+        /* compress = auto: 9 once the link was found slow, in this push or the last */
+        json_object_set_new(o, "compress_level", json_integer(level));
         if (dry_run)
             json_object_set(o, "ops", ui->planned);
         gs_cli_json_print(o);
@@ -296,7 +298,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     p.st.elapsed_ms = gs_clock_mono_ms() - start_ms;
     if (rc == 0 || rc == GS_E_REMOTE)
         print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport,
-                      s->ops ? s->ops->bytes_sent : 0);
+                      s->ops ? s->ops->bytes_sent : 0,
+                      s->agent && !o->dry_run ? gs_agent_compress_level(s->agent) : 0);
     if (rc == GS_E_REMOTE && !cli->json)
         fprintf(stderr, "gpusync: %s\n", cli->err.msg);
     gs_plan_release(&p.plan);

@@ -69,6 +69,7 @@ static const struct field push_spec[] = {
     {"sent", T_INT, 0, NULL},
     {"bytes", T_INT, 0, NULL},
     {"link_bytes", T_INT, 0, NULL},
+    {"compress_level", T_INT, 0, NULL},
     {"deleted", T_INT, 0, NULL},
     {"renamed", T_INT, 0, NULL},
     {"mkdirs", T_INT, 0, NULL},

@@ -1085,6 +1085,48 @@ static int wan_teardown(void **state)
     return proj_teardown(state);
 }
 
+/* Writes `n` files of `size` random hex digits (about 2:1 for zstd) under root/hex. */
+static void put_hex_tree(const char *root, int n, size_t size, unsigned seed)
+{
+    char *data = malloc(size);
+    for (int i = 0; i < n; i++) {
+        for (size_t k = 0; k < size; k++)
+            data[k] = k % 64 == 63 ? '\n' : "0123456789abcdef"[rand_r(&seed) % 16];
+        char rel[64];
+        snprintf(rel, sizeof(rel), "hex/h%02d.txt", i);
+        put_bytes(root, rel, data, size, 0644);
+    }
+    free(data);
+}
+
+/* compress = auto behind an 8 Mbit/s link: the first push reads the link from the agent's
+ * answers and raises the level to 9; the project keeps the rate, so the next push, a single small
+ * file (too little to read a rate from), goes at level 9 from its start. On loopback the level
+ * stays 1. Both trees arrive exact. */
+static void test_push__a_slow_link_is_found_and_remembered(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts wo = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 8};
+    if (wansim_start(&wan, &wo, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    proj_new(&cur, wan.port, NULL);
+    put_hex_tree(cur.local, 24, 128 * 1024, 5);
+    json_t *o = push_and_compare(&cur, 0, "first push through 8 Mbit/s");
+    assert_int_equal(jint(o, "compress_level"), 9);
+    json_decref(o);
+    put_text(cur.local, "small.py", "print('one small change')\n", 0644);
+    o = push_and_compare(&cur, 0, "a small push after it");
+    assert_int_equal(jint(o, "compress_level"), 9);
+    json_decref(o);
+    proj_free(&cur);
+    proj_new(&cur, 0, NULL); /* loopback */
+    put_hex_tree(cur.local, 48, 1024 * 1024, 6);
+    o = push_and_compare(&cur, 0, "first push on loopback");
+    assert_int_equal(jint(o, "compress_level"), 1);
+    json_decref(o);
+}
+
 #define BIG_FILES 10
 #define BIG_SIZE  (1 << 20)
 
@@ -1891,6 +1933,7 @@ int main(void)
         TW(test_push__summary_time_counts_connecting_and_starting_the_agent),
         T(test_push__agent_is_built_on_a_server_from_its_sources),
         T(test_push__a_later_push_to_a_server_without_this_agent_installs_it),
+        TW(test_push__a_slow_link_is_found_and_remembered),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_push__remote_disk_full_summary_counts_what_arrived),
         T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),
