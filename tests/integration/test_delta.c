@@ -237,6 +237,22 @@ static int count_named(const char *dir, const char *prefix)
     return n;
 }
 
+/* Names under dir that end with suffix. */
+static int count_suffixed(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    size_t k = strlen(suffix);
+    while (d && (e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        n += len >= k && strcmp(e->d_name + len - k, suffix) == 0;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
 /* Sends v1 whole, then v2 (v1 with a few scattered edits) as a delta. Returns v2; *v1 too. */
 static char *send_v1_then_edit(struct fx *f, char **v1_out)
 {
@@ -399,6 +415,8 @@ static void test_delta__interrupted_delta_leaves_old_file_and_resumes(void **sta
     f->ops = NULL;
     gs_ssh_free(g_ssh);
     expect_bytes(f->remote, "nb.ipynb", v1, BIG);
+    /* only the server's v1 has a signature: v2's is made once the server confirms v2 */
+    assert_int_equal(count_suffixed(f->sigs, ".sig"), 1);
     assert_int_equal(gs_test_sshd_restart(&g_sshd, 0), 0);
     gs_test_clear_stale_pyenv_lock();
     assert_int_equal(connect_ssh(), 0);
@@ -410,6 +428,7 @@ static void test_delta__interrupted_delta_leaves_old_file_and_resumes(void **sta
     assert_true(sent < BIG / 2);
     expect_bytes(f->remote, "nb.ipynb", v2, BIG);
     assert_int_equal(count_named(f->remote, ".gpusync-tmp-"), 0);
+    assert_int_equal(count_suffixed(f->sigs, ".sig"), 1); /* v2's, which replaced v1's */
     free(v1), free(v2), free(noise);
 }
 
