@@ -375,6 +375,25 @@ static void test_delta__a_delta_sent_before_the_handshake_goes_whole_if_refused(
 }
 
 /* The pid of the agent serving f->remote, or -1. */
+/* A file past the delta size limit (a checkpoint, a data shard) gets no signature: keeping one
+ * would cost a second read and BLAKE2 over every byte of every send. One at the limit gets one. */
+static void test_delta__files_past_64_mib_keep_no_signature(void **state)
+{
+    struct fx *f = *state;
+    size_t limit = (size_t)64 << 20;
+    char *data = random_bytes(limit + 1);
+    put(f, "shard.bin", data, limit + 1, NULL, 0);
+    drain(f);
+    assert_int_equal(f->n_ok, 1);
+    assert_int_equal(count_suffixed(f->sigs, ".sig"), 0);
+    put(f, "at-limit.bin", data, limit, NULL, 0);
+    drain(f);
+    assert_int_equal(f->n_ok, 2);
+    assert_int_equal(count_suffixed(f->sigs, ".sig"), 1);
+    expect_bytes(f->remote, "shard.bin", data, limit + 1);
+    free(data);
+}
+
 static pid_t agent_pid(const struct fx *f)
 {
     DIR *d = opendir("/proc");
@@ -446,6 +465,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_delta__a_delta_sent_before_the_handshake_goes_whole_if_refused, setup_plain,
             teardown),
+        cmocka_unit_test_setup_teardown(test_delta__files_past_64_mib_keep_no_signature, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_delta__interrupted_delta_leaves_old_file_and_resumes,
                                         setup, teardown),
     };
