@@ -35,9 +35,10 @@
 /* The level for a slow link, and what counts as one (judge_link): below about 20 Mbit/s, level
  * 9's 23% fewer bytes on source code save more link time than its CPU costs (at 10 Mbit/s the
  * real-tree push went from 2.82 s to 2.35 s); above, level 1 was as fast or faster. */
-#define SLOW_LEVEL    GS_AGENT_SLOW_LEVEL
-#define LINK_JUDGE_MS 250 /* answers over this long, the link busy all along, make a rate */
-#define LINK_BUSY_MIN (256u << 10) /* wire bytes sent and unanswered: the link has work queued */
+#define SLOW_LEVEL      GS_AGENT_SLOW_LEVEL
+#define LINK_JUDGE_MS   250 /* answers over this long, the link busy all along, make a rate */
+#define LINK_BUSY_MIN   (256u << 10) /* wire bytes sent and unanswered: the link has work queued */
+#define JUDGE_AHEAD_MAX (1u << 20)   /* wire bytes unanswered while the link is not judged yet */
 
 struct pending {
     uint32_t id;
@@ -55,6 +56,7 @@ struct link_judge {
     uint64_t base;  /* the stream position answered then */
     uint64_t acked; /* the furthest position answered */
     double rate;    /* wire bytes a second over the busy time, once LINK_JUDGE_MS long; or 0 */
+    uint64_t raised_ahead; /* packed and unanswered when the level was raised, or 0 */
 };
 
 /* A request whose replies the caller consumes itself (handshake, GET, LIST, ping). */
@@ -178,6 +180,7 @@ static void judge_link(struct gs_agent *a, uint64_t plain_end)
         gs_debug("link: %.1f Mbit/s with %.0f kB unanswered: zstd level %d", j->rate * 8 / 1e6,
                  backlog / 1024, SLOW_LEVEL);
         gs_zframes_set_level(a->z, SLOW_LEVEL);
+        j->raised_ahead = a->taken - plain_end;
         j->on = 0;
     }
 }
@@ -316,6 +319,25 @@ static void take_out(struct gs_agent *a, size_t n)
     }
 }
 
+/* 1 while compress = auto has not judged the link yet and JUDGE_AHEAD_MAX wire bytes already
+ * wait for answers: what is packed now waits for the judgment, or it would all go at level 1
+ * (the socket buffers and a slow link's queue take a whole push of a few MB at once, so a first
+ * push at 10 Mbit/s was judged slow only once nearly everything was packed). Only while a whole
+ * request waits for its answer, which is sure to come: a request larger than that goes on. */
+static int wait_for_judgment(const struct gs_agent *a)
+{
+    const struct link_judge *j = &a->link;
+    if (!j->on || j->rate > 0 || !a->q_len)
+        return 0;
+    uint64_t oldest_end = a->q[a->q_head].plain_end;
+    if (!oldest_end || oldest_end > a->taken)
+        return 0;
+    unsigned long long plain, wire;
+    gs_zframes_stats(a->z, &plain, &wire);
+    double ratio = plain ? (double)wire / (double)plain : 1.0;
+    return (double)(a->taken - j->acked) * ratio > JUDGE_AHEAD_MAX;
+}
+
 /* Refills the wire from the queue once it is empty: whole frames, packed by zstd where that pays
  * (zframes.h), else the queue as it is (the buffers swap: no copy). Returns 0 or -1 (ENOMEM). */
 static int refill_wire(struct gs_agent *a)
@@ -357,6 +379,8 @@ static int refill_wire(struct gs_agent *a)
         a->out_at = 0;
         return 0;
     }
+    if (wait_for_judgment(a))
+        return 0;
     long used = gs_zframes_pack(a->z, GS_MSG_ZFRAMES, queued, out_left(a), &a->wire);
     if (used < 0)
         return -1;
@@ -1042,6 +1066,11 @@ int gs_agent_compress_level(const struct gs_agent *a)
 double gs_agent_link_rate(const struct gs_agent *a)
 {
     return a->link.rate;
+}
+
+uint64_t gs_agent_level_raised_ahead(const struct gs_agent *a)
+{
+    return a->link.raised_ahead;
 }
 
 const char *gs_agent_sync_id(struct gs_agent *a)

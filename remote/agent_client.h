@@ -41,6 +41,10 @@ int gs_agent_compress_level(const struct gs_agent *a);
  * second, or 0 when too little went to tell (a caller keeps it for the next session). */
 double gs_agent_link_rate(const struct gs_agent *a);
 
+/* How much of the stream of requests (bytes before compression) was packed and not yet answered
+ * when compress = auto raised the level, or 0 when it did not: what went at level 1 for nothing. */
+uint64_t gs_agent_level_raised_ahead(const struct gs_agent *a);
+
 /* After the handshake: 1 if the stream is compressed, and the bytes of frames sent and the bytes
  * that went on the wire for them (equal when nothing was compressed). */
 int gs_agent_compression(const struct gs_agent *a, unsigned long long *frames,

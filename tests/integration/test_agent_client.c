@@ -477,6 +477,20 @@ static void test_agent_client__a_slow_link_raises_the_level(void **state)
     assert_true(rate > 0.5e6 && rate < 1.2e6); /* 8 Mbit/s is 1e6 bytes a second */
 }
 
+/* The level is raised early in a first session on a slow link: what is packed waits for the
+ * judgment once 1 MB (compressed) waits for answers, instead of going at level 1 into the socket
+ * buffers and the link's queue, which take megabytes (measured with this hex, about 0.4
+ * compressed: 4.1 MB packed ahead of the answers when the level was raised, the last batch
+ * included; 5.6-6.5 MB without the wait). */
+static void test_agent_client__a_slow_link_is_judged_before_most_is_packed(void **state)
+{
+    struct fx *f = *state;
+    put_hex_files(f, 64, 192 * 1024); /* 12.6 MB, about 5 s at 8 Mbit/s */
+    uint64_t ahead = gs_agent_level_raised_ahead(f->agent);
+    print_message("level raised with %.1f MB packed ahead of the answers\n", ahead / 1e6);
+    assert_true(ahead > 0 && ahead < 4600000);
+}
+
 static void test_agent_client__probe_reports_what_the_server_holds(void **state)
 {
     struct fx *f = *state;
@@ -583,6 +597,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__a_slow_link_raises_the_level, setup_slow,
                                         teardown_slow),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__a_slow_link_is_judged_before_most_is_packed, setup_slow,
+            teardown_slow),
         cmocka_unit_test_setup_teardown(test_agent_client__compressed_both_ways_and_exact, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
