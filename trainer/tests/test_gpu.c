@@ -28,20 +28,11 @@ int main(void)
 #include "gpu.h"
 #include "nccl_comm.h"
 #include "sampler.h"
+#include "gt_check.h"
 
 #ifndef GT_DEFAULT_DATA_DIR
 #define GT_DEFAULT_DATA_DIR GT_DEFAULT_DATA
 #endif
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 static gt_dist solo(void)
 {

@@ -43,16 +43,7 @@ int main(void)
 #include "resnet.h"
 #include "sampler.h"
 #include "scaler.h"
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
+#include "gt_check.h"
 
 #define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s failed", #call)
 
