@@ -245,26 +245,6 @@ static int test_one_rank_nccl_run_converges(void)
     return 0;
 }
 
-static int probe_devices(void)
-{
-    int n = gt_gpu_device_count();
-    return n > 100 ? 100 : n;
-}
-
-/* Runs fn in a forked child and returns its exit status (1 for a crash): each check gets a
- * fresh CUDA context, and the parent never initialises CUDA, so later forks stay legal. */
-static int isolated(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0)
-        _exit(fn());
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-        return 1;
-    return WEXITSTATUS(st);
-}
-
 int main(void)
 {
     ndevices = isolated(probe_devices);

@@ -675,26 +675,6 @@ static int test_two_ranks_share_one_gpu(void)
 
 /* ---- runner -------------------------------------------------------------------------------- */
 
-static int probe_devices(void)
-{
-    int n = gt_gpu_device_count();
-    return n > 100 ? 100 : n;
-}
-
-/* Runs fn in a forked child (a fresh CUDA context; the parent never initialises CUDA, so
- * later forks stay legal) and returns its exit status, 1 for a crash. */
-static int isolated(int (*fn)(void))
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0)
-        _exit(fn());
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-        return 1;
-    return WEXITSTATUS(st);
-}
-
 int main(void)
 {
     if (isolated(probe_devices) <= 0) {
