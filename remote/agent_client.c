@@ -150,6 +150,14 @@ static int read_some(struct gs_agent *a, struct gs_error *err)
 
 static int delta_refused(struct gs_agent *a, struct pending *p, const struct gs_proto_msg *m);
 
+/* Wire bytes per stream byte so far (the compression ratio; 1 before any was packed). */
+static double wire_ratio(const struct gs_agent *a)
+{
+    unsigned long long plain, wire;
+    gs_zframes_stats(a->z, &plain, &wire);
+    return plain ? (double)wire / (double)plain : 1.0;
+}
+
 /* Reads the link's rate from the answers while it is kept busy (LINK_BUSY_MIN wire bytes or more
  * sent and unanswered: the link, not this side's reading and compressing, sets the pace), as
  * answered stream bytes a second at the compression ratio so far; an idle moment starts the
@@ -164,9 +172,7 @@ static void judge_link(struct gs_agent *a, uint64_t plain_end)
         return;
     int64_t now = gs_clock_mono_ms();
     j->acked = plain_end;
-    unsigned long long plain, wire;
-    gs_zframes_stats(a->z, &plain, &wire);
-    double ratio = plain ? (double)wire / (double)plain : 1.0;
+    double ratio = wire_ratio(a);
     double backlog = (double)(a->taken > plain_end ? a->taken - plain_end : 0) * ratio;
     if (!j->t0_ms || backlog < LINK_BUSY_MIN) {
         j->t0_ms = now;
@@ -332,10 +338,7 @@ static int wait_for_judgment(const struct gs_agent *a)
     uint64_t oldest_end = a->q[a->q_head].plain_end;
     if (!oldest_end || oldest_end > a->taken)
         return 0;
-    unsigned long long plain, wire;
-    gs_zframes_stats(a->z, &plain, &wire);
-    double ratio = plain ? (double)wire / (double)plain : 1.0;
-    return (double)(a->taken - j->acked) * ratio > JUDGE_AHEAD_MAX;
+    return (double)(a->taken - j->acked) * wire_ratio(a) > JUDGE_AHEAD_MAX;
 }
 
 /* Refills the wire from the queue once it is empty: whole frames, packed by zstd where that pays

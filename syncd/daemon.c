@@ -580,6 +580,12 @@ static void refuse_flushes(struct daemon *d)
     json_decref(since);
 }
 
+/* Whether client c waits for a flush that the batches so far have synced. */
+static int flush_satisfied(const struct daemon *d, const struct client *c)
+{
+    return c->flush_gen && c->flush_gen <= d->synced_gen;
+}
+
 /* A change an earlier batch could not make (refused by the server, or a local read error) is not
  * on the server, so a flush this batch would satisfy cannot answer success yet: the change is tried
  * once more, and the flushes wait for that batch, which answers them either way. Returns 1 when
@@ -588,15 +594,13 @@ static int retry_for_flushes(struct daemon *d)
 {
     int waiting = 0;
     for (int i = 0; i < d->n_clients; i++)
-        waiting |= d->clients[i].flush_gen && d->clients[i].flush_gen <= d->synced_gen;
+        waiting |= flush_satisfied(d, &d->clients[i]);
     if (!waiting) /* no one asks: the retry timer sends them again, a lasting refusal never spins */
         return 0;
     retry_failed(d);
-    for (int i = 0; i < d->n_clients; i++) {
-        struct client *c = &d->clients[i];
-        if (c->flush_gen && c->flush_gen <= d->synced_gen)
-            c->flush_gen = d->event_gen;
-    }
+    for (int i = 0; i < d->n_clients; i++)
+        if (flush_satisfied(d, &d->clients[i]))
+            d->clients[i].flush_gen = d->event_gen;
     d->flush_now = 1;
     return 1;
 }
@@ -610,7 +614,7 @@ static void answer_flushes(struct daemon *d, const char *error)
     int64_t now = gs_clock_mono_ms();
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
-        if (!c->flush_gen || c->flush_gen > d->synced_gen)
+        if (!flush_satisfied(d, c))
             continue;
         json_t *reply =
             error ? json_pack("{s:b,s:s}", "ok", 0, "error", error)
