@@ -99,11 +99,22 @@ static void maybe_commit(struct run *run)
     run->last_commit_ms = now;
 }
 
-/* A directory gpusync wrote that now holds files it did not write is left on the server: the
- * delete succeeded as far as gpusync is concerned (its files are gone), and the rest is kept. */
-static int kept_directory(const struct gs_plan_op *op, const struct gs_fop_result *r)
+static int is_below(const struct gs_index_entry *e, void *ctx)
 {
-    return op->type == GS_OP_DELETE && !r->ok && r->err_no == ENOTEMPTY;
+    return strcmp(e->path, ctx) != 0;
+}
+
+/* A directory gpusync wrote that now holds files it did not write is left on the server: the
+ * delete succeeded as far as gpusync is concerned (its files are gone), and the rest is kept.
+ * While the index still holds a file of gpusync's in it (its delete failed or waits), the refusal
+ * is an ordinary failure, retried once that file is gone: not a conflict nobody caused. */
+static int kept_directory(struct run *run, const struct gs_plan_op *op,
+                          const struct gs_fop_result *r)
+{
+    if (op->type != GS_OP_DELETE || r->ok || r->err_no != ENOTEMPTY)
+        return 0;
+    struct gs_error err = {0};
+    return gs_index_foreach(run->idx, op->path, is_below, op->path, &err) == 0;
 }
 
 /* A rename whose source is gone from the server was usually done already by a push killed
@@ -150,7 +161,7 @@ static void on_done(void *cb_ctx, void *req_ctx, const struct gs_fop_result *ori
     struct run *run = cb_ctx;
     const struct gs_plan_op *op = req_ctx;
     struct gs_fop_result kept = {.ok = 1, .kept = op->path};
-    const struct gs_fop_result *r = kept_directory(op, orig) ? &kept : orig;
+    const struct gs_fop_result *r = kept_directory(run, op, orig) ? &kept : orig;
     size_t i = (size_t)(op - run->ops_base);
     run->state[i] = 2;
     /* the outcome is known now: recorded below in the same transaction as the intent's end */
@@ -382,25 +393,49 @@ static int scan_paths(struct gs_scan *scan, const char *root, struct gs_ignore *
 }
 
 struct hold_ctx {
-    const char *root;
     const struct gs_push_opts *opts;
     char **held; /* the paths of the operations held so far */
     size_t n_held, cap_held;
+    char **removed_dirs; /* the directories the plan deletes, sorted */
+    size_t n_removed_dirs, cap_removed_dirs;
 };
 
-/* Whether the local parent directory of `path` is still one: if not, the plan deletes it or
- * changes its kind on the server, which needs this path's operation done first. */
-static int parent_stays(const char *root, const char *path)
+static int compare_paths(const void *a, const void *b)
 {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return 1;
-    struct gs_buf abs = GS_BUF_INIT;
-    struct stat st;
-    gs_buf_addf(&abs, "%s/%.*s", root, (int)(slash - path), path);
-    int stays = lstat(abs.data, &st) == 0 && S_ISDIR(st.st_mode);
-    gs_buf_release(&abs);
-    return stays;
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Notes the directories the plan deletes: the operations inside them must be done first. */
+static void note_removed_dirs(struct hold_ctx *h, const struct gs_plan *plan)
+{
+    for (size_t i = 0; i < plan->n_ops; i++) {
+        const struct gs_plan_op *op = &plan->ops[i];
+        if (op->type != GS_OP_DELETE || op->expect.kind != GS_EXPECT_DIR)
+            continue;
+        GS_ALLOC_GROW(h->removed_dirs, h->n_removed_dirs + 1, h->cap_removed_dirs);
+        h->removed_dirs[h->n_removed_dirs++] = gs_xstrdup(op->path);
+    }
+    if (h->n_removed_dirs)
+        qsort(h->removed_dirs, h->n_removed_dirs, sizeof(char *), compare_paths);
+}
+
+/* Whether a directory above `path` is deleted by the plan: it is, from the plan's scan, and it
+ * would be refused as not empty while this path's operation waits. (The local tree is no guide:
+ * the directory may have been made again since the scan.) */
+static int inside_removed_dir(const struct hold_ctx *h, const char *path)
+{
+    char dir[4096];
+    for (const char *slash = strchr(path, '/'); slash; slash = strchr(slash + 1, '/')) {
+        size_t len = (size_t)(slash - path);
+        if (len >= sizeof(dir))
+            return 1; /* cannot tell: do not hold */
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+        const char *key = dir;
+        if (bsearch(&key, h->removed_dirs, h->n_removed_dirs, sizeof(char *), compare_paths))
+            return 1;
+    }
+    return 0;
 }
 
 /* The operations a caller may hold back are those no other operation of the plan waits for: a
@@ -410,8 +445,8 @@ static int holdable(const struct hold_ctx *h, const struct gs_plan_op *op)
 {
     int kind = op->type == GS_OP_PUT || (op->type == GS_OP_RENAME && !op->subtree) ||
                (op->type == GS_OP_DELETE && op->expect.kind != GS_EXPECT_DIR);
-    return kind && op->phase != 0 && parent_stays(h->root, op->path) &&
-           (!op->from || parent_stays(h->root, op->from));
+    return kind && op->phase != 0 && !inside_removed_dir(h, op->path) &&
+           (!op->from || !inside_removed_dir(h, op->from));
 }
 
 static int is_held_path(const struct hold_ctx *h, const char *path)
@@ -454,9 +489,10 @@ static int held_along(void *ctx, const struct gs_plan_op *op)
 }
 
 /* Leaves out what the caller holds back, and every operation that must wait with it. */
-static void remove_held(const char *root, struct gs_plan *plan, const struct gs_push_opts *opts)
+static void remove_held(struct gs_plan *plan, const struct gs_push_opts *opts)
 {
-    struct hold_ctx h = {root, opts, NULL, 0, 0};
+    struct hold_ctx h = {.opts = opts};
+    note_removed_dirs(&h, plan);
     gs_plan_remove_if(plan, holdable_held, &h);
     size_t before = 0;
     while (h.n_held > before) { /* a rename held along holds its other path too */
@@ -466,6 +502,9 @@ static void remove_held(const char *root, struct gs_plan *plan, const struct gs_
     for (size_t i = 0; i < h.n_held; i++)
         free(h.held[i]);
     free(h.held);
+    for (size_t i = 0; i < h.n_removed_dirs; i++)
+        free(h.removed_dirs[i]);
+    free(h.removed_dirs);
 }
 
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
@@ -489,7 +528,7 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     st->start_ms = gs_clock_mono_ms();
     int rc = plan_tree(root, ig, idx, opts, plan, err);
     if (rc == 0 && opts->hold && !opts->dry_run)
-        remove_held(root, plan, opts);
+        remove_held(plan, opts);
     if (rc == 0)
         fill_plan_stats(st, plan);
     return rc;
