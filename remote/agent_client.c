@@ -562,9 +562,9 @@ static int read_small(int fd, struct gs_buf *data)
 }
 
 /* Sends a small file as one PUT frame: about 50 bytes less than a stream per file, 2.5% of a
- * tree of 4 KiB files. The agent cannot check these bytes against the plan's hash as it does at
- * PUT_END, so the check is made here: a file changed since it was hashed is not sent (the next
- * sync sends its new content). Returns 1 when it was answered here, or 0 / a negative code. */
+ * tree of 4 KiB files. The agent cannot check these bytes against the plan's size and hash as it
+ * does at PUT_END, so the check is made here: a file changed since it was hashed is not sent (the
+ * next sync sends its new content). Returns 1 when it was answered here, or 0 / a negative code. */
 static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id, int fd,
                             struct gs_error *err)
 {
@@ -576,7 +576,7 @@ static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, ui
         XXH128_canonicalFromHash(&c, XXH3_128bits(data.data ? data.data : "", data.len));
         memcpy(hash, c.digest, sizeof(hash));
     }
-    if (rc < 0 || memcmp(hash, req->content_hash, sizeof(hash)) != 0) {
+    if (rc < 0 || data.len != req->size || memcmp(hash, req->content_hash, sizeof(hash)) != 0) {
         gs_buf_release(&data);
         put_vanished(a, req, EAGAIN);
         return 1;

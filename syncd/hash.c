@@ -49,7 +49,8 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
     return rc;
 }
 
-int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct gs_error *err)
+int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct stat *after,
+                    struct gs_error *err)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
@@ -64,13 +65,15 @@ int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct gs_
         rc = gs_error_set(err, GS_E_IO, "%s: not a regular file, cannot hash it", name);
     else
         rc = gs_hash_fd(fd, name, out, err);
+    if (rc == 0 && after && fstat(fd, after) < 0)
+        rc = gs_error_errno(err, GS_E_IO, "%s: cannot stat after hashing", name);
     close(fd);
     return rc;
 }
 
 int gs_hash_file(const char *path, struct gs_hash *out, struct gs_error *err)
 {
-    return gs_hash_file_at(AT_FDCWD, path, out, err);
+    return gs_hash_file_at(AT_FDCWD, path, out, NULL, err);
 }
 
 void gs_hash_bytes(const void *data, size_t len, struct gs_hash *out)

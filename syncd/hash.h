@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include <sys/stat.h>
+
 #include "common/error.h"
 
 #define GS_HASH_LEN     16
@@ -23,8 +25,11 @@ struct gs_hash {
  * unspecified. */
 int gs_hash_file(const char *path, struct gs_hash *out, struct gs_error *err);
 
-/* As gs_hash_file, for `name` relative to the directory descriptor `dirfd` (openat semantics). */
-int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct gs_error *err);
+/* As gs_hash_file, for `name` relative to the directory descriptor `dirfd` (openat semantics).
+ * `after`, when not NULL, gets the file's stat taken once it was read: a size or mtime other than
+ * a scan's says the file changed after that scan. */
+int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct stat *after,
+                    struct gs_error *err);
 
 /* Hashes everything readable from `fd` up to end of file, from its current offset. `what` names
  * the file in messages. Returns 0 or GS_E_IO; the descriptor stays open and its offset is at the

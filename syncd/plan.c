@@ -26,7 +26,8 @@ struct item {
     struct gs_index_entry *r;      /* index side, NULL: gpusync never wrote it */
     struct gs_hash lhash;          /* local content hash, files only */
     int has_lhash;
-    int consumed; /* taken by a rename */
+    struct gs_scan_entry as_read; /* l as it was hashed, when it changed after the scan */
+    int consumed;                 /* taken by a rename */
     int replaced; /* a directory on one side and not the other: delete, then create */
     int clear;    /* an index entry under a replaced directory: deleted in phase 0 */
 };
@@ -205,6 +206,22 @@ static int no_longer_a_file(const struct planner *p, const char *path)
     return !S_ISREG(st.st_mode);
 }
 
+/* A file written between the scan and its reading is planned with the size and mtime it had when
+ * read, so that the hash, the size and the mtime of its put describe one version. Caught inside a
+ * save (truncated, not yet written) it is then a fresh empty file, which the watch daemon holds
+ * back, not an old size with empty bytes, which nothing would. */
+static void take_stat_as_read(struct item *it, const struct stat *after)
+{
+    int64_t mtime_ns = (int64_t)after->st_mtim.tv_sec * 1000000000 + after->st_mtim.tv_nsec;
+    if ((uint64_t)after->st_size == it->l->size && mtime_ns == it->l->mtime_ns)
+        return;
+    it->as_read = *it->l; /* path and link stay the scan's */
+    it->as_read.size = (uint64_t)after->st_size;
+    it->as_read.mtime_ns = mtime_ns;
+    it->as_read.ino = (uint64_t)after->st_ino;
+    it->l = &it->as_read;
+}
+
 static int hash_item(struct planner *p, struct item *it)
 {
     if (stat_matches_cache(it->l, it->r)) {
@@ -213,7 +230,8 @@ static int hash_item(struct planner *p, struct item *it)
         return 0;
     }
     struct gs_error herr = {0};
-    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &herr);
+    struct stat after;
+    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &after, &herr);
     if (rc == GS_E_NOTFOUND || (rc < 0 && no_longer_a_file(p, it->path))) {
         /* removed, or replaced by a symlink or a directory, since the scan: plan it as removed.
          * That change came after the scan, so the watcher reports it and the next push sends
@@ -223,6 +241,7 @@ static int hash_item(struct planner *p, struct item *it)
     }
     if (rc < 0)
         return gs_error_set(p->err, rc, "%s", herr.msg);
+    take_stat_as_read(it, &after);
     p->plan->n_hashed++;
     it->has_lhash = 1;
     const struct gs_index_entry *r = it->r;
