@@ -32,9 +32,7 @@
 #define IN_READ_MAX     (2 * GS_PROTO_MAX_FRAME) /* stop reading replies and dispatch them */
 #define STDERR_KEEP     4096
 #define EARLY_PLAIN_MAX (64u << 10) /* sent plain while compression is offered, not yet agreed */
-/* The level for a slow link, and what counts as one (judge_link): below about 20 Mbit/s, level
- * 9's 23% fewer bytes on source code save more link time than its CPU costs (at 10 Mbit/s the
- * real-tree push went from 2.82 s to 2.35 s); above, level 1 was as fast or faster. */
+/* The level for a slow link, and what counts as one (judge_link): see agent_client.h. */
 #define SLOW_LEVEL      GS_AGENT_SLOW_LEVEL
 #define LINK_JUDGE_MS   250 /* answers over this long, the link busy all along, make a rate */
 #define LINK_BUSY_MIN   (256u << 10) /* wire bytes sent and unanswered: the link has work queued */

@@ -31,6 +31,7 @@ struct gs_ssh {
     int dead_after_ms;
     int64_t last_recv_ms;                   /* when the server last sent us anything */
     int64_t last_keepalive_ms;              /* when we last asked it to answer */
+    int64_t handshake_ms;                   /* how long the SSH handshake took */
     char shell_noise[GS_SSH_NOISE_MAX + 1]; /* what the login shell printed before a command */
     int64_t shell_wait_since; /* a command was started and its shell has not run it yet; or 0 */
     int shell_wait_told;      /* the user has been told about that wait */
@@ -140,9 +141,10 @@ static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
 static int handshake(struct gs_ssh *s, int timeout_ms, struct gs_error *err)
 {
     int rc;
-    s->last_recv_ms = gs_clock_mono_ms();
+    int64_t start = s->last_recv_ms = gs_clock_mono_ms();
     GS_SSH_RETRY(s, rc, libssh2_session_handshake(s->session, s->fd),
                  gs_clock_mono_ms() + timeout_ms, err);
+    s->handshake_ms = gs_clock_mono_ms() - start;
     if (rc == GS_E_TIMEOUT)
         return gs_error_set(err, GS_E_TIMEOUT, "%s: no SSH handshake within %d ms", s->target,
                             timeout_ms);
@@ -279,6 +281,11 @@ void gs_ssh_set_shell_noise(struct gs_ssh *s, const char *noise, size_t len)
 const char *gs_ssh_shell_noise(struct gs_ssh *s)
 {
     return s->shell_noise;
+}
+
+int64_t gs_ssh_handshake_ms(const struct gs_ssh *s)
+{
+    return s->handshake_ms;
 }
 
 const char *gs_ssh_fingerprint(struct gs_ssh *s)

@@ -78,6 +78,9 @@ void gs_ssh_set_shell_noise(struct gs_ssh *s, const char *noise, size_t len);
 /* The host key fingerprint as OpenSSH prints it ("SHA256:..."). */
 const char *gs_ssh_fingerprint(struct gs_ssh *s);
 
+/* How long the SSH handshake (banners and key exchange: about three round trips) took, in ms. */
+int64_t gs_ssh_handshake_ms(const struct gs_ssh *s);
+
 /* Waits until the socket is ready in the directions libssh2 is blocked on, or `deadline_ms`
  * (gs_clock_mono_ms; 0 = no deadline) passes. Sends keepalives while it waits. Returns 0 when the
  * caller should retry its libssh2 call, GS_E_TIMEOUT at the deadline, GS_E_DISCONNECTED when the

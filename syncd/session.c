@@ -133,14 +133,16 @@ static void remember_rate(const struct gs_session *s)
     gs_buf_release(&tmp);
 }
 
-/* The zstd level the session offers the agent ([sync] compress; proto/zframes.h). auto: 1, about
- * 400 MB/s a core, so a LAN is not slowed, raised to GS_AGENT_SLOW_LEVEL by the agent client once
- * the agent's answers show a slow link, and started there when the last session found it slow
- * (the socket buffers and a slow link's queues take megabytes at once, so a push of a few MB is
- * mostly queued at level 1 before any answer tells). zstd: 9 always (about 45 MB/s a core, 23%
- * fewer bytes than level 1 on source code: at 10 Mbit/s Python's stdlib took 2.35 s instead of
- * 2.82 s; rsync -az 2.99 s). off: 0. */
-static int compress_level(const struct gs_session *s)
+/* The zstd level the session offers the agent ([sync] compress; proto/zframes.h). auto: level 1
+ * (about 400 MB/s a core) on a fast link, where level 9 (about 55 MB/s) would slow the push, and
+ * GS_AGENT_SLOW_LEVEL on a slow one (remote/agent_client.h has the figures). Which it is: what the
+ * last session measured, else the SSH handshake's length (about three round trips): a long one is a
+ * wide-area link, which is seldom fast; a short one starts at level 1, raised by the agent client
+ * once its answers show a slow link. zstd: 9 always. off: 0. */
+#define WAN_HANDSHAKE_MS                                                                           \
+    60 /* 3 round trips of about 17 ms: 11-19 ms on loopback, 96 at 30 ms RTT */
+
+static int compress_level(const struct gs_session *s, const struct gs_ssh *ssh)
 {
     const struct gs_config *cfg = s->cfg;
     if (cfg->compress == GS_COMPRESS_OFF)
@@ -148,7 +150,11 @@ static int compress_level(const struct gs_session *s)
     if (cfg->compress == GS_COMPRESS_ZSTD)
         return GS_AGENT_SLOW_LEVEL;
     double rate = remembered_rate(s);
-    return rate > 0 && rate < GS_AGENT_SLOW_LINK_BPS ? GS_AGENT_SLOW_LEVEL : 1;
+    if (rate > 0)
+        return rate < GS_AGENT_SLOW_LINK_BPS ? GS_AGENT_SLOW_LEVEL : 1;
+    int64_t ms = gs_ssh_handshake_ms(ssh);
+    gs_debug("no link rate known yet; the SSH handshake took %lld ms", (long long)ms);
+    return ms >= WAN_HANDSHAKE_MS ? GS_AGENT_SLOW_LEVEL : 1;
 }
 
 /* Deltas of large files: their signatures live beside the index (remote/delta.h). */
@@ -175,7 +181,7 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         rc = open_sftp(s, ssh, s->remote_path, why, err);
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
-        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s), err);
+        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s, ssh), err);
         if (rc == 0)
             keep_signatures(s);
         if (rc == 0)
@@ -220,7 +226,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     /* Start whichever agent build is cached there, in one exec, without waiting for it. */
     struct gs_buf cmd = GS_BUF_INIT;
     gs_agent_cached_serve_command(remote_dir, &cmd);
-    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s), err);
+    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s, ssh), err);
     gs_buf_release(&cmd);
     if (rc == 0)
         keep_signatures(s);

@@ -23,8 +23,8 @@ mkdir -p "$bench/warm" && echo hi >"$bench/warm/a"
 gpusync_project "$bench/warm" "$bench/remote/warm" "$wan_port"
 (cd "$bench/warm" && "$gpusync" push >/dev/null)
 
-run_gpusync() { # SRC N
-    rm -f "$1/.gpusync/index.db"*
+run_gpusync() { # SRC N: a first push each time, with nothing remembered of the link or files
+    rm -rf "$1/.gpusync/index.db"* "$1/.gpusync/link" "$1/.gpusync/sigs"
     gpusync_project "$1" "$bench/remote/gpusync-$2" "$wan_port"
     (cd "$1" && time_cmd "$gpusync" push)
 }

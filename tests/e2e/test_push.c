@@ -1127,6 +1127,23 @@ static void test_push__a_slow_link_is_found_and_remembered(void **state)
     json_decref(o);
 }
 
+/* compress = auto to a server 50 ms away, nothing known of the link yet: a long SSH handshake
+ * says a wide-area link, which starts at level 9 (a push too small to read the link's rate from,
+ * as here, would otherwise go at level 1). */
+static void test_push__a_far_server_starts_at_the_slow_links_level(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts wo = {.target_port = sshd.port, .delay_ms = 25};
+    if (wansim_start(&wan, &wo, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    proj_new(&cur, wan.port, NULL);
+    put_text(cur.local, "train.py", "print('far away')\n", 0644);
+    json_t *o = push_and_compare(&cur, 0, "first push, 50 ms away");
+    assert_int_equal(jint(o, "compress_level"), 9);
+    json_decref(o);
+}
+
 #define BIG_FILES 10
 #define BIG_SIZE  (1 << 20)
 
@@ -1934,6 +1951,7 @@ int main(void)
         T(test_push__agent_is_built_on_a_server_from_its_sources),
         T(test_push__a_later_push_to_a_server_without_this_agent_installs_it),
         TW(test_push__a_slow_link_is_found_and_remembered),
+        TW(test_push__a_far_server_starts_at_the_slow_links_level),
         T(test_push__remote_disk_full_fails_clearly_then_converges),
         T(test_push__remote_disk_full_summary_counts_what_arrived),
         T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),

@@ -450,7 +450,7 @@ static void put_hex_files(struct fx *f, int n, size_t len)
     }
 }
 
-/* compress = auto on a link far faster than 20 Mbit/s (loopback): whatever the answers show, the
+/* compress = auto on a link far faster than 60 Mbit/s (loopback): whatever the answers show, the
  * level stays 1, which costs the least CPU. */
 static void test_agent_client__the_level_stays_1_on_a_fast_link(void **state)
 {
