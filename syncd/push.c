@@ -425,6 +425,8 @@ static void note_removed_dirs(struct hold_ctx *h, const struct gs_plan *plan)
 static int inside_removed_dir(const struct hold_ctx *h, const char *path)
 {
     char dir[4096];
+    if (!h->n_removed_dirs)
+        return 0;
     for (const char *slash = strchr(path, '/'); slash; slash = strchr(slash + 1, '/')) {
         size_t len = (size_t)(slash - path);
         if (len >= sizeof(dir))

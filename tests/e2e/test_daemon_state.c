@@ -376,7 +376,8 @@ static void a_flush_never_answers_success_over_a_refused_change(void **state)
     gs_test_events_stop(&ev);
     int said_done = r.status == 0;
     json_t *st = daemon_status();
-    int up_to_date = !strcmp(json_string_value(json_object_get(st, "state")), "up_to_date");
+    const char *now = json_string_value(json_object_get(st, "state"));
+    int up_to_date = now && !strcmp(now, "up_to_date");
     json_decref(st);
     gs_test_sh("umount -l '%s/full'; rm -f '%s/full/big.bin'", remote, project);
     if (said_done || up_to_date)
