@@ -26,8 +26,8 @@ struct item {
     struct gs_index_entry *r;      /* index side, NULL: gpusync never wrote it */
     struct gs_hash lhash;          /* local content hash, files only */
     int has_lhash;
-    struct gs_scan_entry as_read; /* l as it was hashed, when it changed after the scan */
-    int consumed;                 /* taken by a rename */
+    struct gs_scan_entry *as_read; /* l as it was hashed, when it changed after the scan (rare) */
+    int consumed;                  /* taken by a rename */
     int replaced; /* a directory on one side and not the other: delete, then create */
     int clear;    /* an index entry under a replaced directory: deleted in phase 0 */
 };
@@ -215,11 +215,12 @@ static void take_stat_as_read(struct item *it, const struct stat *after)
     int64_t mtime_ns = (int64_t)after->st_mtim.tv_sec * 1000000000 + after->st_mtim.tv_nsec;
     if ((uint64_t)after->st_size == it->l->size && mtime_ns == it->l->mtime_ns)
         return;
-    it->as_read = *it->l; /* path and link stay the scan's */
-    it->as_read.size = (uint64_t)after->st_size;
-    it->as_read.mtime_ns = mtime_ns;
-    it->as_read.ino = (uint64_t)after->st_ino;
-    it->l = &it->as_read;
+    it->as_read = gs_xmalloc(sizeof(*it->as_read));
+    *it->as_read = *it->l; /* path and link stay the scan's */
+    it->as_read->size = (uint64_t)after->st_size;
+    it->as_read->mtime_ns = mtime_ns;
+    it->as_read->ino = (uint64_t)after->st_ino;
+    it->l = it->as_read;
 }
 
 static int hash_item(struct planner *p, struct item *it)
@@ -759,6 +760,8 @@ static void planner_release(struct planner *p)
     for (size_t i = 0; i < p->n_ix; i++)
         gs_index_entry_release(&p->ix[i]);
     free(p->ix);
+    for (size_t i = 0; i < p->n; i++)
+        free(p->it[i].as_read);
     free(p->it);
     if (p->rootfd >= 0)
         close(p->rootfd);
