@@ -164,7 +164,7 @@ static int is_regular_file(struct gs_watch *w, const char *rel)
 static void track_save(struct gs_watch *w, uint32_t mask, const char *path)
 {
     if (mask & IN_MOVED_TO)
-        hold_clear(w, path); /* a whole file renamed in */
+        hold_set(w, path, HOLD_SAVED); /* a whole file renamed in */
     else if (mask & (IN_DELETE | IN_MOVED_FROM))
         hold_set(w, path, HOLD_GONE); /* moved_away may hold it on */
     else if ((mask & IN_CLOSE_WRITE) && hold_find(w, path))
@@ -204,26 +204,37 @@ static int hold_fresh_empty(int64_t mtime_ns, int64_t now_ms, int64_t *until)
     return 1;
 }
 
+/* Holds what a batch read without a wait of its own: an event since the batch began reading
+ * already makes the path part of the next batch. */
+static int hold_for_next_batch(int64_t now_ms, int64_t *until)
+{
+    *until = now_ms + GS_WATCH_HOLD_MAX_MS;
+    return 1;
+}
+
 int gs_watch_hold(struct gs_watch *w, const char *path, const struct gs_watch_found *found,
                   int64_t now_ms, int64_t *until)
 {
     struct hold *h = hold_find(w, path);
-    if (found->gone && (!h || (h->kind != HOLD_GONE && h->kind != HOLD_MOVED_AWAY)))
+    /* An event on the path since the batch began reading: what the batch found may be a moment
+     * inside a save (read half written, or gone between an editor's rename and its new file),
+     * and what the events say is newer. The state is left as the events made it. */
+    int late = h && h->kind != HOLD_UNSEEN && h->changed_at > found->planned_at;
+    if (found->gone && h && h->kind == HOLD_GONE) {
+        hold_clear(w, path); /* gone, as an event said: the delete may go */
+        return 0;
+    }
+    if (late && (found->gone || (h->kind != HOLD_WRITING && h->kind != HOLD_MOVED_AWAY)))
+        return hold_for_next_batch(now_ms, until);
+    if (found->gone && (!h || h->kind != HOLD_MOVED_AWAY))
         return hold_unseen_gone(w, path, now_ms, until);
     if (found->empty && hold_fresh_empty(found->mtime_ns, now_ms, until))
         return 1;
     if (!h)
         return 0;
-    if (h->kind == HOLD_GONE || h->kind == HOLD_UNSEEN ||
-        (h->kind == HOLD_SAVED && h->changed_at <= found->planned_at)) {
-        hold_clear(w, path); /* gone as an event said, or saved before the batch read it */
+    if (h->kind != HOLD_WRITING && h->kind != HOLD_MOVED_AWAY) {
+        hold_clear(w, path); /* saved, gone or unseen before the batch read it: as it is now */
         return 0;
-    }
-    if (h->kind == HOLD_SAVED) {
-        /* saved while it was read, so what was read may be a moment inside a save: no limit, but
-         * no wait either, as the event that ended the save makes the path part of the next batch */
-        *until = now_ms + GS_WATCH_HOLD_MAX_MS;
-        return 1;
     }
     if (now_ms < h->since_ms + GS_WATCH_HOLD_MAX_MS) {
         *until = h->since_ms + GS_WATCH_HOLD_MAX_MS;

@@ -68,10 +68,12 @@ struct gs_watch_found {
 
 /* Whether the batch that found `found` at `path` must not send it yet, as of the events read so
  * far: 1, with *until set to when to ask again at the latest, or 0. Held: a save still in progress
- * (see above); a save that ended after the batch began reading, since what it read may be a
- * moment inside it (an in-place save passes through an empty file); a file gone or empty with no
- * event yet to say so (GS_WATCH_SETTLE_MS). When a hold has run out, answers 0 and starts a new
- * one, so a caller that sends the file now waits again next time. */
+ * (see above); anything found at a path with an event since the batch began reading (a save that
+ * ended, a rename or delete, a file renamed in), since what it read may be a moment inside a save
+ * (an in-place save passes through an empty file; a rename save passes through no file at all),
+ * and what the events say is newer; a file gone or empty with no event yet to say so
+ * (GS_WATCH_SETTLE_MS). When a hold has run out, answers 0 and starts a new one, so a caller that
+ * sends the file now waits again next time. */
 int gs_watch_hold(struct gs_watch *w, const char *path, const struct gs_watch_found *found,
                   int64_t now_ms, int64_t *until);
 

@@ -143,6 +143,60 @@ static void test_watcher__a_save_that_ends_while_a_batch_reads_is_held(void **st
     assert_int_equal(held("notes.md"), 0);
 }
 
+/* Emacs' rename save as a batch can meet it (the CI failure of 2026-11-26): the batch looks in the
+ * moment between f -> f~ and the new f's creation and finds f gone; by the time it asks, the new f
+ * is being written. The batch after it must not send the half-written f: what the first found
+ * out (gone) is older than what the events say (a save in progress). */
+static void test_watcher__a_file_found_gone_inside_a_rename_save_stays_held(void **state)
+{
+    (void)state;
+    put("table.txt", "v1\n");
+    read_events();
+    uint64_t planned = gs_watch_events_read(w); /* a batch starts reading files here */
+    assert_int_equal(rename(abs_path("table.txt"), abs_path("table.txt~")), 0);
+    struct gs_watch_found gone = found("table.txt", planned); /* its scan finds f gone */
+    int fd = open(abs_path("table.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "v2, the fir", 11), 11); /* the new f, half written */
+    read_events();                                      /* what the batch reads before it asks */
+    int64_t until = 0;
+    assert_int_equal(gs_watch_hold(w, "table.txt", &gone, gs_clock_mono_ms(), &until), 1);
+    assert_int_equal(held("table.txt"), 1); /* the next batch finds it half written */
+    assert_int_equal(write(fd, "st half\n", 8), 8);
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(held("table.txt"), 0);
+}
+
+/* A batch that read a file just before it was deleted or renamed away (an event after the batch
+ * began) may have read it in the middle of a save: it is not sent from that batch. */
+static void test_watcher__a_file_read_before_it_went_away_is_not_sent_from_that_read(void **state)
+{
+    (void)state;
+    put("data.csv", "v1\n");
+    read_events();
+    uint64_t planned = gs_watch_events_read(w);
+    int fd = open(abs_path("data.csv"), O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "v2, half", 8), 8);
+    struct gs_watch_found half = found("data.csv", planned); /* read here, half written */
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(rename(abs_path("data.csv"), abs_path("moved.csv")), 0);
+    read_events();
+    int64_t until = 0;
+    assert_int_equal(gs_watch_hold(w, "data.csv", &half, gs_clock_mono_ms(), &until), 1);
+    assert_int_equal(held("data.csv"), 0); /* the next batch finds it gone: the delete goes */
+    /* a whole file renamed in over one a batch read before: not sent from that read either */
+    put("cfg.yaml", "v1\n");
+    put("cfg.yaml.new", "v2\n");
+    read_events();
+    planned = gs_watch_events_read(w);
+    struct gs_watch_found old = found("cfg.yaml", planned);
+    assert_int_equal(rename(abs_path("cfg.yaml.new"), abs_path("cfg.yaml")), 0);
+    read_events();
+    assert_int_equal(gs_watch_hold(w, "cfg.yaml", &old, gs_clock_mono_ms(), &until), 1);
+    assert_int_equal(held("cfg.yaml"), 0);
+}
+
 /* vim's and Emacs' default save: f -> f~, a new f written, f~ removed. */
 static void test_watcher__a_file_renamed_to_its_backup_is_held_until_rewritten(void **state)
 {
@@ -237,6 +291,8 @@ int main(void)
         T(test_watcher__a_new_file_is_held_until_its_writer_closes_it),
         T(test_watcher__an_in_place_save_is_held_from_truncation_to_close),
         T(test_watcher__a_save_that_ends_while_a_batch_reads_is_held),
+        T(test_watcher__a_file_found_gone_inside_a_rename_save_stays_held),
+        T(test_watcher__a_file_read_before_it_went_away_is_not_sent_from_that_read),
         T(test_watcher__a_file_renamed_to_its_backup_is_held_until_rewritten),
         T(test_watcher__a_jetbrains_safe_write_is_held_until_the_new_file_is_in),
         T(test_watcher__ordinary_renames_and_deletes_are_not_held),
