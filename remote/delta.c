@@ -2,6 +2,7 @@
  * signature store (delta.h). */
 #include "remote/delta.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -91,18 +92,22 @@ int gs_delta_make(const void *sig, size_t sig_len, const void *data, size_t len,
 
 /* ---- the store ---- */
 
-static void sig_path(const char *dir, const uint8_t hash[16], char *out, size_t n)
+#define SIG_SUFFIX     ".sig"
+#define PENDING_SUFFIX ".sig.pending" /* the signature of content sent, not yet confirmed */
+
+static void sig_path(const char *dir, const uint8_t hash[16], const char *suffix, char *out,
+                     size_t n)
 {
     int at = snprintf(out, n, "%s/", dir);
     for (int i = 0; i < 16 && at > 0 && (size_t)at + 3 < n; i++)
         at += snprintf(out + at, n - (size_t)at, "%02x", hash[i]);
-    snprintf(out + at, n - (size_t)at, ".sig");
+    snprintf(out + at, n - (size_t)at, "%s", suffix);
 }
 
 int gs_delta_sig_load(const char *dir, const uint8_t hash[16], struct gs_buf *sig)
 {
     char path[4200], chunk[65536];
-    sig_path(dir, hash, path, sizeof(path));
+    sig_path(dir, hash, SIG_SUFFIX, path, sizeof(path));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return GS_E_NOTFOUND;
@@ -121,11 +126,12 @@ int gs_delta_sig_load(const char *dir, const uint8_t hash[16], struct gs_buf *si
     return n < 0 ? GS_E_NOTFOUND : 0;
 }
 
-int gs_delta_sig_save(const char *dir, const uint8_t hash[16], const void *sig, size_t len,
-                      struct gs_error *err)
+/* Stores a signature under the name for this hash and suffix, atomically. */
+static int save_as(const char *dir, const uint8_t hash[16], const char *suffix, const void *sig,
+                   size_t len, struct gs_error *err)
 {
     char path[4200], tmp[4300];
-    sig_path(dir, hash, path, sizeof(path));
+    sig_path(dir, hash, suffix, path, sizeof(path));
     snprintf(tmp, sizeof(tmp), "%s.tmp-%ld", path, (long)getpid());
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         return gs_error_errno(err, GS_E_IO, "%s: cannot make the signature store", dir);
@@ -145,11 +151,52 @@ int gs_delta_sig_save(const char *dir, const uint8_t hash[16], const void *sig, 
     return 0;
 }
 
+int gs_delta_sig_save(const char *dir, const uint8_t hash[16], const void *sig, size_t len,
+                      struct gs_error *err)
+{
+    return save_as(dir, hash, SIG_SUFFIX, sig, len, err);
+}
+
 void gs_delta_sig_drop(const char *dir, const uint8_t hash[16])
 {
     char path[4200];
-    sig_path(dir, hash, path, sizeof(path));
+    sig_path(dir, hash, SIG_SUFFIX, path, sizeof(path));
     unlink(path);
+}
+
+void gs_delta_keep_pending(const char *dir, const uint8_t hash[16], const void *data, size_t len)
+{
+    struct gs_buf sig = GS_BUF_INIT;
+    if (gs_delta_signature(data, len, &sig, NULL) == 0)
+        save_as(dir, hash, PENDING_SUFFIX, sig.data, sig.len, NULL);
+    gs_buf_release(&sig);
+}
+
+void gs_delta_pending_end(const char *dir, const uint8_t hash[16], int confirmed)
+{
+    char pending[4200], path[4200];
+    sig_path(dir, hash, PENDING_SUFFIX, pending, sizeof(pending));
+    sig_path(dir, hash, SIG_SUFFIX, path, sizeof(path));
+    if (!confirmed || rename(pending, path) < 0)
+        unlink(pending);
+}
+
+/* 1 when `name` ends with `suffix`. */
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n > k && strcmp(name + n - k, suffix) == 0;
+}
+
+void gs_delta_sweep_pending(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (ends_with(e->d_name, PENDING_SUFFIX) || strstr(e->d_name, ".tmp-"))
+            unlinkat(dirfd(d), e->d_name, 0);
+    if (d)
+        closedir(d);
 }
 
 int gs_delta_read_file(int fd, size_t size, const uint8_t hash[16], struct gs_buf *data)

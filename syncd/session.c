@@ -14,6 +14,7 @@
 #include "common/path.h"
 #include "common/wrapper.h"
 #include "remote/agent_install.h"
+#include "remote/delta.h"
 #include "remote/sftp_ops.h"
 #include "syncd/reconcile.h"
 
@@ -162,6 +163,7 @@ static void keep_signatures(struct gs_session *s)
 {
     struct gs_buf dir = GS_BUF_INIT;
     gs_buf_addf(&dir, "%s/%s", s->root, GS_SESSION_SIGS);
+    gs_delta_sweep_pending(dir.data); /* an earlier session's, which ended before its answers */
     gs_agent_set_delta_dir(s->agent, dir.data);
     gs_buf_release(&dir);
 }

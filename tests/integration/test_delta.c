@@ -448,6 +448,7 @@ static void test_delta__interrupted_delta_leaves_old_file_and_resumes(void **sta
     expect_bytes(f->remote, "nb.ipynb", v2, BIG);
     assert_int_equal(count_named(f->remote, ".gpusync-tmp-"), 0);
     assert_int_equal(count_suffixed(f->sigs, ".sig"), 1); /* v2's, which replaced v1's */
+    assert_int_equal(count_suffixed(f->sigs, ".pending"), 0);
     free(v1), free(v2), free(noise);
 }
 

@@ -119,12 +119,42 @@ static void test_delta__store_saves_loads_and_drops_by_hash(void **state)
     rmdir(dir);
 }
 
+/* A signature kept while its delta travels is used only once confirmed; one left pending by a
+ * session that ended early is swept, and a confirmed one stays. */
+static void test_delta__a_pending_signature_counts_only_once_confirmed(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/gs-delta-pending.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint8_t sent[16] = {3}, lost[16] = {4}, refused[16] = {5};
+    char data[8192];
+    memset(data, 'x', sizeof(data));
+    struct gs_buf got = GS_BUF_INIT;
+    gs_delta_keep_pending(dir, sent, data, sizeof(data));
+    gs_delta_keep_pending(dir, lost, data, sizeof(data));
+    gs_delta_keep_pending(dir, refused, data, sizeof(data));
+    assert_int_equal(gs_delta_sig_load(dir, sent, &got), GS_E_NOTFOUND); /* not yet */
+    gs_delta_pending_end(dir, sent, 1);
+    gs_delta_pending_end(dir, refused, 0);
+    assert_int_equal(gs_delta_sig_load(dir, sent, &got), 0);
+    assert_true(got.len > 0);
+    assert_int_equal(gs_delta_sig_load(dir, refused, &got), GS_E_NOTFOUND);
+    gs_delta_sweep_pending(dir); /* `lost` was never answered */
+    gs_delta_pending_end(dir, lost, 1);
+    assert_int_equal(gs_delta_sig_load(dir, lost, &got), GS_E_NOTFOUND);
+    assert_int_equal(gs_delta_sig_load(dir, sent, &got), 0);
+    gs_delta_sig_drop(dir, sent);
+    gs_buf_release(&got);
+    assert_int_equal(rmdir(dir), 0); /* nothing else was left there */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta__small_edit_makes_small_delta_that_rebuilds_exactly),
         cmocka_unit_test(test_delta__unrelated_content_passes_the_limit),
         cmocka_unit_test(test_delta__store_saves_loads_and_drops_by_hash),
+        cmocka_unit_test(test_delta__a_pending_signature_counts_only_once_confirmed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
