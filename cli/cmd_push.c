@@ -8,10 +8,12 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "cli/run_util.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "common/wrapper.h"
+#include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/session.h"
 
@@ -166,26 +168,6 @@ static void *plan_in_background(void *arg)
     return NULL;
 }
 
-/* Adds a second pass's counts to the first's. */
-static void add_stats(struct gs_push_stats *to, const struct gs_push_stats *from)
-{
-    to->ops_total += from->ops_total;
-    to->ops_done += from->ops_done;
-    to->sent += from->sent;
-    to->deleted += from->deleted;
-    to->renamed += from->renamed;
-    to->mkdirs += from->mkdirs;
-    to->symlinks += from->symlinks;
-    to->chmods += from->chmods;
-    to->conflicts += from->conflicts;
-    to->failed += from->failed;
-    to->bytes_total += from->bytes_total;
-    to->bytes_sent += from->bytes_sent;
-    to->bytes_out += from->bytes_out;
-    if (!to->first_error[0])
-        memcpy(to->first_error, from->first_error, sizeof(to->first_error));
-}
-
 /* After lost operations (an earlier push was killed after the server renamed but before the index
  * recorded it; a file was removed on the server behind gpusync's back: gs_push_lost), plans and
  * executes once more over those renames' paths only, so this push still converges. The rest of the
@@ -203,7 +185,7 @@ static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui 
     lost.n_paths = n;
     struct gs_push_stats again;
     int rc = gs_push_run(cli->root.data, s->ig, s->idx, s->ops, &lost, &again, &cli->err);
-    add_stats(st, &again);
+    gs_push_stats_add(st, &again);
     st->elapsed_ms = gs_clock_mono_ms() - st->start_ms;
     json_array_clear(ui->lost);
     free(paths);
@@ -306,6 +288,81 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     return rc == GS_E_REMOTE ? 1 : rc;
 }
 
+#define DAEMON_PUSH_TIMEOUT_MS (3600 * 1000) /* the daemon answers once the tree is sent */
+
+/* Reports the conflicts and failures a daemon's answer lists, as on_op would have. */
+static void report_daemon_ops(struct push_ui *ui, json_t *reply)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(reply, "push_conflicts"), i, e)
+        report_conflict(ui, json_string_value(json_object_get(e, "path")),
+                        json_string_value(json_object_get(e, "kept")));
+    json_array_foreach(json_object_get(reply, "push_failures"), i, e)
+    {
+        const char *op = json_string_value(json_object_get(e, "op"));
+        const char *path = json_string_value(json_object_get(e, "path"));
+        const char *error = json_string_value(json_object_get(e, "error"));
+        json_array_append_new(ui->failures, json_pack("{s:s,s:o,s:o}", "op", op ? op : "", "path",
+                                                      gs_cli_json_path(path ? path : ""), "error",
+                                                      gs_cli_json_path(error ? error : "")));
+        if (!ui->cli->json)
+            fprintf(stderr, "failed: %s %s: %s\n", op ? op : "", path ? path : "",
+                    error ? error : "");
+    }
+}
+
+static size_t count_field(json_t *reply, const char *key)
+{
+    return (size_t)json_integer_value(json_object_get(reply, key));
+}
+
+/* With `gpusync watch` running, the daemon pushes (design 12): it is connected already, and a push
+ * of this process's own would fence the daemon's agent out and make it reconnect. The daemon
+ * checks every file (not only the PATHs asked: it sends every change anyway) and answers once the
+ * server holds them. Sets *handled to 0 when no daemon answers; else returns 0, 1 after failed
+ * operations (reported), or a negative code. */
+static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *handled)
+{
+    json_t *reply = NULL;
+    struct gs_notice notice;
+    gs_notice_begin(&notice, GS_NOTICE_MS, "pushing through the watch daemon");
+    int rc = gs_control_request(cli->root.data, "push", DAEMON_PUSH_TIMEOUT_MS, &reply, &cli->err);
+    gs_notice_end(&notice);
+    const char *error = json_string_value(json_object_get(reply, "error"));
+    /* a daemon started by an older gpusync does not push: this process does */
+    *handled = rc != GS_E_NOTFOUND && !(error && !strcmp(error, "unknown command"));
+    if (rc < 0 || !*handled) {
+        json_decref(reply);
+        return rc;
+    }
+    struct gs_push_stats st = {.sent = count_field(reply, "sent"),
+                               .bytes_sent = count_field(reply, "bytes"),
+                               .deleted = count_field(reply, "deleted"),
+                               .renamed = count_field(reply, "renamed"),
+                               .mkdirs = count_field(reply, "mkdirs"),
+                               .unchanged = count_field(reply, "unchanged"),
+                               .failed = count_field(reply, "failed_count"),
+                               .elapsed_ms = (int64_t)count_field(reply, "ms")};
+    report_daemon_ops(ui, reply);
+    st.conflicts = json_array_size(ui->conflicts);
+    const char *transport = json_string_value(json_object_get(reply, "transport"));
+    char through[256];
+    snprintf(through, sizeof(through), "watch daemon, %s", transport ? transport : "");
+    int ok = json_is_true(json_object_get(reply, "ok"));
+    if (!ok && !st.failed) { /* nothing refused: the server could not be reached */
+        rc = gs_error_set(&cli->err, GS_E_DISCONNECTED, "%s", error ? error : "the push failed");
+    } else {
+        print_summary(ui, &st, 0, through, (uint64_t)count_field(reply, "link_bytes"),
+                      (int)count_field(reply, "compress_level"));
+        rc = ok ? 0 : 1;
+        if (!ok && !cli->json)
+            fprintf(stderr, "gpusync: %s\n", error ? error : "the push failed");
+    }
+    json_decref(reply);
+    return rc;
+}
+
 static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
 {
     struct gs_buf *rel = gs_xcalloc((size_t)argc + 1, sizeof(*rel));
@@ -324,11 +381,16 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
                              .ctx = &ui};
     int opened = 0;
     int rc = relative_paths(cli, argc, argv, rel, paths);
-    if (rc == 0)
+    int delegated = 0;
+    if (rc == 0 && !dry_run)
+        rc = push_through_daemon(cli, &ui, &delegated);
+    if (rc == GS_E_NOTFOUND && !delegated)
+        rc = 0;
+    if (rc == 0 && !delegated)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
-    if (rc == 0 && !dry_run) /* one agent session per project at a time (session.h) */
+    if (!delegated && rc == 0 && !dry_run) /* one agent session per project (session.h) */
         rc = gs_session_lock(&s, 1, &cli->err);
-    if (rc == 0)
+    if (!delegated && rc == 0)
         rc = plan_connect_execute(cli, &s, &ui, &o);
     if (opened)
         gs_session_close(&s);
@@ -375,7 +437,9 @@ const struct gs_cmd gs_cmd_push = {
             "  Files changed on the server since gpusync wrote them are kept there as\n"
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n"
             "  On a terminal a progress bar counts bytes as they go (one large file moves it);\n"
-            "  the summary's time counts connecting and starting the agent.\n",
+            "  the summary's time counts connecting and starting the agent.\n"
+            "  While `gpusync watch` runs, the daemon pushes over its connection (every\n"
+            "  change, whatever PATHs are given) and this command reports what it sent.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = push_parse,
     .exec = push_exec,

@@ -47,6 +47,15 @@ struct client {
     int dead;           /* a send failed (it stopped reading): dropped at the end of the turn */
     uint64_t flush_gen; /* waiting for this generation to be synced; 0: not waiting */
     int64_t flush_start_ms;
+    struct push_ask *push; /* a flush asked by `gpusync push`: answered with what was done */
+};
+
+/* What the batches did while a `gpusync push` waited for them (design 12: with the daemon running,
+ * the daemon pushes; a push of its own would fence the daemon's agent out). */
+struct push_ask {
+    struct gs_push_stats st;
+    uint64_t link_bytes;          /* what crossed for the files (a delta as its size) */
+    json_t *conflicts, *failures; /* this push's, as `gpusync push --json` reports them */
 };
 
 struct daemon {
@@ -451,6 +460,74 @@ static void check_liveness(struct daemon *d)
         disconnect(d, err.msg);
 }
 
+/* ---- pushes asked by `gpusync push` ---- */
+
+static void push_ask_free(struct client *c)
+{
+    if (!c->push)
+        return;
+    json_decref(c->push->conflicts);
+    json_decref(c->push->failures);
+    free(c->push);
+    c->push = NULL;
+}
+
+/* Notes a conflict copy `kept` of `path`, or the failure of operation `failed` with `message`, for
+ * every push waiting. */
+static void tell_pushes(struct daemon *d, const char *path, const char *kept,
+                        const struct gs_plan_op *failed, const char *message)
+{
+    for (int i = 0; i < d->n_clients; i++) {
+        struct push_ask *p = d->clients[i].push;
+        if (!p || !d->clients[i].flush_gen)
+            continue;
+        if (kept)
+            json_array_append_new(p->conflicts, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+        else
+            json_array_append_new(p->failures,
+                                  json_pack("{s:s,s:s,s:s}", "op", gs_plan_op_name(failed->type),
+                                            "path", path, "error", message ? message : "failed"));
+    }
+}
+
+/* Adds a batch's counts to every push waiting; a batch over the whole tree says how many files
+ * were unchanged. What goes again at once (changed while sent, lost) did not fail. */
+static void count_for_pushes(struct daemon *d, const struct gs_push_stats *batch,
+                             uint64_t link_bytes, int full)
+{
+    struct gs_push_stats counted = *batch, *st = &counted;
+    size_t again = (size_t)d->changed_while_sent + d->lost_ops;
+    counted.failed = counted.failed > again ? counted.failed - again : 0;
+    for (int i = 0; i < d->n_clients; i++) {
+        struct push_ask *p = d->clients[i].push;
+        if (!p || !d->clients[i].flush_gen)
+            continue;
+        gs_push_stats_add(&p->st, st);
+        p->link_bytes += link_bytes;
+        if (full)
+            p->st.unchanged = st->unchanged;
+    }
+}
+
+/* Adds what the push waiting on `c` was done to its answer, and forgets the push. */
+static json_t *push_answer(struct daemon *d, struct client *c, json_t *reply)
+{
+    struct push_ask *p = c->push;
+    if (!p)
+        return reply;
+    json_t *done = json_pack(
+        "{s:i,s:I,s:i,s:i,s:i,s:i,s:i,s:I,s:O,s:O,s:s,s:i}", "sent", (int)p->st.sent, "bytes",
+        (json_int_t)p->st.bytes_sent, "deleted", (int)p->st.deleted, "renamed", (int)p->st.renamed,
+        "mkdirs", (int)p->st.mkdirs, "unchanged", (int)p->st.unchanged, "failed_count",
+        (int)p->st.failed, "link_bytes", (json_int_t)p->link_bytes, "push_conflicts", p->conflicts,
+        "push_failures", p->failures, "transport", d->sess.transport, "compress_level",
+        d->sess.agent ? gs_agent_compress_level(d->sess.agent) : 0);
+    json_object_update(reply, done);
+    json_decref(done);
+    push_ask_free(c);
+    return reply;
+}
+
 /* ---- pushing a batch ---- */
 
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
@@ -469,6 +546,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
             return;
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
         note_conflict(d, op->from, r->kept);
+        tell_pushes(d, op->from, r->kept, NULL, NULL);
     } else if (!r->ok && gs_push_changed_locally(d->o->root, op)) {
         mark_dirty(d, op->path); /* a save came in while it was sent: its new version goes next */
         d->changed_while_sent++;
@@ -479,9 +557,11 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
             note_failed(d, op->from);
         ev = json_pack("{s:s,s:s,s:s}", "event", "error", "path", op->path, "message",
                        r->message ? r->message : "failed");
+        tell_pushes(d, op->path, NULL, op, r->message);
     } else if (r->kept) {
         ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->path, "kept", r->kept);
         note_conflict(d, op->path, r->kept);
+        tell_pushes(d, op->path, r->kept, NULL, NULL);
     } else if (op->type == GS_OP_DELETE)
         ev = json_pack("{s:s,s:s}", "event", "deleted", "path", op->path);
     else if (op->type == GS_OP_RENAME)
@@ -572,6 +652,7 @@ static void refuse_flushes(struct daemon *d)
         }
         json_t *reply = json_pack("{s:b,s:s,s:O,s:I}", "ok", 0, "error", why, "unreachable_since",
                                   since, "pending", (json_int_t)pending);
+        reply = push_answer(d, c, reply);
         if (gs_control_send(c->fd, reply, NULL) < 0)
             c->dead = 1;
         json_decref(reply);
@@ -620,6 +701,7 @@ static void answer_flushes(struct daemon *d, const char *error)
             error ? json_pack("{s:b,s:s}", "ok", 0, "error", error)
                   : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
                               "conflicts", d->conflicts);
+        reply = push_answer(d, c, reply);
         if (gs_control_send(c->fd, reply, NULL) < 0)
             c->dead = 1;
         json_decref(reply);
@@ -668,8 +750,10 @@ static void sync_batch(struct daemon *d)
     struct gs_error err = {0};
     d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
+    uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
+    count_for_pushes(d, &st, d->sess.ops ? d->sess.ops->bytes_sent - link_before : 0, full);
     if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)
         rc = 0; /* nothing failed: files changed while they were sent, and go again (on_op) */
     if (is_transport_error(rc)) {
@@ -731,6 +815,7 @@ static int batch_due(const struct daemon *d, int64_t now)
 
 static void drop_client(struct daemon *d, int i)
 {
+    push_ask_free(&d->clients[i]);
     close(d->clients[i].fd);
     gs_buf_release(&d->clients[i].in);
     d->clients[i] = d->clients[--d->n_clients];
@@ -778,6 +863,18 @@ static void start_flush(struct daemon *d, struct client *c)
         d->next_connect_ms = c->flush_start_ms;
 }
 
+/* `gpusync push`: every file is checked (as a push of its own would), then answered as a flush is,
+ * with what was sent meanwhile. */
+static void start_push(struct daemon *d, struct client *c)
+{
+    push_ask_free(c);
+    c->push = gs_xcalloc(1, sizeof(*c->push));
+    c->push->conflicts = json_array();
+    c->push->failures = json_array();
+    mark_full(d);
+    start_flush(d, c);
+}
+
 /* Hands client i's connection to the relay, which runs the command and closes it. Returns 1 when
  * handed over (the client is no longer in the list), 0 after an error reply. */
 static int start_exec(struct daemon *d, int i, json_t *req)
@@ -807,6 +904,8 @@ static int handle_request(struct daemon *d, int i, json_t *req)
         reply(c, status_json(d));
     else if (strcmp(cmd, "flush") == 0)
         start_flush(d, c);
+    else if (strcmp(cmd, "push") == 0)
+        start_push(d, c);
     else if (strcmp(cmd, "events") == 0) {
         c->events = 1;
         reply(c, json_pack("{s:b}", "ok", 1));

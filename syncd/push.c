@@ -580,3 +580,22 @@ int gs_push_run(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     gs_plan_release(&plan);
     return rc;
 }
+
+void gs_push_stats_add(struct gs_push_stats *to, const struct gs_push_stats *from)
+{
+    to->ops_total += from->ops_total;
+    to->ops_done += from->ops_done;
+    to->sent += from->sent;
+    to->deleted += from->deleted;
+    to->renamed += from->renamed;
+    to->mkdirs += from->mkdirs;
+    to->symlinks += from->symlinks;
+    to->chmods += from->chmods;
+    to->conflicts += from->conflicts;
+    to->failed += from->failed;
+    to->bytes_total += from->bytes_total;
+    to->bytes_sent += from->bytes_sent;
+    to->bytes_out += from->bytes_out;
+    if (!to->first_error[0])
+        memcpy(to->first_error, from->first_error, sizeof(to->first_error));
+}

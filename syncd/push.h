@@ -30,6 +30,10 @@ struct gs_push_stats {
     char first_error[512];
 };
 
+/* Adds the counts of `from` (a later pass or batch) to `to`; `unchanged` and the times are left
+ * to the caller, as a later pass looks at part of the tree only. */
+void gs_push_stats_add(struct gs_push_stats *to, const struct gs_push_stats *from);
+
 /* Called for each operation: when it completes (`r` set) or, in a dry run, as planned (`r` NULL).
  */
 typedef void (*gs_push_op_fn)(void *ctx, const struct gs_plan_op *op,

@@ -1,8 +1,8 @@
 /* tests/e2e/test_fence.c: one writer per remote root (issue 11), through the real CLI and the
  * sandbox sshd: a session whose link hung is fenced out once the daemon reconnects (its stale write
  * never lands after a newer one); the partial temporary of an agent killed mid-upload is swept by
- * the next session; and `gpusync push` while `gpusync watch` runs does not make the two fence each
- * other out (the local sync lock, syncd/session.h). GS_TEST_KEEP=1 keeps the project folders. */
+ * the next session; and `gpusync push` while `gpusync watch` runs goes through the daemon, whose
+ * agent stays (design 12). GS_TEST_KEEP=1 keeps the project folders. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -412,9 +412,9 @@ static void test_fence__a_killed_upload_leaves_no_temporary_after_the_next_push(
     assert_int_equal(count_named(cur.remote, ".gpusync-tmp-"), 0);
 }
 
-/* `gpusync push` while `gpusync watch` runs, with a save during the push: the two share the server
- * through the local sync lock instead of fencing each other's agents out. Both complete, the server
- * converges without a conflict copy, and the daemon is connected afterwards. */
+/* `gpusync push` while `gpusync watch` runs, with a save during the push: the push asks the daemon,
+ * whose agent stays (one of the push's own would fence it out and make the daemon reconnect). It
+ * says so, the server converges without a conflict copy, and the daemon stays connected. */
 static void test_fence__push_while_watch_runs_and_a_save_lands_during_it(void **state)
 {
     (void)state;
@@ -422,9 +422,10 @@ static void test_fence__push_while_watch_runs_and_a_save_lands_during_it(void **
     put("edit.py", "v0\n");
     gs_ok(ARGS("watch", "-d"), "gpusync watch -d");
     flush("first flush");
+    pid_t agent = the_agent();
     put_big("big.bin", BIG_MB / 2);
     int out, err;
-    pid_t push = spawn_gpusync(ARGS("push"), &out, &err);
+    pid_t push = spawn_gpusync(ARGS("push", "--json"), &out, &err);
     int64_t end = gs_clock_mono_ms() + 60000;
     while (count_named(cur.remote, ".gpusync-tmp-") == 0) { /* someone is uploading big.bin */
         if (gs_clock_mono_ms() > end)
@@ -434,7 +435,15 @@ static void test_fence__push_while_watch_runs_and_a_save_lands_during_it(void **
     put("edit.py", "v1\n");
     struct gs_test_result r = gs_test_finish(push, out, err, RUN_TIMEOUT_MS);
     gs_test_expect_status(&r, 0, "gpusync push while watch runs");
+    json_t *summary = json_loads(r.out.data ? r.out.data : "", 0, NULL);
+    const char *transport = json_string_value(json_object_get(summary, "transport"));
+    if (!transport || strncmp(transport, "watch daemon, agent", 19) != 0)
+        fail_msg("push --json while watch runs said transport %s, not the daemon's", r.out.data);
+    assert_true(json_is_true(json_object_get(summary, "ok")));
+    json_decref(summary);
     gs_test_result_release(&r);
+    expect_remote_same("big.bin"); /* the push's answer came once the server had it */
+    assert_int_equal(the_agent(), agent);
     flush("flush after the push");
     await_connected(30000);
     flush("flush once connected");
