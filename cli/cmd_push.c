@@ -320,7 +320,7 @@ static size_t count_field(json_t *reply, const char *key)
 /* With `gpusync watch` running, the daemon pushes (design 12): it is connected already, and a push
  * of this process's own would fence the daemon's agent out and make it reconnect. The daemon
  * checks every file (not only the PATHs asked: it sends every change anyway) and answers once the
- * server holds them. Sets *handled to 0 when no daemon answers; else returns 0, 1 after failed
+ * server holds them. Returns 0 with *handled 0 when no daemon answers; else 0, 1 after failed
  * operations (reported), or a negative code. */
 static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *handled)
 {
@@ -334,7 +334,7 @@ static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *hand
     *handled = rc != GS_E_NOTFOUND && !(error && !strcmp(error, "unknown command"));
     if (rc < 0 || !*handled) {
         json_decref(reply);
-        return rc;
+        return *handled ? rc : 0;
     }
     struct gs_push_stats st = {.sent = count_field(reply, "sent"),
                                .bytes_sent = count_field(reply, "bytes"),
@@ -384,8 +384,6 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     int delegated = 0;
     if (rc == 0 && !dry_run)
         rc = push_through_daemon(cli, &ui, &delegated);
-    if (rc == GS_E_NOTFOUND && !delegated)
-        rc = 0;
     if (rc == 0 && !delegated)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
     if (!delegated && rc == 0 && !dry_run) /* one agent session per project (session.h) */
