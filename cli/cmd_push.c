@@ -43,6 +43,22 @@ static void report_conflict(struct push_ui *ui, const char *path, const char *ke
     }
 }
 
+static void report_failure(struct push_ui *ui, const char *op, const char *path,
+                           const char *message)
+{
+    message = message ? message : "";
+    json_array_append_new(ui->failures,
+                          json_pack("{s:s,s:o,s:o}", "op", op, "path", gs_cli_json_path(path),
+                                    "error", gs_cli_json_path(message)));
+    if (ui->cli->json)
+        return;
+    gs_progress_end(&ui->bar);
+    if (strstr(message, path)) /* it names op and path itself */
+        fprintf(stderr, "failed: %s\n", message);
+    else
+        fprintf(stderr, "failed: %s %s: %s\n", op, path, message);
+}
+
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     struct push_ui *ui = ctx;
@@ -65,18 +81,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
     } else if (r->kept) {
         report_conflict(ui, op->path, r->kept);
     } else if (!r->ok) {
-        json_array_append_new(ui->failures,
-                              json_pack("{s:s,s:o,s:o}", "op", gs_plan_op_name(op->type), "path",
-                                        gs_cli_json_path(op->path), "error",
-                                        gs_cli_json_path(r->message ? r->message : "")));
-        if (!ui->cli->json) {
-            gs_progress_end(&ui->bar);
-            if (r->message && strstr(r->message, op->path)) /* it names op and path itself */
-                fprintf(stderr, "failed: %s\n", r->message);
-            else
-                fprintf(stderr, "failed: %s %s: %s\n", gs_plan_op_name(op->type), op->path,
-                        r->message ? r->message : "");
-        }
+        report_failure(ui, gs_plan_op_name(op->type), op->path, r->message);
     }
     gs_buf_release(&line);
 }
@@ -302,13 +307,8 @@ static void report_daemon_ops(struct push_ui *ui, json_t *reply)
     {
         const char *op = json_string_value(json_object_get(e, "op"));
         const char *path = json_string_value(json_object_get(e, "path"));
-        const char *error = json_string_value(json_object_get(e, "error"));
-        json_array_append_new(ui->failures, json_pack("{s:s,s:o,s:o}", "op", op ? op : "", "path",
-                                                      gs_cli_json_path(path ? path : ""), "error",
-                                                      gs_cli_json_path(error ? error : "")));
-        if (!ui->cli->json)
-            fprintf(stderr, "failed: %s %s: %s\n", op ? op : "", path ? path : "",
-                    error ? error : "");
+        report_failure(ui, op ? op : "", path ? path : "",
+                       json_string_value(json_object_get(e, "error")));
     }
 }
 

@@ -164,12 +164,19 @@ void gs_delta_sig_drop(const char *dir, const uint8_t hash[16])
     unlink(path);
 }
 
-void gs_delta_keep_pending(const char *dir, const uint8_t hash[16], const void *data, size_t len)
+/* Computes the signature of data[0..len) and stores it under this hash and suffix; silent. */
+static void keep_as(const char *dir, const uint8_t hash[16], const char *suffix, const void *data,
+                    size_t len)
 {
     struct gs_buf sig = GS_BUF_INIT;
     if (gs_delta_signature(data, len, &sig, NULL) == 0)
-        save_as(dir, hash, PENDING_SUFFIX, sig.data, sig.len, NULL);
+        save_as(dir, hash, suffix, sig.data, sig.len, NULL);
     gs_buf_release(&sig);
+}
+
+void gs_delta_keep_pending(const char *dir, const uint8_t hash[16], const void *data, size_t len)
+{
+    keep_as(dir, hash, PENDING_SUFFIX, data, len);
 }
 
 void gs_delta_pending_end(const char *dir, const uint8_t hash[16], int confirmed)
@@ -217,10 +224,7 @@ int gs_delta_read_file(int fd, size_t size, const uint8_t hash[16], struct gs_bu
 
 void gs_delta_keep(const char *dir, const uint8_t hash[16], const void *data, size_t len)
 {
-    struct gs_buf sig = GS_BUF_INIT;
-    if (gs_delta_signature(data, len, &sig, NULL) == 0)
-        gs_delta_sig_save(dir, hash, sig.data, sig.len, NULL);
-    gs_buf_release(&sig);
+    keep_as(dir, hash, SIG_SUFFIX, data, len);
 }
 
 void gs_delta_keep_file(const char *dir, const char *path, const uint8_t hash[16])

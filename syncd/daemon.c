@@ -495,17 +495,17 @@ static void tell_pushes(struct daemon *d, const char *path, const char *kept,
 static void count_for_pushes(struct daemon *d, const struct gs_push_stats *batch,
                              uint64_t link_bytes, int full)
 {
-    struct gs_push_stats counted = *batch, *st = &counted;
+    struct gs_push_stats st = *batch;
     size_t again = (size_t)d->changed_while_sent + d->lost_ops;
-    counted.failed = counted.failed > again ? counted.failed - again : 0;
+    st.failed = st.failed > again ? st.failed - again : 0;
     for (int i = 0; i < d->n_clients; i++) {
         struct push_ask *p = d->clients[i].push;
         if (!p || !d->clients[i].flush_gen)
             continue;
-        gs_push_stats_add(&p->st, st);
+        gs_push_stats_add(&p->st, &st);
         p->link_bytes += link_bytes;
         if (full)
-            p->st.unchanged = st->unchanged;
+            p->st.unchanged = st.unchanged;
     }
 }
 
