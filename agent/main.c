@@ -25,6 +25,7 @@
 #include "proto/run.h"
 #include "proto/sync.h"
 #include "runlog.h"
+#include "resident.h"
 #include "runs.h"
 #include "sample.h"
 #include "serve.h"
@@ -52,6 +53,9 @@ static const struct agent_cmd agent_cmds[] = {
     {GS_PROTO_RUN_SAMPLE, "sample [--root DIR] [--interval-ms N] [--count N]",
      "stream CPU, memory, disk, network, GPU and run readings, one JSON line per interval",
      ga_sample_main},
+    {"listen", "listen --socket PATH",
+     "the resident listener: serve each connection to PATH (started by serve, detached)",
+     ga_resident_main},
     {GS_PROTO_RUN_NET, "net src ADDR | listen | connect ADDR PORT",
      "network probes for multi-node runs (route source, TCP reachability)", ga_net_main},
 };

@@ -5,6 +5,7 @@
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
 #endif
+#include "resident.h"
 #include "serve_int.h"
 #include "sync_id.h"
 
@@ -213,6 +214,11 @@ static int handshake(struct ga_serve *s, const struct gs_proto_frame *f)
         sync_id[0] = '\0'; /* the client then records none, and asks again next time */
     r.path = gs_proto_cstr(sync_id);
     r.flags = (s->z ? GS_HELLO_ZSTD : 0) | (s->delta ? GS_HELLO_DELTA : 0);
+    char resident[GA_RESIDENT_PATH_MAX] = "";
+    if ((m.flags & GS_HELLO_RESIDENT) && s->writer &&
+        ga_resident_offer(resident, sizeof(resident)) == 1) /* "" when there can be none */
+        r.flags |= GS_HELLO_RESIDENT;
+    r.data = gs_proto_cstr(resident);
     ga_serve_emit(s, &r);
     return s->fatal ? -1 : 0;
 }

@@ -105,6 +105,12 @@ static int set_sync(struct parse_state *st, const char *key, const char *value)
             }
         return fail(st, "sync.compress: '%s' is not one of: auto, zstd, off%s", value, "");
     }
+    if (strcmp(key, "resident") == 0) {
+        if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0)
+            return fail(st, "sync.resident: '%s' is not one of: on, off%s", value, "");
+        st->cfg->no_resident = strcmp(value, "off") == 0;
+        return 1;
+    }
     return fail(st, "unknown key '%s' in section [sync]%s", key, "");
 }
 
@@ -380,6 +386,8 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
                 cfg->transport == GS_TRANSPORT_SFTP ? "sftp" : "agent");
     if (cfg->compress != GS_COMPRESS_AUTO)
         gs_buf_addf(out, "\tcompress = %s\n", cfg->compress == GS_COMPRESS_ZSTD ? "zstd" : "off");
+    if (cfg->no_resident)
+        gs_buf_adds(out, "\tresident = off\n");
     for (size_t i = 0; i < cfg->n_excludes; i++)
         gs_buf_addf(out, "\texclude = %s\n", cfg->excludes[i]);
     for (size_t i = 0; i < cfg->n_jobs; i++) {

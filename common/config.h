@@ -4,7 +4,7 @@
  *   [remote]            host, port, user, path, identity, hosts and master_addr (multi-node
  *                       runs), scheduler = slurm and its keys (config_slurm.h)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp,
- *                       compress = auto | zstd | off
+ *                       compress = auto | zstd | off, resident = on | off
  *   [job "NAME"]        command, gpus | cpu
  *
  * Every error names the file, the line and the key, so a user can fix it without guessing. */
@@ -47,6 +47,7 @@ struct gs_config {
     struct gs_slurm_config slurm; /* scheduler = slurm: host is the login node */
     enum gs_transport transport;
     enum gs_compress compress;
+    int no_resident; /* resident = off: every session execs the agent through the login shell */
     char **excludes;
     size_t n_excludes;
     struct gs_job *jobs;

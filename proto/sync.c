@@ -214,6 +214,9 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
     case GS_MSG_HELLO:
         w_u32(w, m->magic), w_u32(w, m->version), w_u32(w, m->flags);
         break;
+    case GS_MSG_OPEN:
+        w_str(w, m->data);
+        break;
     case GS_MSG_PUT:
     case GS_MSG_PUT_BEGIN:
         w_str(w, m->path), w_meta(w, &m->meta), w_expect(w, &m->expect);
@@ -256,7 +259,7 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         break;
     case GS_MSG_HELLO_OK:
         w_u32(w, m->magic), w_u32(w, m->version), w_str(w, m->text), w_str(w, m->path2);
-        w_str(w, m->path), w_u32(w, m->flags);
+        w_str(w, m->path), w_u32(w, m->flags), w_str(w, m->data);
         break;
     case GS_MSG_ZFRAMES:
     case GS_MSG_ZFRAMES_R:
@@ -332,6 +335,9 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
     case GS_MSG_HELLO:
         m->magic = r_u32(r), m->version = r_u32(r), m->flags = r_u32(r);
         break;
+    case GS_MSG_OPEN:
+        m->data = r_str(r);
+        break;
     case GS_MSG_ZFRAMES:
         m->size = r_u32(r);
         m->data.p = (const char *)r->p, m->data.len = (uint32_t)r->n;
@@ -393,7 +399,7 @@ static int decode_reply(struct reader *r, struct gs_proto_msg *m)
     switch (m->type) {
     case GS_MSG_HELLO_OK:
         m->magic = r_u32(r), m->version = r_u32(r), m->text = r_str(r), m->path2 = r_str(r);
-        m->path = r_str(r), m->flags = r_u32(r);
+        m->path = r_str(r), m->flags = r_u32(r), m->data = r_str(r);
         break;
     case GS_MSG_ZFRAMES_R:
         m->size = r_u32(r);
@@ -518,6 +524,8 @@ const char *gs_proto_type_name(uint8_t type)
     switch (type) {
     case GS_MSG_HELLO:
         return "HELLO";
+    case GS_MSG_OPEN:
+        return "OPEN";
     case GS_MSG_PUT:
         return "PUT";
     case GS_MSG_PUT_BEGIN:

@@ -102,6 +102,22 @@
  * frame carries the whole delta: the client sends a full put instead when the delta would pass
  * GS_PROTO_DELTA_MAX (such a change is a large part of the file; then the delta saves little).
  *
+ * RESIDENT LISTENER (v8). Starting `serve` through an exec costs the server's login shell and its
+ * rc files (conda or pyenv init: 0.1-0.3 s) on every session. A client that sets
+ * GS_HELLO_RESIDENT asks the agent to keep `gpusync-agent listen` running for it: a detached
+ * process of the same build, listening on the UNIX socket ~/.gpusync/run/<agent name>.sock (the
+ * directory 0700, so only this user, or root, can connect, or could have made the socket). The
+ * agent starts one if none runs and answers with the socket's absolute path in HELLO_OK ("" when
+ * it cannot). A later session of the same client opens a "direct-streamlocal@openssh.com"
+ * channel to that path and sends OPEN, naming the root, then HELLO as usual: the listener forks
+ * and execs `serve --root ROOT` on the connection, with no shell. A listener that gets no OPEN
+ * within 10 s, or a malformed one, closes the connection; one nobody used for 12 h exits, as does
+ * one whose socket was removed or replaced. The client falls back to the exec whenever the channel
+ * is refused (no listener, forwarding disabled on the server) or the connection ends before
+ * HELLO_OK. HELLO_OK's GS_HELLO_RESIDENT says the listener was running before that session (not
+ * started by it): a client whose channel to it was just refused learns that the server forbids
+ * such channels, and stops asking for a while.
+ *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
@@ -113,8 +129,8 @@
 #include <stdint.h>
 
 #define GS_PROTO_VERSION                                                                           \
-    7 /* v7: PUT_DELTA; v6: zstd ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED;                         \
-       * v4: writer lock */
+    8 /* v8: the resident listener (OPEN, GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd ZFRAMES;     \
+       * v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
@@ -137,6 +153,9 @@
 enum gs_msg_type {
     /* HELLO: u32 magic | u32 version | u32 flags (GS_HELLO_*) */
     GS_MSG_HELLO = 0x01,
+    /* OPEN (v8, only to the resident listener, before HELLO): str root (an absolute path, as a
+     * HELLO_OK named it). Never answered: the listener starts `serve` on it, or closes. */
+    GS_MSG_OPEN = 0x02,
     /* ZFRAMES (v6, only after HELLO_OK said GS_HELLO_ZSTD): u32 raw_size | the next blocks of
      * the sender's zstd stream, which decompress to exactly raw_size bytes (<= GS_PROTO_ZRAW_MAX)
      * of whole request frames (COMPRESSION above). Its own id is 0 and never answered. */
@@ -194,7 +213,8 @@ enum gs_msg_type {
 
     /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
      * str sync_id (with GS_HELLO_SYNC_ID: the root's .gpusync/sync-id, created if missing; "" if
-     * it could not be; otherwise "") | u32 flags (v6: GS_HELLO_ZSTD when both sides compress) */
+     * it could not be; otherwise "") | u32 flags (v6: GS_HELLO_ZSTD when both sides compress) |
+     * str resident (v8: with GS_HELLO_RESIDENT, the listener's socket path; otherwise "") */
     GS_MSG_HELLO_OK = 0x81,
     /* ZFRAMES_R: as ZFRAMES, carrying reply frames (only to a client that sent GS_HELLO_ZSTD). */
     GS_MSG_ZFRAMES_R = 0x8e,
@@ -222,10 +242,12 @@ enum gs_msg_type {
 };
 
 enum gs_hello_flags {
-    GS_HELLO_FSYNC = 1u,   /* fsync files and directories before replying */
-    GS_HELLO_SYNC_ID = 2u, /* answer with the root's sync id (agent/sync_id.h) */
-    GS_HELLO_ZSTD = 4u,    /* v6: HELLO: I read ZFRAMES_R; HELLO_OK: so do I, ZFRAMES */
-    GS_HELLO_DELTA = 8u    /* v7: HELLO: I may send PUT_DELTA; HELLO_OK: I apply them */
+    GS_HELLO_FSYNC = 1u,    /* fsync files and directories before replying */
+    GS_HELLO_SYNC_ID = 2u,  /* answer with the root's sync id (agent/sync_id.h) */
+    GS_HELLO_ZSTD = 4u,     /* v6: HELLO: I read ZFRAMES_R; HELLO_OK: so do I, ZFRAMES */
+    GS_HELLO_DELTA = 8u,    /* v7: HELLO: I may send PUT_DELTA; HELLO_OK: I apply them */
+    GS_HELLO_RESIDENT = 16u /* v8: HELLO: keep a resident listener for me (see above);
+                             * HELLO_OK: one was running before this session */
 };
 /* The longest sync id HELLO_OK carries (without a newline); the client keeps no more. */
 #define GS_SYNC_ID_MAX 64
@@ -286,7 +308,7 @@ struct gs_proto_msg {
                                      * HELLO_OK root, DONE kept */
     struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message */
     struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes; ZFRAMES compressed bytes;
-                                     * PUT_DELTA's delta */
+                                     * PUT_DELTA's delta; HELLO_OK resident socket; OPEN root */
     struct gs_proto_meta meta;
     struct gs_proto_expect expect;
     struct gs_proto_expect expect2; /* RENAME: about `from` */

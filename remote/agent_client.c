@@ -96,6 +96,10 @@ struct gs_agent {
     struct sync_call hello_call;
     int hello_rc;
     char sync_id[GS_SYNC_ID_MAX + 1]; /* from HELLO_OK: the root's .gpusync/sync-id */
+    int want_resident, via_socket;    /* GS_HELLO_RESIDENT asked; reached through the listener */
+    int resident_ran;                 /* HELLO_OK: the listener was running before this session */
+    char resident[GS_AGENT_RESIDENT_MAX]; /* from HELLO_OK: the listener's socket, or "" */
+    char *root;                           /* from HELLO_OK: the root's absolute path */
     struct gs_error *hello_err;
     int delta;                  /* the agent agreed to PUT_DELTA */
     char *sig_dir;              /* where signatures are kept (gs_agent_set_delta_dir), or NULL */
@@ -109,6 +113,14 @@ static int agent_gone(struct gs_agent *a, struct gs_error *err)
 {
     while (a->errtail.len && (a->errtail.data[a->errtail.len - 1] == '\n'))
         a->errtail.data[--a->errtail.len] = '\0';
+    /* A resident listener that closes before the handshake's answer started no session (its
+     * `serve` could not start, or refused): the SSH connection is fine, and the caller falls back
+     * to the shell. */
+    if (a->via_socket && !a->hello_call.done)
+        return gs_error_set(err, GS_E_REMOTE,
+                            "the resident gpusync agent on %s closed before its "
+                            "handshake",
+                            gs_ssh_target(a->ssh));
     int rc = gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s %s%s%s",
                           gs_ssh_target(a->ssh), a->gate.passed[0] ? "stopped" : "did not start",
                           a->errtail.len ? ": " : "", a->errtail.len ? a->errtail.data : "");
@@ -991,6 +1003,13 @@ static int on_hello(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
         a->sync_id[n] = '\0';
         a->zstd = a->z && (m->flags & GS_HELLO_ZSTD);
         a->delta = (m->flags & GS_HELLO_DELTA) != 0;
+        a->resident_ran = (m->flags & GS_HELLO_RESIDENT) != 0;
+        free(a->root);
+        a->root = gs_xstrndup(m->path2.p, m->path2.len);
+        if (m->data.len < sizeof(a->resident) && !memchr(m->data.p, '\0', m->data.len)) {
+            memcpy(a->resident, m->data.p, m->data.len);
+            a->resident[m->data.len] = '\0';
+        }
         return 0;
     }
     return a->hello_rc =
@@ -1008,8 +1027,9 @@ static int handshake(struct gs_agent *a, struct gs_error *err)
     struct gs_proto_msg m = {.type = GS_MSG_HELLO,
                              .magic = GS_PROTO_MAGIC,
                              .version = GS_PROTO_VERSION,
-                             .flags =
-                                 GS_HELLO_SYNC_ID | GS_HELLO_DELTA | (a->z ? GS_HELLO_ZSTD : 0)};
+                             .flags = GS_HELLO_SYNC_ID | GS_HELLO_DELTA |
+                                      (a->z ? GS_HELLO_ZSTD : 0) |
+                                      (a->want_resident ? GS_HELLO_RESIDENT : 0)};
     a->hello_call = (struct sync_call){.on_frame = on_hello};
     a->hello_call.id = m.id = new_id(a);
     a->hello_err = err;
@@ -1027,14 +1047,34 @@ int gs_agent_wait_ready(struct gs_agent *a, struct gs_error *err)
     return rc ? rc : a->hello_rc;
 }
 
-int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
-                  int compress_level, struct gs_error *err)
+/* Opens the channel `how` names; the exec's answer comes while the first requests go. */
+static LIBSSH2_CHANNEL *open_channel(struct gs_agent *a, const struct gs_agent_how *how,
+                                     struct gs_error *err)
+{
+    if (!how->socket)
+        return gs_exec_start(a->ssh, how->command, &a->exec, err);
+    a->via_socket = 1;
+    a->exec.answered = 1;
+    a->gate.passed[0] = a->gate.passed[1] = 1; /* no shell: the first byte is the agent's */
+    return gs_exec_open_socket(a->ssh, how->socket, err);
+}
+
+/* The listener's OPEN, which names the root, goes before HELLO. */
+static int send_open(struct gs_agent *a, const char *root, struct gs_error *err)
+{
+    struct gs_proto_msg m = {.type = GS_MSG_OPEN, .data = gs_proto_cstr(root)};
+    return encode(a, &m, err);
+}
+
+int gs_agent_start(struct gs_agent **out, struct gs_ssh *ssh, const struct gs_agent_how *how,
+                   struct gs_error *err)
 {
     *out = NULL;
     struct gs_agent *a = gs_xcalloc(1, sizeof(*a));
     a->ssh = ssh;
-    a->z = compress_level > 0 ? gs_zframes_new(compress_level) : NULL;
-    a->link.on = compress_level > 0 && compress_level < SLOW_LEVEL; /* compress = auto */
+    a->z = how->compress_level > 0 ? gs_zframes_new(how->compress_level) : NULL;
+    a->link.on = how->compress_level > 0 && how->compress_level < SLOW_LEVEL; /* auto */
+    a->want_resident = how->want_resident;
     a->ops = (struct gs_fileops){.submit = agent_submit,
                                  .drain = agent_drain,
                                  .probe = agent_probe,
@@ -1042,14 +1082,45 @@ int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);
     gs_exec_gate_init(&a->gate, ssh);
-    a->ch = gs_exec_start(ssh, command, &a->exec, err); /* HELLO goes without waiting */
-    int rc = a->ch ? handshake(a, err) : (err && err->code ? err->code : GS_E_REMOTE);
+    a->ch = open_channel(a, how, err); /* HELLO goes without waiting */
+    int rc = a->ch ? 0 : (err && err->code ? err->code : GS_E_REMOTE);
+    if (rc == 0 && how->socket)
+        rc = send_open(a, how->root, err);
+    if (rc == 0)
+        rc = handshake(a, err);
     if (rc < 0) {
         gs_agent_close(a);
         return rc;
     }
     *out = a;
     return 0;
+}
+
+int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
+                  int compress_level, struct gs_error *err)
+{
+    struct gs_agent_how how = {.command = command, .compress_level = compress_level};
+    return gs_agent_start(out, ssh, &how, err);
+}
+
+int gs_agent_is_resident(const struct gs_agent *a)
+{
+    return a->via_socket;
+}
+
+const char *gs_agent_resident(const struct gs_agent *a)
+{
+    return a->resident;
+}
+
+int gs_agent_resident_ran(const struct gs_agent *a)
+{
+    return a->resident_ran;
+}
+
+const char *gs_agent_root(const struct gs_agent *a)
+{
+    return a->root ? a->root : "";
 }
 
 int gs_agent_compression(const struct gs_agent *a, unsigned long long *frames,
@@ -1107,6 +1178,7 @@ void gs_agent_close(struct gs_agent *a)
         free_req(a->resend[i]);
     free(a->resend);
     free(a->sig_dir);
+    free(a->root);
     free(a->q);
     free(a);
 }

@@ -26,6 +26,33 @@ struct gs_agent;
 int gs_agent_open(struct gs_agent **out, struct gs_ssh *ssh, const char *command,
                   int compress_level, struct gs_error *err);
 
+/* How gs_agent_start reaches `serve`: through `command`, as gs_agent_open does, or, with `socket`
+ * set, through the resident listener there (proto/sync.h, RESIDENT LISTENER), serving `root` (an
+ * absolute path a HELLO_OK named). With want_resident the handshake asks the agent to keep a
+ * listener (gs_agent_resident then names its socket). */
+struct gs_agent_how {
+    const char *command;
+    const char *socket, *root;
+    int compress_level;
+    int want_resident;
+};
+
+/* gs_agent_open as `how` says. Through a socket, the channel's open waits one round trip, as an
+ * exec channel's does; a refused one (no listener there, forwarding off) is GS_E_REMOTE. */
+int gs_agent_start(struct gs_agent **out, struct gs_ssh *ssh, const struct gs_agent_how *how,
+                   struct gs_error *err);
+
+/* Whether the session runs through the resident listener; and, once gs_agent_wait_ready
+ * succeeded, the listener's socket path that HELLO_OK named ("" when none). */
+int gs_agent_is_resident(const struct gs_agent *a);
+const char *gs_agent_resident(const struct gs_agent *a);
+/* Whether that listener was running before this session: a channel to it that the server just
+ * refused was refused by the server's rules, not for want of a listener. */
+int gs_agent_resident_ran(const struct gs_agent *a);
+/* The root's absolute path, as HELLO_OK named it ("" before). */
+const char *gs_agent_root(const struct gs_agent *a);
+#define GS_AGENT_RESIDENT_MAX 128
+
 /* The level for a slow link, and what counts as one: level 9 makes 23% fewer bytes than level 1
  * of source code at about 55 MB/s a core, which pays while the link is slower than that much
  * compressed output. A first push of Python's stdlib (11.2 MB) through 50 ms RTT took, level 1

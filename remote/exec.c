@@ -119,6 +119,35 @@ static LIBSSH2_CHANNEL *open_session(struct gs_ssh *s, struct gs_error *err)
     return ch;
 }
 
+LIBSSH2_CHANNEL *gs_exec_open_socket(struct gs_ssh *s, const char *path, struct gs_error *err)
+{
+    static const char type[] = "direct-streamlocal@openssh.com";
+    /* RFC 4254 strings: the socket path, then OpenSSH's reserved string and uint32, both 0. */
+    size_t len = strlen(path);
+    struct gs_buf msg = GS_BUF_INIT;
+    uint8_t be[4] = {(uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len};
+    gs_buf_add(&msg, be, 4);
+    gs_buf_add(&msg, path, len);
+    gs_buf_add(&msg, "\0\0\0\0\0\0\0\0", 8);
+    LIBSSH2_SESSION *session = gs_ssh_session(s);
+    LIBSSH2_CHANNEL *ch;
+    int rc;
+    GS_SSH_RETRY_PTR(
+        s, ch,
+        libssh2_channel_open_ex(session, type, sizeof(type) - 1, LIBSSH2_CHANNEL_WINDOW_DEFAULT,
+                                LIBSSH2_CHANNEL_PACKET_DEFAULT, msg.data, (unsigned)msg.len),
+        0, err, rc);
+    gs_buf_release(&msg);
+    if (rc == 0 && !ch) {
+        int code = libssh2_session_last_errno(session);
+        if (code == LIBSSH2_ERROR_CHANNEL_FAILURE)
+            gs_error_set(err, GS_E_REMOTE, "%s refused a channel to %s", gs_ssh_target(s), path);
+        else
+            gs_ssh_error(s, code, "opening a channel to the resident agent", err);
+    }
+    return ch;
+}
+
 /* Turns a failed exec request's code into err; returns the negative code. */
 static int exec_failed(struct gs_ssh *s, int rc, struct gs_error *err)
 {

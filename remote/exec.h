@@ -75,6 +75,14 @@ void gs_exec_blame_noise(const struct gs_exec_gate *g, struct gs_error *err);
  * client does this). Returns the channel or NULL with err set. Free with gs_exec_close. */
 LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_error *err);
 
+/* Opens a channel to the UNIX socket `path` on the server ("direct-streamlocal@openssh.com", which
+ * OpenSSH allows unless AllowStreamLocalForwarding or DisableForwarding says otherwise): a byte
+ * stream to whatever listens there, with no shell and no marker, read with plain
+ * libssh2_channel_read. Waits one round trip for the server's answer. Returns the channel, or NULL
+ * with err set (GS_E_REMOTE when the server refused it: nothing listens there, or forwarding is
+ * off). Free with libssh2_channel_free, or gs_exec_abandon once its answers are in. */
+LIBSSH2_CHANNEL *gs_exec_open_socket(struct gs_ssh *s, const char *path, struct gs_error *err);
+
 /* An exec request whose answer has not come yet (gs_exec_start). */
 struct gs_exec_pending {
     struct gs_buf request; /* the command as sent: libssh2 wants it again to collect the answer */

@@ -17,6 +17,7 @@
 #include "remote/delta.h"
 #include "remote/sftp_ops.h"
 #include "syncd/reconcile.h"
+#include "syncd/resident.h"
 
 char *gs_session_remote_id(const struct gs_config *cfg)
 {
@@ -168,6 +169,89 @@ static void keep_signatures(struct gs_session *s)
     gs_buf_release(&dir);
 }
 
+/* Starting `serve` through the login shell with `command`, asking for a resident listener when
+ * the session wants one. */
+static struct gs_agent_how agent_how(const struct gs_session *s, struct gs_ssh *ssh,
+                                     const char *command)
+{
+    return (struct gs_agent_how){.command = command,
+                                 .compress_level = compress_level(s, ssh),
+                                 .want_resident = s->resident_wanted};
+}
+
+/* Starts whichever agent build is cached on the server, without waiting for its answer: through
+ * the resident listener the project remembers for it, else (or when the server refuses that
+ * channel) through the login shell. */
+static int start_cached(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT;
+    gs_agent_cached_serve_command(s->remote_dir, &cmd);
+    gs_resident_key(gs_ssh_target(ssh), cmd.data, s->resident_key);
+    struct gs_resident r;
+    int known = s->cfg->no_resident ? -1 : gs_resident_recall(s->root, s->resident_key, &r);
+    s->resident_wanted = !s->cfg->no_resident && known != 1;
+    struct gs_agent_how how = agent_how(s, ssh, cmd.data);
+    int rc = 1;
+    if (known == 0) {
+        struct gs_agent_how via = how;
+        via.socket = r.socket;
+        via.root = r.root;
+        rc = gs_agent_start(&s->agent, ssh, &via, err);
+        if (rc == GS_E_REMOTE) {
+            /* Nothing listens there (any more), or the server forbids such channels: the agent's
+             * answer tells which (note_resident). */
+            gs_debug("no resident agent (%s); starting it through the shell", err->msg);
+            s->resident_refused = 1;
+            gs_error_clear(err);
+            rc = 1;
+        }
+    }
+    if (rc == 1)
+        rc = gs_agent_start(&s->agent, ssh, &how, err);
+    gs_buf_release(&cmd);
+    if (rc == 0)
+        keep_signatures(s);
+    return rc;
+}
+
+/* The resident agent failed before its handshake's answer (its listener could not start `serve`,
+ * or `serve` refused): nothing it was sent was carried out. Starts the agent through the shell
+ * instead and waits for its answer. */
+static int restart_through_shell(struct gs_session *s, struct gs_error *err)
+{
+    gs_debug("the resident agent failed (%s); starting it through the shell", err->msg);
+    gs_resident_forget(s->root);
+    gs_agent_close(s->agent);
+    s->agent = NULL;
+    s->early_lost = s->early; /* the requests sent early went to a session that never began */
+    gs_error_clear(err);
+    struct gs_buf cmd = GS_BUF_INIT;
+    gs_agent_cached_serve_command(s->remote_dir, &cmd);
+    struct gs_agent_how how = agent_how(s, s->ssh, cmd.data);
+    int rc = gs_agent_start(&s->agent, s->ssh, &how, err);
+    gs_buf_release(&cmd);
+    if (rc == 0)
+        keep_signatures(s);
+    return rc ? rc : gs_agent_wait_ready(s->agent, err);
+}
+
+/* Remembers the listener the agent named for the next session (or forgets one it no longer
+ * names), and says which way this one came. */
+static void note_resident(struct gs_session *s, const char *how)
+{
+    const char *socket = gs_agent_resident(s->agent);
+    int refused = s->resident_refused && gs_agent_resident_ran(s->agent);
+    if (gs_agent_is_resident(s->agent))
+        how = "resident";
+    else if (refused)
+        gs_resident_refused(s->root, s->resident_key);
+    else if (socket[0])
+        gs_resident_remember(s->root, s->resident_key, socket, gs_agent_root(s->agent));
+    else if (s->resident_wanted)
+        gs_resident_forget(s->root);
+    snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
+}
+
 /* Installs the agent (the cached one was missing or stale) and starts it, waiting for its answer.
  * Falls back to SFTP when no agent can run there. */
 static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
@@ -183,7 +267,8 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         rc = open_sftp(s, ssh, s->remote_path, why, err);
     } else if (rc == 0) {
         gs_agent_serve_command(agent.data, s->remote_dir, &cmd);
-        rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s, ssh), err);
+        struct gs_agent_how exec = agent_how(s, ssh, cmd.data);
+        rc = gs_agent_start(&s->agent, ssh, &exec, err);
         if (rc == 0)
             keep_signatures(s);
         if (rc == 0)
@@ -192,7 +277,7 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
             rc = verify_server(s, err);
         if (rc == 0) {
             s->ops = gs_agent_fileops(s->agent);
-            snprintf(s->transport, sizeof(s->transport), "agent (%s)", how);
+            note_resident(s, how);
         }
     }
     gs_buf_release(&cmd);
@@ -225,14 +310,7 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     s->settled = 0;
     if (s->cfg->transport == GS_TRANSPORT_SFTP)
         return open_sftp(s, ssh, s->remote_path, "[sync] transport = sftp", err);
-    /* Start whichever agent build is cached there, in one exec, without waiting for it. */
-    struct gs_buf cmd = GS_BUF_INIT;
-    gs_agent_cached_serve_command(remote_dir, &cmd);
-    int rc = gs_agent_open(&s->agent, ssh, cmd.data, compress_level(s, ssh), err);
-    gs_buf_release(&cmd);
-    if (rc == 0)
-        keep_signatures(s);
-    return rc;
+    return start_cached(s, ssh, err);
 }
 
 int gs_session_go_early(struct gs_session *s)
@@ -254,13 +332,15 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     if (!s->agent)
         return gs_error_set(err, GS_E_ERR, "gs_session_ready before gs_session_start");
     int rc = gs_agent_wait_ready(s->agent, err);
+    if (rc < 0 && rc != GS_E_DISCONNECTED && gs_agent_is_resident(s->agent))
+        rc = restart_through_shell(s, err);
     if (rc == 0)
         rc = verify_server(s, err);
     int early = s->early;
     s->early = 0;
     if (rc == 0) {
         s->ops = gs_agent_fileops(s->agent);
-        snprintf(s->transport, sizeof(s->transport), "agent (cached)");
+        note_resident(s, "cached");
         return settle_intents(s, err);
     }
     s->ops = NULL;

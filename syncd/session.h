@@ -23,13 +23,17 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
-    int index_reset;      /* gs_session_ready found another server's tree: the index was cleared */
-    int early;            /* ops went out before the agent answered (gs_session_go_early) */
-    size_t early_entries; /* the index's entries when they did (0: a first sync) */
-    int early_lost;       /* gs_session_ready had to install the agent: the early ops were lost */
-    int settled;          /* ready has reconciled the intents for this connection */
-    size_t reconciled;    /* operations an interrupted sync left in doubt, settled by ready */
-    int locked;           /* lock_fd holds .gpusync/sync.lock (gs_session_lock) */
+    int index_reset;       /* gs_session_ready found another server's tree: the index was cleared */
+    int early;             /* ops went out before the agent answered (gs_session_go_early) */
+    size_t early_entries;  /* the index's entries when they did (0: a first sync) */
+    int early_lost;        /* gs_session_ready had to install the agent: the early ops were lost */
+    int settled;           /* ready has reconciled the intents for this connection */
+    size_t reconciled;     /* operations an interrupted sync left in doubt, settled by ready */
+    char resident_key[33]; /* this session's key in .gpusync/resident (syncd/resident.h) */
+    int resident_wanted;   /* the agent is asked to keep a listener: not resident = off, and
+                            * the server did not refuse the channel to one lately */
+    int resident_refused;  /* the channel to the remembered listener was refused just now */
+    int locked;            /* lock_fd holds .gpusync/sync.lock (gs_session_lock) */
     int lock_fd;
 };
 

@@ -39,6 +39,8 @@ gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    
 gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})
 gs_add_test(test_watcher    LABEL unit TIMEOUT 120 SOURCES unit/test_watcher.c  LIBS ${syncd_libs})
 gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})
+gs_add_test(test_resident_memory LABEL unit TIMEOUT 120 SOURCES unit/test_resident_memory.c
+    LIBS ${syncd_libs})
 gs_add_test(test_agent_proto LABEL unit TIMEOUT 300 SOURCES unit/test_agent_proto.c
     LIBS gs_agent_proto PkgConfig::CMOCKA)
 gs_add_test(test_zframes    LABEL unit TIMEOUT 120 SOURCES unit/test_zframes.c  LIBS ${remote_libs})
@@ -92,6 +94,8 @@ gs_add_test(test_nodes         LABEL e2e TIMEOUT 300 SOURCES e2e/test_nodes.c
 gs_add_test(test_slurm         LABEL slurm TIMEOUT 300 SKIP_RETURN_CODE 77
     SOURCES e2e/test_slurm.c LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_fence         LABEL e2e TIMEOUT 400 SOURCES e2e/test_fence.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
+gs_add_test(test_resident      LABEL e2e TIMEOUT 300 SOURCES e2e/test_resident.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_faults        LABEL e2e TIMEOUT 600 SOURCES e2e/test_faults.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)

@@ -74,6 +74,13 @@ static void test_proto__hello_and_hello_ok_round_trip(void **state)
     assert_str(d.text, m.text);
     assert_str(d.path2, m.path2);
     assert_str(d.path, m.path); /* the sync id */
+    assert_str(d.data, m.data); /* v8: the resident listener's socket */
+    gs_proto_buf_release(&b);
+
+    m = sample(GS_MSG_OPEN); /* v8: the root, to the resident listener */
+    m.data = gs_proto_cstr("/root/gpusync/project");
+    round_trip(&m, &b, &d);
+    assert_str(d.data, m.data);
     gs_proto_buf_release(&b);
 }
 
@@ -327,12 +334,12 @@ static int decode_resized(uint8_t type, int delta)
 static void test_proto__truncated_or_padded_payloads_are_malformed(void **state)
 {
     (void)state;
-    uint8_t types[] = {GS_MSG_HELLO,       GS_MSG_PUT,      GS_MSG_PUT_BEGIN, GS_MSG_PUT_END,
-                       GS_MSG_MKDIR,       GS_MSG_DELETE,   GS_MSG_RENAME,    GS_MSG_SYMLINK,
-                       GS_MSG_CHMOD,       GS_MSG_STAT,     GS_MSG_HASH,      GS_MSG_GET,
-                       GS_MSG_LIST,        GS_MSG_HELLO_OK, GS_MSG_DONE,      GS_MSG_ERROR,
-                       GS_MSG_STAT_R,      GS_MSG_HASH_R,   GS_MSG_GET_END,   GS_MSG_LIST_END,
-                       GS_MSG_LIST_SKIPPED};
+    uint8_t types[] = {GS_MSG_HELLO,    GS_MSG_OPEN,        GS_MSG_PUT,      GS_MSG_PUT_BEGIN,
+                       GS_MSG_PUT_END,  GS_MSG_MKDIR,       GS_MSG_DELETE,   GS_MSG_RENAME,
+                       GS_MSG_SYMLINK,  GS_MSG_CHMOD,       GS_MSG_STAT,     GS_MSG_HASH,
+                       GS_MSG_GET,      GS_MSG_LIST,        GS_MSG_HELLO_OK, GS_MSG_DONE,
+                       GS_MSG_ERROR,    GS_MSG_STAT_R,      GS_MSG_HASH_R,   GS_MSG_GET_END,
+                       GS_MSG_LIST_END, GS_MSG_LIST_SKIPPED};
     for (size_t i = 0; i < sizeof(types); i++) {
         assert_int_equal(decode_resized(types[i], -1), -1);
         assert_int_equal(decode_resized(types[i], +1), -1);

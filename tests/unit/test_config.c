@@ -27,6 +27,7 @@ static const char valid_config[] = "# a comment\n"
                                    "    exclude = .venv\n"
                                    "    transport = sftp\n"
                                    "    compress = zstd\n"
+                                   "    resident = off\n"
                                    "\n"
                                    "[job \"train\"]\n"
                                    "\tcommand = python train.py --lr 0.1\n"
@@ -47,6 +48,7 @@ static void test_config__valid_file_fills_every_field(void **state)
     assert_string_equal(cfg.identity, "~/.ssh/gpusync_ed25519");
     assert_int_equal(cfg.transport, GS_TRANSPORT_SFTP);
     assert_int_equal(cfg.compress, GS_COMPRESS_ZSTD);
+    assert_int_equal(cfg.no_resident, 1);
     assert_string_equal(cfg.file, "cfg");
     gs_config_release(&cfg);
 }
@@ -153,6 +155,8 @@ static void test_config__unknown_key_names_file_line_and_key(void **state)
                  "/p/.gpusync/config:3:", "colour", "[sync]", NULL);
     expect_error("[remote]\nhost=h\n[job \"t\"]\ncommand = x\ngpu = 1\n",
                  "/p/.gpusync/config:5:", "gpu", "t", NULL);
+    expect_error("[remote]\nhost=h\n[sync]\nresident = yes\n",
+                 "/p/.gpusync/config:4:", "sync.resident", "'yes'", "on, off", NULL);
 }
 
 /* [job] cpu = N asks for CPU ranks; a job with neither gpus nor cpu leaves both unset. */
@@ -423,6 +427,7 @@ static void test_config__save_then_load_round_trips(void **state)
     assert_string_equal(back.identity, cfg.identity);
     assert_int_equal(back.transport, cfg.transport);
     assert_int_equal(back.compress, cfg.compress);
+    assert_int_equal(back.no_resident, cfg.no_resident);
     assert_int_equal(back.n_excludes, cfg.n_excludes);
     for (size_t i = 0; i < cfg.n_excludes; i++)
         assert_string_equal(back.excludes[i], cfg.excludes[i]);
