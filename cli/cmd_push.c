@@ -162,6 +162,9 @@ struct planner {
     struct gs_push_stats st;
     struct gs_error err;
     int rc;
+    int prepare;                  /* make the deltas of the plan's puts too */
+    struct gs_agent_delta *ready; /* those deltas, for the agent once it is started */
+    size_t n_ready;
 };
 
 static void *plan_in_background(void *arg)
@@ -170,7 +173,27 @@ static void *plan_in_background(void *arg)
     p->rc = gs_session_open_ignore(p->s, &p->err);
     if (p->rc == 0)
         p->rc = gs_push_plan(p->root, p->s->ig, p->s->idx, p->o, &p->plan, &p->st, &p->err);
+    if (p->rc == 0 && p->prepare) {
+        struct gs_buf sigs = GS_BUF_INIT;
+        gs_path_join(&sigs, p->root, GS_SESSION_SIGS);
+        p->ready = gs_push_prepare_deltas(p->root, &p->plan, sigs.data, &p->n_ready);
+        gs_buf_release(&sigs);
+    }
     return NULL;
+}
+
+/* Hands the deltas made while connecting to the agent, if the session has one. */
+static void hand_deltas(struct planner *p)
+{
+    if (p->s->agent) {
+        gs_agent_take_deltas(p->s->agent, p->ready, p->n_ready);
+    } else {
+        for (size_t i = 0; i < p->n_ready; i++)
+            gs_agent_delta_release(&p->ready[i]);
+        free(p->ready);
+    }
+    p->ready = NULL;
+    p->n_ready = 0;
 }
 
 /* After lost operations (an earlier push was killed after the server renamed but before the index
@@ -259,12 +282,16 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     struct planner p = {.root = cli->root.data, .s = s, .o = o, .plan = GS_PLAN_INIT};
     int64_t start_ms = gs_clock_mono_ms(); /* the summary's time: connecting and the agent too */
     pthread_t thread;
+    /* while it connects: a delta made then no longer follows the channel's opening */
+    p.prepare = !o->dry_run && cli->cfg.transport == GS_TRANSPORT_AGENT;
     int threaded = !o->dry_run && pthread_create(&thread, NULL, plan_in_background, &p) == 0;
     if (!threaded)
         plan_in_background(&p);
     int rc = o->dry_run ? 0 : connect_start(cli, s);
     if (threaded)
         pthread_join(thread, NULL);
+    p.prepare = 0; /* a later plan (plan_again) goes on at once */
+    hand_deltas(&p);
     gs_debug("agent started; %zu operations planned", p.plan.n_ops);
     if (rc == 0 && p.rc < 0)
         rc = gs_error_set(&cli->err, p.rc, "%s", p.err.msg);

@@ -105,6 +105,8 @@ struct gs_agent {
     char *sig_dir;              /* where signatures are kept (gs_agent_set_delta_dir), or NULL */
     struct gs_fop_req **resend; /* deltas refused for want of a basis, to send whole (owned) */
     size_t n_resend, resend_cap;
+    struct gs_agent_delta *ready; /* deltas made before the session was ready (owned) */
+    size_t n_ready;
 };
 
 /* ---- reading, writing, dispatching ---- */
@@ -428,6 +430,18 @@ static int write_some(struct gs_agent *a, int *progress, struct gs_error *err)
     return 0;
 }
 
+/* Writes what the channel takes now, reading nothing: a caller with more to do before an answer
+ * may be handled (submit_delta_put keeps the signature that the answer confirms) sends first. */
+static int write_now(struct gs_agent *a, struct gs_error *err)
+{
+    int progress, rc = gs_exec_answered(a->ssh, a->ch, &a->exec, err);
+    do {
+        progress = 0;
+        rc = rc < 0 ? rc : write_some(a, &progress, err);
+    } while (rc >= 0 && progress && (wire_left(a) || out_left(a)));
+    return rc < 0 ? rc : 0;
+}
+
 /* One round of I/O: write what we can, read and dispatch what arrived. With `block`, waits for
  * the socket when nothing moved. Returns 0 or a negative code. */
 static int pump(struct gs_agent *a, int block, struct gs_error *err)
@@ -674,25 +688,94 @@ static int send_delta(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
     return rc;
 }
 
-/* Sends a file the server holds an older copy of as a delta against that copy's kept signature.
- * Returns 0 or a negative code when sent (or 1 when answered here: the file changed), and 2
- * when no delta applies (no signature, or one as large as the file): then the caller streams
- * the file, whose signature this has kept already. */
+/* The largest delta worth sending for a file of `size` bytes. */
+static size_t delta_max(uint64_t size)
+{
+    return size / 2 < GS_PROTO_DELTA_MAX ? (size_t)(size / 2) : GS_PROTO_DELTA_MAX;
+}
+
+/* Makes the delta from basis's kept signature to data. Returns 0, or -1 when none applies. */
+static int make_delta(const char *sig_dir, const uint8_t basis[16], const struct gs_buf *data,
+                      struct gs_buf *delta)
+{
+    struct gs_buf sig = GS_BUF_INIT;
+    int rc = gs_delta_sig_load(sig_dir, basis, &sig) == 0 &&
+                     gs_delta_make(sig.data, sig.len, data->data, data->len, delta_max(data->len),
+                                   delta, NULL) == 0
+                 ? 0
+                 : -1;
+    gs_buf_release(&sig);
+    return rc;
+}
+
+int gs_agent_prepare_delta(const char *sig_dir, const char *file, uint64_t size,
+                           const uint8_t basis[16], const uint8_t content[16],
+                           struct gs_agent_delta *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (size < GS_DELTA_MIN || size > DELTA_FILE_MAX || !gs_delta_sig_exists(sig_dir, basis))
+        return -1;
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int rc = fd >= 0 && gs_delta_read_file(fd, (size_t)size, content, &out->data) == 0 &&
+                     make_delta(sig_dir, basis, &out->data, &out->delta) == 0
+                 ? 0
+                 : -1;
+    if (fd >= 0)
+        close(fd);
+    memcpy(out->basis, basis, 16);
+    memcpy(out->content, content, 16);
+    if (rc < 0)
+        gs_agent_delta_release(out);
+    return rc;
+}
+
+void gs_agent_delta_release(struct gs_agent_delta *d)
+{
+    gs_buf_release(&d->data);
+    gs_buf_release(&d->delta);
+}
+
+void gs_agent_take_deltas(struct gs_agent *a, struct gs_agent_delta *list, size_t n)
+{
+    for (size_t i = 0; i < a->n_ready; i++)
+        gs_agent_delta_release(&a->ready[i]);
+    free(a->ready);
+    a->ready = list;
+    a->n_ready = n;
+}
+
+/* Moves the prepared delta for req's basis and content, if there is one, into data and delta. */
+static int take_ready(struct gs_agent *a, const struct gs_fop_req *req, struct gs_buf *data,
+                      struct gs_buf *delta)
+{
+    for (size_t i = 0; i < a->n_ready; i++) {
+        struct gs_agent_delta *d = &a->ready[i];
+        if (memcmp(d->basis, req->hash, 16) != 0 || memcmp(d->content, req->content_hash, 16) != 0)
+            continue;
+        *data = d->data;
+        *delta = d->delta;
+        a->ready[i] = a->ready[--a->n_ready];
+        return 1;
+    }
+    return 0;
+}
+
+/* Sends a file the server holds an older copy of as a delta against that copy's kept signature
+ * (made ahead, or now). Returns 0 or a negative code when sent (or 1 when answered here: the file
+ * changed), and 2 when no delta applies (no signature, or one as large as the file): then the
+ * caller streams the file, whose signature this has kept already. */
 static int submit_delta_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t id, int fd,
                             const struct stat *st, struct gs_error *err)
 {
-    struct gs_buf data = GS_BUF_INIT, sig = GS_BUF_INIT, delta = GS_BUF_INIT;
-    size_t max =
-        (size_t)st->st_size / 2 < GS_PROTO_DELTA_MAX ? (size_t)st->st_size / 2 : GS_PROTO_DELTA_MAX;
-    int rc = 2;
-    if (gs_delta_read_file(fd, (size_t)st->st_size, req->content_hash, &data) < 0) {
-        put_vanished(a, req, EAGAIN);
+    struct gs_buf data = GS_BUF_INIT, delta = GS_BUF_INIT;
+    int rc = 2, made = take_ready(a, req, &data, &delta);
+    if (!made && gs_delta_read_file(fd, (size_t)st->st_size, req->content_hash, &data) < 0) {
+        put_vanished(a, req, EAGAIN); /* it changed since it was hashed */
         rc = 1;
-    } else if (gs_delta_sig_load(a->sig_dir, req->hash, &sig) == 0 &&
-               gs_delta_make(sig.data, sig.len, data.data, data.len, max, &delta, NULL) == 0) {
+    } else if (made || make_delta(a->sig_dir, req->hash, &data, &delta) == 0) {
         rc = send_delta(a, req, id, &delta, err);
         if (rc == 0)
-            rc = pump(a, 0, err); /* the save goes now */
+            rc = write_now(a, err); /* the save goes now; its answer is read after the below */
     }
     /* The new content's signature is made from the bytes in hand: for a delta, while it travels
      * and the server rebuilds the file (42 ms of CPU for 20 MB, which a push that waited for the
@@ -707,7 +790,6 @@ static int submit_delta_put(struct gs_agent *a, const struct gs_fop_req *req, ui
     if (rc == 2 && memcmp(req->hash, req->content_hash, GS_PROTO_HASH_LEN) != 0)
         gs_delta_sig_drop(a->sig_dir, req->hash);
     gs_buf_release(&data);
-    gs_buf_release(&sig);
     gs_buf_release(&delta);
     return rc;
 }
@@ -1179,6 +1261,7 @@ void gs_agent_close(struct gs_agent *a)
     free(a->resend);
     free(a->sig_dir);
     free(a->root);
+    gs_agent_take_deltas(a, NULL, 0);
     free(a->q);
     free(a);
 }

@@ -95,6 +95,28 @@ const char *gs_agent_sync_id(struct gs_agent *a);
  * then comes after those of requests submitted later. */
 int gs_agent_set_delta_dir(struct gs_agent *a, const char *dir);
 
+/* A delta made before its session is ready: a push makes it while it connects (58 ms for a 20 MB
+ * notebook, which would otherwise come after the channel opened), for a put whose server copy
+ * has content `basis` and whose new content is `content`. */
+struct gs_agent_delta {
+    uint8_t basis[16], content[16];
+    struct gs_buf data;  /* the new content, for the signature kept once it is sent */
+    struct gs_buf delta; /* what turns basis into content */
+};
+
+/* Makes the delta for a put of `file` (`size` bytes, hashed as `content`) whose server copy is
+ * `basis`, against the signature kept in sig_dir (gs_agent_set_delta_dir). Returns 0 with *out
+ * filled, or -1 when no delta applies (no signature kept, a size that gets none, a delta over
+ * half the file, the file changed since it was hashed): then the put goes as it would have. */
+int gs_agent_prepare_delta(const char *sig_dir, const char *file, uint64_t size,
+                           const uint8_t basis[16], const uint8_t content[16],
+                           struct gs_agent_delta *out);
+void gs_agent_delta_release(struct gs_agent_delta *d);
+
+/* Hands n prepared deltas to the agent, which owns them (and `list`, from malloc) from then on: a
+ * put of the same basis and content sends its delta without reading the file again. */
+void gs_agent_take_deltas(struct gs_agent *a, struct gs_agent_delta *list, size_t n);
+
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
 

@@ -104,6 +104,13 @@ static void sig_path(const char *dir, const uint8_t hash[16], const char *suffix
     snprintf(out + at, n - (size_t)at, "%s", suffix);
 }
 
+int gs_delta_sig_exists(const char *dir, const uint8_t hash[16])
+{
+    char path[4200];
+    sig_path(dir, hash, SIG_SUFFIX, path, sizeof(path));
+    return access(path, R_OK) == 0;
+}
+
 int gs_delta_sig_load(const char *dir, const uint8_t hash[16], struct gs_buf *sig)
 {
     char path[4200], chunk[65536];

@@ -32,6 +32,9 @@ int gs_delta_make(const void *sig, size_t sig_len, const void *data, size_t len,
  * GS_E_NOTFOUND when none is stored (or it cannot be read). */
 int gs_delta_sig_load(const char *dir, const uint8_t hash[16], struct gs_buf *sig);
 
+/* 1 when a signature of the content with this hash is stored. */
+int gs_delta_sig_exists(const char *dir, const uint8_t hash[16]);
+
 /* Stores a signature for the content with this hash, atomically (temporary file, rename), making
  * dir if needed. Returns 0 or GS_E_IO; a failure only costs a later delta. */
 int gs_delta_sig_save(const char *dir, const uint8_t hash[16], const void *sig, size_t len,

@@ -599,3 +599,28 @@ void gs_push_stats_add(struct gs_push_stats *to, const struct gs_push_stats *fro
     if (!to->first_error[0])
         memcpy(to->first_error, from->first_error, sizeof(to->first_error));
 }
+
+struct gs_agent_delta *gs_push_prepare_deltas(const char *root, const struct gs_plan *plan,
+                                              const char *sig_dir, size_t *n)
+{
+    struct gs_agent_delta *list = NULL;
+    size_t cap = 0;
+    uint64_t read = 0;
+    struct gs_buf local = GS_BUF_INIT;
+    *n = 0;
+    for (size_t i = 0; i < plan->n_ops && read < GS_PUSH_PREPARE_MAX; i++) {
+        const struct gs_plan_op *op = &plan->ops[i];
+        if (op->type != GS_OP_PUT || op->expect.kind != GS_EXPECT_FILE)
+            continue;
+        gs_buf_reset(&local);
+        gs_path_join(&local, root, op->path);
+        GS_ALLOC_GROW(list, *n + 1, cap);
+        if (gs_agent_prepare_delta(sig_dir, local.data, op->record.size, op->expect.hash.b,
+                                   op->record.hash.b, &list[*n]) == 0) {
+            read += op->record.size;
+            (*n)++;
+        }
+    }
+    gs_buf_release(&local);
+    return list;
+}

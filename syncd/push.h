@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "remote/agent_client.h"
 #include "remote/fileops.h"
 #include "syncd/ignore.h"
 #include "syncd/index.h"
@@ -87,5 +88,14 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
 int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *ops,
                     const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
                     struct gs_error *err);
+
+/* Makes ahead the deltas of the plan's puts whose server copy has a signature kept in sig_dir
+ * (remote/agent_client.h, gs_agent_prepare_delta), for a caller that plans while it connects:
+ * that work then overlaps the connection instead of following it. Stops once the files read
+ * pass GS_PUSH_PREPARE_MAX bytes. Returns the deltas (malloc'd; NULL when none) and their count
+ * in *n, for gs_agent_take_deltas. */
+#define GS_PUSH_PREPARE_MAX (256ull << 20)
+struct gs_agent_delta *gs_push_prepare_deltas(const char *root, const struct gs_plan *plan,
+                                              const char *sig_dir, size_t *n);
 
 #endif

@@ -15,6 +15,7 @@
 #include "common/wrapper.h"
 #include "remote/agent_install.h"
 #include "remote/delta.h"
+#include "remote/exec.h"
 #include "remote/sftp_ops.h"
 #include "syncd/reconcile.h"
 #include "syncd/resident.h"
@@ -235,12 +236,26 @@ static int restart_through_shell(struct gs_session *s, struct gs_error *err)
     return rc ? rc : gs_agent_wait_ready(s->agent, err);
 }
 
+/* Whether the server opens a channel to the listener's socket now (then closed at once: the
+ * listener's child for it ends without an OPEN). A session whose channel was refused asks once
+ * more when the agent says the listener ran all along: two refusals of a running listener are the
+ * server's rules, not a listener that was starting or being replaced. */
+static int channel_opens(struct gs_session *s, const char *socket)
+{
+    struct gs_error err = {0};
+    LIBSSH2_CHANNEL *ch = gs_exec_open_socket(s->ssh, socket, &err);
+    if (ch)
+        gs_exec_abandon(s->ssh, ch);
+    return ch || err.code != GS_E_REMOTE;
+}
+
 /* Remembers the listener the agent named for the next session (or forgets one it no longer
  * names), and says which way this one came. */
 static void note_resident(struct gs_session *s, const char *how)
 {
     const char *socket = gs_agent_resident(s->agent);
-    int refused = s->resident_refused && gs_agent_resident_ran(s->agent);
+    int refused =
+        s->resident_refused && gs_agent_resident_ran(s->agent) && !channel_opens(s, socket);
     if (gs_agent_is_resident(s->agent))
         how = "resident";
     else if (refused)
