@@ -180,39 +180,57 @@ static struct gs_agent_how agent_how(const struct gs_session *s, struct gs_ssh *
                                  .want_resident = s->resident_wanted};
 }
 
-/* Starts whichever agent build is cached on the server, without waiting for its answer: through
- * the resident listener the project remembers for it, else (or when the server refuses that
+/* Starts whichever agent build is cached on the server through the login shell, without waiting
+ * for its answer. */
+static int start_through_shell(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
+{
+    struct gs_buf cmd = GS_BUF_INIT;
+    gs_agent_cached_serve_command(s->remote_dir, &cmd);
+    struct gs_agent_how how = agent_how(s, ssh, cmd.data);
+    int rc = gs_agent_start(&s->agent, ssh, &how, err);
+    gs_buf_release(&cmd);
+    if (rc == 0)
+        keep_signatures(s);
+    return rc;
+}
+
+/* Starts `serve` through the resident listener r names, without waiting for its answer. */
+static int start_resident(struct gs_session *s, struct gs_ssh *ssh, const struct gs_resident *r,
+                          struct gs_error *err)
+{
+    struct gs_agent_how how = agent_how(s, ssh, NULL);
+    how.socket = r->socket;
+    how.root = r->root;
+    int rc = gs_agent_start(&s->agent, ssh, &how, err);
+    if (rc == 0)
+        keep_signatures(s);
+    return rc;
+}
+
+/* Starts the agent, without waiting for its answer: through the resident listener the project
+ * remembers for this server, agent build and directory, else (or when the server refuses that
  * channel) through the login shell. */
 static int start_cached(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
 {
     struct gs_buf cmd = GS_BUF_INIT;
     gs_agent_cached_serve_command(s->remote_dir, &cmd);
     gs_resident_key(gs_ssh_target(ssh), cmd.data, s->resident_key);
+    gs_buf_release(&cmd);
     struct gs_resident r;
     int known = s->cfg->no_resident ? -1 : gs_resident_recall(s->root, s->resident_key, &r);
     s->resident_wanted = !s->cfg->no_resident && known != 1;
-    struct gs_agent_how how = agent_how(s, ssh, cmd.data);
-    int rc = 1;
+    s->resident_refused = 0;
     if (known == 0) {
-        struct gs_agent_how via = how;
-        via.socket = r.socket;
-        via.root = r.root;
-        rc = gs_agent_start(&s->agent, ssh, &via, err);
-        if (rc == GS_E_REMOTE) {
-            /* Nothing listens there (any more), or the server forbids such channels: the agent's
-             * answer tells which (note_resident). */
-            gs_debug("no resident agent (%s); starting it through the shell", err->msg);
-            s->resident_refused = 1;
-            gs_error_clear(err);
-            rc = 1;
-        }
+        int rc = start_resident(s, ssh, &r, err);
+        if (rc != GS_E_REMOTE)
+            return rc;
+        /* Nothing listens there (any more), or the server forbids such channels: the agent's
+         * answer tells which (note_resident). */
+        gs_debug("no resident agent (%s); starting it through the shell", err->msg);
+        s->resident_refused = 1;
+        gs_error_clear(err);
     }
-    if (rc == 1)
-        rc = gs_agent_start(&s->agent, ssh, &how, err);
-    gs_buf_release(&cmd);
-    if (rc == 0)
-        keep_signatures(s);
-    return rc;
+    return start_through_shell(s, ssh, err);
 }
 
 /* The resident agent failed before its handshake's answer (its listener could not start `serve`,
@@ -226,13 +244,7 @@ static int restart_through_shell(struct gs_session *s, struct gs_error *err)
     s->agent = NULL;
     s->early_lost = s->early; /* the requests sent early went to a session that never began */
     gs_error_clear(err);
-    struct gs_buf cmd = GS_BUF_INIT;
-    gs_agent_cached_serve_command(s->remote_dir, &cmd);
-    struct gs_agent_how how = agent_how(s, s->ssh, cmd.data);
-    int rc = gs_agent_start(&s->agent, s->ssh, &how, err);
-    gs_buf_release(&cmd);
-    if (rc == 0)
-        keep_signatures(s);
+    int rc = start_through_shell(s, s->ssh, err);
     return rc ? rc : gs_agent_wait_ready(s->agent, err);
 }
 
