@@ -120,6 +120,16 @@ static int spawn_listener(const char *self, const char *path)
     return 0;
 }
 
+/* Whether this binary is an installed build, named by its content (~/.gpusync/bin/gpusync-agent-
+ * KEY): the socket's name is then this build's alone. Another (a build tree's gpusync-agent) gets
+ * no listener, since two different builds of that name would share one. */
+static int content_named(const char *self)
+{
+    const char *name = strrchr(self, '/');
+    name = name ? name + 1 : self;
+    return strncmp(name, "gpusync-agent-", 14) == 0 && name[14] != '\0';
+}
+
 /* Opens the lock file that a running listener holds. */
 static int open_lock(const char *self)
 {
@@ -133,8 +143,8 @@ int ga_resident_offer(char *path, size_t cap)
 {
     char self[4096];
     path[0] = '\0';
-    if (self_path(self, sizeof(self)) < 0 || socket_path(self, ".sock", path, cap) < 0 ||
-        strlen(path) >= SOCKET_MAX) {
+    if (self_path(self, sizeof(self)) < 0 || !content_named(self) ||
+        socket_path(self, ".sock", path, cap) < 0 || strlen(path) >= SOCKET_MAX) {
         path[0] = '\0';
         return -1;
     }

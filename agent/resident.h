@@ -16,8 +16,9 @@
 
 /* Writes the socket path of this agent build's listener to path (cap bytes) and starts the
  * listener, detached, if none runs. Returns 1 when one was running already, 0 when it started
- * one, or -1 when this server cannot have one (no HOME, ~/.gpusync/run not a private directory
- * of ours, a path too long for a socket, fork failed): then path is "". Cheap when the listener
+ * one, or -1 when this server cannot have one (not an installed build named by its content, no
+ * HOME, ~/.gpusync/run not a private directory of ours, a path too long for a socket, fork
+ * failed): then path is "". Cheap when the listener
  * runs: one open and one flock. */
 int ga_resident_offer(char *path, size_t cap);
 
