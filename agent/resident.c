@@ -6,6 +6,7 @@
 #endif
 #include "resident.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -53,7 +54,22 @@ static int private_dir(const char *dir)
     return 0;
 }
 
-/* The socket's path for this build (and, with suffix ".lock", its lock file's). */
+/* This machine's name as a file name part: a home shared over NFS by several servers holds one
+ * socket per server (a socket works only on the machine that made it), and their listeners'
+ * locks do not collide. */
+static void host_part(char *out, size_t cap)
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof(host) - 1) != 0 || !host[0])
+        snprintf(host, sizeof(host), "localhost");
+    size_t n = 0;
+    for (const char *c = host; *c && n + 1 < cap; c++)
+        out[n++] = (isalnum((unsigned char)*c) || *c == '.' || *c == '-') ? *c : '_';
+    out[n] = '\0';
+}
+
+/* The socket's path for this build on this machine (and, with suffix ".lock", its lock file's):
+ * ~/.gpusync/run/HOST-gpusync-agent-KEY.sock. */
 static int socket_path(const char *self, const char *suffix, char *out, size_t cap)
 {
     const char *home = getenv("HOME");
@@ -61,14 +77,15 @@ static int socket_path(const char *self, const char *suffix, char *out, size_t c
     name = name ? name + 1 : self;
     if (!home || home[0] != '/')
         return -1;
-    char dir[4096];
+    char dir[4096], host[64];
     snprintf(dir, sizeof(dir), "%s/.gpusync", home);
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         return -1;
     int n = snprintf(dir, sizeof(dir), "%s/.gpusync/run", home);
     if (n <= 0 || (size_t)n >= sizeof(dir) || private_dir(dir) < 0)
         return -1;
-    n = snprintf(out, cap, "%s/%s%s", dir, name, suffix);
+    host_part(host, sizeof(host));
+    n = snprintf(out, cap, "%s/%s-%s%s", dir, host, name, suffix);
     return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 

@@ -1,6 +1,7 @@
 /* The resident listener (proto/sync.h, RESIDENT LISTENER): `gpusync-agent listen` keeps a UNIX
- * socket in ~/.gpusync/run and starts `serve` on each connection, so that a session skips the
- * server's login shell; `serve` starts the listener when a client asks for it. */
+ * socket in ~/.gpusync/run (HOST-gpusync-agent-KEY.sock) and starts `serve` on each connection, so
+ * that a session skips the server's login shell; `serve` starts the listener when a client asks for
+ * it. */
 #ifndef GA_RESIDENT_H
 #define GA_RESIDENT_H
 

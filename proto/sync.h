@@ -105,8 +105,8 @@
  * RESIDENT LISTENER (v8). Starting `serve` through an exec costs the server's login shell and its
  * rc files (conda or pyenv init: 0.1-0.3 s) on every session. A client that sets
  * GS_HELLO_RESIDENT asks the agent to keep `gpusync-agent listen` running for it: a detached
- * process of the same build, listening on the UNIX socket ~/.gpusync/run/<agent name>.sock (the
- * directory 0700, so only this user, or root, can connect, or could have made the socket). The
+ * process of the same build, listening on the UNIX socket ~/.gpusync/run/HOST-<agent name>.sock
+ * (the directory 0700, so only this user, or root, can connect, or could have made the socket). The
  * agent starts one if none runs and answers with the socket's absolute path in HELLO_OK ("" when
  * it cannot). A later session of the same client opens a "direct-streamlocal@openssh.com"
  * channel to that path and sends OPEN, naming the root, then HELLO as usual: the listener forks
