@@ -9,7 +9,9 @@
 #include "cli/run_nodes.h"
 #include "cli/run_slurm.h"
 #include "common/proc.h"
+#include "remote/agent_install.h"
 #include "remote/exec.h"
+#include "syncd/resident.h"
 
 /* Prints key=value lines; GPUs one per "gpu=" line as nvidia-smi's CSV. */
 static const char probe_script[] =
@@ -60,7 +62,7 @@ struct check {
 };
 
 struct doctor {
-    struct check checks[16];
+    struct check checks[24];
     int n;
     json_t *facts;
 };
@@ -288,6 +290,48 @@ static void check_remote(struct gs_cli *cli, struct doctor *d)
     gs_buf_release(&out);
 }
 
+/* The resident agent (README): whether sessions to this server skip its login shell. */
+static void check_resident(struct gs_cli *cli, struct doctor *d)
+{
+    if (cli->cfg.no_resident) {
+        add_check(d, "resident", "ok", NULL,
+                  "off ([sync] resident = off): every session starts the agent through the "
+                  "login shell");
+        return;
+    }
+    struct gs_buf dir = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    gs_agent_cached_serve_command(dir.data, &cmd);
+    char key[GS_RESIDENT_KEY];
+    gs_resident_key(gs_ssh_target(cli->ssh), cmd.data, key);
+    struct gs_resident r;
+    int known = gs_resident_recall(cli->root.data, key, &r);
+    struct gs_error err = {0};
+    LIBSSH2_CHANNEL *ch = known == 0 ? gs_exec_open_socket(cli->ssh, r.socket, &err) : NULL;
+    if (ch) {
+        gs_exec_abandon(cli->ssh, ch); /* the listener's child for it ends without an OPEN */
+        add_check(d, "resident", "ok", NULL, "listening at %s: sessions skip the login shell",
+                  r.socket);
+    } else if (known == 0) {
+        add_check(d, "resident", "ok", NULL,
+                  "not listening at %s (%s): the next session starts the agent through the "
+                  "login shell, and a new listener",
+                  r.socket, err.msg);
+    } else if (known == 1) {
+        add_check(d, "resident", "warn",
+                  "AllowStreamLocalForwarding yes in the server's sshd_config lets sessions skip "
+                  "the login shell",
+                  "the server refuses channels to the agent's socket: every session starts the "
+                  "agent through the login shell");
+    } else {
+        add_check(d, "resident", "ok", NULL,
+                  "none known yet: the next push leaves one, and later sessions skip the login "
+                  "shell");
+    }
+    gs_buf_release(&dir);
+    gs_buf_release(&cmd);
+}
+
 static void check_local(struct gs_cli *cli, struct doctor *d)
 {
     add_check(d, "config", "ok", NULL, "%s", cli->cfg.file);
@@ -350,9 +394,10 @@ static int doctor_exec(struct gs_cli *cli)
     check_local(cli, &d);
     /* Not GS_CMD_NEED_CONNECTION: connecting is one of the checks, and its failure is reported
      * with the others. */
-    if (gs_cli_connect(cli) == 0)
+    if (gs_cli_connect(cli) == 0) {
         check_remote(cli, &d);
-    else
+        check_resident(cli, &d);
+    } else
         add_check(&d, "ssh", "fail", NULL, "%s", cli->err.msg);
     if (cli->cfg.hosts)
         check_nodes(cli, &d);
@@ -371,7 +416,8 @@ const struct gs_cmd gs_cmd_doctor = {
             "  ([remote] master_addr, or as 'run' detects it) on a free port of node 0. With\n"
             "  [remote] scheduler = slurm, checks on the login node that sinfo answers, that\n"
             "  [remote] partition is up and account is yours, and says how many CPUs and GPUs\n"
-            "  are idle.\n"
+            "  are idle. The 'resident' check says whether sessions reach the agent's listener on\n"
+            "  the server, skipping its login shell ([sync] resident).\n"
             "  Exit status 1 if a check failed (warnings do not fail).\n",
     .flags = GS_CMD_NEED_PROJECT,
     .exec = doctor_exec,

@@ -242,6 +242,33 @@ static pid_t await_listener(const char *sock)
     return pid;
 }
 
+/* The detail of `gpusync doctor --json`'s "resident" check (copied into out), and its status. */
+static const char *doctor_resident(const struct proj *p, char *out, size_t cap)
+{
+    static char status[16];
+    struct gs_test_result r =
+        gs_test_run_gpusync(p->local, NULL, NULL, ARGS("doctor", "--json"), RUN_TIMEOUT_MS);
+    if (r.status != 0 && r.status != 1) /* 1: another check failed (no GPU here) */
+        fail_msg("doctor --json exit %d: %s", r.status, r.err.data);
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    if (!o)
+        fail_msg("doctor --json: not JSON: %s", r.out.data);
+    gs_test_result_release(&r);
+    json_t *checks = json_object_get(o, "checks"), *c;
+    size_t i;
+    snprintf(out, cap, "(no resident check)");
+    status[0] = '\0';
+    json_array_foreach(checks, i, c)
+    {
+        if (strcmp(json_string_value(json_object_get(c, "name")), "resident") != 0)
+            continue;
+        snprintf(out, cap, "%s", json_string_value(json_object_get(c, "detail")));
+        snprintf(status, sizeof(status), "%s", json_string_value(json_object_get(c, "status")));
+    }
+    json_decref(o);
+    return status;
+}
+
 /* A first push, through the shell, then one through the listener it left. Returns the socket. */
 static void go_resident(struct proj *p, char *sock, size_t cap)
 {
@@ -284,6 +311,10 @@ static void test_resident__a_second_push_goes_through_the_listener(void **state)
     go_resident(&cur, sock, sizeof(sock));
     edit(&cur);
     expect_transport(push(&cur, "a third push"), "agent (resident)", "a third push");
+    char detail[512];
+    assert_string_equal(doctor_resident(&cur, detail, sizeof(detail)), "ok");
+    if (strncmp(detail, "listening at ", 13) != 0 || !strstr(detail, sock))
+        fail_msg("doctor says \"%s\" of a running listener", detail);
     struct stat st;
     snprintf(path, sizeof(path), "%s/.gpusync/resident", cur.local);
     assert_int_equal(stat(path, &st), 0);
@@ -387,6 +418,7 @@ static void test_resident__a_server_that_forbids_the_channel_is_not_asked_again(
     expect_transport(push(&cur, "the next push"), "agent (cached)", "the next push");
     assert_int_equal(remembered(&cur, 3, line, sizeof(line)), 0);
     assert_string_equal(line, "refused");
+    assert_string_equal(doctor_resident(&cur, line, sizeof(line)), "warn");
 }
 
 /* Another agent build (an upgrade of gpusync) never uses the old build's listener. */
@@ -420,6 +452,10 @@ static void test_resident__resident_off_always_uses_the_shell(void **state)
     edit(&cur);
     expect_shell(push(&cur, "the second push"), "the second push");
     assert_int_equal(remembered(&cur, 1, line, sizeof(line)), -1);
+    char detail[512];
+    assert_string_equal(doctor_resident(&cur, detail, sizeof(detail)), "ok");
+    if (strncmp(detail, "off ", 4) != 0)
+        fail_msg("doctor says \"%s\" with resident = off", detail);
 }
 
 int main(void)
