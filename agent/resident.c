@@ -95,22 +95,26 @@ static int socket_path(const char *self, const char *suffix, char *out, size_t c
  * sshd would wait for them. */
 static void close_inherited(void)
 {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) {
-        for (int fd = 3; fd < 1024; fd++)
-            close(fd);
-        return;
-    }
-    int fds[256], n = 0, own = dirfd(d);
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 256) {
-        int fd = atoi(e->d_name);
-        if (fd >= 3 && fd != own)
-            fds[n++] = fd;
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++)
-        close(fds[i]);
+    int fds[256], n;
+    do { /* in rounds: closing while reading /proc/self/fd would change what it lists */
+        DIR *d = opendir("/proc/self/fd");
+        if (!d) {
+            for (int fd = 3; fd < 1024; fd++)
+                close(fd);
+            return;
+        }
+        int own = dirfd(d);
+        struct dirent *e;
+        n = 0;
+        while (n < 256 && (e = readdir(d))) {
+            int fd = atoi(e->d_name);
+            if (fd >= 3 && fd != own)
+                fds[n++] = fd;
+        }
+        closedir(d);
+        for (int i = 0; i < n; i++)
+            close(fds[i]);
+    } while (n == 256);
 }
 
 /* Runs `self listen --socket path` in a new session, its parent gone, stdio on /dev/null. */
