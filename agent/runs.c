@@ -813,6 +813,10 @@ static int stop_run(const char *dir, long grace_ms, struct stop_report *r)
         if (ga_runs_supervisor_alive(dir) && st->supervisor_pid > 1)
             kill((pid_t)st->supervisor_pid, SIGKILL);
         kill_groups(st, SIGKILL);
+        /* A process killed here may still be on its way out when the sweep looks (seen under
+         * ASan: the sweep then "found" the rank's own child, which the group kill had ended):
+         * only what outlives its group's kill was left behind. */
+        wait_gone(dir, st, 1000);
     }
     sweep(dir, r);
     if (r->left.n == 0 && !strcmp(st->state, "running"))
