@@ -9,7 +9,6 @@
 #include "cli/run_nodes.h"
 #include "cli/run_slurm.h"
 #include "common/proc.h"
-#include "remote/agent_install.h"
 #include "remote/exec.h"
 #include "syncd/resident.h"
 
@@ -299,17 +298,15 @@ static void check_resident(struct gs_cli *cli, struct doctor *d)
                   "login shell");
         return;
     }
-    struct gs_buf dir = GS_BUF_INIT, cmd = GS_BUF_INIT;
+    struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    gs_agent_cached_serve_command(dir.data, &cmd);
     char key[GS_RESIDENT_KEY];
-    gs_resident_key(gs_ssh_target(cli->ssh), cmd.data, key);
+    gs_resident_key(gs_ssh_target(cli->ssh), dir.data, key);
+    gs_buf_release(&dir);
     struct gs_resident r;
     int known = gs_resident_recall(cli->root.data, key, &r);
     struct gs_error err = {0};
-    LIBSSH2_CHANNEL *ch = known == 0 ? gs_exec_open_socket(cli->ssh, r.socket, &err) : NULL;
-    if (ch) {
-        gs_exec_abandon(cli->ssh, ch); /* the listener's child for it ends without an OPEN */
+    if (known == 0 && gs_exec_socket_opens(cli->ssh, r.socket, &err) == 1) {
         add_check(d, "resident", "ok", NULL, "listening at %s: sessions skip the login shell",
                   r.socket);
     } else if (known == 0) {
@@ -328,8 +325,6 @@ static void check_resident(struct gs_cli *cli, struct doctor *d)
                   "none known yet: the next push leaves one, and later sessions skip the login "
                   "shell");
     }
-    gs_buf_release(&dir);
-    gs_buf_release(&cmd);
 }
 
 static void check_local(struct gs_cli *cli, struct doctor *d)

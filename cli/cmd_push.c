@@ -185,13 +185,10 @@ static void *plan_in_background(void *arg)
 /* Hands the deltas made while connecting to the agent, if the session has one. */
 static void hand_deltas(struct planner *p)
 {
-    if (p->s->agent) {
+    if (p->s->agent)
         gs_agent_take_deltas(p->s->agent, p->ready, p->n_ready);
-    } else {
-        for (size_t i = 0; i < p->n_ready; i++)
-            gs_agent_delta_release(&p->ready[i]);
-        free(p->ready);
-    }
+    else
+        gs_agent_deltas_free(p->ready, p->n_ready);
     p->ready = NULL;
     p->n_ready = 0;
 }

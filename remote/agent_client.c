@@ -735,11 +735,16 @@ void gs_agent_delta_release(struct gs_agent_delta *d)
     gs_buf_release(&d->delta);
 }
 
+void gs_agent_deltas_free(struct gs_agent_delta *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        gs_agent_delta_release(&list[i]);
+    free(list);
+}
+
 void gs_agent_take_deltas(struct gs_agent *a, struct gs_agent_delta *list, size_t n)
 {
-    for (size_t i = 0; i < a->n_ready; i++)
-        gs_agent_delta_release(&a->ready[i]);
-    free(a->ready);
+    gs_agent_deltas_free(a->ready, a->n_ready);
     a->ready = list;
     a->n_ready = n;
 }

@@ -112,6 +112,8 @@ int gs_agent_prepare_delta(const char *sig_dir, const char *file, uint64_t size,
                            const uint8_t basis[16], const uint8_t content[16],
                            struct gs_agent_delta *out);
 void gs_agent_delta_release(struct gs_agent_delta *d);
+/* Releases n deltas and frees `list` (from malloc). */
+void gs_agent_deltas_free(struct gs_agent_delta *list, size_t n);
 
 /* Hands n prepared deltas to the agent, which owns them (and `list`, from malloc) from then on: a
  * put of the same basis and content sends its delta without reading the file again. */

@@ -148,6 +148,14 @@ LIBSSH2_CHANNEL *gs_exec_open_socket(struct gs_ssh *s, const char *path, struct 
     return ch;
 }
 
+int gs_exec_socket_opens(struct gs_ssh *s, const char *path, struct gs_error *err)
+{
+    LIBSSH2_CHANNEL *ch = gs_exec_open_socket(s, path, err);
+    if (ch)
+        gs_exec_abandon(s, ch);
+    return ch ? 1 : err && err->code == GS_E_REMOTE ? 0 : err && err->code ? err->code : GS_E_ERR;
+}
+
 /* Turns a failed exec request's code into err; returns the negative code. */
 static int exec_failed(struct gs_ssh *s, int rc, struct gs_error *err)
 {

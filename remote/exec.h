@@ -83,6 +83,11 @@ LIBSSH2_CHANNEL *gs_exec_open(struct gs_ssh *s, const char *command, struct gs_e
  * off). Free with libssh2_channel_free, or gs_exec_abandon once its answers are in. */
 LIBSSH2_CHANNEL *gs_exec_open_socket(struct gs_ssh *s, const char *path, struct gs_error *err);
 
+/* Whether the server opens a channel to `path` now: the channel is closed at once (a resident
+ * listener's child for it ends without an OPEN). Returns 1 when it opened, 0 when the server
+ * refused it (err says why), or a negative code when the connection failed. */
+int gs_exec_socket_opens(struct gs_ssh *s, const char *path, struct gs_error *err);
+
 /* An exec request whose answer has not come yet (gs_exec_start). */
 struct gs_exec_pending {
     struct gs_buf request; /* the command as sent: libssh2 wants it again to collect the answer */

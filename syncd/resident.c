@@ -12,6 +12,7 @@
 
 #include "common/buf.h"
 #include "common/path.h"
+#include "remote/agent_install.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -19,13 +20,16 @@
 #define HEADER  "gpusync-resident 1"
 #define REFUSED "refused"
 
-void gs_resident_key(const char *target, const char *command, char key[GS_RESIDENT_KEY])
+void gs_resident_key(const char *target, const char *remote_dir, char key[GS_RESIDENT_KEY])
 {
+    struct gs_buf command = GS_BUF_INIT;
+    gs_agent_cached_serve_command(remote_dir, &command);
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
     XXH3_128bits_update(&st, target, strlen(target) + 1); /* the NUL keeps the two apart */
-    XXH3_128bits_update(&st, command, strlen(command));
+    XXH3_128bits_update(&st, command.data, command.len);
     XXH128_hash_t h = XXH3_128bits_digest(&st);
+    gs_buf_release(&command);
     snprintf(key, GS_RESIDENT_KEY, "%016llx%016llx", (unsigned long long)h.high64,
              (unsigned long long)h.low64);
 }

@@ -16,8 +16,9 @@ struct gs_resident {
     char root[4097]; /* the agent's longest root (GS_PROTO_MAX_PATH) and a NUL */
 };
 
-/* The key for a session to `target` that would start the agent with `command`. */
-void gs_resident_key(const char *target, const char *command, char key[GS_RESIDENT_KEY]);
+/* The key for a session to `target` serving `remote_dir` (a quoted shell word), made from the
+ * command that would start the cached agent there (gs_agent_cached_serve_command). */
+void gs_resident_key(const char *target, const char *remote_dir, char key[GS_RESIDENT_KEY]);
 
 /* How long a server's refusal of the channel to its listener (AllowStreamLocalForwarding no)
  * keeps sessions from asking for one again: each try costs a round trip. */

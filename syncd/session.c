@@ -212,10 +212,7 @@ static int start_resident(struct gs_session *s, struct gs_ssh *ssh, const struct
  * channel) through the login shell. */
 static int start_cached(struct gs_session *s, struct gs_ssh *ssh, struct gs_error *err)
 {
-    struct gs_buf cmd = GS_BUF_INIT;
-    gs_agent_cached_serve_command(s->remote_dir, &cmd);
-    gs_resident_key(gs_ssh_target(ssh), cmd.data, s->resident_key);
-    gs_buf_release(&cmd);
+    gs_resident_key(gs_ssh_target(ssh), s->remote_dir, s->resident_key);
     struct gs_resident r;
     int known = s->cfg->no_resident ? -1 : gs_resident_recall(s->root, s->resident_key, &r);
     s->resident_wanted = !s->cfg->no_resident && known != 1;
@@ -248,26 +245,17 @@ static int restart_through_shell(struct gs_session *s, struct gs_error *err)
     return rc ? rc : gs_agent_wait_ready(s->agent, err);
 }
 
-/* Whether the server opens a channel to the listener's socket now (then closed at once: the
- * listener's child for it ends without an OPEN). A session whose channel was refused asks once
- * more when the agent says the listener ran all along: two refusals of a running listener are the
- * server's rules, not a listener that was starting or being replaced. */
-static int channel_opens(struct gs_session *s, const char *socket)
-{
-    struct gs_error err = {0};
-    LIBSSH2_CHANNEL *ch = gs_exec_open_socket(s->ssh, socket, &err);
-    if (ch)
-        gs_exec_abandon(s->ssh, ch);
-    return ch || err.code != GS_E_REMOTE;
-}
-
 /* Remembers the listener the agent named for the next session (or forgets one it no longer
  * names), and says which way this one came. */
 static void note_resident(struct gs_session *s, const char *how)
 {
     const char *socket = gs_agent_resident(s->agent);
-    int refused =
-        s->resident_refused && gs_agent_resident_ran(s->agent) && !channel_opens(s, socket);
+    /* A session whose channel was refused asks once more when the agent says the listener ran
+     * all along: two refusals of a running listener are the server's rules, not a listener that
+     * was starting or being replaced. */
+    struct gs_error probe = {0};
+    int refused = s->resident_refused && gs_agent_resident_ran(s->agent) &&
+                  gs_exec_socket_opens(s->ssh, socket, &probe) == 0;
     if (gs_agent_is_resident(s->agent))
         how = "resident";
     else if (refused)

@@ -41,8 +41,8 @@ static void test_resident__recalled_under_its_key_only(void **state)
     (void)state;
     char key[GS_RESIDENT_KEY], other[GS_RESIDENT_KEY];
     struct gs_resident r;
-    gs_resident_key("root@gpu:22", "for a in ~/.gpusync/bin/gpusync-agent-1; do ...", key);
-    gs_resident_key("root@gpu:22", "for a in ~/.gpusync/bin/gpusync-agent-2; do ...", other);
+    gs_resident_key("root@gpu:22", "gpusync/project-a", key);
+    gs_resident_key("root@gpu:22", "gpusync/project-b", other);
     assert_string_not_equal(key, other);
     assert_int_equal(gs_resident_recall(project, key, &r), -1);
     gs_resident_remember(project, key, "/root/.gpusync/run/a.sock", "/root/proj");
