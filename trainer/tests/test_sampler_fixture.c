@@ -1,7 +1,7 @@
 /* test_sampler_fixture.c: compares gt_randperm and gt_sampler with index lists that PyTorch
- * printed (fixtures/torch_sampler.txt, made by fixtures/make_sampler_fixture.py). No such list
- * was found in public text and PyTorch was not available where this was written, so the file
- * may be absent: the test then exits 77 (skipped) rather than pass on an invented fixture.
+ * printed (fixtures/torch_sampler.txt, made by fixtures/make_sampler_fixture.py with Debian 12's
+ * python3-torch 1.13.1; scripts/gpu-check.sh makes it again with the GPU machine's torch 2.x). A
+ * missing file exits 77 (skipped) rather than pass on an invented fixture.
  * Usage: test_sampler_fixture [FIXTURE_FILE]. */
 #include <stdio.h>
 #include <stdlib.h>
