@@ -1059,13 +1059,15 @@ static void test_watch__a_continuously_written_file_syncs_before_the_writes_stop
 
 /* Saves in a steady stream never wait for the liveness check. It opens a channel (two round
  * trips, the loop blocked) every 5 s of a link without answers, and it used to run between saves
- * too: the next save waited for it. At 100 ms RTT a save's "synced" ms (first event to the
- * server's answer) is about one round trip; one behind the check took three. */
+ * too: the next save waited for it. From the write to its "synced" event a save takes about one
+ * round trip; one behind the check takes up to three. The bar is two round trips, at 200 ms
+ * RTT so that it stands 200 ms clear of both: at 100 ms RTT a sanitized build once took 217 ms
+ * (disk and scheduling, no check) against a bar of 200. */
 static void test_watch__steady_saves_never_wait_for_the_liveness_check(void **state)
 {
     (void)state;
     char err[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 50};
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 100};
     if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
         fail_msg("wansim: %s", err);
     proj_init(wan.port);
@@ -1074,22 +1076,24 @@ static void test_watch__steady_saves_never_wait_for_the_liveness_check(void **st
     struct gs_test_events ev;
     gs_test_events_start(&ev, cur.local);
     events_mark(&ev, "marker");
-    json_int_t worst = 0;
+    int64_t worst = 0;
     int saves = 0;
     for (int64_t end = gs_clock_mono_ms() + 7000; gs_clock_mono_ms() < end; saves++) {
         char body[64];
         snprintf(body, sizeof(body), "save %d\n", saves);
+        /* timed from the write, by this clock: the daemon's own "ms" starts when it reads the
+         * save's event, which is after a check that blocked its loop */
+        int64_t t0 = gs_clock_mono_ms();
         put("edit.py", body);
         gs_test_events_until(&ev, "synced", "edit.py", 5000);
-        json_t *last = json_array_get(ev.all, json_array_size(ev.all) - 1);
-        json_int_t ms = json_integer_value(json_object_get(last, "ms"));
+        int64_t ms = gs_clock_mono_ms() - t0;
         worst = ms > worst ? ms : worst;
         usleep(20000); /* a person's pace between saves, not synchronisation */
     }
     gs_test_events_stop(&ev);
-    print_message("%d saves at 100 ms RTT; the slowest took %lld ms\n", saves, (long long)worst);
-    if (worst >= 200)
-        fail_msg("a save took %lld ms at 100 ms RTT: it waited for something", (long long)worst);
+    print_message("%d saves at 200 ms RTT; the slowest took %lld ms\n", saves, (long long)worst);
+    if (worst >= 400)
+        fail_msg("a save took %lld ms at 200 ms RTT: it waited for something", (long long)worst);
 }
 
 /* A batch that carries one large file reports its progress in bytes while the file goes, not
