@@ -25,8 +25,22 @@ size_t gt_conv2d_col_len(const gt_conv2d *s)
     return (size_t)s->C * s->k * s->k * s->OH * s->OW;
 }
 
-/* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. The index math is
- * layer_index.h's, shared with the CUDA kernel. */
+/* The output columns ox in [*lo, *hi) whose tap kj lands inside a row of width W: ix = ox *
+ * stride - pad + kj in [0, W). Outside it the tap reads padding. */
+static void tap_span(const gt_conv2d *s, int kj, int *lo, int *hi)
+{
+    int a = s->pad - kj, b = s->W + s->pad - kj; /* ox * stride in [a, b) */
+    *lo = a > 0 ? (a + s->stride - 1) / s->stride : 0;
+    *hi = b > 0 ? (b + s->stride - 1) / s->stride : 0;
+    *lo = *lo < s->OW ? *lo : s->OW;
+    *hi = *hi < s->OW ? *hi : s->OW;
+    *hi = *hi > *lo ? *hi : *lo;
+}
+
+/* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. Row by row: the taps of
+ * one output row that fall inside the input are one span (a memcpy at stride 1), so no element
+ * pays a bounds test (this loop was half of a ResNet step). layer_index.h's gt_im2col_src is the
+ * definition, shared with the CUDA kernel; test_layers checks both against it. */
 static void im2col(const gt_conv2d *s, const float *x, float *col)
 {
     int P = s->OH * s->OW;
@@ -34,12 +48,28 @@ static void im2col(const gt_conv2d *s, const float *x, float *col)
         for (int ki = 0; ki < s->k; ki++)
             for (int kj = 0; kj < s->k; kj++) {
                 float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
-                for (int oy = 0; oy < s->OH; oy++)
-                    for (int ox = 0; ox < s->OW; ox++) {
-                        int64_t at =
-                            gt_im2col_src(s->H, s->W, s->stride, s->pad, c, ki, kj, oy, ox);
-                        row[oy * s->OW + ox] = at >= 0 ? x[at] : 0.0f;
-                    }
+                int lo, hi;
+                tap_span(s, kj, &lo, &hi);
+                for (int oy = 0; oy < s->OH; oy++) {
+                    float *out = row + (size_t)oy * s->OW;
+                    int iy = oy * s->stride - s->pad + ki;
+                    int lo_y = lo, hi_y = hi;
+                    if (iy < 0 || iy >= s->H)
+                        lo_y = hi_y = 0;
+                    const float *in = x + ((size_t)c * s->H + (lo_y < hi_y ? iy : 0)) * s->W;
+                    int shift = kj - s->pad; /* ix = ox * stride + shift, >= 0 from lo on */
+                    /* rows are short (7 to 28): plain loops beat memset/memcpy calls here */
+                    for (int ox = 0; ox < lo_y; ox++)
+                        out[ox] = 0.0f;
+                    if (s->stride == 1)
+                        for (int ox = lo_y; ox < hi_y; ox++)
+                            out[ox] = in[ox + shift];
+                    else
+                        for (int ox = lo_y; ox < hi_y; ox++)
+                            out[ox] = in[ox * s->stride + shift];
+                    for (int ox = hi_y; ox < s->OW; ox++)
+                        out[ox] = 0.0f;
+                }
             }
 }
 
@@ -51,15 +81,17 @@ static void col2im(const gt_conv2d *s, const float *col, float *dx)
         for (int ki = 0; ki < s->k; ki++)
             for (int kj = 0; kj < s->k; kj++) {
                 const float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                int lo, hi;
+                tap_span(s, kj, &lo, &hi);
                 for (int oy = 0; oy < s->OH; oy++) {
                     int iy = oy * s->stride - s->pad + ki;
                     if (iy < 0 || iy >= s->H)
                         continue;
-                    for (int ox = 0; ox < s->OW; ox++) {
-                        int ix = ox * s->stride - s->pad + kj;
-                        if (ix >= 0 && ix < s->W)
-                            dx[((size_t)c * s->H + iy) * s->W + ix] += row[oy * s->OW + ox];
-                    }
+                    const float *in = row + (size_t)oy * s->OW;
+                    float *out = dx + ((size_t)c * s->H + iy) * s->W;
+                    int shift = kj - s->pad;
+                    for (int ox = lo; ox < hi; ox++)
+                        out[ox * s->stride + shift] += in[ox];
                 }
             }
 }
