@@ -95,6 +95,16 @@ static int daemon_status(struct gs_cli *cli, int ack)
            transport && *transport ? "via " : "(not connected)", transport ? transport : "",
            json_string_value(json_object_get(st, "state")),
            (long long)json_integer_value(json_object_get(st, "pending")));
+    json_t *batch = json_object_get(st, "batch");
+    if (batch) {
+        char done[32], total[32];
+        printf("sending: %lld of %lld operations, %s of %s\n",
+               (long long)json_integer_value(json_object_get(batch, "ops_done")),
+               (long long)json_integer_value(json_object_get(batch, "ops_total")),
+               gs_format_bytes((uint64_t)json_integer_value(json_object_get(batch, "bytes")), done),
+               gs_format_bytes((uint64_t)json_integer_value(json_object_get(batch, "bytes_total")),
+                               total));
+    }
     if (json_is_integer(lat))
         printf("latency: last sync took %lld ms\n", (long long)json_integer_value(lat));
     json_t *since = json_object_get(st, "unreachable_since");

@@ -39,6 +39,7 @@
 #define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
 #define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
 #define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
+#define SERVE_IN_BATCH_MS 100   /* during a batch, status requests are answered this often */
 
 struct client {
     int fd;
@@ -91,8 +92,10 @@ struct daemon {
     int lost_ops;       /* operations of this batch on paths gone from the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
-    int64_t next_progress_ms; /* while syncing: when the batch next reports its progress */
-    int64_t lock_retry_ms;    /* the sync lock was busy: connect or batch again from then on */
+    int64_t next_progress_ms;      /* while syncing: when the batch next reports its progress */
+    int64_t next_serve_ms;         /* while syncing: when control requests are next looked at */
+    struct gs_push_stats batch_st; /* while syncing: the batch's progress so far */
+    int64_t lock_retry_ms;         /* the sync lock was busy: connect or batch again from then on */
     /* A connection attempt runs in a thread (a login can take seconds, a dead server a connect
      * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
      * d->ssh until it signals connect_done. */
@@ -193,10 +196,13 @@ static json_t *status_json(struct daemon *d)
     long relayed = 0;
     if (d->relay)
         gs_relay_stats(d->relay, &spare, &relayed);
+    /* a batch in progress: its operations not done yet are pending too */
+    const struct gs_push_stats *b = &d->batch_st;
+    size_t sending = d->syncing && b->ops_total > b->ops_done ? b->ops_total - b->ops_done : 0;
     json_t *o =
         json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
                   "state", state_name(d), "connected", d->connected, "pending",
-                  (int)(d->n_dirty + d->n_failed + d->n_held), "last_error",
+                  (int)(d->n_dirty + d->n_failed + d->n_held + sending), "last_error",
                   d->last_error[0] ? json_string(d->last_error) : json_null(), "last_latency_ms",
                   d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
                   "target", d->connected ? gs_ssh_target(d->ssh) : d->target, "transport",
@@ -209,6 +215,13 @@ static json_t *status_json(struct daemon *d)
     json_object_set_new(o, "relayed", json_integer(relayed));
     json_object_set_new(o, "unreachable_since", unreachable_since(d));
     json_object_set(o, "conflicts", d->conflicts);
+    if (d->syncing) /* what the batch has sent so far (status answers during a batch) */
+        json_object_set_new(
+            o, "batch",
+            json_pack("{s:I,s:I,s:I,s:I}", "ops_done", (json_int_t)b->ops_done, "ops_total",
+                      (json_int_t)b->ops_total, "bytes",
+                      (json_int_t)(b->bytes_out > b->bytes_sent ? b->bytes_out : b->bytes_sent),
+                      "bytes_total", (json_int_t)b->bytes_total));
     return o;
 }
 
@@ -576,9 +589,13 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
 
 /* Reports a long batch's progress, bytes as well as files, so that a plugin shows one large file
  * moving. A save's batch ends before the first report: it adds nothing to the stream. */
+static void serve_during_batch(struct daemon *d);
+
 static void on_batch_progress(void *ctx, const struct gs_push_stats *st)
 {
     struct daemon *d = ctx;
+    d->batch_st = *st;
+    serve_during_batch(d);
     int64_t now = gs_clock_mono_ms();
     if (now < d->next_progress_ms)
         return;
@@ -750,6 +767,7 @@ static void sync_batch(struct daemon *d)
     struct gs_error err = {0};
     d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
+    memset(&d->batch_st, 0, sizeof(d->batch_st));
     uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     d->syncing = 0;
@@ -972,6 +990,65 @@ static void accept_clients(struct daemon *d)
     }
 }
 
+/* Requests a batch in progress can answer at once: they read the daemon's state and change
+ * nothing the batch uses. */
+static int answers_during_batch(json_t *req)
+{
+    const char *cmd = json_string_value(json_object_get(req, "cmd"));
+    return cmd && (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0);
+}
+
+/* Answers the requests at the head of client i's buffer that answers_during_batch allows; the
+ * first other one, and all after it, stay buffered in order for the loop (has_request). */
+static void answer_head_requests(struct daemon *d, int i)
+{
+    struct client *c = &d->clients[i];
+    for (;;) {
+        char *nl = c->in.len ? memchr(c->in.data, '\n', c->in.len) : NULL;
+        if (!nl)
+            return;
+        struct gs_buf line = GS_BUF_INIT;
+        gs_buf_add(&line, c->in.data, (size_t)(nl - c->in.data) + 1);
+        json_t *req = NULL;
+        struct gs_error err = {0};
+        int ok = gs_control_pop(&line, &req, &err) == 0 && req && answers_during_batch(req);
+        gs_buf_release(&line);
+        if (ok) {
+            gs_buf_consume(&c->in, (size_t)(nl - c->in.data) + 1);
+            handle_request(d, i, req);
+        }
+        json_decref(req);
+        if (!ok)
+            return;
+    }
+}
+
+/* Called from a batch's progress (pushes run inline): takes new control connections and answers
+ * `status` and event subscriptions, so that while a large file goes `gpusync status` says
+ * "syncing" instead of timing out on a silent daemon and then on the index it holds, and an
+ * editor that starts meanwhile sees the progress. Other requests wait for the batch's end. */
+static void serve_during_batch(struct daemon *d)
+{
+    int64_t now = gs_clock_mono_ms();
+    if (now < d->next_serve_ms)
+        return;
+    d->next_serve_ms = now + SERVE_IN_BATCH_MS;
+    accept_clients(d);
+    for (int i = 0; i < d->n_clients; i++) {
+        char chunk[4096];
+        ssize_t n = d->clients[i].dead ? 0 : read(d->clients[i].fd, chunk, sizeof(chunk));
+        if (n > 0) /* at EOF (n == 0) the loop drops the client once the batch is over */
+            gs_buf_add(&d->clients[i].in, chunk, (size_t)n);
+        answer_head_requests(d, i);
+    }
+}
+
+/* Whether client i holds a complete request read during a batch and not answered yet. */
+static int has_request(const struct client *c)
+{
+    return c->in.len && memchr(c->in.data, '\n', c->in.len);
+}
+
 /* ---- the loop ---- */
 
 static int next_timeout(const struct daemon *d, int64_t now)
@@ -1009,7 +1086,7 @@ static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
     if (p[3].revents & POLLIN)
         connected_or_not(d);
     for (int i = polled - 1; i >= 0; i--)
-        if (p[4 + i].revents & (POLLIN | POLLHUP))
+        if ((p[4 + i].revents & (POLLIN | POLLHUP)) || has_request(&d->clients[i]))
             serve_client(d, i);
     if (p[1].revents & POLLIN)
         accept_clients(d);
@@ -1160,8 +1237,12 @@ static void loop(struct daemon *d)
         int n_clients = d->n_clients;
         for (int i = 0; i < n_clients; i++)
             p[4 + i] = (struct pollfd){.fd = d->clients[i].fd, .events = POLLIN};
-        int ready = poll(p, (nfds_t)(4 + n_clients), next_timeout(d, gs_clock_mono_ms()));
-        if (ready > 0)
+        int buffered = 0; /* requests read during a batch are answered without waiting */
+        for (int i = 0; i < n_clients; i++)
+            buffered |= has_request(&d->clients[i]);
+        int ready =
+            poll(p, (nfds_t)(4 + n_clients), buffered ? 0 : next_timeout(d, gs_clock_mono_ms()));
+        if (ready > 0 || buffered)
             handle_polls(d, p, n_clients);
         run_timers(d);
         drop_dead_clients(d);

@@ -1136,6 +1136,47 @@ static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(voi
     expect_trees_equal("after the large file");
 }
 
+/* While a batch sends a large file, `status` is answered by the daemon, which is busy with it:
+ * "syncing", the file pending, and how far the batch has got. The daemon used to read no request
+ * until the batch ended: status gave up on it after 5 s and then failed on the index the batch
+ * holds ("database is locked"), or, had it got through, said that no daemon ran. */
+static void test_watch__status_during_a_long_batch_says_syncing(void **state)
+{
+    (void)state;
+    char err[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 8};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    watch_start();
+    flush("first flush");
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, cur.local);
+    events_mark(&ev, "marker");
+    /* 6 MB at 8 Mbit/s: about 6 s in one batch */
+    assert_int_equal(gs_test_sh("head -c 6000000 /dev/urandom > '%s/big.bin' && "
+                                "mv '%s/big.bin' '%s/big.bin'",
+                                cur.base, cur.base, cur.local),
+                     0);
+    gs_test_events_until(&ev, "progress", "", 20000); /* the batch is under way */
+    json_t *st = gs_test_gpusync_json(cur.local, ARGS("status", "--json"), 0,
+                                      "status --json during the batch");
+    json_t *batch = json_object_get(st, "batch");
+    json_int_t sent = json_integer_value(json_object_get(batch, "bytes"));
+    if (!json_is_true(json_object_get(st, "daemon")) ||
+        strcmp(json_string_value(json_object_get(st, "state")) ?: "", "syncing") != 0 ||
+        json_integer_value(json_object_get(st, "pending")) < 1 || !batch ||
+        json_integer_value(json_object_get(batch, "bytes_total")) != 6000000 || sent >= 6000000) {
+        char *text = json_dumps(st, 0);
+        fail_msg("status during the batch: %s", text);
+    }
+    json_decref(st);
+    gs_test_events_until(&ev, "synced", "big.bin", 30000);
+    gs_test_events_stop(&ev);
+    flush("flush after the large file");
+    expect_trees_equal("after the large file");
+}
+
 /* An editor plugin that stops reading its event stream must not stall the daemon. */
 static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **state)
 {
@@ -1867,6 +1908,7 @@ int main(void)
         T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
         T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
+        T(test_watch__status_during_a_long_batch_says_syncing),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
         T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
