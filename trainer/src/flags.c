@@ -91,7 +91,7 @@ static int parse_device(gt_config *c, const char *v, gt_err *err)
         c->use_gpu = true;
     else if (strcmp(v, "auto") == 0) {
 #ifdef GT_HAVE_CUDA
-        c->use_gpu = gt_gpu_device_count() > 0;
+        c->use_gpu = gt_gpu_device_count(NULL) > 0; /* --device cuda says why not */
 #else
         c->use_gpu = false;
 #endif

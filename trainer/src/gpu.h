@@ -26,8 +26,9 @@ extern "C" {
 
 typedef struct gt_gpu gt_gpu;
 
-/* Number of visible CUDA devices (0 when there is no driver or no device). */
-int gt_gpu_device_count(void);
+/* Number of visible CUDA devices (0 when there is no driver or no device). When it is 0 and why
+ * is not NULL, *why is CUDA's reason (no device; a driver older than this build's CUDA; ...). */
+int gt_gpu_device_count(const char **why);
 
 /* Selects device dist->local_rank (an error when that many devices are not visible), uploads
  * m's parameters (and BatchNorm statistics), o's state and both datasets (test may be NULL),

@@ -57,11 +57,11 @@ struct gt_gpu {
 __global__ void gather_kernel(float *xb, uint8_t *yb, const float *x, const uint8_t *y,
                               const int64_t *idx, int B, int dim)
 {
-    int row = blockIdx.y;
+    int row = blockIdx.x; /* rows on x: y is limited to 65,535 blocks, an eval batch is not */
     int64_t src = idx[row];
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x)
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < dim; j += gridDim.y * blockDim.x)
         xb[(size_t)row * dim + j] = x[(size_t)src * dim + j];
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+    if (blockIdx.y == 0 && threadIdx.x == 0)
         yb[row] = y[src];
 }
 
@@ -155,10 +155,15 @@ static unsigned blocks(size_t n, unsigned threads)
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-int gt_gpu_device_count(void)
+int gt_gpu_device_count(const char **why)
 {
     int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        n = 0;
+    if (why)
+        *why = e != cudaSuccess ? cudaGetErrorString(e) : n == 0 ? "no device" : NULL;
+    return n;
 }
 
 /* Row-major C(M,N) = op(A) op(B), beta 0, on the rank's stream, in --precision. */
@@ -309,9 +314,17 @@ int gt_gpu_init(gt_gpu **out, const gt_mlp *m, const gt_optim *o, const gt_datas
     rc = rc ? rc : alloc_model(g, m, o, err);
     rc = rc ? rc : upload_data(g, train, test, err);
     rc = rc ? rc : choose_allreduce(g, dist, err);
-    /* One rank too, as before: its communicator's creation is part of what a 1-rank run tries. */
-    if (rc == 0 && !g->tcp)
+    /* One rank too: its communicator's creation is part of what a 1-rank run tries. But one rank
+     * never uses it, so there a failure is a warning: the GPU's own work still runs and says
+     * whether it is right where NCCL cannot start. */
+    if (rc == 0 && !g->tcp) {
         rc = gt_nccl_init(&g->comm, dist, err);
+        if (rc != 0 && g->world == 1) {
+            fprintf(stderr, "gpusync-train: warning: %s (one rank does not need NCCL)\n",
+                    err ? err->msg : "NCCL did not start");
+            rc = 0;
+        }
+    }
     /* The uploads ran on the legacy stream; the non-blocking compute stream is not ordered
      * after them, so wait for them here once. */
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess)
@@ -385,7 +398,7 @@ static int gather(gt_gpu *g, int test, int64_t off, int B, gt_err *err)
 {
     int rank = g->rank;
     const int64_t *idx = (test ? g->test_idx : g->train_idx) + off;
-    dim3 grid(blocks((size_t)g->dim, 256) > 4 ? 4 : blocks((size_t)g->dim, 256), (unsigned)B);
+    dim3 grid((unsigned)B, blocks((size_t)g->dim, 256) > 4 ? 4 : blocks((size_t)g->dim, 256));
     gather_kernel<<<grid, 256, 0, g->gl.stream>>>(g->xb, g->yb, test ? g->test_x : g->train_x,
                                                   test ? g->test_y : g->train_y, idx, B, g->dim);
     KERNEL_CHECK();

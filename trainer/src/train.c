@@ -167,8 +167,9 @@ static int setup_gpu(run *r, gt_err *err)
 #ifdef GT_HAVE_CUDA
     if (r->c->augment)
         return gt_errf(err, "--device cuda: --augment has no GPU path yet; use --device cpu");
-    if (gt_gpu_device_count() <= 0)
-        return gt_errf(err, "--device cuda: no CUDA device is visible");
+    const char *why = NULL;
+    if (gt_gpu_device_count(&why) <= 0)
+        return gt_errf(err, "--device cuda: no CUDA device is usable (%s)", why);
     return gt_gpu_init((gt_gpu **)&r->gpu, &r->model, &r->opt, &r->train, &r->test, r->max_batch,
                        r->c->precision, &r->dist, err);
 #else

@@ -18,10 +18,15 @@
         }                                                                                          \
     } while (0)
 
-/* The number of visible GPUs (capped), for isolated(): 0 without one. */
+/* The number of visible GPUs (capped), for isolated(): 0 without one, saying why. */
 static inline int probe_devices(void)
 {
-    int n = gt_gpu_device_count();
+    const char *why = NULL;
+    int n = gt_gpu_device_count(&why);
+    if (n <= 0) {
+        printf("CUDA: %s\n", why);
+        fflush(stdout); /* isolated() ends the child with _exit */
+    }
     return n > 100 ? 100 : n;
 }
 

@@ -482,6 +482,41 @@ static int twin_model(gt_mlp *m, const bench *b, gt_optim *o)
     return 0;
 }
 
+/* The ResNet in bf16 or fp16 is chaotic: rounding each GEMM input to 16 bits turns a last-bit
+ * difference in an fp32 sum (the GPU adds in another order) into percent-level differences a few
+ * layers on, and BatchNorm's backward makes its weight gradients sums that cancel (measured on
+ * the CPU, one ulp on each BatchNorm weight moved the gradients by 3e-2 to 6e-2 and five steps'
+ * losses by 2e-2 to 3e-2). Where that holds, the GPU is held to four times what such a nudge does
+ * to the CPU path itself (a twin whose BatchNorm weights are one ulp up), not to a fixed bound;
+ * every layer is held to a fixed bound in 16 bits on its own above. */
+static int chaotic(gt_model_kind kind, gt_precision prec)
+{
+    return kind == GT_MODEL_RESNET && prec != GT_PREC_FP32;
+}
+
+/* b's twin (same data and initialisation) with every BatchNorm weight one ulp up. */
+static int nudged_twin(bench *t, gt_model_kind kind)
+{
+    if (bench_init(t, kind, GT_OPTIM_SGD) != 0)
+        return 1;
+    const gt_resnet *n = t->cpu.rn;
+    const gt_rn_bn *bns[1 + 3 * GT_RESNET_BLOCKS];
+    int nb = 0;
+    bns[nb++] = &n->stem_bn;
+    for (int i = 0; i < GT_RESNET_BLOCKS; i++) {
+        bns[nb++] = &n->blk[i].b1;
+        bns[nb++] = &n->blk[i].b2;
+        if (n->blk[i].down)
+            bns[nb++] = &n->blk[i].bs;
+    }
+    for (int k = 0; k < nb; k++)
+        for (int c = 0; c < bns[k]->C; c++) {
+            float *gamma = &t->cpu.params[bns[k]->gamma + c];
+            *gamma = nextafterf(*gamma, INFINITY);
+        }
+    return 0;
+}
+
 /* One batch's gradients (and, for the ResNet, the running statistics it moves). */
 static int model_grads_case(gt_model_kind kind, gt_precision prec)
 {
@@ -501,9 +536,21 @@ static int model_grads_case(gt_model_kind kind, gt_precision prec)
     double cl = cpu_pass(&b, key, 1.0f);
     gt_gemm_set_precision(GT_PREC_FP32);
     double r = rel(gg, b.cpu.grads, b.cpu.nparams), k = prec == GT_PREC_FP32 ? 1.0 : 10.0;
-    printf("%s %s gradients: max |gpu-cpu| / max|g| = %.3g; loss gpu %.9g cpu %.9g\n",
-           gt_model_name(kind), pname(prec), r, gl, cl);
-    CHECK(r <= 1e-4 * k, "gradient mismatch %.3g", r);
+    double grad_tol = 1e-4 * k;
+    if (chaotic(kind, prec)) {
+        bench t;
+        if (nudged_twin(&t, kind) != 0)
+            return 1;
+        gt_gemm_set_precision(prec);
+        cpu_pass(&t, key, 1.0f);
+        gt_gemm_set_precision(GT_PREC_FP32);
+        grad_tol = fmax(grad_tol, 4 * rel(t.cpu.grads, b.cpu.grads, b.cpu.nparams));
+        bench_release(&t);
+    }
+    printf("%s %s gradients: max |gpu-cpu| / max|g| = %.3g (allowed %.3g); loss gpu %.9g cpu "
+           "%.9g\n",
+           gt_model_name(kind), pname(prec), r, grad_tol, gl, cl);
+    CHECK(r <= grad_tol, "gradient mismatch %.3g", r);
     CHECK(fabs(gl - cl) <= 1e-5 * k * fabs(cl), "loss mismatch");
     if (kind == GT_MODEL_RESNET) {
         gt_mlp back;
@@ -535,11 +582,16 @@ static int model_steps_case(gt_model_kind kind, gt_precision prec, int steps, fl
     gt_err err = {{0}};
     CHECK(gt_gpu_init(&g, &b.cpu, &b.opt, &b.train, NULL, b.B, prec, &d, &err) == 0, "%s", err.msg);
     CHECK(gt_gpu_set_indices(g, 0, b.idx, b.B, &err) == 0, "%s", err.msg);
-    gt_scaler gs, cs;
+    gt_scaler gs, cs, ts;
     int fp16 = prec == GT_PREC_FP16;
     gt_scaler_init(&gs, init_scale);
     gt_scaler_init(&cs, init_scale);
-    double tol = prec == GT_PREC_FP32 ? 1e-4 : 1e-3, worst = 0;
+    gt_scaler_init(&ts, init_scale);
+    double tol = prec == GT_PREC_FP32 ? 1e-4 : 1e-3, worst = 0, noise = 0;
+    bench t; /* chaotic: the nudged twin, stepped alongside, measures what rounding alone does */
+    int twin = chaotic(kind, prec);
+    if (twin && nudged_twin(&t, kind) != 0)
+        return 1;
     for (int s = 0; s < steps; s++) {
         uint64_t key = gt_dropout_key(5, s, 0);
         gt_gpu_step st = {0, b.B, b.opt.lr, key, fp16 ? &gs : NULL};
@@ -549,15 +601,25 @@ static int model_steps_case(gt_model_kind kind, gt_precision prec, int steps, fl
         CHECK(gt_gpu_take_stats(g, stats, &err) == 0, "%s", err.msg);
         gt_gemm_set_precision(prec);
         double cl = cpu_pass(&b, key, fp16 ? cs.scale : 1.0f);
+        double tl = twin ? cpu_pass(&t, key, fp16 ? ts.scale : 1.0f) : cl;
         gt_gemm_set_precision(GT_PREC_FP32);
         int capplied = !fp16 || gt_scaler_unscale_and_update(&cs, b.cpu.grads, b.cpu.nparams);
         if (capplied)
             gt_optim_step(&b.opt, b.cpu.params, b.cpu.grads);
+        if (twin && (!fp16 || gt_scaler_unscale_and_update(&ts, t.cpu.grads, t.cpu.nparams)))
+            gt_optim_step(&t.opt, t.cpu.params, t.cpu.grads);
         CHECK(applied == capplied, "step %d: gpu applied %d, cpu %d", s, applied, capplied);
+        noise = fmax(noise, fabs(tl - cl) / fabs(cl));
+        double allowed = fmax(tol, 4 * noise);
         worst = fmax(worst, fabs(stats[0] - cl) / fabs(cl));
-        CHECK(fabs(stats[0] - cl) <= tol * fabs(cl), "step %d: loss gpu %.9g cpu %.9g", s, stats[0],
-              cl);
+        CHECK(fabs(stats[0] - cl) <= allowed * fabs(cl), "step %d: loss gpu %.9g cpu %.9g", s,
+              stats[0], cl);
     }
+    if (twin) {
+        noise = fmax(noise, rel(t.cpu.params, b.cpu.params, b.cpu.nparams));
+        bench_release(&t);
+    }
+    tol = fmax(tol, 4 * noise);
     gt_mlp back;
     gt_optim ob;
     if (twin_model(&back, &b, &ob) != 0)
@@ -565,8 +627,8 @@ static int model_steps_case(gt_model_kind kind, gt_precision prec, int steps, fl
     CHECK(gt_gpu_download(g, &back, &ob, &err) == 0, "%s", err.msg);
     double rp = rel(back.params, b.cpu.params, b.cpu.nparams);
     printf("%s %s, %d SGD steps (scale from %g): worst loss difference %.3g relative, "
-           "parameters %.3g; skipped gpu %lld cpu %lld\n",
-           gt_model_name(kind), pname(prec), steps, (double)init_scale, worst, rp,
+           "parameters %.3g (allowed %.3g); skipped gpu %lld cpu %lld\n",
+           gt_model_name(kind), pname(prec), steps, (double)init_scale, worst, rp, tol,
            (long long)gs.skipped, (long long)cs.skipped);
     CHECK(rp <= tol, "parameters diverged: %.3g", rp);
     CHECK(ob.step == b.opt.step, "optimiser steps gpu %lld cpu %lld", (long long)ob.step,
