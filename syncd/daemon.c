@@ -1043,7 +1043,7 @@ static void serve_during_batch(struct daemon *d)
     }
 }
 
-/* Whether client i holds a complete request read during a batch and not answered yet. */
+/* Whether c holds a complete request, read during a batch and not answered yet. */
 static int has_request(const struct client *c)
 {
     return c->in.len && memchr(c->in.data, '\n', c->in.len);

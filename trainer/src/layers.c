@@ -38,9 +38,10 @@ static void tap_span(const gt_conv2d *s, int kj, int *lo, int *hi)
 }
 
 /* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. Row by row: the taps of
- * one output row that fall inside the input are one span (a memcpy at stride 1), so no element
- * pays a bounds test (this loop was half of a ResNet step). layer_index.h's gt_im2col_src is the
- * definition, shared with the CUDA kernel; test_layers checks both against it. */
+ * one output row that fall inside the input are one span, so no element pays a bounds test (the
+ * per-element test was half of a ResNet step). layer_index.h's gt_im2col_src, which the CUDA
+ * kernel uses, is the definition; test_layers (finite differences, strides and padding) and
+ * test_torch_steps (PyTorch) check the convolutions built on this one. */
 static void im2col(const gt_conv2d *s, const float *x, float *col)
 {
     int P = s->OH * s->OW;
