@@ -536,22 +536,24 @@ static int model_grads_case(gt_model_kind kind, gt_precision prec)
     double cl = cpu_pass(&b, key, 1.0f);
     gt_gemm_set_precision(GT_PREC_FP32);
     double r = rel(gg, b.cpu.grads, b.cpu.nparams), k = prec == GT_PREC_FP32 ? 1.0 : 10.0;
-    double grad_tol = 1e-4 * k;
-    if (chaotic(kind, prec)) {
+    double grad_tol = 1e-4 * k, loss_tol = 1e-5 * k, stats_tol = 1e-5 * k;
+    if (chaotic(kind, prec)) { /* four times what one ulp does to the CPU path itself */
         bench t;
         if (nudged_twin(&t, kind) != 0)
             return 1;
         gt_gemm_set_precision(prec);
-        cpu_pass(&t, key, 1.0f);
+        double tl = cpu_pass(&t, key, 1.0f);
         gt_gemm_set_precision(GT_PREC_FP32);
         grad_tol = fmax(grad_tol, 4 * rel(t.cpu.grads, b.cpu.grads, b.cpu.nparams));
+        loss_tol = fmax(loss_tol, 4 * fabs(tl - cl) / fabs(cl));
+        stats_tol = fmax(stats_tol, 4 * rel(t.cpu.buffers, b.cpu.buffers, b.cpu.nbuffers));
         bench_release(&t);
     }
     printf("%s %s gradients: max |gpu-cpu| / max|g| = %.3g (allowed %.3g); loss gpu %.9g cpu "
            "%.9g\n",
            gt_model_name(kind), pname(prec), r, grad_tol, gl, cl);
     CHECK(r <= grad_tol, "gradient mismatch %.3g", r);
-    CHECK(fabs(gl - cl) <= 1e-5 * k * fabs(cl), "loss mismatch");
+    CHECK(fabs(gl - cl) <= loss_tol * fabs(cl), "loss mismatch (allowed %.3g)", loss_tol);
     if (kind == GT_MODEL_RESNET) {
         gt_mlp back;
         gt_optim ob;
@@ -559,8 +561,9 @@ static int model_grads_case(gt_model_kind kind, gt_precision prec)
             return 1;
         CHECK(gt_gpu_download(g, &back, &ob, &err) == 0, "%s", err.msg);
         double rb = rel(back.buffers, b.cpu.buffers, b.cpu.nbuffers);
-        printf("resnet %s running statistics: max |gpu-cpu| / max = %.3g\n", pname(prec), rb);
-        CHECK(rb <= 1e-5 * k, "running statistics differ: %.3g", rb);
+        printf("resnet %s running statistics: max |gpu-cpu| / max = %.3g (allowed %.3g)\n",
+               pname(prec), rb, stats_tol);
+        CHECK(rb <= stats_tol, "running statistics differ: %.3g", rb);
         gt_mlp_release(&back);
         gt_optim_release(&ob);
     }
