@@ -1096,26 +1096,33 @@ static void test_watch__steady_saves_never_wait_for_the_liveness_check(void **st
         fail_msg("a save took %lld ms at 200 ms RTT: it waited for something", (long long)worst);
 }
 
-/* A batch that carries one large file reports its progress in bytes while the file goes, not
- * only once it has arrived, so a plugin shows it moving (at 16 Mbit/s, 3 MB take 1.5 s). */
-static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(void **state)
+/* A project watched over a link of `rate_mbit` (5 ms each way), flushed once, with `ev`
+ * subscribed; then `bytes` random bytes arrive as big.bin, written beside the project and renamed
+ * in, so the daemon sees one whole file. */
+static void large_file_over_a_slow_link(int rate_mbit, int bytes, struct gs_test_events *ev)
 {
-    (void)state;
     char err[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 16};
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = rate_mbit};
     if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
         fail_msg("wansim: %s", err);
     proj_init(wan.port);
     watch_start();
     flush("first flush");
-    struct gs_test_events ev;
-    gs_test_events_start(&ev, cur.local);
-    events_mark(&ev, "marker");
-    /* written beside the project and renamed in: the daemon sees one whole file */
-    assert_int_equal(gs_test_sh("head -c 3000000 /dev/urandom > '%s/big.bin' && "
+    gs_test_events_start(ev, cur.local);
+    events_mark(ev, "marker");
+    assert_int_equal(gs_test_sh("head -c %d /dev/urandom > '%s/big.bin' && "
                                 "mv '%s/big.bin' '%s/big.bin'",
-                                cur.base, cur.base, cur.local),
+                                bytes, cur.base, cur.base, cur.local),
                      0);
+}
+
+/* A batch that carries one large file reports its progress in bytes while the file goes, not
+ * only once it has arrived, so a plugin shows it moving (at 16 Mbit/s, 3 MB take 1.5 s). */
+static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(16, 3000000, &ev);
     gs_test_events_until(&ev, "synced", "big.bin", 30000);
     int moving = 0;
     size_t i;
@@ -1143,21 +1150,8 @@ static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(voi
 static void test_watch__status_during_a_long_batch_says_syncing(void **state)
 {
     (void)state;
-    char err[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5, .rate_mbit = 8};
-    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
-        fail_msg("wansim: %s", err);
-    proj_init(wan.port);
-    watch_start();
-    flush("first flush");
     struct gs_test_events ev;
-    gs_test_events_start(&ev, cur.local);
-    events_mark(&ev, "marker");
-    /* 6 MB at 8 Mbit/s: about 6 s in one batch */
-    assert_int_equal(gs_test_sh("head -c 6000000 /dev/urandom > '%s/big.bin' && "
-                                "mv '%s/big.bin' '%s/big.bin'",
-                                cur.base, cur.base, cur.local),
-                     0);
+    large_file_over_a_slow_link(8, 6000000, &ev);     /* about 6 s in one batch */
     gs_test_events_until(&ev, "progress", "", 20000); /* the batch is under way */
     json_t *st = gs_test_gpusync_json(cur.local, ARGS("status", "--json"), 0,
                                       "status --json during the batch");

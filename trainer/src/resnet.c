@@ -144,21 +144,27 @@ static void init_params(gt_mlp *m, gt_resnet *n, uint64_t seed)
         for (size_t i = 0; i < w[k].len; i++)
             m->params[w[k].off + i] = (2.0f * gt_mt_uniform(&mt) - 1.0f) * bound;
     }
-    gt_rn_bn *bns[1 + 3 * GT_RESNET_BLOCKS];
-    int nbn = 0;
-    bns[nbn++] = &n->stem_bn;
-    for (int i = 0; i < GT_RESNET_BLOCKS; i++) {
-        bns[nbn++] = &n->blk[i].b1;
-        bns[nbn++] = &n->blk[i].b2;
-        if (n->blk[i].down)
-            bns[nbn++] = &n->blk[i].bs;
-    }
+    gt_rn_bn *bns[GT_RESNET_MAX_BNS];
+    int nbn = gt_resnet_bns(n, bns);
     for (int k = 0; k < nbn; k++)
         for (int c = 0; c < bns[k]->C; c++) {
             m->params[bns[k]->gamma + c] = 1.0f;
             m->buffers[bns[k]->rmean + c] = 0.0f;
             m->buffers[bns[k]->rvar + c] = 1.0f;
         }
+}
+
+int gt_resnet_bns(gt_resnet *n, gt_rn_bn **out)
+{
+    int k = 0;
+    out[k++] = &n->stem_bn;
+    for (int i = 0; i < GT_RESNET_BLOCKS; i++) {
+        out[k++] = &n->blk[i].b1;
+        out[k++] = &n->blk[i].b2;
+        if (n->blk[i].down)
+            out[k++] = &n->blk[i].bs;
+    }
+    return k;
 }
 
 size_t gt_resnet_carve(gt_resnet *n, float *base, int B)

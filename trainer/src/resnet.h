@@ -60,6 +60,13 @@ typedef struct gt_resnet {
 int gt_resnet_init(gt_mlp *m, int dim, int out, int max_batch, uint64_t seed, gt_err *err);
 void gt_resnet_free(gt_resnet *n);
 
+/* The most BatchNorms the network has: the stem's, then each block's two and its shortcut's. */
+#define GT_RESNET_MAX_BNS (1 + 3 * GT_RESNET_BLOCKS)
+
+/* Puts n's BatchNorms in out in nn.Module order (the stem's, then each block's bn1, bn2 and
+ * shortcut BN), which is also the order of their statistics in m->buffers; returns how many. */
+int gt_resnet_bns(gt_resnet *n, gt_rn_bn **out);
+
 /* Points n's activation buffers (for batches up to B) into base, in a fixed order, and returns
  * the floats they take; base NULL only counts. The CUDA path carves device memory this way
  * (base is only offset, never read), so both paths share one buffer plan. n's geometry must be

@@ -499,16 +499,8 @@ static int nudged_twin(bench *t, gt_model_kind kind)
 {
     if (bench_init(t, kind, GT_OPTIM_SGD) != 0)
         return 1;
-    const gt_resnet *n = t->cpu.rn;
-    const gt_rn_bn *bns[1 + 3 * GT_RESNET_BLOCKS];
-    int nb = 0;
-    bns[nb++] = &n->stem_bn;
-    for (int i = 0; i < GT_RESNET_BLOCKS; i++) {
-        bns[nb++] = &n->blk[i].b1;
-        bns[nb++] = &n->blk[i].b2;
-        if (n->blk[i].down)
-            bns[nb++] = &n->blk[i].bs;
-    }
+    gt_rn_bn *bns[GT_RESNET_MAX_BNS];
+    int nb = gt_resnet_bns(t->cpu.rn, bns);
     for (int k = 0; k < nb; k++)
         for (int c = 0; c < bns[k]->C; c++) {
             float *gamma = &t->cpu.params[bns[k]->gamma + c];
