@@ -62,9 +62,10 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     int ok = json_is_true(json_object_get(reply, "ok"));
     /* the daemon answers, but the server does not: a connection failure, not the daemon's */
     int unreachable = json_is_string(json_object_get(reply, "unreachable_since"));
-    int code = unreachable ? GS_E_CONNECT : GS_E_REMOTE;
+    int stopped = json_is_true(json_object_get(reply, "stopped")); /* the daemon, not the server */
+    int code = unreachable ? GS_E_CONNECT : stopped ? GS_E_ERR : GS_E_REMOTE;
     if (!ok)
-        gs_error_set(&cli->err, code, "%s%s", unreachable ? "" : "flush failed: ",
+        gs_error_set(&cli->err, code, "%s%s", unreachable || stopped ? "" : "flush failed: ",
                      json_string_value(json_object_get(reply, "error")));
     if (ok && cli->json) {
         json_object_set_new(reply, "daemon", json_true());

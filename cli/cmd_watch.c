@@ -50,6 +50,19 @@ static int wait_lock_free(struct gs_cli *cli)
     return rc;
 }
 
+/* A daemon stopped in the middle of a batch, or before it had checked every file, leaves changes
+ * the server lacks: say so, since "stopped" alone reads as "and everything was sent". */
+static void print_stopped(const char *root, json_int_t unsent, int unchecked)
+{
+    printf("stopped gpusync watch for %s\n", root);
+    if (unsent)
+        printf("%lld change%s not sent to the server%s: 'gpusync push' sends %s\n",
+               (long long)unsent, unsent == 1 ? " was" : "s were",
+               unchecked ? ", nor was every file checked" : "", unsent == 1 ? "it" : "them");
+    else if (unchecked)
+        printf("it had not yet checked every file against the server: 'gpusync push' does\n");
+}
+
 static int stop_daemon(struct gs_cli *cli)
 {
     int fd = gs_control_connect(cli->root.data, &cli->err);
@@ -66,6 +79,8 @@ static int stop_daemon(struct gs_cli *cli)
     if (rc == 0)
         rc = gs_control_recv(fd, &buf, &reply, 5000, &cli->err);
     json_decref(req);
+    json_int_t unsent = json_integer_value(json_object_get(reply, "unsent"));
+    int unchecked = json_is_true(json_object_get(reply, "unchecked"));
     json_decref(reply);
     /* Wait for the daemon to go: its end closes our connection. */
     json_t *more = NULL;
@@ -79,9 +94,10 @@ static int stop_daemon(struct gs_cli *cli)
     if (rc < 0)
         return gs_cli_fail(cli, rc);
     if (cli->json)
-        gs_cli_json_print(json_pack("{s:i,s:b,s:b}", "v", 1, "ok", 1, "was_running", 1));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:b,s:I,s:b}", "v", 1, "ok", 1, "was_running", 1,
+                                    "unsent", unsent, "unchecked", unchecked));
     else
-        printf("stopped gpusync watch for %s\n", cli->root.data);
+        print_stopped(cli->root.data, unsent, unchecked);
     return 0;
 }
 

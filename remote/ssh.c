@@ -37,6 +37,8 @@ struct gs_ssh {
     int shell_wait_told;      /* the user has been told about that wait */
     gs_ssh_notice_fn notice;
     void *notice_ctx;
+    gs_ssh_waiting_fn waiting; /* see gs_ssh_set_waiting */
+    void *waiting_ctx;
 };
 
 /* libssh2 reads the socket through this, so we know when the server last said anything. */
@@ -350,13 +352,23 @@ static short poll_events(struct gs_ssh *s)
     return ev ? ev : POLLIN;
 }
 
+void gs_ssh_set_waiting(struct gs_ssh *s, gs_ssh_waiting_fn fn, void *ctx)
+{
+    s->waiting = fn;
+    s->waiting_ctx = ctx;
+}
+
 int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
 {
     for (;;) {
+        if (s->waiting && s->waiting(s->waiting_ctx))
+            return gs_error_set(err, GS_E_INTERRUPTED, "%s: interrupted", s->target);
         int64_t now = gs_clock_mono_ms();
         if (deadline_ms && now >= deadline_ms)
             return gs_error_set(err, GS_E_TIMEOUT, "%s: timed out", s->target);
         int64_t wait = s->keepalive_ms / 2;
+        if (s->waiting && wait > GS_SSH_WAITING_EVERY_MS)
+            wait = GS_SSH_WAITING_EVERY_MS;
         if (deadline_ms && deadline_ms - now < wait)
             wait = deadline_ms - now;
         int64_t notice_at = s->shell_wait_since + SHELL_NOTICE_MS;

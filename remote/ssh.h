@@ -84,8 +84,18 @@ int64_t gs_ssh_handshake_ms(const struct gs_ssh *s);
 /* Waits until the socket is ready in the directions libssh2 is blocked on, or `deadline_ms`
  * (gs_clock_mono_ms; 0 = no deadline) passes. Sends keepalives while it waits. Returns 0 when the
  * caller should retry its libssh2 call, GS_E_TIMEOUT at the deadline, GS_E_DISCONNECTED when the
- * server stopped answering. */
+ * server stopped answering, GS_E_INTERRUPTED when the waiting callback (below) said so. */
 int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err);
+
+/* Called by gs_ssh_wait about every GS_SSH_WAITING_EVERY_MS while a call waits on the server, so
+ * a single-threaded caller (the watch daemon) answers its own clients meanwhile. A nonzero return
+ * abandons the wait: the call fails with GS_E_INTERRUPTED, and the session must be freed, since a
+ * request may be half sent. */
+typedef int (*gs_ssh_waiting_fn)(void *ctx);
+#define GS_SSH_WAITING_EVERY_MS 100
+
+/* Sets (or, with NULL, clears) the waiting callback. */
+void gs_ssh_set_waiting(struct gs_ssh *s, gs_ssh_waiting_fn fn, void *ctx);
 
 /* Turns a failed libssh2 return code into a gs_error naming `what` and libssh2's own message.
  * Returns GS_E_DISCONNECTED for socket errors, GS_E_REMOTE otherwise. */

@@ -40,6 +40,7 @@
 #define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
 #define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
 #define SERVE_IN_BATCH_MS 100   /* during a batch, status requests are answered this often */
+#define STOPPED_MID_WAIT  "the watch daemon was told to stop while it waited on the server"
 
 struct client {
     int fd;
@@ -49,6 +50,7 @@ struct client {
     uint64_t flush_gen; /* waiting for this generation to be synced; 0: not waiting */
     int64_t flush_start_ms;
     struct push_ask *push; /* a flush asked by `gpusync push`: answered with what was done */
+    int stopping;          /* asked the daemon to stop: answered once it has (answer_at_exit) */
 };
 
 /* What the batches did while a `gpusync push` waited for them (design 12: with the daemon running,
@@ -452,6 +454,8 @@ static void connect_when_free(struct daemon *d)
  * changes wait for their batch: the ping blocks for two round trips, and a save made meanwhile
  * waited for it (measured: the 130-200 ms saves of latency.sh's p99 at 50 ms RTT); the batch
  * itself is the check then. */
+static int while_waiting(void *ctx);
+
 static void check_liveness(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms(), wall = gs_clock_wall_ms();
@@ -469,8 +473,11 @@ static void check_liveness(struct daemon *d)
     d->next_check_ms = now + LIVENESS_EVERY_MS;
     struct gs_error err = {0};
     int64_t rtt;
-    if (gs_ssh_ping(d->ssh, &rtt, &err) < 0)
-        disconnect(d, err.msg);
+    gs_ssh_set_waiting(d->ssh, while_waiting, d);
+    int rc = gs_ssh_ping(d->ssh, &rtt, &err);
+    gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    if (rc < 0)
+        disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
 }
 
 /* ---- pushes asked by `gpusync push` ---- */
@@ -728,7 +735,9 @@ static void answer_flushes(struct daemon *d, const char *error)
 
 static int is_transport_error(int rc)
 {
-    return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT || rc == GS_E_PROTO || rc == GS_E_NOMEM;
+    /* GS_E_INTERRUPTED: a stop abandoned a wait on the server, maybe with a request half sent */
+    return rc == GS_E_DISCONNECTED || rc == GS_E_TIMEOUT || rc == GS_E_PROTO || rc == GS_E_NOMEM ||
+           rc == GS_E_INTERRUPTED;
 }
 
 /* Puts a batch's paths back (after a lost connection) so nothing is forgotten. */
@@ -769,14 +778,16 @@ static void sync_batch(struct daemon *d)
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     memset(&d->batch_st, 0, sizeof(d->batch_st));
     uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
+    gs_ssh_set_waiting(d->ssh, while_waiting, d);
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
+    gs_ssh_set_waiting(d->ssh, NULL, NULL);
     d->syncing = 0;
     count_for_pushes(d, &st, d->sess.ops ? d->sess.ops->bytes_sent - link_before : 0, full);
     if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)
         rc = 0; /* nothing failed: files changed while they were sent, and go again (on_op) */
     if (is_transport_error(rc)) {
         requeue(d, paths, n, full);
-        disconnect(d, err.msg);
+        disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
     } else {
         if (rc < 0)
             snprintf(d->last_error, sizeof(d->last_error), "%s", err.msg);
@@ -932,7 +943,7 @@ static int handle_request(struct daemon *d, int i, json_t *req)
         json_array_clear(d->conflicts);
         d->conflicts_unsaved = 1;
     } else if (strcmp(cmd, "stop") == 0) {
-        reply(c, json_pack("{s:b}", "ok", 1));
+        c->stopping = 1; /* answered at the end, with what was left unsent */
         d->stop = 1;
     } else
         reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "unknown command"));
@@ -991,11 +1002,12 @@ static void accept_clients(struct daemon *d)
 }
 
 /* Requests a batch in progress can answer at once: they read the daemon's state and change
- * nothing the batch uses. */
+ * nothing the batch uses; a stop ends the batch where it waits on the server (while_waiting). */
 static int answers_during_batch(json_t *req)
 {
     const char *cmd = json_string_value(json_object_get(req, "cmd"));
-    return cmd && (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0);
+    return cmd &&
+           (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "stop") == 0);
 }
 
 /* Answers the requests at the head of client i's buffer that answers_during_batch allows; the
@@ -1023,16 +1035,26 @@ static void answer_head_requests(struct daemon *d, int i)
     }
 }
 
-/* Called from a batch's progress (pushes run inline): takes new control connections and answers
- * `status` and event subscriptions, so that while a large file goes `gpusync status` says
- * "syncing" instead of timing out on a silent daemon and then on the index it holds, and an
- * editor that starts meanwhile sees the progress. Other requests wait for the batch's end. */
+static void read_signal(struct daemon *d)
+{
+    struct signalfd_siginfo si;
+    if (read(d->signal_fd, &si, sizeof(si)) > 0)
+        d->stop = 1;
+}
+
+/* Called from a batch's progress and while the batch or a liveness check waits on the server
+ * (pushes run inline): takes new control connections and answers `status`, event subscriptions
+ * and `stop`, so that while a large file goes, or the link stalls, `gpusync status` says
+ * "syncing" instead of timing out on a silent daemon and then on the index it holds, an editor
+ * that starts meanwhile sees the progress, and `watch --stop` (or SIGTERM) stops the daemon
+ * instead of waiting for the batch. Other requests wait for the batch's end. */
 static void serve_during_batch(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     if (now < d->next_serve_ms)
         return;
     d->next_serve_ms = now + SERVE_IN_BATCH_MS;
+    read_signal(d);
     accept_clients(d);
     for (int i = 0; i < d->n_clients; i++) {
         char chunk[4096];
@@ -1041,6 +1063,15 @@ static void serve_during_batch(struct daemon *d)
             gs_buf_add(&d->clients[i].in, chunk, (size_t)n);
         answer_head_requests(d, i);
     }
+}
+
+/* gs_ssh's waiting callback: serves clients while a batch or a liveness check waits on the
+ * server, and abandons the wait once the daemon is to stop. */
+static int while_waiting(void *ctx)
+{
+    struct daemon *d = ctx;
+    serve_during_batch(d);
+    return d->stop;
 }
 
 /* Whether c holds a complete request, read during a batch and not answered yet. */
@@ -1078,11 +1109,8 @@ static void handle_polls(struct daemon *d, struct pollfd *p, int polled)
 {
     if (p[0].revents & POLLIN)
         read_changes(d);
-    if (p[2].revents & POLLIN) {
-        struct signalfd_siginfo si;
-        if (read(d->signal_fd, &si, sizeof(si)) > 0)
-            d->stop = 1;
-    }
+    if (p[2].revents & POLLIN)
+        read_signal(d);
     if (p[3].revents & POLLIN)
         connected_or_not(d);
     for (int i = polled - 1; i >= 0; i--)
@@ -1249,6 +1277,51 @@ static void loop(struct daemon *d)
     }
 }
 
+/* The requests read during the last batch and never started: a stop among them is answered as
+ * the stops are, a flush or push as a waiting flush, anything else with an error, so that no
+ * client is left to find its connection closed without a word. */
+static void take_buffered_at_exit(struct client *c)
+{
+    json_t *req;
+    struct gs_error err = {0};
+    while (gs_control_pop(&c->in, &req, &err) == 0 && req) {
+        const char *cmd = json_string_value(json_object_get(req, "cmd"));
+        if (cmd && strcmp(cmd, "stop") == 0)
+            c->stopping = 1;
+        else if (cmd && (strcmp(cmd, "flush") == 0 || strcmp(cmd, "push") == 0))
+            c->flush_gen = c->flush_gen ? c->flush_gen : 1;
+        else
+            reply(c, json_pack("{s:b,s:s}", "ok", 0, "error",
+                               "the watch daemon stopped before it answered"));
+        json_decref(req);
+    }
+}
+
+/* The daemon is stopping. Tells whoever asked it to what it leaves unsent, and each flush still
+ * waiting that the server may lack its changes: a stop in the middle of a batch abandons it, and
+ * the batch's paths are pending again. The next `watch`, or a `push`, checks and sends them. */
+static void answer_at_exit(struct daemon *d)
+{
+    size_t unsent = d->n_dirty + d->n_failed + d->n_held;
+    char why[512];
+    snprintf(why, sizeof(why),
+             "the watch daemon stopped before the server had every change (%zu not sent%s); "
+             "'gpusync push' sends them, as does the next 'gpusync watch'",
+             unsent, d->full ? ", and it had yet to check every file" : "");
+    d->next_serve_ms = 0;
+    serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */
+    for (int i = 0; i < d->n_clients; i++) {
+        struct client *c = &d->clients[i];
+        take_buffered_at_exit(c);
+        if (c->stopping)
+            reply(c, json_pack("{s:b,s:I,s:b}", "ok", 1, "unsent", (json_int_t)unsent, "unchecked",
+                               d->full));
+        else if (c->flush_gen)
+            reply(c, push_answer(d, c,
+                                 json_pack("{s:b,s:s,s:b}", "ok", 0, "error", why, "stopped", 1)));
+    }
+}
+
 /* ---- start and stop ---- */
 
 int gs_daemon_lock(const char *root, struct gs_error *err)
@@ -1365,6 +1438,7 @@ int gs_daemon_run(const struct gs_daemon_opts *o, struct gs_error *err)
         }
         connect_when_free(&d);
         loop(&d);
+        answer_at_exit(&d);
     }
     teardown(&d);
     return rc;

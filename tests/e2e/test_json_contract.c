@@ -90,7 +90,10 @@ static const struct field pull_spec[] = {{"files", T_ARR, 0, pulled_item},
                                          {"kept", T_ARR, 0, kept_item},
                                          END};
 static const struct field watch_detach_spec[] = {{"pid", T_INT, 0, NULL}, END};
-static const struct field watch_stop_spec[] = {{"was_running", T_BOOL, 0, NULL}, END};
+static const struct field watch_stop_spec[] = {{"was_running", T_BOOL, 0, NULL},
+                                               {"unsent", T_INT, F_OPTIONAL, NULL},
+                                               {"unchecked", T_BOOL, F_OPTIONAL, NULL},
+                                               END};
 static const struct field status_daemon_spec[] = {
     {"daemon", T_BOOL, 0, NULL},
     {"state", T_STR, 0, NULL},
@@ -891,6 +894,7 @@ static void test_contract__watch_reports_pid_then_was_running(void **state)
     json_decref(o);
     o = reply_of(GPUSYNC("watch", "--json", "--stop"), 0, watch_stop_spec, "watch --stop");
     assert_true(json_is_true(json_object_get(o, "was_running")));
+    assert_non_null(json_object_get(o, "unsent")); /* optional only when none was running */
     json_decref(o);
     wait_gone(pid);
     o = reply_of(GPUSYNC("watch", "--json", "--stop"), 0, watch_stop_spec, "watch --stop again");

@@ -22,11 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <linux/sockios.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1171,6 +1173,84 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
     expect_trees_equal("after the large file");
 }
 
+/* `watch --stop` while a batch sends a large file stops the daemon there, says that the file was
+ * not sent, and loses nothing: the next watch sends it. The daemon used to read the request only
+ * once the batch was over: --stop gave up after 5 s ("no answer", exit 4), and the daemon, whose
+ * client had hung up by then, dropped the request and ran on. */
+static void
+test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(8, 6000000, &ev);     /* about 6 s in one batch */
+    gs_test_events_until(&ev, "progress", "", 20000); /* the batch is under way */
+    pid_t pid = daemon_pid();
+    json_t *out =
+        gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0, "stop mid-batch");
+    gs_test_await_gone(pid);
+    gs_test_events_stop(&ev);
+    if (!json_is_true(json_object_get(out, "was_running")) ||
+        json_integer_value(json_object_get(out, "unsent")) != 1) {
+        char *text = json_dumps(out, 0);
+        fail_msg("watch --stop during the batch: %s", text);
+    }
+    json_decref(out);
+    expect_remote_absent("big.bin"); /* the batch ended with the stop, not with the file */
+    watch_start();
+    flush("flush after the restart");
+    expect_trees_equal("after the restart"); /* and no temporary is left on the server */
+}
+
+/* Waits until the daemon has read everything sent on `fd`: a Unix socket's sender is charged
+ * for the bytes until the receiver reads them (SIOCOUTQ). */
+static void await_read_by_daemon(int fd)
+{
+    int64_t end = gs_clock_mono_ms() + 10000;
+    int queued;
+    while (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the daemon did not read its control socket for 10 s");
+        usleep(10000); /* polling an observable condition, with a deadline */
+    }
+}
+
+/* A flush that waits on a batch when the daemon is told to stop (SIGTERM here, as from a service
+ * manager or logout) gets an answer at once that the server may lack its changes: never "up to
+ * date", and never a connection closed without a word. A `gpusync push` asked meanwhile pushes by
+ * itself once the daemon is gone, whenever its request reached the daemon. */
+static void test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(8, 6000000, &ev);
+    gs_test_events_until(&ev, "progress", "", 20000);
+    pid_t pid = daemon_pid();
+    int fd = control_send_line("{\"v\":1,\"cmd\":\"flush\"}\n");
+    await_read_by_daemon(fd);
+    int push_out, push_err;
+    pid_t push =
+        gs_test_start_gpusync(cur.local, NULL, NULL, ARGS("push", "--json"), &push_out, &push_err);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    struct gs_buf in = GS_BUF_INIT;
+    read_to_close(fd, &in);
+    close(fd);
+    gs_test_await_gone(pid);
+    gs_test_events_stop(&ev);
+    json_t *reply = json_loadb(in.data, in.len, JSON_DISABLE_EOF_CHECK, NULL);
+    if (!reply || json_is_true(json_object_get(reply, "ok")) ||
+        !json_is_true(json_object_get(reply, "stopped")))
+        fail_msg("the waiting flush was answered: %.*s", (int)in.len, in.data);
+    json_decref(reply);
+    gs_buf_release(&in);
+    struct gs_test_result r = gs_test_finish(push, push_out, push_err, 60000);
+    expect_status(&r, 0, "push while the daemon stopped");
+    gs_test_result_release(&r);
+    expect_trees_equal("after the push");
+    watch_start();
+    flush("flush after the restart");
+    expect_trees_equal("after the restart");
+}
+
 /* An editor plugin that stops reading its event stream must not stall the daemon. */
 static void test_watch__a_stuck_event_reader_does_not_stall_the_daemon(void **state)
 {
@@ -1562,6 +1642,50 @@ static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(voi
     expect_trees_equal("after the link came back (no conflict copy expected)");
 }
 
+/* While a batch waits on a stalled link, the daemon still answers `status`: connected, "syncing",
+ * the save pending in the batch. It used to answer nothing until it declared the link dead (4 s
+ * of silence), and then only "disconnected": the batch in between was never seen. */
+static void test_watch__status_while_a_batch_waits_on_a_stalled_link(void **state)
+{
+    (void)state;
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("edit.py", "v0\n");
+    watch_start();
+    flush("first flush");
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    put("edit.py", "v1\n"); /* its batch waits on the stalled link */
+    int64_t end = gs_clock_mono_ms() + 10000;
+    json_t *st = NULL;
+    for (;;) {
+        st = daemon_status_json();
+        json_t *batch = json_object_get(st, "batch");
+        if (batch && json_integer_value(json_object_get(batch, "ops_total")) == 1)
+            break;
+        if (gs_clock_mono_ms() > end) {
+            char *text = json_dumps(st, 0);
+            fail_msg("no status showed the batch waiting on the stalled link: %s", text);
+        }
+        json_decref(st);
+        usleep(20000); /* polling an observable condition, with a deadline */
+    }
+    int connected = json_is_true(json_object_get(st, "connected"));
+    const char *state_now = json_string_value(json_object_get(st, "state"));
+    if (!connected || strcmp(state_now ? state_now : "", "syncing") != 0 ||
+        json_integer_value(json_object_get(st, "pending")) < 1) {
+        char *text = json_dumps(st, 0);
+        fail_msg("status while the batch waits: %s", text);
+    }
+    json_decref(st);
+    assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
+    flush("flush after the link came back");
+    expect_remote("edit.py", "v1\n");
+    expect_trees_equal("after the stall");
+}
+
 /* Waits for the agent to begin writing a temporary file in the remote root (an upload under
  * way), with inotify on the server's directory (the sandbox server is this machine). */
 static void await_remote_upload(int limit_ms)
@@ -1903,6 +2027,8 @@ int main(void)
         T(test_watch__a_continuously_written_file_syncs_before_the_writes_stop),
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__status_during_a_long_batch_says_syncing),
+        T(test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent),
+        T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
         T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
@@ -1918,6 +2044,7 @@ int main(void)
         T(test_watch__random_operations_in_one_batch_converge),
         T(test_watch__link_stall_converges),
         T(test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict),
+        T(test_watch__status_while_a_batch_waits_on_a_stalled_link),
         T(test_watch__a_file_saved_while_it_is_sent_goes_again_without_an_error),
         T(test_watch__link_cut_for_30s_converges_with_nothing_lost),
         T(test_watch__flush_after_an_outage_connects_at_once),
