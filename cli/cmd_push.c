@@ -356,11 +356,7 @@ static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *hand
     const char *error = json_string_value(json_object_get(reply, "error"));
     /* a daemon started by an older gpusync does not push: this process does */
     *handled = rc != GS_E_NOTFOUND && !(error && !strcmp(error, "unknown command"));
-    /* A daemon told to stop before it had sent everything, or gone without an answer (stopped
-     * as we asked, or killed): this process pushes, now that the daemon no longer does. A push
-     * only makes the server match, so doing it again is harmless; the sync lock waits for a
-     * daemon that is still ending its batch. */
-    if ((rc == 0 && json_is_true(json_object_get(reply, "stopped"))) || rc == GS_E_DISCONNECTED)
+    if (gs_cli_daemon_stopped(rc, reply)) /* the sync lock waits for the daemon's last batch */
         *handled = 0;
     if (rc < 0 || !*handled) {
         json_decref(reply);

@@ -86,6 +86,11 @@ int gs_cli_daemon_ready(struct gs_cli *cli)
     return ready;
 }
 
+int gs_cli_daemon_stopped(int rc, json_t *reply)
+{
+    return rc == GS_E_DISCONNECTED || (rc == 0 && json_is_true(json_object_get(reply, "stopped")));
+}
+
 /* ---- commands through the watch daemon's relay (syncd/relay.h) ---- */
 
 typedef int (*relay_out_fn)(void *ctx, const char *data, size_t len);
@@ -192,8 +197,10 @@ static int flush_through_daemon(struct gs_cli *cli)
 {
     json_t *reply;
     int rc = gs_control_request(cli->root.data, "flush", 300000, &reply, &cli->err);
-    if (rc == GS_E_NOTFOUND)
-        return 1;
+    if (rc == GS_E_NOTFOUND || gs_cli_daemon_stopped(rc, reply)) {
+        json_decref(reply);
+        return 1; /* no daemon (any more): sync over our own connection */
+    }
     if (rc == 0 && !json_is_true(json_object_get(reply, "ok")))
         rc = gs_error_set(&cli->err, GS_E_REMOTE, "sync failed: %s",
                           json_string_value(json_object_get(reply, "error")));

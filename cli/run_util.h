@@ -39,6 +39,11 @@ const char *gs_cli_server_name(struct gs_cli *cli);
 /* 1 when a watch daemon runs for this project and is connected: its relay can run commands. */
 int gs_cli_daemon_ready(struct gs_cli *cli);
 
+/* Whether the watch daemon's answer to a flush or push (`rc` and `reply` of gs_control_request)
+ * says it stopped before it had synced: told to stop meanwhile, or gone without a word. The
+ * caller then syncs by itself, now that no daemon does; syncing again is harmless. */
+int gs_cli_daemon_stopped(int rc, json_t *reply);
+
 /* Runs `command` on the server and appends its stdout to `out`: through the daemon's spare
  * connection when cli->ssh is not connected and a daemon runs, else over cli->ssh (connecting
  * first). Returns its exit status (>= 0) or a negative code in cli->err. */

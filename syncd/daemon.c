@@ -1302,12 +1302,17 @@ static void take_buffered_at_exit(struct client *c)
  * the batch's paths are pending again. The next `watch`, or a `push`, checks and sends them. */
 static void answer_at_exit(struct daemon *d)
 {
+    read_changes(d); /* every write made before the stop was asked is in the queue, as for flush */
     size_t unsent = d->n_dirty + d->n_failed + d->n_held;
     char why[512];
     snprintf(why, sizeof(why),
              "the watch daemon stopped before the server had every change (%zu not sent%s); "
              "'gpusync push' sends them, as does the next 'gpusync watch'",
              unsent, d->full ? ", and it had yet to check every file" : "");
+    if (unsent || d->full) /* a foreground watch shows it on the terminal; -d in its log */
+        gs_warn("stopping with %zu change%s not sent to the server%s: 'gpusync push' sends %s",
+                unsent, unsent == 1 ? "" : "s", d->full ? " (not every file checked)" : "",
+                unsent == 1 ? "it" : "them");
     d->next_serve_ms = 0;
     serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */
     for (int i = 0; i < d->n_clients; i++) {
