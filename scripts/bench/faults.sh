@@ -10,8 +10,8 @@
 #   scripts/bench/faults.sh              SEQUENCES=200 OPS=60 by default
 #   SEQUENCES=500 OPS=100 scripts/bench/faults.sh
 #   SEED=1234 scripts/bench/faults.sh    sequences run seeds 1234, 1235, ...
-#   KINDS=stall,cut scripts/bench/faults.sh   only these faults (push-kill daemon-kill sshd-kill
-#                                             stall cut)
+#   KINDS=stall,cut scripts/bench/faults.sh   only these faults (push-kill daemon-kill
+#                                             daemon-stop sshd-kill stall cut)
 #   KEEP=failed scripts/bench/faults.sh  keep the folders of failed sequences (daemon.log inside)
 #
 # Replay one failing sequence with the line the run prints under it, e.g.

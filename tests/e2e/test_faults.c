@@ -1,7 +1,8 @@
 /* tests/e2e/test_faults.c: randomised fault test of `gpusync watch` (issue 11). Each sequence is a
  * fresh project synced through the WAN simulator to the sandbox sshd, a seeded mix of random file
  * operations (fixtures/tree.h) and faults injected between them: a concurrent `gpusync push`
- * SIGKILLed part-way, the watch daemon SIGKILLed (and restarted with `watch -d`), sshd killed with
+ * SIGKILLed part-way, the watch daemon SIGKILLed or stopped with `watch --stop` (and restarted with
+ * `watch -d`; a stop that says it left nothing unsent must leave the trees equal), sshd killed with
  * every session below it (agents included; then restarted), the link stalled then resumed, the link
  * cut then restored. A sequence ends with `gpusync flush` (exit 0 wanted), `status --json` (state
  * up_to_date), an exact comparison of both trees (kind, mode, size, bytes, symlink targets), and,
@@ -12,14 +13,14 @@
  * fails if any sequence did.
  *
  * Environment: GS_FAULT_SEQUENCES (default 5; 1 when GS_TEST_SEED is set), GS_FAULT_OPS (random
- * operations per sequence, default 40), GS_TEST_SEED (sequence k runs seed+k), GS_FAULT_KINDS
- * (a subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut, any unique
- * prefix; a planned fault of another kind becomes one of these, at the same place), GS_TEST_KEEP=1
- * (keep every project folder) or =failed (keep failed ones), GS_TEST_OPLOG=FILE (log the
- * operations). The operations, the faults, where they fall in the sequence and how long they last
- * follow from the seed alone (the faults draw from their own stream, so GS_FAULT_KINDS leaves the
- * operations, and the faults of the kinds it keeps, as they were); what the daemon has sent when a
- * fault hits is timing, and is not. */
+ * operations per sequence, default 40), GS_TEST_SEED (sequence k runs seed+k), GS_FAULT_KINDS (a
+ * subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut daemon-stop, any
+ * unique prefix; a planned fault of another kind becomes one of these, at the same place),
+ * GS_TEST_KEEP=1 (keep every project folder) or =failed (keep failed ones), GS_TEST_OPLOG=FILE (log
+ * the operations). The operations, the faults, where they fall in the sequence and how long they
+ * last follow from the seed alone (the faults draw from their own stream, so GS_FAULT_KINDS leaves
+ * the operations, and the faults of the kinds it keeps, as they were); what the daemon has sent
+ * when a fault hits is timing, and is not. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -56,9 +57,9 @@ static struct gs_test_sshd sshd;
 
 /* ---- faults ---- */
 
-enum fault_kind { F_PUSH, F_DAEMON, F_SSHD, F_STALL, F_CUT, F_KINDS };
-static const char *const fault_names[F_KINDS] = {"push-kill", "daemon-kill", "sshd-kill", "stall",
-                                                 "cut"};
+enum fault_kind { F_PUSH, F_DAEMON, F_SSHD, F_STALL, F_CUT, F_STOP, F_KINDS };
+static const char *const fault_names[F_KINDS] = {"push-kill", "daemon-kill", "sshd-kill",
+                                                 "stall",     "cut",         "daemon-stop"};
 
 /* One fault as the seed plans it: where it falls and how long its phases last. */
 struct fault {
@@ -94,6 +95,8 @@ struct seq {
     /* findings */
     struct gs_buf problems;
     int failed, mismatch, flush_failed, not_up_to_date, late_write, tmp, conflicts, lingering;
+    int false_stop;       /* `watch --stop` said nothing was left unsent, and the trees differed */
+    int64_t slowest_stop; /* ms, the longest `watch --stop` of the sequence */
 };
 static struct seq cur;
 
@@ -101,8 +104,9 @@ static struct seq cur;
 struct totals {
     int sequences, failed, ops, injected[F_KINDS];
     int mismatches, flush_failures, not_up_to_date, late_writes, tmp_seqs, tmp_files;
-    int conflict_seqs, conflict_files, lingering;
-    struct gs_buf failed_seeds, mismatch_seeds, tmp_seeds, conflict_seeds;
+    int conflict_seqs, conflict_files, lingering, stops, false_stops;
+    int64_t slowest_stop;
+    struct gs_buf failed_seeds, mismatch_seeds, tmp_seeds, conflict_seeds, false_stop_seeds;
 };
 
 /* ---- running gpusync ---- */
@@ -290,6 +294,7 @@ static void plan_faults(unsigned seed)
  *   push-kill:   a bigger burst (about 3.5 MB, 0.7 s at the link's 40 Mbit/s, which the daemon
  *                shares), start `gpusync push`; after 100 + 1.5 * d2 ms (up to 1.6 s) SIGKILL it.
  *   daemon-kill: burst; after d2 ms SIGKILL the daemon; d1 ms later `watch -d` again.
+ *   daemon-stop: the same with `watch --stop`, whose word is checked (stop_daemon_checked).
  *   sshd-kill:   burst; after d2 ms SIGKILL sshd and all below it; d1 ms later restart it.
  *   stall, cut:  burst; after d2 / 4 ms stall (cut) the link; d1 ms later resume (restore) it. */
 static void fault_begin(struct fault *f, int op)
@@ -326,6 +331,32 @@ static void push_kill(void)
     cur.push_pid = 0;
 }
 
+static int check_trees(const char *when);
+
+/* `watch --stop` in the middle of the operations, perhaps of a batch: it must stop the daemon
+ * (exit 0), and what it says must hold: when it left nothing unsent and had checked every file,
+ * the server matches the project right now (nothing was written since). */
+static void stop_daemon_checked(void)
+{
+    int64_t start = gs_clock_mono_ms();
+    struct gs_test_result r = gs_run(ARGS("watch", "--stop", "--json"));
+    int64_t ms = gs_clock_mono_ms() - start;
+    cur.slowest_stop = ms > cur.slowest_stop ? ms : cur.slowest_stop;
+    json_t *o = r.status == 0 ? json_loads(r.out.data, 0, NULL) : NULL;
+    json_int_t unsent = json_integer_value(json_object_get(o, "unsent"));
+    int unchecked = json_is_true(json_object_get(o, "unchecked"));
+    char line[256];
+    if (!json_is_true(json_object_get(o, "was_running")))
+        problem("watch --stop: exit %d (%s)", r.status,
+                first_line(r.err.len ? r.err.data : r.out.data, line, sizeof(line)));
+    else if (!unsent && !unchecked && check_trees("after watch --stop said nothing was unsent"))
+        cur.false_stop = 1;
+    gs_buf_addf(&cur.faults_text, "(%.1f s, unsent %lld%s)", ms / 1000.0, (long long)unsent,
+                unchecked ? ", unchecked" : "");
+    json_decref(o);
+    gs_test_result_release(&r);
+}
+
 /* Injects the fault (phase 1 of every kind but push-kill). */
 static void fault_inject(struct fault *f)
 {
@@ -337,6 +368,15 @@ static void fault_inject(struct fault *f)
             gs_test_await_gone(pid);
         } else {
             problem("no daemon ran when daemon-kill came");
+        }
+        cur.daemon_down = 1;
+        break;
+    case F_STOP:
+        if ((pid = daemon_pid()) > 0) {
+            stop_daemon_checked();
+            gs_test_await_gone(pid);
+        } else {
+            problem("no daemon ran when daemon-stop came");
         }
         cur.daemon_down = 1;
         break;
@@ -361,8 +401,10 @@ static void fault_heal(struct fault *f)
         push_kill();
         break;
     case F_DAEMON:
+    case F_STOP:
         cur.daemon_down = 0;
-        daemon_start("watch -d after the daemon was killed");
+        daemon_start(f->kind == F_STOP ? "watch -d after watch --stop"
+                                       : "watch -d after the daemon was killed");
         break;
     case F_SSHD:
         if (gs_test_sshd_restart(&sshd, 0) != 0)
@@ -628,6 +670,12 @@ static void tally(struct totals *t)
     t->not_up_to_date += cur.not_up_to_date;
     t->late_writes += cur.late_write;
     t->lingering += cur.lingering > 0;
+    t->stops += cur.injected[F_STOP];
+    t->slowest_stop = cur.slowest_stop > t->slowest_stop ? cur.slowest_stop : t->slowest_stop;
+    if (cur.false_stop) {
+        t->false_stops++;
+        seed_to(&t->false_stop_seeds, cur.seed);
+    }
     if (cur.failed)
         seed_to(&t->failed_seeds, cur.seed);
     if (cur.mismatch || cur.late_write) {
@@ -668,6 +716,10 @@ static void print_summary(const struct totals *t)
                   t->tmp_seqs, or_none(&t->tmp_seeds));
     print_message("  %-34s %d in %d sequences  seeds: %s\n", "unexplained conflicts",
                   t->conflict_files, t->conflict_seqs, or_none(&t->conflict_seeds));
+    print_message("  %-34s %d  seeds: %s\n", "stop said 'nothing unsent', wrongly", t->false_stops,
+                  or_none(&t->false_stop_seeds));
+    if (t->stops)
+        print_message("  %-34s %.1f s\n", "slowest watch --stop", t->slowest_stop / 1000.0);
     print_message("  %-34s %d (noted, not a failure)\n", "server processes lingering",
                   t->lingering);
 }
@@ -695,7 +747,7 @@ static unsigned parse_kinds(const char *list)
                 hit = hit == -1 ? i : -2;
         if (hit < 0)
             fail_msg("GS_FAULT_KINDS: '%s' is %s (kinds: push-kill daemon-kill sshd-kill stall "
-                     "cut)",
+                     "cut daemon-stop)",
                      tok, hit == -1 ? "unknown" : "ambiguous");
         mask |= 1u << hit;
     }
@@ -740,6 +792,7 @@ static void test_faults__random_sequences_converge(void **state)
     gs_buf_release(&t.mismatch_seeds);
     gs_buf_release(&t.tmp_seeds);
     gs_buf_release(&t.conflict_seeds);
+    gs_buf_release(&t.false_stop_seeds);
     if (failed)
         fail_msg("%d of %d fault sequences failed (seeds %s)", failed, set.sequences, seeds);
 }
