@@ -227,20 +227,34 @@ line as it comes.  Returns the process."
                             (gpusync-follow-events))
                            (t (gpusync--notify :error "watch failed: %s" (gpusync--failure r err))))))))
 
+(defun gpusync--stopped-message (reply)
+  "What `watch --stop --json' answered (REPLY), for the user.
+\"stopped\" alone reads as \"and every change was sent\", which is not so
+when the daemon was stopped in the middle of an upload."
+  (let ((unsent (or (alist-get 'unsent reply) 0)))
+    (cond ((not (eq (alist-get 'was_running reply) t)) "no watch was running")
+          ((> unsent 0)
+           (format "stopped watching; %d change%s not sent (M-x gpusync-push sends %s)"
+                   unsent (if (= unsent 1) " was" "s were") (if (= unsent 1) "it" "them")))
+          ((eq (alist-get 'unchecked reply) t)
+           "stopped watching before every file was checked (M-x gpusync-push checks them)")
+          (t "stopped watching"))))
+
 ;;;###autoload
 (defun gpusync-stop-watching ()
   "Stop this project's gpusync daemon."
   (interactive)
-  (gpusync--call '("watch" "--stop")
+  (gpusync--call '("watch" "--stop" "--json")
                  (lambda (code out err)
-                   (if (/= code 0)
-                       (gpusync--notify :error "stop failed: %s"
-                                        (gpusync--failure (gpusync--last-json out) err))
-                     (when (process-live-p gpusync--events-process)
-                       (delete-process gpusync--events-process))
-                     (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
-                     (force-mode-line-update t)
-                     (gpusync--notify :info "stopped watching")))))
+                   (let ((reply (gpusync--last-json out)))
+                     (if (/= code 0)
+                         (gpusync--notify :error "stop failed: %s" (gpusync--failure reply err))
+                       (when (process-live-p gpusync--events-process)
+                         (delete-process gpusync--events-process))
+                       (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
+                       (force-mode-line-update t)
+                       (gpusync--notify (if (> (or (alist-get 'unsent reply) 0) 0) :warning :info)
+                                        "%s" (gpusync--stopped-message reply)))))))
 
 ;;;###autoload
 (defun gpusync-push ()

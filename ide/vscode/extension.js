@@ -8,7 +8,7 @@ const vscode = require('vscode');
 
 const cli = require('./lib/cli');
 const { readJobs, hasProject } = require('./lib/config');
-const { SyncState, OFF } = require('./lib/syncstate');
+const { SyncState, OFF, stoppedMessage } = require('./lib/syncstate');
 
 const GPU_CHOICES = [
   { label: '1 GPU', args: ['--gpus', '1'] },
@@ -258,9 +258,7 @@ class Gpusync {
     try {
       const r = await this.json(['watch', '--stop']);
       this.stopEvents();
-      vscode.window.showInformationMessage(
-        r.was_running ? 'gpusync: stopped watching' : 'gpusync: no watch was running',
-      );
+      vscode.window.showInformationMessage(stoppedMessage(r));
       return r;
     } catch (e) {
       vscode.window.showErrorMessage(`gpusync: cannot stop watching: ${e.message}`);

@@ -76,6 +76,15 @@
          (when pid
            (gpusync-test--wait 10 (lambda () (not (process-attributes pid)))))))))
 
+(ert-deftest gpusync-test/a-stop-says-what-it-left-unsent ()
+  (should (equal (gpusync--stopped-message '((was_running . t) (unsent . 0) (unchecked . :false)))
+                 "stopped watching"))
+  (should (string-match-p "2 changes were not sent"
+                          (gpusync--stopped-message '((was_running . t) (unsent . 2)))))
+  (should (string-match-p "before every file"
+                          (gpusync--stopped-message '((was_running . t) (unsent . 0) (unchecked . t)))))
+  (should (equal (gpusync--stopped-message '((was_running . :false))) "no watch was running")))
+
 (ert-deftest gpusync-test/saving-a-buffer-puts-it-on-the-server ()
   (gpusync-test--with-watch
     (should gpusync-mode)

@@ -244,6 +244,11 @@ local function main()
   vim.cmd('Gpusync stop')
   ok(wait(10000, function() return gs.state.sync == 'off' and gs.state.events_job == nil end),
     ':Gpusync stop ends the daemon; the statusline reads off')
+  ok(wait(5000, function() return noted('stopped watching') ~= nil end),
+    ':Gpusync stop says it stopped')
+  ok(gs.stopped_message({ was_running = true, unsent = 2, unchecked = false })
+      :find('2 changes were not sent', 1, true) ~= nil,
+    'a stop that left changes unsent says how many')
   io.stdout:write(string.format('%d failure(s)\n', failures))
   vim.cmd(failures == 0 and 'qall!' or 'cquit 1')
 end

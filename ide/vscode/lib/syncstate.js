@@ -132,7 +132,25 @@ class SyncState {
   }
 }
 
+// What `watch --stop --json` answered, for a notification: "stopped" alone reads as "and every
+// change was sent", which is not so when the daemon was stopped in the middle of an upload.
+function stoppedMessage(r) {
+  if (!r || !r.was_running) return 'gpusync: no watch was running';
+  const unsent = Number(r.unsent) || 0;
+  if (unsent > 0) {
+    const one = unsent === 1;
+    return (
+      `gpusync: stopped watching; ${unsent} change${one ? ' was' : 's were'} not sent ` +
+      `(gpusync: Push sends ${one ? 'it' : 'them'})`
+    );
+  }
+  if (r.unchecked)
+    return 'gpusync: stopped watching before every file was checked (gpusync: Push checks them)';
+  return 'gpusync: stopped watching';
+}
+
 module.exports = {
+  stoppedMessage,
   SyncState,
   OFF,
   CONNECTING,

@@ -146,3 +146,15 @@ test('the project is found in the folder or a parent, as the CLI finds it', () =
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('a stop says what the daemon left unsent, not only that it stopped', () => {
+  const { stoppedMessage } = require('../lib/syncstate');
+  assert.equal(stoppedMessage({ was_running: false }), 'gpusync: no watch was running');
+  assert.equal(
+    stoppedMessage({ was_running: true, unsent: 0, unchecked: false }),
+    'gpusync: stopped watching',
+  );
+  assert.match(stoppedMessage({ was_running: true, unsent: 1 }), /1 change was not sent/);
+  assert.match(stoppedMessage({ was_running: true, unsent: 3 }), /3 changes were not sent/);
+  assert.match(stoppedMessage({ was_running: true, unsent: 0, unchecked: true }), /before every/);
+});

@@ -309,10 +309,28 @@ function M.watch()
   end)
 end
 
+-- What `watch --stop --json` answered, for the user: "stopped" alone reads as "and every change
+-- was sent", which is not so when the daemon was stopped in the middle of an upload.
+function M.stopped_message(r)
+  if not (r and r.was_running) then
+    return 'no watch was running'
+  end
+  local unsent = tonumber(r.unsent) or 0
+  if unsent > 0 then
+    local one = unsent == 1
+    return string.format('stopped watching; %d change%s not sent (:Gpusync push sends %s)',
+      unsent, one and ' was' or 's were', one and 'it' or 'them')
+  elseif r.unchecked == true then
+    return 'stopped watching before every file was checked (:Gpusync push checks them)'
+  end
+  return 'stopped watching'
+end
+
 function M.stop_watching()
-  cli({ 'watch', '--stop' }, function(code, out, err)
+  cli({ 'watch', '--stop', '--json' }, function(code, out, err)
+    local r = last_json(out)
     if code ~= 0 then
-      notify('stop failed: ' .. failure(last_json(out), err), ERROR)
+      notify('stop failed: ' .. failure(r, err), ERROR)
       return
     end
     if state.events_job then
@@ -320,7 +338,7 @@ function M.stop_watching()
     end
     state.events_job, state.sync, state.count = nil, 'off', 0
     redraw()
-    notify('stopped watching')
+    notify(M.stopped_message(r), (r and tonumber(r.unsent) or 0) > 0 and WARN or INFO)
   end)
 end
 
