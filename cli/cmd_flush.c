@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/run_util.h"
 #include "syncd/control.h"
 
 enum { OPT_TIMEOUT = 2000 };
@@ -52,7 +53,8 @@ static void explain_timeout(struct gs_cli *cli, int timeout_s)
 static int flush_daemon(struct gs_cli *cli, int timeout_s)
 {
     json_t *reply;
-    int rc = gs_control_request(cli->root.data, "flush", timeout_s * 1000, &reply, &cli->err);
+    int rc = gs_cli_daemon_sync(cli, "flush", timeout_s * 1000,
+                                "waiting for the watch daemon to send every change", &reply);
     if (rc == GS_E_NOTFOUND)
         return 1;
     if (rc == GS_E_TIMEOUT)

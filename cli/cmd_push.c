@@ -349,10 +349,8 @@ static size_t count_field(json_t *reply, const char *key)
 static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *handled)
 {
     json_t *reply = NULL;
-    struct gs_notice notice;
-    gs_notice_begin(&notice, GS_NOTICE_MS, "pushing through the watch daemon");
-    int rc = gs_control_request(cli->root.data, "push", DAEMON_PUSH_TIMEOUT_MS, &reply, &cli->err);
-    gs_notice_end(&notice);
+    int rc = gs_cli_daemon_sync(cli, "push", DAEMON_PUSH_TIMEOUT_MS,
+                                "pushing through the watch daemon", &reply);
     const char *error = json_string_value(json_object_get(reply, "error"));
     /* a daemon started by an older gpusync does not push: this process does */
     *handled = rc != GS_E_NOTFOUND && !(error && !strcmp(error, "unknown command"));

@@ -24,7 +24,14 @@ void gs_progress_init(struct gs_progress *p)
     p->enabled = isatty(STDERR_FILENO);
     p->start_ms = gs_clock_mono_ms();
     p->last_draw_ms = 0;
+    p->base_bytes = 0;
     p->drawn = 0;
+}
+
+void gs_progress_restart(struct gs_progress *p, uint64_t bytes_done)
+{
+    p->start_ms = gs_clock_mono_ms();
+    p->base_bytes = bytes_done;
 }
 
 void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t files_total,
@@ -35,7 +42,8 @@ void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t fil
         return;
     p->last_draw_ms = now;
     double secs = (double)(now - p->start_ms) / 1000.0;
-    double rate = secs > 0 ? (double)bytes_done / secs : 0;
+    uint64_t moved = bytes_done > p->base_bytes ? bytes_done - p->base_bytes : 0;
+    double rate = secs > 0 ? (double)moved / secs : 0;
     double eta =
         rate > 0 && bytes_total > bytes_done ? (double)(bytes_total - bytes_done) / rate : 0;
     /* by bytes where there are any to send: one large file fills the bar as it goes */

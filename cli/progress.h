@@ -8,10 +8,14 @@
 struct gs_progress {
     int enabled;
     int64_t start_ms, last_draw_ms;
+    uint64_t base_bytes; /* bytes already done when the rate began to be measured */
     int drawn;
 };
 
 void gs_progress_init(struct gs_progress *p);
+/* Measures the rate from now and `bytes_done` on: the work shown changed (another batch), or was
+ * under way before we watched it. */
+void gs_progress_restart(struct gs_progress *p, uint64_t bytes_done);
 /* Redraws with `files_done` of `files_total` and `bytes_done` of `bytes_total`; the bar fills by
  * bytes when there are any, else by files. */
 void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t files_total,

@@ -86,6 +86,54 @@ int gs_cli_daemon_ready(struct gs_cli *cli)
     return ready;
 }
 
+/* A wait on the daemon: the notice until the first progress, then the bar. */
+struct daemon_wait {
+    struct gs_progress bar;
+    struct gs_notice notice;
+    int notice_on;
+    uint64_t last_bytes, last_total;
+    int seen;
+};
+
+static uint64_t count_of(const json_t *ev, const char *key)
+{
+    json_int_t v = json_integer_value(json_object_get(ev, key));
+    return v > 0 ? (uint64_t)v : 0;
+}
+
+static void show_batch(void *ctx, const json_t *ev)
+{
+    struct daemon_wait *w = ctx;
+    if (!w->bar.enabled)
+        return;
+    if (w->notice_on) { /* its line, if due, comes before the bar's, not into it */
+        gs_notice_end(&w->notice);
+        w->notice_on = 0;
+    }
+    uint64_t done = count_of(ev, "ops_done"), total = count_of(ev, "ops_total");
+    uint64_t bytes = count_of(ev, "bytes"), bytes_total = count_of(ev, "bytes_total");
+    if (!w->seen || bytes < w->last_bytes || total != w->last_total) /* another batch */
+        gs_progress_restart(&w->bar, bytes);
+    w->seen = 1;
+    w->last_bytes = bytes;
+    w->last_total = total;
+    gs_progress_update(&w->bar, done, total, bytes, bytes_total);
+}
+
+int gs_cli_daemon_sync(struct gs_cli *cli, const char *cmd, int timeout_ms, const char *notice,
+                       json_t **reply)
+{
+    struct daemon_wait w = {.notice_on = 1};
+    gs_progress_init(&w.bar);
+    gs_notice_begin(&w.notice, GS_NOTICE_MS, "%s", notice);
+    int rc = gs_control_request_progress(cli->root.data, cmd, timeout_ms, show_batch, &w, reply,
+                                         &cli->err);
+    if (w.notice_on)
+        gs_notice_end(&w.notice);
+    gs_progress_end(&w.bar);
+    return rc;
+}
+
 int gs_cli_daemon_stopped(int rc, json_t *reply)
 {
     return rc == GS_E_DISCONNECTED || (rc == 0 && json_is_true(json_object_get(reply, "stopped")));
@@ -196,7 +244,7 @@ void gs_run_ctx_release(struct gs_run_ctx *rc)
 static int flush_through_daemon(struct gs_cli *cli)
 {
     json_t *reply;
-    int rc = gs_control_request(cli->root.data, "flush", 300000, &reply, &cli->err);
+    int rc = gs_cli_daemon_sync(cli, "flush", 300000, "syncing through the watch daemon", &reply);
     if (rc == GS_E_NOTFOUND || gs_cli_daemon_stopped(rc, reply)) {
         json_decref(reply);
         return 1; /* no daemon (any more): sync over our own connection */

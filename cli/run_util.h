@@ -39,6 +39,12 @@ const char *gs_cli_server_name(struct gs_cli *cli);
 /* 1 when a watch daemon runs for this project and is connected: its relay can run commands. */
 int gs_cli_daemon_ready(struct gs_cli *cli);
 
+/* Asks the watch daemon for `cmd` ("flush" or "push") and waits up to `timeout_ms` for its
+ * answer (gs_control_request's return and *reply). Meanwhile a terminal shows the progress of
+ * the batches it waits on, and `notice` is printed if the wait lasts past GS_NOTICE_MS first. */
+int gs_cli_daemon_sync(struct gs_cli *cli, const char *cmd, int timeout_ms, const char *notice,
+                       json_t **reply);
+
 /* Whether the watch daemon's answer to a flush or push (`rc` and `reply` of gs_control_request)
  * says it stopped before it had synced: told to stop meanwhile, or gone without a word. The
  * caller then syncs by itself, now that no daemon does; syncing again is harmless. */

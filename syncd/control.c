@@ -137,6 +137,29 @@ int gs_control_pop(struct gs_buf *buf, json_t **msg, struct gs_error *err)
     return 0;
 }
 
+/* Appends what `fd` has to `buf`. Returns 0 (also when interrupted), or GS_E_DISCONNECTED at EOF
+ * or on an error. */
+static int read_some(int fd, struct gs_buf *buf, struct gs_error *err)
+{
+    char chunk[8192];
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return 0;
+    if (n <= 0)
+        return gs_error_set(err, GS_E_DISCONNECTED, "the gpusync daemon closed the connection");
+    gs_buf_add(buf, chunk, (size_t)n);
+    return 0;
+}
+
+/* Milliseconds left before `deadline` (-1: none), at least 0. */
+static int time_left(int64_t deadline)
+{
+    if (deadline < 0)
+        return -1;
+    int64_t left = deadline - gs_clock_mono_ms();
+    return left > 0 ? (int)left : 0;
+}
+
 int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err)
 {
     int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
@@ -144,38 +167,84 @@ int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, st
         int rc = gs_control_pop(buf, msg, err);
         if (rc < 0 || *msg)
             return rc;
-        int wait = deadline < 0 ? -1 : (int)(deadline - gs_clock_mono_ms());
-        if (deadline >= 0 && wait <= 0)
+        int wait = time_left(deadline);
+        if (wait == 0)
             return gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, wait) <= 0)
-            continue;
-        char chunk[8192];
-        ssize_t n = read(fd, chunk, sizeof(chunk));
-        if (n < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (n <= 0)
-            return gs_error_set(err, GS_E_DISCONNECTED, "the gpusync daemon closed the connection");
-        gs_buf_add(buf, chunk, (size_t)n);
+        if (poll(&p, 1, wait) > 0 && (rc = read_some(fd, buf, err)) < 0)
+            return rc;
     }
 }
 
-int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
-                       struct gs_error *err)
+/* A second connection, subscribed to the event stream; -1 when that fails (no progress then). */
+static int open_events(const char *root)
+{
+    int fd = gs_control_connect(root, NULL);
+    json_t *req = json_pack("{s:s}", "cmd", "events");
+    if (fd >= 0 && gs_control_send(fd, req, NULL) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    json_decref(req);
+    return fd;
+}
+
+/* Hands the "progress" events complete in `buf` to fn; the rest of the stream is not ours. */
+static void pass_progress(struct gs_buf *buf, gs_control_progress_fn fn, void *ctx)
+{
+    json_t *ev;
+    while (gs_control_pop(buf, &ev, NULL) == 0 && ev) {
+        const char *kind = json_string_value(json_object_get(ev, "event"));
+        if (kind && strcmp(kind, "progress") == 0)
+            fn(ctx, ev);
+        json_decref(ev);
+    }
+}
+
+int gs_control_request_progress(const char *root, const char *cmd, int timeout_ms,
+                                gs_control_progress_fn fn, void *ctx, json_t **reply,
+                                struct gs_error *err)
 {
     *reply = NULL;
     int fd = gs_control_connect(root, NULL);
     if (fd < 0)
         return GS_E_NOTFOUND;
     json_t *req = json_pack("{s:s}", "cmd", cmd);
-    struct gs_buf buf = GS_BUF_INIT;
+    struct gs_buf buf = GS_BUF_INIT, events = GS_BUF_INIT;
     int rc = gs_control_send(fd, req, err);
-    if (rc == 0)
-        rc = gs_control_recv(fd, &buf, reply, timeout_ms, err);
     json_decref(req);
+    int efd = rc == 0 && fn ? open_events(root) : -1;
+    int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
+    while (rc == 0 && (rc = gs_control_pop(&buf, reply, err)) == 0 && !*reply) {
+        int wait = time_left(deadline);
+        if (wait == 0) {
+            rc = gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
+            break;
+        }
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = efd, .events = POLLIN}};
+        if (poll(p, efd >= 0 ? 2 : 1, wait) <= 0)
+            continue;
+        if (p[0].revents)
+            rc = read_some(fd, &buf, err);
+        if (efd >= 0 && p[1].revents && read_some(efd, &events, NULL) < 0) {
+            close(efd); /* the stream ended: the reply tells why */
+            efd = -1;
+        } else if (efd >= 0 && p[1].revents) {
+            pass_progress(&events, fn, ctx);
+        }
+    }
+    if (efd >= 0)
+        close(efd);
+    gs_buf_release(&events);
     gs_buf_release(&buf);
     close(fd);
     return rc;
+}
+
+int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
+                       struct gs_error *err)
+{
+    return gs_control_request_progress(root, cmd, timeout_ms, NULL, NULL, reply, err);
 }
 
 int gs_control_exec(const char *root, const char *command, struct gs_buf *buf, struct gs_error *err)

@@ -72,6 +72,14 @@ int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, st
 int gs_control_request(const char *root, const char *cmd, int timeout_ms, json_t **reply,
                        struct gs_error *err);
 
+/* As gs_control_request, and meanwhile follows the daemon's event stream on a second connection,
+ * handing each "progress" event (a batch's {ops_done, ops_total, bytes, bytes_total}) to `fn`:
+ * a flush or push that waits on a large upload shows it moving. */
+typedef void (*gs_control_progress_fn)(void *ctx, const json_t *event);
+int gs_control_request_progress(const char *root, const char *cmd, int timeout_ms,
+                                gs_control_progress_fn fn, void *ctx, json_t **reply,
+                                struct gs_error *err);
+
 /* Asks the daemon of the project at `root` to run `command` on the server ("exec" above). Returns
  * a descriptor whose next bytes are the frames (any already read are left in `buf`), GS_E_NOTFOUND
  * when no daemon listens or it does not relay (err untouched then), or GS_E_REMOTE with the

@@ -1001,13 +1001,19 @@ static void accept_clients(struct daemon *d)
     }
 }
 
-/* Requests a batch in progress can answer at once: they read the daemon's state and change
- * nothing the batch uses; a stop ends the batch where it waits on the server (while_waiting). */
+/* Requests a batch in progress can take at once: they read the daemon's state, or change only
+ * what the batch no longer uses (the dirty set it took its paths from, the flags for the next
+ * batch). A flush or push starts waiting now, so its time counts from the request and the batch
+ * under way counts for it (it is answered after a batch that began later, as always); a stop
+ * ends the batch where it waits on the server (while_waiting). */
 static int answers_during_batch(json_t *req)
 {
+    static const char *const now[] = {"status", "events", "stop", "flush", "push"};
     const char *cmd = json_string_value(json_object_get(req, "cmd"));
-    return cmd &&
-           (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "stop") == 0);
+    for (size_t i = 0; cmd && i < sizeof(now) / sizeof(now[0]); i++)
+        if (strcmp(cmd, now[i]) == 0)
+            return 1;
+    return 0;
 }
 
 /* Answers the requests at the head of client i's buffer that answers_during_batch allows; the

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1173,6 +1174,56 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
     expect_trees_equal("after the large file");
 }
 
+/* Reads a terminal until its program has exited and closed it (EIO on Linux), or `limit_ms`. */
+static void read_terminal_to_end(int term, struct gs_buf *screen, int limit_ms)
+{
+    int64_t end = gs_clock_mono_ms() + limit_ms;
+    for (;;) {
+        struct pollfd p = {.fd = term, .events = POLLIN};
+        int left = (int)(end - gs_clock_mono_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            fail_msg("the terminal did not close within %d ms: %.*s", limit_ms, (int)screen->len,
+                     screen->data);
+        char chunk[4096];
+        ssize_t n = read(term, chunk, sizeof(chunk));
+        if (n <= 0)
+            return;
+        gs_buf_add(screen, chunk, (size_t)n);
+    }
+}
+
+/* `gpusync push` in a terminal while the daemon sends a large file shows that batch moving, as a
+ * push of its own would, instead of nothing until the daemon answers (the same for flush and
+ * run, which wait on the daemon the same way). */
+static void test_watch__a_push_through_the_daemon_shows_the_batch_moving(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(8, 6000000, &ev);
+    gs_test_events_until(&ev, "progress", "", 20000);
+    int term;
+    pid_t pid = forkpty(&term, NULL, NULL, NULL);
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (chdir(cur.local) != 0)
+            _exit(126);
+        execl(gs_test_gpusync(), "gpusync", "push", (char *)NULL);
+        _exit(127);
+    }
+    struct gs_buf screen = GS_BUF_INIT;
+    read_terminal_to_end(term, &screen, 60000);
+    close(term);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    gs_test_events_stop(&ev);
+    /* the bar, and a summary that counts the batch the push waited on (it said "sent 0") */
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !strstr(screen.data, "/6.0 MB") ||
+        !strstr(screen.data, "ETA") || !strstr(screen.data, "sent 1 (6.0 MB)"))
+        fail_msg("push through the daemon (status %d) showed: %s", status, screen.data);
+    gs_buf_release(&screen);
+    expect_trees_equal("after the push");
+}
+
 /* `watch --stop` while a batch sends a large file stops the daemon there, says that the file was
  * not sent, and loses nothing: the next watch sends it. The daemon used to read the request only
  * once the batch was over: --stop gave up after 5 s ("no answer", exit 4), and the daemon, whose
@@ -2028,6 +2079,7 @@ int main(void)
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__status_during_a_long_batch_says_syncing),
         T(test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent),
+        T(test_watch__a_push_through_the_daemon_shows_the_batch_moving),
         T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
