@@ -1669,12 +1669,10 @@ static void test_watch__link_stall_converges(void **state)
     link_fault("stall", "resume", 12, 0);
 }
 
-/* A save whose upload was in flight when the link stalled: the old connection's bytes reach the
- * server when the link recovers, after the daemon gave up on them. That write is gpusync's own,
- * so the next push must not keep it as a conflict copy. */
-static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(void **state)
+/* A synced edit.py ("v0"), the link stalled, then edit.py saved as "v1": its batch sends it at
+ * once, and the stalled link holds it. */
+static void save_into_a_stalled_link(void)
 {
-    (void)state;
     char err[256], reply[256];
     struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
     if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
@@ -1684,7 +1682,17 @@ static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(voi
     watch_start();
     flush("first flush");
     assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
-    put("edit.py", "v1\n"); /* sent at once, held by the stalled link */
+    put("edit.py", "v1\n");
+}
+
+/* A save whose upload was in flight when the link stalled: the old connection's bytes reach the
+ * server when the link recovers, after the daemon gave up on them. That write is gpusync's own,
+ * so the next push must not keep it as a conflict copy. */
+static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(void **state)
+{
+    (void)state;
+    char reply[256];
+    save_into_a_stalled_link();
     await_connected(0, 30000);
     put("edit.py", "v2\n");
     assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
@@ -1699,16 +1707,8 @@ static void test_watch__a_put_in_flight_when_the_link_stalled_is_no_conflict(voi
 static void test_watch__status_while_a_batch_waits_on_a_stalled_link(void **state)
 {
     (void)state;
-    char err[256], reply[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
-    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
-        fail_msg("wansim: %s", err);
-    proj_init(wan.port);
-    put("edit.py", "v0\n");
-    watch_start();
-    flush("first flush");
-    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
-    put("edit.py", "v1\n"); /* its batch waits on the stalled link */
+    char reply[256];
+    save_into_a_stalled_link();
     int64_t end = gs_clock_mono_ms() + 10000;
     json_t *st = NULL;
     for (;;) {
