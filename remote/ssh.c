@@ -61,9 +61,32 @@ static void set_socket_options(int fd)
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
+/* Waits until `fd` is writable (connected or failed), the deadline passes (0, errno ETIMEDOUT),
+ * or the waiting callback gives up (0, errno EINTR). Returns poll's result. */
+static int await_connect(struct gs_ssh *s, int fd, int64_t deadline)
+{
+    for (;;) {
+        if (s->waiting && s->waiting(s->waiting_ctx)) {
+            errno = EINTR;
+            return 0;
+        }
+        int64_t left = deadline - gs_clock_mono_ms();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return 0;
+        }
+        if (s->waiting && left > GS_SSH_WAITING_EVERY_MS)
+            left = GS_SSH_WAITING_EVERY_MS;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int ready = poll(&p, 1, (int)left);
+        if (ready != 0 && !(ready < 0 && errno == EINTR))
+            return ready;
+    }
+}
+
 /* Non-blocking connect to one address, bounded by the deadline. Returns the fd or -1 (errno set).
  */
-static int connect_one(const struct addrinfo *ai, int64_t deadline)
+static int connect_one(struct gs_ssh *s, const struct addrinfo *ai, int64_t deadline)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0)
@@ -72,11 +95,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline)
         return fd;
     if (errno != EINPROGRESS)
         goto fail;
-    struct pollfd p = {.fd = fd, .events = POLLOUT};
-    int64_t left = deadline - gs_clock_mono_ms();
-    int ready = left > 0 ? poll(&p, 1, (int)left) : 0;
-    if (ready == 0)
-        errno = ETIMEDOUT;
+    int ready = await_connect(s, fd, deadline);
     if (ready <= 0)
         goto fail;
     int soerr = 0;
@@ -92,7 +111,8 @@ fail:;
     return -1;
 }
 
-static int open_socket(const char *host, int port, int timeout_ms, struct gs_error *err)
+static int open_socket(struct gs_ssh *s, const char *host, int port, int timeout_ms,
+                       struct gs_error *err)
 {
     char port_s[16];
     snprintf(port_s, sizeof(port_s), "%d", port);
@@ -104,15 +124,20 @@ static int open_socket(const char *host, int port, int timeout_ms, struct gs_err
                             gai_strerror(gai));
     int64_t deadline = gs_clock_mono_ms() + timeout_ms;
     int fd = -1;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
-        fd = connect_one(ai, deadline);
-    int saved = errno;
+    int saved = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0 && saved != EINTR; ai = ai->ai_next) {
+        fd = connect_one(s, ai, deadline);
+        saved = fd < 0 ? errno : 0;
+    }
     freeaddrinfo(res);
     if (fd >= 0) {
         set_socket_options(fd);
         return fd;
     }
     errno = saved;
+    if (saved == EINTR)
+        return gs_error_set(err, GS_E_INTERRUPTED, "connecting to %s port %d: interrupted", host,
+                            port);
     return gs_error_errno(err, saved == ETIMEDOUT ? GS_E_TIMEOUT : GS_E_CONNECT,
                           "cannot connect to %s port %d", host, port);
 }
@@ -130,6 +155,8 @@ static struct gs_ssh *ssh_new(const struct gs_ssh_opts *opts)
     gs_ssh_set_liveness(s, opts->keepalive_ms, opts->dead_after_ms);
     s->notice = opts->notice;
     s->notice_ctx = opts->prompt_ctx;
+    s->waiting = opts->waiting;
+    s->waiting_ctx = opts->waiting_ctx;
     s->session = libssh2_session_init_ex(NULL, NULL, NULL, s);
     if (!s->session) {
         free(s);
@@ -173,7 +200,7 @@ static int establish(struct gs_ssh *s, const struct gs_target *t, const struct g
         policy.n_user_files = 1;
     }
     gs_hostkey_prefer_known_type(s->session, &policy, t->hostname, t->port);
-    s->fd = open_socket(t->hostname, t->port, timeout, err);
+    s->fd = open_socket(s, t->hostname, t->port, timeout, err);
     if (s->fd < 0)
         return s->fd;
     int rc = handshake(s, timeout, err);

@@ -22,6 +22,13 @@ typedef char *(*gs_ssh_secret_fn)(void *ctx, const char *prompt);
 /* Tells the user what a long wait is waiting for (one line, no newline). */
 typedef void (*gs_ssh_notice_fn)(void *ctx, const char *message);
 
+/* Called by gs_ssh_wait about every GS_SSH_WAITING_EVERY_MS while a call waits on the server, so
+ * a single-threaded caller (the watch daemon) answers its own clients meanwhile. A nonzero return
+ * abandons the wait: the call fails with GS_E_INTERRUPTED, and the session must be freed, since a
+ * request may be half sent. */
+typedef int (*gs_ssh_waiting_fn)(void *ctx);
+#define GS_SSH_WAITING_EVERY_MS 100
+
 struct gs_ssh_opts {
     const char *host;        /* name, address or ~/.ssh/config alias */
     int port;                /* 0: from ssh -G, else 22 */
@@ -39,6 +46,10 @@ struct gs_ssh_opts {
     gs_ssh_secret_fn ask_secret;
     gs_ssh_notice_fn notice; /* NULL: long waits are logged at info level */
     void *prompt_ctx;
+    /* Also while connecting (TCP, handshake, login), from the connecting thread: a daemon that is
+     * told to stop abandons a login to an unreachable server instead of waiting it out. */
+    gs_ssh_waiting_fn waiting;
+    void *waiting_ctx;
 };
 
 struct gs_ssh;
@@ -86,13 +97,6 @@ int64_t gs_ssh_handshake_ms(const struct gs_ssh *s);
  * caller should retry its libssh2 call, GS_E_TIMEOUT at the deadline, GS_E_DISCONNECTED when the
  * server stopped answering, GS_E_INTERRUPTED when the waiting callback (below) said so. */
 int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err);
-
-/* Called by gs_ssh_wait about every GS_SSH_WAITING_EVERY_MS while a call waits on the server, so
- * a single-threaded caller (the watch daemon) answers its own clients meanwhile. A nonzero return
- * abandons the wait: the call fails with GS_E_INTERRUPTED, and the session must be freed, since a
- * request may be half sent. */
-typedef int (*gs_ssh_waiting_fn)(void *ctx);
-#define GS_SSH_WAITING_EVERY_MS 100
 
 /* Sets (or, with NULL, clears) the waiting callback. */
 void gs_ssh_set_waiting(struct gs_ssh *s, gs_ssh_waiting_fn fn, void *ctx);

@@ -259,10 +259,10 @@ int gs_control_exec(const char *root, const char *command, struct gs_buf *buf, s
         rc = gs_control_recv(fd, buf, &reply, 30000, &ignored);
     json_decref(req);
     const char *error = json_string_value(json_object_get(reply, "error"));
+    int gone = json_is_true(json_object_get(reply, "stopped")) ||
+               (error && strcmp(error, "unknown command") == 0); /* or from before the relay */
     if (rc == 0 && !json_is_true(json_object_get(reply, "ok")))
-        rc = error && strcmp(error, "unknown command") != 0
-                 ? gs_error_set(err, GS_E_REMOTE, "%s", error)
-                 : GS_E_NOTFOUND; /* a daemon from before the relay */
+        rc = error && !gone ? gs_error_set(err, GS_E_REMOTE, "%s", error) : GS_E_NOTFOUND;
     else if (rc < 0)
         rc = GS_E_NOTFOUND; /* it went away: do the work here */
     json_decref(reply);

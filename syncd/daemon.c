@@ -74,6 +74,7 @@ struct daemon {
     char **dirty; /* changed paths not yet pushed */
     size_t n_dirty, cap_dirty;
     int full;      /* push the whole tree next */
+    int checked;   /* a batch has compared the whole tree with the server since the start */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;
     int64_t next_retry_ms;
@@ -104,7 +105,8 @@ struct daemon {
     int connecting;
     int64_t connect_started_ms; /* when the attempt in flight (or the last one) began */
     pthread_t connector;
-    int connect_done; /* eventfd: readable when the attempt has ended */
+    int abandon_connect; /* set (atomically) when the daemon stops: the attempt gives up */
+    int connect_done;    /* eventfd: readable when the attempt has ended */
     int connect_rc;
     struct gs_error connect_err;
     time_t unreachable_since; /* wall clock of the first failed attempt of this outage, or 0 */
@@ -368,11 +370,19 @@ static void read_changes(struct daemon *d);
 /* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile.
  * The login gets the usual limits (a slow server's handshake and agent start are waited for);
  * the daemon's tight ones (o->ssh, for waits on its own thread) apply once connected. */
+static int connect_abandoned(void *ctx)
+{
+    struct daemon *d = ctx;
+    return __atomic_load_n(&d->abandon_connect, __ATOMIC_RELAXED);
+}
+
 static void *connector_main(void *arg)
 {
     struct daemon *d = arg;
     struct gs_ssh_opts login = d->o->ssh;
     login.keepalive_ms = login.dead_after_ms = 0;
+    login.waiting = connect_abandoned; /* a stop does not wait for a login's timeout */
+    login.waiting_ctx = d;
     d->connect_rc = gs_ssh_connect(&d->ssh, &login, &d->connect_err);
     if (d->connect_rc == 0)
         d->connect_rc = gs_session_connect(&d->sess, d->ssh, d->o->remote_dir,
@@ -400,6 +410,7 @@ static void connected_or_not(struct daemon *d)
         return;
     }
     gs_ssh_set_liveness(d->ssh, d->o->ssh.keepalive_ms, d->o->ssh.dead_after_ms);
+    gs_ssh_set_waiting(d->ssh, NULL, NULL); /* the loop's own, per wait (while_waiting) */
     d->unreachable_since = 0;
     d->connected = 1;
     d->backoff_ms = BACKOFF_FIRST_MS;
@@ -785,6 +796,8 @@ static void sync_batch(struct daemon *d)
     count_for_pushes(d, &st, d->sess.ops ? d->sess.ops->bytes_sent - link_before : 0, full);
     if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)
         rc = 0; /* nothing failed: files changed while they were sent, and go again (on_op) */
+    if (full && (rc == 0 || rc == GS_E_REMOTE)) /* what it refused is noted as failed */
+        d->checked = 1;
     if (is_transport_error(rc)) {
         requeue(d, paths, n, full);
         disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
@@ -1005,11 +1018,15 @@ static void accept_clients(struct daemon *d)
  * what the batch no longer uses (the dirty set it took its paths from, the flags for the next
  * batch). A flush or push starts waiting now, so its time counts from the request and the batch
  * under way counts for it (it is answered after a batch that began later, as always); a stop
- * ends the batch where it waits on the server (while_waiting). */
-static int answers_during_batch(json_t *req)
+ * ends the batch where it waits on the server (while_waiting); an exec goes to the relay, whose
+ * spare connections the batch does not use (`gpusync ps` during an upload used to wait for it,
+ * or 30 s, then connect by itself), except once the daemon is stopping. */
+static int answers_during_batch(const struct daemon *d, json_t *req)
 {
-    static const char *const now[] = {"status", "events", "stop", "flush", "push"};
+    static const char *const now[] = {"status", "events", "stop", "flush", "push", "exec"};
     const char *cmd = json_string_value(json_object_get(req, "cmd"));
+    if (cmd && d->stop && strcmp(cmd, "exec") == 0)
+        return 0;
     for (size_t i = 0; cmd && i < sizeof(now) / sizeof(now[0]); i++)
         if (strcmp(cmd, now[i]) == 0)
             return 1;
@@ -1029,14 +1046,15 @@ static void answer_head_requests(struct daemon *d, int i)
         gs_buf_add(&line, c->in.data, (size_t)(nl - c->in.data) + 1);
         json_t *req = NULL;
         struct gs_error err = {0};
-        int ok = gs_control_pop(&line, &req, &err) == 0 && req && answers_during_batch(req);
+        int ok = gs_control_pop(&line, &req, &err) == 0 && req && answers_during_batch(d, req);
         gs_buf_release(&line);
+        int handed = 0;
         if (ok) {
             gs_buf_consume(&c->in, (size_t)(nl - c->in.data) + 1);
-            handle_request(d, i, req);
+            handed = handle_request(d, i, req);
         }
         json_decref(req);
-        if (!ok)
+        if (!ok || handed) /* handed: slot i holds another client now, served next time */
             return;
     }
 }
@@ -1296,9 +1314,9 @@ static void take_buffered_at_exit(struct client *c)
             c->stopping = 1;
         else if (cmd && (strcmp(cmd, "flush") == 0 || strcmp(cmd, "push") == 0))
             c->flush_gen = c->flush_gen ? c->flush_gen : 1;
-        else
-            reply(c, json_pack("{s:b,s:s}", "ok", 0, "error",
-                               "the watch daemon stopped before it answered"));
+        else /* an exec then runs over the client's own connection (gs_control_exec) */
+            reply(c, json_pack("{s:b,s:s,s:b}", "ok", 0, "error",
+                               "the watch daemon stopped before it answered", "stopped", 1));
         json_decref(req);
     }
 }
@@ -1310,14 +1328,15 @@ static void answer_at_exit(struct daemon *d)
 {
     read_changes(d); /* every write made before the stop was asked is in the queue, as for flush */
     size_t unsent = d->n_dirty + d->n_failed + d->n_held;
+    int unchecked = d->full || !d->checked; /* e.g. stopped before it ever reached the server */
     char why[512];
     snprintf(why, sizeof(why),
              "the watch daemon stopped before the server had every change (%zu not sent%s); "
              "'gpusync push' sends them, as does the next 'gpusync watch'",
-             unsent, d->full ? ", and it had yet to check every file" : "");
-    if (unsent || d->full) /* a foreground watch shows it on the terminal; -d in its log */
+             unsent, unchecked ? ", and it had yet to check every file" : "");
+    if (unsent || unchecked) /* a foreground watch shows it on the terminal; -d in its log */
         gs_warn("stopping with %zu change%s not sent to the server%s: 'gpusync push' sends %s",
-                unsent, unsent == 1 ? "" : "s", d->full ? " (not every file checked)" : "",
+                unsent, unsent == 1 ? "" : "s", unchecked ? " (not every file checked)" : "",
                 unsent == 1 ? "it" : "them");
     d->next_serve_ms = 0;
     serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */
@@ -1326,7 +1345,7 @@ static void answer_at_exit(struct daemon *d)
         take_buffered_at_exit(c);
         if (c->stopping)
             reply(c, json_pack("{s:b,s:I,s:b}", "ok", 1, "unsent", (json_int_t)unsent, "unchecked",
-                               d->full));
+                               unchecked));
         else if (c->flush_gen)
             reply(c, push_answer(d, c,
                                  json_pack("{s:b,s:s,s:b}", "ok", 0, "error", why, "stopped", 1)));
@@ -1406,8 +1425,10 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
 
 static void teardown(struct daemon *d)
 {
-    if (d->connecting) /* it owns the session: let it end (a connect timeout at most) */
+    if (d->connecting) { /* it owns the session: it gives up within a wait, and ends */
+        __atomic_store_n(&d->abandon_connect, 1, __ATOMIC_RELAXED);
         pthread_join(d->connector, NULL);
+    }
     d->connecting = 0;
     save_conflicts(d); /* an acknowledgement in the last turn */
     if (d->connect_done >= 0)

@@ -31,6 +31,7 @@
 
 struct gs_relay {
     const struct gs_ssh_opts *opts;
+    struct gs_ssh_opts spare_opts; /* opts, with a login that gs_relay_stop abandons */
     pthread_mutex_t lock;
     pthread_cond_t wake;
     pthread_t thread;
@@ -128,10 +129,12 @@ static void *spare_main(void *arg)
         pthread_mutex_unlock(&r->lock);
         struct gs_ssh *s = NULL;
         struct gs_error err = {0};
-        int rc = gs_ssh_connect(&s, r->opts, &err);
+        int rc = gs_ssh_connect(&s, &r->spare_opts, &err);
         LIBSSH2_CHANNEL *ch = rc == 0 ? gs_exec_open(s, PRESTART_COMMAND, &err) : NULL;
         if (ch)
             gs_ssh_shell_starting(s, 0); /* nobody waits for it: it starts ahead of need */
+        if (s) /* a worker may use it after the relay is gone: no callback into it */
+            gs_ssh_set_waiting(s, NULL, NULL);
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
             r->spares[r->n_spares++] = (struct spare){s, ch};
@@ -146,10 +149,21 @@ static void *spare_main(void *arg)
     return NULL;
 }
 
+/* The spares' waiting callback: a stop ends a login to an unreachable server at once, instead of
+ * keeping the daemon's exit waiting for its timeout. Read without the lock: a flag, set once. */
+static int relay_stopping(void *ctx)
+{
+    struct gs_relay *r = ctx;
+    return __atomic_load_n(&r->stop, __ATOMIC_RELAXED);
+}
+
 int gs_relay_start(struct gs_relay **out, const struct gs_ssh_opts *ssh, struct gs_error *err)
 {
     struct gs_relay *r = gs_xcalloc(1, sizeof(*r));
     r->opts = ssh;
+    r->spare_opts = *ssh;
+    r->spare_opts.waiting = relay_stopping;
+    r->spare_opts.waiting_ctx = r;
     libssh2_init(0); /* before any thread: libssh2_session_init would do it, racily */
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->wake, NULL);
@@ -182,7 +196,7 @@ void gs_relay_stop(struct gs_relay *r)
     if (!r)
         return;
     pthread_mutex_lock(&r->lock);
-    r->stop = 1;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&r->wake);
     pthread_mutex_unlock(&r->lock);
     pthread_join(r->thread, NULL);

@@ -1174,6 +1174,38 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
     expect_trees_equal("after the large file");
 }
 
+/* `watch --stop` while the daemon's login hangs on a stalled link stops it at once, and says that
+ * it never compared the files with the server. The daemon used to wait out the login's timeout
+ * (10 s for the handshake; its spare connection's too), longer than `watch --stop` waits (it
+ * then said "still running"). */
+static void test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked(void **state)
+{
+    (void)state;
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("a.py", "never sent\n");
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    watch_start();
+    pid_t pid = daemon_pid();
+    int64_t start = gs_clock_mono_ms();
+    json_t *out = gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0,
+                                       "stop while the login hangs");
+    gs_test_await_gone(pid);
+    int64_t ms = gs_clock_mono_ms() - start;
+    if (!json_is_true(json_object_get(out, "unchecked")) || ms > 5000) {
+        char *text = json_dumps(out, 0);
+        fail_msg("watch --stop while the login hangs: %s, gone after %lld ms", text, (long long)ms);
+    }
+    json_decref(out);
+    assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
+    watch_start();
+    flush("flush once the link is back");
+    expect_trees_equal("after the restart");
+}
+
 /* Reads a terminal until its program has exited and closed it (EIO on Linux), or `limit_ms`. */
 static void read_terminal_to_end(int term, struct gs_buf *screen, int limit_ms)
 {
@@ -1222,6 +1254,33 @@ static void test_watch__a_push_through_the_daemon_shows_the_batch_moving(void **
         fail_msg("push through the daemon (status %d) showed: %s", status, screen.data);
     gs_buf_release(&screen);
     expect_trees_equal("after the push");
+}
+
+/* A command relayed through the daemon (`gpusync ps` here; `logs`, `top`, `stop` alike) runs while
+ * a batch sends a large file: the relay's spare connections are not the batch's. It used to wait
+ * for the batch to end (past 30 s it gave up on the daemon and connected by itself). */
+static void test_watch__ps_during_a_long_batch_is_relayed_at_once(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(8, 6000000, &ev);
+    gs_test_events_until(&ev, "progress", "", 20000);
+    json_t *st = daemon_status_json();
+    json_int_t before = json_integer_value(json_object_get(st, "relayed"));
+    json_decref(st);
+    json_t *runs = gs_test_gpusync_json(cur.local, ARGS("ps", "--json"), 0, "ps during the batch");
+    json_decref(runs);
+    st = daemon_status_json(); /* the batch still going, the command relayed */
+    if (json_integer_value(json_object_get(st, "relayed")) != before + 1 ||
+        !json_object_get(st, "batch")) {
+        char *text = json_dumps(st, 0);
+        fail_msg("after ps during the batch: %s", text);
+    }
+    json_decref(st);
+    gs_test_events_until(&ev, "synced", "big.bin", 30000);
+    gs_test_events_stop(&ev);
+    flush("flush after the large file");
+    expect_trees_equal("after the large file");
 }
 
 /* `watch --stop` while a batch sends a large file stops the daemon there, says that the file was
@@ -2079,6 +2138,8 @@ int main(void)
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__status_during_a_long_batch_says_syncing),
         T(test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent),
+        T(test_watch__ps_during_a_long_batch_is_relayed_at_once),
+        T(test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked),
         T(test_watch__a_push_through_the_daemon_shows_the_batch_moving),
         T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
