@@ -1334,10 +1334,13 @@ static void answer_at_exit(struct daemon *d)
              "the watch daemon stopped before the server had every change (%zu not sent%s); "
              "'gpusync push' sends them, as does the next 'gpusync watch'",
              unsent, unchecked ? ", and it had yet to check every file" : "");
-    if (unsent || unchecked) /* a foreground watch shows it on the terminal; -d in its log */
+    if (unsent) /* a foreground watch shows it on the terminal; -d in its log */
         gs_warn("stopping with %zu change%s not sent to the server%s: 'gpusync push' sends %s",
                 unsent, unsent == 1 ? "" : "s", unchecked ? " (not every file checked)" : "",
                 unsent == 1 ? "it" : "them");
+    else if (unchecked)
+        gs_warn("stopping before every file was checked against the server: 'gpusync push' "
+                "checks them");
     d->next_serve_ms = 0;
     serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */
     for (int i = 0; i < d->n_clients; i++) {
