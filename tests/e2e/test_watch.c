@@ -1119,6 +1119,15 @@ static void large_file_over_a_slow_link(int rate_mbit, int bytes, struct gs_test
                      0);
 }
 
+/* Waits for big.bin's "synced" event, ends the event stream, and checks the server has it all. */
+static void large_file_arrives(struct gs_test_events *ev)
+{
+    gs_test_events_until(ev, "synced", "big.bin", 30000);
+    gs_test_events_stop(ev);
+    flush("flush after the large file");
+    expect_trees_equal("after the large file");
+}
+
 /* A batch that carries one large file reports its progress in bytes while the file goes, not
  * only once it has arrived, so a plugin shows it moving (at 16 Mbit/s, 3 MB take 1.5 s). */
 static void test_watch__a_large_file_reports_progress_in_bytes_while_it_goes(void **state)
@@ -1168,10 +1177,7 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
         fail_msg("status during the batch: %s", text);
     }
     json_decref(st);
-    gs_test_events_until(&ev, "synced", "big.bin", 30000);
-    gs_test_events_stop(&ev);
-    flush("flush after the large file");
-    expect_trees_equal("after the large file");
+    large_file_arrives(&ev);
 }
 
 /* `watch --stop` while the daemon's login hangs on a stalled link stops it at once, and says that
@@ -1277,10 +1283,7 @@ static void test_watch__ps_during_a_long_batch_is_relayed_at_once(void **state)
         fail_msg("after ps during the batch: %s", text);
     }
     json_decref(st);
-    gs_test_events_until(&ev, "synced", "big.bin", 30000);
-    gs_test_events_stop(&ev);
-    flush("flush after the large file");
-    expect_trees_equal("after the large file");
+    large_file_arrives(&ev);
 }
 
 /* `watch --stop` while a batch sends a large file stops the daemon there, says that the file was
