@@ -104,8 +104,6 @@ static uint64_t count_of(const json_t *ev, const char *key)
 static void show_batch(void *ctx, const json_t *ev)
 {
     struct daemon_wait *w = ctx;
-    if (!w->bar.enabled)
-        return;
     if (w->notice_on) { /* its line, if due, comes before the bar's, not into it */
         gs_notice_end(&w->notice);
         w->notice_on = 0;
@@ -126,8 +124,9 @@ int gs_cli_daemon_sync(struct gs_cli *cli, const char *cmd, int timeout_ms, cons
     struct daemon_wait w = {.notice_on = 1};
     gs_progress_init(&w.bar);
     gs_notice_begin(&w.notice, GS_NOTICE_MS, "%s", notice);
-    int rc = gs_control_request_progress(cli->root.data, cmd, timeout_ms, show_batch, &w, reply,
-                                         &cli->err);
+    /* no terminal, no bar: then the event stream is not worth a second connection */
+    int rc = gs_control_request_progress(cli->root.data, cmd, timeout_ms,
+                                         w.bar.enabled ? show_batch : NULL, &w, reply, &cli->err);
     if (w.notice_on)
         gs_notice_end(&w.notice);
     gs_progress_end(&w.bar);
