@@ -160,22 +160,6 @@ static int time_left(int64_t deadline)
     return left > 0 ? (int)left : 0;
 }
 
-int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err)
-{
-    int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
-    for (;;) {
-        int rc = gs_control_pop(buf, msg, err);
-        if (rc < 0 || *msg)
-            return rc;
-        int wait = time_left(deadline);
-        if (wait == 0)
-            return gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, wait) > 0 && (rc = read_some(fd, buf, err)) < 0)
-            return rc;
-    }
-}
-
 /* A second connection, subscribed to the event stream; -1 when that fails (no progress then). */
 static int open_events(const char *root)
 {
@@ -201,6 +185,40 @@ static void pass_progress(struct gs_buf *buf, gs_control_progress_fn fn, void *c
     }
 }
 
+/* Waits up to `timeout_ms` (-1: forever) for the next message on `fd`; meanwhile, while *efd is
+ * open, hands its progress events to fn (an ended stream is closed and set to -1). */
+static int recv_following(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, int *efd,
+                          struct gs_buf *events, gs_control_progress_fn fn, void *ctx,
+                          struct gs_error *err)
+{
+    int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
+    for (;;) {
+        int rc = gs_control_pop(buf, msg, err);
+        if (rc < 0 || *msg)
+            return rc;
+        int wait = time_left(deadline);
+        if (wait == 0)
+            return gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = *efd, .events = POLLIN}};
+        if (poll(p, *efd >= 0 ? 2 : 1, wait) <= 0)
+            continue;
+        if (p[0].revents && (rc = read_some(fd, buf, err)) < 0)
+            return rc;
+        if (*efd >= 0 && p[1].revents && read_some(*efd, events, NULL) < 0) {
+            close(*efd); /* the stream ended: the reply tells why */
+            *efd = -1;
+        } else if (*efd >= 0 && p[1].revents) {
+            pass_progress(events, fn, ctx);
+        }
+    }
+}
+
+int gs_control_recv(int fd, struct gs_buf *buf, json_t **msg, int timeout_ms, struct gs_error *err)
+{
+    int none = -1;
+    return recv_following(fd, buf, msg, timeout_ms, &none, NULL, NULL, NULL, err);
+}
+
 int gs_control_request_progress(const char *root, const char *cmd, int timeout_ms,
                                 gs_control_progress_fn fn, void *ctx, json_t **reply,
                                 struct gs_error *err)
@@ -214,25 +232,8 @@ int gs_control_request_progress(const char *root, const char *cmd, int timeout_m
     int rc = gs_control_send(fd, req, err);
     json_decref(req);
     int efd = rc == 0 && fn ? open_events(root) : -1;
-    int64_t deadline = timeout_ms < 0 ? -1 : gs_clock_mono_ms() + timeout_ms;
-    while (rc == 0 && (rc = gs_control_pop(&buf, reply, err)) == 0 && !*reply) {
-        int wait = time_left(deadline);
-        if (wait == 0) {
-            rc = gs_error_set(err, GS_E_TIMEOUT, "no answer from the gpusync daemon");
-            break;
-        }
-        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = efd, .events = POLLIN}};
-        if (poll(p, efd >= 0 ? 2 : 1, wait) <= 0)
-            continue;
-        if (p[0].revents)
-            rc = read_some(fd, &buf, err);
-        if (efd >= 0 && p[1].revents && read_some(efd, &events, NULL) < 0) {
-            close(efd); /* the stream ended: the reply tells why */
-            efd = -1;
-        } else if (efd >= 0 && p[1].revents) {
-            pass_progress(&events, fn, ctx);
-        }
-    }
+    if (rc == 0)
+        rc = recv_following(fd, &buf, reply, timeout_ms, &efd, &events, fn, ctx, err);
     if (efd >= 0)
         close(efd);
     gs_buf_release(&events);

@@ -1067,11 +1067,11 @@ static void read_signal(struct daemon *d)
 }
 
 /* Called from a batch's progress and while the batch or a liveness check waits on the server
- * (pushes run inline): takes new control connections and answers `status`, event subscriptions
- * and `stop`, so that while a large file goes, or the link stalls, `gpusync status` says
- * "syncing" instead of timing out on a silent daemon and then on the index it holds, an editor
- * that starts meanwhile sees the progress, and `watch --stop` (or SIGTERM) stops the daemon
- * instead of waiting for the batch. Other requests wait for the batch's end. */
+ * (pushes run inline): takes new control connections and the requests answers_during_batch
+ * allows, so that while a large file goes, or the link stalls, `gpusync status` says "syncing"
+ * instead of timing out on a silent daemon and then on the index it holds, an editor that starts
+ * meanwhile sees the progress, and `watch --stop` (or SIGTERM) stops the daemon instead of
+ * waiting for the batch. Other requests wait for the batch's end. */
 static void serve_during_batch(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
@@ -1301,22 +1301,16 @@ static void loop(struct daemon *d)
     }
 }
 
-/* The requests read during the last batch and never started: a stop among them is answered as
- * the stops are, a flush or push as a waiting flush, anything else with an error, so that no
- * client is left to find its connection closed without a word. */
-static void take_buffered_at_exit(struct client *c)
+/* The requests still buffered at exit (those a batch does not take, and any behind them) get an
+ * answer that says the daemon stopped, so that no client finds its connection closed without a
+ * word; an exec then runs over the client's own connection (gs_control_exec), a push by itself. */
+static void refuse_buffered_at_exit(struct client *c)
 {
     json_t *req;
     struct gs_error err = {0};
     while (gs_control_pop(&c->in, &req, &err) == 0 && req) {
-        const char *cmd = json_string_value(json_object_get(req, "cmd"));
-        if (cmd && strcmp(cmd, "stop") == 0)
-            c->stopping = 1;
-        else if (cmd && (strcmp(cmd, "flush") == 0 || strcmp(cmd, "push") == 0))
-            c->flush_gen = c->flush_gen ? c->flush_gen : 1;
-        else /* an exec then runs over the client's own connection (gs_control_exec) */
-            reply(c, json_pack("{s:b,s:s,s:b}", "ok", 0, "error",
-                               "the watch daemon stopped before it answered", "stopped", 1));
+        reply(c, json_pack("{s:b,s:s,s:b}", "ok", 0, "error",
+                           "the watch daemon stopped before it answered", "stopped", 1));
         json_decref(req);
     }
 }
@@ -1345,7 +1339,7 @@ static void answer_at_exit(struct daemon *d)
     serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */
     for (int i = 0; i < d->n_clients; i++) {
         struct client *c = &d->clients[i];
-        take_buffered_at_exit(c);
+        refuse_buffered_at_exit(c);
         if (c->stopping)
             reply(c, json_pack("{s:b,s:I,s:b}", "ok", 1, "unsent", (json_int_t)unsent, "unchecked",
                                unchecked));
