@@ -321,7 +321,10 @@ static void rank_env(const struct sup *s, int local, int restart)
     setenv("TORCHELASTIC_RUN_ID", o->id, 1);
     setenv("GPUSYNC_RUN_ID", o->id, 1);
     setenv("GPUSYNC_RUN_DIR", o->dir, 1); /* also how stop finds what escaped the supervisor */
-    setenv("OMP_NUM_THREADS", "1", 0);
+    /* torchrun's rule: ranks sharing a node get one OpenMP thread each unless the caller says
+     * otherwise; a single rank keeps its libraries' default (every core). */
+    if (o->nproc > 1)
+        setenv("OMP_NUM_THREADS", "1", 0);
     /* CPU ranks see no GPU at all, rather than every GPU that other runs hold. */
     setenv("CUDA_VISIBLE_DEVICES", o->gpus ? o->gpus : "", 1);
     /* Not TORCHELASTIC_USE_AGENT_STORE: rank 0 must host the TCPStore itself. */

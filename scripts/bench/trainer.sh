@@ -126,21 +126,22 @@ model_flags() {
 # over (b) for mlp and lenet, >= 1x over (b) for resnet; every model's test accuracy no more than
 # 0.5 points under PyTorch (b)'s). On the CPU it only prints: the targets are the GPU's.
 compare_with_torch() {
-    local dev=$1 miss=0 model flags limit=() workers=2
+    local dev=$1 miss=0 model flags limit=() workers=2 threads=()
     [[ $limit_train -gt 0 ]] && limit=(--limit-train "$limit_train")
-    [[ $dev == cpu ]] && workers=0
+    # On the CPU both sides get every core (PyTorch may pick fewer by itself).
+    [[ $dev == cpu ]] && workers=0 threads=(--threads "$(nproc)")
     printf '%-7s %-34s %10s %9s %9s %12s %s\n' model implementation samples/s epoch_s \
         test_acc gpusync/this target
     for model in ${models//,/ }; do
         read -ra flags <<<"$(model_flags "$model")"
         [[ $batch_set == 1 ]] && flags+=(--batch-size "$batch")
         "$bin" --device "$dev" --model "$model" "${flags[@]}" --precision "$precision" \
-            --data "$data" --epochs "$epochs" "${limit[@]}" --metrics "$out/gt-$model.jsonl" \
-            --quiet || return 1
+            --data "$data" --epochs "$epochs" "${limit[@]}" "${threads[@]}" \
+            --metrics "$out/gt-$model.jsonl" --quiet || return 1
         for mode in dataloader resident; do
             "$python" scripts/bench/trainer_torch.py --device "$dev" --mode "$mode" \
                 --model "$model" "${flags[@]}" --precision "$precision" --data "$data" \
-                --epochs "$epochs" "${limit[@]}" --num-workers "$workers" \
+                --epochs "$epochs" "${limit[@]}" --num-workers "$workers" "${threads[@]}" \
                 --metrics "$out/torch-$mode-$model.jsonl" >/dev/null || return 1
         done
         read -r g_sps g_ep g_acc <<<"$(summary "$out/gt-$model.jsonl")"

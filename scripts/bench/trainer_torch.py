@@ -90,9 +90,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads (torch.set_num_threads); default: PyTorch's own choice")
     ap.add_argument("--metrics", default=None)
     args = ap.parse_args()
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dev = torch.device(args.device)
     x, y = load(args.data, "train", args.limit_train)

@@ -446,6 +446,21 @@ static void test_launch__env_contract_rank_by_rank(void **state)
     json_decref(st);
 }
 
+/* As torchrun: one rank on the node is left its libraries' thread defaults (a CPU run of the
+ * bundled trainer then uses every core), where several get OMP_NUM_THREADS=1 (above). */
+static void test_launch__a_single_rank_keeps_the_openmp_default(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1", "--", "env", NULL};
+    unsetenv("OMP_NUM_THREADS");
+    launch(f, "env3", opts);
+    json_decref(await_end(f, "env3"));
+    char *dump = rank_log(f, "env3", 0);
+    assert_env(dump, "LOCAL_WORLD_SIZE", "1");
+    assert_null(env_get(dump, "OMP_NUM_THREADS"));
+    free(dump);
+}
+
 static void test_launch__env_defaults_keep_caller_settings(void **state)
 {
     struct fx *f = *state;
@@ -1454,6 +1469,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_launch__env_contract_rank_by_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__a_single_rank_keeps_the_openmp_default,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__env_defaults_keep_caller_settings, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_launch__exit_code_is_the_failing_ranks, setup,

@@ -168,6 +168,10 @@ static const flag FLAGS[] = {
     {"--device", "cpu|cuda|auto", F_FN, 0, parse_device,
      "where to train (default auto: cuda when built with CUDA and a GPU is visible, except "
      "with --augment); ranks sharing one GPU average gradients over TCP, others with NCCL"},
+    {"--threads", "N", F_INT, OFF(threads), NULL,
+     "CPU threads of lenet and resnet, each taking whole samples of a batch (default: "
+     "OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else this process's CPUs / LOCAL_WORLD_SIZE); "
+     "mlp uses the BLAS's own threads"},
     {"--rank", "N", F_INT, OFF(dist.rank), NULL,
      "this process's rank (default: RANK or SLURM_PROCID)"},
     {"--world-size", "N", F_INT, OFF(dist.world), NULL,

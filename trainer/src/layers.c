@@ -1,13 +1,18 @@
 /* layers.c: CPU conv2d, max pooling and dropout. Convolutions unfold one sample at a time
- * (im2col), so the scratch is one sample's columns and the GEMMs stay BLAS-sized; gradients of
- * the weights accumulate over the batch through gt_gemm_ex's beta. */
+ * (im2col), so the scratch is one sample's columns and the GEMMs stay BLAS-sized; the batch's
+ * samples are split between pool.h's threads, and gradients of the weights accumulate over each
+ * thread's samples through gt_gemm_ex's beta, then over the threads in order. */
 #include "layers.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "layer_index.h"
 #include "model.h"
+#include "pool.h"
 
 int gt_conv2d_init(gt_conv2d *s, int C, int H, int W, int K, int k, int stride, int pad)
 {
@@ -37,11 +42,70 @@ static void tap_span(const gt_conv2d *s, int kj, int *lo, int *hi)
     *hi = *hi > *lo ? *hi : *lo;
 }
 
+/* One tap (c, ki, kj) of a stride-1 convolution whose output rows are as wide as the input's
+ * (OW == W, "same" padding): its column row is the input plane shifted by a constant, so the
+ * rows inside the input are one contiguous run [*start, *end) of row, read from in at the same
+ * index plus *off. Columns outside [lo, hi) of each row inside it wrapped around from the
+ * neighbouring input row: callers clear them. Returns false when the tap reads only padding. */
+static bool shifted_run(const gt_conv2d *s, int ki, int lo, int hi, int *oy0, int *oy1,
+                        size_t *start, size_t *end, ptrdiff_t *off)
+{
+    *oy0 = s->pad - ki > 0 ? s->pad - ki : 0;
+    *oy1 = s->H + s->pad - ki < s->OH ? s->H + s->pad - ki : s->OH;
+    if (*oy0 >= *oy1 || lo >= hi)
+        return false;
+    *start = (size_t)*oy0 * s->OW + lo;
+    *end = (size_t)(*oy1 - 1) * s->OW + hi;
+    *off = (ptrdiff_t)(ki - s->pad) * s->W - s->pad;
+    return true;
+}
+
+static bool is_shifted_plane(const gt_conv2d *s)
+{
+    return s->stride == 1 && s->OW == s->W;
+}
+
+/* Zeroes the entries of a tap's column row (OH, OW) that read padding: rows outside [oy0, oy1)
+ * (all of them when oy0 >= oy1) and, inside, the columns outside [lo, hi), leaving the rest as
+ * it is. Those columns are few (at most the padding), so they go a column at a time: strided
+ * stores, where a short zeroing loop per row compiles to a memset call per row. */
+static void clear_padding(const gt_conv2d *s, float *row, int oy0, int oy1, int lo, int hi)
+{
+    size_t P = (size_t)s->OH * s->OW;
+    if (oy0 >= oy1 || lo >= hi) {
+        memset(row, 0, P * sizeof(float));
+        return;
+    }
+    memset(row, 0, (size_t)oy0 * s->OW * sizeof(float));
+    memset(row + (size_t)oy1 * s->OW, 0, (P - (size_t)oy1 * s->OW) * sizeof(float));
+    for (int ox = 0; ox < lo; ox++)
+        for (int oy = oy0; oy < oy1; oy++)
+            row[(size_t)oy * s->OW + ox] = 0.0f;
+    for (int ox = hi; ox < s->OW; ox++)
+        for (int oy = oy0; oy < oy1; oy++)
+            row[(size_t)oy * s->OW + ox] = 0.0f;
+}
+
+/* im2col for one tap of a shifted-plane convolution: one copy of the run, then the padding. */
+static void im2col_shifted(const gt_conv2d *s, const float *plane, int ki, int kj, float *row)
+{
+    int lo, hi, oy0, oy1;
+    size_t start, end;
+    ptrdiff_t off;
+    tap_span(s, kj, &lo, &hi);
+    if (shifted_run(s, ki, lo, hi, &oy0, &oy1, &start, &end, &off))
+        memcpy(row + start, plane + (ptrdiff_t)start + off + kj, (end - start) * sizeof(float));
+    else
+        oy0 = oy1 = 0;
+    clear_padding(s, row, oy0, oy1, lo, hi);
+}
+
 /* col (C*k*k, OH*OW) from one sample x (C, H, W); padding reads as zero. Row by row: the taps of
  * one output row that fall inside the input are one span, so no element pays a bounds test (the
- * per-element test was half of a ResNet step). layer_index.h's gt_im2col_src, which the CUDA
- * kernel uses, is the definition; test_layers (finite differences, strides and padding) and
- * test_torch_steps (PyTorch) check the convolutions built on this one. */
+ * per-element test was half of a ResNet step); a stride-1 "same" convolution copies each tap
+ * whole (im2col_shifted). layer_index.h's gt_im2col_src, which the CUDA kernel uses, is the
+ * definition; test_layers (finite differences, strides and padding) and test_torch_steps
+ * (PyTorch) check the convolutions built on this one. */
 static void im2col(const gt_conv2d *s, const float *x, float *col)
 {
     int P = s->OH * s->OW;
@@ -49,6 +113,10 @@ static void im2col(const gt_conv2d *s, const float *x, float *col)
         for (int ki = 0; ki < s->k; ki++)
             for (int kj = 0; kj < s->k; kj++) {
                 float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                if (is_shifted_plane(s)) {
+                    im2col_shifted(s, x + (size_t)c * s->H * s->W, ki, kj, row);
+                    continue;
+                }
                 int lo, hi;
                 tap_span(s, kj, &lo, &hi);
                 for (int oy = 0; oy < s->OH; oy++) {
@@ -74,14 +142,37 @@ static void im2col(const gt_conv2d *s, const float *x, float *col)
             }
 }
 
-/* The adjoint of im2col: adds col's entries back onto dx (C, H, W), which the caller zeroed. */
-static void col2im(const gt_conv2d *s, const float *col, float *dx)
+/* col2im for one tap of a shifted-plane convolution: the entries that read padding are zeroed
+ * in row (a scratch the caller is done with), so the whole run adds onto the plane in one loop;
+ * each input element still receives its taps in the same order as row by row. */
+static void col2im_shifted(const gt_conv2d *s, float *row, int ki, int kj, float *plane)
+{
+    int lo, hi, oy0, oy1;
+    size_t start, end;
+    ptrdiff_t off;
+    tap_span(s, kj, &lo, &hi);
+    if (!shifted_run(s, ki, lo, hi, &oy0, &oy1, &start, &end, &off))
+        return;
+    clear_padding(s, row, oy0, oy1, lo, hi);
+    float *restrict out = plane + (ptrdiff_t)start + off + kj;
+    const float *restrict in = row + start;
+    for (size_t q = 0; q < end - start; q++)
+        out[q] += in[q];
+}
+
+/* The adjoint of im2col: adds col's entries back onto dx (C, H, W), which the caller zeroed.
+ * col is scratch: the shifted-plane path clears its padding entries. */
+static void col2im(const gt_conv2d *s, float *col, float *dx)
 {
     int P = s->OH * s->OW;
     for (int c = 0; c < s->C; c++)
         for (int ki = 0; ki < s->k; ki++)
             for (int kj = 0; kj < s->k; kj++) {
-                const float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                float *row = col + (size_t)((c * s->k + ki) * s->k + kj) * P;
+                if (is_shifted_plane(s)) {
+                    col2im_shifted(s, row, ki, kj, dx + (size_t)c * s->H * s->W);
+                    continue;
+                }
                 int lo, hi;
                 tap_span(s, kj, &lo, &hi);
                 for (int oy = 0; oy < s->OH; oy++) {
@@ -97,41 +188,88 @@ static void col2im(const gt_conv2d *s, const float *col, float *dx)
             }
 }
 
+/* One convolution call's operands, shared by the pool's workers; each sample is one worker's. */
+typedef struct conv_call {
+    const gt_conv2d *s;
+    const float *x, *w, *b, *dy;
+    float *y, *dw, *db, *dx;
+    float *col; /* worker 0's scratch (the caller's); the others' come from the pool */
+} conv_call;
+
+/* Worker w's scratch: the im2col columns, then (backward, w >= 1) its partial dw and db. */
+static float *worker_col(const conv_call *c, int w)
+{
+    return w == 0 ? c->col : gt_pool_scratch(w);
+}
+
+static void forward_samples(void *ctx, int w, int lo, int hi)
+{
+    const conv_call *c = ctx;
+    const gt_conv2d *s = c->s;
+    int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
+    float *col = worker_col(c, w);
+    for (int n = lo; n < hi; n++) {
+        float *yn = c->y + (size_t)n * s->K * P; /* (K, P) */
+        im2col(s, c->x + (size_t)n * s->C * s->H * s->W, col);
+        gt_gemm(0, 0, s->K, P, CKK, c->w, CKK, col, P, yn, P);
+        for (int k = 0; c->b && k < s->K; k++)
+            for (int p = 0; p < P; p++)
+                yn[(size_t)k * P + p] += c->b[k];
+    }
+}
+
 void gt_conv2d_forward(const gt_conv2d *s, int B, const float *x, const float *w, const float *b,
                        float *y, float *col)
 {
+    conv_call c = {.s = s, .x = x, .w = w, .b = b, .y = y, .col = col};
+    gt_pool_for(B, gt_pool_reserve(gt_conv2d_col_len(s)), forward_samples, &c);
+}
+
+static void backward_samples(void *ctx, int w, int lo, int hi)
+{
+    const conv_call *c = ctx;
+    const gt_conv2d *s = c->s;
     int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
-    for (int n = 0; n < B; n++) {
-        float *yn = y + (size_t)n * s->K * P; /* (K, P) */
-        im2col(s, x + (size_t)n * s->C * s->H * s->W, col);
-        gt_gemm(0, 0, s->K, P, CKK, w, CKK, col, P, yn, P);
-        for (int k = 0; b && k < s->K; k++)
+    size_t in_len = (size_t)s->C * s->H * s->W;
+    float *col = worker_col(c, w);
+    /* Worker 0 sums into dw and db themselves, the others into partials after their columns. */
+    float *dw = w == 0 ? c->dw : col + gt_conv2d_col_len(s);
+    float *db = w == 0 ? c->db : dw + (size_t)s->K * CKK;
+    if (c->db)
+        memset(db, 0, (size_t)s->K * sizeof(float));
+    for (int n = lo; n < hi; n++) {
+        const float *dyn = c->dy + (size_t)n * s->K * P; /* (K, P) */
+        im2col(s, c->x + (size_t)n * in_len, col);
+        /* dw (K, CKK) (+)= dyn (K, P) * col^T (P, CKK); the chunk's first sample overwrites. */
+        gt_gemm_ex(0, 1, s->K, CKK, P, dyn, P, col, P, n > lo ? 1.0f : 0.0f, dw, CKK);
+        for (int k = 0; c->db && k < s->K; k++)
             for (int p = 0; p < P; p++)
-                yn[(size_t)k * P + p] += b[k];
+                db[k] += dyn[(size_t)k * P + p];
+        if (!c->dx)
+            continue;
+        /* dcol (CKK, P) = w^T (CKK, K) * dyn (K, P), folded back onto the input. */
+        gt_gemm(1, 0, CKK, P, s->K, c->w, CKK, dyn, P, col, P);
+        memset(c->dx + (size_t)n * in_len, 0, in_len * sizeof(float));
+        col2im(s, col, c->dx + (size_t)n * in_len);
     }
 }
 
 void gt_conv2d_backward(const gt_conv2d *s, int B, const float *x, const float *w, const float *dy,
                         float *dw, float *db, float *dx, float *col)
 {
-    int P = s->OH * s->OW, CKK = s->C * s->k * s->k;
-    size_t in_len = (size_t)s->C * s->H * s->W;
-    if (db)
+    conv_call c = {.s = s, .x = x, .w = w, .dy = dy, .dw = dw, .db = db, .dx = dx, .col = col};
+    if (B < 1 && db)
         memset(db, 0, (size_t)s->K * sizeof(float));
-    for (int n = 0; n < B; n++) {
-        const float *dyn = dy + (size_t)n * s->K * P; /* (K, P) */
-        im2col(s, x + (size_t)n * in_len, col);
-        /* dw (K, CKK) (+)= dyn (K, P) * col^T (P, CKK); the first sample overwrites. */
-        gt_gemm_ex(0, 1, s->K, CKK, P, dyn, P, col, P, n ? 1.0f : 0.0f, dw, CKK);
+    size_t dw_len = (size_t)s->K * s->C * s->k * s->k;
+    int workers = gt_pool_reserve(gt_conv2d_col_len(s) + dw_len + (size_t)s->K);
+    workers = gt_pool_for(B, workers, backward_samples, &c);
+    /* The partials in worker order, so a given thread count always sums alike. */
+    for (int i = 1; i < workers; i++) {
+        const float *part = gt_pool_scratch(i) + gt_conv2d_col_len(s);
+        for (size_t j = 0; j < dw_len; j++)
+            dw[j] += part[j];
         for (int k = 0; db && k < s->K; k++)
-            for (int p = 0; p < P; p++)
-                db[k] += dyn[(size_t)k * P + p];
-        if (!dx)
-            continue;
-        /* dcol (CKK, P) = w^T (CKK, K) * dyn (K, P), folded back onto the input. */
-        gt_gemm(1, 0, CKK, P, s->K, w, CKK, dyn, P, col, P);
-        memset(dx + (size_t)n * in_len, 0, in_len * sizeof(float));
-        col2im(s, col, dx + (size_t)n * in_len);
+            db[k] += part[dw_len + k];
     }
 }
 
@@ -200,12 +338,29 @@ void gt_avgpool2d_backward(int BC, int H, int W, int k, int stride, const float 
 }
 
 /* v[0..C) += per-channel sums of a, v[C..2C) += of a*b (b NULL: a*a), over (B, C, HW). */
-static void channel_sums(int B, int C, int HW, const float *a, const float *b, double *v)
+/* One BatchNorm or ReLU call's operands, shared by the pool's workers (pool.h): sums split the
+ * batch's samples (each worker's partial sums added in worker order), the element-wise passes
+ * split the samples or the elements. */
+typedef struct bn_call {
+    int C, HW;
+    const float *x, *dy, *gamma, *beta, *mean, *invstd; /* invstd: eval's from run_var */
+    float *y, *dx;
+    double *v;        /* the sums: (2C) */
+    const double *mv; /* backward: mean dy and mean dy*xhat per channel (2C) */
+} bn_call;
+
+/* v (2C) += per channel: sum of x, and sum of x * dy (dy NULL: x * x), over samples [lo, hi). */
+static void sums_samples(void *ctx, int w, int lo, int hi)
 {
-    for (int n = 0; n < B; n++)
+    const bn_call *b = ctx;
+    int C = b->C, HW = b->HW;
+    double *v = w == 0 ? b->v : (double *)gt_pool_scratch(w);
+    if (w != 0)
+        memset(v, 0, 2 * (size_t)C * sizeof(double));
+    for (int n = lo; n < hi; n++)
         for (int c = 0; c < C; c++) {
-            const float *pa = a + ((size_t)n * C + c) * HW;
-            const float *pb = b ? b + ((size_t)n * C + c) * HW : pa;
+            const float *pa = b->x + ((size_t)n * C + c) * HW;
+            const float *pb = b->dy ? b->dy + ((size_t)n * C + c) * HW : pa;
             double s = 0, s2 = 0;
             for (int i = 0; i < HW; i++) {
                 s += pa[i];
@@ -213,6 +368,32 @@ static void channel_sums(int B, int C, int HW, const float *a, const float *b, d
             }
             v[c] += s;
             v[C + c] += s2;
+        }
+}
+
+static void channel_sums(int B, int C, int HW, const float *a, const float *b, double *v)
+{
+    bn_call call = {.C = C, .HW = HW, .x = a, .dy = b, .v = v};
+    size_t doubles = 2 * (size_t)C;
+    int workers = gt_pool_for(B, gt_pool_reserve(doubles * 2), sums_samples, &call);
+    for (int w = 1; w < workers; w++) {
+        const double *part = (const double *)gt_pool_scratch(w);
+        for (size_t i = 0; i < doubles; i++)
+            v[i] += part[i];
+    }
+}
+
+/* y = (x - mean) * invstd * gamma + beta over samples [lo, hi). */
+static void normalise_samples(void *ctx, int w, int lo, int hi)
+{
+    const bn_call *b = ctx;
+    (void)w;
+    for (int n = lo; n < hi; n++)
+        for (int c = 0; c < b->C; c++) {
+            size_t o = ((size_t)n * b->C + c) * b->HW;
+            float m = b->mean[c], inv = b->invstd[c], g = b->gamma[c], be = b->beta[c];
+            for (int i = 0; i < b->HW; i++)
+                b->y[o + i] = (b->x[o + i] - m) * inv * g + be;
         }
 }
 
@@ -236,24 +417,49 @@ int gt_bn_forward_train(int B, int C, int HW, const float *x, const float *gamma
             run_var[c] = (float)((1 - GT_BN_MOMENTUM) * run_var[c] + GT_BN_MOMENTUM * unbiased);
         }
     }
-    for (int n = 0; n < B; n++)
-        for (int c = 0; c < C; c++) {
-            size_t o = ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++)
-                y[o + i] = (x[o + i] - mean[c]) * invstd[c] * gamma[c] + beta[c];
-        }
+    bn_call call = {.C = C,
+                    .HW = HW,
+                    .x = x,
+                    .gamma = gamma,
+                    .beta = beta,
+                    .mean = mean,
+                    .invstd = invstd,
+                    .y = y};
+    gt_pool_for(B, gt_pool_threads(), normalise_samples, &call);
     return rc;
 }
 
 void gt_bn_forward_eval(int B, int C, int HW, const float *x, const float *gamma, const float *beta,
                         const float *run_mean, const float *run_var, float *y)
 {
-    for (int n = 0; n < B; n++)
-        for (int c = 0; c < C; c++) {
-            size_t o = ((size_t)n * C + c) * HW;
-            float inv = (float)(1.0 / sqrt((double)run_var[c] + GT_BN_EPS));
-            for (int i = 0; i < HW; i++)
-                y[o + i] = (x[o + i] - run_mean[c]) * inv * gamma[c] + beta[c];
+    float inv[GT_BN_MAX_C];
+    for (int c = 0; c < C; c++)
+        inv[c] = (float)(1.0 / sqrt((double)run_var[c] + GT_BN_EPS));
+    bn_call call = {.C = C,
+                    .HW = HW,
+                    .x = x,
+                    .gamma = gamma,
+                    .beta = beta,
+                    .mean = run_mean,
+                    .invstd = inv,
+                    .y = y};
+    gt_pool_for(B, gt_pool_threads(), normalise_samples, &call);
+}
+
+/* dx = gamma * invstd * (dy - mean dy - xhat * mean(dy xhat)) over samples [lo, hi). */
+static void bn_dx_samples(void *ctx, int w, int lo, int hi)
+{
+    const bn_call *b = ctx;
+    (void)w;
+    for (int n = lo; n < hi; n++)
+        for (int c = 0; c < b->C; c++) {
+            size_t o = ((size_t)n * b->C + c) * b->HW;
+            double mdy = b->mv[c], mdyx = b->mv[b->C + c];
+            float m = b->mean[c], inv = b->invstd[c], g = b->gamma[c];
+            for (int i = 0; i < b->HW; i++) {
+                double xhat = (b->x[o + i] - m) * inv;
+                b->dx[o + i] = (float)(g * inv * (b->dy[o + i] - mdy - xhat * mdyx));
+            }
         }
 }
 
@@ -262,7 +468,7 @@ int gt_bn_backward(int B, int C, int HW, const float *x, const float *dy, const 
                    gt_reduce_fn reduce, void *ctx)
 {
     /* v: sum(dy), sum(dy * x) per channel; sum(dy * xhat) = invstd * (sum(dy x) - mean sum(dy)). */
-    double v[2 * GT_BN_MAX_C + 1] = {0};
+    double v[2 * GT_BN_MAX_C + 1] = {0}, mv[2 * GT_BN_MAX_C];
     channel_sums(B, C, HW, dy, x, v);
     v[2 * C] = (double)B * HW;
     for (int c = 0; c < C; c++) {
@@ -271,34 +477,65 @@ int gt_bn_backward(int B, int C, int HW, const float *x, const float *dy, const 
         dgamma[c] = (float)v[C + c];
     }
     int rc = reduce ? reduce(ctx, v, 2 * (size_t)C + 1) : 0;
-    double N = v[2 * C];
-    for (int n = 0; n < B; n++)
-        for (int c = 0; c < C; c++) {
-            size_t o = ((size_t)n * C + c) * HW;
-            double mdy = v[c] / N, mdyx = v[C + c] / N;
-            for (int i = 0; i < HW; i++) {
-                double xhat = (x[o + i] - mean[c]) * invstd[c];
-                dx[o + i] = (float)(gamma[c] * invstd[c] * (dy[o + i] - mdy - xhat * mdyx));
-            }
-        }
+    for (int i = 0; i < 2 * C; i++)
+        mv[i] = v[i] / v[2 * C];
+    bn_call call = {.C = C,
+                    .HW = HW,
+                    .x = x,
+                    .dy = dy,
+                    .gamma = gamma,
+                    .mean = mean,
+                    .invstd = invstd,
+                    .dx = dx,
+                    .mv = mv};
+    gt_pool_for(B, gt_pool_threads(), bn_dx_samples, &call);
     return rc;
+}
+
+/* One element-wise pass over [0, len), split between the pool's threads. */
+typedef struct relu_call {
+    float *x;
+    const float *y;
+} relu_call;
+
+static void relu_elements(void *ctx, int w, int lo, int hi)
+{
+    const relu_call *r = ctx;
+    (void)w;
+    for (int i = lo; i < hi; i++)
+        r->x[i] = r->x[i] > 0.0f ? r->x[i] : 0.0f;
+}
+
+/* fn over [0, len) on the pool, in pieces an int can count. */
+static void elementwise(size_t len, gt_pool_fn fn, relu_call r)
+{
+    for (size_t at = 0; at < len; at += INT_MAX) {
+        relu_call piece = {.x = r.x + at, .y = r.y ? r.y + at : NULL};
+        size_t n = len - at < INT_MAX ? len - at : INT_MAX;
+        gt_pool_for((int)n, gt_pool_threads(), fn, &piece);
+    }
 }
 
 void gt_relu(float *x, size_t len)
 {
-    for (size_t i = 0; i < len; i++)
-        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    elementwise(len, relu_elements, (relu_call){.x = x});
+}
+
+static void relu_backward_elements(void *ctx, int w, int lo, int hi)
+{
+    const relu_call *r = ctx;
+    (void)w;
+    for (int i = lo; i < hi; i++)
+        if (r->y[i] <= 0.0f)
+            r->x[i] = 0.0f;
 }
 
 /* dx = 0 wherever the ReLU's output y was clamped to 0. */
 void gt_relu_backward(float *dx, const float *y, size_t len)
 {
-    for (size_t i = 0; i < len; i++)
-        if (y[i] <= 0.0f)
-            dx[i] = 0.0f;
+    elementwise(len, relu_backward_elements, (relu_call){.x = dx, .y = y});
 }
 
-/* Y (B, out) = X (B, in) W^T + b, as nn.Linear. */
 void gt_linear_forward(const float *X, int B, int in, int out, const float *W, const float *b,
                        float *Y)
 {

@@ -22,8 +22,17 @@ static float at(const float *A, int lda, int trans, int r, int c)
 #endif
 
 static gt_precision gemm_precision;
-static float *round_scratch; /* grown on demand, never freed: one per process */
-static size_t round_cap;
+/* Grown on demand, one per thread (pool.c's workers round at once): the main thread's lives as
+ * long as the process, a worker's until gt_gemm_release_scratch. */
+static _Thread_local float *round_scratch;
+static _Thread_local size_t round_cap;
+
+void gt_gemm_release_scratch(void)
+{
+    free(round_scratch);
+    round_scratch = NULL;
+    round_cap = 0;
+}
 
 void gt_gemm_set_precision(gt_precision p)
 {

@@ -79,8 +79,10 @@ void gt_mlp_backward(gt_mlp *m, const float *x, int B);
 void gt_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
              int ldb, float *C, int ldc);
 /* Sets the precision every later gt_gemm / gt_gemm_ex in this process emulates (fp32 by
- * default). The rounding copies go through a process-wide scratch: one thread at a time. */
+ * default). Set it before GEMMs run on several threads; each thread rounds into its own scratch. */
 void gt_gemm_set_precision(gt_precision p);
+/* Frees the calling thread's rounding scratch (a worker thread calls it before it ends). */
+void gt_gemm_release_scratch(void);
 /* x rounded to nearest-even in p (fp16 overflows to inf, as the hardware conversion does). */
 float gt_round_to(gt_precision p, float x);
 

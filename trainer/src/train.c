@@ -16,6 +16,7 @@
 #include "idx.h"
 #include "layers.h"
 #include "lenet.h"
+#include "pool.h"
 #include "resnet.h"
 #include "sampler.h"
 #include "scaler.h"
@@ -247,6 +248,10 @@ static int setup(run *r, gt_err *err)
     if (c->augment && (size_t)r->side * r->side != r->train.dim)
         return gt_errf(err, "--augment: images of %zu pixels are not square", r->train.dim);
     gt_gemm_set_precision(c->precision);
+    /* A convolution's per-sample GEMMs are too small for the BLAS's threads: the pool splits
+     * the batch between the cores instead (pool.h). The MLP's GEMMs keep the BLAS's. */
+    if (!c->use_gpu && c->model != GT_MODEL_MLP)
+        gt_pool_start(c->threads > 0 ? c->threads : gt_pool_default_threads());
     gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
     /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. The
      * skipped count always carries over: it is part of the iteration count (see iteration()). */
@@ -553,7 +558,10 @@ static void banner(const run *r)
     const gt_config *c = r->c;
     if (r->dist.rank != 0 || c->quiet)
         return;
-    char arch[128], *p = arch, reduce[64] = "";
+    char arch[128], *p = arch, reduce[64] = "", device[32] = "cuda";
+    if (!r->gpu)
+        snprintf(device, sizeof(device), gt_pool_threads() > 1 ? "cpu (%d threads)" : "cpu",
+                 gt_pool_threads());
 #ifdef GT_HAVE_CUDA
     /* After the precision: scripts parse "device cuda," (scripts/bench/trainer.sh). */
     if (r->gpu && r->dist.world > 1)
@@ -567,9 +575,9 @@ static void banner(const run *r)
         p += snprintf(p, (size_t)(arch + sizeof(arch) - p), l ? "-%d" : "%d", r->model.sizes[l]);
     printf("gpusync-train: %d rank(s) (%s), device %s, model %s (%zu params), %s lr %g, "
            "global batch %u (%d per rank x %d), %s%s%s\n",
-           r->dist.world, c->dist.source, r->gpu ? "cuda" : "cpu", arch, r->model.nparams,
-           gt_optim_name(c->optim), (double)c->lr, r->meta.global_batch, c->batch_size,
-           r->dist.world, gt_precision_name(c->precision), reduce, c->resume ? ", resumed" : "");
+           r->dist.world, c->dist.source, device, arch, r->model.nparams, gt_optim_name(c->optim),
+           (double)c->lr, r->meta.global_batch, c->batch_size, r->dist.world,
+           gt_precision_name(c->precision), reduce, c->resume ? ", resumed" : "");
     fflush(stdout);
 }
 
@@ -627,6 +635,7 @@ static void release(run *r)
     free(r->idx);
     free(r->tidx);
     free(r->tpos);
+    gt_pool_stop();
     gt_mlp_release(&r->model);
     gt_optim_release(&r->opt);
     gt_dataset_release(&r->train);

@@ -37,6 +37,7 @@ typedef struct gt_config {
     const char *resume;      /* checkpoint to continue from (NULL: fresh start) */
     const char *metrics;     /* JSON-lines file written by rank 0 (NULL: none) */
     const char *dump_params; /* raw f32 parameters written by rank 0 at the end (tests) */
+    int threads;             /* CPU threads of lenet and resnet (0: gt_pool_default_threads) */
     bool use_gpu;
     bool device_auto; /* --device auto: a model without a GPU path falls back to the CPU */
     bool quiet;

@@ -1,4 +1,5 @@
-/* test_layers.c: the convolutional layers on the CPU. conv2d (stride and padding), max pooling
+/* test_layers.c: the convolutional layers on the CPU. conv2d (stride and padding; against its
+ * definition; its batch split between threads), max pooling
  * and dropout / dropout2d each against central finite differences of a random projection of
  * their output; the dropout masks' determinism, rate and shape; BatchNorm2d likewise, with its
  * running statistics; average pooling; layer_index.h's im2col/col2im index math (shared with
@@ -20,6 +21,7 @@
 #include "layer_index.h"
 #include "layers.h"
 #include "lenet.h"
+#include "pool.h"
 #include "resnet.h"
 #include "sampler.h"
 #include "testutil.h"
@@ -76,34 +78,120 @@ static void check_numeric(conv_case *t, float *v, const float *grad, size_t n, c
     }
 }
 
-static void test_conv2d__stride_and_padding_gradients_match_finite_differences(void **state)
+/* y from nn.Conv2d's definition, one multiply-add at a time. */
+static void conv_definition(const gt_conv2d *s, int B, const float *x, const float *w,
+                            const float *b, float *y)
 {
-    (void)state;
-    conv_case t = {.B = 2};
-    assert_int_equal(gt_conv2d_init(&t.s, 2, 7, 6, 3, 3, 2, 1), 0);
-    assert_int_equal(t.s.OH, 4); /* (7 + 2 - 3) / 2 + 1, as nn.Conv2d */
-    assert_int_equal(t.s.OW, 3);
-    size_t nx = (size_t)t.B * 2 * 7 * 6, nw = 3 * 2 * 9, ny = (size_t)t.B * 3 * 4 * 3;
+    for (int n = 0; n < B; n++)
+        for (int k = 0; k < s->K; k++)
+            for (int oy = 0; oy < s->OH; oy++)
+                for (int ox = 0; ox < s->OW; ox++) {
+                    double acc = b ? b[k] : 0.0;
+                    for (int c = 0; c < s->C; c++)
+                        for (int i = 0; i < s->k; i++)
+                            for (int j = 0; j < s->k; j++) {
+                                int iy = oy * s->stride - s->pad + i;
+                                int ix = ox * s->stride - s->pad + j;
+                                if (iy < 0 || iy >= s->H || ix < 0 || ix >= s->W)
+                                    continue;
+                                acc += (double)w[((k * s->C + c) * s->k + i) * s->k + j] *
+                                       x[(((size_t)n * s->C + c) * s->H + iy) * s->W + ix];
+                            }
+                    y[(((size_t)n * s->K + k) * s->OH + oy) * s->OW + ox] = (float)acc;
+                }
+}
+
+static conv_case conv_case_new(int B, int C, int H, int W, int K, int k, int stride, int pad)
+{
+    conv_case t = {.B = B};
+    assert_int_equal(gt_conv2d_init(&t.s, C, H, W, K, k, stride, pad), 0);
+    size_t nx = (size_t)B * C * H * W, nw = (size_t)K * C * k * k;
+    size_t ny = (size_t)B * K * t.s.OH * t.s.OW;
     t.x = malloc(nx * 4), t.dx = malloc(nx * 4), t.w = malloc(nw * 4), t.dw = malloc(nw * 4);
-    t.b = malloc(3 * 4), t.db = malloc(3 * 4), t.y = malloc(ny * 4), t.r = malloc(ny * 4);
-    t.col = malloc(gt_conv2d_col_len(&t.s) * 4);
-    fill(t.x, nx, 1), fill(t.w, nw, 2), fill(t.b, 3, 3), fill(t.r, ny, 4);
-    conv_objective(&t);
-    gt_conv2d_backward(&t.s, t.B, t.x, t.w, t.r, t.dw, t.db, t.dx, t.col);
-    check_numeric(&t, t.w, t.dw, nw, "dw");
-    check_numeric(&t, t.b, t.db, 3, "db");
-    check_numeric(&t, t.x, t.dx, nx, "dx");
-    /* A corner output sees the zero padding: its value is the bias plus the in-range taps. */
-    conv_objective(&t);
-    double want = t.b[0];
-    for (int c = 0; c < 2; c++)
-        for (int i = 1; i < 3; i++)
-            for (int j = 1; j < 3; j++)
-                want += t.w[(c * 3 + i) * 3 + j] * t.x[(c * 7 + i - 1) * 6 + j - 1];
-    assert_near(t.y[0], want, 1e-5);
-    float *bufs[] = {t.x, t.dx, t.w, t.dw, t.b, t.db, t.y, t.r, t.col};
+    t.b = malloc((size_t)K * 4), t.db = malloc((size_t)K * 4), t.y = malloc(ny * 4);
+    t.r = malloc(ny * 4), t.col = malloc(gt_conv2d_col_len(&t.s) * 4);
+    fill(t.x, nx, 1), fill(t.w, nw, 2), fill(t.b, (size_t)K, 3), fill(t.r, ny, 4);
+    return t;
+}
+
+static void conv_case_free(conv_case *t)
+{
+    float *bufs[] = {t->x, t->dx, t->w, t->dw, t->b, t->db, t->y, t->r, t->col};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
+}
+
+/* Geometries that take each im2col path: stride 2 (row by row), "same" stride 1 (one shifted
+ * copy per tap, with columns wrapped from the neighbouring row cleared), a 5x5 kernel with
+ * padding 2 on a non-square input, no padding (LeNet's), and padding wider than half the
+ * kernel (output wider than the input: row by row again). */
+static const int CONV_CASES[][8] = {
+    /* B, C, H, W, K, k, stride, pad */
+    {2, 2, 7, 6, 3, 3, 2, 1}, {2, 2, 5, 6, 3, 3, 1, 1}, {2, 1, 6, 5, 2, 5, 1, 2},
+    {2, 2, 6, 7, 2, 3, 1, 0}, {1, 2, 4, 4, 2, 3, 1, 2},
+};
+
+static void
+test_conv2d__forward_and_gradients_match_the_definition_and_finite_differences(void **state)
+{
+    (void)state;
+    for (size_t c = 0; c < sizeof(CONV_CASES) / sizeof(CONV_CASES[0]); c++) {
+        const int *g = CONV_CASES[c];
+        conv_case t = conv_case_new(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
+        size_t nx = (size_t)t.B * t.s.C * t.s.H * t.s.W, nw = (size_t)t.s.K * t.s.C * t.s.k * t.s.k;
+        size_t ny = (size_t)t.B * t.s.K * t.s.OH * t.s.OW;
+        float *want = malloc(ny * 4);
+        conv_definition(&t.s, t.B, t.x, t.w, t.b, want);
+        conv_objective(&t);
+        for (size_t i = 0; i < ny; i++)
+            assert_near(t.y[i], want[i], 1e-5);
+        gt_conv2d_backward(&t.s, t.B, t.x, t.w, t.r, t.dw, t.db, t.dx, t.col);
+        check_numeric(&t, t.w, t.dw, nw, "dw");
+        check_numeric(&t, t.b, t.db, (size_t)t.s.K, "db");
+        check_numeric(&t, t.x, t.dx, nx, "dx");
+        free(want);
+        conv_case_free(&t);
+    }
+    conv_case t = conv_case_new(2, 2, 7, 6, 3, 3, 2, 1);
+    assert_int_equal(t.s.OH, 4); /* (7 + 2 - 3) / 2 + 1, as nn.Conv2d */
+    assert_int_equal(t.s.OW, 3);
+    conv_case_free(&t);
+}
+
+/* The pool splits a batch between threads: the output and dx are per sample, so they are
+ * bit-identical to one thread's; dw and db add the threads' partial sums, so they differ only
+ * by rounding, and are the same from run to run with the same thread count. */
+static void test_conv2d__threads_split_the_batch_and_sum_alike(void **state)
+{
+    (void)state;
+    conv_case t = conv_case_new(7, 5, 9, 9, 4, 3, 1, 1);
+    size_t nx = (size_t)t.B * 5 * 81, nw = 4 * 5 * 9, ny = (size_t)t.B * 4 * 81;
+    float *y1 = malloc(ny * 4), *dx1 = malloc(nx * 4), *dw1 = malloc(nw * 4), db1[4];
+    conv_objective(&t);
+    gt_conv2d_backward(&t.s, t.B, t.x, t.w, t.r, t.dw, t.db, t.dx, t.col);
+    memcpy(y1, t.y, ny * 4), memcpy(dx1, t.dx, nx * 4), memcpy(dw1, t.dw, nw * 4);
+    memcpy(db1, t.db, sizeof(db1));
+    assert_int_equal(gt_pool_start(3), 0);
+    assert_int_equal(gt_pool_threads(), 3);
+    float *dw3 = malloc(nw * 4);
+    for (int run = 0; run < 2; run++) {
+        memset(t.y, 0, ny * 4), memset(t.dx, 0, nx * 4);
+        conv_objective(&t);
+        gt_conv2d_backward(&t.s, t.B, t.x, t.w, t.r, t.dw, t.db, t.dx, t.col);
+        assert_memory_equal(t.y, y1, ny * 4);
+        assert_memory_equal(t.dx, dx1, nx * 4);
+        for (size_t i = 0; i < nw; i++)
+            assert_near(t.dw[i], dw1[i], 1e-5 * fmax(1.0, fabs(dw1[i])));
+        for (int k = 0; k < 4; k++)
+            assert_near(t.db[k], db1[k], 1e-5 * fmax(1.0, fabs(db1[k])));
+        if (run == 1)
+            assert_memory_equal(t.dw, dw3, nw * 4);
+        memcpy(dw3, t.dw, nw * 4);
+    }
+    gt_pool_stop();
+    assert_int_equal(gt_pool_threads(), 1);
+    free(y1), free(dx1), free(dw1), free(dw3);
+    conv_case_free(&t);
 }
 
 static void test_maxpool__routes_the_gradient_to_each_window_maximum(void **state)
@@ -570,7 +658,9 @@ static void test_resnet__has_the_documented_size_on_28x28(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv2d__stride_and_padding_gradients_match_finite_differences),
+        cmocka_unit_test(
+            test_conv2d__forward_and_gradients_match_the_definition_and_finite_differences),
+        cmocka_unit_test(test_conv2d__threads_split_the_batch_and_sum_alike),
         cmocka_unit_test(test_maxpool__routes_the_gradient_to_each_window_maximum),
         cmocka_unit_test(test_layer_index__im2col_and_col2im_match_the_definition),
         cmocka_unit_test(test_avgpool__gradients_match_finite_differences),
