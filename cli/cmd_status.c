@@ -96,7 +96,10 @@ static int daemon_status(struct gs_cli *cli, int ack)
            json_string_value(json_object_get(st, "state")),
            (long long)json_integer_value(json_object_get(st, "pending")));
     json_t *batch = json_object_get(st, "batch");
-    if (batch) {
+    /* no operation planned yet: the batch is still reading (and hashing) the changed files */
+    if (batch && json_integer_value(json_object_get(batch, "ops_total")) == 0)
+        printf("sending: nothing yet, reading the changed files\n");
+    else if (batch) {
         char done[32], total[32];
         printf("sending: %lld of %lld operations, %s of %s\n",
                (long long)json_integer_value(json_object_get(batch, "ops_done")),

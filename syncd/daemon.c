@@ -200,9 +200,13 @@ static json_t *status_json(struct daemon *d)
     long relayed = 0;
     if (d->relay)
         gs_relay_stats(d->relay, &spare, &relayed);
-    /* a batch in progress: its operations not done yet are pending too */
+    /* a batch in progress: its operations not done yet are pending too, and before they are
+     * planned (the batch still reads the changed files), its paths */
     const struct gs_push_stats *b = &d->batch_st;
-    size_t sending = d->syncing && b->ops_total > b->ops_done ? b->ops_total - b->ops_done : 0;
+    size_t sending = !d->syncing                  ? 0
+                     : b->ops_total == 0          ? d->batch_paths
+                     : b->ops_total > b->ops_done ? b->ops_total - b->ops_done
+                                                  : 0;
     json_t *o =
         json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
                   "state", state_name(d), "connected", d->connected, "pending",
@@ -782,6 +786,7 @@ static void sync_batch(struct daemon *d)
                              .on_progress = on_batch_progress,
                              .hold = hold_op,
                              .held_along = held_along_op,
+                             .interrupted = while_waiting, /* hashing a large file, too */
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,7 +24,8 @@ static void hash_store(XXH128_hash_t h, struct gs_hash *out)
     memcpy(out->b, c.digest, GS_HASH_LEN);
 }
 
-int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *err)
+static int hash_fd_checked(int fd, const char *what, struct gs_hash *out,
+                           const struct gs_hash_check *check, struct gs_error *err)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st)
@@ -31,6 +33,7 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
     XXH3_128bits_reset(st);
     char *chunk = gs_xmalloc(HASH_CHUNK);
     int rc = 0;
+    uint64_t unchecked = 0; /* bytes read since check was last asked */
     while (rc == 0) {
         ssize_t n = read(fd, chunk, HASH_CHUNK);
         if (n < 0 && errno == EINTR)
@@ -41,6 +44,12 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
             break;
         else
             XXH3_128bits_update(st, chunk, (size_t)n);
+        unchecked += n > 0 ? (uint64_t)n : 0;
+        if (rc == 0 && check && unchecked >= GS_HASH_CHECK_BYTES) {
+            unchecked = 0;
+            if (check->fn(check->ctx))
+                rc = gs_error_set(err, GS_E_INTERRUPTED, "%s: hashing stopped", what);
+        }
     }
     if (rc == 0)
         hash_store(XXH3_128bits_digest(st), out);
@@ -49,8 +58,13 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
     return rc;
 }
 
+int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *err)
+{
+    return hash_fd_checked(fd, what, out, NULL, err);
+}
+
 int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct stat *after,
-                    struct gs_error *err)
+                    const struct gs_hash_check *check, struct gs_error *err)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
@@ -64,7 +78,7 @@ int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct sta
     else if (!S_ISREG(st.st_mode))
         rc = gs_error_set(err, GS_E_IO, "%s: not a regular file, cannot hash it", name);
     else
-        rc = gs_hash_fd(fd, name, out, err);
+        rc = hash_fd_checked(fd, name, out, check, err);
     if (rc == 0 && after && fstat(fd, after) < 0)
         rc = gs_error_errno(err, GS_E_IO, "%s: cannot stat after hashing", name);
     close(fd);
@@ -73,7 +87,7 @@ int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct sta
 
 int gs_hash_file(const char *path, struct gs_hash *out, struct gs_error *err)
 {
-    return gs_hash_file_at(AT_FDCWD, path, out, NULL, err);
+    return gs_hash_file_at(AT_FDCWD, path, out, NULL, NULL, err);
 }
 
 void gs_hash_bytes(const void *data, size_t len, struct gs_hash *out)

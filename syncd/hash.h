@@ -19,6 +19,15 @@ struct gs_hash {
     unsigned char b[GS_HASH_LEN];
 };
 
+/* Asked about every GS_HASH_CHECK_BYTES read while a file is hashed: nonzero abandons the hash
+ * with GS_E_INTERRUPTED, so a watch daemon told to stop does not wait for a large file's hash. */
+typedef int (*gs_hash_check_fn)(void *ctx);
+struct gs_hash_check {
+    gs_hash_check_fn fn;
+    void *ctx;
+};
+#define GS_HASH_CHECK_BYTES (4 << 20)
+
 /* Hashes the regular file `path`, read through a descriptor opened with O_NOFOLLOW (a symlink is
  * refused, never followed). Returns 0 and fills `out`; GS_E_NOTFOUND when the file is gone (so a
  * caller can treat a vanished file as deleted), GS_E_IO on any other failure; `out` is then
@@ -27,9 +36,10 @@ int gs_hash_file(const char *path, struct gs_hash *out, struct gs_error *err);
 
 /* As gs_hash_file, for `name` relative to the directory descriptor `dirfd` (openat semantics).
  * `after`, when not NULL, gets the file's stat taken once it was read: a size or mtime other than
- * a scan's says the file changed after that scan. */
+ * a scan's says the file changed after that scan. `check` may be NULL; when it stops the hash,
+ * the result is GS_E_INTERRUPTED. */
 int gs_hash_file_at(int dirfd, const char *name, struct gs_hash *out, struct stat *after,
-                    struct gs_error *err);
+                    const struct gs_hash_check *check, struct gs_error *err);
 
 /* Hashes everything readable from `fd` up to end of file, from its current offset. `what` names
  * the file in messages. Returns 0 or GS_E_IO; the descriptor stays open and its offset is at the

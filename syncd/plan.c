@@ -232,7 +232,7 @@ static int hash_item(struct planner *p, struct item *it)
     }
     struct gs_error herr = {0};
     struct stat after;
-    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &after, &herr);
+    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &after, p->opts.check, &herr);
     if (rc == GS_E_NOTFOUND || (rc < 0 && no_longer_a_file(p, it->path))) {
         /* removed, or replaced by a symlink or a directory, since the scan: plan it as removed.
          * That change came after the scan, so the watcher reports it and the next push sends
@@ -253,8 +253,12 @@ static int hash_item(struct planner *p, struct item *it)
 
 static int hash_all(struct planner *p)
 {
+    const struct gs_hash_check *check = p->opts.check;
     for (size_t i = 0; i < p->n; i++) {
         struct item *it = &p->it[i];
+        /* every few files: a poll per file would cost a tree of small files more than its hashes */
+        if (check && i % 16 == 0 && check->fn(check->ctx))
+            return gs_error_set(p->err, GS_E_INTERRUPTED, "planning stopped");
         if (it->l && it->l->kind == GS_KIND_FILE) {
             int rc = hash_item(p, it);
             if (rc < 0)

@@ -101,6 +101,9 @@ struct gs_plan_opts {
      * copy stays, and the index keeps its entry. NULL: every index path missing from the scan is
      * deleted. */
     struct gs_ignore *ignore;
+    /* Asked before each file is hashed and while a large one is (hash.h): nonzero ends the plan
+     * with GS_E_INTERRUPTED. NULL: the plan always completes. */
+    const struct gs_hash_check *check;
 };
 
 /* An empty value. (Unformatted: clang-format spreads a braced macro over four lines.) */

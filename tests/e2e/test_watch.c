@@ -256,6 +256,25 @@ static json_t *daemon_status_json(void)
     return st;
 }
 
+/* Polls the daemon's status until a batch with `ops_total` operations runs (0: one still reading
+ * the changed files); returns that status (a new reference), or fails naming `what`. */
+static json_t *await_batch(long long ops_total, const char *what)
+{
+    int64_t end = gs_clock_mono_ms() + 10000;
+    for (;;) {
+        json_t *st = daemon_status_json();
+        json_t *batch = json_object_get(st, "batch");
+        if (batch && json_integer_value(json_object_get(batch, "ops_total")) == ops_total)
+            return st;
+        if (gs_clock_mono_ms() > end) {
+            char *text = json_dumps(st, 0);
+            fail_msg("no status showed %s: %s", what, text);
+        }
+        json_decref(st);
+        usleep(20000); /* polling an observable condition, with a deadline */
+    }
+}
+
 static pid_t daemon_pid(void)
 {
     json_t *st = daemon_status_json();
@@ -1314,6 +1333,39 @@ test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent(void
     expect_trees_equal("after the restart"); /* and no temporary is left on the server */
 }
 
+/* A stop does not wait for the hash of a large file either: the batch asks while it reads local
+ * files (syncd/plan.h's check). 16 GB of holes take the daemon about 20 s to read here; the stop
+ * is answered at once (the CLI would give up after 5 s), the file counts as unsent, the status
+ * before it counted the batch's path as pending, and nothing of the file reached the server. */
+static void test_watch__stop_while_a_large_file_is_hashed_is_prompt(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "a\n");
+    watch_start();
+    flush("first flush");
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, "huge.bin");
+    int fd = open(abs, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 16LL << 30), 0); /* holes: no disk, but 16 GB to read */
+    close(fd);
+    json_t *st = await_batch(0, "a batch reading huge.bin");
+    assert_int_equal(json_integer_value(json_object_get(st, "pending")), 1);
+    json_decref(st);
+    pid_t pid = daemon_pid();
+    json_t *out =
+        gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0, "stop while hashing");
+    gs_test_await_gone(pid);
+    if (json_integer_value(json_object_get(out, "unsent")) != 1) {
+        char *text = json_dumps(out, 0);
+        fail_msg("watch --stop while hashing: %s", text);
+    }
+    json_decref(out);
+    expect_remote_absent("huge.bin");
+    assert_int_equal(unlink(abs), 0);
+}
+
 /* Waits until the daemon has read everything sent on `fd`: a Unix socket's sender is charged
  * for the bytes until the receiver reads them (SIOCOUTQ). */
 static void await_read_by_daemon(int fd)
@@ -1771,20 +1823,7 @@ static void test_watch__status_while_a_batch_waits_on_a_stalled_link(void **stat
     (void)state;
     char reply[256];
     save_into_a_stalled_link();
-    int64_t end = gs_clock_mono_ms() + 10000;
-    json_t *st = NULL;
-    for (;;) {
-        st = daemon_status_json();
-        json_t *batch = json_object_get(st, "batch");
-        if (batch && json_integer_value(json_object_get(batch, "ops_total")) == 1)
-            break;
-        if (gs_clock_mono_ms() > end) {
-            char *text = json_dumps(st, 0);
-            fail_msg("no status showed the batch waiting on the stalled link: %s", text);
-        }
-        json_decref(st);
-        usleep(20000); /* polling an observable condition, with a deadline */
-    }
+    json_t *st = await_batch(1, "the batch waiting on the stalled link");
     int connected = json_is_true(json_object_get(st, "connected"));
     const char *state_now = json_string_value(json_object_get(st, "state"));
     if (!connected || strcmp(state_now ? state_now : "", "syncing") != 0 ||
@@ -2141,6 +2180,7 @@ int main(void)
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__status_during_a_long_batch_says_syncing),
         T(test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent),
+        T(test_watch__stop_while_a_large_file_is_hashed_is_prompt),
         T(test_watch__ps_during_a_long_batch_is_relayed_at_once),
         T(test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked),
         T(test_watch__a_push_through_the_daemon_shows_the_batch_moving),

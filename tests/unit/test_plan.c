@@ -615,6 +615,62 @@ static void test_plan__racy_edit_is_not_missed(void **state)
     free(p);
 }
 
+static int index_has(const char *path);
+
+/* The check counts its calls and stops the plan at the one given (0: never). */
+struct stop_at {
+    int calls, stop_at;
+};
+
+static int count_and_stop(void *ctx)
+{
+    struct stop_at *s = ctx;
+    return ++s->calls == s->stop_at;
+}
+
+/* A watch daemon told to stop must not wait for the hash of a large file: the plan asks its check
+ * while it reads one (about every GS_HASH_CHECK_BYTES), and a nonzero answer ends the plan with
+ * GS_E_INTERRUPTED, nothing planned and nothing recorded in the index. */
+static void test_plan__a_check_stops_the_plan_in_the_middle_of_a_large_file(void **state)
+{
+    (void)state;
+    put("small", "s");
+    char *big = abs_path("big.bin");
+    int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    /* 5 check intervals, written (not sparse), so the reads are the file's bytes */
+    char *chunk = calloc(1, GS_HASH_CHECK_BYTES);
+    for (int i = 0; i < 5; i++) {
+        chunk[0] = (char)i;
+        assert_int_equal(write(fd, chunk, GS_HASH_CHECK_BYTES), GS_HASH_CHECK_BYTES);
+    }
+    close(fd);
+    free(chunk);
+    free(big);
+
+    struct gs_scan scan = GS_SCAN_INIT;
+    assert_int_equal(gs_scan_tree(&scan, tmpdir, NULL, NULL), 0);
+    struct stop_at never = {0};
+    struct gs_hash_check check = {.fn = count_and_stop, .ctx = &never};
+    struct gs_plan_opts opts = {.check = &check};
+    struct gs_plan pl = GS_PLAN_INIT;
+    assert_int_equal(gs_plan_build(&pl, tmpdir, &scan, idx, &opts, NULL), 0);
+    assert_int_equal(pl.n_ops, 2);
+    /* asked once before the files and once per 4 MB of big.bin: the hash itself asks */
+    assert_true(never.calls >= 5);
+    gs_plan_release(&pl);
+
+    struct stop_at second = {.stop_at = 2}; /* the first ask inside big.bin */
+    check.ctx = &second;
+    struct gs_error err = {0};
+    assert_int_equal(gs_plan_build(&pl, tmpdir, &scan, idx, &opts, &err), GS_E_INTERRUPTED);
+    assert_int_equal(second.calls, 2);
+    assert_int_equal(pl.n_ops, 0);
+    assert_false(index_has("big.bin"));
+    gs_plan_release(&pl);
+    gs_scan_release(&scan);
+}
+
 static void test_plan__vanished_file_counts_as_deleted(void **state)
 {
     (void)state;
@@ -1116,6 +1172,7 @@ int main(void)
         T(test_plan__restricted_to_paths),
         T(test_plan__format_keeps_hostile_names_on_one_line),
         T(test_plan__racy_edit_is_not_missed),
+        T(test_plan__a_check_stops_the_plan_in_the_middle_of_a_large_file),
         T(test_plan__vanished_file_counts_as_deleted),
         T(test_plan__file_that_changed_kind_after_the_scan_counts_as_deleted),
         T(test_plan__random_changes_converge),
