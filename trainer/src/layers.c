@@ -397,6 +397,21 @@ static void normalise_samples(void *ctx, int w, int lo, int hi)
         }
 }
 
+/* y = (x - mean) * invstd * gamma + beta, the batch's samples split between the pool's threads. */
+static void normalise(int B, int C, int HW, const float *x, const float *gamma, const float *beta,
+                      const float *mean, const float *invstd, float *y)
+{
+    bn_call call = {.C = C,
+                    .HW = HW,
+                    .x = x,
+                    .gamma = gamma,
+                    .beta = beta,
+                    .mean = mean,
+                    .invstd = invstd,
+                    .y = y};
+    gt_pool_for(B, gt_pool_threads(), normalise_samples, &call);
+}
+
 int gt_bn_forward_train(int B, int C, int HW, const float *x, const float *gamma, const float *beta,
                         float *y, float *mean, float *invstd, float *run_mean, float *run_var,
                         gt_reduce_fn reduce, void *ctx)
@@ -417,15 +432,7 @@ int gt_bn_forward_train(int B, int C, int HW, const float *x, const float *gamma
             run_var[c] = (float)((1 - GT_BN_MOMENTUM) * run_var[c] + GT_BN_MOMENTUM * unbiased);
         }
     }
-    bn_call call = {.C = C,
-                    .HW = HW,
-                    .x = x,
-                    .gamma = gamma,
-                    .beta = beta,
-                    .mean = mean,
-                    .invstd = invstd,
-                    .y = y};
-    gt_pool_for(B, gt_pool_threads(), normalise_samples, &call);
+    normalise(B, C, HW, x, gamma, beta, mean, invstd, y);
     return rc;
 }
 
@@ -435,15 +442,7 @@ void gt_bn_forward_eval(int B, int C, int HW, const float *x, const float *gamma
     float inv[GT_BN_MAX_C];
     for (int c = 0; c < C; c++)
         inv[c] = (float)(1.0 / sqrt((double)run_var[c] + GT_BN_EPS));
-    bn_call call = {.C = C,
-                    .HW = HW,
-                    .x = x,
-                    .gamma = gamma,
-                    .beta = beta,
-                    .mean = run_mean,
-                    .invstd = inv,
-                    .y = y};
-    gt_pool_for(B, gt_pool_threads(), normalise_samples, &call);
+    normalise(B, C, HW, x, gamma, beta, run_mean, inv, y);
 }
 
 /* dx = gamma * invstd * (dy - mean dy - xhat * mean(dy xhat)) over samples [lo, hi). */
