@@ -1469,8 +1469,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_launch__env_contract_rank_by_rank, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_launch__a_single_rank_keeps_the_openmp_default,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_launch__a_single_rank_keeps_the_openmp_default, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_launch__env_defaults_keep_caller_settings, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_launch__exit_code_is_the_failing_ranks, setup,
