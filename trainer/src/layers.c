@@ -44,10 +44,11 @@ static void tap_span(const gt_conv2d *s, int kj, int *lo, int *hi)
 
 /* One tap (c, ki, kj) of a stride-1 convolution whose output rows are as wide as the input's
  * (OW == W, "same" padding): its column row is the input plane shifted by a constant, so the
- * rows inside the input are one contiguous run [*start, *end) of row, read from in at the same
- * index plus *off. Columns outside [lo, hi) of each row inside it wrapped around from the
- * neighbouring input row: callers clear them. Returns false when the tap reads only padding. */
-static bool shifted_run(const gt_conv2d *s, int ki, int lo, int hi, int *oy0, int *oy1,
+ * rows inside the input are one contiguous run [*start, *end) of row, entry q of which reads the
+ * plane's entry q + *off. Columns outside [lo, hi) (tap_span's) of each row inside it wrapped
+ * around from the neighbouring input row: callers clear them. Returns false when the tap reads
+ * only padding. */
+static bool shifted_run(const gt_conv2d *s, int ki, int kj, int lo, int hi, int *oy0, int *oy1,
                         size_t *start, size_t *end, ptrdiff_t *off)
 {
     *oy0 = s->pad - ki > 0 ? s->pad - ki : 0;
@@ -56,7 +57,7 @@ static bool shifted_run(const gt_conv2d *s, int ki, int lo, int hi, int *oy0, in
         return false;
     *start = (size_t)*oy0 * s->OW + lo;
     *end = (size_t)(*oy1 - 1) * s->OW + hi;
-    *off = (ptrdiff_t)(ki - s->pad) * s->W - s->pad;
+    *off = (ptrdiff_t)(ki - s->pad) * s->W + kj - s->pad;
     return true;
 }
 
@@ -93,8 +94,8 @@ static void im2col_shifted(const gt_conv2d *s, const float *plane, int ki, int k
     size_t start, end;
     ptrdiff_t off;
     tap_span(s, kj, &lo, &hi);
-    if (shifted_run(s, ki, lo, hi, &oy0, &oy1, &start, &end, &off))
-        memcpy(row + start, plane + (ptrdiff_t)start + off + kj, (end - start) * sizeof(float));
+    if (shifted_run(s, ki, kj, lo, hi, &oy0, &oy1, &start, &end, &off))
+        memcpy(row + start, plane + (ptrdiff_t)start + off, (end - start) * sizeof(float));
     else
         oy0 = oy1 = 0;
     clear_padding(s, row, oy0, oy1, lo, hi);
@@ -151,10 +152,10 @@ static void col2im_shifted(const gt_conv2d *s, float *row, int ki, int kj, float
     size_t start, end;
     ptrdiff_t off;
     tap_span(s, kj, &lo, &hi);
-    if (!shifted_run(s, ki, lo, hi, &oy0, &oy1, &start, &end, &off))
+    if (!shifted_run(s, ki, kj, lo, hi, &oy0, &oy1, &start, &end, &off))
         return;
     clear_padding(s, row, oy0, oy1, lo, hi);
-    float *restrict out = plane + (ptrdiff_t)start + off + kj;
+    float *restrict out = plane + (ptrdiff_t)start + off;
     const float *restrict in = row + start;
     for (size_t q = 0; q < end - start; q++)
         out[q] += in[q];
@@ -337,19 +338,18 @@ void gt_avgpool2d_backward(int BC, int H, int W, int k, int stride, const float 
             }
 }
 
-/* v[0..C) += per-channel sums of a, v[C..2C) += of a*b (b NULL: a*a), over (B, C, HW). */
-/* One BatchNorm or ReLU call's operands, shared by the pool's workers (pool.h): sums split the
- * batch's samples (each worker's partial sums added in worker order), the element-wise passes
- * split the samples or the elements. */
+/* One BatchNorm call's operands, shared by the pool's workers (pool.h), which split the batch's
+ * samples: each worker's partial sums are added in worker order. */
 typedef struct bn_call {
     int C, HW;
+    const float *a, *b;                                 /* the sums' operands */
     const float *x, *dy, *gamma, *beta, *mean, *invstd; /* invstd: eval's from run_var */
     float *y, *dx;
     double *v;        /* the sums: (2C) */
     const double *mv; /* backward: mean dy and mean dy*xhat per channel (2C) */
 } bn_call;
 
-/* v (2C) += per channel: sum of x, and sum of x * dy (dy NULL: x * x), over samples [lo, hi). */
+/* v (2C) += per channel: sum of a, and sum of a * b (b NULL: a * a), over samples [lo, hi). */
 static void sums_samples(void *ctx, int w, int lo, int hi)
 {
     const bn_call *b = ctx;
@@ -359,8 +359,8 @@ static void sums_samples(void *ctx, int w, int lo, int hi)
         memset(v, 0, 2 * (size_t)C * sizeof(double));
     for (int n = lo; n < hi; n++)
         for (int c = 0; c < C; c++) {
-            const float *pa = b->x + ((size_t)n * C + c) * HW;
-            const float *pb = b->dy ? b->dy + ((size_t)n * C + c) * HW : pa;
+            const float *pa = b->a + ((size_t)n * C + c) * HW;
+            const float *pb = b->b ? b->b + ((size_t)n * C + c) * HW : pa;
             double s = 0, s2 = 0;
             for (int i = 0; i < HW; i++) {
                 s += pa[i];
@@ -371,9 +371,10 @@ static void sums_samples(void *ctx, int w, int lo, int hi)
         }
 }
 
+/* v[0..C) += per-channel sums of a, v[C..2C) += of a*b (b NULL: a*a), over (B, C, HW). */
 static void channel_sums(int B, int C, int HW, const float *a, const float *b, double *v)
 {
-    bn_call call = {.C = C, .HW = HW, .x = a, .dy = b, .v = v};
+    bn_call call = {.C = C, .HW = HW, .a = a, .b = b, .v = v};
     size_t doubles = 2 * (size_t)C;
     int workers = gt_pool_for(B, gt_pool_reserve(doubles * 2), sums_samples, &call);
     for (int w = 1; w < workers; w++) {
