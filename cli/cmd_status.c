@@ -97,9 +97,15 @@ static int daemon_status(struct gs_cli *cli, int ack)
            (long long)json_integer_value(json_object_get(st, "pending")));
     json_t *batch = json_object_get(st, "batch");
     /* no operation planned yet: the batch is still reading (and hashing) the changed files */
-    if (batch && json_integer_value(json_object_get(batch, "ops_total")) == 0)
-        printf("sending: nothing yet, reading the changed files\n");
-    else if (batch) {
+    if (batch && json_integer_value(json_object_get(batch, "ops_total")) == 0) {
+        char done[32], total[32];
+        printf(
+            "sending: nothing yet, reading the changed files (%s of %s)\n",
+            gs_format_bytes((uint64_t)json_integer_value(json_object_get(batch, "read_bytes")),
+                            done),
+            gs_format_bytes(
+                (uint64_t)json_integer_value(json_object_get(batch, "read_bytes_total")), total));
+    } else if (batch) {
         char done[32], total[32];
         printf("sending: %lld of %lld operations, %s of %s\n",
                (long long)json_integer_value(json_object_get(batch, "ops_done")),

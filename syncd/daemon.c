@@ -95,10 +95,11 @@ struct daemon {
     int lost_ops;       /* operations of this batch on paths gone from the server: sent again */
     char last_error[1024];
     int64_t last_latency_ms;
-    int64_t next_progress_ms;      /* while syncing: when the batch next reports its progress */
-    int64_t next_serve_ms;         /* while syncing: when control requests are next looked at */
-    struct gs_push_stats batch_st; /* while syncing: the batch's progress so far */
-    int64_t lock_retry_ms;         /* the sync lock was busy: connect or batch again from then on */
+    int64_t next_progress_ms;       /* while syncing: when the batch next reports its progress */
+    int64_t next_serve_ms;          /* while syncing: when control requests are next looked at */
+    struct gs_push_stats batch_st;  /* while syncing: the batch's progress so far */
+    struct gs_plan_reading reading; /* while syncing: how far it has read the changed files */
+    int64_t lock_retry_ms; /* the sync lock was busy: connect or batch again from then on */
     /* A connection attempt runs in a thread (a login can take seconds, a dead server a connect
      * timeout), so the control socket keeps answering meanwhile; the thread owns d->sess and
      * d->ssh until it signals connect_done. */
@@ -201,10 +202,12 @@ static json_t *status_json(struct daemon *d)
     if (d->relay)
         gs_relay_stats(d->relay, &spare, &relayed);
     /* a batch in progress: its operations not done yet are pending too, and before they are
-     * planned (the batch still reads the changed files), its paths */
+     * planned (the batch still reads the changed files), its paths (a check of the whole tree:
+     * the files whose stat says they changed) */
     const struct gs_push_stats *b = &d->batch_st;
+    size_t reading = d->batch_paths ? d->batch_paths : (size_t)d->reading.files_total;
     size_t sending = !d->syncing                  ? 0
-                     : b->ops_total == 0          ? d->batch_paths
+                     : b->ops_total == 0          ? reading
                      : b->ops_total > b->ops_done ? b->ops_total - b->ops_done
                                                   : 0;
     json_t *o =
@@ -226,10 +229,12 @@ static json_t *status_json(struct daemon *d)
     if (d->syncing) /* what the batch has sent so far (status answers during a batch) */
         json_object_set_new(
             o, "batch",
-            json_pack("{s:I,s:I,s:I,s:I}", "ops_done", (json_int_t)b->ops_done, "ops_total",
+            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "ops_done", (json_int_t)b->ops_done, "ops_total",
                       (json_int_t)b->ops_total, "bytes",
                       (json_int_t)(b->bytes_out > b->bytes_sent ? b->bytes_out : b->bytes_sent),
-                      "bytes_total", (json_int_t)b->bytes_total));
+                      "bytes_total", (json_int_t)b->bytes_total, "read_bytes",
+                      (json_int_t)d->reading.bytes_done, "read_bytes_total",
+                      (json_int_t)d->reading.bytes_total));
     return o;
 }
 
@@ -470,6 +475,7 @@ static void connect_when_free(struct daemon *d)
  * waited for it (measured: the 130-200 ms saves of latency.sh's p99 at 50 ms RTT); the batch
  * itself is the check then. */
 static int while_waiting(void *ctx);
+static int on_reading(void *ctx, const struct gs_plan_reading *r);
 
 static void check_liveness(struct daemon *d)
 {
@@ -786,13 +792,14 @@ static void sync_batch(struct daemon *d)
                              .on_progress = on_batch_progress,
                              .hold = hold_op,
                              .held_along = held_along_op,
-                             .interrupted = while_waiting, /* hashing a large file, too */
+                             .on_reading = on_reading,
                              .ctx = d};
     struct gs_push_stats st;
     struct gs_error err = {0};
     d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     memset(&d->batch_st, 0, sizeof(d->batch_st));
+    memset(&d->reading, 0, sizeof(d->reading));
     uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
     int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
@@ -1101,6 +1108,15 @@ static int while_waiting(void *ctx)
     struct daemon *d = ctx;
     serve_during_batch(d);
     return d->stop;
+}
+
+/* gs_push's reading callback: a batch reading (hashing) the changed files serves clients as a
+ * wait on the server does, and is abandoned once the daemon is to stop. */
+static int on_reading(void *ctx, const struct gs_plan_reading *r)
+{
+    struct daemon *d = ctx;
+    d->reading = *r;
+    return while_waiting(d);
 }
 
 /* Whether c holds a complete request, read during a batch and not answered yet. */

@@ -33,7 +33,7 @@ static int hash_fd_checked(int fd, const char *what, struct gs_hash *out,
     XXH3_128bits_reset(st);
     char *chunk = gs_xmalloc(HASH_CHUNK);
     int rc = 0;
-    uint64_t unchecked = 0; /* bytes read since check was last asked */
+    uint64_t read_bytes = 0, unchecked = 0; /* unchecked: read since check was last told */
     while (rc == 0) {
         ssize_t n = read(fd, chunk, HASH_CHUNK);
         if (n < 0 && errno == EINTR)
@@ -44,10 +44,11 @@ static int hash_fd_checked(int fd, const char *what, struct gs_hash *out,
             break;
         else
             XXH3_128bits_update(st, chunk, (size_t)n);
+        read_bytes += n > 0 ? (uint64_t)n : 0;
         unchecked += n > 0 ? (uint64_t)n : 0;
         if (rc == 0 && check && unchecked >= GS_HASH_CHECK_BYTES) {
             unchecked = 0;
-            if (check->fn(check->ctx))
+            if (check->fn(check->ctx, read_bytes))
                 rc = gs_error_set(err, GS_E_INTERRUPTED, "%s: hashing stopped", what);
         }
     }

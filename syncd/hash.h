@@ -6,6 +6,7 @@
 #define GS_SYNCD_HASH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <sys/stat.h>
 
@@ -19,9 +20,10 @@ struct gs_hash {
     unsigned char b[GS_HASH_LEN];
 };
 
-/* Asked about every GS_HASH_CHECK_BYTES read while a file is hashed: nonzero abandons the hash
- * with GS_E_INTERRUPTED, so a watch daemon told to stop does not wait for a large file's hash. */
-typedef int (*gs_hash_check_fn)(void *ctx);
+/* Told about every GS_HASH_CHECK_BYTES read while a file is hashed, with the bytes of it read so
+ * far: nonzero abandons the hash with GS_E_INTERRUPTED, so a watch daemon told to stop does not
+ * wait for a large file's hash. */
+typedef int (*gs_hash_check_fn)(void *ctx, uint64_t bytes);
 struct gs_hash_check {
     gs_hash_check_fn fn;
     void *ctx;

@@ -44,6 +44,7 @@ struct planner {
     int64_t racy_after_ns; /* a local mtime at or after this is too recent to cache */
     struct gs_plan *plan;
     struct gs_error *err;
+    struct gs_plan_reading read; /* how far hash_all has got */
 };
 
 enum { PH_CLEAR, PH_MKDIR_EARLY, PH_RENAME, PH_MKDIR, PH_PUT, PH_SYMLINK, PH_CHMOD, PH_DELETE };
@@ -223,6 +224,22 @@ static void take_stat_as_read(struct item *it, const struct stat *after)
     it->l = it->as_read;
 }
 
+/* Whether an item is a file the plan must read: its stat differs from the index's cache. */
+static int must_read(const struct item *it)
+{
+    return it->l && it->l->kind == GS_KIND_FILE && !stat_matches_cache(it->l, it->r);
+}
+
+/* gs_hash_check's callback: `bytes` of the file being read, on top of the files before it. */
+static int reading_file(void *ctx, uint64_t bytes)
+{
+    struct planner *p = ctx;
+    struct gs_plan_reading r = p->read;
+    r.bytes_done += bytes;
+    r.bytes_done = r.bytes_done < r.bytes_total ? r.bytes_done : r.bytes_total;
+    return p->opts.reading(p->opts.reading_ctx, &r);
+}
+
 static int hash_item(struct planner *p, struct item *it)
 {
     if (stat_matches_cache(it->l, it->r)) {
@@ -232,7 +249,9 @@ static int hash_item(struct planner *p, struct item *it)
     }
     struct gs_error herr = {0};
     struct stat after;
-    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &after, p->opts.check, &herr);
+    struct gs_hash_check check = {.fn = reading_file, .ctx = p};
+    int rc = gs_hash_file_at(p->rootfd, it->path, &it->lhash, &after,
+                             p->opts.reading ? &check : NULL, &herr);
     if (rc == GS_E_NOTFOUND || (rc < 0 && no_longer_a_file(p, it->path))) {
         /* removed, or replaced by a symlink or a directory, since the scan: plan it as removed.
          * That change came after the scan, so the watcher reports it and the next push sends
@@ -253,16 +272,24 @@ static int hash_item(struct planner *p, struct item *it)
 
 static int hash_all(struct planner *p)
 {
-    const struct gs_hash_check *check = p->opts.check;
+    for (size_t i = 0; i < p->n; i++)
+        if (must_read(&p->it[i])) {
+            p->read.files_total++;
+            p->read.bytes_total += p->it[i].l->size;
+        }
     for (size_t i = 0; i < p->n; i++) {
         struct item *it = &p->it[i];
         /* every few files: a poll per file would cost a tree of small files more than its hashes */
-        if (check && i % 16 == 0 && check->fn(check->ctx))
+        if (p->opts.reading && i % 16 == 0 && p->opts.reading(p->opts.reading_ctx, &p->read))
             return gs_error_set(p->err, GS_E_INTERRUPTED, "planning stopped");
         if (it->l && it->l->kind == GS_KIND_FILE) {
+            int read = must_read(it);
+            uint64_t size = it->l->size;
             int rc = hash_item(p, it);
             if (rc < 0)
                 return rc;
+            p->read.files_done += read;
+            p->read.bytes_done += read ? size : 0;
         }
     }
     return 0;

@@ -87,6 +87,13 @@ struct gs_plan {
     uint64_t bytes_to_send; /* sum of the sizes of PUT operations */
 };
 
+/* How far a plan has read (hashed) the files it must read. */
+struct gs_plan_reading {
+    uint64_t files_done, files_total;
+    uint64_t bytes_done, bytes_total;
+};
+typedef int (*gs_plan_reading_fn)(void *ctx, const struct gs_plan_reading *r);
+
 struct gs_plan_opts {
     /* Restrict the plan to these paths and what lies below them (`gpusync push PATH...`):
      * relative to the root, normalised (no "./", no trailing '/'; "" is the whole tree). NULL/0:
@@ -101,9 +108,11 @@ struct gs_plan_opts {
      * copy stays, and the index keeps its entry. NULL: every index path missing from the scan is
      * deleted. */
     struct gs_ignore *ignore;
-    /* Asked before each file is hashed and while a large one is (hash.h): nonzero ends the plan
-     * with GS_E_INTERRUPTED. NULL: the plan always completes. */
-    const struct gs_hash_check *check;
+    /* Told how far the plan has read the files it must hash (those whose stat differs from the
+     * index's cache), every few files and about every 4 MB of a large one: nonzero ends the plan
+     * with GS_E_INTERRUPTED. NULL: not told, and the plan always completes. */
+    gs_plan_reading_fn reading;
+    void *reading_ctx;
 };
 
 /* An empty value. (Unformatted: clang-format spreads a braced macro over four lines.) */

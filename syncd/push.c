@@ -514,11 +514,11 @@ static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *id
 {
     struct gs_scan scan = GS_SCAN_INIT;
     int rc = o->n_paths ? scan_paths(&scan, root, ig, o, err) : gs_scan_tree(&scan, root, ig, err);
-    struct gs_hash_check check = {.fn = o->interrupted, .ctx = o->ctx};
     struct gs_plan_opts popts = {.paths = o->paths,
                                  .n_paths = o->n_paths,
                                  .no_refresh = o->dry_run,
-                                 .check = o->interrupted ? &check : NULL};
+                                 .reading = o->on_reading,
+                                 .reading_ctx = o->ctx};
     if (rc == 0)
         rc = gs_plan_build(plan, root, &scan, idx, &popts, err);
     gs_scan_release(&scan);

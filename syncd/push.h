@@ -55,9 +55,9 @@ struct gs_push_opts {
     /* Called for each operation left out with a held one because it acts on one of its paths (a
      * chmod of the path a held rename makes): the caller must send its paths later as well. */
     void (*held_along)(void *ctx, const struct gs_plan_op *op);
-    /* Asked while the plan reads local files (between files, and about every 4 MB of a large
-     * one): nonzero ends the push with GS_E_INTERRUPTED before anything is sent. NULL: never. */
-    int (*interrupted)(void *ctx);
+    /* Told how far the plan has read the changed files (every few files, and about every 4 MB
+     * of a large one): nonzero ends the push with GS_E_INTERRUPTED before anything is sent. */
+    gs_plan_reading_fn on_reading;
     void *ctx;
 };
 

@@ -1334,9 +1334,10 @@ test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent(void
 }
 
 /* A stop does not wait for the hash of a large file either: the batch asks while it reads local
- * files (syncd/plan.h's check). 16 GB of holes take the daemon about 20 s to read here; the stop
- * is answered at once (the CLI would give up after 5 s), the file counts as unsent, the status
- * before it counted the batch's path as pending, and nothing of the file reached the server. */
+ * files (syncd/plan.h's reading callback), and status says how far it has read. 16 GB of holes take
+ * the daemon about 20 s to read here; the stop is answered at once (the CLI would give up after 5
+ * s), the file counts as unsent, the status before it counted the batch's path as pending, and
+ * nothing of the file reached the server. */
 static void test_watch__stop_while_a_large_file_is_hashed_is_prompt(void **state)
 {
     (void)state;
@@ -1351,7 +1352,10 @@ static void test_watch__stop_while_a_large_file_is_hashed_is_prompt(void **state
     assert_int_equal(ftruncate(fd, 16LL << 30), 0); /* holes: no disk, but 16 GB to read */
     close(fd);
     json_t *st = await_batch(0, "a batch reading huge.bin");
+    json_t *batch = json_object_get(st, "batch");
     assert_int_equal(json_integer_value(json_object_get(st, "pending")), 1);
+    assert_int_equal(json_integer_value(json_object_get(batch, "read_bytes_total")), 16LL << 30);
+    assert_true(json_integer_value(json_object_get(batch, "read_bytes")) < 16LL << 30);
     json_decref(st);
     pid_t pid = daemon_pid();
     json_t *out =

@@ -617,24 +617,33 @@ static void test_plan__racy_edit_is_not_missed(void **state)
 
 static int index_has(const char *path);
 
-/* The check counts its calls and stops the plan at the one given (0: never). */
+/* The reading callback records what it was told and stops the plan at the call given (0:
+ * never). */
 struct stop_at {
     int calls, stop_at;
+    struct gs_plan_reading last;
+    int monotonic; /* bytes_done never went back */
 };
 
-static int count_and_stop(void *ctx)
+static int count_and_stop(void *ctx, const struct gs_plan_reading *r)
 {
     struct stop_at *s = ctx;
+    if (s->calls && r->bytes_done < s->last.bytes_done)
+        s->monotonic = 0;
+    s->last = *r;
     return ++s->calls == s->stop_at;
 }
 
-/* A watch daemon told to stop must not wait for the hash of a large file: the plan asks its check
- * while it reads one (about every GS_HASH_CHECK_BYTES), and a nonzero answer ends the plan with
- * GS_E_INTERRUPTED, nothing planned and nothing recorded in the index. */
-static void test_plan__a_check_stops_the_plan_in_the_middle_of_a_large_file(void **state)
+/* A watch daemon told to stop must not wait for the hash of a large file, and its status says
+ * how far the reading has got: the plan tells its callback how many of the bytes it must read
+ * it has read, every few files and about every GS_HASH_CHECK_BYTES inside one, and a nonzero
+ * answer ends the plan with GS_E_INTERRUPTED, nothing planned and nothing recorded. */
+static void test_plan__reading_is_reported_and_can_stop_the_plan_inside_a_large_file(void **state)
 {
     (void)state;
     put("small", "s");
+    sync_all();
+    put("small", "s2"); /* changed: read again, with big.bin */
     char *big = abs_path("big.bin");
     int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     assert_true(fd >= 0);
@@ -647,24 +656,29 @@ static void test_plan__a_check_stops_the_plan_in_the_middle_of_a_large_file(void
     close(fd);
     free(chunk);
     free(big);
+    uint64_t total = 5ull * GS_HASH_CHECK_BYTES + 2;
 
     struct gs_scan scan = GS_SCAN_INIT;
     assert_int_equal(gs_scan_tree(&scan, tmpdir, NULL, NULL), 0);
-    struct stop_at never = {0};
-    struct gs_hash_check check = {.fn = count_and_stop, .ctx = &never};
-    struct gs_plan_opts opts = {.check = &check};
+    struct stop_at never = {.monotonic = 1};
+    struct gs_plan_opts opts = {.reading = count_and_stop, .reading_ctx = &never};
     struct gs_plan pl = GS_PLAN_INIT;
     assert_int_equal(gs_plan_build(&pl, tmpdir, &scan, idx, &opts, NULL), 0);
     assert_int_equal(pl.n_ops, 2);
-    /* asked once before the files and once per 4 MB of big.bin: the hash itself asks */
-    assert_true(never.calls >= 5);
+    /* told before the files, then once per 4 MB of big.bin: the hash itself tells */
+    assert_true(never.calls >= 6);
+    assert_true(never.monotonic);
+    assert_int_equal(never.last.files_total, 2);
+    assert_int_equal(never.last.bytes_total, total);
+    assert_true(never.last.bytes_done >= 5ull * GS_HASH_CHECK_BYTES); /* the last 4 MB told */
     gs_plan_release(&pl);
 
-    struct stop_at second = {.stop_at = 2}; /* the first ask inside big.bin */
-    check.ctx = &second;
+    struct stop_at second = {.stop_at = 2}; /* the first call inside big.bin */
+    opts.reading_ctx = &second;
     struct gs_error err = {0};
     assert_int_equal(gs_plan_build(&pl, tmpdir, &scan, idx, &opts, &err), GS_E_INTERRUPTED);
     assert_int_equal(second.calls, 2);
+    assert_int_equal(second.last.bytes_done, GS_HASH_CHECK_BYTES);
     assert_int_equal(pl.n_ops, 0);
     assert_false(index_has("big.bin"));
     gs_plan_release(&pl);
@@ -1172,7 +1186,7 @@ int main(void)
         T(test_plan__restricted_to_paths),
         T(test_plan__format_keeps_hostile_names_on_one_line),
         T(test_plan__racy_edit_is_not_missed),
-        T(test_plan__a_check_stops_the_plan_in_the_middle_of_a_large_file),
+        T(test_plan__reading_is_reported_and_can_stop_the_plan_inside_a_large_file),
         T(test_plan__vanished_file_counts_as_deleted),
         T(test_plan__file_that_changed_kind_after_the_scan_counts_as_deleted),
         T(test_plan__random_changes_converge),
