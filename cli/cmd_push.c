@@ -2,6 +2,7 @@
  * progress bar, a summary, conflicts reported, and --dry-run listing the plan. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +26,12 @@ static const struct option push_options[] = {
     {NULL, 0, NULL, 0},
 };
 
+#define READING_BAR_AFTER_MS 250
+
 struct push_ui {
     struct gs_cli *cli;
     struct gs_progress bar;
+    atomic_int show_reading; /* the planner may draw: nothing else writes to the terminal now */
     json_t *conflicts, *failures, *planned;
     json_t *lost; /* paths the server no longer had where the index said: pushed again */
 };
@@ -93,6 +97,19 @@ static void on_progress(void *ctx, const struct gs_push_stats *st)
     uint64_t bytes = st->bytes_out > st->bytes_sent ? st->bytes_out : st->bytes_sent;
     if (!ui->cli->json)
         gs_progress_update(&ui->bar, st->ops_done, st->ops_total, bytes, st->bytes_total);
+}
+
+/* The plan reading (hashing) the changed files: a large one takes a while before anything is
+ * sent. Drawn from the planning thread, only once the main one is past the login, whose prompts
+ * (password, host key) share the terminal, and only after a quarter of a second: a push of a few
+ * saved files does not flash a bar. */
+static int on_reading(void *ctx, const struct gs_plan_reading *r)
+{
+    struct push_ui *ui = ctx;
+    if (!ui->cli->json && atomic_load(&ui->show_reading) &&
+        gs_clock_mono_ms() - ui->bar.start_ms >= READING_BAR_AFTER_MS)
+        gs_progress_update(&ui->bar, r->files_done, r->files_total, r->bytes_done, r->bytes_total);
+    return 0;
 }
 
 static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
@@ -224,6 +241,7 @@ static int second_pass(struct gs_cli *cli, struct gs_session *s, struct push_ui 
 static int execute_plan(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                         const struct gs_push_opts *o, struct planner *p)
 {
+    gs_progress_end(&ui->bar); /* the reading's */
     gs_progress_init(&ui->bar);
     int rc = gs_push_execute(cli->root.data, s->idx, s->ops, o, &p->plan, &p->st, &cli->err);
     if ((rc == 0 || rc == GS_E_REMOTE) && json_array_size(ui->lost))
@@ -281,12 +299,18 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     pthread_t thread;
     /* while it connects: a delta made then no longer follows the channel's opening */
     p.prepare = !o->dry_run && cli->cfg.transport == GS_TRANSPORT_AGENT;
+    gs_progress_init(&ui->bar);
+    ui->bar.label = "reading";
     int threaded = !o->dry_run && pthread_create(&thread, NULL, plan_in_background, &p) == 0;
-    if (!threaded)
+    if (!threaded) {
+        atomic_store(&ui->show_reading, 1);
         plan_in_background(&p);
+    }
     int rc = o->dry_run ? 0 : connect_start(cli, s);
+    atomic_store(&ui->show_reading, 1);
     if (threaded)
         pthread_join(thread, NULL);
+    gs_progress_end(&ui->bar);
     p.prepare = 0; /* a later plan (plan_again) goes on at once */
     hand_deltas(&p);
     gs_debug("agent started; %zu operations planned", p.plan.n_ops);
@@ -402,6 +426,7 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
                              .dry_run = dry_run,
                              .on_op = on_op,
                              .on_progress = on_progress,
+                             .on_reading = on_reading,
                              .ctx = &ui};
     int opened = 0;
     int rc = relative_paths(cli, argc, argv, rel, paths);

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
@@ -137,16 +138,43 @@ static int acknowledge_recorded(struct gs_cli *cli, struct gs_session *s)
     return rc;
 }
 
+struct local_plan {
+    json_t *ops;
+    struct gs_progress bar; /* reading the changed files, on a terminal (text output) */
+};
+
+static void collect_planned(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
+{
+    collect_op(((struct local_plan *)ctx)->ops, op, r);
+}
+
+/* A large changed file takes a while to read: after a quarter of a second a bar says so. */
+static int show_reading(void *ctx, const struct gs_plan_reading *r)
+{
+    struct local_plan *lp = ctx;
+    if (gs_clock_mono_ms() - lp->bar.start_ms >= 250)
+        gs_progress_update(&lp->bar, r->files_done, r->files_total, r->bytes_done, r->bytes_total);
+    return 0;
+}
+
 /* What a push would do, computed here: the operations into `ops`, their totals into `st`, and
  * the operations an interrupted sync left unconfirmed. Returns 0 or a negative code. */
 static int local_plan(struct gs_cli *cli, struct gs_session *s, json_t *ops,
                       struct gs_push_stats *st, size_t *unconfirmed)
 {
-    struct gs_push_opts o = {.dry_run = 1, .on_op = collect_op, .ctx = ops};
+    struct local_plan lp = {.ops = ops};
+    gs_progress_init(&lp.bar);
+    lp.bar.label = "reading";
+    lp.bar.enabled = lp.bar.enabled && !cli->json;
+    struct gs_push_opts o = {
+        .dry_run = 1, .on_op = collect_planned, .on_reading = show_reading, .ctx = &lp};
     /* Operations sent by a process that died before their answer: until a connection settles
      * them (syncd/reconcile.h) nobody knows what the server holds there, so never "up to date". */
     int rc = gs_index_intent_count(s->idx, unconfirmed, &cli->err);
-    return rc < 0 ? rc : gs_push_run(cli->root.data, s->ig, s->idx, NULL, &o, st, &cli->err);
+    if (rc == 0)
+        rc = gs_push_run(cli->root.data, s->ig, s->idx, NULL, &o, st, &cli->err);
+    gs_progress_end(&lp.bar);
+    return rc;
 }
 
 /* Without a daemon: the local answer. Returns the exit code. */

@@ -21,6 +21,7 @@ const char *gs_format_bytes(uint64_t bytes, char buf[32])
 
 void gs_progress_init(struct gs_progress *p)
 {
+    p->label = NULL;
     p->enabled = isatty(STDERR_FILENO);
     p->start_ms = gs_clock_mono_ms();
     p->last_draw_ms = 0;
@@ -54,10 +55,10 @@ void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t fil
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '=' : ' ';
     bar[width] = '\0';
-    fprintf(stderr, "\r[%s] %llu/%llu  %s/%s  %s/s  ETA %.0fs \033[K", bar,
-            (unsigned long long)files_done, (unsigned long long)files_total,
-            gs_format_bytes(bytes_done, a), gs_format_bytes(bytes_total, b),
-            gs_format_bytes((uint64_t)rate, r), eta);
+    fprintf(stderr, "\r%s%s[%s] %llu/%llu  %s/%s  %s/s  ETA %.0fs \033[K", p->label ? p->label : "",
+            p->label ? " " : "", bar, (unsigned long long)files_done,
+            (unsigned long long)files_total, gs_format_bytes(bytes_done, a),
+            gs_format_bytes(bytes_total, b), gs_format_bytes((uint64_t)rate, r), eta);
     p->drawn = 1;
 }
 

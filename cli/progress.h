@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 struct gs_progress {
+    const char *label; /* drawn before the bar ("reading"); NULL: none. gs_progress_init clears */
     int enabled;
     int64_t start_ms, last_draw_ms;
     uint64_t base_bytes; /* bytes already done when the rate began to be measured */

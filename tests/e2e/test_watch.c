@@ -1249,6 +1249,26 @@ static void read_terminal_to_end(int term, struct gs_buf *screen, int limit_ms)
     }
 }
 
+/* Runs `gpusync push [option]` (option NULL: none) in a terminal in the current project; returns
+ * its wait status, with what it drew in `screen`. */
+static int push_in_a_terminal(const char *option, struct gs_buf *screen)
+{
+    int term;
+    pid_t pid = forkpty(&term, NULL, NULL, NULL);
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (chdir(cur.local) != 0)
+            _exit(126);
+        execl(gs_test_gpusync(), "gpusync", "push", option, (char *)NULL);
+        _exit(127);
+    }
+    read_terminal_to_end(term, screen, 60000);
+    close(term);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
 /* `gpusync push` in a terminal while the daemon sends a large file shows that batch moving, as a
  * push of its own would, instead of nothing until the daemon answers (the same for flush and
  * run, which wait on the daemon the same way). */
@@ -1258,20 +1278,8 @@ static void test_watch__a_push_through_the_daemon_shows_the_batch_moving(void **
     struct gs_test_events ev;
     large_file_over_a_slow_link(8, 6000000, &ev);
     gs_test_events_until(&ev, "progress", "", 20000);
-    int term;
-    pid_t pid = forkpty(&term, NULL, NULL, NULL);
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (chdir(cur.local) != 0)
-            _exit(126);
-        execl(gs_test_gpusync(), "gpusync", "push", (char *)NULL);
-        _exit(127);
-    }
     struct gs_buf screen = GS_BUF_INIT;
-    read_terminal_to_end(term, &screen, 60000);
-    close(term);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    int status = push_in_a_terminal(NULL, &screen);
     gs_test_events_stop(&ev);
     /* the bar, and a summary that counts the batch the push waited on (it said "sent 0") */
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !strstr(screen.data, "/6.0 MB") ||
@@ -1279,6 +1287,30 @@ static void test_watch__a_push_through_the_daemon_shows_the_batch_moving(void **
         fail_msg("push through the daemon (status %d) showed: %s", status, screen.data);
     gs_buf_release(&screen);
     expect_trees_equal("after the push");
+}
+
+/* A push reading a large changed file before it can send anything says so in a terminal: it
+ * used to show nothing until the upload began (52 s for a 40 GB file here). --dry-run reads the
+ * same and sends nothing; 4 GB of holes take about 5 s to read here, the bar shows from 250 ms. */
+static void test_watch__a_push_reading_a_large_file_shows_it(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "a\n");
+    gs_ok(ARGS("push"), "first push");
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.local, "big.bin");
+    int fd = open(abs, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4LL << 30), 0);
+    close(fd);
+    struct gs_buf screen = GS_BUF_INIT;
+    int status = push_in_a_terminal("--dry-run", &screen);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !strstr(screen.data, "reading [") ||
+        !strstr(screen.data, "/4.3 GB"))
+        fail_msg("push --dry-run of a 4 GB file (status %d) showed: %s", status, screen.data);
+    gs_buf_release(&screen);
+    assert_int_equal(unlink(abs), 0);
 }
 
 /* A command relayed through the daemon (`gpusync ps` here; `logs`, `top`, `stop` alike) runs while
@@ -2188,6 +2220,7 @@ int main(void)
         T(test_watch__ps_during_a_long_batch_is_relayed_at_once),
         T(test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked),
         T(test_watch__a_push_through_the_daemon_shows_the_batch_moving),
+        T(test_watch__a_push_reading_a_large_file_shows_it),
         T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
