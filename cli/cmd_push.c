@@ -26,8 +26,6 @@ static const struct option push_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-#define READING_BAR_AFTER_MS 250
-
 struct push_ui {
     struct gs_cli *cli;
     struct gs_progress bar;
@@ -101,13 +99,11 @@ static void on_progress(void *ctx, const struct gs_push_stats *st)
 
 /* The plan reading (hashing) the changed files: a large one takes a while before anything is
  * sent. Drawn from the planning thread, only once the main one is past the login, whose prompts
- * (password, host key) share the terminal, and only after a quarter of a second: a push of a few
- * saved files does not flash a bar. */
+ * (password, host key) share the terminal. */
 static int on_reading(void *ctx, const struct gs_plan_reading *r)
 {
     struct push_ui *ui = ctx;
-    if (!ui->cli->json && atomic_load(&ui->show_reading) &&
-        gs_clock_mono_ms() - ui->bar.start_ms >= READING_BAR_AFTER_MS)
+    if (!ui->cli->json && atomic_load(&ui->show_reading))
         gs_progress_update(&ui->bar, r->files_done, r->files_total, r->bytes_done, r->bytes_total);
     return 0;
 }
@@ -301,6 +297,7 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     p.prepare = !o->dry_run && cli->cfg.transport == GS_TRANSPORT_AGENT;
     gs_progress_init(&ui->bar);
     ui->bar.label = "reading";
+    ui->bar.quiet_ms = GS_PROGRESS_READING_QUIET_MS;
     int threaded = !o->dry_run && pthread_create(&thread, NULL, plan_in_background, &p) == 0;
     if (!threaded) {
         atomic_store(&ui->show_reading, 1);

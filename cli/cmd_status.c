@@ -8,7 +8,6 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "common/buf.h"
-#include "common/clock.h"
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
@@ -148,12 +147,11 @@ static void collect_planned(void *ctx, const struct gs_plan_op *op, const struct
     collect_op(((struct local_plan *)ctx)->ops, op, r);
 }
 
-/* A large changed file takes a while to read: after a quarter of a second a bar says so. */
+/* A large changed file takes a while to read: a bar says so. */
 static int show_reading(void *ctx, const struct gs_plan_reading *r)
 {
     struct local_plan *lp = ctx;
-    if (gs_clock_mono_ms() - lp->bar.start_ms >= 250)
-        gs_progress_update(&lp->bar, r->files_done, r->files_total, r->bytes_done, r->bytes_total);
+    gs_progress_update(&lp->bar, r->files_done, r->files_total, r->bytes_done, r->bytes_total);
     return 0;
 }
 
@@ -165,6 +163,7 @@ static int local_plan(struct gs_cli *cli, struct gs_session *s, json_t *ops,
     struct local_plan lp = {.ops = ops};
     gs_progress_init(&lp.bar);
     lp.bar.label = "reading";
+    lp.bar.quiet_ms = GS_PROGRESS_READING_QUIET_MS;
     lp.bar.enabled = lp.bar.enabled && !cli->json;
     struct gs_push_opts o = {
         .dry_run = 1, .on_op = collect_planned, .on_reading = show_reading, .ctx = &lp};

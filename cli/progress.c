@@ -22,6 +22,7 @@ const char *gs_format_bytes(uint64_t bytes, char buf[32])
 void gs_progress_init(struct gs_progress *p)
 {
     p->label = NULL;
+    p->quiet_ms = 0;
     p->enabled = isatty(STDERR_FILENO);
     p->start_ms = gs_clock_mono_ms();
     p->last_draw_ms = 0;
@@ -39,7 +40,8 @@ void gs_progress_update(struct gs_progress *p, uint64_t files_done, uint64_t fil
                         uint64_t bytes_done, uint64_t bytes_total)
 {
     int64_t now = gs_clock_mono_ms();
-    if (!p->enabled || (now - p->last_draw_ms < 100 && files_done < files_total))
+    if (!p->enabled || (now - p->last_draw_ms < 100 && files_done < files_total) ||
+        now - p->start_ms < p->quiet_ms)
         return;
     p->last_draw_ms = now;
     double secs = (double)(now - p->start_ms) / 1000.0;

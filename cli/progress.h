@@ -7,11 +7,16 @@
 
 struct gs_progress {
     const char *label; /* drawn before the bar ("reading"); NULL: none. gs_progress_init clears */
+    int64_t quiet_ms;  /* nothing drawn before this long after the start (init: 0) */
     int enabled;
     int64_t start_ms, last_draw_ms;
     uint64_t base_bytes; /* bytes already done when the rate began to be measured */
     int drawn;
 };
+
+/* The quiet_ms of a bar for reading the changed files: a push or status over a few saved files
+ * does not flash one. */
+#define GS_PROGRESS_READING_QUIET_MS 250
 
 void gs_progress_init(struct gs_progress *p);
 /* Measures the rate from now and `bytes_done` on: the work shown changed (another batch), or was
