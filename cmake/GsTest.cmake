@@ -4,14 +4,16 @@
 #   gs_add_test(NAME LABEL <unit|integration|e2e|gpu> [TIMEOUT s]
 #               SOURCES file.c ... [LIBS ...] [DEPENDS target ...]
 #             | COMMAND program args ...
-#               [ENV "K=V" ...] [SKIP_RETURN_CODE n])
+#               [ENV "K=V" ...] [SKIP_RETURN_CODE n] [SERIAL])
 #
 # SOURCES builds a test executable NAME, placed in the build tree beside its first source's folder
 # (tests/unit/test_x.c -> build/tests/unit/test_x); DEPENDS names the programs it runs, so building
 # the test builds them. COMMAND registers a script or program instead. Every test gets
 # GS_BUILD_DIR and GS_SOURCE_DIR in its environment, ENV adds more; TIMEOUT defaults to 300.
+# SERIAL: ctest runs it alone, never beside another test (scripts/test.sh runs the others two at a
+# time): for a test that kills or counts what every test on the sandbox server shares.
 function(gs_add_test name)
-    cmake_parse_arguments(T "" "LABEL;TIMEOUT;SKIP_RETURN_CODE" "SOURCES;LIBS;DEPENDS;COMMAND;ENV"
+    cmake_parse_arguments(T "SERIAL" "LABEL;TIMEOUT;SKIP_RETURN_CODE" "SOURCES;LIBS;DEPENDS;COMMAND;ENV"
         ${ARGN})
     if(T_SOURCES)
         gs_add_test_executable(${name} "${T_SOURCES}" "${T_LIBS}" "${T_DEPENDS}")
@@ -27,6 +29,9 @@ function(gs_add_test name)
         ENVIRONMENT "${env}")
     if(DEFINED T_SKIP_RETURN_CODE)
         set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${T_SKIP_RETURN_CODE})
+    endif()
+    if(T_SERIAL)
+        set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
     endif()
 endfunction()
 
