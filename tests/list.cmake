@@ -129,6 +129,9 @@ if(GS_NODE AND GS_NPM)
     gs_add_test(test_ide_vscode_real LABEL e2e TIMEOUT 600
         COMMAND ${GS_ROOT}/ide/vscode/test-real.sh ENV ${ide_env} SKIP_RETURN_CODE 77)
     set_tests_properties(test_ide_vscode_real PROPERTIES LABELS "e2e;vscode_real")
+    # Both install into ide/vscode/node_modules: never at the same time.
+    set_tests_properties(test_ide_vscode test_ide_vscode_real PROPERTIES
+        RESOURCE_LOCK ide_vscode_node_modules)
 else()
     message(STATUS "node/npm not found: test_ide_vscode is not registered")
 endif()
