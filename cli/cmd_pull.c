@@ -192,6 +192,7 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
         return gs_cli_fail(cli, rc);
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
+    s.no_server_check = 1;                  /* a file the job changed there is what pull is for */
     rc = gs_session_lock(&s, 1, &cli->err); /* one agent session per project (session.h) */
     if (rc == 0)
         rc = gs_cli_connect(cli);

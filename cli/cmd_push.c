@@ -108,10 +108,13 @@ static int on_reading(void *ctx, const struct gs_plan_reading *r)
     return 0;
 }
 
+/* `verified`: what the check of the server at connection found (syncd/verify.h), or NULL. */
 static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, int dry_run,
-                          const char *transport, uint64_t link_bytes, int level)
+                          const char *transport, uint64_t link_bytes, int level,
+                          const struct gs_verify_result *verified)
 {
     char bytes[32];
+    size_t gone = verified ? verified->gone : 0, changed = verified ? verified->changed : 0;
     if (ui->cli->json) {
         json_t *o = json_pack("{s:i,s:b,s:b,s:i,s:I,s:i,s:i,s:i,s:i,s:i,s:f,s:o,s:o,s:s}", "v", 1,
                               "ok", st->failed == 0, "dry_run", dry_run, "sent", (int)st->sent,
@@ -124,6 +127,12 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
         json_object_set_new(o, "link_bytes", json_integer((json_int_t)link_bytes));
         /* compress = auto: 9 once the link was found slow, in this push or the last */
         json_object_set_new(o, "compress_level", json_integer(level));
+        /* paths gpusync wrote that the server no longer held as written: sent again (a push
+         * through the daemon does not say: its log does) */
+        if (verified) {
+            json_object_set_new(o, "server_gone", json_integer((json_int_t)gone));
+            json_object_set_new(o, "server_changed", json_integer((json_int_t)changed));
+        }
         if (dry_run)
             json_object_set(o, "ops", ui->planned);
         gs_cli_json_print(o);
@@ -134,6 +143,10 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                st->ops_total == 1 ? "" : "s", gs_format_bytes(st->bytes_total, bytes));
         return;
     }
+    if (gone + changed)
+        printf("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, %zu "
+               "changed there): sent again\n",
+               gone + changed, verified->checked, gone, changed);
     printf("sent %zu (%s), deleted %zu, renamed %zu, conflicts %zu, unchanged %zu, failed %zu in "
            "%.2f s\n",
            st->sent, gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed,
@@ -256,6 +269,22 @@ static int plan_again(struct gs_cli *cli, struct planner *p)
     return p->rc < 0 ? gs_error_set(&cli->err, p->rc, "%s", p->err.msg) : 0;
 }
 
+/* After an early pass whose requests the agent answered, ready found paths the server no longer
+ * held as the index said (syncd/verify.h): they are planned and sent in a pass of their own, and
+ * the summary counts both passes. `first_rc` is the early pass's result. */
+static int resend_changed(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
+                          const struct gs_push_opts *o, struct planner *p, int first_rc)
+{
+    struct gs_push_stats first = p->st;
+    int rc = plan_again(cli, p);
+    if (rc == 0)
+        rc = execute_plan(cli, s, ui, o, p);
+    gs_push_stats_add(&p->st, &first);
+    if (rc == 0 && first_rc != 0)
+        rc = first_rc;
+    return rc;
+}
+
 /* A push sends while the agent starts (gs_session_go_early) and checks its answer after. If no
  * agent was cached there, the early requests died with its failed start and nothing was
  * recorded: once ready has installed one, everything is planned and sent again, and the first
@@ -275,8 +304,10 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
         cli->err = ready_err;
         return ready;
     }
-    if (!s->early_lost && !s->index_reset)
+    if (!gs_session_replan(s))
         return rc;
+    if (!s->early_lost && !s->index_reset) /* the server had changed: what was sent stands */
+        return resend_changed(cli, s, ui, o, p, rc);
     json_array_clear(ui->failures);
     if (s->early_lost)
         json_array_clear(ui->conflicts);
@@ -319,7 +350,7 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
         if (rc == 0 && !o->dry_run)
             rc = gs_session_ready(s, &cli->err);
         /* the plan trusted an index that no longer holds, or that reconciling has changed */
-        if (rc == 0 && (s->index_reset || s->reconciled))
+        if (rc == 0 && gs_session_replan(s))
             rc = plan_again(cli, &p);
         if (rc == 0)
             rc = execute_plan(cli, s, ui, o, &p);
@@ -331,7 +362,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     if (rc == 0 || rc == GS_E_REMOTE)
         print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport,
                       s->ops ? s->ops->bytes_sent : 0,
-                      s->agent && !o->dry_run ? gs_agent_compress_level(s->agent) : 0);
+                      s->agent && !o->dry_run ? gs_agent_compress_level(s->agent) : 0,
+                      o->dry_run ? NULL : &s->verified);
     if (rc == GS_E_REMOTE && !cli->json)
         fprintf(stderr, "gpusync: %s\n", cli->err.msg);
     gs_plan_release(&p.plan);
@@ -399,7 +431,7 @@ static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *hand
         rc = gs_error_set(&cli->err, GS_E_DISCONNECTED, "%s", error ? error : "the push failed");
     } else {
         print_summary(ui, &st, 0, through, (uint64_t)count_field(reply, "link_bytes"),
-                      (int)count_field(reply, "compress_level"));
+                      (int)count_field(reply, "compress_level"), NULL);
         rc = ok ? 0 : 1;
         if (!ok && !cli->json)
             fprintf(stderr, "gpusync: %s\n", error ? error : "the push failed");

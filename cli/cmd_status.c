@@ -38,7 +38,9 @@ static void print_human(struct gs_cli *cli, const char *target, json_t *ops,
                "than the list below ('gpusync push' checks and settles them)\n",
                unconfirmed, unconfirmed == 1 ? "" : "s");
     if (json_array_size(ops) == 0 && !unconfirmed) {
-        printf("up to date (no daemon running; 'gpusync watch' keeps it so)\n");
+        printf("nothing to send since the last sync (no daemon running, so the server was not "
+               "asked: 'gpusync push' checks it and puts back what was deleted or changed "
+               "there; 'gpusync watch' keeps it so)\n");
         return;
     }
     printf("%zu change%s pending (%s to send):\n", json_array_size(ops),

@@ -105,6 +105,18 @@ static int set_sync(struct parse_state *st, const char *key, const char *value)
             }
         return fail(st, "sync.compress: '%s' is not one of: auto, zstd, off%s", value, "");
     }
+    if (strcmp(key, "check_every") == 0) {
+        char *end;
+        errno = 0;
+        long v = strcmp(value, "off") == 0 ? 0 : strtol(value, &end, 10);
+        if (strcmp(value, "off") != 0 && (errno || end == value || *end || v < 0 || v > 86400))
+            return fail(st,
+                        "sync.check_every: '%s' is not a number of seconds (0 to 86400) or "
+                        "off%s",
+                        value, "");
+        st->cfg->check_every_s = v > 0 ? (int)v : -1;
+        return 1;
+    }
     if (strcmp(key, "resident") == 0) {
         if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0)
             return fail(st, "sync.resident: '%s' is not one of: on, off%s", value, "");
@@ -388,6 +400,10 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\tcompress = %s\n", cfg->compress == GS_COMPRESS_ZSTD ? "zstd" : "off");
     if (cfg->no_resident)
         gs_buf_adds(out, "\tresident = off\n");
+    if (cfg->check_every_s < 0)
+        gs_buf_adds(out, "\tcheck_every = off\n");
+    else if (cfg->check_every_s > 0)
+        gs_buf_addf(out, "\tcheck_every = %d\n", cfg->check_every_s);
     for (size_t i = 0; i < cfg->n_excludes; i++)
         gs_buf_addf(out, "\texclude = %s\n", cfg->excludes[i]);
     for (size_t i = 0; i < cfg->n_jobs; i++) {

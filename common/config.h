@@ -4,7 +4,8 @@
  *   [remote]            host, port, user, path, identity, hosts and master_addr (multi-node
  *                       runs), scheduler = slurm and its keys (config_slurm.h)
  *   [sync]              exclude (repeatable glob), transport = agent | sftp,
- *                       compress = auto | zstd | off, resident = on | off
+ *                       compress = auto | zstd | off, resident = on | off,
+ *                       check_every = SECONDS | off
  *   [job "NAME"]        command, gpus | cpu
  *
  * Every error names the file, the line and the key, so a user can fix it without guessing. */
@@ -25,6 +26,7 @@ enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
 /* auto: zstd level 1 where the agent has it; zstd: level 9 (for slow links); off: never. Either
  * way an agent built without libzstd is spoken to uncompressed (proto/zframes.h). */
 enum gs_compress { GS_COMPRESS_AUTO, GS_COMPRESS_ZSTD, GS_COMPRESS_OFF };
+#define GS_CHECK_EVERY_DEFAULT_S 60
 
 struct gs_job {
     char *name;
@@ -47,7 +49,10 @@ struct gs_config {
     struct gs_slurm_config slurm; /* scheduler = slurm: host is the login node */
     enum gs_transport transport;
     enum gs_compress compress;
-    int no_resident; /* resident = off: every session execs the agent through the login shell */
+    int no_resident;   /* resident = off: every session execs the agent through the login shell */
+    int check_every_s; /* check_every: seconds between the watch daemon's checks of the server
+                        * while idle (syncd/verify.h); 0: unset (GS_CHECK_EVERY_DEFAULT_S),
+                        * -1: off (only at connection, push and flush) */
     char **excludes;
     size_t n_excludes;
     struct gs_job *jobs;

@@ -1010,50 +1010,69 @@ static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
     return rc;
 }
 
-/* ---- probe: a STAT and a HASH per path, all pipelined (one round trip for the lot) ---- */
+/* ---- probe and stat: a STAT (and a HASH) per path, all pipelined (one round trip a chunk) ---- */
 
-#define PROBE_CHUNK 1024 /* paths per round trip */
+#define PROBE_CHUNK 1024  /* paths per round trip, hashed */
+#define STAT_CHUNK  65536 /* paths per round trip, stat only: up to about 3 MB of requests */
 
 struct probe_call {
     struct sync_call call; /* first: the handler gets it back as a sync_call */
     struct gs_fop_stat *out;
     size_t n, answered;
+    uint32_t per_path; /* 2: a STAT and a HASH per path; 1: a STAT */
 };
 
-/* Reply 2i is path i's STAT, 2i + 1 its HASH (an error there: a directory, or no file). */
+/* What a STAT reply says; a symlink's target is hashed here, as the agent hashes it. */
+static void take_stat(struct gs_fop_stat *st, const struct gs_proto_msg *m)
+{
+    st->kind = (enum gs_fop_kind)m->kind;
+    st->mode = m->meta.mode;
+    st->size = m->size;
+    st->mtime_ns = m->meta.mtime_sec * 1000000000LL + m->meta.mtime_nsec;
+    if (st->kind == GS_FOP_KIND_SYMLINK) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(m->path2.p ? m->path2.p : "", m->path2.len));
+        memcpy(st->hash, c.digest, sizeof(st->hash));
+        st->has_hash = 1;
+    }
+}
+
+/* Path i's replies: STAT at i * per_path, then (probe) its HASH (an error there: a directory, or
+ * no file). */
 static int on_probe(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
     (void)a;
     struct probe_call *p = (struct probe_call *)c;
     uint32_t k = m->id - c->id;
-    struct gs_fop_stat *st = &p->out[k / 2];
-    if (k % 2 == 0 && m->type == GS_MSG_STAT_R) {
-        st->kind = (enum gs_fop_kind)m->kind;
-        st->mode = m->meta.mode;
-        st->size = m->size;
-    } else if (k % 2 == 0) { /* a missing parent is nothing there; a refusal tells nothing */
+    struct gs_fop_stat *st = &p->out[k / p->per_path];
+    if (k % p->per_path == 0 && m->type == GS_MSG_STAT_R) {
+        take_stat(st, m);
+    } else if (k % p->per_path ==
+               0) { /* a missing parent is nothing there; a refusal tells nothing */
         int gone = m->type == GS_MSG_ERROR && (m->err == ENOENT || m->err == ENOTDIR);
         st->kind = gone ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN;
     } else if (m->type == GS_MSG_HASH_R && m->has_hash) {
         st->has_hash = 1;
         memcpy(st->hash, m->hash, sizeof(st->hash));
     }
-    c->done = ++p->answered == 2 * p->n;
+    c->done = ++p->answered == p->per_path * p->n;
     return 0;
 }
 
-static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n,
+static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n, uint32_t per_path,
                        struct gs_fop_stat *out, struct gs_error *err)
 {
     int rc = quiesce(a, err);
-    if (a->next_id > UINT32_MAX - 2 * PROBE_CHUNK - 2) /* the ids must not wrap inside the span */
+    if (a->next_id > UINT32_MAX - per_path * n - 2) /* the ids must not wrap inside the span */
         a->next_id = 0;
-    struct probe_call p = {
-        .call = {.on_frame = on_probe, .span = (uint32_t)(2 * n)}, .out = out, .n = n};
+    struct probe_call p = {.call = {.on_frame = on_probe, .span = (uint32_t)(per_path * n)},
+                           .out = out,
+                           .n = n,
+                           .per_path = per_path};
     p.call.id = a->next_id + 1;
-    for (size_t i = 0; rc == 0 && i < 2 * n; i++) {
-        struct gs_proto_msg m = {.type = i % 2 ? GS_MSG_HASH : GS_MSG_STAT, .id = new_id(a)};
-        m.path = gs_proto_cstr(paths[i / 2]);
+    for (size_t i = 0; rc == 0 && i < per_path * n; i++) {
+        struct gs_proto_msg m = {.type = i % per_path ? GS_MSG_HASH : GS_MSG_STAT, .id = new_id(a)};
+        m.path = gs_proto_cstr(paths[i / per_path]);
         rc = encode(a, &m, err);
     }
     sync_add(a, &p.call);
@@ -1063,15 +1082,28 @@ static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n,
     return rc;
 }
 
-static int agent_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
-                       struct gs_fop_stat *out, struct gs_error *err)
+static int probe_paths(struct gs_fileops *ops, const char *const *paths, size_t n,
+                       uint32_t per_path, size_t chunk, struct gs_fop_stat *out,
+                       struct gs_error *err)
 {
     struct gs_agent *a = (struct gs_agent *)ops;
     memset(out, 0, n * sizeof(*out));
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i += PROBE_CHUNK)
-        rc = probe_chunk(a, paths + i, n - i < PROBE_CHUNK ? n - i : PROBE_CHUNK, out + i, err);
+    for (size_t i = 0; rc == 0 && i < n; i += chunk)
+        rc = probe_chunk(a, paths + i, n - i < chunk ? n - i : chunk, per_path, out + i, err);
     return rc;
+}
+
+static int agent_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
+                       struct gs_fop_stat *out, struct gs_error *err)
+{
+    return probe_paths(ops, paths, n, 2, PROBE_CHUNK, out, err);
+}
+
+static int agent_stat(struct gs_fileops *ops, const char *const *paths, size_t n,
+                      struct gs_fop_stat *out, struct gs_error *err)
+{
+    return probe_paths(ops, paths, n, 1, STAT_CHUNK, out, err);
 }
 
 static int reply_error(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
@@ -1165,6 +1197,7 @@ int gs_agent_start(struct gs_agent **out, struct gs_ssh *ssh, const struct gs_ag
     a->ops = (struct gs_fileops){.submit = agent_submit,
                                  .drain = agent_drain,
                                  .probe = agent_probe,
+                                 .stat = agent_stat,
                                  .close = agent_close_ops};
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);

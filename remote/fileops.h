@@ -72,6 +72,7 @@ struct gs_fop_stat {
     enum gs_fop_kind kind;
     uint32_t mode; /* permission bits */
     uint64_t size;
+    int64_t mtime_ns; /* the server's mtime (agent transport) */
     int has_hash;     /* files: XXH3-128 of the content; symlinks: of the target string */
     uint8_t hash[16]; /* canonical bytes, as the index keeps them */
 };
@@ -87,6 +88,11 @@ struct gs_fileops {
      * GS_FOP_KIND_UNKNOWN) or a transport error. */
     int (*probe)(struct gs_fileops *ops, const char *const *paths, size_t n,
                  struct gs_fop_stat *out, struct gs_error *err);
+    /* As probe, without reading any file (a symlink's target is hashed, as probe does): kind,
+     * mode, size and mtime, cheap enough for every path gpusync wrote at each connection
+     * (syncd/verify.h). NULL where the transport cannot (SFTP: a round trip per path). */
+    int (*stat)(struct gs_fileops *ops, const char *const *paths, size_t n, struct gs_fop_stat *out,
+                struct gs_error *err);
     /* Ends the session and frees `ops`. */
     void (*close)(struct gs_fileops *ops);
     gs_fop_done_fn done;

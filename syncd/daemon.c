@@ -73,7 +73,9 @@ struct daemon {
     int n_clients;
     char **dirty; /* changed paths not yet pushed */
     size_t n_dirty, cap_dirty;
-    int full;      /* push the whole tree next */
+    int full;   /* push the whole tree next */
+    int verify; /* compare the server with the index before the next batch (push, flush) */
+    int64_t next_verify_ms; /* when an idle connection compares them next */
     int checked;   /* a batch has compared the whole tree with the server since the start */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;
@@ -236,6 +238,16 @@ static json_t *status_json(struct daemon *d)
                       (json_int_t)d->reading.bytes_done, "read_bytes_total",
                       (json_int_t)d->reading.bytes_total));
     return o;
+}
+
+/* When an idle connection compares the server with the index next ([sync] check_every); 0: never
+ * (only at connection, push and flush). */
+static int64_t next_verify_ms(const struct daemon *d)
+{
+    int s = d->o->cfg->check_every_s;
+    if (s < 0)
+        return 0;
+    return gs_clock_mono_ms() + 1000LL * (s ? s : GS_CHECK_EVERY_DEFAULT_S);
 }
 
 /* ---- the set of changed paths ---- */
@@ -428,7 +440,9 @@ static void connected_or_not(struct daemon *d)
     d->next_check_ms = gs_clock_mono_ms() + LIVENESS_EVERY_MS;
     gs_info("connected to %s (%s)", gs_ssh_target(d->ssh), d->sess.transport);
     broadcast(d, json_pack("{s:s,s:s}", "event", "connected", "target", gs_ssh_target(d->ssh)));
-    mark_full(d); /* whatever changed while we were away */
+    mark_full(d);  /* whatever changed while we were away */
+    d->verify = 0; /* ready has just compared the server with the index */
+    d->next_verify_ms = next_verify_ms(d);
     d->flush_now = 1;
     if (d->relay)
         gs_relay_recheck(d->relay); /* the server is back: make the spares now */
@@ -475,6 +489,7 @@ static void connect_when_free(struct daemon *d)
  * waited for it (measured: the 130-200 ms saves of latency.sh's p99 at 50 ms RTT); the batch
  * itself is the check then. */
 static int while_waiting(void *ctx);
+static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err);
 static int on_reading(void *ctx, const struct gs_plan_reading *r);
 
 static void check_liveness(struct daemon *d)
@@ -494,9 +509,21 @@ static void check_liveness(struct daemon *d)
     d->next_check_ms = now + LIVENESS_EVERY_MS;
     struct gs_error err = {0};
     int64_t rtt;
-    gs_ssh_set_waiting(d->ssh, while_waiting, d);
-    int rc = gs_ssh_ping(d->ssh, &rtt, &err);
-    gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    int rc;
+    if (d->next_verify_ms && now >= d->next_verify_ms) { /* a round trip too: a file deleted
+                                                          * there is not up to date */
+        int full = 0;
+        d->verify = 1;
+        rc = verify_before_batch(d, &full, &err);
+        if (rc == 0 && full) {
+            mark_full(d);
+            d->flush_now = 1;
+        }
+    } else {
+        gs_ssh_set_waiting(d->ssh, while_waiting, d);
+        rc = gs_ssh_ping(d->ssh, &rtt, &err);
+        gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    }
     if (rc < 0)
         disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
 }
@@ -770,6 +797,30 @@ static void requeue(struct daemon *d, char **paths, size_t n, int full)
         d->full = 1;
 }
 
+/* A push or flush asked for the truth: the server is compared with the index first
+ * (syncd/verify.h), so that a file deleted or edited there since the connection is sent again by
+ * this batch, which then checks the whole tree. Returns 0 or a transport error. */
+static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err)
+{
+    if (!d->verify)
+        return 0;
+    struct gs_verify_result v;
+    gs_ssh_set_waiting(d->ssh, while_waiting, d);
+    int rc = gs_verify_server(d->sess.idx, d->sess.ops, &v, err);
+    gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    if (rc < 0)
+        return rc;
+    d->verify = 0;
+    d->next_verify_ms = next_verify_ms(d);
+    if (v.gone + v.changed) {
+        gs_info("the server no longer held %zu path%s as gpusync wrote (%zu gone, %zu changed "
+                "there): sending again",
+                v.gone + v.changed, v.gone + v.changed == 1 ? "" : "s", v.gone, v.changed);
+        *full = 1;
+    }
+    return 0;
+}
+
 static void sync_batch(struct daemon *d)
 {
     read_changes(d); /* the saves that ended before the plan reads their files are not held */
@@ -786,6 +837,16 @@ static void sync_batch(struct daemon *d)
     d->syncing = 1;
     d->batch_paths = full ? 0 : n;
     show_status(d);
+    struct gs_error err = {0};
+    int rc = verify_before_batch(d, &full, &err);
+    if (rc < 0) {
+        d->syncing = 0;
+        requeue(d, paths, n, full);
+        disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
+        free_paths(paths, n);
+        show_status(d);
+        return;
+    }
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
@@ -795,14 +856,13 @@ static void sync_batch(struct daemon *d)
                              .on_reading = on_reading,
                              .ctx = d};
     struct gs_push_stats st;
-    struct gs_error err = {0};
     d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     memset(&d->batch_st, 0, sizeof(d->batch_st));
     memset(&d->reading, 0, sizeof(d->reading));
     uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
-    int rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
+    rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     gs_ssh_set_waiting(d->ssh, NULL, NULL);
     d->syncing = 0;
     count_for_pushes(d, &st, d->sess.ops ? d->sess.ops->bytes_sent - link_before : 0, full);
@@ -904,10 +964,7 @@ static void start_flush(struct daemon *d, struct client *c)
      * the server refused earlier is not synced either: send it again. */
     read_changes(d);
     retry_failed(d);
-    if (d->connected && !d->n_dirty && !d->full && d->synced_gen >= d->event_gen) {
-        reply(c, json_pack("{s:b,s:i,s:O}", "ok", 1, "ms", 0, "conflicts", d->conflicts));
-        return;
-    }
+    d->verify = 1; /* and what the server holds: a file deleted there is not up to date */
     c->flush_gen = d->event_gen ? d->event_gen : 1;
     if (d->synced_gen >= c->flush_gen && !d->n_dirty && !d->full)
         mark_full(d);

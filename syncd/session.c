@@ -301,17 +301,30 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
 }
 
 /* Settles what an interrupted sync left uncertain (reconcile.h), once the transport is ready and
- * before anything is sent: s->reconciled says how many operations were in doubt, so that a
- * caller who planned meanwhile plans again. */
+ * before anything is sent, then checks the server against the index (verify.h): s->reconciled
+ * and s->verified say what changed, so that a caller who planned meanwhile plans again. */
 static int settle_intents(struct gs_session *s, struct gs_error *err)
 {
     s->reconciled = 0;
     int rc = gs_reconcile(s->idx, s->ops, &s->reconciled, err);
-    s->settled = rc == 0;
     if (rc == 0 && s->reconciled)
         gs_info("checked %zu operation%s an interrupted sync left in flight", s->reconciled,
                 s->reconciled == 1 ? "" : "s");
+    if (rc == 0 && !s->no_server_check)
+        rc = gs_verify_server(s->idx, s->ops, &s->verified, err);
+    s->settled = rc == 0;
+    size_t off = s->verified.gone + s->verified.changed;
+    if (rc == 0 && off)
+        gs_info("the server no longer held %zu path%s as gpusync wrote %s (%zu gone, %zu "
+                "changed there): sending them again",
+                off, off == 1 ? "" : "s", off == 1 ? "it" : "them", s->verified.gone,
+                s->verified.changed);
     return rc;
+}
+
+int gs_session_replan(const struct gs_session *s)
+{
+    return s->index_reset || s->reconciled || s->verified.gone || s->verified.changed;
 }
 
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,

@@ -11,6 +11,7 @@
 #include "remote/ssh.h"
 #include "syncd/ignore.h"
 #include "syncd/index.h"
+#include "syncd/verify.h"
 
 struct gs_session {
     char *root; /* local project root (absolute) */
@@ -23,12 +24,15 @@ struct gs_session {
     struct gs_ssh *ssh;     /* borrowed, from gs_session_start */
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
-    int index_reset;       /* gs_session_ready found another server's tree: the index was cleared */
-    int early;             /* ops went out before the agent answered (gs_session_go_early) */
-    size_t early_entries;  /* the index's entries when they did (0: a first sync) */
-    int early_lost;        /* gs_session_ready had to install the agent: the early ops were lost */
-    int settled;           /* ready has reconciled the intents for this connection */
-    size_t reconciled;     /* operations an interrupted sync left in doubt, settled by ready */
+    int index_reset;      /* gs_session_ready found another server's tree: the index was cleared */
+    int early;            /* ops went out before the agent answered (gs_session_go_early) */
+    size_t early_entries; /* the index's entries when they did (0: a first sync) */
+    int early_lost;       /* gs_session_ready had to install the agent: the early ops were lost */
+    int settled;          /* ready has reconciled the intents for this connection */
+    size_t reconciled;    /* operations an interrupted sync left in doubt, settled by ready */
+    struct gs_verify_result verified; /* ready's check of the server against the index */
+    int no_server_check;   /* ready does not check it: pull, which takes what the server holds
+                            * and tells a local edit by the index's record of the last sync */
     char resident_key[33]; /* this session's key in .gpusync/resident (syncd/resident.h) */
     int resident_wanted;   /* the agent is asked to keep a listener: not resident = off, and
                             * the server did not refuse the channel to one lately */
@@ -71,12 +75,18 @@ int gs_session_connect(struct gs_session *s, struct gs_ssh *ssh, const char *rem
  * that everything is sent again instead of trusting a record of files that are gone.
  *
  * Ready then settles the intents an interrupted sync left (syncd/reconcile.h) before anything
- * is sent, setting s->reconciled to their number: a plan made before ready must then be made
+ * is sent, setting s->reconciled to their number, and checks every indexed path on the server
+ * (syncd/verify.h), setting s->verified: where either changed the index (s->reconciled, or
+ * verified.gone or .changed, nonzero: gs_session_replan), a plan made before ready must be made
  * again. A transport error while settling fails ready (the intents stay for the next try). Only
  * ready touches the index, so a caller may plan on another thread until it calls ready. */
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
                      const char *remote_path, struct gs_error *err);
 int gs_session_ready(struct gs_session *s, struct gs_error *err);
+
+/* 1 when ready changed the index (reconciled intents, or found the server changed): a plan made
+ * before it must be made again. */
+int gs_session_replan(const struct gs_session *s);
 
 /* Unless an interrupted sync left intents to settle first, lets requests go out between start and
  * ready, so that they cross the link while the server's shell and agent start (and the handshake's

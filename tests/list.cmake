@@ -101,6 +101,8 @@ gs_add_test(test_resident      LABEL e2e TIMEOUT 300 SOURCES e2e/test_resident.c
     LIBS ${cli_libs} DEPENDS ${cli_runs} SERIAL)
 gs_add_test(test_faults        LABEL e2e TIMEOUT 600 SOURCES e2e/test_faults.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
+gs_add_test(test_server_check  LABEL e2e TIMEOUT 300 SOURCES e2e/test_server_check.c
+    LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_daemon_state  LABEL e2e TIMEOUT 300 SOURCES e2e/test_daemon_state.c
     LIBS ${cli_libs} DEPENDS ${cli_runs})
 gs_add_test(test_status        LABEL e2e TIMEOUT 300 SOURCES e2e/test_status.c

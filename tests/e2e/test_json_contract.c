@@ -70,6 +70,8 @@ static const struct field push_spec[] = {
     {"bytes", T_INT, 0, NULL},
     {"link_bytes", T_INT, 0, NULL},
     {"compress_level", T_INT, 0, NULL},
+    {"server_gone", T_INT, F_OPTIONAL, NULL},
+    {"server_changed", T_INT, F_OPTIONAL, NULL},
     {"deleted", T_INT, 0, NULL},
     {"renamed", T_INT, 0, NULL},
     {"mkdirs", T_INT, 0, NULL},

@@ -28,6 +28,7 @@ static const char valid_config[] = "# a comment\n"
                                    "    transport = sftp\n"
                                    "    compress = zstd\n"
                                    "    resident = off\n"
+                                   "    check_every = 300\n"
                                    "\n"
                                    "[job \"train\"]\n"
                                    "\tcommand = python train.py --lr 0.1\n"
@@ -49,6 +50,7 @@ static void test_config__valid_file_fills_every_field(void **state)
     assert_int_equal(cfg.transport, GS_TRANSPORT_SFTP);
     assert_int_equal(cfg.compress, GS_COMPRESS_ZSTD);
     assert_int_equal(cfg.no_resident, 1);
+    assert_int_equal(cfg.check_every_s, 300);
     assert_string_equal(cfg.file, "cfg");
     gs_config_release(&cfg);
 }
@@ -157,6 +159,29 @@ static void test_config__unknown_key_names_file_line_and_key(void **state)
                  "/p/.gpusync/config:5:", "gpu", "t", NULL);
     expect_error("[remote]\nhost=h\n[sync]\nresident = yes\n",
                  "/p/.gpusync/config:4:", "sync.resident", "'yes'", "on, off", NULL);
+    expect_error("[remote]\nhost=h\n[sync]\ncheck_every = 1m\n",
+                 "/p/.gpusync/config:4:", "sync.check_every", "'1m'", "seconds", NULL);
+    expect_error("[remote]\nhost=h\n[sync]\ncheck_every = -5\n",
+                 "/p/.gpusync/config:4:", "sync.check_every", "'-5'", NULL);
+}
+
+/* check_every: seconds, or off (0 too); unset leaves the default to the daemon. */
+static void test_config__check_every_takes_seconds_or_off(void **state)
+{
+    (void)state;
+    const char *const texts[] = {"[remote]\nhost=h\n",
+                                 "[remote]\nhost=h\n[sync]\ncheck_every = off\n",
+                                 "[remote]\nhost=h\n[sync]\ncheck_every = 0\n",
+                                 "[remote]\nhost=h\n[sync]\ncheck_every = 5\n"};
+    const int want[] = {0, -1, -1, 5};
+    for (int i = 0; i < 4; i++) {
+        struct gs_config cfg;
+        struct gs_error err = {0};
+        if (gs_config_parse(&cfg, texts[i], "cfg", &err) != 0)
+            fail_msg("%s: %s", texts[i], err.msg);
+        assert_int_equal(cfg.check_every_s, want[i]);
+        gs_config_release(&cfg);
+    }
 }
 
 /* [job] cpu = N asks for CPU ranks; a job with neither gpus nor cpu leaves both unset. */
@@ -428,6 +453,7 @@ static void test_config__save_then_load_round_trips(void **state)
     assert_int_equal(back.transport, cfg.transport);
     assert_int_equal(back.compress, cfg.compress);
     assert_int_equal(back.no_resident, cfg.no_resident);
+    assert_int_equal(back.check_every_s, cfg.check_every_s);
     assert_int_equal(back.n_excludes, cfg.n_excludes);
     for (size_t i = 0; i < cfg.n_excludes; i++)
         assert_string_equal(back.excludes[i], cfg.excludes[i]);
@@ -566,6 +592,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config__valid_file_fills_every_field),
         cmocka_unit_test(test_config__indented_git_style_lines_are_separate_keys),
+        cmocka_unit_test(test_config__check_every_takes_seconds_or_off),
         cmocka_unit_test(test_config__repeated_exclude_accumulates_in_order),
         cmocka_unit_test(test_config__inline_comments_with_hash_or_semicolon_are_dropped),
         cmocka_unit_test(test_config__job_sections_by_name),

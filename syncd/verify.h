@@ -1,0 +1,42 @@
+/* syncd/verify.h: checking that the server still holds what the index says gpusync wrote.
+ *
+ * The index records what gpusync put on the server, and a plan trusts it: a file whose local copy
+ * did not change is not looked at again. But the server is not only gpusync's: a file deleted or
+ * edited there (by hand, by a job, by `rm -rf` of a folder) would leave the index, and every
+ * "up to date" after it, wrong until the local copy changed. So at each connection, once the
+ * intents are settled, every indexed path is stat'ed on the server (no file is read: one
+ * pipelined round trip per 65,536 paths) and compared as rsync's quick check does, by kind, size
+ * and mtime (to the second, as file systems keep it), plus mode and a symlink's target:
+ *
+ * - gone from the server: the entry (and what lies below it) leaves the index, so the next plan
+ *   sends the file whole, as new;
+ * - another kind, size or mtime, or another symlink target: the entry becomes a file of unknown
+ *   content, so the next plan sends the local copy expecting content that cannot match, and the
+ *   agent keeps what the server held as a conflict copy (nothing is lost);
+ * - only the mode: the entry takes the server's mode, so the plan sets the local one again.
+ *
+ * An edit on the server that keeps both the size and the mtime to the second is not seen (nor is
+ * it by rsync without --checksum). Paths the server would not let the agent examine are left as
+ * they are. */
+#ifndef GS_SYNCD_VERIFY_H
+#define GS_SYNCD_VERIFY_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+#include "remote/fileops.h"
+#include "syncd/index.h"
+
+struct gs_verify_result {
+    size_t checked; /* index entries compared with the server */
+    size_t gone;    /* missing on the server: to be sent again */
+    size_t changed; /* changed there (content, kind or mode): to be set right again */
+};
+
+/* Compares every index entry with what the server holds, through `ops->stat`, and corrects the
+ * index as above, in one transaction. Does nothing (returns 0, `out` zeroed) when the transport
+ * has no stat. Returns 0, or a transport or index error (the index is then as it was). */
+int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops, struct gs_verify_result *out,
+                     struct gs_error *err);
+
+#endif

@@ -1,0 +1,238 @@
+/* tests/e2e/test_server_check.c: the server is checked, not only gpusync's record of it
+ * (syncd/verify.h). Files gpusync wrote are deleted, edited, chmod'ed and retargeted on the sandbox
+ * server behind its back; then `push`, a `flush` through the watch daemon, and an idle daemon
+ * ([sync] check_every) each put the local tree back, keeping every edited server copy as a
+ * conflict copy, and a second push finds nothing to do (no file of a tree gpusync just wrote is
+ * taken for changed). Without the check, each of these says "up to date" while the server lacks
+ * the files. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "fixtures/proc.h"
+#include "fixtures/sshd.h"
+#include "fixtures/tree.h"
+
+#define ARGS(...)     ((const char *const[]){__VA_ARGS__, NULL})
+#define IDLE_CHECK_MS 15000 /* check_every = 1 in the daemon test: well inside this */
+
+static struct gs_test_sshd sshd;
+
+struct proj {
+    char dir[64];
+    char local[128];
+    char remote[128];
+};
+
+static struct proj cur;
+
+static void proj_new(struct proj *p, const char *config)
+{
+    memset(p, 0, sizeof(*p));
+    snprintf(p->dir, sizeof(p->dir), "/tmp/gs-e2e-check.XXXXXX");
+    assert_non_null(mkdtemp(p->dir));
+    snprintf(p->local, sizeof(p->local), "%s/local", p->dir);
+    snprintf(p->remote, sizeof(p->remote), "%s/remote", p->dir);
+    assert_int_equal(mkdir(p->local, 0755), 0);
+    char target[64];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", sshd.port);
+    gs_test_gpusync_ok(p->local, ARGS("init", target, "--path", p->remote, "--accept-new-host-key"),
+                       "gpusync init");
+    if (config)
+        assert_int_equal(gs_test_sh("printf '%s' >> '%s/.gpusync/config'", config, p->local), 0);
+    assert_int_equal(gs_test_sh("cd '%s' && mkdir -p src/pkg/cache && "
+                                "ln -s pkg/model.py src/current.py",
+                                p->local),
+                     0);
+    gs_test_write_file(p->local, "train.py", "print('train')\n");
+    gs_test_write_file(p->local, "src/pkg/model.py", "class Model: pass\n");
+    gs_test_write_file(p->local, "src/pkg/cache/a.bin", "aaaa\n");
+    gs_test_write_file(p->local, "src/pkg/cache/b.bin", "bbbb\n");
+    gs_test_write_file(p->local, "run.sh", "#!/bin/sh\necho run\n");
+    /* set-id bits are never set on the server: that is no change there */
+    char run_sh[256];
+    snprintf(run_sh, sizeof(run_sh), "%s/run.sh", p->local);
+    assert_int_equal(chmod(run_sh, 04755), 0);
+}
+
+static void proj_free(struct proj *p)
+{
+    if (p->dir[0])
+        gs_test_sh("rm -rf '%s'", p->dir);
+    p->dir[0] = '\0';
+}
+
+/* Compares the trees, run.sh's set-id bit aside (the server never keeps it): the bit is dropped
+ * for the comparison only, which leaves the file's mtime, and so gpusync's view of it, alone. */
+static void expect_trees_equal(const struct proj *p, const char *when)
+{
+    struct gs_buf why = GS_BUF_INIT;
+    assert_int_equal(gs_test_sh("chmod u-s '%s/run.sh'", p->local), 0);
+    int differ = gs_test_tree_diff(p->local, p->remote, 0, &why);
+    assert_int_equal(gs_test_sh("chmod u+s '%s/run.sh'", p->local), 0);
+    if (differ)
+        fail_msg("%s: the server's tree differs: %s", when, why.data);
+    gs_buf_release(&why);
+}
+
+static json_int_t int_field(json_t *o, const char *key, const char *when)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        fail_msg("%s: no integer \"%s\" in the push's JSON", when, key);
+    return json_integer_value(v);
+}
+
+/* The remote paths of the conflict copies kept of `name` (relative to the remote root). */
+static int conflict_copies(const struct proj *p, const char *name)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "ls -d '%s/%s'.gpusync-conflict-* 2>/dev/null | wc -l", p->remote,
+             name);
+    FILE *fp = popen(cmd, "r");
+    int n = -1;
+    if (fp && fscanf(fp, "%d", &n) != 1)
+        n = -1;
+    if (fp)
+        pclose(fp);
+    return n;
+}
+
+/* What a user (or a job) does on the server behind gpusync's back; 4 gone (train.py, the cache
+ * folder and its two files), 3 changed (model.py's content, run.sh's mode, the link's target). */
+static void change_the_server_behind_its_back(const struct proj *p)
+{
+    assert_int_equal(gs_test_sh("cd '%s' && rm train.py && rm -r src/pkg/cache && "
+                                "echo '# edited on the server' >> src/pkg/model.py && "
+                                "chmod 700 run.sh && ln -sfn ../train.py src/current.py",
+                                p->remote),
+                     0);
+}
+
+static void expect_conflict_copies_then_drop_them(const struct proj *p)
+{
+    assert_int_equal(conflict_copies(p, "src/pkg/model.py"), 1);
+    assert_int_equal(conflict_copies(p, "src/current.py"), 1);
+    assert_int_equal(gs_test_sh("grep -q 'edited on the server' '%s'/src/pkg/model.py.gpusync-"
+                                "conflict-*",
+                                p->remote),
+                     0);
+    assert_int_equal(gs_test_sh("rm -f '%s'/src/pkg/*.gpusync-conflict-* "
+                                "'%s'/src/*.gpusync-conflict-*",
+                                p->remote, p->remote),
+                     0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return gs_test_sshd_start_for_cli(&sshd);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    gs_test_sshd_destroy(&sshd);
+    return 0;
+}
+
+static int test_teardown(void **state)
+{
+    (void)state;
+    if (cur.dir[0]) {
+        struct gs_test_result r =
+            gs_test_run_gpusync(cur.local, NULL, NULL, ARGS("watch", "--stop"), 30000);
+        gs_test_result_release(&r);
+    }
+    proj_free(&cur);
+    return 0;
+}
+
+/* `push` with no local change puts back what the server lost or changed, says how much, and keeps
+ * every edited copy; then it finds nothing (the set-id bits the server never keeps included). */
+static void test_check__push_puts_back_what_was_changed_on_the_server(void **state)
+{
+    (void)state;
+    proj_new(&cur, NULL);
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "first push");
+    json_decref(o);
+    expect_trees_equal(&cur, "after the first push");
+    change_the_server_behind_its_back(&cur);
+
+    o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push after the server changed");
+    assert_int_equal(int_field(o, "server_gone", "push"), 4);
+    assert_int_equal(int_field(o, "server_changed", "push"), 3);
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 2);
+    json_decref(o);
+    expect_conflict_copies_then_drop_them(&cur);
+    expect_trees_equal(&cur, "after the push that checked the server");
+
+    o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push with nothing changed");
+    assert_int_equal(int_field(o, "server_gone", "push"), 0);
+    assert_int_equal(int_field(o, "server_changed", "push"), 0);
+    assert_int_equal(int_field(o, "sent", "push"), 0);
+    json_decref(o);
+}
+
+/* With `watch` running, `flush` (what `run` does before it starts the ranks) asks the server too.
+ */
+static void test_check__a_flush_through_the_daemon_puts_it_back(void **state)
+{
+    (void)state;
+    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
+    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    expect_trees_equal(&cur, "after the first flush");
+    change_the_server_behind_its_back(&cur);
+
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after the server changed");
+    /* (before the trees are compared: that touches run.sh's mode, a change of its own) */
+    json_t *st = gs_test_gpusync_json(cur.local, ARGS("status", "--json"), 0, "status");
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+    expect_conflict_copies_then_drop_them(&cur);
+    expect_trees_equal(&cur, "after the flush");
+}
+
+/* An idle daemon compares the server with its record every check_every seconds, unasked. */
+static void test_check__an_idle_daemon_notices_a_file_deleted_on_the_server(void **state)
+{
+    (void)state;
+    proj_new(&cur, "[sync]\n\tcheck_every = 1\n");
+    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    char gone[256];
+    snprintf(gone, sizeof(gone), "%s/train.py", cur.remote);
+    assert_int_equal(unlink(gone), 0);
+    int64_t deadline = gs_clock_mono_ms() + IDLE_CHECK_MS;
+    while (access(gone, F_OK) != 0 && gs_clock_mono_ms() < deadline)
+        usleep(50 * 1000); /* nothing to await but the file itself: no client asks the daemon */
+    if (access(gone, F_OK) != 0)
+        fail_msg("train.py, deleted on the server, was not put back within %d ms", IDLE_CHECK_MS);
+    expect_trees_equal(&cur, "after the idle check");
+}
+
+int main(void)
+{
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
+#define T(fn) cmocka_unit_test_teardown(fn, test_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_check__push_puts_back_what_was_changed_on_the_server),
+        T(test_check__a_flush_through_the_daemon_puts_it_back),
+        T(test_check__an_idle_daemon_notices_a_file_deleted_on_the_server),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
