@@ -804,13 +804,15 @@ static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err
 {
     if (!d->verify)
         return 0;
+    d->verify = 0; /* a flush asked while it runs (while_waiting) sets it again: checked next */
     struct gs_verify_result v;
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
     int rc = gs_verify_server(d->sess.idx, d->sess.ops, &v, err);
     gs_ssh_set_waiting(d->ssh, NULL, NULL);
-    if (rc < 0)
+    if (rc < 0) {
+        d->verify = 1;
         return rc;
-    d->verify = 0;
+    }
     d->next_verify_ms = next_verify_ms(d);
     if (v.gone + v.changed) {
         gs_info("the server no longer held %zu path%s as gpusync wrote (%zu gone, %zu changed "
