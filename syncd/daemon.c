@@ -966,10 +966,12 @@ static void start_flush(struct daemon *d, struct client *c)
      * the server refused earlier is not synced either: send it again. */
     read_changes(d);
     retry_failed(d);
-    d->verify = 1; /* and what the server holds: a file deleted there is not up to date */
-    c->flush_gen = d->event_gen ? d->event_gen : 1;
-    if (d->synced_gen >= c->flush_gen && !d->n_dirty && !d->full)
-        mark_full(d);
+    /* And what the server holds: a file deleted there is not up to date. The check runs at the
+     * start of a batch, so the flush waits for a batch that starts after it, one of the whole
+     * tree (a batch under way, begun before the request, may not have checked). */
+    d->verify = 1;
+    mark_full(d);
+    c->flush_gen = d->event_gen;
     c->flush_start_ms = gs_clock_mono_ms();
     d->flush_now = 1;
     if (!d->connected) /* a user asks now: try at once, not when the backoff ends */
