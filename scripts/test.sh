@@ -3,7 +3,7 @@
 # non-zero on any failure. Unit tests run in parallel, one per core. Tests that start servers run
 # two at a time: they mostly wait (on links the WAN simulator slows or cuts, on timeouts, on the
 # server's login shell), so one at a time kept this 2-core machine a fifth busy and CI took 27 of
-# its 30 minutes; two at a time it is about 15. Their timing checks allow for one other test
+# its 30 minutes; two at a time it took 16. Their timing checks allow for one other test
 # beside them; a test that must run alone is marked SERIAL in tests/list.cmake. The `slurm`
 # tests start a private Slurm (root; setup.sh installs it) and are skipped where it cannot start.
 #
