@@ -585,6 +585,14 @@ static int read_small(int fd, struct gs_buf *data)
     return 0;
 }
 
+/* The XXH3-128 of `len` bytes, in the canonical byte order the protocol carries. */
+static void content_hash(const void *data, size_t len, uint8_t out[GS_PROTO_HASH_LEN])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data ? data : "", len));
+    memcpy(out, c.digest, GS_PROTO_HASH_LEN);
+}
+
 /* Sends a small file as one PUT frame: about 50 bytes less than a stream per file, 2.5% of a
  * tree of 4 KiB files. The agent cannot check these bytes against the plan's size and hash as it
  * does at PUT_END, so the check is made here: a file changed since it was hashed is not sent (the
@@ -595,11 +603,8 @@ static int submit_small_put(struct gs_agent *a, const struct gs_fop_req *req, ui
     struct gs_buf data = GS_BUF_INIT;
     uint8_t hash[GS_PROTO_HASH_LEN];
     int rc = read_small(fd, &data);
-    if (rc == 0) {
-        XXH128_canonical_t c;
-        XXH128_canonicalFromHash(&c, XXH3_128bits(data.data ? data.data : "", data.len));
-        memcpy(hash, c.digest, sizeof(hash));
-    }
+    if (rc == 0)
+        content_hash(data.data, data.len, hash);
     if (rc < 0 || data.len != req->size || memcmp(hash, req->content_hash, sizeof(hash)) != 0) {
         gs_buf_release(&data);
         put_vanished(a, req, EAGAIN);
@@ -1030,9 +1035,7 @@ static void take_stat(struct gs_fop_stat *st, const struct gs_proto_msg *m)
     st->size = m->size;
     st->mtime_ns = m->meta.mtime_sec * 1000000000LL + m->meta.mtime_nsec;
     if (st->kind == GS_FOP_KIND_SYMLINK) {
-        XXH128_canonical_t c;
-        XXH128_canonicalFromHash(&c, XXH3_128bits(m->path2.p ? m->path2.p : "", m->path2.len));
-        memcpy(st->hash, c.digest, sizeof(st->hash));
+        content_hash(m->path2.p, m->path2.len, st->hash);
         st->has_hash = 1;
     }
 }
@@ -1045,10 +1048,10 @@ static int on_probe(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
     struct probe_call *p = (struct probe_call *)c;
     uint32_t k = m->id - c->id;
     struct gs_fop_stat *st = &p->out[k / p->per_path];
-    if (k % p->per_path == 0 && m->type == GS_MSG_STAT_R) {
+    int is_stat = k % p->per_path == 0;
+    if (is_stat && m->type == GS_MSG_STAT_R) {
         take_stat(st, m);
-    } else if (k % p->per_path ==
-               0) { /* a missing parent is nothing there; a refusal tells nothing */
+    } else if (is_stat) { /* a missing parent is nothing there; a refusal tells nothing */
         int gone = m->type == GS_MSG_ERROR && (m->err == ENOENT || m->err == ENOTDIR);
         st->kind = gone ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN;
     } else if (m->type == GS_MSG_HASH_R && m->has_hash) {

@@ -489,7 +489,7 @@ static void connect_when_free(struct daemon *d)
  * waited for it (measured: the 130-200 ms saves of latency.sh's p99 at 50 ms RTT); the batch
  * itself is the check then. */
 static int while_waiting(void *ctx);
-static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err);
+static int check_server(struct daemon *d, int *full, struct gs_error *err);
 static int on_reading(void *ctx, const struct gs_plan_reading *r);
 
 static void check_liveness(struct daemon *d)
@@ -513,8 +513,7 @@ static void check_liveness(struct daemon *d)
     if (d->next_verify_ms && now >= d->next_verify_ms) { /* a round trip too: a file deleted
                                                           * there is not up to date */
         int full = 0;
-        d->verify = 1;
-        rc = verify_before_batch(d, &full, &err);
+        rc = check_server(d, &full, &err);
         if (rc == 0 && full) {
             mark_full(d);
             d->flush_now = 1;
@@ -797,13 +796,11 @@ static void requeue(struct daemon *d, char **paths, size_t n, int full)
         d->full = 1;
 }
 
-/* A push or flush asked for the truth: the server is compared with the index first
- * (syncd/verify.h), so that a file deleted or edited there since the connection is sent again by
- * this batch, which then checks the whole tree. Returns 0 or a transport error. */
-static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err)
+/* Compares the server with the index (syncd/verify.h): asked by a push or flush (d->verify,
+ * before their batch), or due on an idle connection. Sets *full when the server had changed, so
+ * that a whole-tree batch sends the paths again. Returns 0 or a transport error. */
+static int check_server(struct daemon *d, int *full, struct gs_error *err)
 {
-    if (!d->verify)
-        return 0;
     d->verify = 0; /* a flush asked while it runs (while_waiting) sets it again: checked next */
     struct gs_verify_result v;
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
@@ -814,12 +811,8 @@ static int verify_before_batch(struct daemon *d, int *full, struct gs_error *err
         return rc;
     }
     d->next_verify_ms = next_verify_ms(d);
-    if (v.gone + v.changed) {
-        gs_info("the server no longer held %zu path%s as gpusync wrote (%zu gone, %zu changed "
-                "there): sending again",
-                v.gone + v.changed, v.gone + v.changed == 1 ? "" : "s", v.gone, v.changed);
+    if (v.gone + v.changed)
         *full = 1;
-    }
     return 0;
 }
 
@@ -840,7 +833,7 @@ static void sync_batch(struct daemon *d)
     d->batch_paths = full ? 0 : n;
     show_status(d);
     struct gs_error err = {0};
-    int rc = verify_before_batch(d, &full, &err);
+    int rc = d->verify ? check_server(d, &full, &err) : 0;
     if (rc < 0) {
         d->syncing = 0;
         requeue(d, paths, n, full);

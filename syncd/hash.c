@@ -96,6 +96,11 @@ void gs_hash_bytes(const void *data, size_t len, struct gs_hash *out)
     hash_store(XXH3_128bits(data, len), out);
 }
 
+void gs_hash_link(const char *link, struct gs_hash *out)
+{
+    gs_hash_bytes(link ? link : "", link ? strlen(link) : 0, out);
+}
+
 char *gs_hash_hex(const struct gs_hash *h, char hex[GS_HASH_HEX_LEN + 1])
 {
     static const char digits[] = "0123456789abcdef";

@@ -51,6 +51,9 @@ int gs_hash_fd(int fd, const char *what, struct gs_hash *out, struct gs_error *e
 /* Hashes `len` bytes of memory. Never fails. */
 void gs_hash_bytes(const void *data, size_t len, struct gs_hash *out);
 
+/* Hashes a symlink's target string (NULL: ""), as the agent hashes a symlink. */
+void gs_hash_link(const char *link, struct gs_hash *out);
+
 /* Writes the 32 lowercase hex digits of `h` and a NUL into `hex`. Returns `hex`. */
 char *gs_hash_hex(const struct gs_hash *h, char hex[GS_HASH_HEX_LEN + 1]);
 

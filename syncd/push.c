@@ -196,7 +196,7 @@ static enum gs_fop_expect expect_of(const struct gs_plan_expect *e, uint8_t hash
         return GS_FOP_EXPECT_HASH;
     case GS_EXPECT_SYMLINK: { /* the agent hashes a symlink's target string */
         struct gs_hash h;
-        gs_hash_bytes(e->link ? e->link : "", e->link ? strlen(e->link) : 0, &h);
+        gs_hash_link(e->link, &h);
         memcpy(hash, h.b, 16);
         return GS_FOP_EXPECT_HASH;
     }

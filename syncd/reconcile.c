@@ -52,7 +52,7 @@ static int holds(const struct gs_fop_stat *s, const struct gs_index_entry *e)
         return s->kind == GS_FOP_KIND_FILE && s->has_hash && e->has_hash &&
                memcmp(s->hash, e->hash.b, GS_HASH_LEN) == 0;
     case GS_KIND_SYMLINK:
-        gs_hash_bytes(e->link ? e->link : "", e->link ? strlen(e->link) : 0, &h);
+        gs_hash_link(e->link, &h);
         return s->kind == GS_FOP_KIND_SYMLINK && s->has_hash &&
                memcmp(s->hash, h.b, GS_HASH_LEN) == 0;
     }

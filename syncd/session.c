@@ -313,12 +313,6 @@ static int settle_intents(struct gs_session *s, struct gs_error *err)
     if (rc == 0 && !s->no_server_check)
         rc = gs_verify_server(s->idx, s->ops, &s->verified, err);
     s->settled = rc == 0;
-    size_t off = s->verified.gone + s->verified.changed;
-    if (rc == 0 && off)
-        gs_info("the server no longer held %zu path%s as gpusync wrote %s (%zu gone, %zu "
-                "changed there): sending them again",
-                off, off == 1 ? "" : "s", off == 1 ? "it" : "them", s->verified.gone,
-                s->verified.changed);
     return rc;
 }
 

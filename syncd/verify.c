@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/wrapper.h"
 #include "syncd/hash.h"
 
@@ -51,7 +52,7 @@ static enum finding compare(const struct gs_index_entry *e, const struct gs_fop_
         return CONTENT;
     if (e->kind == GS_KIND_SYMLINK) {
         struct gs_hash h;
-        gs_hash_bytes(e->link ? e->link : "", e->link ? strlen(e->link) : 0, &h);
+        gs_hash_link(e->link, &h);
         return s->has_hash && memcmp(s->hash, h.b, GS_HASH_LEN) == 0 ? SAME : CONTENT;
     }
     return (s->mode ^ e->mode) & COMPARED_MODE_BITS ? MODE : SAME;
@@ -101,6 +102,22 @@ static int apply(struct gs_index *idx, struct entries *all, const struct gs_fop_
     return rc;
 }
 
+/* Asks the server about every entry and corrects the index by what it says. */
+static int check_all(struct gs_index *idx, struct gs_fileops *ops, struct entries *all,
+                     struct gs_verify_result *out, struct gs_error *err)
+{
+    const char **paths = gs_xcalloc(all->n, sizeof(*paths));
+    struct gs_fop_stat *seen = gs_xcalloc(all->n, sizeof(*seen));
+    for (size_t i = 0; i < all->n; i++)
+        paths[i] = all->v[i].path;
+    int rc = ops->stat(ops, paths, all->n, seen, err);
+    if (rc == 0)
+        rc = apply(idx, all, seen, out, err);
+    free(paths);
+    free(seen);
+    return rc;
+}
+
 int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops, struct gs_verify_result *out,
                      struct gs_error *err)
 {
@@ -109,18 +126,15 @@ int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops, struct gs_ver
         return 0;
     struct entries all = {0};
     int rc = gs_index_foreach(idx, NULL, collect, &all, err);
-    const char **paths = gs_xcalloc(all.n ? all.n : 1, sizeof(*paths));
-    struct gs_fop_stat *seen = gs_xcalloc(all.n ? all.n : 1, sizeof(*seen));
-    for (size_t i = 0; i < all.n; i++)
-        paths[i] = all.v[i].path;
     if (rc == 0 && all.n)
-        rc = ops->stat(ops, paths, all.n, seen, err);
-    if (rc == 0 && all.n)
-        rc = apply(idx, &all, seen, out, err);
+        rc = check_all(idx, ops, &all, out, err);
     if (rc == 0)
         out->checked = all.n;
-    free(paths);
-    free(seen);
+    size_t off = out->gone + out->changed;
+    if (rc == 0 && off)
+        gs_info("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, "
+                "%zu changed there): sending them again",
+                off, all.n, out->gone, out->changed);
     entries_release(&all);
     return rc;
 }
