@@ -1192,8 +1192,8 @@ static int next_timeout(const struct daemon *d, int64_t now)
     }
     if (d->n_held && d->held_until_ms < t)
         t = d->held_until_ms;
-    if (!d->connected && d->next_connect_ms && d->next_connect_ms < t)
-        t = d->next_connect_ms;
+    if (!d->connected && !d->connecting && d->next_connect_ms && d->next_connect_ms < t)
+        t = d->next_connect_ms; /* (while connecting, a flush's "try at once" waits for it) */
     /* disconnected, a flush waits for the connection; with only held paths, for their saves */
     if (d->flush_now && d->connected && (d->n_dirty || d->full))
         t = now;
