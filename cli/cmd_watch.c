@@ -149,7 +149,8 @@ static int detach(struct gs_cli *cli, int lock_fd)
         dup2(null, 0);
         dup2(fd, 1);
         dup2(fd, 2);
-        gs_log_set_level(GS_LOG_INFO);
+        if (!gs_log_enabled(GS_LOG_INFO)) /* at least info in the log; GPUSYNC_LOG=debug more */
+            gs_log_set_level(GS_LOG_INFO);
         /* The inherited lock descriptor keeps the lock; record our pid in it. */
         char pid[32];
         int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
