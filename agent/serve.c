@@ -1,6 +1,6 @@
 /* The agent's serve session (see serve.h): replies, the handshake, dispatch by message type,
  * the session's lifecycle and the frame loop over file descriptors. The handlers live in
- * serve_put.c, serve_ops.c and serve_query.c (serve_int.h). */
+ * serve_put.c, serve_ops.c, serve_query.c and serve_check.c (serve_int.h). */
 /* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
@@ -147,6 +147,8 @@ static handler_fn handler_for(uint8_t type)
         return ga_serve_get;
     case GS_MSG_LIST:
         return ga_serve_list;
+    case GS_MSG_CHECK:
+        return ga_serve_check;
     default:
         return NULL;
     }
@@ -387,6 +389,7 @@ void ga_serve_release(struct ga_serve *s)
     gs_proto_buf_release(&s->zin);
     gs_proto_buf_release(&s->zout);
     gs_zframes_free(s->z);
+    ga_serve_check_release(s);
     memset(s, 0, sizeof(*s));
     s->rootfd = -1;
     ga_fence_init(&s->fence);

@@ -1,8 +1,9 @@
 /* Internal interface between the parts of the agent's serve session: serve.c (session, replies,
  * dispatch, loop), serve_put.c (put, put streams, symlink), serve_ops.c (mkdir, chmod, delete,
- * rename) and serve_query.c (stat, hash, get, list). Not part of the protocol; the client never
- * includes it. Every handler answers its request with exactly one reply (or a data stream that
- * ends in one), so the client can match replies to pipelined requests by id. */
+ * rename), serve_query.c (stat, hash, get, list) and serve_check.c (check). Not part of the
+ * protocol; the client never includes it. Every handler answers its request with exactly one reply
+ * (or a data stream that ends in one), so the client can match replies to pipelined requests by id.
+ */
 #ifndef GA_SERVE_INT_H
 #define GA_SERVE_INT_H
 
@@ -75,6 +76,20 @@ int ga_serve_finish_tmp(struct ga_serve *s, int fd, const struct gs_proto_meta *
 /* Closes a stream's descriptors, removes its temporary file and frees the slot. */
 void ga_serve_stream_free(struct ga_serve_stream *st);
 
+/* A LIST_ENTRIES reply being filled (LIST, CHECK): frames of about 64 KiB, written out as the
+ * reply buffer fills. begin and add return 0 or a negative errno; end closes the current frame. */
+struct ga_entries_out {
+    struct ga_serve *s;
+    uint32_t id;
+    size_t mark;
+};
+int ga_entries_begin(struct ga_entries_out *o, struct ga_serve *s, uint32_t id);
+int ga_entries_add(struct ga_entries_out *o, const struct gs_proto_entry *e);
+void ga_entries_end(struct ga_entries_out *o);
+
+/* Frees the entries a session keeps for CHECK (serve_check.c). */
+void ga_serve_check_release(struct ga_serve *s);
+
 /* Request handlers: each replies for m->id. */
 void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m);
@@ -90,5 +105,6 @@ void ga_serve_stat(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m);
+void ga_serve_check(struct ga_serve *s, const struct gs_proto_msg *m); /* serve_check.c */
 
 #endif

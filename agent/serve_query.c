@@ -1,5 +1,6 @@
 /* Read-only handlers of the agent (serve_int.h): stat, hash, get (a file streamed back in
- * chunks, for gpusync pull) and list (a subtree walk for verification and recovery). */
+ * chunks, for gpusync pull), list (a subtree walk for verification and recovery) and the
+ * LIST_ENTRIES replies that list and check (serve_check.c) fill. */
 /* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
@@ -139,27 +140,37 @@ void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
     free(path);
 }
 
+int ga_entries_begin(struct ga_entries_out *o, struct ga_serve *s, uint32_t id)
+{
+    o->s = s;
+    o->id = id;
+    return gs_proto_list_begin(&s->out, GS_MSG_LIST_ENTRIES, id, 0, &o->mark) < 0 ? -ENOMEM : 0;
+}
+
+int ga_entries_add(struct ga_entries_out *o, const struct gs_proto_entry *e)
+{
+    if (gs_proto_list_add(&o->s->out, o->mark, LIST_FRAME, e) == 0)
+        return 0;
+    ga_entries_end(o);
+    if (o->s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(o->s) < 0)
+        return -EPIPE;
+    if (ga_entries_begin(o, o->s, o->id) < 0)
+        return -ENOMEM;
+    return gs_proto_list_add(&o->s->out, o->mark, GS_PROTO_MAX_PAYLOAD, e) < 0 ? -ENOMEM : 0;
+}
+
+void ga_entries_end(struct ga_entries_out *o)
+{
+    gs_proto_list_end(&o->s->out, o->mark);
+}
+
 /* State of one LIST walk. */
 struct lister {
-    struct ga_serve *s;
-    uint32_t id, flags;
-    size_t mark;
+    struct ga_entries_out out;
+    uint32_t flags;
     uint64_t count;
     char rel[GS_PROTO_MAX_PATH + GA_FS_NAME_MAX + 2];
 };
-
-/* Adds one entry to the current LIST_ENTRIES frame, starting a new frame when it is full. */
-static int list_emit(struct lister *l, const struct gs_proto_entry *e)
-{
-    if (gs_proto_list_add(&l->s->out, l->mark, LIST_FRAME, e) == 0)
-        return 0;
-    gs_proto_list_end(&l->s->out, l->mark);
-    if (l->s->out.len >= GA_SERVE_FLUSH_AT && ga_serve_flush(l->s) < 0)
-        return -EPIPE;
-    if (gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0)
-        return -ENOMEM;
-    return gs_proto_list_add(&l->s->out, l->mark, GS_PROTO_MAX_PAYLOAD, e) < 0 ? -ENOMEM : 0;
-}
 
 /* Describes dirfd/name (path l->rel) and sends it. */
 static int list_one(struct lister *l, int dirfd, const char *name, const struct stat *st)
@@ -178,7 +189,7 @@ static int list_one(struct lister *l, int dirfd, const char *name, const struct 
         uint64_t size;
         e.has_hash = ga_fs_hash_entry(dirfd, name, st, e.hash, &size) == 0;
     }
-    int rc = list_emit(l, &e);
+    int rc = ga_entries_add(&l->out, &e);
     free(link);
     l->count++;
     return rc;
@@ -190,12 +201,12 @@ static int list_skip(struct lister *l, int err)
 {
     struct gs_proto_msg r = {0};
     r.type = GS_MSG_LIST_SKIPPED;
-    r.id = l->id;
+    r.id = l->out.id;
     r.err = err;
     r.path = gs_proto_cstr(l->rel);
-    gs_proto_list_end(&l->s->out, l->mark);
-    ga_serve_emit(l->s, &r);
-    return gs_proto_list_begin(&l->s->out, l->id, &l->mark) < 0 ? -ENOMEM : 0;
+    ga_entries_end(&l->out);
+    ga_serve_emit(l->out.s, &r);
+    return ga_entries_begin(&l->out, l->out.s, l->out.id);
 }
 
 static int list_dir(struct lister *l, int fd, size_t len, int depth);
@@ -247,15 +258,15 @@ void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m)
     char *path;
     if (ga_serve_take_path(s, m, m->path, 1, &path) < 0)
         return;
-    struct lister l = {s, m->id, m->flags, 0, 0, ""};
+    struct lister l = {.flags = m->flags};
     int fd = ga_fs_open_dir(s->rootfd, path);
     int rc = fd;
     if (fd >= 0) {
         snprintf(l.rel, sizeof(l.rel), "%s", path);
-        rc = gs_proto_list_begin(&s->out, m->id, &l.mark) < 0 ? -ENOMEM : 0;
+        rc = ga_entries_begin(&l.out, s, m->id);
         if (rc == 0) {
             rc = list_dir(&l, fd, strlen(path), 0);
-            gs_proto_list_end(&s->out, l.mark);
+            ga_entries_end(&l.out);
         } else {
             close(fd);
         }

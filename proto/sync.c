@@ -257,6 +257,9 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
     case GS_MSG_LIST:
         w_str(w, m->path), w_u32(w, m->flags);
         break;
+    case GS_MSG_CHECK:
+        w_u32(w, m->flags), w_u32(w, m->count), w_bytes(w, m->entries.p, m->entries.len);
+        break;
     case GS_MSG_HELLO_OK:
         w_u32(w, m->magic), w_u32(w, m->version), w_str(w, m->text), w_str(w, m->path2);
         w_str(w, m->path), w_u32(w, m->flags), w_str(w, m->data);
@@ -387,6 +390,11 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
     case GS_MSG_LIST:
         m->path = r_str(r), m->flags = r_u32(r);
         break;
+    case GS_MSG_CHECK:
+        m->flags = r_u32(r), m->count = r_u32(r);
+        m->entries.p = (const char *)r->p, m->entries.len = (uint32_t)r->n;
+        r_take(r, r->n);
+        break;
     default:
         return -2;
     }
@@ -460,12 +468,22 @@ int gs_proto_decode(const struct gs_proto_frame *f, struct gs_proto_msg *m)
 
 /* ---- LIST entries ------------------------------------------------------------------------ */
 
-int gs_proto_list_begin(struct gs_proto_buf *b, uint32_t id, size_t *mark)
+/* Where a LIST_ENTRIES or CHECK frame that starts at `mark` keeps its count. */
+static uint8_t *entry_count(struct gs_proto_buf *b, size_t mark)
+{
+    uint8_t *payload = b->data + mark + GS_PROTO_HDR;
+    return b->data[mark + 4] == GS_MSG_CHECK ? payload + 4 : payload;
+}
+
+int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint32_t flags,
+                        size_t *mark)
 {
     *mark = b->len;
-    if (gs_proto_encode_header(b, GS_MSG_LIST_ENTRIES, id, 0) < 0)
+    if (gs_proto_encode_header(b, type, id, 0) < 0)
         return -1;
     struct writer w = {b, 0};
+    if (type == GS_MSG_CHECK)
+        w_u32(&w, flags);
     w_u32(&w, 0);
     if (w.failed) {
         b->len = *mark;
@@ -490,7 +508,7 @@ int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
         b->len = start;
         return -1;
     }
-    uint8_t *count = b->data + mark + GS_PROTO_HDR;
+    uint8_t *count = entry_count(b, mark);
     be32(count, rd32(count) + 1);
     return 0;
 }
@@ -554,6 +572,8 @@ const char *gs_proto_type_name(uint8_t type)
         return "GET";
     case GS_MSG_LIST:
         return "LIST";
+    case GS_MSG_CHECK:
+        return "CHECK";
     case GS_MSG_HELLO_OK:
         return "HELLO_OK";
     case GS_MSG_ZFRAMES:

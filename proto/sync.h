@@ -118,6 +118,15 @@
  * started by it): a client whose channel to it was just refused learns that the server forbids
  * such channels, and stops asking for a while.
  *
+ * CHECK (v9). gpusync records what it wrote; files deleted or edited on the server by anyone else
+ * must not stay "up to date". CHECK carries what the client believes the server holds at many
+ * paths (kind, size, mtime, mode, symlink target: rsync's quick check) and the agent answers with
+ * only the paths where it holds something else, so checking a tree of 20,000 files costs one frame
+ * each way instead of a STAT each. With GS_CHECK_KEEP the agent keeps the entries for the rest of
+ * the session, and a later CHECK need carry only the entries that changed since (kind NONE: the
+ * path is no longer the client's): a session that checks often (the watch daemon, before each
+ * answer it gives) sends its list once.
+ *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
@@ -129,23 +138,25 @@
 #include <stdint.h>
 
 #define GS_PROTO_VERSION                                                                           \
-    8 /* v8: the resident listener (OPEN, GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd ZFRAMES;     \
-       * v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock */
-#define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
-#define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
-#define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
-#define GS_PROTO_MAX_PAYLOAD  (GS_PROTO_MAX_FRAME - 5u)
-#define GS_PROTO_MAX_PATH     4096u
-#define GS_PROTO_LIST_DEPTH   256u       /* LIST walks directories down to this depth */
-#define GS_PROTO_CHUNK        (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
-#define GS_PROTO_PUT_INLINE   (1u << 20) /* files up to this size fit a single PUT (advice) */
-#define GS_PROTO_MAX_STREAMS  16         /* put streams (PUT_BEGIN..PUT_END) open at once */
-#define GS_PROTO_ZRAW_MAX     (8u << 20) /* the most frame bytes one ZFRAMES may carry */
-#define GS_PROTO_HASH_LEN     16
-#define GS_PROTO_DELTA_MAX    (3u << 20)      /* the largest delta a PUT_DELTA carries (advice) */
-#define GS_PROTO_SIZE_UNKNOWN UINT64_MAX      /* PUT_BEGIN size when not known in advance */
-#define GS_PROTO_TMP_PREFIX   ".gpusync-tmp-" /* scanners must ignore these names */
-#define GS_PROTO_CONFLICT_TAG ".gpusync-conflict-" /* NAME + tag + YYYYmmdd-HHMMSS[-N] */
+    9 /* v9: CHECK; v8: the resident listener (OPEN, GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd   \
+       * ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock */
+#define GS_PROTO_MAGIC          0x4753594eu /* "GSYN" */
+#define GS_PROTO_HDR            9           /* u32 length + u8 type + u32 id */
+#define GS_PROTO_MAX_FRAME      (4u << 20)  /* maximum value of the length field */
+#define GS_PROTO_MAX_PAYLOAD    (GS_PROTO_MAX_FRAME - 5u)
+#define GS_PROTO_MAX_PATH       4096u
+#define GS_PROTO_LIST_DEPTH     256u       /* LIST walks directories down to this depth */
+#define GS_PROTO_CHUNK          (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
+#define GS_PROTO_PUT_INLINE     (1u << 20) /* files up to this size fit a single PUT (advice) */
+#define GS_PROTO_MAX_STREAMS    16         /* put streams (PUT_BEGIN..PUT_END) open at once */
+#define GS_PROTO_ZRAW_MAX       (8u << 20) /* the most frame bytes one ZFRAMES may carry */
+#define GS_PROTO_HASH_LEN       16
+#define GS_PROTO_DELTA_MAX      (3u << 20)      /* the largest delta a PUT_DELTA carries (advice) */
+#define GS_PROTO_SIZE_UNKNOWN   UINT64_MAX      /* PUT_BEGIN size when not known in advance */
+#define GS_PROTO_TMP_PREFIX     ".gpusync-tmp-" /* scanners must ignore these names */
+#define GS_PROTO_CONFLICT_TAG   ".gpusync-conflict-" /* NAME + tag + YYYYmmdd-HHMMSS[-N] */
+#define GS_PROTO_CHECK_KEEP_MAX (256u << 10) /* entries an agent keeps for CHECK (GS_CHECK_KEEP)   \
+                                              */
 
 /* Message types. 0x01-0x7f travel client -> agent, 0x80-0xff agent -> client.
  *   0x01-0x0f handshake        0x10-0x3f file requests      0x40-0x5f reserved: launch/tail
@@ -210,6 +221,19 @@ enum gs_msg_type {
      * of a directory GS_PROTO_LIST_DEPTH levels down are not walked: each such case is one
      * LIST_SKIPPED frame among the entries (v5), and the listing goes on. */
     GS_MSG_LIST = 0x1c,
+    /* CHECK (v9): u32 flags (GS_CHECK_*) | u32 count | count x entry (as in LIST_ENTRIES; has_hash
+     * 0; link "" unless a symlink), paths strictly ascending as unsigned bytes. Each entry is what
+     * the client believes the path holds. The agent examines each path (as STAT, never reading a
+     * file) and replies LIST_ENTRIES* listing, as the server holds them, those that differ: kind;
+     * for a file, size or mtime_sec; for a symlink, the target; otherwise the mode's bits 0777
+     * and 01000 (set-id bits are never mirrored). A path that is missing, or whose parent is,
+     * is listed with kind NONE; one that cannot be examined (a refused path, EACCES) is not
+     * listed. Then LIST_END (u64: the paths examined). Entries out of order: ERROR EBADMSG.
+     * GS_CHECK_KEEP: the entries update the set the agent keeps for the session (an entry of
+     * kind NONE leaves it), and the whole kept set is examined; GS_CHECK_DEFER with it: only
+     * update (for a set that takes several frames), reply LIST_END 0. A kept set that would
+     * pass GS_PROTO_CHECK_KEEP_MAX entries: ERROR E2BIG. Any error drops the kept set. */
+    GS_MSG_CHECK = 0x1e,
 
     /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
      * str sync_id (with GS_HELLO_SYNC_ID: the root's .gpusync/sync-id, created if missing; "" if
@@ -254,6 +278,7 @@ enum gs_hello_flags {
 enum gs_putend_flags { GS_PUTEND_VERIFY = 1u }; /* compare the written bytes' hash with `hash` */
 enum gs_del_flags { GS_DEL_RECURSIVE = 1u };
 enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u }; /* hash files; include temp files */
+enum gs_check_flags { GS_CHECK_KEEP = 1u, GS_CHECK_DEFER = 2u };
 /* nothing to do; conflict kept; a RENAME's source was kept aside instead of renamed */
 enum gs_done_flags { GS_DONE_NOOP = 1u, GS_DONE_KEPT = 2u, GS_DONE_MOVED_ASIDE = 4u };
 
@@ -317,8 +342,8 @@ struct gs_proto_msg {
     uint8_t hash[GS_PROTO_HASH_LEN];
     uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count; ZFRAMES raw size */
     int32_t err;    /* ERROR, LIST_SKIPPED */
-    uint32_t count; /* LIST_ENTRIES: number of entries (decode them with gs_proto_list_next) */
-    struct gs_proto_str entries; /* LIST_ENTRIES: the packed entries */
+    uint32_t count; /* LIST_ENTRIES, CHECK: number of entries (decode with gs_proto_list_next) */
+    struct gs_proto_str entries; /* LIST_ENTRIES, CHECK: the packed entries */
 };
 
 /* One LIST entry (encode with gs_proto_list_add, decode with gs_proto_list_next). */
@@ -364,11 +389,12 @@ int gs_proto_encode(struct gs_proto_buf *b, const struct gs_proto_msg *m);
  * itself (for data frames written straight from a file). Returns 0 or -1. */
 int gs_proto_encode_header(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint32_t payload_len);
 
-/* LIST_ENTRIES building: gs_proto_list_begin appends a frame header with count 0 and returns
- * its offset in *mark; gs_proto_list_add appends one entry and bumps the count, returning -1
- * (nothing appended) if the frame would pass `limit` payload bytes (<= GS_PROTO_MAX_PAYLOAD);
- * gs_proto_list_end patches the frame length. */
-int gs_proto_list_begin(struct gs_proto_buf *b, uint32_t id, size_t *mark);
+/* LIST_ENTRIES (or CHECK) building: gs_proto_list_begin appends a frame header and count 0 (for
+ * CHECK, `flags` before it) and returns its offset in *mark; gs_proto_list_add appends one entry
+ * and bumps the count, returning -1 (nothing appended) if the frame would pass `limit` payload
+ * bytes (<= GS_PROTO_MAX_PAYLOAD); gs_proto_list_end patches the frame length. */
+int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint32_t flags,
+                        size_t *mark);
 int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
                       const struct gs_proto_entry *e);
 void gs_proto_list_end(struct gs_proto_buf *b, size_t mark);

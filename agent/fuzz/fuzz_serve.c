@@ -90,6 +90,36 @@ static int delta_seed(const char *dir, int n)
     return n;
 }
 
+/* A PUT, then CHECKs that keep beliefs about it and paths around it (v9): seeds that reach the
+ * kept set's merge and the examination, symlinks that leave the root included. */
+static int check_seed(const char *dir, int n)
+{
+    static const char *const paths[] = {"a", "abs/y", "d/e/f", "lnk", "out/x"}; /* ascending */
+    struct gs_proto_buf b;
+    gs_proto_buf_init(&b);
+    struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = 2};
+    m.path = gs_proto_cstr("a");
+    m.data = gs_proto_cstr("data");
+    m.meta.mode = 0644;
+    gs_proto_encode(&b, &m);
+    for (uint32_t flags = 0; flags < 4; flags++) {
+        size_t mark;
+        gs_proto_list_begin(&b, GS_MSG_CHECK, 3 + flags, flags, &mark);
+        for (size_t i = flags; i < sizeof(paths) / sizeof(paths[0]); i++) {
+            struct gs_proto_entry e = {.path = gs_proto_cstr(paths[i]),
+                                       .kind = (uint8_t)(i % 4),
+                                       .meta = {.mode = 0644},
+                                       .size = 4,
+                                       .link = gs_proto_cstr(i == 3 ? "/etc" : "")};
+            gs_proto_list_add(&b, mark, GS_PROTO_MAX_PAYLOAD, &e);
+        }
+        gs_proto_list_end(&b, mark);
+    }
+    seed(dir, n++, &b);
+    gs_proto_buf_release(&b);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     struct gs_proto_buf b;
@@ -124,6 +154,7 @@ int main(int argc, char **argv)
         }
     }
     n = delta_seed(argv[1], n);
+    n = check_seed(argv[1], n);
     zframes_seeds(argv[1], n);
     gs_proto_buf_release(&b);
     return 0;
@@ -245,7 +276,8 @@ static void decode_all(const uint8_t *p, size_t n)
     struct gs_proto_entry e;
     long len;
     while (n > 0 && (len = gs_proto_parse_frame(p, n, &f)) > 0) {
-        if (gs_proto_decode(&f, &m) == 0 && m.type == GS_MSG_LIST_ENTRIES) {
+        if (gs_proto_decode(&f, &m) == 0 &&
+            (m.type == GS_MSG_LIST_ENTRIES || m.type == GS_MSG_CHECK)) {
             size_t pos = 0;
             while (gs_proto_list_next(&m, &pos, &e) == 1)
                 ;

@@ -978,6 +978,138 @@ static struct rep stream_put(struct fx *f, uint32_t id, const char *path, const 
     return call(f, &e);
 }
 
+/* What one CHECK listed as differing ("," after each path) and LIST_END's count, or its ERROR. */
+struct checked {
+    char listed[1024];
+    uint64_t examined;
+    int err;
+};
+
+/* The entry a client would send for root/rel as it is now (kind NONE when missing). */
+static struct gs_proto_entry believed(struct fx *f, const char *rel, char *link, size_t cap)
+{
+    struct gs_proto_entry e;
+    memset(&e, 0, sizeof(e));
+    e.path = gs_proto_cstr(rel);
+    e.link = gs_proto_cstr("");
+    char p[PATH_MAX];
+    at(f, rel, p);
+    struct stat st;
+    if (lstat(p, &st) < 0)
+        return e;
+    e.kind = S_ISREG(st.st_mode)   ? GS_KIND_FILE
+             : S_ISDIR(st.st_mode) ? GS_KIND_DIR
+                                   : GS_KIND_SYMLINK;
+    e.meta.mode = st.st_mode & 07777;
+    e.meta.mtime_sec = st.st_mtim.tv_sec;
+    e.meta.mtime_nsec = (uint32_t)st.st_mtim.tv_nsec;
+    e.size = (uint64_t)st.st_size;
+    if (S_ISLNK(st.st_mode)) {
+        ssize_t n = readlink(p, link, cap - 1);
+        assert_true(n >= 0);
+        link[n] = '\0';
+        e.link = gs_proto_cstr(link);
+    }
+    return e;
+}
+
+static struct checked check_beliefs(struct fx *f, uint32_t flags, const struct gs_proto_entry *e,
+                                    size_t n)
+{
+    static uint32_t id = 700000;
+    struct gs_proto_buf b;
+    size_t mark;
+    gs_proto_buf_init(&b);
+    assert_int_equal(gs_proto_list_begin(&b, GS_MSG_CHECK, ++id, flags, &mark), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(gs_proto_list_add(&b, mark, GS_PROTO_MAX_PAYLOAD, &e[i]), 0);
+    gs_proto_list_end(&b, mark);
+    agent_h_queue_raw(&f->a, b.data, b.len);
+    gs_proto_buf_release(&b);
+    struct checked out = {0};
+    for (;;) {
+        struct gs_proto_msg r;
+        assert_int_equal(agent_h_recv(&f->a, &r), 0);
+        assert_int_equal(r.id, id);
+        if (r.type == GS_MSG_ERROR) {
+            out.err = r.err;
+            return out;
+        }
+        if (r.type == GS_MSG_LIST_END) {
+            out.examined = r.size;
+            return out;
+        }
+        assert_int_equal(r.type, GS_MSG_LIST_ENTRIES);
+        size_t pos = 0;
+        struct gs_proto_entry got;
+        while (gs_proto_list_next(&r, &pos, &got) == 1)
+            snprintf(out.listed + strlen(out.listed), sizeof(out.listed) - strlen(out.listed),
+                     "%.*s%s,", (int)got.path.len, got.path.p, got.kind ? "" : "(none)");
+    }
+}
+
+/* CHECK lists only the paths where the server holds something else than the client believes
+ * (missing ones as kind NONE), by itself or with the beliefs kept for the session and updated by
+ * later checks; beliefs out of order are refused and drop what was kept. */
+static void test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_session(void **state)
+{
+    struct fx *f = *state;
+    start(f);
+    put(f, "a.txt", "aaa");
+    put(f, "d/b.txt", "bbb");
+    char l1[64], l2[64], lp[PATH_MAX];
+    at(f, "l", lp);
+    assert_int_equal(symlink("a.txt", lp), 0);
+    struct gs_proto_entry all[6];
+    all[0] = believed(f, "a.txt", NULL, 0);
+    all[1] = believed(f, "d", NULL, 0);
+    all[2] = believed(f, "d/b.txt", NULL, 0);
+    all[3] = believed(f, "gone.txt", NULL, 0);
+    all[3].kind = GS_KIND_FILE;
+    all[4] = believed(f, "l", l1, sizeof(l1));
+    all[5] = believed(f, "nodir/x", NULL, 0);
+    all[5].kind = GS_KIND_FILE;
+
+    struct checked c = check_beliefs(f, 0, all, 6);
+    assert_string_equal(c.listed, "gone.txt(none),nodir/x(none),");
+    assert_int_equal(c.examined, 6);
+
+    /* behind the client's back: a.txt grows, b.txt's mode, l's target */
+    put(f, "a.txt", "aaaa");
+    char p[PATH_MAX];
+    at(f, "d/b.txt", p);
+    assert_int_equal(chmod(p, 0600), 0);
+    assert_int_equal(unlink(lp), 0);
+    assert_int_equal(symlink("d", lp), 0);
+    c = check_beliefs(f, GS_CHECK_KEEP, all, 6);
+    assert_string_equal(c.listed, "a.txt,d/b.txt,gone.txt(none),l,nodir/x(none),");
+
+    /* only the changes: a.txt as it is now, two paths no longer believed */
+    struct gs_proto_entry changes[3] = {believed(f, "a.txt", NULL, 0), all[3], all[5]};
+    changes[1].kind = changes[2].kind = GS_KIND_NONE;
+    c = check_beliefs(f, GS_CHECK_KEEP, changes, 3);
+    assert_string_equal(c.listed, "d/b.txt,l,");
+    assert_int_equal(c.examined, 4);
+
+    /* a set sent in parts: the deferred part only updates */
+    struct gs_proto_entry link_now = believed(f, "l", l2, sizeof(l2));
+    c = check_beliefs(f, GS_CHECK_KEEP | GS_CHECK_DEFER, &link_now, 1);
+    assert_int_equal(c.err, 0);
+    assert_int_equal(c.examined, 0);
+    assert_string_equal(c.listed, "");
+    c = check_beliefs(f, GS_CHECK_KEEP, NULL, 0);
+    assert_string_equal(c.listed, "d/b.txt,");
+    assert_int_equal(c.examined, 4);
+
+    /* out of order: refused, and nothing is kept after it */
+    struct gs_proto_entry backwards[2] = {all[2], all[0]};
+    c = check_beliefs(f, GS_CHECK_KEEP, backwards, 2);
+    assert_int_equal(c.err, EBADMSG);
+    c = check_beliefs(f, GS_CHECK_KEEP, NULL, 0);
+    assert_int_equal(c.err, 0);
+    assert_int_equal(c.examined, 0);
+}
+
 static void test_serve__large_file_streams_byte_identical_both_ways(void **state)
 {
     struct fx *f = *state;
@@ -1445,6 +1577,7 @@ int main(void)
         T(test_serve__setuid_and_setgid_bits_are_never_mirrored),
         T(test_serve__hostile_names_work),
         T(test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees),
+        T(test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),

@@ -244,7 +244,7 @@ static void test_proto__list_entries_round_trip_and_split_at_limit(void **state)
     e.has_hash = 1;
     memset(e.hash, 0xab, sizeof(e.hash));
     e.link = gs_proto_cstr("");
-    assert_int_equal(gs_proto_list_begin(&b, 9, &mark), 0);
+    assert_int_equal(gs_proto_list_begin(&b, GS_MSG_LIST_ENTRIES, 9, 0, &mark), 0);
     int added = 0;
     while (gs_proto_list_add(&b, mark, 300, &e) == 0)
         added++;
