@@ -329,6 +329,8 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
     gs_progress_init(&ui->bar);
     ui->bar.label = "reading";
     ui->bar.quiet_ms = GS_PROGRESS_READING_QUIET_MS;
+    if (!o->dry_run) /* before the planner reads the index on its thread */
+        gs_session_check_early(s);
     int threaded = !o->dry_run && pthread_create(&thread, NULL, plan_in_background, &p) == 0;
     if (!threaded) {
         atomic_store(&ui->show_reading, 1);

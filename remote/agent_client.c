@@ -18,6 +18,7 @@
 #include "common/wrapper.h"
 #include "proto/sync.h"
 #include "proto/zframes.h"
+#include "remote/check_set.h"
 #include "remote/delta.h"
 
 #define XXH_INLINE_ALL
@@ -66,6 +67,8 @@ struct sync_call {
     void *state;
 };
 
+struct check_call;
+
 struct gs_agent {
     struct gs_fileops ops; /* first, so the fileops pointer is the agent */
     struct gs_ssh *ssh;
@@ -107,6 +110,8 @@ struct gs_agent {
     size_t n_resend, resend_cap;
     struct gs_agent_delta *ready; /* deltas made before the session was ready (owned) */
     size_t n_ready;
+    struct gs_check_set kept;    /* the beliefs the agent keeps for CHECK */
+    struct check_call *checking; /* the check under way (check_send), or NULL */
 };
 
 /* ---- reading, writing, dispatching ---- */
@@ -1015,42 +1020,42 @@ static int call(struct gs_agent *a, struct gs_proto_msg *m, struct sync_call *c,
     return rc;
 }
 
-/* ---- probe and stat: a STAT (and a HASH) per path, all pipelined (one round trip a chunk) ---- */
+/* ---- probe: a STAT and a HASH per path, all pipelined (one round trip a chunk) ---- */
 
-#define PROBE_CHUNK 1024  /* paths per round trip, hashed */
-#define STAT_CHUNK  65536 /* paths per round trip, stat only: up to about 3 MB of requests */
+#define PROBE_CHUNK 1024 /* paths per round trip */
 
 struct probe_call {
     struct sync_call call; /* first: the handler gets it back as a sync_call */
     struct gs_fop_stat *out;
     size_t n, answered;
-    uint32_t per_path; /* 2: a STAT and a HASH per path; 1: a STAT */
 };
 
-/* What a STAT reply says; a symlink's target is hashed here, as the agent hashes it. */
-static void take_stat(struct gs_fop_stat *st, const struct gs_proto_msg *m)
+/* What the server holds, as a STAT reply or a CHECK entry says; a symlink's target is hashed
+ * here, as the agent hashes it. */
+static void take_stat(struct gs_fop_stat *st, uint8_t kind, const struct gs_proto_meta *meta,
+                      uint64_t size, struct gs_proto_str link)
 {
-    st->kind = (enum gs_fop_kind)m->kind;
-    st->mode = m->meta.mode;
-    st->size = m->size;
-    st->mtime_ns = m->meta.mtime_sec * 1000000000LL + m->meta.mtime_nsec;
+    st->kind = (enum gs_fop_kind)kind;
+    st->mode = meta->mode;
+    st->size = size;
+    st->mtime_ns = meta->mtime_sec * 1000000000LL + meta->mtime_nsec;
     if (st->kind == GS_FOP_KIND_SYMLINK) {
-        content_hash(m->path2.p, m->path2.len, st->hash);
+        content_hash(link.p, link.len, st->hash);
         st->has_hash = 1;
     }
 }
 
-/* Path i's replies: STAT at i * per_path, then (probe) its HASH (an error there: a directory, or
- * no file). */
+/* Path i's replies: STAT at 2i, then its HASH at 2i + 1 (an error there: a directory, or no
+ * file). */
 static int on_probe(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
     (void)a;
     struct probe_call *p = (struct probe_call *)c;
     uint32_t k = m->id - c->id;
-    struct gs_fop_stat *st = &p->out[k / p->per_path];
-    int is_stat = k % p->per_path == 0;
+    struct gs_fop_stat *st = &p->out[k / 2];
+    int is_stat = k % 2 == 0;
     if (is_stat && m->type == GS_MSG_STAT_R) {
-        take_stat(st, m);
+        take_stat(st, m->kind, &m->meta, m->size, m->path2);
     } else if (is_stat) { /* a missing parent is nothing there; a refusal tells nothing */
         int gone = m->type == GS_MSG_ERROR && (m->err == ENOENT || m->err == ENOTDIR);
         st->kind = gone ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN;
@@ -1058,24 +1063,28 @@ static int on_probe(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
         st->has_hash = 1;
         memcpy(st->hash, m->hash, sizeof(st->hash));
     }
-    c->done = ++p->answered == p->per_path * p->n;
+    c->done = ++p->answered == 2 * p->n;
     return 0;
 }
 
-static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n, uint32_t per_path,
+/* Makes sure ids first .. first + span - 1 are the next ones and do not wrap. */
+static uint32_t reserve_ids(struct gs_agent *a, uint32_t span)
+{
+    if (a->next_id > UINT32_MAX - span - 2)
+        a->next_id = 0;
+    return a->next_id + 1;
+}
+
+static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n,
                        struct gs_fop_stat *out, struct gs_error *err)
 {
     int rc = quiesce(a, err);
-    if (a->next_id > UINT32_MAX - per_path * n - 2) /* the ids must not wrap inside the span */
-        a->next_id = 0;
-    struct probe_call p = {.call = {.on_frame = on_probe, .span = (uint32_t)(per_path * n)},
-                           .out = out,
-                           .n = n,
-                           .per_path = per_path};
-    p.call.id = a->next_id + 1;
-    for (size_t i = 0; rc == 0 && i < per_path * n; i++) {
-        struct gs_proto_msg m = {.type = i % per_path ? GS_MSG_HASH : GS_MSG_STAT, .id = new_id(a)};
-        m.path = gs_proto_cstr(paths[i / per_path]);
+    struct probe_call p = {
+        .call = {.on_frame = on_probe, .span = (uint32_t)(2 * n)}, .out = out, .n = n};
+    p.call.id = reserve_ids(a, p.call.span);
+    for (size_t i = 0; rc == 0 && i < 2 * n; i++) {
+        struct gs_proto_msg m = {.type = i % 2 ? GS_MSG_HASH : GS_MSG_STAT, .id = new_id(a)};
+        m.path = gs_proto_cstr(paths[i / 2]);
         rc = encode(a, &m, err);
     }
     sync_add(a, &p.call);
@@ -1085,28 +1094,124 @@ static int probe_chunk(struct gs_agent *a, const char *const *paths, size_t n, u
     return rc;
 }
 
-static int probe_paths(struct gs_fileops *ops, const char *const *paths, size_t n,
-                       uint32_t per_path, size_t chunk, struct gs_fop_stat *out,
-                       struct gs_error *err)
+static int agent_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
+                       struct gs_fop_stat *out, struct gs_error *err)
 {
     struct gs_agent *a = (struct gs_agent *)ops;
     memset(out, 0, n * sizeof(*out));
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i += chunk)
-        rc = probe_chunk(a, paths + i, n - i < chunk ? n - i : chunk, per_path, out + i, err);
+    for (size_t i = 0; rc == 0 && i < n; i += PROBE_CHUNK)
+        rc = probe_chunk(a, paths + i, n - i < PROBE_CHUNK ? n - i : PROBE_CHUNK, out + i, err);
     return rc;
 }
 
-static int agent_probe(struct gs_fileops *ops, const char *const *paths, size_t n,
-                       struct gs_fop_stat *out, struct gs_error *err)
+/* ---- check: what differs from the beliefs, in a frame or a few (remote/check_set.h) ---- */
+
+struct check_call {
+    struct sync_call call;
+    struct gs_check_set asked; /* a copy: what the agent keeps once it has answered */
+    struct gs_fop_stat *out;   /* the answer, indexed as `asked` */
+    uint32_t answered;         /* frames answered (LIST_END or ERROR) */
+    int refused;               /* an ERROR: the agent dropped what it kept */
+    int malformed;
+};
+
+/* Takes the paths a LIST_ENTRIES reply lists as differing. */
+static void check_entries(struct check_call *k, const struct gs_proto_msg *m)
 {
-    return probe_paths(ops, paths, n, 2, PROBE_CHUNK, out, err);
+    size_t pos = 0;
+    struct gs_proto_entry e;
+    int more;
+    while ((more = gs_proto_list_next(m, &pos, &e)) == 1) {
+        long i = gs_check_find(k->asked.v, k->asked.n, e.path.p, e.path.len);
+        if (i < 0) { /* not asked about */
+            k->malformed = 1;
+            return;
+        }
+        k->out[i].has_hash = 0;
+        take_stat(&k->out[i], e.kind, &e.meta, e.size, e.link);
+    }
+    k->malformed |= more < 0;
 }
 
-static int agent_stat(struct gs_fileops *ops, const char *const *paths, size_t n,
-                      struct gs_fop_stat *out, struct gs_error *err)
+static int on_check(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_call *c)
 {
-    return probe_paths(ops, paths, n, 1, STAT_CHUNK, out, err);
+    struct check_call *k = (struct check_call *)c;
+    if (m->type == GS_MSG_LIST_ENTRIES) {
+        check_entries(k, m);
+        return 0;
+    }
+    if (m->type == GS_MSG_ERROR && !k->refused) {
+        k->refused = 1;
+        gs_warn("the agent on %s could not check the server: %.*s", gs_ssh_target(a->ssh),
+                (int)m->text.len, m->text.p);
+    } else if (m->type != GS_MSG_LIST_END && m->type != GS_MSG_ERROR) {
+        k->malformed = 1;
+    }
+    c->done = ++k->answered == c->span;
+    return 0;
+}
+
+/* Ends the check under way, if any: what the agent keeps is known only after a clean answer. */
+static void check_end(struct gs_agent *a, int clean)
+{
+    struct check_call *k = a->checking;
+    if (!k)
+        return;
+    sync_remove(a, &k->call);
+    gs_check_set_clear(&a->kept);
+    if (clean && !k->refused && gs_check_keeps(k->asked.n))
+        a->kept = k->asked;
+    else
+        gs_check_set_clear(&k->asked);
+    free(k->out);
+    free(k);
+    a->checking = NULL;
+}
+
+/* Waits for the check under way, if any, and copies its answer to out (NULL: dropped). */
+static int check_wait(struct gs_agent *a, struct gs_fop_stat *out, struct gs_error *err)
+{
+    struct check_call *k = a->checking;
+    if (!k)
+        return 0;
+    int rc = 0;
+    while (rc == 0 && !k->call.done)
+        rc = pump(a, 1, err);
+    if (rc == 0 && k->malformed)
+        rc = gs_error_set(err, GS_E_PROTO, "malformed answer to a check from the agent on %s",
+                          gs_ssh_target(a->ssh));
+    if (rc == 0 && out)
+        memcpy(out, k->out, k->asked.n * sizeof(*out));
+    check_end(a, rc == 0);
+    return rc;
+}
+
+static int agent_check_send(struct gs_fileops *ops, const struct gs_fop_belief *beliefs, size_t n,
+                            struct gs_error *err)
+{
+    struct gs_agent *a = (struct gs_agent *)ops;
+    int rc = check_wait(a, NULL, err); /* one at a time: an earlier one nobody waited for */
+    if (rc < 0)
+        return rc;
+    struct check_call *k = gs_xcalloc(1, sizeof(*k));
+    k->call.on_frame = on_check;
+    gs_check_set_assign(&k->asked, beliefs, n);
+    k->out = gs_xcalloc(n ? n : 1, sizeof(*k->out));
+    for (size_t i = 0; i < n; i++)
+        k->out[i].kind = GS_FOP_KIND_UNKNOWN;
+    /* at most one frame per belief, and one more */
+    k->call.id = reserve_ids(a, (uint32_t)(n > UINT32_MAX / 2 ? UINT32_MAX / 2 : n + 1));
+    k->call.span = gs_check_encode(&a->kept, beliefs, n, k->call.id, &a->out);
+    a->next_id = k->call.id + k->call.span - 1;
+    a->checking = k;
+    sync_add(a, &k->call);
+    return pump(a, 0, err); /* on its way now, whatever is submitted next */
+}
+
+static int agent_check_wait(struct gs_fileops *ops, struct gs_fop_stat *out, struct gs_error *err)
+{
+    return check_wait((struct gs_agent *)ops, out, err);
 }
 
 static int reply_error(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
@@ -1200,7 +1305,8 @@ int gs_agent_start(struct gs_agent **out, struct gs_ssh *ssh, const struct gs_ag
     a->ops = (struct gs_fileops){.submit = agent_submit,
                                  .drain = agent_drain,
                                  .probe = agent_probe,
-                                 .stat = agent_stat,
+                                 .check_send = agent_check_send,
+                                 .check_wait = agent_check_wait,
                                  .close = agent_close_ops};
     gs_proto_buf_init(&a->out);
     gs_buf_init(&a->errtail);
@@ -1303,6 +1409,7 @@ void gs_agent_close(struct gs_agent *a)
     free(a->sig_dir);
     free(a->root);
     gs_agent_take_deltas(a, NULL, 0);
+    check_end(a, 0);
     free(a->q);
     free(a);
 }

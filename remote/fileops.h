@@ -77,6 +77,16 @@ struct gs_fop_stat {
     uint8_t hash[16]; /* canonical bytes, as the index keeps them */
 };
 
+/* What the client believes the server holds at one path (the index's record), for check. */
+struct gs_fop_belief {
+    const char *path; /* in ascending order (as unsigned bytes), each once */
+    enum gs_fop_kind kind;
+    uint32_t mode;
+    uint64_t size;
+    int64_t mtime_ns;
+    const char *link; /* a symlink's target; NULL otherwise */
+};
+
 struct gs_fileops {
     /* Queues one operation; may run completions of earlier ones. Returns 0, or a negative code
      * when the transport failed (then no further completions come). */
@@ -88,11 +98,20 @@ struct gs_fileops {
      * GS_FOP_KIND_UNKNOWN) or a transport error. */
     int (*probe)(struct gs_fileops *ops, const char *const *paths, size_t n,
                  struct gs_fop_stat *out, struct gs_error *err);
-    /* As probe, without reading any file (a symlink's target is hashed, as probe does): kind,
-     * mode, size and mtime, cheap enough for every path gpusync wrote at each connection
-     * (syncd/verify.h). NULL where the transport cannot (SFTP: a round trip per path). */
-    int (*stat)(struct gs_fileops *ops, const char *const *paths, size_t n, struct gs_fop_stat *out,
-                struct gs_error *err);
+    /* Asks how what the server holds compares with what beliefs[0..n) say, without reading any
+     * file (as rsync's quick check: kind; a file's size and mtime to the second; a symlink's
+     * target; otherwise the mode): cheap enough for every path gpusync wrote, often
+     * (syncd/verify.h). The server answers as it stands after the operations submitted before,
+     * and before those submitted after, which go on meanwhile. check_wait waits for the answer
+     * and fills out[0..n): what the server holds where it differs (a symlink's target hashed, as
+     * probe does), GS_FOP_KIND_UNKNOWN where nothing differs or nothing could be told. One check
+     * at a time (a check sent while another is under way drops the earlier answer). The agent
+     * keeps the beliefs for the connection, so a later check sends only their changes. Both
+     * return 0 or a transport error. NULL where the transport cannot (SFTP: a round trip a path).
+     */
+    int (*check_send)(struct gs_fileops *ops, const struct gs_fop_belief *beliefs, size_t n,
+                      struct gs_error *err);
+    int (*check_wait)(struct gs_fileops *ops, struct gs_fop_stat *out, struct gs_error *err);
     /* Ends the session and frees `ops`. */
     void (*close)(struct gs_fileops *ops);
     gs_fop_done_fn done;

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -489,7 +490,7 @@ static void connect_when_free(struct daemon *d)
  * waited for it (measured: the 130-200 ms saves of latency.sh's p99 at 50 ms RTT); the batch
  * itself is the check then. */
 static int while_waiting(void *ctx);
-static int check_server(struct daemon *d, int *full, struct gs_error *err);
+static int check_server(struct daemon *d, struct gs_error *err);
 static int on_reading(void *ctx, const struct gs_plan_reading *r);
 
 static void check_liveness(struct daemon *d)
@@ -504,7 +505,7 @@ static void check_liveness(struct daemon *d)
             d->next_connect_ms = now; /* woke up: try at once */
         return;
     }
-    if (!suspended && (now < d->next_check_ms || d->n_dirty || d->full || d->n_held))
+    if (!suspended && (now < d->next_check_ms || d->n_dirty || d->full || d->n_held || d->verify))
         return;
     d->next_check_ms = now + LIVENESS_EVERY_MS;
     struct gs_error err = {0};
@@ -512,12 +513,9 @@ static void check_liveness(struct daemon *d)
     int rc;
     if (d->next_verify_ms && now >= d->next_verify_ms) { /* a round trip too: a file deleted
                                                           * there is not up to date */
-        int full = 0;
-        rc = check_server(d, &full, &err);
-        if (rc == 0 && full) {
-            mark_full(d);
+        rc = check_server(d, &err);
+        if (rc > 0)
             d->flush_now = 1;
-        }
     } else {
         gs_ssh_set_waiting(d->ssh, while_waiting, d);
         rc = gs_ssh_ping(d->ssh, &rtt, &err);
@@ -796,29 +794,85 @@ static void requeue(struct daemon *d, char **paths, size_t n, int full)
         d->full = 1;
 }
 
-/* Compares the server with the index (syncd/verify.h): asked by a push or flush (d->verify,
- * before their batch), or due on an idle connection. Sets *full when the server had changed, so
- * that a whole-tree batch sends the paths again. Returns 0 or a transport error. */
-static int check_server(struct daemon *d, int *full, struct gs_error *err)
+static void found_changed(void *ctx, const char *path)
+{
+    mark_dirty(ctx, path);
+}
+
+/* Asks the server how it compares with the index (syncd/verify.h), for a push or flush that
+ * asked (d->verify) or on an idle connection; what follows goes on while it answers
+ * (check_finish). Returns 0 or a transport error. */
+static int check_send(struct daemon *d, struct gs_verify **v, struct gs_error *err)
 {
     d->verify = 0; /* a flush asked while it runs (while_waiting) sets it again: checked next */
-    struct gs_verify_result v;
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
-    int rc = gs_verify_server(d->sess.idx, d->sess.ops, &v, err);
+    int rc = gs_verify_prepare(d->sess.idx, v, err);
+    if (rc == 0)
+        rc = gs_verify_send(*v, d->sess.ops, err);
+    gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    if (rc < 0) {
+        gs_verify_abandon(*v);
+        *v = NULL;
+        d->verify = 1;
+    }
+    return rc;
+}
+
+/* Waits for the answer: the paths the server no longer held as the index said become dirty, so
+ * that a batch sends them again. Returns how many, or a transport error. */
+static int check_finish(struct daemon *d, struct gs_verify *v, struct gs_error *err)
+{
+    struct gs_verify_result r;
+    struct gs_verify_found found = {found_changed, d};
+    gs_ssh_set_waiting(d->ssh, while_waiting, d);
+    int rc = gs_verify_finish(v, d->sess.ops, &found, &r, err);
     gs_ssh_set_waiting(d->ssh, NULL, NULL);
     if (rc < 0) {
         d->verify = 1;
         return rc;
     }
     d->next_verify_ms = next_verify_ms(d);
-    if (v.gone + v.changed)
-        *full = 1;
-    return 0;
+    return (int)(r.gone + r.changed > INT_MAX ? INT_MAX : r.gone + r.changed);
+}
+
+static int check_server(struct daemon *d, struct gs_error *err)
+{
+    struct gs_verify *v = NULL;
+    int rc = check_send(d, &v, err);
+    return rc < 0 ? rc : check_finish(d, v, err);
+}
+
+/* The answer of the check a batch sent before its requests, once they are done: what the server
+ * no longer held becomes dirty (*changed_there set) for the next batch. Returns the batch's
+ * result `rc`, or the check's transport error (in `err`). */
+static int batch_check_answer(struct daemon *d, struct gs_verify *check, int *changed_there, int rc,
+                              struct gs_error *err)
+{
+    if (!check)
+        return rc;
+    struct gs_error check_err = {0};
+    int found = check_finish(d, check, &check_err);
+    if (found < 0) {
+        *err = check_err;
+        return found;
+    }
+    *changed_there = found > 0;
+    return rc;
 }
 
 static void sync_batch(struct daemon *d)
 {
     read_changes(d); /* the saves that ended before the plan reads their files are not held */
+    d->syncing = 1;
+    struct gs_error err = {0};
+    struct gs_verify *check = NULL; /* answered while the batch goes (batch_check_answer) */
+    int rc = d->verify ? check_send(d, &check, &err) : 0;
+    if (rc < 0) {
+        d->syncing = 0;
+        disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
+        show_status(d);
+        return;
+    }
     d->batch_planned_at = gs_watch_events_read(d->watch);
     unhold(d);
     char **paths = d->dirty;
@@ -829,19 +883,8 @@ static void sync_batch(struct daemon *d)
     d->n_dirty = d->cap_dirty = 0;
     d->full = d->flush_now = 0;
     unique_paths(paths, &n);
-    d->syncing = 1;
     d->batch_paths = full ? 0 : n;
     show_status(d);
-    struct gs_error err = {0};
-    int rc = d->verify ? check_server(d, &full, &err) : 0;
-    if (rc < 0) {
-        d->syncing = 0;
-        requeue(d, paths, n, full);
-        disconnect(d, rc == GS_E_INTERRUPTED ? STOPPED_MID_WAIT : err.msg);
-        free_paths(paths, n);
-        show_status(d);
-        return;
-    }
     struct gs_push_opts o = {.paths = full ? NULL : (const char *const *)paths,
                              .n_paths = full ? 0 : n,
                              .on_op = on_op,
@@ -856,9 +899,16 @@ static void sync_batch(struct daemon *d)
     memset(&d->batch_st, 0, sizeof(d->batch_st));
     memset(&d->reading, 0, sizeof(d->reading));
     uint64_t link_before = d->sess.ops ? d->sess.ops->bytes_sent : 0;
+    memset(&st, 0, sizeof(st));
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
-    rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
+    if (full || n) /* nothing changed here: a flush's answer needs no plan */
+        rc = gs_push_run(d->o->root, d->sess.ig, d->sess.idx, d->sess.ops, &o, &st, &err);
     gs_ssh_set_waiting(d->ssh, NULL, NULL);
+    int changed_there = 0;
+    if (!is_transport_error(rc))
+        rc = batch_check_answer(d, check, &changed_there, rc, &err);
+    else
+        gs_verify_abandon(check);
     d->syncing = 0;
     count_for_pushes(d, &st, d->sess.ops ? d->sess.ops->bytes_sent - link_before : 0, full);
     if (rc == GS_E_REMOTE && st.failed == (size_t)d->changed_while_sent)
@@ -875,7 +925,7 @@ static void sync_batch(struct daemon *d)
             d->last_error[0] = '\0';
         if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
             keep_failed_batch(d, paths, n, full);
-        if (d->lost_ops || d->changed_while_sent) /* not synced yet: sent again at once */
+        if (d->lost_ops || d->changed_while_sent || changed_there) /* sent again at once */
             d->flush_now = 1;
         else if (!d->n_held) /* a flush waits for the saves in progress */
             d->synced_gen = gen;
@@ -915,7 +965,7 @@ static int batch_due(const struct daemon *d, int64_t now)
     if (d->n_held && now >= d->held_until_ms)
         return 1;
     if (!d->n_dirty && !d->full)
-        return 0;
+        return d->verify && d->flush_now;
     return d->flush_now || now - d->last_event_ms >= d->o->debounce_ms ||
            now - d->first_event_ms >= d->o->debounce_cap_ms;
 }
@@ -960,11 +1010,11 @@ static void start_flush(struct daemon *d, struct client *c)
     read_changes(d);
     retry_failed(d);
     /* And what the server holds: a file deleted there is not up to date. The check runs at the
-     * start of a batch, so the flush waits for a batch that starts after it, one of the whole
-     * tree (a batch under way, begun before the request, may not have checked). */
+     * start of a batch, which sends what it finds, so the flush waits for a batch that starts
+     * after it (a batch under way, begun before the request, may not have checked): a generation
+     * of its own, with nothing dirty. */
     d->verify = 1;
-    mark_full(d);
-    c->flush_gen = d->event_gen;
+    c->flush_gen = ++d->event_gen;
     c->flush_start_ms = gs_clock_mono_ms();
     d->flush_now = 1;
     if (!d->connected) /* a user asks now: try at once, not when the backoff ends */
@@ -1195,7 +1245,7 @@ static int next_timeout(const struct daemon *d, int64_t now)
     if (!d->connected && !d->connecting && d->next_connect_ms && d->next_connect_ms < t)
         t = d->next_connect_ms; /* (while connecting, a flush's "try at once" waits for it) */
     /* disconnected, a flush waits for the connection; with only held paths, for their saves */
-    if (d->flush_now && d->connected && (d->n_dirty || d->full))
+    if (d->flush_now && d->connected && (d->n_dirty || d->full || d->verify))
         t = now;
     if (t < d->lock_retry_ms) /* connecting and batching wait for the sync lock */
         t = d->lock_retry_ms;

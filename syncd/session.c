@@ -239,6 +239,8 @@ static int restart_through_shell(struct gs_session *s, struct gs_error *err)
     gs_resident_forget(s->root);
     gs_agent_close(s->agent);
     s->agent = NULL;
+    gs_verify_abandon(s->checking); /* it went with the requests; ready checks by itself */
+    s->checking = NULL;
     s->early_lost = s->early; /* the requests sent early went to a session that never began */
     gs_error_clear(err);
     int rc = start_through_shell(s, s->ssh, err);
@@ -310,8 +312,12 @@ static int settle_intents(struct gs_session *s, struct gs_error *err)
     if (rc == 0 && s->reconciled)
         gs_info("checked %zu operation%s an interrupted sync left in flight", s->reconciled,
                 s->reconciled == 1 ? "" : "s");
-    if (rc == 0 && !s->no_server_check)
-        rc = gs_verify_server(s->idx, s->ops, &s->verified, err);
+    if (rc == 0 && !s->no_server_check) {
+        struct gs_verify *early = s->checking;
+        s->checking = NULL;
+        rc = early ? gs_verify_finish(early, s->ops, NULL, &s->verified, err)
+                   : gs_verify_server(s->idx, s->ops, NULL, &s->verified, err);
+    }
     s->settled = rc == 0;
     return rc;
 }
@@ -319,6 +325,25 @@ static int settle_intents(struct gs_session *s, struct gs_error *err)
 int gs_session_replan(const struct gs_session *s)
 {
     return s->index_reset || s->reconciled || s->verified.gone || s->verified.changed;
+}
+
+void gs_session_check_early(struct gs_session *s)
+{
+    gs_verify_abandon(s->checking);
+    s->checking = NULL;
+    if (!s->no_server_check && gs_verify_prepare(s->idx, &s->checking, NULL) < 0)
+        s->checking = NULL; /* ready checks by itself */
+}
+
+/* Sends the check gs_session_check_early prepared as soon as the agent's channel is open: its
+ * answer comes while the plan is made and the first requests go. */
+static void send_early_check(struct gs_session *s)
+{
+    if (s->checking && s->agent &&
+        gs_verify_send(s->checking, gs_agent_fileops(s->agent), NULL) < 0) {
+        gs_verify_abandon(s->checking); /* the link failed: ready says so */
+        s->checking = NULL;
+    }
 }
 
 int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remote_dir,
@@ -332,7 +357,10 @@ int gs_session_start(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     s->settled = 0;
     if (s->cfg->transport == GS_TRANSPORT_SFTP)
         return open_sftp(s, ssh, s->remote_path, "[sync] transport = sftp", err);
-    return start_cached(s, ssh, err);
+    int rc = start_cached(s, ssh, err);
+    if (rc == 0)
+        send_early_check(s);
+    return rc;
 }
 
 int gs_session_go_early(struct gs_session *s)
@@ -370,6 +398,8 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
         return rc;
     gs_agent_close(s->agent);
     s->agent = NULL;
+    gs_verify_abandon(s->checking); /* it went with them */
+    s->checking = NULL;
     s->early_lost = early; /* the requests sent early went to a shell that found no agent */
     gs_error_clear(err);
     rc = install_and_open(s, s->ssh, err);
@@ -421,6 +451,8 @@ void gs_session_unlock(struct gs_session *s)
 void gs_session_disconnect(struct gs_session *s)
 {
     remember_rate(s);
+    gs_verify_abandon(s->checking);
+    s->checking = NULL;
     if (s->ops)
         s->ops->close(s->ops); /* for the agent transport this frees the agent too */
     else if (s->agent)

@@ -81,60 +81,147 @@ static int correct(struct gs_index *idx, struct gs_index_entry *e, enum finding 
     return gs_index_put(idx, e, err);
 }
 
-static int apply(struct gs_index *idx, struct entries *all, const struct gs_fop_stat *seen,
+/* 1 when the index still says what it said when the check was sent (a sync that ran meanwhile
+ * has not rewritten the entry, whose finding is then out of date). */
+static int still_believed(struct gs_index *idx, const struct gs_index_entry *then, int *rc,
+                          struct gs_error *err)
+{
+    struct gs_index_entry now;
+    int found = gs_index_get(idx, then->path, &now, err);
+    if (found < 0)
+        *rc = found;
+    int same = found == 1 && now.kind == then->kind && now.mode == then->mode &&
+               now.size == then->size && now.mtime_ns == then->mtime_ns &&
+               now.has_hash == then->has_hash &&
+               (!now.has_hash || memcmp(&now.hash, &then->hash, sizeof(now.hash)) == 0) &&
+               strcmp(now.link ? now.link : "", then->link ? then->link : "") == 0;
+    gs_index_entry_release(&now);
+    return same;
+}
+
+/* A check under way: the index's entries when it was sent, and the answer. */
+struct gs_verify {
+    struct gs_index *idx;
+    struct gs_fileops *ops;
+    struct entries all;
+    struct gs_fop_stat *seen;
+};
+
+/* Corrects the index where the server differs, then tells `found` each corrected path. What to
+ * correct is decided before any correction: a folder gone takes its files out of the index, and
+ * they were gone as well. */
+static int apply(struct gs_verify *v, const struct gs_verify_found *found,
                  struct gs_verify_result *out, struct gs_error *err)
 {
-    int rc = gs_index_begin(idx, err);
+    struct entries *all = &v->all;
+    size_t *fixed = gs_xcalloc(all->n, sizeof(*fixed)), n_fixed = 0;
+    enum finding *how = gs_xcalloc(all->n, sizeof(*how));
+    int rc = gs_index_begin(v->idx, err);
     for (size_t i = 0; rc == 0 && i < all->n; i++) {
-        enum finding f = compare(&all->v[i], &seen[i]);
-        if (f == SAME || f == UNTOLD)
-            continue;
-        if (f == GONE)
+        how[i] = compare(&all->v[i], &v->seen[i]);
+        if (how[i] != SAME && how[i] != UNTOLD && still_believed(v->idx, &all->v[i], &rc, err))
+            fixed[n_fixed++] = i;
+    }
+    for (size_t k = 0; rc == 0 && k < n_fixed; k++) {
+        size_t i = fixed[k];
+        if (how[i] == GONE)
             out->gone++;
         else
             out->changed++;
-        rc = correct(idx, &all->v[i], f, &seen[i], err);
+        rc = correct(v->idx, &all->v[i], how[i], &v->seen[i], err);
     }
     if (rc == 0)
-        return gs_index_commit(idx, err);
-    gs_index_rollback(idx, NULL);
-    out->gone = out->changed = 0;
+        rc = gs_index_commit(v->idx, err);
+    else
+        gs_index_rollback(v->idx, NULL);
+    if (rc < 0)
+        out->gone = out->changed = 0;
+    for (size_t k = 0; rc == 0 && found && k < n_fixed; k++)
+        found->fn(found->ctx, all->v[fixed[k]].path);
+    free(how);
+    free(fixed);
     return rc;
 }
 
-/* Asks the server about every entry and corrects the index by what it says. */
-static int check_all(struct gs_index *idx, struct gs_fileops *ops, struct entries *all,
-                     struct gs_verify_result *out, struct gs_error *err)
+static struct gs_fop_belief belief_of(const struct gs_index_entry *e)
 {
-    const char **paths = gs_xcalloc(all->n, sizeof(*paths));
-    struct gs_fop_stat *seen = gs_xcalloc(all->n, sizeof(*seen));
-    for (size_t i = 0; i < all->n; i++)
-        paths[i] = all->v[i].path;
-    int rc = ops->stat(ops, paths, all->n, seen, err);
-    if (rc == 0)
-        rc = apply(idx, all, seen, out, err);
-    free(paths);
-    free(seen);
+    return (struct gs_fop_belief){.path = e->path,
+                                  .kind = (enum gs_fop_kind)e->kind,
+                                  .mode = e->mode,
+                                  .size = e->size,
+                                  .mtime_ns = e->mtime_ns,
+                                  .link = e->link};
+}
+
+void gs_verify_abandon(struct gs_verify *v)
+{
+    if (!v)
+        return;
+    entries_release(&v->all);
+    free(v->seen);
+    free(v);
+}
+
+int gs_verify_prepare(struct gs_index *idx, struct gs_verify **out, struct gs_error *err)
+{
+    struct gs_verify *v = gs_xcalloc(1, sizeof(*v));
+    v->idx = idx;
+    int rc = gs_index_foreach(idx, NULL, collect, &v->all, err);
+    if (rc < 0) {
+        gs_verify_abandon(v);
+        v = NULL;
+    }
+    *out = v;
     return rc;
 }
 
-int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops, struct gs_verify_result *out,
+int gs_verify_send(struct gs_verify *v, struct gs_fileops *ops, struct gs_error *err)
+{
+    if (v->ops || !ops->check_send || !v->all.n) /* sent already; cannot; nothing written there */
+        return 0;
+    struct gs_fop_belief *beliefs = gs_xcalloc(v->all.n, sizeof(*beliefs));
+    for (size_t i = 0; i < v->all.n; i++)
+        beliefs[i] = belief_of(&v->all.v[i]);
+    int rc = ops->check_send(ops, beliefs, v->all.n, err);
+    free(beliefs);
+    if (rc == 0)
+        v->ops = ops;
+    return rc;
+}
+
+int gs_verify_finish(struct gs_verify *v, struct gs_fileops *ops,
+                     const struct gs_verify_found *found, struct gs_verify_result *out,
                      struct gs_error *err)
 {
     memset(out, 0, sizeof(*out));
-    if (!ops->stat)
+    if (!v)
         return 0;
-    struct entries all = {0};
-    int rc = gs_index_foreach(idx, NULL, collect, &all, err);
-    if (rc == 0 && all.n)
-        rc = check_all(idx, ops, &all, out, err);
-    if (rc == 0)
-        out->checked = all.n;
+    int rc = gs_verify_send(v, ops, err);
+    if (rc == 0 && v->ops) {
+        v->seen = gs_xcalloc(v->all.n, sizeof(*v->seen));
+        rc = v->ops->check_wait(v->ops, v->seen, err);
+        if (rc == 0)
+            rc = apply(v, found, out, err);
+        if (rc == 0)
+            out->checked = v->all.n;
+    }
     size_t off = out->gone + out->changed;
     if (rc == 0 && off)
         gs_info("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, "
                 "%zu changed there): sending them again",
-                off, all.n, out->gone, out->changed);
-    entries_release(&all);
+                off, v->all.n, out->gone, out->changed);
+    gs_verify_abandon(v);
+    return rc;
+}
+
+int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops,
+                     const struct gs_verify_found *found, struct gs_verify_result *out,
+                     struct gs_error *err)
+{
+    struct gs_verify *v;
+    int rc = gs_verify_prepare(idx, &v, err);
+    if (rc == 0)
+        return gs_verify_finish(v, ops, found, out, err);
+    memset(out, 0, sizeof(*out));
     return rc;
 }

@@ -4,9 +4,11 @@
  * did not change is not looked at again. But the server is not only gpusync's: a file deleted or
  * edited there (by hand, by a job, by `rm -rf` of a folder) would leave the index, and every
  * "up to date" after it, wrong until the local copy changed. So at each connection, once the
- * intents are settled, every indexed path is stat'ed on the server (no file is read: one
- * pipelined round trip per 65,536 paths) and compared as rsync's quick check does, by kind, size
- * and mtime (to the second, as file systems keep it), plus mode and a symlink's target:
+ * intents are settled, every indexed path is compared with what the server holds (`check`,
+ * remote/fileops.h: the agent stats them, reads no file, and answers with the ones that differ;
+ * a connection's later checks send only what changed in the index since) as rsync's quick check
+ * does, by kind, size and mtime (to the second, as file systems keep it), plus mode and a
+ * symlink's target:
  *
  * - gone from the server: the entry (and what lies below it) leaves the index, so the next plan
  *   sends the file whole, as new;
@@ -33,10 +35,34 @@ struct gs_verify_result {
     size_t changed; /* changed there (content, kind or mode): to be set right again */
 };
 
-/* Compares every index entry with what the server holds, through `ops->stat`, and corrects the
- * index as above, in one transaction. Does nothing (returns 0, `out` zeroed) when the transport
- * has no stat. Returns 0, or a transport or index error (the index is then as it was). */
-int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops, struct gs_verify_result *out,
+/* Told each path the check corrected (gone or changed there), once the index is written: a
+ * caller that syncs part of the tree sends those paths. */
+struct gs_verify_found {
+    void (*fn)(void *ctx, const char *path);
+    void *ctx;
+};
+
+/* Compares every index entry with what the server holds, through the transport's check, and
+ * corrects the index as above, in one transaction, then tells `found` (may be NULL) the
+ * corrected paths. Does nothing (returns 0, `out` zeroed) when the transport has no check.
+ * Returns 0, or a transport or index error (the index is then as it was). */
+int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops,
+                     const struct gs_verify_found *found, struct gs_verify_result *out,
                      struct gs_error *err);
+
+/* The same in steps, so that a sync goes on while the server answers. gs_verify_prepare takes the
+ * index's entries as they are now (*out NULL on error); gs_verify_send asks the server about them
+ * (nothing when the transport has no check, or nothing was written there), and what is
+ * submitted after it goes on meanwhile; gs_verify_finish sends it to `ops` if that was not done,
+ * waits for the answer and corrects only the entries the index still holds as they were when
+ * prepared (a sync that rewrote one meanwhile has made it true again), then frees `v`.
+ * gs_verify_abandon frees one whose answer is not wanted (NULL: nothing). */
+struct gs_verify;
+int gs_verify_prepare(struct gs_index *idx, struct gs_verify **out, struct gs_error *err);
+int gs_verify_send(struct gs_verify *v, struct gs_fileops *ops, struct gs_error *err);
+int gs_verify_finish(struct gs_verify *v, struct gs_fileops *ops,
+                     const struct gs_verify_found *found, struct gs_verify_result *out,
+                     struct gs_error *err);
+void gs_verify_abandon(struct gs_verify *v);
 
 #endif

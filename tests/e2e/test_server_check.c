@@ -224,6 +224,65 @@ static void test_check__an_idle_daemon_notices_a_file_deleted_on_the_server(void
     expect_trees_equal(&cur, "after the idle check");
 }
 
+/* A file changed both here and on the server: the push sends it expecting what the index
+ * recorded, and the agent keeps the server's copy aside once. The check of the server, answered
+ * before that request was carried out, found the file changed too; the push must not act on that
+ * answer about a file it has rewritten since (it would send the file a second time). */
+static void test_check__a_file_changed_on_both_sides_is_sent_once_and_kept_once(void **state)
+{
+    (void)state;
+    proj_new(&cur, NULL);
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "first push");
+    json_decref(o);
+    assert_int_equal(
+        gs_test_sh("echo '# edited on the server' >> '%s/src/pkg/model.py'", cur.remote), 0);
+    gs_test_write_file(cur.local, "src/pkg/model.py", "class Model: edited here\n");
+
+    o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push, edited on both sides");
+    assert_int_equal(int_field(o, "sent", "push"), 1);
+    assert_int_equal(int_field(o, "server_changed", "push"), 0);
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
+    json_decref(o);
+    assert_int_equal(conflict_copies(&cur, "src/pkg/model.py"), 1);
+    assert_int_equal(gs_test_sh("grep -q 'edited on the server' '%s'/src/pkg/model.py.gpusync-"
+                                "conflict-* && rm '%s'/src/pkg/model.py.gpusync-conflict-*",
+                                cur.remote, cur.remote),
+                     0);
+    expect_trees_equal(&cur, "after the push");
+}
+
+/* The watch daemon keeps one connection, and the agent keeps what it was told the server holds:
+ * each flush sends only what changed in gpusync's record since the last one (a file added, one
+ * removed) and still notices what changed on the server behind its back, a file the daemon
+ * wrote a moment ago included. */
+static void test_check__each_flush_of_a_connection_checks_the_whole_record(void **state)
+{
+    (void)state;
+    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
+    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+
+    gs_test_write_file(cur.local, "new.txt", "written after the first flush\n");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush of new.txt");
+    assert_int_equal(gs_test_sh("rm '%s/new.txt'", cur.remote), 0);
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after new.txt went on the server");
+    expect_trees_equal(&cur, "new.txt, deleted on the server");
+
+    assert_int_equal(gs_test_sh("rm '%s/src/pkg/cache/a.bin'", cur.local), 0);
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush of a deletion");
+    assert_int_equal(gs_test_sh("rm '%s/train.py'", cur.remote), 0);
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after train.py went on the server");
+    expect_trees_equal(&cur, "train.py, deleted on the server");
+
+    assert_int_equal(
+        gs_test_sh("echo '# edited on the server' >> '%s/src/pkg/model.py'", cur.remote), 0);
+    gs_test_write_file(cur.local, "src/pkg/model.py", "class Model: edited here\n");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush, model.py edited on both sides");
+    assert_int_equal(conflict_copies(&cur, "src/pkg/model.py"), 1);
+    assert_int_equal(gs_test_sh("rm '%s'/src/pkg/model.py.gpusync-conflict-*", cur.remote), 0);
+    expect_trees_equal(&cur, "model.py, edited on both sides");
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -233,6 +292,8 @@ int main(void)
         T(test_check__push_puts_back_what_was_changed_on_the_server),
         T(test_check__a_flush_through_the_daemon_puts_it_back),
         T(test_check__an_idle_daemon_notices_a_file_deleted_on_the_server),
+        T(test_check__a_file_changed_on_both_sides_is_sent_once_and_kept_once),
+        T(test_check__each_flush_of_a_connection_checks_the_whole_record),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

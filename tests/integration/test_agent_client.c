@@ -527,6 +527,103 @@ static void test_agent_client__probe_reports_what_the_server_holds(void **state)
     free(data);
 }
 
+/* The beliefs a client would send for the files under the agent's root (paths[0..n), sorted),
+ * read from the server's copies; `links` keeps symlink targets. */
+static void believe(struct fx *f, const char *const *paths, size_t n, struct gs_fop_belief *out,
+                    char (*links)[64])
+{
+    for (size_t i = 0; i < n; i++) {
+        char p[512];
+        snprintf(p, sizeof(p), "%s/%s", f->remote, paths[i]);
+        struct stat st;
+        assert_int_equal(lstat(p, &st), 0);
+        out[i] = (struct gs_fop_belief){.path = paths[i],
+                                        .kind = S_ISREG(st.st_mode)   ? GS_FOP_KIND_FILE
+                                                : S_ISDIR(st.st_mode) ? GS_FOP_KIND_DIR
+                                                                      : GS_FOP_KIND_SYMLINK,
+                                        .mode = st.st_mode & 07777,
+                                        .size = (uint64_t)st.st_size,
+                                        .mtime_ns =
+                                            st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
+        if (S_ISLNK(st.st_mode)) {
+            ssize_t len = readlink(p, links[i], 63);
+            assert_true(len >= 0);
+            links[i][len] = '\0';
+            out[i].link = links[i];
+        }
+    }
+}
+
+/* Frame bytes sent to the agent so far. */
+static unsigned long long sent_so_far(struct fx *f)
+{
+    unsigned long long frames = 0, wire = 0;
+    gs_agent_compression(f->agent, &frames, &wire);
+    return frames;
+}
+
+static void check(struct fx *f, const struct gs_fop_belief *b, size_t n, struct gs_fop_stat *out)
+{
+    struct gs_error err = {0};
+    if (f->ops->check_send(f->ops, b, n, &err) < 0 || f->ops->check_wait(f->ops, out, &err) < 0)
+        fail_msg("check: %s", err.msg);
+}
+
+/* check: the paths where the server differs from the beliefs, and only those; a second check on
+ * the connection sends the beliefs that changed (a few bytes, not 3,000 paths' worth), including
+ * paths no longer believed (or the agent would report them, which the client refuses). */
+static void test_agent_client__check_reports_what_differs_and_sends_only_changes(void **state)
+{
+    struct fx *f = *state;
+    enum { N = 3000 }; /* more than one CHECK frame */
+    assert_int_equal(gs_test_sh("cd '%s' && mkdir d && for i in $(seq 1000 3997); do echo $i > "
+                                "d/f$i; done && ln -s d/f1000 link",
+                                f->remote),
+                     0);
+    static char names[N][16];
+    const char *paths[N];
+    paths[0] = "d";
+    for (int i = 1; i < N - 1; i++) {
+        snprintf(names[i], sizeof(names[i]), "d/f%d", 999 + i);
+        paths[i] = names[i];
+    }
+    paths[N - 1] = "link";
+    static struct gs_fop_belief b[N];
+    static char links[N][64];
+    static struct gs_fop_stat out[N];
+    believe(f, paths, N, b, links);
+    unsigned long long before = sent_so_far(f);
+    check(f, b, N, out);
+    unsigned long long first = sent_so_far(f) - before;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(out[i].kind, GS_FOP_KIND_UNKNOWN);
+
+    /* behind its back: f1500 deleted, f2000's mode, the link retargeted; the client no longer
+     * believes in f3997 (deleted on both sides) */
+    assert_int_equal(gs_test_sh("cd '%s' && rm d/f1500 d/f3997 && chmod 600 d/f2000 && "
+                                "ln -sfn d/f1001 link",
+                                f->remote),
+                     0);
+    before = sent_so_far(f);
+    check(f, b, N - 2, out); /* ..., d/f3996 */
+    for (int i = 0; i < N - 2; i++) {
+        enum gs_fop_kind want = i == 501    ? GS_FOP_KIND_NONE
+                                : i == 1001 ? GS_FOP_KIND_FILE
+                                            : GS_FOP_KIND_UNKNOWN;
+        if (out[i].kind != want)
+            fail_msg("%s: kind %d, expected %d", paths[i], out[i].kind, want);
+    }
+    assert_int_equal(out[1001].mode, 0600);
+    unsigned long long second = sent_so_far(f) - before;
+    print_message("first check %llu bytes, second %llu\n", first, second);
+    assert_true(first > 100000 && second < 200);
+
+    b[N - 3] = b[N - 1]; /* believed again: the link, at its old target */
+    check(f, b, N - 2, out);
+    assert_int_equal(out[N - 3].kind, GS_FOP_KIND_SYMLINK);
+    assert_true(out[N - 3].has_hash);
+}
+
 /* What a listing handed to its callback. */
 struct seen {
     int entries, skipped, skip_errno, has_a;
@@ -610,6 +707,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__probe_reports_what_the_server_holds,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__check_reports_what_differs_and_sends_only_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__list_hands_over_what_the_agent_skipped,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(

@@ -1,0 +1,162 @@
+/* remote/check_set.c: the beliefs an agent keeps for CHECK, and the frames that update them (see
+ * check_set.h). */
+#include "remote/check_set.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wrapper.h"
+
+#define CHECK_FRAME                                                                                \
+    (64u << 10) /* entry bytes per CHECK frame (about 1,300 paths): a frame goes                   \
+                 * whole, and the first 64 KiB of a session go before the agent                    \
+                 * has agreed to compress (agent_client.c) */
+
+/* Frames being filled: a new one starts when the current one is full. */
+struct frames {
+    struct gs_proto_buf *out;
+    uint32_t next_id, flags;
+    size_t mark;
+    uint32_t n;
+};
+
+static void frame_begin(struct frames *f)
+{
+    if (gs_proto_list_begin(f->out, GS_MSG_CHECK, f->next_id++, f->flags, &f->mark) < 0)
+        gs_out_of_memory(0);
+    f->n++;
+}
+
+static void frame_end(struct frames *f, uint32_t flags)
+{
+    /* the flags word comes first in a CHECK's payload (gs_proto_list_begin) */
+    uint8_t *p = f->out->data + f->mark + GS_PROTO_HDR;
+    p[0] = (uint8_t)(flags >> 24), p[1] = (uint8_t)(flags >> 16);
+    p[2] = (uint8_t)(flags >> 8), p[3] = (uint8_t)flags;
+    gs_proto_list_end(f->out, f->mark);
+}
+
+static void to_entry(const struct gs_fop_belief *b, struct gs_proto_entry *e)
+{
+    memset(e, 0, sizeof(*e));
+    e->path = gs_proto_cstr(b->path);
+    e->kind = (uint8_t)b->kind;
+    e->meta.mode = b->mode & 07777;
+    int64_t ns = b->mtime_ns % 1000000000;
+    e->meta.mtime_sec = b->mtime_ns / 1000000000 - (ns < 0); /* whole seconds, rounded down */
+    e->meta.mtime_nsec = (uint32_t)(ns < 0 ? ns + 1000000000 : ns);
+    e->size = b->size;
+    e->link = gs_proto_cstr(b->link && b->kind == GS_FOP_KIND_SYMLINK ? b->link : "");
+}
+
+static void add(struct frames *f, const struct gs_proto_entry *e)
+{
+    if (gs_proto_list_add(f->out, f->mark, CHECK_FRAME, e) == 0)
+        return;
+    frame_end(f, f->flags | GS_CHECK_DEFER * ((f->flags & GS_CHECK_KEEP) != 0));
+    frame_begin(f);
+    if (gs_proto_list_add(f->out, f->mark, GS_PROTO_MAX_PAYLOAD, e) < 0)
+        gs_out_of_memory(0); /* an entry (a path and a link target) is far below a frame */
+}
+
+static void add_belief(struct frames *f, const struct gs_fop_belief *b)
+{
+    struct gs_proto_entry e;
+    to_entry(b, &e);
+    add(f, &e);
+}
+
+static void add_removal(struct frames *f, const char *path)
+{
+    struct gs_proto_entry e;
+    memset(&e, 0, sizeof(e));
+    e.path = gs_proto_cstr(path); /* kind NONE: no longer believed */
+    e.link = gs_proto_cstr("");
+    add(f, &e);
+}
+
+static int same_belief(const struct gs_fop_belief *a, const struct gs_fop_belief *b)
+{
+    return a->kind == b->kind && a->mode == b->mode && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns &&
+           strcmp(a->link ? a->link : "", b->link ? b->link : "") == 0;
+}
+
+/* The differences between what the agent keeps and beliefs[0..n), both in path order. */
+static void add_changes(struct frames *f, const struct gs_check_set *kept,
+                        const struct gs_fop_belief *b, size_t n)
+{
+    size_t i = 0, j = 0;
+    while (i < kept->n || j < n) {
+        int c = i == kept->n ? 1 : j == n ? -1 : strcmp(kept->v[i].path, b[j].path);
+        if (c < 0)
+            add_removal(f, kept->v[i].path);
+        else if (c > 0 || !same_belief(&kept->v[i], &b[j]))
+            add_belief(f, &b[j]);
+        i += c <= 0;
+        j += c >= 0;
+    }
+}
+
+int gs_check_keeps(size_t n)
+{
+    return n <= GS_PROTO_CHECK_KEEP_MAX;
+}
+
+uint32_t gs_check_encode(const struct gs_check_set *kept, const struct gs_fop_belief *b, size_t n,
+                         uint32_t first_id, struct gs_proto_buf *out)
+{
+    struct frames f = {.out = out, .next_id = first_id};
+    f.flags = gs_check_keeps(n) ? GS_CHECK_KEEP : 0;
+    frame_begin(&f);
+    if (f.flags & GS_CHECK_KEEP)
+        add_changes(&f, kept, b, n);
+    else
+        for (size_t i = 0; i < n; i++)
+            add_belief(&f, &b[i]);
+    frame_end(&f, f.flags);
+    return f.n;
+}
+
+void gs_check_set_clear(struct gs_check_set *kept)
+{
+    for (size_t i = 0; i < kept->n; i++) {
+        free((char *)kept->v[i].path);
+        free((char *)kept->v[i].link);
+    }
+    free(kept->v);
+    kept->v = NULL;
+    kept->n = 0;
+}
+
+void gs_check_set_assign(struct gs_check_set *kept, const struct gs_fop_belief *b, size_t n)
+{
+    gs_check_set_clear(kept);
+    kept->v = gs_xcalloc(n ? n : 1, sizeof(*kept->v));
+    for (size_t i = 0; i < n; i++) {
+        kept->v[i] = b[i];
+        kept->v[i].path = gs_xstrdup(b[i].path);
+        kept->v[i].link = b[i].link ? gs_xstrdup(b[i].link) : NULL;
+    }
+    kept->n = n;
+}
+
+long gs_check_find(const struct gs_fop_belief *b, size_t n, const char *p, size_t len)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const char *q = b[mid].path;
+        size_t qlen = strlen(q);
+        int c = memcmp(q, p, qlen < len ? qlen : len);
+        if (c == 0)
+            c = qlen < len ? -1 : qlen > len;
+        if (c == 0)
+            return (long)mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
