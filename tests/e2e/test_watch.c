@@ -1231,6 +1231,53 @@ static void test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked(
     expect_trees_equal("after the restart");
 }
 
+/* The CPU time (user and system) process `pid` has used, in milliseconds. */
+static long cpu_ms(pid_t pid)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    assert_non_null(fgets(line, sizeof(line), fp));
+    fclose(fp);
+    unsigned long utime = 0, stime = 0;
+    const char *after = strrchr(line, ')'); /* the name may hold spaces */
+    assert_non_null(after);
+    assert_int_equal(
+        sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime),
+        2);
+    return (long)((utime + stime) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+/* A flush asked while the daemon's login hangs waits for that attempt without spinning: the
+ * daemon used to poll with a zero timeout until the attempt ended, a core at 100% for as long as
+ * the login hung. */
+static void test_watch__a_flush_while_the_login_hangs_does_not_spin(void **state)
+{
+    (void)state;
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("a.py", "sent once the link is back\n");
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    watch_start();
+    pid_t pid = daemon_pid();
+    long cpu_before = cpu_ms(pid);
+    int64_t start = gs_clock_mono_ms();
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "2"));
+    long wall = (long)(gs_clock_mono_ms() - start), used = cpu_ms(pid) - cpu_before;
+    assert_int_not_equal(r.status, 0); /* nothing could be sent */
+    gs_test_result_release(&r);
+    if (used > wall / 4)
+        fail_msg("the daemon used %ld ms of CPU in the %ld ms a flush waited on its login", used,
+                 wall);
+    assert_int_equal(wansim_command(&wan, "resume", reply, sizeof(reply)), 0);
+    flush("flush once the link is back");
+    expect_trees_equal("after the link came back");
+}
+
 /* Reads a terminal until its program has exited and closed it (EIO on Linux), or `limit_ms`. */
 static void read_terminal_to_end(int term, struct gs_buf *screen, int limit_ms)
 {
@@ -2219,6 +2266,7 @@ int main(void)
         T(test_watch__stop_while_a_large_file_is_hashed_is_prompt),
         T(test_watch__ps_during_a_long_batch_is_relayed_at_once),
         T(test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked),
+        T(test_watch__a_flush_while_the_login_hangs_does_not_spin),
         T(test_watch__a_push_through_the_daemon_shows_the_batch_moving),
         T(test_watch__a_push_reading_a_large_file_shows_it),
         T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
