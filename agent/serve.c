@@ -381,6 +381,7 @@ void ga_serve_release(struct ga_serve *s)
         if (s->streams[i].used)
             ga_serve_stream_free(&s->streams[i]);
     free(s->streams);
+    ga_serve_check_save(s);                    /* while this session is still the root's writer */
     ga_fence_release(&s->fence, s->clean_end); /* after the streams' temporaries are gone */
     if (s->rootfd >= 0)
         close(s->rootfd);

@@ -1,13 +1,16 @@
 /* The agent's CHECK handler (proto/sync.h): the paths where the server holds something other than
- * the client believes, and the beliefs a session keeps between checks (GS_CHECK_KEEP). */
+ * the client believes, the beliefs a session keeps between checks (GS_CHECK_KEEP), and the set it
+ * saves for the next session (GS_CHECK_SAVED). */
 /* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
 #endif
 #include "serve_int.h"
+#include "wrapper.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,6 +32,7 @@ struct belief {
 struct ga_check_set {
     struct belief *v;
     size_t n, cap;
+    int changed; /* since it was loaded from the saved set: save it again */
 };
 
 static void set_clear(struct ga_check_set *set)
@@ -133,6 +137,7 @@ static int merge_kept(struct ga_serve *s, struct ga_check_set *news)
         free(news->v[j].path);
     free(kept->v);
     free(news->v);
+    out.changed = kept->changed || news->n > 0;
     memset(news, 0, sizeof(*news));
     *kept = out;
     if (rc < 0)
@@ -250,6 +255,144 @@ static int examine_all(struct ga_serve *s, uint32_t id, const struct ga_check_se
     return 0;
 }
 
+/* ---- the set saved for the next session ---- */
+
+#define SAVED_MAGIC     "gpusync check-kept 1\n"
+#define SAVED_MAGIC_LEN (sizeof(SAVED_MAGIC) - 1)
+#define SAVED_MAX       (512u << 20) /* bytes: far more than GS_PROTO_CHECK_KEEP_MAX entries */
+
+/* The set's entries as the digest covers them (proto/sync.h: mtime_nsec 0), appended to `out`. */
+static int encode_set(const struct ga_check_set *set, struct gs_proto_buf *out)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        const struct belief *b = &set->v[i];
+        struct gs_proto_entry e;
+        memset(&e, 0, sizeof(e));
+        e.path = gs_proto_cstr(b->path);
+        e.kind = b->kind;
+        e.meta.mode = b->mode;
+        e.meta.mtime_sec = b->mtime_sec;
+        e.size = b->size;
+        e.link = gs_proto_cstr(b->link);
+        if (gs_proto_entry_append(out, &e) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+static int write_saved(int dirfd, const char *name, size_t count, const struct gs_proto_buf *b)
+{
+    char tmp[64];
+    int fd = ga_fs_tmp_create(dirfd, tmp);
+    if (fd < 0)
+        return fd;
+    uint8_t n[4] = {(uint8_t)(count >> 24), (uint8_t)(count >> 16), (uint8_t)(count >> 8),
+                    (uint8_t)count};
+    int rc = ga_write_all(fd, SAVED_MAGIC, SAVED_MAGIC_LEN) < 0 || ga_write_all(fd, n, 4) < 0 ||
+                     ga_write_all(fd, b->data, b->len) < 0
+                 ? -errno
+                 : 0;
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && renameat(dirfd, tmp, dirfd, name) < 0)
+        rc = -errno;
+    if (rc < 0)
+        unlinkat(dirfd, tmp, 0);
+    return rc;
+}
+
+void ga_serve_check_save(struct ga_serve *s)
+{
+    if (!s->kept || !s->kept->changed || s->fence.fd < 0) /* only the root's one writer saves */
+        return;
+    struct gs_proto_buf b;
+    gs_proto_buf_init(&b);
+    char name[GA_FS_NAME_MAX + 1];
+    int dirfd = -1;
+    int rc = encode_set(s->kept, &b);
+    if (rc == 0)
+        rc = ga_fs_open_parent(s->rootfd, GS_PROTO_CHECK_SAVED, 1, &dirfd, name);
+    if (rc == 0)
+        rc = write_saved(dirfd, name, s->kept->n, &b);
+    if (dirfd >= 0)
+        close(dirfd);
+    if (rc < 0) /* the next session sends its whole set: slower, no less true */
+        fprintf(stderr, "gpusync-agent: cannot save the checked paths for the next session: %s\n",
+                strerror(-rc));
+    gs_proto_buf_release(&b);
+}
+
+/* Reads the saved set's file whole into `b`. */
+static int read_saved(struct ga_serve *s, struct gs_proto_buf *b)
+{
+    char name[GA_FS_NAME_MAX + 1];
+    int dirfd, rc = ga_fs_open_parent(s->rootfd, GS_PROTO_CHECK_SAVED, 0, &dirfd, name);
+    if (rc < 0)
+        return rc;
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    close(dirfd);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        rc = -errno;
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > (off_t)SAVED_MAX) {
+        close(fd);
+        return -EINVAL;
+    }
+    rc = gs_proto_buf_reserve(b, (size_t)st.st_size) < 0 ? -ENOMEM : 0;
+    while (rc == 0 && b->len < (size_t)st.st_size) {
+        ssize_t got = read(fd, b->data + b->len, (size_t)st.st_size - b->len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        rc = got < 0 ? -errno : got == 0 ? -EINVAL : 0;
+        b->len += got > 0 ? (size_t)got : 0;
+    }
+    close(fd);
+    return rc;
+}
+
+/* Starts the kept set from the saved one, if `digest` names it; -ESTALE if none does. */
+static int start_from_saved(struct ga_serve *s, const uint8_t digest[GS_PROTO_HASH_LEN])
+{
+    struct gs_proto_buf b;
+    gs_proto_buf_init(&b);
+    struct ga_check_set saved = {0};
+    int rc = read_saved(s, &b);
+    size_t head = SAVED_MAGIC_LEN + 4;
+    if (rc < 0 || b.len < head || memcmp(b.data, SAVED_MAGIC, SAVED_MAGIC_LEN) != 0 ||
+        b.len - head > UINT32_MAX)
+        rc = -ESTALE;
+    uint8_t got[GS_PROTO_HASH_LEN];
+    if (rc == 0) {
+        ga_fs_hash_mem(b.data + head, b.len - head, got);
+        rc = memcmp(got, digest, sizeof(got)) == 0 ? 0 : -ESTALE;
+    }
+    if (rc == 0) {
+        const uint8_t *n = b.data + SAVED_MAGIC_LEN;
+        struct gs_proto_msg m = {.count = (uint32_t)n[0] << 24 | (uint32_t)n[1] << 16 |
+                                          (uint32_t)n[2] << 8 | n[3]};
+        m.entries.p = (const char *)b.data + head;
+        m.entries.len = (uint32_t)(b.len - head);
+        rc = read_beliefs(&m, &saved) < 0 ? -ESTALE : 0;
+    }
+    if (rc == 0 && saved.n > GS_PROTO_CHECK_KEEP_MAX)
+        rc = -ESTALE;
+    if (rc == 0) {
+        ga_serve_check_release(s);
+        s->kept = calloc(1, sizeof(*s->kept));
+        rc = s->kept ? 0 : -ENOMEM;
+    }
+    if (rc == 0)
+        *s->kept = saved; /* changed 0: as saved */
+    else
+        set_clear(&saved);
+    gs_proto_buf_release(&b);
+    return rc;
+}
+
 static int keep(struct ga_serve *s, struct ga_check_set *news)
 {
     if (!s->kept && !(s->kept = calloc(1, sizeof(*s->kept))))
@@ -261,9 +404,11 @@ void ga_serve_check(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     struct ga_check_set got = {0};
     int keeping = (m->flags & GS_CHECK_KEEP) != 0;
-    int rc = m->flags & ~(uint32_t)(GS_CHECK_KEEP | GS_CHECK_DEFER) ? -EBADMSG : 0;
+    int rc = m->flags & ~(uint32_t)(GS_CHECK_KEEP | GS_CHECK_DEFER | GS_CHECK_SAVED) ? -EBADMSG : 0;
     if (rc == 0)
         rc = read_beliefs(m, &got);
+    if (rc == 0 && keeping && (m->flags & GS_CHECK_SAVED))
+        rc = start_from_saved(s, m->hash);
     if (rc == 0 && keeping)
         rc = keep(s, &got);
     if (rc == 0 && keeping && (m->flags & GS_CHECK_DEFER)) {
@@ -276,7 +421,9 @@ void ga_serve_check(struct ga_serve *s, const struct gs_proto_msg *m)
     if (rc < 0) {
         ga_serve_check_release(s);
         ga_serve_reply_error(s, m->id, -rc, "CHECK: %s",
-                             rc == -E2BIG ? "more paths than an agent keeps" : strerror(-rc));
+                             rc == -E2BIG    ? "more paths than an agent keeps"
+                             : rc == -ESTALE ? "no saved set has that digest"
+                                             : strerror(-rc));
     }
 }
 

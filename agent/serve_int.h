@@ -90,6 +90,10 @@ void ga_entries_end(struct ga_entries_out *o);
 /* Frees the entries a session keeps for CHECK (serve_check.c). */
 void ga_serve_check_release(struct ga_serve *s);
 
+/* Saves them for the next session (GS_PROTO_CHECK_SAVED) when they changed since loaded and this
+ * session is the root's writer; a failure is only said on stderr (the next check sends all). */
+void ga_serve_check_save(struct ga_serve *s);
+
 /* Request handlers: each replies for m->id. */
 void ga_serve_put(struct ga_serve *s, const struct gs_proto_msg *m);
 void ga_serve_put_begin(struct ga_serve *s, const struct gs_proto_msg *m);

@@ -171,6 +171,45 @@ int gs_path_open_private(const char *path, int flags)
     return open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0600);
 }
 
+int gs_path_write_atomic(const char *path, const void *data, size_t len)
+{
+    struct gs_buf tmp = GS_BUF_INIT;
+    gs_buf_addf(&tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = gs_path_open_private(tmp.data, O_WRONLY | O_CREAT | O_TRUNC);
+    int rc = fd < 0 || gs_write_all(fd, data, len) < 0 ? -1 : 0;
+    if (fd >= 0 && close(fd) != 0)
+        rc = -1;
+    if (rc == 0 && rename(tmp.data, path) != 0)
+        rc = -1;
+    if (rc < 0) {
+        int saved = errno;
+        unlink(tmp.data);
+        errno = saved;
+    }
+    gs_buf_release(&tmp);
+    return rc;
+}
+
+int gs_path_read_file(const char *path, struct gs_buf *out)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char chunk[65536];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        gs_buf_add(out, chunk, (size_t)n);
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return n < 0 ? -1 : 0;
+}
+
 #define STATE_GITIGNORE "# gpusync's state (index, daemon socket, logs): never for git\n*\n"
 
 int gs_path_state_dir(const char *root, struct gs_error *err)

@@ -30,6 +30,15 @@ int gs_path_state_dir(const char *root, struct gs_error *err);
  * name: open(2) flags plus O_NOFOLLOW | O_CLOEXEC. Returns the descriptor or -1 (errno set). */
 int gs_path_open_private(const char *path, int flags);
 
+/* Replaces the file at `path` with data[0..len), private (0600), through a temporary file beside
+ * it and rename(2): a reader finds the old content or the new, never part of either. Returns 0
+ * or -1 (errno set; the temporary file is gone). */
+int gs_path_write_atomic(const char *path, const void *data, size_t len);
+
+/* Appends the whole content of the file at `path` (never through a symlink) to `out`. Returns 0
+ * or -1 (errno set). */
+int gs_path_read_file(const char *path, struct gs_buf *out);
+
 /* Walks up from `start` (NULL: the current directory) to the first directory containing
  * .gpusync/config and stores its absolute path in `root`. Returns 0, or GS_E_NOTFOUND with a
  * message suggesting `gpusync init`. */

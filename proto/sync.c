@@ -258,7 +258,8 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         w_str(w, m->path), w_u32(w, m->flags);
         break;
     case GS_MSG_CHECK:
-        w_u32(w, m->flags), w_u32(w, m->count), w_bytes(w, m->entries.p, m->entries.len);
+        w_u32(w, m->flags), w_bytes(w, m->hash, GS_PROTO_HASH_LEN), w_u32(w, m->count);
+        w_bytes(w, m->entries.p, m->entries.len);
         break;
     case GS_MSG_HELLO_OK:
         w_u32(w, m->magic), w_u32(w, m->version), w_str(w, m->text), w_str(w, m->path2);
@@ -391,7 +392,7 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
         m->path = r_str(r), m->flags = r_u32(r);
         break;
     case GS_MSG_CHECK:
-        m->flags = r_u32(r), m->count = r_u32(r);
+        m->flags = r_u32(r), r_hash(r, m->hash), m->count = r_u32(r);
         m->entries.p = (const char *)r->p, m->entries.len = (uint32_t)r->n;
         r_take(r, r->n);
         break;
@@ -472,7 +473,7 @@ int gs_proto_decode(const struct gs_proto_frame *f, struct gs_proto_msg *m)
 static uint8_t *entry_count(struct gs_proto_buf *b, size_t mark)
 {
     uint8_t *payload = b->data + mark + GS_PROTO_HDR;
-    return b->data[mark + 4] == GS_MSG_CHECK ? payload + 4 : payload;
+    return b->data[mark + 4] == GS_MSG_CHECK ? payload + 4 + GS_PROTO_HASH_LEN : payload;
 }
 
 int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint32_t flags,
@@ -482,8 +483,9 @@ int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint3
     if (gs_proto_encode_header(b, type, id, 0) < 0)
         return -1;
     struct writer w = {b, 0};
+    static const uint8_t no_hash[GS_PROTO_HASH_LEN];
     if (type == GS_MSG_CHECK)
-        w_u32(&w, flags);
+        w_u32(&w, flags), w_bytes(&w, no_hash, sizeof(no_hash));
     w_u32(&w, 0);
     if (w.failed) {
         b->len = *mark;
@@ -492,8 +494,7 @@ int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint3
     return 0;
 }
 
-int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
-                      const struct gs_proto_entry *e)
+int gs_proto_entry_append(struct gs_proto_buf *b, const struct gs_proto_entry *e)
 {
     size_t start = b->len;
     struct writer w = {b, 0};
@@ -502,6 +503,16 @@ int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
     if (e->has_hash)
         w_bytes(&w, e->hash, GS_PROTO_HASH_LEN);
     w_str(&w, e->link);
+    if (w.failed)
+        b->len = start;
+    return w.failed ? -1 : 0;
+}
+
+int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
+                      const struct gs_proto_entry *e)
+{
+    size_t start = b->len;
+    struct writer w = {b, gs_proto_entry_append(b, e) < 0};
     if (limit > GS_PROTO_MAX_PAYLOAD)
         limit = GS_PROTO_MAX_PAYLOAD;
     if (w.failed || b->len - mark - GS_PROTO_HDR > limit) {

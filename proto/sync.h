@@ -125,7 +125,10 @@
  * each way instead of a STAT each. With GS_CHECK_KEEP the agent keeps the entries for the rest of
  * the session, and a later CHECK need carry only the entries that changed since (kind NONE: the
  * path is no longer the client's): a session that checks often (the watch daemon, before each
- * answer it gives) sends its list once.
+ * answer it gives) sends its list once. And since every push is a session of its own, a session
+ * that kept a set saves it when it ends (<root>/GS_PROTO_CHECK_SAVED, replacing the last one;
+ * the digest of the set names it), and the next session may start from it (GS_CHECK_SAVED)
+ * instead of sending it again: a push of a tree of 20,000 files sends a few changes, not 1 MB.
  *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
@@ -140,23 +143,24 @@
 #define GS_PROTO_VERSION                                                                           \
     9 /* v9: CHECK; v8: the resident listener (OPEN, GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd   \
        * ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock */
-#define GS_PROTO_MAGIC          0x4753594eu /* "GSYN" */
-#define GS_PROTO_HDR            9           /* u32 length + u8 type + u32 id */
-#define GS_PROTO_MAX_FRAME      (4u << 20)  /* maximum value of the length field */
-#define GS_PROTO_MAX_PAYLOAD    (GS_PROTO_MAX_FRAME - 5u)
-#define GS_PROTO_MAX_PATH       4096u
-#define GS_PROTO_LIST_DEPTH     256u       /* LIST walks directories down to this depth */
-#define GS_PROTO_CHUNK          (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
-#define GS_PROTO_PUT_INLINE     (1u << 20) /* files up to this size fit a single PUT (advice) */
-#define GS_PROTO_MAX_STREAMS    16         /* put streams (PUT_BEGIN..PUT_END) open at once */
-#define GS_PROTO_ZRAW_MAX       (8u << 20) /* the most frame bytes one ZFRAMES may carry */
-#define GS_PROTO_HASH_LEN       16
-#define GS_PROTO_DELTA_MAX      (3u << 20)      /* the largest delta a PUT_DELTA carries (advice) */
-#define GS_PROTO_SIZE_UNKNOWN   UINT64_MAX      /* PUT_BEGIN size when not known in advance */
-#define GS_PROTO_TMP_PREFIX     ".gpusync-tmp-" /* scanners must ignore these names */
-#define GS_PROTO_CONFLICT_TAG   ".gpusync-conflict-" /* NAME + tag + YYYYmmdd-HHMMSS[-N] */
-#define GS_PROTO_CHECK_KEEP_MAX (256u << 10) /* entries an agent keeps for CHECK (GS_CHECK_KEEP)   \
-                                              */
+#define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
+#define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
+#define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
+#define GS_PROTO_MAX_PAYLOAD  (GS_PROTO_MAX_FRAME - 5u)
+#define GS_PROTO_MAX_PATH     4096u
+#define GS_PROTO_LIST_DEPTH   256u       /* LIST walks directories down to this depth */
+#define GS_PROTO_CHUNK        (1u << 20) /* data bytes per PUT_DATA / GET_DATA frame (advice) */
+#define GS_PROTO_PUT_INLINE   (1u << 20) /* files up to this size fit a single PUT (advice) */
+#define GS_PROTO_MAX_STREAMS  16         /* put streams (PUT_BEGIN..PUT_END) open at once */
+#define GS_PROTO_ZRAW_MAX     (8u << 20) /* the most frame bytes one ZFRAMES may carry */
+#define GS_PROTO_HASH_LEN     16
+#define GS_PROTO_DELTA_MAX    (3u << 20)      /* the largest delta a PUT_DELTA carries (advice) */
+#define GS_PROTO_SIZE_UNKNOWN UINT64_MAX      /* PUT_BEGIN size when not known in advance */
+#define GS_PROTO_TMP_PREFIX   ".gpusync-tmp-" /* scanners must ignore these names */
+#define GS_PROTO_CONFLICT_TAG ".gpusync-conflict-" /* NAME + tag + YYYYmmdd-HHMMSS[-N] */
+#define GS_PROTO_CHECK_KEEP_MAX                                                                    \
+    (256u << 10) /* entries an agent keeps for CHECK (GS_CHECK_KEEP)                               \
+                  */
 
 /* Message types. 0x01-0x7f travel client -> agent, 0x80-0xff agent -> client.
  *   0x01-0x0f handshake        0x10-0x3f file requests      0x40-0x5f reserved: launch/tail
@@ -221,8 +225,9 @@ enum gs_msg_type {
      * of a directory GS_PROTO_LIST_DEPTH levels down are not walked: each such case is one
      * LIST_SKIPPED frame among the entries (v5), and the listing goes on. */
     GS_MSG_LIST = 0x1c,
-    /* CHECK (v9): u32 flags (GS_CHECK_*) | u32 count | count x entry (as in LIST_ENTRIES; has_hash
-     * 0; link "" unless a symlink), paths strictly ascending as unsigned bytes. Each entry is what
+    /* CHECK (v9): u32 flags (GS_CHECK_*) | hash (GS_CHECK_SAVED: of the saved set; else zeros) |
+     * u32 count | count x entry (as in LIST_ENTRIES; has_hash 0; link "" unless a symlink), paths
+     * strictly ascending as unsigned bytes. Each entry is what
      * the client believes the path holds. The agent examines each path (as STAT, never reading a
      * file) and replies LIST_ENTRIES* listing, as the server holds them, those that differ: kind;
      * for a file, size or mtime_sec; for a symlink, the target; otherwise the mode's bits 0777
@@ -232,7 +237,12 @@ enum gs_msg_type {
      * GS_CHECK_KEEP: the entries update the set the agent keeps for the session (an entry of
      * kind NONE leaves it), and the whole kept set is examined; GS_CHECK_DEFER with it: only
      * update (for a set that takes several frames), reply LIST_END 0. A kept set that would
-     * pass GS_PROTO_CHECK_KEEP_MAX entries: ERROR E2BIG. Any error drops the kept set. */
+     * pass GS_PROTO_CHECK_KEEP_MAX entries: ERROR E2BIG. Any error drops the kept set.
+     * GS_CHECK_SAVED with KEEP, in a session's first CHECK: the kept set starts as the one an
+     * earlier session saved (CHECK above), if `hash` is its digest; if not (none saved, another
+     * client's, a session killed before it saved): ERROR ESTALE, nothing kept, and the client
+     * sends the whole set. The digest is the XXH3-128 (canonical bytes) of the set's entries
+     * in path order, encoded as in LIST_ENTRIES with mtime_nsec 0, nothing else. */
     GS_MSG_CHECK = 0x1e,
 
     /* HELLO_OK: u32 magic | u32 version | str agent_version | str root (absolute path) |
@@ -278,7 +288,9 @@ enum gs_hello_flags {
 enum gs_putend_flags { GS_PUTEND_VERIFY = 1u }; /* compare the written bytes' hash with `hash` */
 enum gs_del_flags { GS_DEL_RECURSIVE = 1u };
 enum gs_list_flags { GS_LIST_HASH = 1u, GS_LIST_TMP = 2u }; /* hash files; include temp files */
-enum gs_check_flags { GS_CHECK_KEEP = 1u, GS_CHECK_DEFER = 2u };
+enum gs_check_flags { GS_CHECK_KEEP = 1u, GS_CHECK_DEFER = 2u, GS_CHECK_SAVED = 4u };
+#define GS_PROTO_CHECK_SAVED                                                                       \
+    ".gpusync/check-kept" /* the agent's saved set (CHECK), root-relative */
 /* nothing to do; conflict kept; a RENAME's source was kept aside instead of renamed */
 enum gs_done_flags { GS_DONE_NOOP = 1u, GS_DONE_KEPT = 2u, GS_DONE_MOVED_ASIDE = 4u };
 
@@ -398,6 +410,11 @@ int gs_proto_list_begin(struct gs_proto_buf *b, uint8_t type, uint32_t id, uint3
 int gs_proto_list_add(struct gs_proto_buf *b, size_t mark, size_t limit,
                       const struct gs_proto_entry *e);
 void gs_proto_list_end(struct gs_proto_buf *b, size_t mark);
+
+/* Appends one entry's bytes, as a LIST_ENTRIES frame holds them, with no frame around them (for a
+ * file of entries; read it back with gs_proto_list_next over a message whose `entries` are those
+ * bytes). Returns 0, or -1 (ENOMEM; nothing appended). */
+int gs_proto_entry_append(struct gs_proto_buf *b, const struct gs_proto_entry *e);
 
 /* Finds one frame at the start of p[0..n). Returns the frame's total size (> 0) and fills *f,
  * 0 if more bytes are needed, or -1 if the length field is out of range (fatal: the stream

@@ -111,6 +111,7 @@ struct gs_agent {
     struct gs_agent_delta *ready; /* deltas made before the session was ready (owned) */
     size_t n_ready;
     struct gs_check_set kept;    /* the beliefs the agent keeps for CHECK */
+    char *check_file;            /* where they are kept between sessions, or NULL */
     struct check_call *checking; /* the check under way (check_send), or NULL */
 };
 
@@ -855,6 +856,23 @@ static int resend_whole(struct gs_agent *a, struct gs_error *err)
     return rc < 0 ? rc : 0;
 }
 
+void gs_agent_set_check_file(struct gs_agent *a, const char *path)
+{
+    free(a->check_file);
+    a->check_file = path ? gs_xstrdup(path) : NULL;
+    if (path && !a->checking && gs_check_set_load(&a->kept, path) == 0)
+        gs_debug("%zu paths the last check of the server kept", a->kept.n);
+}
+
+/* Keeps what the agent kept for the next session, which the agent saves as it ends: only once a
+ * check of this session was answered (else the file still says what the agent saved before). */
+static void save_checked(struct gs_agent *a)
+{
+    if (a->check_file && a->kept.n && !a->kept.saved &&
+        gs_check_set_save(&a->kept, a->check_file) < 0)
+        gs_debug("cannot keep the checked paths in %s: %s", a->check_file, strerror(errno));
+}
+
 int gs_agent_set_delta_dir(struct gs_agent *a, const char *dir)
 {
     free(a->sig_dir);
@@ -1113,6 +1131,7 @@ struct check_call {
     struct gs_fop_stat *out;   /* the answer, indexed as `asked` */
     uint32_t answered;         /* frames answered (LIST_END or ERROR) */
     int refused;               /* an ERROR: the agent dropped what it kept */
+    int stale;                 /* ESTALE: it saved another set than the file says; ask again */
     int malformed;
 };
 
@@ -1141,7 +1160,9 @@ static int on_check(struct gs_agent *a, const struct gs_proto_msg *m, struct syn
         check_entries(k, m);
         return 0;
     }
-    if (m->type == GS_MSG_ERROR && !k->refused) {
+    if (m->type == GS_MSG_ERROR && m->err == ESTALE && a->kept.saved && !k->answered) {
+        k->stale = k->refused = 1; /* asked again, from nothing (check_wait) */
+    } else if (m->type == GS_MSG_ERROR && !k->refused) {
         k->refused = 1;
         gs_warn("the agent on %s could not check the server: %.*s", gs_ssh_target(a->ssh),
                 (int)m->text.len, m->text.p);
@@ -1169,6 +1190,21 @@ static void check_end(struct gs_agent *a, int clean)
     a->checking = NULL;
 }
 
+/* Queues the frames of check `k` (remote/check_set.h) and waits for nothing. */
+static int check_ask(struct gs_agent *a, struct check_call *k, struct gs_error *err)
+{
+    size_t n = k->asked.n;
+    for (size_t i = 0; i < n; i++)
+        k->out[i] = (struct gs_fop_stat){.kind = GS_FOP_KIND_UNKNOWN};
+    k->answered = 0;
+    k->refused = k->stale = k->call.done = 0;
+    /* at most one frame per belief, and one more */
+    k->call.id = reserve_ids(a, (uint32_t)(n > UINT32_MAX / 2 ? UINT32_MAX / 2 : n + 1));
+    k->call.span = gs_check_encode(&a->kept, k->asked.v, n, k->call.id, &a->out);
+    a->next_id = k->call.id + k->call.span - 1;
+    return pump(a, 0, err); /* on its way now, whatever is submitted next */
+}
+
 /* Waits for the check under way, if any, and copies its answer to out (NULL: dropped). */
 static int check_wait(struct gs_agent *a, struct gs_fop_stat *out, struct gs_error *err)
 {
@@ -1178,6 +1214,12 @@ static int check_wait(struct gs_agent *a, struct gs_fop_stat *out, struct gs_err
     int rc = 0;
     while (rc == 0 && !k->call.done)
         rc = pump(a, 1, err);
+    if (rc == 0 && k->stale) { /* the agent saved another set: from nothing, then */
+        gs_check_set_clear(&a->kept);
+        rc = check_ask(a, k, err);
+        while (rc == 0 && !k->call.done)
+            rc = pump(a, 1, err);
+    }
     if (rc == 0 && k->malformed)
         rc = gs_error_set(err, GS_E_PROTO, "malformed answer to a check from the agent on %s",
                           gs_ssh_target(a->ssh));
@@ -1198,15 +1240,9 @@ static int agent_check_send(struct gs_fileops *ops, const struct gs_fop_belief *
     k->call.on_frame = on_check;
     gs_check_set_assign(&k->asked, beliefs, n);
     k->out = gs_xcalloc(n ? n : 1, sizeof(*k->out));
-    for (size_t i = 0; i < n; i++)
-        k->out[i].kind = GS_FOP_KIND_UNKNOWN;
-    /* at most one frame per belief, and one more */
-    k->call.id = reserve_ids(a, (uint32_t)(n > UINT32_MAX / 2 ? UINT32_MAX / 2 : n + 1));
-    k->call.span = gs_check_encode(&a->kept, beliefs, n, k->call.id, &a->out);
-    a->next_id = k->call.id + k->call.span - 1;
     a->checking = k;
     sync_add(a, &k->call);
-    return pump(a, 0, err); /* on its way now, whatever is submitted next */
+    return check_ask(a, k, err);
 }
 
 static int agent_check_wait(struct gs_fileops *ops, struct gs_fop_stat *out, struct gs_error *err)
@@ -1410,6 +1446,9 @@ void gs_agent_close(struct gs_agent *a)
     free(a->root);
     gs_agent_take_deltas(a, NULL, 0);
     check_end(a, 0);
+    save_checked(a);
+    gs_check_set_clear(&a->kept);
+    free(a->check_file);
     free(a->q);
     free(a);
 }

@@ -122,6 +122,11 @@ void gs_agent_take_deltas(struct gs_agent *a, struct gs_agent_delta *list, size_
 /* The agent as a struct gs_fileops; ops->close frees the agent. Set ops->done before submitting. */
 struct gs_fileops *gs_agent_fileops(struct gs_agent *a);
 
+/* The file (the project's .gpusync/check-kept) that keeps, between sessions, the paths the agent
+ * kept for its last check of the server (remote/check_set.h): read now, so that this session's
+ * first check starts from what the agent saved, and written when the session ends. */
+void gs_agent_set_check_file(struct gs_agent *a, const char *path);
+
 /* Ends the session (closes the agent's stdin; it exits once it has answered what it got) and frees
  * `a` without waiting for that. */
 void gs_agent_close(struct gs_agent *a);

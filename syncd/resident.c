@@ -85,18 +85,11 @@ int gs_resident_recall(const char *project, const char *key, struct gs_resident 
 /* Replaces the file with the four lines. */
 static void store(const char *project, const char *key, const char *line3, const char *line4)
 {
-    struct gs_buf path = GS_BUF_INIT, tmp = GS_BUF_INIT, text = GS_BUF_INIT;
+    struct gs_buf path = GS_BUF_INIT, text = GS_BUF_INIT;
     file_path(project, &path);
-    gs_buf_addf(&tmp, "%s.tmp", path.data);
     gs_buf_addf(&text, HEADER "\n%s\n%s\n%s\n", key, line3, line4);
-    int fd = gs_path_open_private(tmp.data, O_WRONLY | O_CREAT | O_TRUNC);
-    int ok = fd >= 0 && write(fd, text.data, text.len) == (ssize_t)text.len;
-    if (fd >= 0 && close(fd) != 0)
-        ok = 0;
-    if (!ok || rename(tmp.data, path.data) != 0)
-        unlink(tmp.data);
+    (void)gs_path_write_atomic(path.data, text.data, text.len); /* best effort, as before */
     gs_buf_release(&path);
-    gs_buf_release(&tmp);
     gs_buf_release(&text);
 }
 

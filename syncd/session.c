@@ -123,17 +123,12 @@ static void remember_rate(const struct gs_session *s)
     double rate = s->agent ? gs_agent_link_rate(s->agent) : 0;
     if (rate <= 0 || !s->root)
         return;
-    struct gs_buf path = GS_BUF_INIT, tmp = GS_BUF_INIT;
+    struct gs_buf path = GS_BUF_INIT, text = GS_BUF_INIT;
     gs_path_join(&path, s->root, GS_SESSION_LINK);
-    gs_buf_addf(&tmp, "%s.tmp", path.data);
-    FILE *fp = fopen(tmp.data, "w");
-    int ok = fp && fprintf(fp, "wire_bytes_per_second %.0f\n", rate) > 0;
-    if (fp && fclose(fp) != 0)
-        ok = 0;
-    if (!ok || rename(tmp.data, path.data) != 0)
-        unlink(tmp.data);
+    gs_buf_addf(&text, "wire_bytes_per_second %.0f\n", rate);
+    (void)gs_path_write_atomic(path.data, text.data, text.len);
     gs_buf_release(&path);
-    gs_buf_release(&tmp);
+    gs_buf_release(&text);
 }
 
 /* The zstd level the session offers the agent ([sync] compress; proto/zframes.h). auto: level 1
@@ -160,14 +155,18 @@ static int compress_level(const struct gs_session *s, const struct gs_ssh *ssh)
     return ms >= WAN_HANDSHAKE_MS ? GS_AGENT_SLOW_LEVEL : 1;
 }
 
-/* Deltas of large files: their signatures live beside the index (remote/delta.h). */
-static void keep_signatures(struct gs_session *s)
+/* What the agent is told to keep beside the index: the signatures of large files (deltas,
+ * remote/delta.h) and the paths its last check of the server kept (remote/check_set.h). */
+static void keep_beside_index(struct gs_session *s)
 {
-    struct gs_buf dir = GS_BUF_INIT;
+    struct gs_buf dir = GS_BUF_INIT, checked = GS_BUF_INIT;
     gs_buf_addf(&dir, "%s/%s", s->root, GS_SESSION_SIGS);
     gs_delta_sweep_pending(dir.data); /* an earlier session's, which ended before its answers */
     gs_agent_set_delta_dir(s->agent, dir.data);
+    gs_buf_addf(&checked, "%s/%s", s->root, GS_SESSION_CHECKED);
+    gs_agent_set_check_file(s->agent, checked.data);
     gs_buf_release(&dir);
+    gs_buf_release(&checked);
 }
 
 /* Starting `serve` through the login shell with `command`, asking for a resident listener when
@@ -190,7 +189,7 @@ static int start_through_shell(struct gs_session *s, struct gs_ssh *ssh, struct 
     int rc = gs_agent_start(&s->agent, ssh, &how, err);
     gs_buf_release(&cmd);
     if (rc == 0)
-        keep_signatures(s);
+        keep_beside_index(s);
     return rc;
 }
 
@@ -203,7 +202,7 @@ static int start_resident(struct gs_session *s, struct gs_ssh *ssh, const struct
     how.root = r->root;
     int rc = gs_agent_start(&s->agent, ssh, &how, err);
     if (rc == 0)
-        keep_signatures(s);
+        keep_beside_index(s);
     return rc;
 }
 
@@ -287,7 +286,7 @@ static int install_and_open(struct gs_session *s, struct gs_ssh *ssh, struct gs_
         struct gs_agent_how exec = agent_how(s, ssh, cmd.data);
         rc = gs_agent_start(&s->agent, ssh, &exec, err);
         if (rc == 0)
-            keep_signatures(s);
+            keep_beside_index(s);
         if (rc == 0)
             rc = gs_agent_wait_ready(s->agent, err);
         if (rc == 0)

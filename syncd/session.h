@@ -44,6 +44,8 @@ struct gs_session {
 
 #define GS_SESSION_LOCK ".gpusync/sync.lock" /* relative to the project root */
 #define GS_SESSION_SIGS ".gpusync/sigs"      /* signatures of large files sent (remote/delta.h) */
+/* The paths the agent kept for its last check of the server, as it saved them (check_set.h). */
+#define GS_SESSION_CHECKED ".gpusync/check-kept"
 /* The link's rate as the last session measured it (remote/agent_client.h): with compress = auto,
  * a session starts at the slow-link level when it says the link is slow. */
 #define GS_SESSION_LINK ".gpusync/link"

@@ -21,6 +21,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "remote/agent_client.h"
@@ -572,26 +573,36 @@ static void check(struct fx *f, const struct gs_fop_belief *b, size_t n, struct 
 /* check: the paths where the server differs from the beliefs, and only those; a second check on
  * the connection sends the beliefs that changed (a few bytes, not 3,000 paths' worth), including
  * paths no longer believed (or the agent would report them, which the client refuses). */
-static void test_agent_client__check_reports_what_differs_and_sends_only_changes(void **state)
+enum { CHECKED_N = 3000 }; /* more than one CHECK frame */
+
+/* Makes d/ with 2,998 files and a link on the server, and the beliefs about them (path order:
+ * d, d/f1000 .. d/f3997, link); `paths` and `links` hold their strings. */
+static void checked_tree(struct fx *f, const char **paths, char (*names)[16],
+                         struct gs_fop_belief *b, char (*links)[64])
 {
-    struct fx *f = *state;
-    enum { N = 3000 }; /* more than one CHECK frame */
     assert_int_equal(gs_test_sh("cd '%s' && mkdir d && for i in $(seq 1000 3997); do echo $i > "
                                 "d/f$i; done && ln -s d/f1000 link",
                                 f->remote),
                      0);
-    static char names[N][16];
-    const char *paths[N];
     paths[0] = "d";
-    for (int i = 1; i < N - 1; i++) {
+    for (int i = 1; i < CHECKED_N - 1; i++) {
         snprintf(names[i], sizeof(names[i]), "d/f%d", 999 + i);
         paths[i] = names[i];
     }
-    paths[N - 1] = "link";
+    paths[CHECKED_N - 1] = "link";
+    believe(f, paths, CHECKED_N, b, links);
+}
+
+static void test_agent_client__check_reports_what_differs_and_sends_only_changes(void **state)
+{
+    struct fx *f = *state;
+    enum { N = CHECKED_N };
+    static char names[N][16];
+    const char *paths[N];
     static struct gs_fop_belief b[N];
     static char links[N][64];
     static struct gs_fop_stat out[N];
-    believe(f, paths, N, b, links);
+    checked_tree(f, paths, names, b, links);
     unsigned long long before = sent_so_far(f);
     check(f, b, N, out);
     unsigned long long first = sent_so_far(f) - before;
@@ -622,6 +633,73 @@ static void test_agent_client__check_reports_what_differs_and_sends_only_changes
     check(f, b, N - 2, out);
     assert_int_equal(out[N - 3].kind, GS_FOP_KIND_SYMLINK);
     assert_true(out[N - 3].has_hash);
+}
+
+/* Ends the session (as a push does when it is done) and starts another on the same root, which
+ * reads the checked paths the last one kept from `file`. Waits until the old agent has ended
+ * cleanly (it empties the writer lock then, after saving what it kept), or the new one would
+ * fence it out first, and there would be nothing saved to start from. */
+static void next_session(struct fx *f, const char *file)
+{
+    f->ops->close(f->ops);
+    char lock[256];
+    snprintf(lock, sizeof(lock), "%s/.gpusync/writer.lock", f->remote);
+    struct stat st;
+    int64_t deadline = gs_clock_mono_ms() + 10000;
+    while ((stat(lock, &st) != 0 || st.st_size != 0) && gs_clock_mono_ms() < deadline)
+        usleep(10 * 1000); /* the agent's end is seen only in its files */
+    assert_int_equal(st.st_size, 0);
+    struct gs_buf cmd = GS_BUF_INIT;
+    struct gs_error err = {0};
+    gs_agent_serve_command(gs_test_build_path("agent/gpusync-agent"), f->remote, &cmd);
+    if (gs_agent_open(&f->agent, g_ssh, cmd.data, 1, &err) < 0 ||
+        gs_agent_wait_ready(f->agent, &err) < 0)
+        fail_msg("agent: %s", err.msg);
+    gs_buf_release(&cmd);
+    gs_agent_set_check_file(f->agent, file);
+    f->ops = gs_agent_fileops(f->agent);
+    f->ops->done = on_done;
+    f->ops->done_ctx = f;
+}
+
+/* A push is a session of its own: its check starts from the paths the last session's agent saved
+ * (named by their digest, mirrored in a local file), and sends only what changed since, not every
+ * path again; a server that saved something else (or nothing) is asked about all of them. */
+static void test_agent_client__a_new_session_starts_from_what_the_last_one_checked(void **state)
+{
+    struct fx *f = *state;
+    enum { N = CHECKED_N };
+    static char names[N][16];
+    const char *paths[N];
+    static struct gs_fop_belief b[N];
+    static char links[N][64];
+    static struct gs_fop_stat out[N];
+    checked_tree(f, paths, names, b, links);
+    char file[160];
+    snprintf(file, sizeof(file), "%s/check-kept", f->local);
+    gs_agent_set_check_file(f->agent, file); /* none yet */
+    unsigned long long before = sent_so_far(f);
+    check(f, b, N, out);
+    unsigned long long first = sent_so_far(f) - before;
+
+    next_session(f, file);
+    assert_int_equal(gs_test_sh("rm '%s/d/f1500'", f->remote), 0);
+    before = sent_so_far(f);
+    check(f, b, N, out);
+    unsigned long long again = sent_so_far(f) - before;
+    for (int i = 0; i < N; i++)
+        if (out[i].kind != (i == 501 ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN))
+            fail_msg("%s: kind %d", paths[i], out[i].kind);
+
+    next_session(f, file);
+    assert_int_equal(gs_test_sh("rm '%s/.gpusync/check-kept'", f->remote), 0);
+    before = sent_so_far(f);
+    check(f, b, N, out);
+    unsigned long long lost = sent_so_far(f) - before;
+    assert_int_equal(out[501].kind, GS_FOP_KIND_NONE);
+    print_message("first session %llu bytes, the next %llu, after the server lost its set %llu\n",
+                  first, again, lost);
+    assert_true(first > 100000 && again < 200 && lost > 100000);
 }
 
 /* What a listing handed to its callback. */
@@ -709,6 +787,9 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_agent_client__check_reports_what_differs_and_sends_only_changes, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__a_new_session_starts_from_what_the_last_one_checked, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__list_hands_over_what_the_agent_skipped,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(

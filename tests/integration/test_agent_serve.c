@@ -1013,14 +1013,18 @@ static struct gs_proto_entry believed(struct fx *f, const char *rel, char *link,
     return e;
 }
 
-static struct checked check_beliefs(struct fx *f, uint32_t flags, const struct gs_proto_entry *e,
-                                    size_t n)
+/* Sends a CHECK with `flags` and entries e[0..n) (and, with GS_CHECK_SAVED, `saved`, the digest
+ * of the saved set to start from) and reads its answer. */
+static struct checked check_from(struct fx *f, uint32_t flags, const uint8_t *saved,
+                                 const struct gs_proto_entry *e, size_t n)
 {
     static uint32_t id = 700000;
     struct gs_proto_buf b;
     size_t mark;
     gs_proto_buf_init(&b);
     assert_int_equal(gs_proto_list_begin(&b, GS_MSG_CHECK, ++id, flags, &mark), 0);
+    if (saved) /* the digest follows the flags word */
+        memcpy(b.data + mark + GS_PROTO_HDR + 4, saved, GS_PROTO_HASH_LEN);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(gs_proto_list_add(&b, mark, GS_PROTO_MAX_PAYLOAD, &e[i]), 0);
     gs_proto_list_end(&b, mark);
@@ -1046,6 +1050,26 @@ static struct checked check_beliefs(struct fx *f, uint32_t flags, const struct g
             snprintf(out.listed + strlen(out.listed), sizeof(out.listed) - strlen(out.listed),
                      "%.*s%s,", (int)got.path.len, got.path.p, got.kind ? "" : "(none)");
     }
+}
+
+static struct checked check_beliefs(struct fx *f, uint32_t flags, const struct gs_proto_entry *e,
+                                    size_t n)
+{
+    return check_from(f, flags, NULL, e, n);
+}
+
+/* The digest that names a saved set of entries e[0..n) (proto/sync.h: their bytes, nsec 0). */
+static void digest_of(const struct gs_proto_entry *e, size_t n, uint8_t out[GS_PROTO_HASH_LEN])
+{
+    struct gs_proto_buf b;
+    gs_proto_buf_init(&b);
+    for (size_t i = 0; i < n; i++) {
+        struct gs_proto_entry c = e[i];
+        c.meta.mtime_nsec = 0;
+        assert_int_equal(gs_proto_entry_append(&b, &c), 0);
+    }
+    agent_h_hash(b.data ? (const void *)b.data : "", b.len, out);
+    gs_proto_buf_release(&b);
 }
 
 /* CHECK lists only the paths where the server holds something else than the client believes
@@ -1108,6 +1132,38 @@ static void test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_sessi
     c = check_beliefs(f, GS_CHECK_KEEP, NULL, 0);
     assert_int_equal(c.err, 0);
     assert_int_equal(c.examined, 0);
+}
+
+/* A session that kept beliefs saves them as it ends; the next session starts from them when it
+ * names them by their digest (a push is a session of its own: it then sends only what changed),
+ * and is refused (ESTALE, nothing kept) when it names another set. */
+static void test_serve__kept_beliefs_are_saved_for_the_next_session(void **state)
+{
+    struct fx *f = *state;
+    start(f);
+    put(f, "a.txt", "aaa");
+    put(f, "d/b.txt", "bbb");
+    struct gs_proto_entry all[3] = {believed(f, "a.txt", NULL, 0), believed(f, "d", NULL, 0),
+                                    believed(f, "d/b.txt", NULL, 0)};
+    struct checked c = check_beliefs(f, GS_CHECK_KEEP, all, 3);
+    assert_int_equal(c.examined, 3);
+    assert_int_equal(agent_h_close(&f->a), 0);
+    f->started = 0;
+
+    start(f);
+    char p[PATH_MAX];
+    at(f, "d/b.txt", p);
+    assert_int_equal(chmod(p, 0600), 0);
+    uint8_t wrong[GS_PROTO_HASH_LEN] = {1}, right[GS_PROTO_HASH_LEN];
+    c = check_from(f, GS_CHECK_KEEP | GS_CHECK_SAVED, wrong, NULL, 0);
+    assert_int_equal(c.err, ESTALE);
+    c = check_beliefs(f, GS_CHECK_KEEP, NULL, 0);
+    assert_int_equal(c.examined, 0); /* nothing kept after the refusal */
+    digest_of(all, 3, right);
+    c = check_from(f, GS_CHECK_KEEP | GS_CHECK_SAVED, right, NULL, 0);
+    assert_int_equal(c.err, 0);
+    assert_int_equal(c.examined, 3);
+    assert_string_equal(c.listed, "d/b.txt,");
 }
 
 static void test_serve__large_file_streams_byte_identical_both_ways(void **state)
@@ -1578,6 +1634,7 @@ int main(void)
         T(test_serve__hostile_names_work),
         T(test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees),
         T(test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_session),
+        T(test_serve__kept_beliefs_are_saved_for_the_next_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),

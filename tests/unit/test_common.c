@@ -171,6 +171,38 @@ static void test_path_mkdir_p__creates_missing_parents_and_tolerates_existing(vo
     remove_tree(dir);
 }
 
+/* A file written whole through a temporary name reads back whole and private; one replaced keeps
+ * no temporary beside it; a missing one cannot be read; a symlink at the name is not read
+ * through. */
+static void test_path_write_atomic__replaces_whole_and_reads_back(void **state)
+{
+    (void)state;
+    char dir[PATH_MAX], file[PATH_MAX + 16], link[PATH_MAX + 16];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(file, sizeof(file), "%s/f", dir);
+    assert_int_equal(gs_path_write_atomic(file, "first", 5), 0);
+    assert_int_equal(gs_path_write_atomic(file, "second\0bytes", 12), 0);
+    struct gs_buf b = GS_BUF_INIT;
+    assert_int_equal(gs_path_read_file(file, &b), 0);
+    assert_int_equal(b.len, 12);
+    assert_memory_equal(b.data, "second\0bytes", 12);
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    char cmd[PATH_MAX + 64];
+    snprintf(cmd, sizeof(cmd), "test $(ls -A '%s' | wc -l) -eq 1", dir);
+    assert_int_equal(system(cmd), 0); /* no temporary left */
+    gs_buf_reset(&b);
+    snprintf(link, sizeof(link), "%s/l", dir);
+    assert_int_equal(symlink(file, link), 0);
+    assert_int_equal(gs_path_read_file(link, &b), -1);
+    assert_int_equal(errno, ELOOP);
+    assert_int_equal(gs_path_read_file("/nonexistent/gs", &b), -1);
+    assert_int_equal(errno, ENOENT);
+    gs_buf_release(&b);
+    remove_tree(dir);
+}
+
 static void test_path_mkdir_p__names_the_directory_it_cannot_make(void **state)
 {
     (void)state;
@@ -459,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_path_join__exactly_one_slash_between),
         cmocka_unit_test(test_path_expand_home__only_leading_tilde_slash),
         cmocka_unit_test(test_path_mkdir_p__creates_missing_parents_and_tolerates_existing),
+        cmocka_unit_test(test_path_write_atomic__replaces_whole_and_reads_back),
         cmocka_unit_test(test_path_mkdir_p__names_the_directory_it_cannot_make),
         cmocka_unit_test(test_path_find_project__walks_up_from_a_subdirectory),
         cmocka_unit_test(test_path_find_project__nested_project_wins_over_outer),
