@@ -16,6 +16,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "common/path.h"
+
 #define JOB_OUT (64u << 10) /* output bytes per step of a job */
 
 /* Runs a job over all of in[0..len), appending its output to out (NULL: the job keeps what it
@@ -113,24 +115,13 @@ int gs_delta_sig_exists(const char *dir, const uint8_t hash[16])
 
 int gs_delta_sig_load(const char *dir, const uint8_t hash[16], struct gs_buf *sig)
 {
-    char path[4200], chunk[65536];
+    char path[4200];
     sig_path(dir, hash, SIG_SUFFIX, path, sizeof(path));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return GS_E_NOTFOUND;
     size_t mark = sig->len;
-    ssize_t n;
-    while ((n = read(fd, chunk, sizeof(chunk))) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            break;
-        gs_buf_add(sig, chunk, (size_t)n);
-    }
-    close(fd);
-    if (n < 0)
-        sig->len = mark;
-    return n < 0 ? GS_E_NOTFOUND : 0;
+    if (gs_path_read_file(path, sig) == 0)
+        return 0;
+    sig->len = mark;
+    return GS_E_NOTFOUND;
 }
 
 /* Stores a signature under the name for this hash and suffix, atomically. */

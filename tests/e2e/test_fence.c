@@ -221,15 +221,7 @@ static pid_t the_agent(void)
 
 static pid_t parent_of(pid_t pid)
 {
-    char p[64], buf[512];
-    snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
-    FILE *fp = fopen(p, "r");
-    assert_non_null(fp);
-    assert_non_null(fgets(buf, sizeof(buf), fp));
-    fclose(fp);
-    int ppid = 0;
-    assert_int_equal(sscanf(strrchr(buf, ')') + 2, "%*c %d", &ppid), 1);
-    return (pid_t)ppid;
+    return (pid_t)gs_test_proc_stat(pid, 4);
 }
 
 /* ---- the project and its daemon ---- */

@@ -1199,6 +1199,20 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
     large_file_arrives(&ev);
 }
 
+/* A project behind a stalled link (wansim), with a.py holding `text` and the daemon started: its
+ * login hangs until the test resumes the link. */
+static void watch_while_the_login_hangs(const char *text)
+{
+    char err[256], reply[256];
+    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
+    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
+        fail_msg("wansim: %s", err);
+    proj_init(wan.port);
+    put("a.py", text);
+    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
+    watch_start();
+}
+
 /* `watch --stop` while the daemon's login hangs on a stalled link stops it at once, and says that
  * it never compared the files with the server. The daemon used to wait out the login's timeout
  * (10 s for the handshake; its spare connection's too), longer than `watch --stop` waits (it
@@ -1206,14 +1220,8 @@ static void test_watch__status_during_a_long_batch_says_syncing(void **state)
 static void test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked(void **state)
 {
     (void)state;
-    char err[256], reply[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
-    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
-        fail_msg("wansim: %s", err);
-    proj_init(wan.port);
-    put("a.py", "never sent\n");
-    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
-    watch_start();
+    char reply[256];
+    watch_while_the_login_hangs("never sent\n");
     pid_t pid = daemon_pid();
     int64_t start = gs_clock_mono_ms();
     json_t *out = gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0,
@@ -1234,19 +1242,8 @@ static void test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked(
 /* The CPU time (user and system) process `pid` has used, in milliseconds. */
 static long cpu_ms(pid_t pid)
 {
-    char path[64], line[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
-    assert_non_null(fgets(line, sizeof(line), fp));
-    fclose(fp);
-    unsigned long utime = 0, stime = 0;
-    const char *after = strrchr(line, ')'); /* the name may hold spaces */
-    assert_non_null(after);
-    assert_int_equal(
-        sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime),
-        2);
-    return (long)((utime + stime) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+    long long ticks = gs_test_proc_stat(pid, 14) + gs_test_proc_stat(pid, 15);
+    return (long)(ticks * 1000 / sysconf(_SC_CLK_TCK));
 }
 
 /* A flush asked while the daemon's login hangs waits for that attempt without spinning: the
@@ -1255,14 +1252,8 @@ static long cpu_ms(pid_t pid)
 static void test_watch__a_flush_while_the_login_hangs_does_not_spin(void **state)
 {
     (void)state;
-    char err[256], reply[256];
-    struct wansim_opts o = {.target_port = sshd.port, .delay_ms = 5};
-    if (wansim_start(&wan, &o, err, sizeof(err)) != 0)
-        fail_msg("wansim: %s", err);
-    proj_init(wan.port);
-    put("a.py", "sent once the link is back\n");
-    assert_int_equal(wansim_command(&wan, "stall", reply, sizeof(reply)), 0);
-    watch_start();
+    char reply[256];
+    watch_while_the_login_hangs("sent once the link is back\n");
     pid_t pid = daemon_pid();
     long cpu_before = cpu_ms(pid);
     int64_t start = gs_clock_mono_ms();

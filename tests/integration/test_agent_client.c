@@ -573,40 +573,44 @@ static void check(struct fx *f, const struct gs_fop_belief *b, size_t n, struct 
 /* check: the paths where the server differs from the beliefs, and only those; a second check on
  * the connection sends the beliefs that changed (a few bytes, not 3,000 paths' worth), including
  * paths no longer believed (or the agent would report them, which the client refuses). */
-enum { CHECKED_N = 3000 }; /* more than one CHECK frame */
+enum { CHECKED_N = 3000 }; /* paths checked: more than one CHECK frame */
 
-/* Makes d/ with 2,998 files and a link on the server, and the beliefs about them (path order:
- * d, d/f1000 .. d/f3997, link); `paths` and `links` hold their strings. */
-static void checked_tree(struct fx *f, const char **paths, char (*names)[16],
-                         struct gs_fop_belief *b, char (*links)[64])
+/* A tree on the server, the beliefs about it, and the answers to a check of them. */
+struct checked {
+    char names[CHECKED_N][16], links[CHECKED_N][64];
+    const char *paths[CHECKED_N]; /* d, d/f1000 .. d/f3997, link: in path order */
+    struct gs_fop_belief b[CHECKED_N];
+    struct gs_fop_stat out[CHECKED_N];
+};
+
+/* Makes d/ with 2,998 files and a link on the server, and the beliefs about them. */
+static struct checked *checked_tree(struct fx *f)
 {
+    static struct checked t; /* 300 KB: not on the stack */
     assert_int_equal(gs_test_sh("cd '%s' && mkdir d && for i in $(seq 1000 3997); do echo $i > "
                                 "d/f$i; done && ln -s d/f1000 link",
                                 f->remote),
                      0);
-    paths[0] = "d";
+    t.paths[0] = "d";
     for (int i = 1; i < CHECKED_N - 1; i++) {
-        snprintf(names[i], sizeof(names[i]), "d/f%d", 999 + i);
-        paths[i] = names[i];
+        snprintf(t.names[i], sizeof(t.names[i]), "d/f%d", 999 + i);
+        t.paths[i] = t.names[i];
     }
-    paths[CHECKED_N - 1] = "link";
-    believe(f, paths, CHECKED_N, b, links);
+    t.paths[CHECKED_N - 1] = "link";
+    believe(f, t.paths, CHECKED_N, t.b, t.links);
+    return &t;
 }
 
 static void test_agent_client__check_reports_what_differs_and_sends_only_changes(void **state)
 {
     struct fx *f = *state;
-    enum { N = CHECKED_N };
-    static char names[N][16];
-    const char *paths[N];
-    static struct gs_fop_belief b[N];
-    static char links[N][64];
-    static struct gs_fop_stat out[N];
-    checked_tree(f, paths, names, b, links);
+    struct checked *t = checked_tree(f);
+    struct gs_fop_belief *b = t->b;
+    struct gs_fop_stat *out = t->out;
     unsigned long long before = sent_so_far(f);
-    check(f, b, N, out);
+    check(f, b, CHECKED_N, out);
     unsigned long long first = sent_so_far(f) - before;
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < CHECKED_N; i++)
         assert_int_equal(out[i].kind, GS_FOP_KIND_UNKNOWN);
 
     /* behind its back: f1500 deleted, f2000's mode, the link retargeted; the client no longer
@@ -616,23 +620,23 @@ static void test_agent_client__check_reports_what_differs_and_sends_only_changes
                                 f->remote),
                      0);
     before = sent_so_far(f);
-    check(f, b, N - 2, out); /* ..., d/f3996 */
-    for (int i = 0; i < N - 2; i++) {
+    check(f, b, CHECKED_N - 2, out); /* ..., d/f3996 */
+    for (int i = 0; i < CHECKED_N - 2; i++) {
         enum gs_fop_kind want = i == 501    ? GS_FOP_KIND_NONE
                                 : i == 1001 ? GS_FOP_KIND_FILE
                                             : GS_FOP_KIND_UNKNOWN;
         if (out[i].kind != want)
-            fail_msg("%s: kind %d, expected %d", paths[i], out[i].kind, want);
+            fail_msg("%s: kind %d, expected %d", t->paths[i], out[i].kind, want);
     }
     assert_int_equal(out[1001].mode, 0600);
     unsigned long long second = sent_so_far(f) - before;
     print_message("first check %llu bytes, second %llu\n", first, second);
     assert_true(first > 100000 && second < 200);
 
-    b[N - 3] = b[N - 1]; /* believed again: the link, at its old target */
-    check(f, b, N - 2, out);
-    assert_int_equal(out[N - 3].kind, GS_FOP_KIND_SYMLINK);
-    assert_true(out[N - 3].has_hash);
+    b[CHECKED_N - 3] = b[CHECKED_N - 1]; /* believed again: the link, at its old target */
+    check(f, b, CHECKED_N - 2, out);
+    assert_int_equal(out[CHECKED_N - 3].kind, GS_FOP_KIND_SYMLINK);
+    assert_true(out[CHECKED_N - 3].has_hash);
 }
 
 /* Ends the session (as a push does when it is done) and starts another on the same root, which
@@ -668,33 +672,29 @@ static void next_session(struct fx *f, const char *file)
 static void test_agent_client__a_new_session_starts_from_what_the_last_one_checked(void **state)
 {
     struct fx *f = *state;
-    enum { N = CHECKED_N };
-    static char names[N][16];
-    const char *paths[N];
-    static struct gs_fop_belief b[N];
-    static char links[N][64];
-    static struct gs_fop_stat out[N];
-    checked_tree(f, paths, names, b, links);
+    struct checked *t = checked_tree(f);
+    struct gs_fop_belief *b = t->b;
+    struct gs_fop_stat *out = t->out;
     char file[160];
     snprintf(file, sizeof(file), "%s/check-kept", f->local);
     gs_agent_set_check_file(f->agent, file); /* none yet */
     unsigned long long before = sent_so_far(f);
-    check(f, b, N, out);
+    check(f, b, CHECKED_N, out);
     unsigned long long first = sent_so_far(f) - before;
 
     next_session(f, file);
     assert_int_equal(gs_test_sh("rm '%s/d/f1500'", f->remote), 0);
     before = sent_so_far(f);
-    check(f, b, N, out);
+    check(f, b, CHECKED_N, out);
     unsigned long long again = sent_so_far(f) - before;
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < CHECKED_N; i++)
         if (out[i].kind != (i == 501 ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN))
-            fail_msg("%s: kind %d", paths[i], out[i].kind);
+            fail_msg("%s: kind %d", t->paths[i], out[i].kind);
 
     next_session(f, file);
     assert_int_equal(gs_test_sh("rm '%s/.gpusync/check-kept'", f->remote), 0);
     before = sent_so_far(f);
-    check(f, b, N, out);
+    check(f, b, CHECKED_N, out);
     unsigned long long lost = sent_so_far(f) - before;
     assert_int_equal(out[501].kind, GS_FOP_KIND_NONE);
     print_message("first session %llu bytes, the next %llu, after the server lost its set %llu\n",
