@@ -12,10 +12,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define CHECK_FRAME                                                                                \
-    (64u << 10) /* entry bytes per CHECK frame (about 1,300 paths): a frame goes                   \
-                 * whole, and the first 64 KiB of a session go before the agent                    \
-                 * has agreed to compress (agent_client.c) */
+/* Entry bytes per CHECK frame (about 1,300 paths): a frame goes whole, and only the first 64 KiB
+ * of a session go before the agent has agreed to compress (agent_client.c). */
+#define CHECK_FRAME (64u << 10)
 
 /* Frames being filled: a new one starts when the current one is full. */
 struct frames {
