@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # faults.sh: the long run of the randomised fault test (tests/e2e/test_faults.c, issue 11):
 # hundreds of seeded sequences of file operations under `gpusync watch`, with a concurrent push
-# SIGKILLed, the daemon SIGKILLed, sshd killed, the link stalled or cut at random moments; each
+# SIGKILLed, the daemon SIGKILLed, sshd killed, the link stalled or cut, a file deleted on the
+# server behind gpusync's back (its record of the last check garbled) at random moments; each
 # sequence ends with a flush and an exact comparison of both trees. Prints one line per sequence
 # (seed, operations, faults injected by kind, result) and a summary table: sequences, faults per
 # kind, mismatches and their seeds, temporaries left, unexplained conflict copies. Exits non-zero
@@ -11,7 +12,7 @@
 #   SEQUENCES=500 OPS=100 scripts/bench/faults.sh
 #   SEED=1234 scripts/bench/faults.sh    sequences run seeds 1234, 1235, ...
 #   KINDS=stall,cut scripts/bench/faults.sh   only these faults (push-kill daemon-kill
-#                                             daemon-stop sshd-kill stall cut)
+#                                             daemon-stop sshd-kill stall cut server-delete)
 #   KEEP=failed scripts/bench/faults.sh  keep the folders of failed sequences (daemon.log inside)
 #
 # Replay one failing sequence with the line the run prints under it, e.g.

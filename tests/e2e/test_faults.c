@@ -4,17 +4,19 @@
  * SIGKILLed part-way, the watch daemon SIGKILLed or stopped with `watch --stop` (and restarted with
  * `watch -d`; a stop that says it left nothing unsent must leave the trees equal), sshd killed with
  * every session below it (agents included; then restarted), the link stalled then resumed, the link
- * cut then restored. A sequence ends with `gpusync flush` (exit 0 wanted), `status --json` (state
- * up_to_date), an exact comparison of both trees (kind, mode, size, bytes, symlink targets), and,
- * once every server process of the project has ended, the comparison again (a write that lands
- * after the flush) and a search of the remote root for `.gpusync-tmp-*` and `*.gpusync-conflict-*`
- * (nobody edits the server here, so every conflict copy is unexplained). Every sequence runs even
- * when an earlier one failed; one line per sequence, a summary table at the end, and the test
- * fails if any sequence did.
+ * cut then restored, a file gpusync wrote deleted on the server behind its back (and the record of
+ * what the agent last checked there garbled). A sequence ends with `gpusync flush` (exit 0 wanted),
+ * `status --json` (state up_to_date), an exact comparison of both trees (kind, mode, size, bytes,
+ * symlink targets), and, once every server process of the project has ended, the comparison again
+ * (a write that lands after the flush) and a search of the remote root for `.gpusync-tmp-*` and
+ * `*.gpusync-conflict-*` (nobody edits the server here, so every conflict copy is unexplained).
+ * Every sequence runs even when an earlier one failed; one line per sequence, a summary table at
+ * the end, and the test fails if any sequence did.
  *
  * Environment: GS_FAULT_SEQUENCES (default 5; 1 when GS_TEST_SEED is set), GS_FAULT_OPS (random
  * operations per sequence, default 40), GS_TEST_SEED (sequence k runs seed+k), GS_FAULT_KINDS (a
- * subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut daemon-stop, any
+ * subset, e.g. "stall,cut"; names: push-kill daemon-kill sshd-kill stall cut daemon-stop
+ * server-delete, any
  * unique prefix; a planned fault of another kind becomes one of these, at the same place),
  * GS_TEST_KEEP=1 (keep every project folder) or =failed (keep failed ones), GS_TEST_OPLOG=FILE (log
  * the operations). The operations, the faults, where they fall in the sequence and how long they
@@ -57,9 +59,9 @@ static struct gs_test_sshd sshd;
 
 /* ---- faults ---- */
 
-enum fault_kind { F_PUSH, F_DAEMON, F_SSHD, F_STALL, F_CUT, F_STOP, F_KINDS };
-static const char *const fault_names[F_KINDS] = {"push-kill", "daemon-kill", "sshd-kill",
-                                                 "stall",     "cut",         "daemon-stop"};
+enum fault_kind { F_PUSH, F_DAEMON, F_SSHD, F_STALL, F_CUT, F_STOP, F_TAMPER, F_KINDS };
+static const char *const fault_names[F_KINDS] = {
+    "push-kill", "daemon-kill", "sshd-kill", "stall", "cut", "daemon-stop", "server-delete"};
 
 /* One fault as the seed plans it: where it falls and how long its phases last. */
 struct fault {
@@ -357,6 +359,26 @@ static void stop_daemon_checked(void)
     gs_test_result_release(&r);
 }
 
+/* What a user or a job does on the server behind gpusync's back: deletes one of the files gpusync
+ * wrote there (the (seed mod n)th in path order), and with every other seed also garbles the list
+ * the agent saved of what it checked (.gpusync/check-kept: a server whose record lies). The
+ * final flush must put the file back (syncd/verify.h) with no conflict copy: nothing was edited. */
+static void server_delete(unsigned seed)
+{
+    char cmd[1400];
+    snprintf(cmd, sizeof(cmd),
+             "cd '%s' && f=$(find . -path ./.gpusync -prune -o -type f ! -name '*.gpusync-*' "
+             "-print | LC_ALL=C sort | awk -v k=%u 'NR == 1 {n = 0} {a[n++] = $0} END "
+             "{if (n) print a[k %% n]}') && if [ -n \"$f\" ]; then rm -f \"$f\"; fi%s",
+             cur.remote, seed / 2,
+             seed & 1 ? " && if [ -f .gpusync/check-kept ]; then echo garbage > "
+                        ".gpusync/check-kept; fi"
+                      : "");
+    if (gs_test_sh("%s", cmd) != 0)
+        problem("server-delete: the shell failed");
+    gs_buf_addf(&cur.faults_text, "%s", seed & 1 ? "(and its record garbled)" : "");
+}
+
 /* Injects the fault (phase 1 of every kind but push-kill). */
 static void fault_inject(struct fault *f)
 {
@@ -386,6 +408,9 @@ static void fault_inject(struct fault *f)
     case F_STALL:
     case F_CUT:
         wan_command(f->kind == F_STALL ? "stall" : "cut");
+        break;
+    case F_TAMPER:
+        server_delete(f->burst_seed);
         break;
     default:
         break;
@@ -747,7 +772,7 @@ static unsigned parse_kinds(const char *list)
                 hit = hit == -1 ? i : -2;
         if (hit < 0)
             fail_msg("GS_FAULT_KINDS: '%s' is %s (kinds: push-kill daemon-kill sshd-kill stall "
-                     "cut daemon-stop)",
+                     "cut daemon-stop server-delete)",
                      tok, hit == -1 ? "unknown" : "ambiguous");
         mask |= 1u << hit;
     }
