@@ -50,8 +50,9 @@ static int wait_lock_free(struct gs_cli *cli)
     return rc;
 }
 
-/* A daemon stopped in the middle of a batch, or before it had checked every file, leaves changes
- * the server lacks: say so, since "stopped" alone reads as "and everything was sent". */
+/* A daemon stopped in the middle of a batch, or before it could check every file, leaves changes
+ * the server lacks (files deleted there behind its back included): say so, since "stopped" alone
+ * reads as "and the server has everything". */
 static void print_stopped(const char *root, json_int_t unsent, int unchecked)
 {
     printf("stopped gpusync watch for %s\n", root);
@@ -60,7 +61,8 @@ static void print_stopped(const char *root, json_int_t unsent, int unchecked)
                (long long)unsent, unsent == 1 ? " was" : "s were",
                unchecked ? ", nor was every file checked" : "", unsent == 1 ? "it" : "them");
     else if (unchecked)
-        printf("it had not yet checked every file against the server: 'gpusync push' does\n");
+        printf("it could not check every file against the server before it stopped: 'gpusync "
+               "push' does\n");
 }
 
 static int stop_daemon(struct gs_cli *cli)

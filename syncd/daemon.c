@@ -41,6 +41,7 @@
 #define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
 #define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
 #define SERVE_IN_BATCH_MS 100   /* during a batch, status requests are answered this often */
+#define STOP_CHECK_MS     2000  /* the most the check of the server at a stop may take */
 #define STOPPED_MID_WAIT  "the watch daemon was told to stop while it waited on the server"
 
 struct client {
@@ -94,6 +95,7 @@ struct daemon {
     int backoff_ms;
     int64_t next_check_ms, next_poll_ms, last_wall_ms, last_mono_ms;
     int syncing, stop;
+    int64_t wait_until_ms; /* a wait on the server past this is abandoned (the check at a stop) */
     size_t batch_paths; /* while syncing: the batch's paths, or 0 when it checks the whole tree */
     int lost_ops;       /* operations of this batch on paths gone from the server: sent again */
     char last_error[1024];
@@ -1211,7 +1213,7 @@ static int while_waiting(void *ctx)
 {
     struct daemon *d = ctx;
     serve_during_batch(d);
-    return d->stop;
+    return d->stop || (d->wait_until_ms && gs_clock_mono_ms() > d->wait_until_ms);
 }
 
 /* gs_push's reading callback: a batch reading (hashing) the changed files serves clients as a
@@ -1440,25 +1442,49 @@ static void refuse_buffered_at_exit(struct client *c)
     }
 }
 
+/* At a stop, asks the server once more whether it holds what the index says: "nothing unsent"
+ * must be true of the server now (a file deleted there since the last check would be missing),
+ * not only of this side. What it lacks becomes dirty, so counts as unsent. Only while connected
+ * and idle (a stop in the middle of a batch abandons the batch and its connection), for at most
+ * STOP_CHECK_MS (the stop's client waits 5 s for the answer), and a second stop cuts it short.
+ * Returns 1 when the server answered. */
+static int check_at_stop(struct daemon *d)
+{
+    if (!d->connected || !d->sess.ops || !take_sync_lock(d)) /* a push or pull: theirs now */
+        return 0;
+    d->stop = 0; /* set again by a second stop, read as the check waits (while_waiting) */
+    d->wait_until_ms = gs_clock_mono_ms() + STOP_CHECK_MS;
+    struct gs_error err = {0};
+    int rc = check_server(d, &err);
+    d->wait_until_ms = 0;
+    d->stop = 1;
+    gs_session_unlock(&d->sess);
+    if (rc < 0)
+        gs_info("the server was not checked before the stop: %s", err.msg);
+    return rc >= 0;
+}
+
 /* The daemon is stopping. Tells whoever asked it to what it leaves unsent, and each flush still
  * waiting that the server may lack its changes: a stop in the middle of a batch abandons it, and
  * the batch's paths are pending again. The next `watch`, or a `push`, checks and sends them. */
 static void answer_at_exit(struct daemon *d)
 {
     read_changes(d); /* every write made before the stop was asked is in the queue, as for flush */
+    int checked_now = check_at_stop(d);
     size_t unsent = d->n_dirty + d->n_failed + d->n_held;
-    int unchecked = d->full || !d->checked; /* e.g. stopped before it ever reached the server */
+    /* e.g. stopped before it ever reached the server, or while it could not answer */
+    int unchecked = d->full || !d->checked || !checked_now;
     char why[512];
     snprintf(why, sizeof(why),
              "the watch daemon stopped before the server had every change (%zu not sent%s); "
              "'gpusync push' sends them, as does the next 'gpusync watch'",
-             unsent, unchecked ? ", and it had yet to check every file" : "");
+             unsent, unchecked ? ", and it could not check every file" : "");
     if (unsent) /* a foreground watch shows it on the terminal; -d in its log */
         gs_warn("stopping with %zu change%s not sent to the server%s: 'gpusync push' sends %s",
                 unsent, unsent == 1 ? "" : "s", unchecked ? " (not every file checked)" : "",
                 unsent == 1 ? "it" : "them");
     else if (unchecked)
-        gs_warn("stopping before every file was checked against the server: 'gpusync push' "
+        gs_warn("stopping without checking every file against the server: 'gpusync push' "
                 "checks them");
     d->next_serve_ms = 0;
     serve_during_batch(d); /* what arrived meanwhile: read as it was in the batch, to answer it */

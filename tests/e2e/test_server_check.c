@@ -283,6 +283,26 @@ static void test_check__each_flush_of_a_connection_checks_the_whole_record(void 
     expect_trees_equal(&cur, "model.py, edited on both sides");
 }
 
+/* `watch --stop` counts what the server lacks at the stop as unsent, a file deleted there behind
+ * gpusync's back included: its "nothing unsent" must be true of the server, not only of this side
+ * (the fault test's server-delete found a stop that said so while the server lacked a file). */
+static void test_check__a_stop_counts_what_the_server_lost_as_unsent(void **state)
+{
+    (void)state;
+    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
+    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    assert_int_equal(gs_test_sh("rm '%s/train.py'", cur.remote), 0);
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0, "stop");
+    assert_int_equal(int_field(o, "unsent", "watch --stop"), 1);
+    assert_false(json_is_true(json_object_get(o, "unchecked")));
+    json_decref(o);
+    o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push after the stop");
+    assert_int_equal(int_field(o, "sent", "push"), 1);
+    json_decref(o);
+    expect_trees_equal(&cur, "after the push");
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -294,6 +314,7 @@ int main(void)
         T(test_check__an_idle_daemon_notices_a_file_deleted_on_the_server),
         T(test_check__a_file_changed_on_both_sides_is_sent_once_and_kept_once),
         T(test_check__each_flush_of_a_connection_checks_the_whole_record),
+        T(test_check__a_stop_counts_what_the_server_lost_as_unsent),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
