@@ -160,6 +160,22 @@ static int test_teardown(void **state)
     return 0;
 }
 
+/* A new project with `config` added and its watch daemon started, everything sent once. */
+static void watching(const char *config)
+{
+    proj_new(&cur, config);
+    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+}
+
+/* model.py edited on the server and, differently, here. */
+static void edit_model_on_both_sides(void)
+{
+    assert_int_equal(
+        gs_test_sh("echo '# edited on the server' >> '%s/src/pkg/model.py'", cur.remote), 0);
+    gs_test_write_file(cur.local, "src/pkg/model.py", "class Model: edited here\n");
+}
+
 /* `push` with no local change puts back what the server lost or changed, says how much, and keeps
  * every edited copy; then it finds nothing (the set-id bits the server never keeps included). */
 static void test_check__push_puts_back_what_was_changed_on_the_server(void **state)
@@ -191,9 +207,7 @@ static void test_check__push_puts_back_what_was_changed_on_the_server(void **sta
 static void test_check__a_flush_through_the_daemon_puts_it_back(void **state)
 {
     (void)state;
-    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
-    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
-    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    watching("[sync]\n\tcheck_every = off\n");
     expect_trees_equal(&cur, "after the first flush");
     change_the_server_behind_its_back(&cur);
 
@@ -210,9 +224,7 @@ static void test_check__a_flush_through_the_daemon_puts_it_back(void **state)
 static void test_check__an_idle_daemon_notices_a_file_deleted_on_the_server(void **state)
 {
     (void)state;
-    proj_new(&cur, "[sync]\n\tcheck_every = 1\n");
-    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
-    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    watching("[sync]\n\tcheck_every = 1\n");
     char gone[256];
     snprintf(gone, sizeof(gone), "%s/train.py", cur.remote);
     assert_int_equal(unlink(gone), 0);
@@ -234,9 +246,7 @@ static void test_check__a_file_changed_on_both_sides_is_sent_once_and_kept_once(
     proj_new(&cur, NULL);
     json_t *o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "first push");
     json_decref(o);
-    assert_int_equal(
-        gs_test_sh("echo '# edited on the server' >> '%s/src/pkg/model.py'", cur.remote), 0);
-    gs_test_write_file(cur.local, "src/pkg/model.py", "class Model: edited here\n");
+    edit_model_on_both_sides();
 
     o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push, edited on both sides");
     assert_int_equal(int_field(o, "sent", "push"), 1);
@@ -258,9 +268,7 @@ static void test_check__a_file_changed_on_both_sides_is_sent_once_and_kept_once(
 static void test_check__each_flush_of_a_connection_checks_the_whole_record(void **state)
 {
     (void)state;
-    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
-    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
-    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    watching("[sync]\n\tcheck_every = off\n");
 
     gs_test_write_file(cur.local, "new.txt", "written after the first flush\n");
     gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush of new.txt");
@@ -274,9 +282,7 @@ static void test_check__each_flush_of_a_connection_checks_the_whole_record(void 
     gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after train.py went on the server");
     expect_trees_equal(&cur, "train.py, deleted on the server");
 
-    assert_int_equal(
-        gs_test_sh("echo '# edited on the server' >> '%s/src/pkg/model.py'", cur.remote), 0);
-    gs_test_write_file(cur.local, "src/pkg/model.py", "class Model: edited here\n");
+    edit_model_on_both_sides();
     gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush, model.py edited on both sides");
     assert_int_equal(conflict_copies(&cur, "src/pkg/model.py"), 1);
     assert_int_equal(gs_test_sh("rm '%s'/src/pkg/model.py.gpusync-conflict-*", cur.remote), 0);
@@ -289,9 +295,7 @@ static void test_check__each_flush_of_a_connection_checks_the_whole_record(void 
 static void test_check__a_stop_counts_what_the_server_lost_as_unsent(void **state)
 {
     (void)state;
-    proj_new(&cur, "[sync]\n\tcheck_every = off\n");
-    gs_test_gpusync_ok(cur.local, ARGS("watch", "-d"), "watch -d");
-    gs_test_gpusync_ok(cur.local, ARGS("flush"), "the first flush");
+    watching("[sync]\n\tcheck_every = off\n");
     assert_int_equal(gs_test_sh("rm '%s/train.py'", cur.remote), 0);
     json_t *o = gs_test_gpusync_json(cur.local, ARGS("watch", "--stop", "--json"), 0, "stop");
     assert_int_equal(int_field(o, "unsent", "watch --stop"), 1);
