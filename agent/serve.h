@@ -19,6 +19,7 @@ typedef int (*ga_serve_write_fn)(void *ctx, const uint8_t *p, size_t n);
 
 struct ga_serve_stream; /* an open put stream (serve.c) */
 struct ga_check_set;    /* the entries CHECK keeps (serve_check.c) */
+struct ga_dirwatch;     /* the kept entries' folders, watched (dirwatch.h) */
 
 struct ga_serve {
     int rootfd;
@@ -37,6 +38,7 @@ struct ga_serve {
     int delta;                       /* both sides said GS_HELLO_DELTA: PUT_DELTA accepted */
     struct gs_proto_buf zin, zout;   /* a ZFRAMES's frames; replies packed for the wire */
     struct ga_check_set *kept;       /* CHECK's entries kept for the session (GS_CHECK_KEEP) */
+    struct ga_dirwatch *dirwatch;    /* what changed in the kept entries' folders (dirwatch.h) */
 };
 
 /* Opens the root (creating it with mkdir -p if create is set) and prepares a session writing

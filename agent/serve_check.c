@@ -1,10 +1,11 @@
 /* The agent's CHECK handler (proto/sync.h): the paths where the server holds something other than
- * the client believes, the beliefs a session keeps between checks (GS_CHECK_KEEP), and the set it
- * saves for the next session (GS_CHECK_SAVED). */
+ * the client believes, the beliefs a session keeps between checks (GS_CHECK_KEEP, re-examined only
+ * where dirwatch.h saw a change), and the set it saves for the next session (GS_CHECK_SAVED). */
 /* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
 #endif
+#include "dirwatch.h"
 #include "serve_int.h"
 #include "wrapper.h"
 
@@ -27,6 +28,7 @@ struct belief {
     uint32_t mode;
     uint64_t size;
     int64_t mtime_sec;
+    uint8_t settled; /* found as believed in a watched folder, and no change seen there since */
 };
 
 struct ga_check_set {
@@ -82,6 +84,7 @@ static int belief_from_entry(const struct gs_proto_entry *e, struct belief *b)
     b->mode = e->meta.mode;
     b->size = e->size;
     b->mtime_sec = e->meta.mtime_sec;
+    b->settled = 0;
     return 0;
 }
 
@@ -150,8 +153,10 @@ static int merge_kept(struct ga_serve *s, struct ga_check_set *news)
 struct parent {
     char *dir; /* its path, NULL before the first */
     size_t len;
-    int fd;  /* open, or -1 */
-    int err; /* why it could not be opened (a negative errno), or 0 */
+    int fd;                    /* open, or -1 */
+    int err;                   /* why it could not be opened (a negative errno), or 0 */
+    struct ga_dirwatch *watch; /* watches each folder opened (kept sets), or NULL */
+    int watched;               /* any change of its entries will be seen */
 };
 
 static void parent_close(struct parent *p)
@@ -181,6 +186,8 @@ static size_t parent_of(struct ga_serve *s, struct parent *p, const char *path)
         p->dir[len] = '\0';
         p->len = len;
     }
+    /* watched before its entries are examined, so no change after that goes unseen */
+    p->watched = p->dir && p->fd >= 0 && ga_dirwatch_add(p->watch, p->dir, p->fd);
     return slash ? len + 1 : 0;
 }
 
@@ -203,9 +210,10 @@ static int differs(const struct belief *b, int dirfd, const char *name, const st
 }
 
 /* Examines one path; lists it in `o` when the server holds something else there. */
-static int examine(struct ga_serve *s, struct parent *p, const struct belief *b,
-                   struct ga_entries_out *o)
+static int examine(struct ga_serve *s, struct parent *p, struct belief *b, struct ga_entries_out *o)
 {
+    if (b->settled)
+        return 0;
     const char *name = b->path + parent_of(s, p, b->path);
     struct gs_proto_entry e;
     memset(&e, 0, sizeof(e));
@@ -221,6 +229,8 @@ static int examine(struct ga_serve *s, struct parent *p, const struct belief *b,
         return 0; /* cannot be told: not listed */
     char *link = NULL;
     int d = differs(b, p->fd, name, &st, &link);
+    /* A file with other links can change through a folder that is not watched. */
+    b->settled = d == 0 && p->watched && (b->kind != GS_KIND_FILE || st.st_nlink == 1);
     if (d == 1) {
         e.kind = ga_fs_kind(st.st_mode);
         ga_fs_meta_from_stat(&st, &e.meta);
@@ -233,11 +243,57 @@ static int examine(struct ga_serve *s, struct parent *p, const struct belief *b,
     return rc;
 }
 
-/* Replies LIST_ENTRIES (what differs) and LIST_END for the beliefs in `set`. */
-static int examine_all(struct ga_serve *s, uint32_t id, const struct ga_check_set *set)
+/* The first belief whose path is not below `key` in path order. */
+static size_t lower_bound(const struct ga_check_set *set, const char *key)
+{
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (path_cmp(set->v[mid].path, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* dirwatch.h's report: `path` (and with subtree, all below it) must be examined again. */
+static void unsettle(void *ctx, const char *path, int subtree)
+{
+    struct ga_check_set *set = ctx;
+    size_t i = lower_bound(set, path), len = strlen(path);
+    if (i < set->n && strcmp(set->v[i].path, path) == 0)
+        set->v[i++].settled = 0;
+    if (!subtree)
+        return;
+    if (len == 0) {
+        for (i = 0; i < set->n; i++)
+            set->v[i].settled = 0;
+        return;
+    }
+    /* paths below it follow it in path order, those of "path/" ('/' sorts after some bytes) */
+    char *below = malloc(len + 2);
+    if (!below) { /* cannot tell which: all of them */
+        unsettle(ctx, "", 1);
+        return;
+    }
+    memcpy(below, path, len);
+    memcpy(below + len, "/", 2);
+    for (i = lower_bound(set, below); i < set->n && strncmp(set->v[i].path, below, len + 1) == 0;
+         i++)
+        set->v[i].settled = 0;
+    free(below);
+}
+
+/* Replies LIST_ENTRIES (what differs) and LIST_END for the beliefs in `set`; `watch`, for a kept
+ * set, first names what changed since the last check and then watches what is examined. */
+static int examine_all(struct ga_serve *s, uint32_t id, struct ga_check_set *set,
+                       struct ga_dirwatch *watch)
 {
     struct ga_entries_out o;
-    struct parent p = {.fd = -1};
+    struct parent p = {.fd = -1, .watch = watch};
+    if (watch)
+        ga_dirwatch_drain(watch, unsettle, set);
     int rc = ga_entries_begin(&o, s, id);
     if (rc < 0)
         return rc;
@@ -414,8 +470,12 @@ void ga_serve_check(struct ga_serve *s, const struct gs_proto_msg *m)
     if (rc == 0 && keeping && (m->flags & GS_CHECK_DEFER)) {
         struct gs_proto_msg r = {.type = GS_MSG_LIST_END, .id = m->id};
         ga_serve_emit(s, &r);
+    } else if (rc == 0 && keeping) {
+        if (!s->dirwatch)
+            s->dirwatch = ga_dirwatch_new(); /* NULL: every path is examined each time */
+        rc = examine_all(s, m->id, s->kept, s->dirwatch);
     } else if (rc == 0) {
-        rc = examine_all(s, m->id, keeping ? s->kept : &got);
+        rc = examine_all(s, m->id, &got, NULL);
     }
     set_clear(&got);
     if (rc < 0) {
@@ -433,4 +493,6 @@ void ga_serve_check_release(struct ga_serve *s)
         set_clear(s->kept);
     free(s->kept);
     s->kept = NULL;
+    ga_dirwatch_free(s->dirwatch);
+    s->dirwatch = NULL;
 }

@@ -77,6 +77,7 @@ struct daemon {
     size_t n_dirty, cap_dirty;
     int full;   /* push the whole tree next */
     int verify; /* compare the server with the index before the next batch (push, flush) */
+    struct gs_verify_copy *check_copy; /* the index's entries as the last check read them */
     int64_t next_verify_ms; /* when an idle connection compares them next */
     int checked;   /* a batch has compared the whole tree with the server since the start */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
@@ -808,7 +809,7 @@ static int check_send(struct daemon *d, struct gs_verify **v, struct gs_error *e
 {
     d->verify = 0; /* a flush asked while it runs (while_waiting) sets it again: checked next */
     gs_ssh_set_waiting(d->ssh, while_waiting, d);
-    int rc = gs_verify_prepare(d->sess.idx, v, err);
+    int rc = gs_verify_prepare(d->sess.idx, d->check_copy, v, err);
     if (rc == 0)
         rc = gs_verify_send(*v, d->sess.ops, err);
     gs_ssh_set_waiting(d->ssh, NULL, NULL);
@@ -1342,6 +1343,7 @@ static void restore_index(struct daemon *d, int64_t now)
     struct gs_index *disk = NULL;
     if (index_file_has_records(d, path.data) &&
         gs_index_open(&disk, path.data, gs_index_remote(d->sess.idx), &err) == 0) {
+        gs_verify_copy_reset(d->check_copy); /* it notes the writes of the one closed here */
         gs_index_close(d->sess.idx);
         d->sess.idx = disk;
         gs_warn("%s was made again meanwhile; using it", path.data);
@@ -1550,6 +1552,7 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
     gs_target_name(o->cfg->host, o->cfg->port, o->cfg->user, d->target, sizeof(d->target));
     d->backoff_ms = BACKOFF_FIRST_MS;
     d->last_latency_ms = -1;
+    d->check_copy = gs_verify_copy_new();
     srand((unsigned)getpid());
     int rc = gs_session_open(&d->sess, o->root, o->cfg, err);
     if (rc == 0)
@@ -1594,6 +1597,7 @@ static void teardown(struct daemon *d)
         close(d->signal_fd);
     gs_relay_stop(d->relay);
     gs_watch_free(d->watch);
+    gs_verify_copy_free(d->check_copy);
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);

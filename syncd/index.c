@@ -28,6 +28,7 @@ enum stmt {
     ST_INTENT_DROP,
     ST_INTENT_ALL,
     ST_INTENT_COUNT,
+    ST_DATA_VERSION,
     ST__COUNT
 };
 
@@ -54,6 +55,7 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_INTENT_DROP] = "DELETE FROM intents WHERE id = ?1",
     [ST_INTENT_ALL] = "SELECT " ENTRY_COLS ", id, op, subtree, from_path FROM intents ORDER BY id",
     [ST_INTENT_COUNT] = "SELECT count(*) FROM intents",
+    [ST_DATA_VERSION] = "PRAGMA data_version",
 };
 
 static const char schema_sql[] =
@@ -78,7 +80,16 @@ struct gs_index {
     sqlite3_stmt *st[ST__COUNT];
     struct gs_buf scratch; /* subtree bounds */
     struct gs_buf scratch2;
+    gs_index_write_fn on_write; /* gs_index_on_write's, or NULL */
+    void *on_write_ctx;
 };
+
+/* Tells the observer, if any, that `path` (and with subtree, what lies below; "" all) was written. */
+static void wrote(struct gs_index *idx, const char *path, int subtree)
+{
+    if (idx->on_write)
+        idx->on_write(idx->on_write_ctx, path, subtree);
+}
 
 static int db_error(struct gs_index *idx, struct gs_error *err, const char *what)
 {
@@ -217,6 +228,7 @@ int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs
 {
     sqlite3_stmt *st = idx->st[ST_PUT];
     bind_entry(st, e);
+    wrote(idx, e->path, 0);
     return step_done(idx, st, err, "recording an entry");
 }
 
@@ -228,6 +240,7 @@ int gs_index_set_local(struct gs_index *idx, const char *path, uint64_t size, in
     sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
     sqlite3_bind_int64(st, 3, mtime_ns);
     sqlite3_bind_int64(st, 4, (sqlite3_int64)ino);
+    wrote(idx, path, 0);
     return step_done(idx, st, err, "refreshing a stat cache");
 }
 
@@ -235,6 +248,7 @@ int gs_index_delete(struct gs_index *idx, const char *path, struct gs_error *err
 {
     sqlite3_stmt *st = idx->st[ST_DELETE];
     bind_text_blob(st, 1, path);
+    wrote(idx, path, 0);
     return step_done(idx, st, err, "deleting an entry");
 }
 
@@ -245,6 +259,7 @@ int gs_index_delete_subtree(struct gs_index *idx, const char *path, struct gs_er
                             idx->file);
     sqlite3_stmt *st = idx->st[ST_DELETE_SUB];
     bind_subtree(idx, st, path);
+    wrote(idx, path, 1);
     return step_done(idx, st, err, "deleting a subtree");
 }
 
@@ -260,6 +275,7 @@ int gs_index_rename(struct gs_index *idx, const char *from, const char *to, stru
     if (!*from || !*to || path_within(to, from) || path_within(from, to))
         return gs_error_set(err, GS_E_USAGE, "cannot rename %s to %s: one lies inside the other",
                             from, to);
+    wrote(idx, from, 1);
     int rc = exec_sql(idx, "SAVEPOINT gs_rename", err);
     if (rc == 0)
         rc = gs_index_delete_subtree(idx, to, err);
@@ -499,7 +515,10 @@ int gs_index_move(struct gs_index *idx, const char *path, struct gs_error *err)
     struct gs_index old = *idx; /* swap, so that the caller's pointer stays valid */
     *idx = *moved;
     *moved = old;
+    idx->on_write = old.on_write;
+    idx->on_write_ctx = old.on_write_ctx;
     gs_index_close(moved);
+    wrote(idx, "", 1); /* another connection: its data_version is another count */
     return 0;
 }
 
@@ -517,7 +536,23 @@ int gs_index_set_meta(struct gs_index *idx, const char *key, const char *value,
 
 int gs_index_clear(struct gs_index *idx, struct gs_error *err)
 {
+    wrote(idx, "", 1);
     return exec_sql(idx, "DELETE FROM entries; DELETE FROM intents", err);
+}
+
+void gs_index_on_write(struct gs_index *idx, gs_index_write_fn fn, void *ctx)
+{
+    idx->on_write = fn;
+    idx->on_write_ctx = ctx;
+}
+
+int gs_index_data_version(struct gs_index *idx, int64_t *out, struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_DATA_VERSION];
+    int rc = sqlite3_step(st);
+    *out = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? 0 : db_error(idx, err, "reading its data version");
 }
 
 /* ---- intents ---- */

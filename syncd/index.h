@@ -170,4 +170,12 @@ int gs_index_intent_foreach(struct gs_index *idx, gs_index_intent_fn fn, void *c
  * identity. */
 int gs_index_clear(struct gs_index *idx, struct gs_error *err);
 
+/* For a caller that keeps a copy of the entries (syncd/verify.h): fn(ctx, path, subtree) is told
+ * of each write through this handle, as it is made (a rolled-back one too), before its statement
+ * runs: `path`, and with subtree what lies below it ("" with subtree: everything). NULL stops it.
+ * Writes by other connections are not told: gs_index_data_version's number changes after them. */
+typedef void (*gs_index_write_fn)(void *ctx, const char *path, int subtree);
+void gs_index_on_write(struct gs_index *idx, gs_index_write_fn fn, void *ctx);
+int gs_index_data_version(struct gs_index *idx, int64_t *out, struct gs_error *err);
+
 #endif

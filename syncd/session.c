@@ -330,7 +330,7 @@ void gs_session_check_early(struct gs_session *s)
 {
     gs_verify_abandon(s->checking);
     s->checking = NULL;
-    if (!s->no_server_check && gs_verify_prepare(s->idx, &s->checking, NULL) < 0)
+    if (!s->no_server_check && gs_verify_prepare(s->idx, NULL, &s->checking, NULL) < 0)
         s->checking = NULL; /* ready checks by itself */
 }
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "common/wrapper.h"
 #include "syncd/hash.h"
@@ -99,11 +100,165 @@ static int still_believed(struct gs_index *idx, const struct gs_index_entry *the
     return same;
 }
 
-/* A check under way: the index's entries when it was sent, and the answer. */
+/* ---- a copy of the entries kept between checks (gs_verify_copy) ---- */
+
+#define TOUCHED_MAX 4096 /* writes noted before reading everything again costs less */
+
+struct touched {
+    char *path;
+    int subtree;
+};
+
+struct gs_verify_copy {
+    struct gs_index *idx; /* what it copies (its writes are noted), NULL before the first read */
+    int64_t data_version; /* idx's when read: another connection's commit changes it */
+    struct entries all;   /* in path order */
+    struct touched *t;    /* written since, to read again */
+    size_t nt, tcap;
+    int reread; /* too much was written, or everything: read it all again */
+};
+
+static void touched_clear(struct gs_verify_copy *c)
+{
+    for (size_t i = 0; i < c->nt; i++)
+        free(c->t[i].path);
+    c->nt = 0;
+}
+
+static void note_write(void *ctx, const char *path, int subtree)
+{
+    struct gs_verify_copy *c = ctx;
+    if (c->reread)
+        return;
+    if (c->nt == TOUCHED_MAX || (subtree && !*path)) {
+        touched_clear(c);
+        c->reread = 1;
+        return;
+    }
+    GS_ALLOC_GROW(c->t, c->nt + 1, c->tcap);
+    c->t[c->nt++] = (struct touched){gs_xstrdup(path), subtree};
+}
+
+struct gs_verify_copy *gs_verify_copy_new(void)
+{
+    return gs_xcalloc(1, sizeof(struct gs_verify_copy));
+}
+
+void gs_verify_copy_reset(struct gs_verify_copy *c)
+{
+    if (!c)
+        return;
+    if (c->idx)
+        gs_index_on_write(c->idx, NULL, NULL);
+    c->idx = NULL;
+    entries_release(&c->all);
+    memset(&c->all, 0, sizeof(c->all));
+    touched_clear(c);
+    c->reread = 0;
+}
+
+void gs_verify_copy_free(struct gs_verify_copy *c)
+{
+    gs_verify_copy_reset(c);
+    if (c)
+        free(c->t);
+    free(c);
+}
+
+/* The first entry whose path is not below `key` in path order. */
+static size_t lower_bound(const struct entries *all, const char *key)
+{
+    size_t lo = 0, hi = all->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(all->v[mid].path, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Replaces entries [from, to) of `all` with got[0..n) (moved in). */
+static void splice(struct entries *all, size_t from, size_t to, struct entries *got)
+{
+    for (size_t i = from; i < to; i++)
+        gs_index_entry_release(&all->v[i]);
+    size_t n = all->n - (to - from) + got->n;
+    GS_ALLOC_GROW(all->v, n, all->cap);
+    memmove(&all->v[from + got->n], &all->v[to], (all->n - to) * sizeof(*all->v));
+    if (got->n)
+        memcpy(&all->v[from], got->v, got->n * sizeof(*got->v));
+    all->n = n;
+    free(got->v);
+    memset(got, 0, sizeof(*got));
+}
+
+/* Reads `path` again (and with subtree, what lies below it). */
+static int reread_path(struct gs_verify_copy *c, const char *path, int subtree,
+                       struct gs_error *err)
+{
+    struct entries got = {0};
+    GS_ALLOC_GROW(got.v, 1, got.cap);
+    int rc = gs_index_get(c->idx, path, &got.v[0], err);
+    if (rc < 0) {
+        free(got.v);
+        return rc;
+    }
+    got.n = (size_t)rc;
+    size_t at = lower_bound(&c->all, path);
+    splice(&c->all, at, at + (at < c->all.n && strcmp(c->all.v[at].path, path) == 0), &got);
+    if (!subtree)
+        return 0;
+    /* what lies below: the run of paths that start "path/" (not contiguous with "path" itself:
+     * "path-x" sorts between) */
+    struct gs_buf below = GS_BUF_INIT;
+    gs_buf_addf(&below, "%s/", path);
+    size_t from = lower_bound(&c->all, below.data), to = from;
+    while (to < c->all.n && strncmp(c->all.v[to].path, below.data, below.len) == 0)
+        to++;
+    rc = gs_index_foreach(c->idx, path, collect, &got, err);
+    if (rc == 0 && got.n && strcmp(got.v[0].path, path) == 0) { /* the path itself: done above */
+        gs_index_entry_release(&got.v[0]);
+        memmove(&got.v[0], &got.v[1], --got.n * sizeof(*got.v));
+    }
+    if (rc == 0)
+        splice(&c->all, from, to, &got);
+    else
+        entries_release(&got);
+    gs_buf_release(&below);
+    return rc;
+}
+
+/* Brings the copy up to date with `idx`: the paths written since, or everything. */
+static int copy_refresh(struct gs_verify_copy *c, struct gs_index *idx, struct gs_error *err)
+{
+    int64_t version;
+    int rc = gs_index_data_version(idx, &version, err);
+    if (rc < 0)
+        return rc;
+    if (c->idx != idx || c->reread || version != c->data_version) {
+        gs_verify_copy_reset(c);
+        c->idx = idx;
+        gs_index_on_write(idx, note_write, c);
+        c->data_version = version;
+        rc = gs_index_foreach(idx, NULL, collect, &c->all, err);
+    }
+    for (size_t i = 0; rc == 0 && i < c->nt; i++)
+        rc = reread_path(c, c->t[i].path, c->t[i].subtree, err);
+    touched_clear(c);
+    if (rc < 0)
+        gs_verify_copy_reset(c);
+    return rc;
+}
+
+/* A check under way: the index's entries when it was sent (its own, or a copy's), and the
+ * answer. */
 struct gs_verify {
     struct gs_index *idx;
     struct gs_fileops *ops;
-    struct entries all;
+    struct entries *all;
+    struct entries own;
     struct gs_fop_stat *seen;
 };
 
@@ -113,7 +268,7 @@ struct gs_verify {
 static int apply(struct gs_verify *v, const struct gs_verify_found *found,
                  struct gs_verify_result *out, struct gs_error *err)
 {
-    struct entries *all = &v->all;
+    struct entries *all = v->all;
     size_t *fixed = gs_xcalloc(all->n, sizeof(*fixed)), n_fixed = 0;
     enum finding *how = gs_xcalloc(all->n, sizeof(*how));
     int rc = gs_index_begin(v->idx, err);
@@ -157,16 +312,18 @@ void gs_verify_abandon(struct gs_verify *v)
 {
     if (!v)
         return;
-    entries_release(&v->all);
+    entries_release(&v->own);
     free(v->seen);
     free(v);
 }
 
-int gs_verify_prepare(struct gs_index *idx, struct gs_verify **out, struct gs_error *err)
+int gs_verify_prepare(struct gs_index *idx, struct gs_verify_copy *copy, struct gs_verify **out,
+                      struct gs_error *err)
 {
     struct gs_verify *v = gs_xcalloc(1, sizeof(*v));
     v->idx = idx;
-    int rc = gs_index_foreach(idx, NULL, collect, &v->all, err);
+    v->all = copy ? &copy->all : &v->own;
+    int rc = copy ? copy_refresh(copy, idx, err) : gs_index_foreach(idx, NULL, collect, &v->own, err);
     if (rc < 0) {
         gs_verify_abandon(v);
         v = NULL;
@@ -177,12 +334,12 @@ int gs_verify_prepare(struct gs_index *idx, struct gs_verify **out, struct gs_er
 
 int gs_verify_send(struct gs_verify *v, struct gs_fileops *ops, struct gs_error *err)
 {
-    if (v->ops || !ops->check_send || !v->all.n) /* sent already; cannot; nothing written there */
+    if (v->ops || !ops->check_send || !v->all->n) /* sent already; cannot; nothing written there */
         return 0;
-    struct gs_fop_belief *beliefs = gs_xcalloc(v->all.n, sizeof(*beliefs));
-    for (size_t i = 0; i < v->all.n; i++)
-        beliefs[i] = belief_of(&v->all.v[i]);
-    int rc = ops->check_send(ops, beliefs, v->all.n, err);
+    struct gs_fop_belief *beliefs = gs_xcalloc(v->all->n, sizeof(*beliefs));
+    for (size_t i = 0; i < v->all->n; i++)
+        beliefs[i] = belief_of(&v->all->v[i]);
+    int rc = ops->check_send(ops, beliefs, v->all->n, err);
     free(beliefs);
     if (rc == 0)
         v->ops = ops;
@@ -198,18 +355,18 @@ int gs_verify_finish(struct gs_verify *v, struct gs_fileops *ops,
         return 0;
     int rc = gs_verify_send(v, ops, err);
     if (rc == 0 && v->ops) {
-        v->seen = gs_xcalloc(v->all.n, sizeof(*v->seen));
+        v->seen = gs_xcalloc(v->all->n, sizeof(*v->seen));
         rc = v->ops->check_wait(v->ops, v->seen, err);
         if (rc == 0)
             rc = apply(v, found, out, err);
         if (rc == 0)
-            out->checked = v->all.n;
+            out->checked = v->all->n;
     }
     size_t off = out->gone + out->changed;
     if (rc == 0 && off)
         gs_info("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, "
                 "%zu changed there): sending them again",
-                off, v->all.n, out->gone, out->changed);
+                off, v->all->n, out->gone, out->changed);
     gs_verify_abandon(v);
     return rc;
 }
@@ -219,7 +376,7 @@ int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops,
                      struct gs_error *err)
 {
     struct gs_verify *v;
-    int rc = gs_verify_prepare(idx, &v, err);
+    int rc = gs_verify_prepare(idx, NULL, &v, err);
     if (rc == 0)
         return gs_verify_finish(v, ops, found, out, err);
     memset(out, 0, sizeof(*out));

@@ -50,15 +50,27 @@ int gs_verify_server(struct gs_index *idx, struct gs_fileops *ops,
                      const struct gs_verify_found *found, struct gs_verify_result *out,
                      struct gs_error *err);
 
+/* A copy of the index's entries for a caller that checks one index again and again (the watch
+ * daemon, at every flush): gs_verify_prepare with it reads only the paths written since the last
+ * time (gs_index_on_write tells it, through the index it was last given) instead of every entry,
+ * or everything when another connection wrote or too much changed. gs_verify_copy_reset forgets
+ * it all (before that index is closed); gs_verify_copy_free too, then frees it. A gs_verify
+ * prepared from a copy uses it until finished or abandoned. */
+struct gs_verify_copy;
+struct gs_verify_copy *gs_verify_copy_new(void);
+void gs_verify_copy_reset(struct gs_verify_copy *c);
+void gs_verify_copy_free(struct gs_verify_copy *c);
+
 /* The same in steps, so that a sync goes on while the server answers. gs_verify_prepare takes the
- * index's entries as they are now (*out NULL on error); gs_verify_send asks the server about them
+ * index's entries as they are now (`copy` may be NULL; *out NULL on error); gs_verify_send asks the server about them
  * (nothing when the transport has no check, or nothing was written there), and what is
  * submitted after it goes on meanwhile; gs_verify_finish sends it to `ops` if that was not done,
  * waits for the answer and corrects only the entries the index still holds as they were when
  * prepared (a sync that rewrote one meanwhile has made it true again), then frees `v`.
  * gs_verify_abandon frees one whose answer is not wanted (NULL: nothing). */
 struct gs_verify;
-int gs_verify_prepare(struct gs_index *idx, struct gs_verify **out, struct gs_error *err);
+int gs_verify_prepare(struct gs_index *idx, struct gs_verify_copy *copy, struct gs_verify **out,
+                      struct gs_error *err);
 int gs_verify_send(struct gs_verify *v, struct gs_fileops *ops, struct gs_error *err);
 int gs_verify_finish(struct gs_verify *v, struct gs_fileops *ops,
                      const struct gs_verify_found *found, struct gs_verify_result *out,

@@ -36,6 +36,7 @@ gs_add_test(test_hash       LABEL unit TIMEOUT 120 SOURCES unit/test_hash.c     
 gs_add_test(test_ignore     LABEL unit TIMEOUT 120 SOURCES unit/test_ignore.c   LIBS ${syncd_libs})
 gs_add_test(test_scan       LABEL unit TIMEOUT 120 SOURCES unit/test_scan.c     LIBS ${syncd_libs})
 gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    LIBS ${syncd_libs})
+gs_add_test(test_verify     LABEL unit TIMEOUT 120 SOURCES unit/test_verify.c   LIBS ${syncd_libs})
 gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})
 gs_add_test(test_watcher    LABEL unit TIMEOUT 120 SOURCES unit/test_watcher.c  LIBS ${syncd_libs})
 gs_add_test(test_control    LABEL unit TIMEOUT 120 SOURCES unit/test_control.c  LIBS ${syncd_libs})

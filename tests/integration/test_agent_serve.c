@@ -1166,6 +1166,119 @@ static void test_serve__kept_beliefs_are_saved_for_the_next_session(void **state
     assert_string_equal(c.listed, "d/b.txt,");
 }
 
+/* Folders the agent (pid) watches with inotify: the inode numbers its fdinfo lists, ","-joined. */
+static void watched_inodes(pid_t pid, char *out, size_t cap)
+{
+    char dir[64], path[PATH_MAX], line[512];
+    snprintf(dir, sizeof(dir), "/proc/%d/fdinfo", (int)pid);
+    out[0] = '\0';
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        FILE *fp = fopen(path, "r");
+        while (fp && fgets(line, sizeof(line), fp)) {
+            char *ino = strstr(line, " ino:");
+            if (strncmp(line, "inotify wd:", 11) == 0 && ino)
+                snprintf(out + strlen(out), cap - strlen(out), "%llu,",
+                         strtoull(ino + 5, NULL, 16));
+        }
+        if (fp)
+            fclose(fp);
+    }
+    closedir(d);
+}
+
+static int watches(struct fx *f, const char *rel)
+{
+    char p[PATH_MAX], list[4096], want[32];
+    struct stat st;
+    at(f, rel, p);
+    assert_int_equal(stat(p, &st), 0);
+    watched_inodes(f->a.pid, list, sizeof(list));
+    snprintf(want, sizeof(want), "%llu,", (unsigned long long)st.st_ino);
+    return strncmp(list, want, strlen(want)) == 0 || strstr(list, want) != NULL;
+}
+
+/* A kept set is examined again only where the folders the agent watches saw a change, so every
+ * kind of change behind the client's back must still be listed by the next check: a write, a
+ * mode, a deletion, a folder renamed away or replaced by a symlink, a file renamed over another,
+ * a write through a second hard link in a folder nobody watches. */
+static void test_serve__kept_checks_see_changes_in_watched_folders(void **state)
+{
+    struct fx *f = *state;
+    start(f);
+    put(f, "a.txt", "aaa");
+    put(f, "d/b.txt", "bbb");
+    put(f, "d/e/c.txt", "ccc");
+    put(f, "m/x.txt", "xxx");
+    put(f, "m/y.txt", "yyyyy");
+    put(f, "h.txt", "hhh");
+    char h[PATH_MAX], other[PATH_MAX];
+    at(f, "h.txt", h);
+    snprintf(other, sizeof(other), "%s/h-link", f->base); /* outside the root: not watched */
+    assert_int_equal(link(h, other), 0);
+    const char *names[] = {"a.txt", "d", "d/b.txt", "d/e",    "d/e/c.txt",
+                           "h.txt", "m", "m/x.txt", "m/y.txt"};
+    enum { N = sizeof(names) / sizeof(names[0]) };
+    struct gs_proto_entry all[N];
+    for (int i = 0; i < N; i++)
+        all[i] = believed(f, names[i], NULL, 0);
+    struct checked c = check_beliefs(f, GS_CHECK_KEEP, all, N);
+    assert_string_equal(c.listed, "");
+    assert_true(watches(f, "") && watches(f, "d") && watches(f, "d/e") && watches(f, "m"));
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "");
+
+    put(f, "a.txt", "aaaa"); /* a write */
+    c = check_beliefs(f, GS_CHECK_KEEP, NULL, 0);
+    assert_string_equal(c.listed, "a.txt,");
+    assert_int_equal(c.examined, N);
+    struct gs_proto_entry a_now = believed(f, "a.txt", NULL, 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, &a_now, 1).listed, "");
+
+    char p[PATH_MAX], q[PATH_MAX];
+    at(f, "d/e/c.txt", p); /* a mode, two folders down */
+    assert_int_equal(chmod(p, 0600), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "d/e/c.txt,");
+    assert_int_equal(chmod(p, 0644), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "");
+
+    FILE *fp = fopen(other, "a"); /* through the other link, in a folder nobody watches */
+    assert_non_null(fp);
+    fputs("more", fp);
+    fclose(fp);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "h.txt,");
+    assert_int_equal(unlink(other), 0);
+    struct gs_proto_entry h_now = believed(f, "h.txt", NULL, 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, &h_now, 1).listed, "");
+
+    at(f, "m/x.txt", p); /* renamed over another */
+    at(f, "m/y.txt", q);
+    assert_int_equal(rename(p, q), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "m/x.txt(none),m/y.txt,");
+    struct gs_proto_entry m_now[2] = {believed(f, "m/x.txt", NULL, 0),
+                                      believed(f, "m/y.txt", NULL, 0)}; /* x: kind NONE */
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, m_now, 2).listed, "");
+
+    at(f, "d", p); /* a folder renamed away, then a symlink in its place */
+    snprintf(q, sizeof(q), "%s/d-moved", f->base);
+    assert_int_equal(rename(p, q), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed,
+                        "d(none),d/b.txt(none),d/e(none),d/e/c.txt(none),");
+    assert_int_equal(symlink(q, p), 0);
+    /* (what lies below a symlink cannot be examined: not listed, as CHECK says) */
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "d,");
+    /* and the folder itself back: as believed again, watched again */
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(rename(q, p), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "");
+    assert_true(watches(f, "d/e"));
+    at(f, "d/e/c.txt", p); /* a watch that followed the folder out and back still reports */
+    assert_int_equal(truncate(p, 0), 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "d/e/c.txt,");
+}
+
 static void test_serve__large_file_streams_byte_identical_both_ways(void **state)
 {
     struct fx *f = *state;
@@ -1634,6 +1747,7 @@ int main(void)
         T(test_serve__hostile_names_work),
         T(test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees),
         T(test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_session),
+        T(test_serve__kept_checks_see_changes_in_watched_folders),
         T(test_serve__kept_beliefs_are_saved_for_the_next_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
