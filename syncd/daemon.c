@@ -78,7 +78,7 @@ struct daemon {
     int full;   /* push the whole tree next */
     int verify; /* compare the server with the index before the next batch (push, flush) */
     struct gs_verify_copy *check_copy; /* the index's entries as the last check read them */
-    int64_t next_verify_ms; /* when an idle connection compares them next */
+    int64_t next_verify_ms;            /* when an idle connection compares them next */
     int checked;   /* a batch has compared the whole tree with the server since the start */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;

@@ -84,7 +84,8 @@ struct gs_index {
     void *on_write_ctx;
 };
 
-/* Tells the observer, if any, that `path` (and with subtree, what lies below; "" all) was written. */
+/* Tells the observer, if any, that `path` (and with subtree, what lies below; "" all) was written.
+ */
 static void wrote(struct gs_index *idx, const char *path, int subtree)
 {
     if (idx->on_write)

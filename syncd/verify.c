@@ -323,7 +323,8 @@ int gs_verify_prepare(struct gs_index *idx, struct gs_verify_copy *copy, struct 
     struct gs_verify *v = gs_xcalloc(1, sizeof(*v));
     v->idx = idx;
     v->all = copy ? &copy->all : &v->own;
-    int rc = copy ? copy_refresh(copy, idx, err) : gs_index_foreach(idx, NULL, collect, &v->own, err);
+    int rc =
+        copy ? copy_refresh(copy, idx, err) : gs_index_foreach(idx, NULL, collect, &v->own, err);
     if (rc < 0) {
         gs_verify_abandon(v);
         v = NULL;

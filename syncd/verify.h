@@ -62,10 +62,10 @@ void gs_verify_copy_reset(struct gs_verify_copy *c);
 void gs_verify_copy_free(struct gs_verify_copy *c);
 
 /* The same in steps, so that a sync goes on while the server answers. gs_verify_prepare takes the
- * index's entries as they are now (`copy` may be NULL; *out NULL on error); gs_verify_send asks the server about them
- * (nothing when the transport has no check, or nothing was written there), and what is
- * submitted after it goes on meanwhile; gs_verify_finish sends it to `ops` if that was not done,
- * waits for the answer and corrects only the entries the index still holds as they were when
+ * index's entries as they are now (`copy` may be NULL; *out NULL on error); gs_verify_send asks the
+ * server about them (nothing when the transport has no check, or nothing was written there), and
+ * what is submitted after it goes on meanwhile; gs_verify_finish sends it to `ops` if that was not
+ * done, waits for the answer and corrects only the entries the index still holds as they were when
  * prepared (a sync that rewrote one meanwhile has made it true again), then frees `v`.
  * gs_verify_abandon frees one whose answer is not wanted (NULL: nothing). */
 struct gs_verify;

@@ -27,7 +27,7 @@
 /* A transport that records the beliefs it is asked about and answers from `answer`. */
 struct stub {
     struct gs_fileops ops;
-    struct gs_buf asked; /* the beliefs, one line each */
+    struct gs_buf asked;     /* the beliefs, one line each */
     struct gs_fop_belief *b; /* and as sent (their strings not kept) */
     size_t n;
     unsigned answer_seed; /* which paths the "server" lost or changed */
@@ -63,7 +63,9 @@ static int stub_check_wait(struct gs_fileops *ops, struct gs_fop_stat *out, stru
         else if ((i + s->answer_seed) % 11 == 0)
             out[i] = (struct gs_fop_stat){.kind = GS_FOP_KIND_FILE, .mode = 0600, .size = 99};
         else if ((i + s->answer_seed) % 13 == 0 && s->b[i].kind != GS_FOP_KIND_SYMLINK)
-            out[i] = (struct gs_fop_stat){.kind = s->b[i].kind, .mode = 0600, .size = s->b[i].size,
+            out[i] = (struct gs_fop_stat){.kind = s->b[i].kind,
+                                          .mode = 0600,
+                                          .size = s->b[i].size,
                                           .mtime_ns = s->b[i].mtime_ns};
     }
     return 0;
@@ -127,8 +129,8 @@ static int teardown(void **state)
 }
 
 /* Paths that share prefixes the way subtrees do not: "a-b" sorts between "a" and "a/x". */
-static const char *const paths[] = {"a",   "a-b",   "a/b", "a/b/c", "a/b/d", "a/x", "a.txt",
-                                    "b",   "b/a",   "b/a/z", "c",   "c/d",   "d",   "e"};
+static const char *const paths[] = {"a", "a-b", "a/b",   "a/b/c", "a/b/d", "a/x", "a.txt",
+                                    "b", "b/a", "b/a/z", "c",     "c/d",   "d",   "e"};
 #define N_PATHS (sizeof(paths) / sizeof(paths[0]))
 
 static unsigned next(struct fx *f)
@@ -139,7 +141,9 @@ static unsigned next(struct fx *f)
 
 static struct gs_index_entry entry(const char *path, unsigned r)
 {
-    struct gs_index_entry e = {.path = (char *)path, .mode = 0644, .size = r % 50,
+    struct gs_index_entry e = {.path = (char *)path,
+                               .mode = 0644,
+                               .size = r % 50,
                                .mtime_ns = (int64_t)(r % 9) * 1000000000LL};
     e.kind = r % 5 == 0 ? GS_KIND_DIR : r % 5 == 1 ? GS_KIND_SYMLINK : GS_KIND_FILE;
     if (e.kind == GS_KIND_SYMLINK)
@@ -277,8 +281,8 @@ static void test_verify__a_reset_copy_reads_a_new_index_whole(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_verify__a_kept_copy_asks_what_a_fresh_read_asks,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify__a_kept_copy_asks_what_a_fresh_read_asks, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_verify__a_reset_copy_reads_a_new_index_whole, setup,
                                         teardown),
     };
