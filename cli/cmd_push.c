@@ -31,7 +31,9 @@ struct push_ui {
     struct gs_progress bar;
     atomic_int show_reading; /* the planner may draw: nothing else writes to the terminal now */
     json_t *conflicts, *failures, *planned;
-    json_t *lost; /* paths the server no longer had where the index said: pushed again */
+    json_t *lost;        /* paths the server no longer had where the index said: pushed again */
+    size_t withdrawable; /* failures[0..this) may be withdrawn: a later pass did them after all */
+    size_t withdrawn;
 };
 
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
@@ -61,6 +63,27 @@ static void report_failure(struct push_ui *ui, const char *op, const char *path,
         fprintf(stderr, "failed: %s %s: %s\n", op, path, message);
 }
 
+/* An operation a later pass did after all: its earlier failure is no longer this push's answer
+ * (a put refused under a folder the server had replaced by a symlink, sent again once the check
+ * found that folder and the plan made it again). */
+static void withdraw_failure(struct push_ui *ui, const char *path)
+{
+    for (size_t i = 0; i < ui->withdrawable; i++) {
+        json_t *f = json_array_get(ui->failures, i);
+        const char *failed = json_string_value(json_object_get(f, "path"));
+        if (failed && strcmp(failed, path) == 0) {
+            if (!ui->cli->json) { /* the line that said it failed was printed already */
+                gs_progress_end(&ui->bar);
+                fprintf(stderr, "done after all: %s\n", path);
+            }
+            json_array_remove(ui->failures, i);
+            ui->withdrawable--;
+            ui->withdrawn++;
+            return;
+        }
+    }
+}
+
 static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     struct push_ui *ui = ctx;
@@ -84,6 +107,8 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         report_conflict(ui, op->path, r->kept);
     } else if (!r->ok) {
         report_failure(ui, gs_plan_op_name(op->type), op->path, r->message);
+    } else if (ui->withdrawable) {
+        withdraw_failure(ui, op->path);
     }
     gs_buf_release(&line);
 }
@@ -276,12 +301,21 @@ static int resend_changed(struct gs_cli *cli, struct gs_session *s, struct push_
                           const struct gs_push_opts *o, struct planner *p, int first_rc)
 {
     struct gs_push_stats first = p->st;
+    ui->withdrawable = json_array_size(ui->failures);
+    ui->withdrawn = 0;
     int rc = plan_again(cli, p);
     if (rc == 0)
         rc = execute_plan(cli, s, ui, o, p);
+    ui->withdrawable = 0;
+    first.failed -= ui->withdrawn;
     gs_push_stats_add(&p->st, &first);
-    if (rc == 0 && first_rc != 0)
+    if (rc == 0 && first_rc != 0 && (first_rc != GS_E_REMOTE || first.failed))
         rc = first_rc;
+    json_t *left = json_array_get(ui->failures, 0);
+    if (rc == GS_E_REMOTE && left) /* one message for both passes */
+        gs_error_set(&cli->err, GS_E_REMOTE, "%zu of %zu operations failed; first: %s",
+                     p->st.failed, p->st.ops_total,
+                     json_string_value(json_object_get(left, "error")));
     return rc;
 }
 

@@ -70,6 +70,13 @@ static int correct(struct gs_index *idx, struct gs_index_entry *e, enum finding 
         e->mode = s->mode & 07777;
         return gs_index_put(idx, e, err);
     }
+    /* A folder that is something else there now took what it held along: what lies below it
+     * leaves the index too, so that it is all sent again into the folder the plan makes. */
+    if (e->kind == GS_KIND_DIR) {
+        int rc = gs_index_delete_subtree(idx, e->path, err);
+        if (rc < 0)
+            return rc;
+    }
     /* unknown content: a plan sends the local copy, expecting what no file holds, so the agent
      * keeps the server's as a conflict copy (plan.c, expect_from_index) */
     free(e->link);
