@@ -27,6 +27,7 @@
 #include "syncd/control.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
+#include "syncd/rules.h"
 #include "syncd/session.h"
 #include "syncd/watch.h"
 
@@ -78,7 +79,9 @@ struct daemon {
     int full;   /* push the whole tree next */
     int verify; /* compare the server with the index before the next batch (push, flush) */
     struct gs_verify_copy *check_copy; /* the index's entries as the last check read them */
-    int64_t next_verify_ms;            /* when an idle connection compares them next */
+    struct gs_rules rules; /* the exclude rules outside the tree, noticed when they change */
+    int64_t next_rules_check_ms;
+    int64_t next_verify_ms; /* when an idle connection compares them next */
     int checked;   /* a batch has compared the whole tree with the server since the start */
     char **failed; /* paths whose operation the server refused in the last batch: tried again */
     size_t n_failed, cap_failed;
@@ -391,6 +394,7 @@ static void disconnect(struct daemon *d, const char *why)
 
 static void refuse_flushes(struct daemon *d);
 static void read_changes(struct daemon *d);
+static void read_rules(struct daemon *d);
 
 /* The connection attempt, in its own thread: nothing else touches d->ssh or d->sess meanwhile.
  * The login gets the usual limits (a slow server's handshake and agent start are waited for);
@@ -866,6 +870,7 @@ static int batch_check_answer(struct daemon *d, struct gs_verify *check, int *ch
 static void sync_batch(struct daemon *d)
 {
     read_changes(d); /* the saves that ended before the plan reads their files are not held */
+    read_rules(d);
     d->syncing = 1;
     struct gs_error err = {0};
     struct gs_verify *check = NULL; /* answered while the batch goes (batch_check_answer) */
@@ -1004,6 +1009,29 @@ static void read_changes(struct daemon *d)
     int rc = gs_watch_read(d->watch, mark_dirty, d, &err);
     if (rc == 1)
         mark_full(d);
+}
+
+/* Takes a change of the exclude rules outside the tree (rules.h) into account: the tree is
+ * scanned again, so that what is excluded now leaves the server and what no longer is goes
+ * there. Before each batch, and once a second. */
+static void read_rules(struct daemon *d)
+{
+    if (d->connecting) /* its thread may use the rules */
+        return;
+    struct gs_error err = {0};
+    struct gs_ignore *was = d->sess.ig;
+    int rc = gs_rules_check(&d->rules, &d->sess.ig, &err);
+    if (rc < 0) {
+        gs_warn("%s; the exclude rules stay as they were", err.msg);
+        return;
+    }
+    if (rc == 0)
+        return;
+    gs_info("the exclude rules changed: scanning the tree again");
+    gs_watch_set_ignore(d->watch, d->sess.ig);
+    if (was != d->sess.ig)
+        gs_ignore_free(was);
+    mark_full(d);
 }
 
 static void start_flush(struct daemon *d, struct client *c)
@@ -1390,6 +1418,10 @@ static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
     check_state_dir(d, now);
+    if (now >= d->next_rules_check_ms) {
+        d->next_rules_check_ms = now + 1000;
+        read_rules(d);
+    }
     restore_index(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
     if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
@@ -1559,6 +1591,7 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
         rc = gs_conflicts_load(d->sess.idx, &d->conflicts, err);
     if (rc == 0)
         rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
+    gs_rules_init(&d->rules, o->root, o->cfg->excludes, o->cfg->n_excludes);
     if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
         rc = d->listen_fd;
     d->socket_ino = socket_file_ino(o->root);
@@ -1598,6 +1631,7 @@ static void teardown(struct daemon *d)
     gs_relay_stop(d->relay);
     gs_watch_free(d->watch);
     gs_verify_copy_free(d->check_copy);
+    gs_rules_release(&d->rules);
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);

@@ -61,6 +61,7 @@ struct gs_watch {
     void *holds; /* struct hold *, by path */
     size_t n_holds;
     uint64_t events_read;
+    int rules_changed; /* a .gitignore changed: what is watched, and synced, may differ now */
 };
 
 /* ---- saves in progress ---- */
@@ -495,6 +496,8 @@ static void handle_event(struct gs_watch *w, const struct inotify_event *ev, gs_
     }
     if (!is_dir)
         track_save(w, ev->mask, path.data);
+    if (strcmp(ev->name, ".gitignore") == 0)
+        w->rules_changed = 1;
     if (ev->mask & IN_MOVED_FROM)
         moved_from(w, ev->cookie, path.data, is_dir);
     if (ev->mask & IN_MOVED_TO)
@@ -534,7 +537,16 @@ int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error
         hold_clear_all(w);
     else if (w->n_holds > 1024)
         hold_prune(w);
-    if (rescan && !w->polling)
-        rewatch_all(w);
+    if ((rescan || w->rules_changed) && !w->polling)
+        rewatch_all(w); /* folders ignored before may be synced now, and the other way round */
+    rescan |= w->rules_changed;
+    w->rules_changed = 0;
     return rescan || (w->polling && !was_polling);
+}
+
+void gs_watch_set_ignore(struct gs_watch *w, struct gs_ignore *ig)
+{
+    w->ig = ig;
+    if (!w->polling)
+        rewatch_all(w);
 }

@@ -38,8 +38,13 @@ void gs_watch_free(struct gs_watch *w);
 int gs_watch_fd(const struct gs_watch *w);
 
 /* Reads every pending event without blocking, calling `fn` for each changed path. Returns 1 when
- * a full rescan is needed (queue overflow, watches lost), 0 otherwise, or GS_E_IO. */
+ * a full rescan is needed (queue overflow, watches lost, a .gitignore changed: files that were
+ * ignored may be synced now, and synced ones ignored), 0 otherwise, or GS_E_IO. */
 int gs_watch_read(struct gs_watch *w, gs_watch_fn fn, void *ctx, struct gs_error *err);
+
+/* Uses `ig` (borrowed) from now on, and watches the folders it does not ignore (rules.h: the
+ * daemon's rules changed). The caller rescans the whole tree. */
+void gs_watch_set_ignore(struct gs_watch *w, struct gs_ignore *ig);
 
 /* 1 when inotify could not watch the whole tree (fs.inotify.max_user_watches too low): the caller
  * must poll. The message for the user is in `why` (valid while `w` lives). */

@@ -521,6 +521,50 @@ static void test_watch__ignored_directories_get_no_watches(void **state)
     json_decref(st);
 }
 
+/* Rules changed while the daemon runs take effect at the next flush, not at its next start: a
+ * .gitignore rule dropped sends what it hid (its folder watched from then on), one added takes
+ * what it hides off the server, and an exclude glob added to .gpusync/config (outside the watched
+ * tree) keeps a file off the server until it is dropped again. */
+static void test_watch__changed_ignore_rules_take_effect_at_the_next_flush(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put(".gitignore", "logs/\n");
+    mkdir_in("logs");
+    put("logs/a.txt", "a\n");
+    put("model.dat", "m\n");
+    put("secret.key", "k\n");
+    watch_start();
+    flush("first flush");
+    expect_remote_absent("logs/a.txt");
+    expect_remote("model.dat", "m\n");
+
+    put(".gitignore", "model.dat\n");
+    flush("flush after .gitignore changed");
+    expect_remote("logs/a.txt", "a\n");
+    expect_remote_absent("model.dat");
+    put("logs/b.txt", "b\n");
+    flush("flush after a save in the folder no longer ignored");
+    expect_remote("logs/b.txt", "b\n");
+
+    char config[PATH_MAX];
+    path_in(config, sizeof(config), cur.local, ".gpusync/config");
+    assert_int_equal(gs_test_sh("cp '%s' '%s.orig' && printf '[sync]\\nexclude = *.key\\n' >> '%s'",
+                                config, config, config),
+                     0);
+    flush("flush after an exclude was added");
+    expect_remote_absent("secret.key");
+    put("secret.key", "k2\n");
+    flush("flush after the excluded file changed");
+    expect_remote_absent("secret.key");
+    assert_int_equal(gs_test_sh("mv '%s.orig' '%s'", config, config), 0);
+    flush("flush after the exclude was dropped");
+    expect_remote("secret.key", "k2\n");
+    json_t *st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+}
+
 /* ---- editor save patterns ---- */
 
 static ino_t inode_of(const char *rel)
@@ -2242,6 +2286,7 @@ int main(void)
         T(test_watch__exec_through_the_daemon_returns_output_and_status),
         T(test_watch__exec_client_leaving_ends_the_remote_command),
         T(test_watch__ignored_directories_get_no_watches),
+        T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),
         T(test_watch__emacs_rename_save_arrives),

@@ -1,0 +1,104 @@
+/* syncd/rules.c: a change of the exclude rules outside the watched tree, noticed (see rules.h). */
+#include "syncd/rules.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/buf.h"
+#include "common/config.h"
+#include "common/path.h"
+#include "common/wrapper.h"
+
+static void excludes_set(struct gs_rules *r, char *const *excludes, size_t n)
+{
+    for (size_t i = 0; i < r->n_excludes; i++)
+        free(r->excludes[i]);
+    free(r->excludes);
+    r->excludes = gs_xcalloc(n ? n : 1, sizeof(*r->excludes));
+    for (size_t i = 0; i < n; i++)
+        r->excludes[i] = gs_xstrdup(excludes[i]);
+    r->n_excludes = n;
+}
+
+/* What stat says of root/rel, folded into one number that any rewrite changes; 0 when absent. */
+static int64_t stamp_of(const char *root, const char *rel)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, root, rel);
+    struct stat st;
+    int64_t stamp = 0;
+    if (stat(path.data, &st) == 0)
+        stamp = (((int64_t)st.st_mtim.tv_sec * 1000000007 + st.st_mtim.tv_nsec) * 31 +
+                 (int64_t)st.st_ctim.tv_nsec) *
+                    31 +
+                (int64_t)st.st_size * 7 + (int64_t)st.st_ino + 1;
+    gs_buf_release(&path);
+    return stamp;
+}
+
+void gs_rules_init(struct gs_rules *r, const char *root, char *const *excludes, size_t n_excludes)
+{
+    memset(r, 0, sizeof(*r));
+    r->root = gs_xstrdup(root);
+    r->config_stamp = stamp_of(root, GS_CONFIG_FILE);
+    r->exclude_stamp = stamp_of(root, ".git/info/exclude");
+    excludes_set(r, excludes, n_excludes);
+}
+
+void gs_rules_release(struct gs_rules *r)
+{
+    excludes_set(r, NULL, 0);
+    free(r->excludes);
+    free(r->root);
+    memset(r, 0, sizeof(*r));
+}
+
+static int same_excludes(const struct gs_rules *r, const struct gs_config *cfg)
+{
+    if (cfg->n_excludes != r->n_excludes)
+        return 0;
+    for (size_t i = 0; i < r->n_excludes; i++)
+        if (strcmp(cfg->excludes[i], r->excludes[i]) != 0)
+            return 0;
+    return 1;
+}
+
+/* The config as it is now: 1 with *ig rebuilt when its excludes changed, 0 when they did not. */
+static int reload_config(struct gs_rules *r, struct gs_ignore **ig, struct gs_error *err)
+{
+    struct gs_buf path = GS_BUF_INIT;
+    gs_path_join(&path, r->root, GS_CONFIG_FILE);
+    struct gs_config cfg;
+    int rc = gs_config_load(&cfg, path.data, err);
+    gs_buf_release(&path);
+    if (rc < 0)
+        return rc;
+    struct gs_ignore *fresh = NULL;
+    if (!same_excludes(r, &cfg))
+        rc =
+            gs_ignore_open(&fresh, r->root, (const char *const *)cfg.excludes, cfg.n_excludes, err);
+    if (rc == 0 && fresh) {
+        excludes_set(r, cfg.excludes, cfg.n_excludes);
+        *ig = fresh;
+        rc = 1;
+    }
+    gs_config_release(&cfg);
+    return rc;
+}
+
+int gs_rules_check(struct gs_rules *r, struct gs_ignore **ig, struct gs_error *err)
+{
+    int64_t config = stamp_of(r->root, GS_CONFIG_FILE);
+    int64_t exclude = stamp_of(r->root, ".git/info/exclude");
+    int changed = exclude != r->exclude_stamp;
+    if (config != r->config_stamp) {
+        r->config_stamp = config; /* a broken config is reported once, not at every look */
+        int rc = config ? reload_config(r, ig, err) : 0; /* gone: the daemon stops (daemon.c) */
+        if (rc < 0)
+            return rc; /* exclude_stamp unchanged: its change is told at the next look */
+        changed |= rc;
+    }
+    r->exclude_stamp = exclude;
+    return changed;
+}

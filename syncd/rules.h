@@ -1,0 +1,35 @@
+/* syncd/rules.h: noticing, while the watch daemon runs, that what decides which paths are synced
+ * has changed outside the tree it watches: the [sync] exclude globs of .gpusync/config and
+ * .git/info/exclude. (A .gitignore inside the tree is an event of the watcher's: watch.h.)
+ *
+ * Without this a daemon kept the rules it started with: a file excluded after its start was sent
+ * anyway, and one no longer excluded was never sent, while it said "up to date". */
+#ifndef GS_SYNCD_RULES_H
+#define GS_SYNCD_RULES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "syncd/ignore.h"
+
+struct gs_rules {
+    char *root;
+    int64_t config_stamp, exclude_stamp; /* what stat said of each file, folded; 0: none */
+    char **excludes;                     /* the globs `ig` was built with */
+    size_t n_excludes;
+};
+
+/* Starts noticing for the project at `root`, whose rules were built from `excludes`. */
+void gs_rules_init(struct gs_rules *r, const char *root, char *const *excludes, size_t n_excludes);
+void gs_rules_release(struct gs_rules *r);
+
+/* Looks at both files (two stats; the config is read only when its stat changed). Returns 0 when
+ * neither changed, 1 when the rules did: *ig is then a new object built with the config's new
+ * excludes (the caller frees the old one) or, when only .git/info/exclude changed, the same one
+ * (libgit2 reads that file again by itself); either way everything must be scanned again. A
+ * config that cannot be read or parsed now keeps the old rules: GS_E_CONFIG with a message, once
+ * per change of the file. */
+int gs_rules_check(struct gs_rules *r, struct gs_ignore **ig, struct gs_error *err);
+
+#endif
