@@ -1,7 +1,8 @@
 /* cli/cmd_pull.c: `gpusync pull REMOTE_PATH [LOCAL_PATH]`: downloads results (checkpoints, logs)
  * from the remote project through the agent; each file is written to a temporary name and renamed
  * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. A
- * synced local file edited since its last sync is kept as a conflict copy, never overwritten. */
+ * local file holding content gpusync did not sync (never pushed, or edited since) is kept as a
+ * conflict copy, never overwritten. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,31 +82,64 @@ static int changed_since_sync(const char *local, const struct stat *st,
     return !(e->has_hash && gs_hash_file(local, &h, NULL) == 0 && gs_hash_equal(&h, &e->hash));
 }
 
-/* A local file that was synced and has been edited since holds work the server does not have:
- * it is moved to a conflict copy before the pull replaces it. */
-static int keep_unsynced_edit(struct pull_job *job, const struct pull_file *f)
+/* Whether the regular local file `st` describes holds content gpusync does not know it synced:
+ * absent from the index (never pushed: a new file, or one an earlier pull wrote), or edited since
+ * its sync. A lookup that fails counts as unknown: asking the server costs a round trip, guessing
+ * wrong could cost the file. */
+static int unknown_content(struct pull_job *job, const char *local, const struct stat *st)
 {
-    struct gs_buf rel = GS_BUF_INIT, kept = GS_BUF_INIT;
+    struct gs_buf rel = GS_BUF_INIT;
     struct gs_index_entry e = {0};
-    struct stat st;
-    int rc = 0;
-    if (lstat(f->local, &st) == 0 && S_ISREG(st.st_mode) &&
-        gs_path_project_relative(job->cli->root.data, f->local, &rel, NULL) == 0 &&
-        gs_index_get(job->idx, rel.data, &e, NULL) == 1 && e.kind == GS_KIND_FILE &&
-        changed_since_sync(f->local, &st, &e)) {
-        rc = gs_path_keep_conflict(f->local, &kept, &job->cli->err);
-        if (rc == 0)
-            json_array_append_new(job->kept,
-                                  json_pack("{s:o,s:o}", "local", gs_cli_json_path(f->local),
-                                            "kept", gs_cli_json_path(kept.data)));
-        if (rc == 0 && !job->cli->json)
-            fprintf(stderr, "gpusync: %s was edited since it was last synced; kept as %s\n",
-                    f->local, kept.data);
-    }
+    int unknown = 1;
+    if (gs_path_project_relative(job->cli->root.data, local, &rel, NULL) == 0 && rel.len &&
+        gs_index_get(job->idx, rel.data, &e, NULL) == 1 && e.kind == GS_KIND_FILE)
+        unknown = changed_since_sync(local, st, &e);
     gs_index_entry_release(&e);
     gs_buf_release(&rel);
+    return unknown;
+}
+
+/* Sets *differs to whether the local file's content is other than the server's: the same content
+ * arriving again (a file pulled twice) needs no copy. Returns 0, or the error asking the server
+ * (nothing is moved then: the download would fail the same way). */
+static int differs_from_server(struct pull_job *job, struct gs_agent *agent,
+                               const struct pull_file *f, int *differs)
+{
+    uint8_t theirs[GS_HASH_LEN];
+    struct gs_hash ours;
+    int rc = gs_agent_hash(agent, f->remote, theirs, &job->cli->err);
+    if (rc == 0)
+        *differs =
+            gs_hash_file(f->local, &ours, NULL) != 0 || memcmp(ours.b, theirs, GS_HASH_LEN) != 0;
+    return rc;
+}
+
+/* Moves the local file aside to a conflict copy and reports it in "kept". */
+static int keep_copy(struct pull_job *job, const char *local)
+{
+    struct gs_buf kept = GS_BUF_INIT;
+    int rc = gs_path_keep_conflict(local, &kept, &job->cli->err);
+    if (rc == 0)
+        json_array_append_new(job->kept, json_pack("{s:o,s:o}", "local", gs_cli_json_path(local),
+                                                   "kept", gs_cli_json_path(kept.data)));
+    if (rc == 0 && !job->cli->json)
+        fprintf(stderr, "gpusync: %s held content the server does not have; kept as %s\n", local,
+                kept.data);
     gs_buf_release(&kept);
     return rc;
+}
+
+/* A local file whose content gpusync did not sync holds work the server may not have: it is moved
+ * to a conflict copy before the pull replaces it, unless the server holds the same content. */
+static int keep_local_change(struct pull_job *job, struct gs_agent *agent,
+                             const struct pull_file *f)
+{
+    struct stat st;
+    int differs = 0;
+    if (lstat(f->local, &st) != 0 || !S_ISREG(st.st_mode) || !unknown_content(job, f->local, &st))
+        return 0;
+    int rc = differs_from_server(job, agent, f, &differs);
+    return rc == 0 && differs ? keep_copy(job, f->local) : rc;
 }
 
 static void on_bytes(void *ctx, uint64_t done, uint64_t total)
@@ -151,7 +185,7 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     for (size_t i = 0; rc == 0 && i < job->n; i++) {
         struct pull_file *f = &job->files[i];
         make_parent(f->local);
-        rc = keep_unsynced_edit(job, f);
+        rc = keep_local_change(job, agent, f);
         if (rc == 0)
             rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
         struct stat st;
@@ -253,8 +287,9 @@ const struct gs_cmd gs_cmd_pull = {
     .usage = "pull REMOTE_PATH [LOCAL_PATH]",
     .summary = "Download a file or directory from the remote project",
     .help = "  REMOTE_PATH is relative to the remote project; LOCAL_PATH defaults to the same\n"
-            "  path in the local project. Files are replaced atomically. A local file that was\n"
-            "  synced and edited since is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS.\n"
+            "  path in the local project. Files are replaced atomically. A local file holding\n"
+            "  content gpusync did not sync (never pushed, or edited since) that differs from the\n"
+            "  server's is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS.\n"
             "  Every path the server lists must lie under REMOTE_PATH, or nothing is pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,

@@ -1,9 +1,9 @@
 /* tests/e2e/test_pull.c: `gpusync pull` keeps what the user has and trusts nothing the server
- * says: a synced local file edited since its sync is kept as a conflict copy before the pull
- * replaces it, and a server that lies in its listing (a path outside the directory asked for, or
- * one that climbs out with "..") gets the pull refused with nothing written. The lying server is
- * the real agent behind a filter that rewrites paths in both directions, so its answers stay
- * well-formed frames. */
+ * says: a local file gpusync did not sync (edited since its sync, or never pushed) is kept as a
+ * conflict copy before the pull replaces it, and a server that lies in its listing (a path
+ * outside the directory asked for, or one that climbs out with "..") gets the pull refused with
+ * nothing written. The lying server is the real agent behind a filter that rewrites paths in
+ * both directions, so its answers stay well-formed frames. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -176,12 +176,43 @@ static void a_listing_outside_the_directory_asked_for_is_refused(void **state)
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+static void a_local_file_never_pushed_is_kept_before_the_pull_replaces_it(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/fresh' '%s/fresh'", project, remote);
+    gs_test_write_file(project, "fresh/new.txt", "mine, never pushed");
+    gs_test_write_file(remote, "fresh/new.txt", "the job's");
+    gs_test_write_file(project, "fresh/same.txt", "identical"); /* never pushed, nothing differs */
+    gs_test_write_file(remote, "fresh/same.txt", "identical");
+
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "fresh"));
+    gs_test_expect_status(&r, 0, "pull over a local file that was never pushed");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    json_t *kept = json_object_get(o, "kept");
+    assert_int_equal(json_array_size(kept), 1);
+    const char *copy = json_string_value(json_object_get(json_array_get(kept, 0), "kept"));
+    assert_non_null(strstr(copy, "/fresh/new.txt.gpusync-conflict-"));
+    expect_content(copy, "mine, never pushed");
+    json_decref(o);
+    gs_test_result_release(&r);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/fresh/new.txt", project);
+    expect_content(path, "the job's");
+    snprintf(path, sizeof(path), "%s/fresh/same.txt", project);
+    expect_content(path, "identical");
+    assert_int_equal(gs_test_sh("ls '%s/fresh' | grep -q 'same.txt.gpusync-conflict'", project), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_synced_file_edited_since_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_listing_that_climbs_out_of_the_project_writes_nothing),
         cmocka_unit_test(a_listing_outside_the_directory_asked_for_is_refused),
+        cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
     };
+    if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
