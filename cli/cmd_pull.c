@@ -2,7 +2,7 @@
  * from the remote project through the agent; each file is written to a temporary name and renamed
  * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. A
  * local file holding content gpusync did not sync (never pushed, or edited since) is kept as a
- * conflict copy, never overwritten. */
+ * conflict copy, never overwritten; a local symlink where it would write refuses the pull. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +29,7 @@ struct pull_job {
     struct gs_cli *cli;
     const char *remote_base; /* the REMOTE_PATH argument */
     const char *local_base;  /* where it goes */
+    size_t check_from;       /* local_base's components from here on may hold no symlink */
     struct gs_index *idx;    /* what was synced, to tell an unsynced local edit */
     struct pull_file *files;
     size_t n, cap;
@@ -42,6 +43,32 @@ static void add_file(struct pull_job *job, const char *remote, const char *local
     GS_ALLOC_GROW(job->files, job->n + 1, job->cap);
     job->files[job->n++] = (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size};
     job->total += size;
+}
+
+/* Refuses a symlink at any component of `path` from job->check_from on: pull neither writes
+ * through one (it may lead out of the project and replace files there) nor replaces one (the
+ * user made it). Checks stop at the first component that does not exist yet. */
+static int refuse_symlinks(struct pull_job *job, const char *path)
+{
+    struct gs_buf p = GS_BUF_INIT;
+    gs_buf_adds(&p, path);
+    int rc = 0, found = 1;
+    for (size_t i = job->check_from; rc == 0 && found && i <= p.len; i++) {
+        if (i < p.len && (p.data[i] != '/' || i == job->check_from)) /* not a component's end */
+            continue;
+        char c = p.data[i];
+        p.data[i] = '\0';
+        struct stat st;
+        found = lstat(p.data, &st) == 0;
+        if (found && S_ISLNK(st.st_mode))
+            rc = gs_error_set(&job->cli->err, GS_E_CONFLICT,
+                              "%s is a symlink; pull does not write through or over a symlink: "
+                              "move it away, or give another LOCAL_PATH",
+                              p.data);
+        p.data[i] = c;
+    }
+    gs_buf_release(&p);
+    return rc;
 }
 
 /* Collects regular files under a remote directory (LIST gives paths relative to the root, each
@@ -63,12 +90,13 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
     }
     struct gs_buf local = GS_BUF_INIT;
     gs_path_join(&local, job->local_base, rest);
-    if (e->kind == 2) /* the listing can name a directory before LOCAL_PATH itself exists */
+    int rc = refuse_symlinks(job, local.data);
+    if (rc == 0 && e->kind == 2) /* the listing can name a directory before LOCAL_PATH exists */
         gs_path_mkdir_p(local.data, 0755, NULL);
-    else if (e->kind == 1)
+    else if (rc == 0 && e->kind == 1)
         add_file(job, e->path, local.data, e->size);
     gs_buf_release(&local);
-    return 0;
+    return rc;
 }
 
 /* Whether the local file `st` describes differs from what the index says was last synced. */
@@ -166,8 +194,11 @@ static void make_parent(const char *local)
 /* Works out the file list: one file, or every file below a directory. */
 static int collect(struct pull_job *job, struct gs_agent *agent)
 {
+    int rc = refuse_symlinks(job, job->local_base);
+    if (rc < 0)
+        return rc;
     make_parent(job->local_base);
-    int rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
+    rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
     if (rc == GS_E_REMOTE && job->n == 0) { /* not a directory: a single file */
         gs_error_clear(&job->cli->err);
         add_file(job, job->remote_base, job->local_base, 0);
@@ -256,27 +287,53 @@ static int pull_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
+/* Stores where the pull writes in `local` and returns the offset of its first component that
+ * refuse_symlinks checks. Inside the project every component below the root is checked, and
+ * LOCAL_PATH is resolved lexically, so that "link/.." cannot climb through a symlink somewhere
+ * the check never looked. A LOCAL_PATH outside the project is the user's choice of place up to
+ * its last component, which is checked. */
+static size_t local_path(struct gs_cli *cli, const char *arg, const char *rel, struct gs_buf *local)
+{
+    struct gs_buf in = GS_BUF_INIT;
+    if (!arg || gs_path_project_relative(cli->root.data, arg, &in, NULL) == 0) {
+        gs_path_join(local, cli->root.data, arg ? (in.data ? in.data : "") : rel);
+        gs_buf_release(&in);
+        return cli->root.len + 1;
+    }
+    gs_buf_release(&in);
+    gs_buf_adds(local, arg);
+    while (local->len > 1 && local->data[local->len - 1] == '/')
+        local->data[--local->len] = '\0';
+    char *slash = strrchr(local->data, '/');
+    return slash ? (size_t)(slash - local->data) + 1 : 0;
+}
+
+/* Frees what the job owns (not the strings it borrows from pull_exec). */
+static void pull_job_release(struct pull_job *job)
+{
+    for (size_t i = 0; i < job->n; i++) {
+        free(job->files[i].remote);
+        free(job->files[i].local);
+    }
+    free(job->files);
+    json_decref(job->kept);
+}
+
 /* Connects itself (not GS_CMD_NEED_CONNECTION): after taking the project's session lock. */
 static int pull_exec(struct gs_cli *cli)
 {
-    struct gs_buf local = GS_BUF_INIT;
-    if (cli->argc == 2)
-        gs_buf_adds(&local, cli->argv[1]);
-    else
-        gs_path_join(&local, cli->root.data, cli->argv[0]);
-    struct gs_buf remote = GS_BUF_INIT;
+    struct gs_buf remote = GS_BUF_INIT, local = GS_BUF_INIT;
     gs_buf_adds(&remote, cli->argv[0]);
     while (remote.len > 1 && remote.data[remote.len - 1] == '/') /* `pull out/` means out */
         remote.data[--remote.len] = '\0';
-    struct pull_job job = {
-        .cli = cli, .remote_base = remote.data, .local_base = local.data, .kept = json_array()};
+    size_t check_from = local_path(cli, cli->argc == 2 ? cli->argv[1] : NULL, remote.data, &local);
+    struct pull_job job = {.cli = cli,
+                           .remote_base = remote.data,
+                           .local_base = local.data,
+                           .check_from = check_from,
+                           .kept = json_array()};
     int rc = run_pull(cli, &job);
-    for (size_t i = 0; i < job.n; i++) {
-        free(job.files[i].remote);
-        free(job.files[i].local);
-    }
-    free(job.files);
-    json_decref(job.kept);
+    pull_job_release(&job);
     gs_buf_release(&local);
     gs_buf_release(&remote);
     return rc;
@@ -289,8 +346,10 @@ const struct gs_cmd gs_cmd_pull = {
     .help = "  REMOTE_PATH is relative to the remote project; LOCAL_PATH defaults to the same\n"
             "  path in the local project. Files are replaced atomically. A local file holding\n"
             "  content gpusync did not sync (never pushed, or edited since) that differs from the\n"
-            "  server's is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS.\n"
-            "  Every path the server lists must lie under REMOTE_PATH, or nothing is pulled.\n",
+            "  server's is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink\n"
+            "  where the pull would write is never followed or replaced: the pull is refused\n"
+            "  (exit 6). Every path the server lists must lie under REMOTE_PATH, or nothing is\n"
+            "  pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

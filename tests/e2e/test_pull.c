@@ -1,9 +1,10 @@
 /* tests/e2e/test_pull.c: `gpusync pull` keeps what the user has and trusts nothing the server
  * says: a local file gpusync did not sync (edited since its sync, or never pushed) is kept as a
- * conflict copy before the pull replaces it, and a server that lies in its listing (a path
- * outside the directory asked for, or one that climbs out with "..") gets the pull refused with
- * nothing written. The lying server is the real agent behind a filter that rewrites paths in
- * both directions, so its answers stay well-formed frames. */
+ * conflict copy before the pull replaces it, a local symlink is never written through, and a
+ * server that lies in its listing (a path outside the directory asked for, or one that climbs out
+ * with "..") gets the pull refused with nothing written. The lying server is the real agent
+ * behind a filter that rewrites paths in both directions, so its answers stay well-formed frames.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -204,6 +205,48 @@ static void a_local_file_never_pushed_is_kept_before_the_pull_replaces_it(void *
     assert_int_equal(gs_test_sh("ls '%s/fresh' | grep -q 'same.txt.gpusync-conflict'", project), 1);
 }
 
+/* Runs `pull --json args...` and expects exit 6 with the JSON error "conflict". */
+static void expect_pull_refused(const char *const *args, const char *what)
+{
+    struct gs_test_result r = gpusync_env(NULL, args);
+    gs_test_expect_status(&r, 6, what);
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(o, "error")), "conflict");
+    json_decref(o);
+    gs_test_result_release(&r);
+}
+
+static void a_local_symlink_is_never_written_through(void **state)
+{
+    (void)state;
+    /* outside/ holds the user's files; the project links to it three ways, the server holds
+     * real directories and files at those paths */
+    gs_test_sh("mkdir -p '%s/outside/sub' '%s/real' '%s/ldir' '%s/deep/sub' '%s/real/inner'", base,
+               project, remote, remote, remote);
+    gs_test_write_file(base, "outside/f", "precious");
+    gs_test_write_file(base, "outside/sub/f", "precious too");
+    gs_test_sh("cd '%s' && ln -s '%s/outside' ldir && ln -s '%s/outside' deep && "
+               "ln -s '%s/outside' real/inner && ln -s '%s/outside/f' w.pt",
+               project, base, base, base, base);
+    gs_test_write_file(remote, "ldir/f", "server");
+    gs_test_write_file(remote, "deep/sub/f", "server");
+    gs_test_write_file(remote, "real/inner/f", "server");
+    gs_test_write_file(remote, "w.pt", "server");
+
+    expect_pull_refused(GS_TEST_ARGS("pull", "--json", "ldir"), "pull onto a symlinked dir");
+    expect_pull_refused(GS_TEST_ARGS("pull", "--json", "deep/sub/f"), "pull below a symlink");
+    expect_pull_refused(GS_TEST_ARGS("pull", "--json", "real"), "pull of a dir holding a symlink");
+    expect_pull_refused(GS_TEST_ARGS("pull", "--json", "w.pt"), "pull over a symlink to a file");
+    char path[256];
+    snprintf(path, sizeof(path), "%s/outside/f", base);
+    expect_content(path, "precious");
+    snprintf(path, sizeof(path), "%s/outside/sub/f", base);
+    expect_content(path, "precious too");
+    assert_int_equal(gs_test_sh("ls -A '%s/outside' | grep -qv '^f$\\|^sub$'", base), 1);
+    assert_int_equal(gs_test_sh("test -L '%s/ldir' && test -L '%s/w.pt'", project, project), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -211,6 +254,7 @@ int main(void)
         cmocka_unit_test(a_listing_that_climbs_out_of_the_project_writes_nothing),
         cmocka_unit_test(a_listing_outside_the_directory_asked_for_is_refused),
         cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
+        cmocka_unit_test(a_local_symlink_is_never_written_through),
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
