@@ -287,6 +287,21 @@ static int pull_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
+/* REMOTE_PATH read as push reads its PATHs: relative to the current directory ("./" and trailing
+ * slashes dropped) and inside the project, stored relative to its root in `rel`. An empty path,
+ * one outside the project, or the project itself is a usage error. */
+static int remote_path(struct gs_cli *cli, const char *arg, struct gs_buf *rel)
+{
+    if (!arg[0])
+        return gs_error_set(&cli->err, GS_E_USAGE,
+                            "REMOTE_PATH is empty; name a file or directory of the project");
+    int rc = gs_path_project_relative(cli->root.data, arg, rel, &cli->err);
+    if (rc == 0 && rel->len == 0)
+        rc = gs_error_set(&cli->err, GS_E_USAGE,
+                          "%s is the whole project; name a file or directory in it", arg);
+    return rc;
+}
+
 /* Stores where the pull writes in `local` and returns the offset of its first component that
  * refuse_symlinks checks. Inside the project every component below the root is checked, and
  * LOCAL_PATH is resolved lexically, so that "link/.." cannot climb through a symlink somewhere
@@ -323,9 +338,10 @@ static void pull_job_release(struct pull_job *job)
 static int pull_exec(struct gs_cli *cli)
 {
     struct gs_buf remote = GS_BUF_INIT, local = GS_BUF_INIT;
-    gs_buf_adds(&remote, cli->argv[0]);
-    while (remote.len > 1 && remote.data[remote.len - 1] == '/') /* `pull out/` means out */
-        remote.data[--remote.len] = '\0';
+    if (remote_path(cli, cli->argv[0], &remote) < 0) {
+        gs_buf_release(&remote);
+        return gs_cli_fail(cli, GS_E_USAGE);
+    }
     size_t check_from = local_path(cli, cli->argc == 2 ? cli->argv[1] : NULL, remote.data, &local);
     struct pull_job job = {.cli = cli,
                            .remote_base = remote.data,
@@ -343,13 +359,13 @@ const struct gs_cmd gs_cmd_pull = {
     .name = "pull",
     .usage = "pull REMOTE_PATH [LOCAL_PATH]",
     .summary = "Download a file or directory from the remote project",
-    .help = "  REMOTE_PATH is relative to the remote project; LOCAL_PATH defaults to the same\n"
-            "  path in the local project. Files are replaced atomically. A local file holding\n"
-            "  content gpusync did not sync (never pushed, or edited since) that differs from the\n"
-            "  server's is first kept as NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink\n"
-            "  where the pull would write is never followed or replaced: the pull is refused\n"
-            "  (exit 6). Every path the server lists must lie under REMOTE_PATH, or nothing is\n"
-            "  pulled.\n",
+    .help = "  REMOTE_PATH is a path in the project, as push reads one (relative to the current\n"
+            "  directory); LOCAL_PATH defaults to the same path in the local project. Files are\n"
+            "  replaced atomically. A local file holding content gpusync did not sync (never\n"
+            "  pushed, or edited since) that differs from the server's is first kept as\n"
+            "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink where the pull would write\n"
+            "  is never followed or replaced: the pull is refused (exit 6). Every path the server\n"
+            "  lists must lie under REMOTE_PATH, or nothing is pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

@@ -1,10 +1,10 @@
 /* tests/e2e/test_pull.c: `gpusync pull` keeps what the user has and trusts nothing the server
  * says: a local file gpusync did not sync (edited since its sync, or never pushed) is kept as a
- * conflict copy before the pull replaces it, a local symlink is never written through, and a
- * server that lies in its listing (a path outside the directory asked for, or one that climbs out
- * with "..") gets the pull refused with nothing written. The lying server is the real agent
- * behind a filter that rewrites paths in both directions, so its answers stay well-formed frames.
- */
+ * conflict copy before the pull replaces it, a local symlink is never written through, REMOTE_PATH
+ * is read as push reads its paths, and a server that lies in its listing (a path outside the
+ * directory asked for, or one that climbs out with "..") gets the pull refused with nothing
+ * written. The lying server is the real agent behind a filter that rewrites paths in both
+ * directions, so its answers stay well-formed frames. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -247,6 +247,42 @@ static void a_local_symlink_is_never_written_through(void **state)
     assert_int_equal(gs_test_sh("test -L '%s/ldir' && test -L '%s/w.pt'", project, project), 0);
 }
 
+static void a_remote_path_is_read_as_push_reads_its_paths(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/dot/sub' '%s/dot/sub'", remote, project);
+    gs_test_write_file(remote, "dot/a.txt", "a");
+    gs_test_write_file(remote, "dot/sub/b.txt", "b");
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "./dot/a.txt"));
+    gs_test_expect_status(&r, 0, "pull ./dot/a.txt");
+    gs_test_result_release(&r);
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "./dot//sub/", "got-dot"));
+    gs_test_expect_status(&r, 0, "pull ./dot//sub/ got-dot");
+    gs_test_result_release(&r);
+    char cwd[256], path[256];
+    snprintf(cwd, sizeof(cwd), "%s/dot/sub", project); /* relative to the current directory */
+    r = gs_test_run_gpusync(cwd, NULL, NULL, GS_TEST_ARGS("pull", "b.txt"), TIMEOUT_MS);
+    gs_test_expect_status(&r, 0, "pull b.txt in dot/sub");
+    gs_test_result_release(&r);
+    snprintf(path, sizeof(path), "%s/dot/a.txt", project);
+    expect_content(path, "a");
+    snprintf(path, sizeof(path), "%s/dot/sub/b.txt", project);
+    expect_content(path, "b");
+    snprintf(path, sizeof(path), "%s/got-dot/b.txt", project);
+    expect_content(path, "b");
+
+    const char *bad[] = {"", "..", ".", "../x", "/etc/passwd"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", bad[i]));
+        gs_test_expect_status(&r, 2, bad[i]);
+        json_t *o = json_loads(r.out.data, 0, NULL);
+        assert_non_null(o);
+        assert_string_equal(json_string_value(json_object_get(o, "error")), "usage error");
+        json_decref(o);
+        gs_test_result_release(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -255,6 +291,7 @@ int main(void)
         cmocka_unit_test(a_listing_outside_the_directory_asked_for_is_refused),
         cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_local_symlink_is_never_written_through),
+        cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
