@@ -8,16 +8,16 @@
  *     later `!pattern` re-includes. When an exclude pattern matches, it decides, so `!small.csv`
  *     syncs a file that .gitignore hides; but as in git, nothing under an ignored directory can
  *     be re-included;
- *  3. `.gitignore` files at every level, `.git/info/exclude` and the user's core.excludesFile,
- *     read by libgit2. When the project lies inside a git work tree, that repository is used, so
- *     .gitignore files above the project count too (unless that repository ignores the project
- *     directory itself); otherwise an in-memory repository with the project as its work tree
- *     gives the same semantics without any `.git`. libgit2 caches ignore files and re-reads one
- *     when its stat changes, so an edited .gitignore takes effect at once.
- *
- * Known divergence from git: libgit2 (1.5 to at least 1.9, issues #3535 and #7284) drops a
- * negation in a deeper .gitignore (`!keep.tmp`) that re-includes what a shallower one ignores;
- * such a file stays ignored. A negation in the same file as the rule it overrides works.
+ *  3. git's ignore files, matched as `git check-ignore` does: `.gitignore` files at every level
+ *     (a deeper one decides over a shallower one, so a deeper `!keep.tmp` re-includes what a
+ *     shallower `*.tmp` hides), then `.git/info/exclude`, then the user's core.excludesFile
+ *     (default ~/.config/git/ignore); nothing under an excluded directory can be re-included;
+ *     a symlink is a file, even one to a directory, so `data/` never matches it; a symlinked
+ *     .gitignore in the project is not read. When the project lies inside a git work tree, that
+ *     repository's files and configuration are used, so .gitignore files above the project count
+ *     too (unless that repository ignores the project directory itself); otherwise the project
+ *     is the work tree and only core.excludesFile joins its own .gitignore files. Every query
+ *     re-checks (stats) the files it uses, so an edited .gitignore takes effect at once.
  *
  * Paths are relative to the project root, '/'-separated, with no leading "./" or trailing slash.
  * A gs_ignore may be used by one thread at a time. */
@@ -32,7 +32,7 @@ struct gs_ignore;
 
 /* Builds the rules for the project at `root` with the given exclude globs (copied; NULL with
  * n_excludes 0 for none). On success *out owns a new object (gs_ignore_free). Returns 0, or
- * GS_E_IO/GS_E_CONFIG (a malformed glob) with a message, and *out is NULL. */
+ * GS_E_CONFIG (a malformed glob) with a message, and *out is NULL. */
 int gs_ignore_open(struct gs_ignore **out, const char *root, const char *const *excludes,
                    size_t n_excludes, struct gs_error *err);
 
@@ -41,7 +41,8 @@ void gs_ignore_free(struct gs_ignore *ig);
 
 /* Is `relpath` ignored, itself or through an ignored ancestor directory? `is_dir` says whether
  * it is a directory (the watcher knows even for a path that no longer exists). Returns 1 (ignored),
- * 0 (synced), or GS_E_IO with a message when libgit2 fails. The watcher calls this per event. */
+ * 0 (synced), or GS_E_IO with a message when an ignore file cannot be read. The watcher calls
+ * this per event. */
 int gs_ignore_path(struct gs_ignore *ig, const char *relpath, int is_dir, struct gs_error *err);
 
 /* As gs_ignore_path, for a caller that already knows no ancestor of `relpath` is ignored (a

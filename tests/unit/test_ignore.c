@@ -62,6 +62,14 @@ static void mkdir_rel(const char *rel)
     gs_buf_release(&p);
 }
 
+/* tmpdir/rel, in a static buffer overwritten by the next call. */
+static const char *path_of(const char *rel)
+{
+    static char p[256];
+    snprintf(p, sizeof(p), "%s/%s", tmpdir, rel);
+    return p;
+}
+
 static struct gs_ignore *open_rules(const char *root, const char *const *ex, size_t n)
 {
     struct gs_ignore *ig = NULL;
@@ -109,21 +117,114 @@ static void test_ignore__nested_gitignore_applies_only_below_it(void **state)
     gs_ignore_free(ig);
 }
 
-/* git: a negation in a deeper .gitignore re-includes what a shallower one ignores. libgit2 (1.5
- * up to at least 1.9) drops a negation that has no positive rule before it in the same file
- * (libgit2 issues #3535, #7284), so it answers "ignored". Skipped while libgit2 is wrong, so it
- * passes by itself the day the libgit2 in use is fixed; a known divergence from git. */
+/* git: a negation in a deeper .gitignore re-includes what a shallower one ignores, and the deeper
+ * file decides for everything below it. (libgit2's git_ignore_path_is_ignored asks the shallowest
+ * file first, so this once said "ignored".) */
 static void test_ignore__nested_negation_overrides_parent_rule(void **state)
 {
     (void)state;
     put(".gitignore", "*.tmp\n");
     put("sub/.gitignore", "!important.tmp\n");
     struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
-    int got = ignored(ig, "sub/important.tmp", 0);
+    assert_int_equal(ignored(ig, "sub/important.tmp", 0), 0);
+    assert_int_equal(ignored(ig, "sub/deep/important.tmp", 0), 0);
+    assert_int_equal(ignored(ig, "important.tmp", 0), 1);
+    assert_int_equal(ignored(ig, "sub/other.tmp", 0), 1);
     gs_ignore_free(ig);
-    if (got == 1)
-        skip(); /* libgit2 #7284: see above */
-    assert_int_equal(got, 0);
+}
+
+/* The audit's case: the rule and its negation both below the root, two levels apart. */
+static void test_ignore__deeper_negation_reincludes_file(void **state)
+{
+    (void)state;
+    put("sub/.gitignore", "*.tmp\n");
+    put("sub/inner/.gitignore", "!keep.tmp\n");
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    assert_int_equal(ignored(ig, "sub/inner/keep.tmp", 0), 0);
+    assert_int_equal(ignored(ig, "sub/inner/other.tmp", 0), 1);
+    assert_int_equal(ignored(ig, "sub/keep.tmp", 0), 1);
+    assert_int_equal(ignored(ig, "keep.tmp", 0), 0);
+    struct gs_error err = {0};
+    assert_int_equal(gs_ignore_entry(ig, "sub/inner/keep.tmp", 0, &err), 0);
+    assert_int_equal(gs_ignore_entry(ig, "sub/inner/other.tmp", 0, &err), 1);
+    gs_ignore_free(ig);
+}
+
+/* A deeper `!logs/` brings back a directory that a shallower `logs/` hides, with what it holds. */
+static void test_ignore__deeper_negation_reincludes_directory(void **state)
+{
+    (void)state;
+    put(".gitignore", "logs/\n");
+    put("sub/.gitignore", "!logs/\n");
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    assert_int_equal(ignored(ig, "sub/logs", 1), 0);
+    assert_int_equal(ignored(ig, "sub/logs/a.txt", 0), 0);
+    assert_int_equal(ignored(ig, "logs", 1), 1);
+    assert_int_equal(ignored(ig, "logs/a.txt", 0), 1);
+    gs_ignore_free(ig);
+}
+
+/* git: "It is not possible to re-include a file if a parent directory of that file is excluded",
+ * whether the negation sits beside the rule or in the excluded directory's own .gitignore (which
+ * git never reads). */
+static void test_ignore__negation_cannot_reinclude_under_excluded_directory(void **state)
+{
+    (void)state;
+    put(".gitignore", "build/\n!build/keep.txt\n/out/*\n!/out/keep.txt\n");
+    put("build/.gitignore", "!keep.txt\n!*\n");
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    assert_int_equal(ignored(ig, "build/keep.txt", 0), 1);
+    assert_int_equal(ignored(ig, "build/x", 0), 1);
+    assert_int_equal(ignored(ig, "build/.gitignore", 0), 1);
+    /* "out/ star" leaves the directory itself included, so the negation works there */
+    assert_int_equal(ignored(ig, "out", 1), 0);
+    assert_int_equal(ignored(ig, "out/keep.txt", 0), 0);
+    assert_int_equal(ignored(ig, "out/x", 0), 1);
+    gs_ignore_free(ig);
+}
+
+/* git treats a symlink as a file, whatever it points at: `data/` matches directories only, so a
+ * symlink named data is kept, while a pattern without the slash matches it. The link must exist:
+ * a query about it once looked through it with stat(2). */
+static void test_ignore__dir_pattern_does_not_match_symlink_to_directory(void **state)
+{
+    (void)state;
+    put(".gitignore", "data/\nlink\n");
+    put("real/f", "x");
+    put("sub/data/f", "x");
+    assert_int_equal(symlink("real", path_of("data")), 0);
+    assert_int_equal(symlink("real", path_of("link")), 0);
+    assert_int_equal(symlink("../real", path_of("sub/data2")), 0);
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    assert_int_equal(ignored(ig, "data", 0), 0);
+    assert_int_equal(ignored(ig, "sub/data2", 0), 0);
+    assert_int_equal(ignored(ig, "link", 0), 1);
+    assert_int_equal(ignored(ig, "sub/data", 1), 1); /* a real directory still matches */
+    struct gs_error err = {0};
+    assert_int_equal(gs_ignore_entry(ig, "data", 0, &err), 0);
+    gs_ignore_free(ig);
+}
+
+/* Lines as git reads them (each answer checked against git check-ignore): a UTF-8 BOM and CRLF
+ * ends are dropped, '#' starts a comment, a backslash quotes '#', '!' and a trailing space, and
+ * other trailing spaces do not count. */
+static void test_ignore__gitignore_lines_read_as_git_reads_them(void **state)
+{
+    (void)state;
+    put(".gitignore", "\xef\xbb\xbf*.log\r\n# comment\r\n\\#hash\nspaced   \nkept\\ \n\\!bang\n"
+                      "/anch/*.o\n");
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    assert_int_equal(ignored(ig, "a.log", 0), 1);
+    assert_int_equal(ignored(ig, "# comment", 0), 0);
+    assert_int_equal(ignored(ig, "#hash", 0), 1);
+    assert_int_equal(ignored(ig, "spaced", 0), 1);
+    assert_int_equal(ignored(ig, "spaced   ", 0), 0);
+    assert_int_equal(ignored(ig, "kept ", 0), 1);
+    assert_int_equal(ignored(ig, "kept", 0), 0);
+    assert_int_equal(ignored(ig, "!bang", 0), 1);
+    assert_int_equal(ignored(ig, "anch/x.o", 0), 1);
+    assert_int_equal(ignored(ig, "sub/anch/x.o", 0), 0);
+    gs_ignore_free(ig);
 }
 
 static void test_ignore__dir_pattern_and_anchored_pattern(void **state)
@@ -267,6 +368,64 @@ static void test_ignore__repository_that_ignores_the_project_is_not_used(void **
     gs_buf_release(&root);
 }
 
+/* The same answers inside a git repository whose work tree holds the project, in git's order:
+ * a deeper .gitignore over a shallower one (above the project too), then .git/info/exclude, then
+ * core.excludesFile. */
+static void test_ignore__inside_repository_deeper_rules_win(void **state)
+{
+    (void)state;
+    git_libgit2_init();
+    git_repository *repo = NULL;
+    git_config *cfg = NULL;
+    assert_int_equal(git_repository_init(&repo, tmpdir, 0), 0);
+    assert_int_equal(git_repository_config(&cfg, repo), 0);
+    assert_int_equal(git_config_set_string(cfg, "core.excludesFile", path_of("excludes")), 0);
+    git_config_free(cfg);
+    git_repository_free(repo);
+    git_libgit2_shutdown();
+    put("excludes", "*.bak\n*.o\n");
+    put(".git/info/exclude", "*.o\n!keep.bak\n");
+    put(".gitignore", "*.tmp\ndata/\n"); /* above the project */
+    put("proj/sub/.gitignore", "!keep.tmp\n!keep.o\n");
+    put("proj/real/f", "x");
+    assert_int_equal(symlink("real", path_of("proj/data")), 0);
+    struct gs_ignore *ig = open_rules(path_of("proj"), NULL, 0);
+    assert_int_equal(ignored(ig, "sub/keep.tmp", 0), 0);
+    assert_int_equal(ignored(ig, "sub/x.tmp", 0), 1);
+    assert_int_equal(ignored(ig, "x.tmp", 0), 1);
+    assert_int_equal(ignored(ig, "data", 0), 0); /* a symlink */
+    assert_int_equal(ignored(ig, "sub/data", 1), 1);
+    assert_int_equal(ignored(ig, "sub/keep.o", 0), 0); /* .gitignore over info/exclude */
+    assert_int_equal(ignored(ig, "x.o", 0), 1);
+    assert_int_equal(ignored(ig, "x.bak", 0), 1);    /* core.excludesFile */
+    assert_int_equal(ignored(ig, "keep.bak", 0), 0); /* info/exclude over core.excludesFile */
+    gs_ignore_free(ig);
+}
+
+/* The scanner, which asks about one entry at a time (gs_ignore_entry), keeps what git keeps. */
+static void test_ignore__scan_keeps_reincluded_file_and_symlink(void **state)
+{
+    (void)state;
+    put(".gitignore", "data/\n");
+    put("sub/.gitignore", "*.tmp\n");
+    put("sub/inner/.gitignore", "!keep.tmp\n");
+    put("sub/inner/keep.tmp", "k");
+    put("sub/inner/other.tmp", "o");
+    put("real/f", "x");
+    assert_int_equal(symlink("real", path_of("data")), 0);
+    struct gs_ignore *ig = open_rules(tmpdir, NULL, 0);
+    struct gs_scan scan = GS_SCAN_INIT;
+    struct gs_error err = {0};
+    assert_int_equal(gs_scan_tree(&scan, tmpdir, ig, &err), 0);
+    assert_non_null(gs_scan_find(&scan, "sub/inner/keep.tmp"));
+    assert_null(gs_scan_find(&scan, "sub/inner/other.tmp"));
+    const struct gs_scan_entry *data = gs_scan_find(&scan, "data");
+    assert_non_null(data);
+    assert_int_equal(data->kind, GS_KIND_SYMLINK);
+    gs_scan_release(&scan);
+    gs_ignore_free(ig);
+}
+
 static void test_ignore__scan_does_not_descend_into_ignored_directory(void **state)
 {
     (void)state;
@@ -330,6 +489,11 @@ int main(void)
         T(test_ignore__gitignore_negation_keeps_file),
         T(test_ignore__nested_gitignore_applies_only_below_it),
         T(test_ignore__nested_negation_overrides_parent_rule),
+        T(test_ignore__deeper_negation_reincludes_file),
+        T(test_ignore__deeper_negation_reincludes_directory),
+        T(test_ignore__negation_cannot_reinclude_under_excluded_directory),
+        T(test_ignore__dir_pattern_does_not_match_symlink_to_directory),
+        T(test_ignore__gitignore_lines_read_as_git_reads_them),
         T(test_ignore__dir_pattern_and_anchored_pattern),
         T(test_ignore__exclude_globs_have_gitignore_semantics),
         T(test_ignore__exclude_decides_over_gitignore),
@@ -338,6 +502,8 @@ int main(void)
         T(test_ignore__gitignore_edit_takes_effect_without_reopening),
         T(test_ignore__project_inside_git_repository_uses_its_rules),
         T(test_ignore__repository_that_ignores_the_project_is_not_used),
+        T(test_ignore__inside_repository_deeper_rules_win),
+        T(test_ignore__scan_keeps_reincluded_file_and_symlink),
         T(test_ignore__scan_does_not_descend_into_ignored_directory),
         T(test_ignore__bad_exclude_is_a_config_error),
         T(test_ignore__query_is_cheap),
