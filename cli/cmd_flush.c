@@ -49,14 +49,16 @@ static void explain_timeout(struct gs_cli *cli, int timeout_s)
     json_decref(st);
 }
 
-/* Asks the daemon; returns 0, 1 (no daemon: caller pushes), or an exit code after an error. */
-static int flush_daemon(struct gs_cli *cli, int timeout_s)
+/* Asks the daemon; returns 0 or an exit code after an error, or sets *none (no daemon: the caller
+ * pushes). */
+static int flush_daemon(struct gs_cli *cli, int timeout_s, int *none)
 {
     json_t *reply;
     int rc = gs_cli_daemon_sync(cli, "flush", timeout_s * 1000,
                                 "waiting for the watch daemon to send every change", &reply);
-    if (rc == GS_E_NOTFOUND)
-        return 1;
+    *none = rc == GS_E_NOTFOUND;
+    if (*none)
+        return 0;
     if (rc == GS_E_TIMEOUT)
         explain_timeout(cli, timeout_s);
     if (rc < 0)
@@ -65,7 +67,8 @@ static int flush_daemon(struct gs_cli *cli, int timeout_s)
     /* the daemon answers, but the server does not: a connection failure, not the daemon's */
     int unreachable = json_is_string(json_object_get(reply, "unreachable_since"));
     int stopped = json_is_true(json_object_get(reply, "stopped")); /* the daemon, not the server */
-    int code = unreachable ? GS_E_CONNECT : stopped ? GS_E_ERR : GS_E_REMOTE;
+    int local = json_is_true(json_object_get(reply, "local"));     /* a file unreadable here */
+    int code = unreachable ? GS_E_CONNECT : stopped ? GS_E_ERR : local ? GS_E_IO : GS_E_REMOTE;
     if (!ok)
         gs_error_set(&cli->err, code, "%s%s", unreachable || stopped ? "" : "flush failed: ",
                      json_string_value(json_object_get(reply, "error")));
@@ -99,8 +102,9 @@ static int flush_parse(struct gs_cli *cli, int argc, char **argv)
 
 static int flush_exec(struct gs_cli *cli)
 {
-    int rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300);
-    if (rc != 1)
+    int none;
+    int rc = flush_daemon(cli, timeout_s > 0 ? timeout_s : 300, &none);
+    if (!none)
         return rc;
     /* No daemon: do the work ourselves, as `push` (the project stays loaded). */
     char *push_argv[] = {"push", cli->json ? "--json" : NULL, NULL};

@@ -54,6 +54,7 @@ struct gs_fop_result {
     const char *kept;    /* a conflict copy the server kept, or NULL; valid during the callback */
     int moved_aside;     /* RENAME not done: its source was edited on the server and is kept as
                           * `kept`; the destination must be sent afresh */
+    int local;           /* !ok here, not on the server: the file could not be read */
 };
 
 typedef void (*gs_fop_done_fn)(void *cb_ctx, void *req_ctx, const struct gs_fop_result *r);

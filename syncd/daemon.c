@@ -103,6 +103,8 @@ struct daemon {
     size_t batch_paths; /* while syncing: the batch's paths, or 0 when it checks the whole tree */
     int lost_ops;       /* operations of this batch on paths gone from the server: sent again */
     char last_error[1024];
+    int last_error_local; /* it happened here (a file that could not be read), not on the server */
+    int local_failures;   /* the batch's operations that failed here */
     int64_t last_latency_ms;
     int64_t next_progress_ms;       /* while syncing: when the batch next reports its progress */
     int64_t next_serve_ms;          /* while syncing: when control requests are next looked at */
@@ -624,6 +626,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         d->changed_while_sent++;
         return;
     } else if (!r->ok) {
+        d->local_failures += r->local;
         note_failed(d, op->path);
         if (op->type == GS_OP_RENAME)
             note_failed(d, op->from);
@@ -774,9 +777,10 @@ static void answer_flushes(struct daemon *d, const char *error)
         if (!flush_satisfied(d, c))
             continue;
         json_t *reply =
-            error ? json_pack("{s:b,s:s}", "ok", 0, "error", error)
-                  : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
-                              "conflicts", d->conflicts);
+            error
+                ? json_pack("{s:b,s:s,s:b}", "ok", 0, "error", error, "local", d->last_error_local)
+                : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
+                            "conflicts", d->conflicts);
         reply = push_answer(d, c, reply);
         if (gs_control_send(c->fd, reply, NULL) < 0)
             c->dead = 1;
@@ -902,7 +906,7 @@ static void sync_batch(struct daemon *d)
                              .on_reading = on_reading,
                              .ctx = d};
     struct gs_push_stats st;
-    d->lost_ops = d->changed_while_sent = d->batch_drained = 0;
+    d->lost_ops = d->changed_while_sent = d->batch_drained = d->local_failures = 0;
     d->next_progress_ms = gs_clock_mono_ms() + PROGRESS_EVERY_MS;
     memset(&d->batch_st, 0, sizeof(d->batch_st));
     memset(&d->reading, 0, sizeof(d->reading));
@@ -931,6 +935,8 @@ static void sync_batch(struct daemon *d)
             snprintf(d->last_error, sizeof(d->last_error), "%s", err.msg);
         else
             d->last_error[0] = '\0';
+        /* a file that could not be read here, or the index: not the server's doing */
+        d->last_error_local = rc != GS_E_REMOTE || st.failed == (size_t)d->local_failures;
         if (rc < 0 && rc != GS_E_REMOTE) /* GS_E_REMOTE: on_op noted each refused operation */
             keep_failed_batch(d, paths, n, full);
         if (d->lost_ops || d->changed_while_sent || changed_there) /* sent again at once */

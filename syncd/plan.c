@@ -259,6 +259,15 @@ static int hash_item(struct planner *p, struct item *it)
         it->l = NULL;
         return 0;
     }
+    if (rc == GS_E_IO) { /* unreadable here (permission): left alone, reported as failed */
+        struct gs_plan *pl = p->plan;
+        pl->unreadable =
+            gs_xrealloc(pl->unreadable, (pl->n_unreadable + 1) * sizeof(*pl->unreadable));
+        pl->unreadable[pl->n_unreadable++] =
+            (struct gs_plan_unreadable){gs_xstrdup(it->path), gs_xstrdup(herr.msg), it->l->size};
+        it->consumed = 1; /* no operation, and no part in a rename */
+        return 0;
+    }
     if (rc < 0)
         return gs_error_set(p->err, rc, "%s", herr.msg);
     take_stat_as_read(it, &after);
@@ -861,6 +870,11 @@ void gs_plan_release(struct gs_plan *plan)
     for (size_t i = 0; i < plan->n_ops; i++)
         op_release(&plan->ops[i]);
     free(plan->ops);
+    for (size_t i = 0; i < plan->n_unreadable; i++) {
+        free(plan->unreadable[i].path);
+        free(plan->unreadable[i].why);
+    }
+    free(plan->unreadable);
     memset(plan, 0, sizeof(*plan));
 }
 

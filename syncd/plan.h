@@ -78,6 +78,12 @@ struct gs_plan_op {
     int phase; /* 0..7, see the order above */
 };
 
+struct gs_plan_unreadable {
+    char *path;
+    char *why;     /* the error, naming the path */
+    uint64_t size; /* as scanned */
+};
+
 struct gs_plan {
     struct gs_plan_op *ops;
     size_t n_ops;
@@ -85,6 +91,11 @@ struct gs_plan {
     size_t n_hashed;        /* files read to compute a hash */
     size_t n_refreshed;     /* touched, same content: stat cache refreshed, nothing to send */
     uint64_t bytes_to_send; /* sum of the sizes of PUT operations */
+    /* Files that could not be read here (permission, an I/O error): no operation touches them,
+     * so the server keeps what it holds, and the index too. A caller reports them as failed: one
+     * unreadable file does not hold back the rest of the tree. */
+    struct gs_plan_unreadable *unreadable;
+    size_t n_unreadable;
 };
 
 /* How far a plan has read (hashed) the files it must read. */
@@ -123,8 +134,9 @@ struct gs_plan_opts {
 /* Builds into `plan` (empty: GS_PLAN_INIT) the operations that take the server from what `idx`
  * records to what `scan` lists of the tree at `root`. Reads files whose stat differs from the
  * index's cache; writes only stat-cache refreshes to the index (none with opts->no_refresh).
- * `opts` may be NULL. A file that vanished since the scan counts as deleted. Returns 0, or GS_E_IO
- * (a file that cannot be read, an index error) with `plan` released. */
+ * `opts` may be NULL. A file that vanished since the scan counts as deleted; one that cannot be
+ * read is listed in plan->unreadable. Returns 0, or GS_E_IO (an index error) with `plan`
+ * released. */
 int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *scan,
                   struct gs_index *idx, const struct gs_plan_opts *opts, struct gs_error *err);
 

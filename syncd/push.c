@@ -539,6 +539,24 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     return rc;
 }
 
+/* The files the plan could not read, each reported as a put that failed here: what the server
+ * holds of them stays, and the next push tries them again. */
+static void report_unreadable(const struct gs_plan *plan, const struct gs_push_opts *opts,
+                              struct run *run)
+{
+    for (size_t i = 0; i < plan->n_unreadable; i++) {
+        const struct gs_plan_unreadable *u = &plan->unreadable[i];
+        /* the size as scanned: the daemon takes another as a save since (gs_push_changed_locally)
+         */
+        struct gs_plan_op op = {.type = GS_OP_PUT, .path = u->path, .record.size = u->size};
+        struct gs_fop_result r = {.message = u->why, .err_no = EACCES, .local = 1};
+        run->st->ops_total++;
+        note_failure(run, &op, &r);
+        if (opts->on_op)
+            opts->on_op(opts->ctx, &op, &r);
+    }
+}
+
 int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *ops,
                     const struct gs_push_opts *opts, struct gs_plan *plan, struct gs_push_stats *st,
                     struct gs_error *err)
@@ -555,6 +573,7 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
                           .intent = gs_xcalloc(plan->n_ops + 1, sizeof(int64_t)),
                           .ops_base = plan->ops,
                           .bytes_base = ops->bytes_sent};
+        report_unreadable(plan, opts, &run);
         ops->done = on_done;
         ops->done_ctx = &run;
         ops->progress = on_bytes;

@@ -565,6 +565,77 @@ static void test_watch__changed_ignore_rules_take_effect_at_the_next_flush(void 
     json_decref(st);
 }
 
+/* Runs gpusync without the capabilities that let root read any file (the tests run as root), so
+ * that a mode 000 file cannot be read here, as for a user a file created by a container's root. */
+static struct gs_test_result gpusync_without_dac_override(const char *const *args)
+{
+    const char *argv[32] = {"/usr/bin/setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                            gs_test_gpusync()};
+    int n = 3;
+    for (size_t i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return run_prog(cur.local, argv);
+}
+
+static const char *error_of(const struct gs_test_result *r)
+{
+    static char kind[256];
+    json_error_t jerr;
+    json_t *o = json_loads(r->out.data ? r->out.data : "", 0, &jerr);
+    snprintf(kind, sizeof(kind), "%s",
+             o ? json_string_value(json_object_get(o, "error")) : jerr.text);
+    json_decref(o);
+    return kind;
+}
+
+/* A file that cannot be read here is reported as failed, a local error (exit 1, "input/output
+ * error"), and holds nothing else back: the daemon and a push send the rest, and the server keeps
+ * its copy of that file until it can be read again. */
+static void test_watch__a_file_unreadable_here_holds_back_nothing_else(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a1\n");
+    put("secret.txt", "s1\n");
+    struct gs_test_result r = gpusync_without_dac_override(ARGS("watch", "-d"));
+    expect_status(&r, 0, "watch -d");
+    gs_test_result_release(&r);
+    flush("first flush");
+    char secret[PATH_MAX];
+    path_in(secret, sizeof(secret), cur.local, "secret.txt");
+    put("secret.txt", "s2\n");
+    assert_int_equal(chmod(secret, 0), 0);
+    put("a.txt", "a2\n");
+    r = gpusync(cur.local, ARGS("flush", "--json"));
+    expect_status(&r, 1, "flush with an unreadable file");
+    assert_string_equal(error_of(&r), "input/output error");
+    gs_test_result_release(&r);
+    expect_remote("a.txt", "a2\n");
+    expect_remote("secret.txt", "s1\n");
+    assert_int_equal(chmod(secret, 0644), 0);
+    flush("flush once it can be read");
+    expect_remote("secret.txt", "s2\n");
+    gs_ok(ARGS("watch", "--stop"), "watch --stop");
+
+    put("secret.txt", "s3\n");
+    assert_int_equal(chmod(secret, 0), 0);
+    put("a.txt", "a3\n");
+    r = gpusync_without_dac_override(ARGS("push", "--json"));
+    expect_status(&r, 1, "push with an unreadable file");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    json_t *failures = json_object_get(o, "failures");
+    assert_int_equal(json_array_size(failures), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(failures, 0), "path")),
+                        "secret.txt");
+    json_decref(o);
+    gs_test_result_release(&r);
+    expect_remote("a.txt", "a3\n");
+    expect_remote("secret.txt", "s2\n");
+    assert_int_equal(chmod(secret, 0644), 0);
+}
+
 /* ---- editor save patterns ---- */
 
 static ino_t inode_of(const char *rel)
@@ -2287,6 +2358,7 @@ int main(void)
         T(test_watch__exec_client_leaving_ends_the_remote_command),
         T(test_watch__ignored_directories_get_no_watches),
         T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
+        T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),
         T(test_watch__emacs_rename_save_arrives),
