@@ -1033,6 +1033,14 @@ static void read_rules(struct daemon *d)
     }
     if (rc == 0)
         return;
+    if (rc == GS_RULES_OTHER_SERVER) {
+        const char *why = "the project's config names another server or path now (gpusync init); "
+                          "the watch daemon stopped: start it again to sync there";
+        gs_warn("%s", why);
+        broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
+        d->stop = 1;
+        return;
+    }
     gs_info("the exclude rules changed: scanning the tree again");
     gs_watch_set_ignore(d->watch, d->sess.ig);
     if (was != d->sess.ig)
@@ -1597,7 +1605,9 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
         rc = gs_conflicts_load(d->sess.idx, &d->conflicts, err);
     if (rc == 0)
         rc = gs_watch_open(&d->watch, o->root, d->sess.ig, err);
-    gs_rules_init(&d->rules, o->root, o->cfg->excludes, o->cfg->n_excludes);
+    char *remote_id = gs_session_remote_id(o->cfg);
+    gs_rules_init(&d->rules, o->root, remote_id, o->cfg->excludes, o->cfg->n_excludes);
+    free(remote_id);
     if (rc == 0 && (d->listen_fd = gs_control_listen(o->root, err)) < 0)
         rc = d->listen_fd;
     d->socket_ino = socket_file_ino(o->root);

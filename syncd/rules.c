@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/path.h"
 #include "common/wrapper.h"
+#include "syncd/session.h"
 
 static void excludes_set(struct gs_rules *r, char *const *excludes, size_t n)
 {
@@ -37,10 +38,12 @@ static int64_t stamp_of(const char *root, const char *rel)
     return stamp;
 }
 
-void gs_rules_init(struct gs_rules *r, const char *root, char *const *excludes, size_t n_excludes)
+void gs_rules_init(struct gs_rules *r, const char *root, const char *remote_id,
+                   char *const *excludes, size_t n_excludes)
 {
     memset(r, 0, sizeof(*r));
     r->root = gs_xstrdup(root);
+    r->remote_id = gs_xstrdup(remote_id);
     r->config_stamp = stamp_of(root, GS_CONFIG_FILE);
     r->exclude_stamp = stamp_of(root, ".git/info/exclude");
     excludes_set(r, excludes, n_excludes);
@@ -51,6 +54,7 @@ void gs_rules_release(struct gs_rules *r)
     excludes_set(r, NULL, 0);
     free(r->excludes);
     free(r->root);
+    free(r->remote_id);
     memset(r, 0, sizeof(*r));
 }
 
@@ -64,7 +68,8 @@ static int same_excludes(const struct gs_rules *r, const struct gs_config *cfg)
     return 1;
 }
 
-/* The config as it is now: 1 with *ig rebuilt when its excludes changed, 0 when they did not. */
+/* The config as it is now: GS_RULES_OTHER_SERVER when it names another server; else 1 with *ig
+ * rebuilt when its excludes changed, 0 when they did not. */
 static int reload_config(struct gs_rules *r, struct gs_ignore **ig, struct gs_error *err)
 {
     struct gs_buf path = GS_BUF_INIT;
@@ -74,6 +79,13 @@ static int reload_config(struct gs_rules *r, struct gs_ignore **ig, struct gs_er
     gs_buf_release(&path);
     if (rc < 0)
         return rc;
+    char *remote_id = gs_session_remote_id(&cfg);
+    int other = strcmp(remote_id, r->remote_id) != 0;
+    free(remote_id);
+    if (other) {
+        gs_config_release(&cfg);
+        return GS_RULES_OTHER_SERVER;
+    }
     struct gs_ignore *fresh = NULL;
     if (!same_excludes(r, &cfg))
         rc =
@@ -95,7 +107,7 @@ int gs_rules_check(struct gs_rules *r, struct gs_ignore **ig, struct gs_error *e
     if (config != r->config_stamp) {
         r->config_stamp = config; /* a broken config is reported once, not at every look */
         int rc = config ? reload_config(r, ig, err) : 0; /* gone: the daemon stops (daemon.c) */
-        if (rc < 0)
+        if (rc < 0 || rc == GS_RULES_OTHER_SERVER)
             return rc; /* exclude_stamp unchanged: its change is told at the next look */
         changed |= rc;
     }

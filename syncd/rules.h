@@ -15,17 +15,24 @@
 
 struct gs_rules {
     char *root;
+    char *remote_id;                     /* the server and path the daemon syncs to */
     int64_t config_stamp, exclude_stamp; /* what stat said of each file, folded; 0: none */
     char **excludes;                     /* the globs `ig` was built with */
     size_t n_excludes;
 };
 
-/* Starts noticing for the project at `root`, whose rules were built from `excludes`. */
-void gs_rules_init(struct gs_rules *r, const char *root, char *const *excludes, size_t n_excludes);
+/* Starts noticing for the project at `root`, synced to `remote_id` (gs_session_remote_id), whose
+ * rules were built from `excludes`. */
+void gs_rules_init(struct gs_rules *r, const char *root, const char *remote_id,
+                   char *const *excludes, size_t n_excludes);
 void gs_rules_release(struct gs_rules *r);
 
+#define GS_RULES_OTHER_SERVER 2
+
 /* Looks at both files (two stats; the config is read only when its stat changed). Returns 0 when
- * neither changed, 1 when the rules did: *ig is then a new object built with the config's new
+ * neither changed; GS_RULES_OTHER_SERVER when the config names another server or path now (`init`
+ * run again): what the daemon syncs to is no longer the project's, and it must stop; 1 when the
+ * rules changed: *ig is then a new object built with the config's new
  * excludes (the caller frees the old one) or, when only .git/info/exclude changed, the same one
  * (libgit2 reads that file again by itself); either way everything must be scanned again. A
  * config that cannot be read or parsed now keeps the old rules: GS_E_CONFIG with a message, once

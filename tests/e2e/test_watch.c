@@ -636,6 +636,34 @@ static void test_watch__a_file_unreadable_here_holds_back_nothing_else(void **st
     assert_int_equal(chmod(secret, 0644), 0);
 }
 
+/* `init` run again for another remote path while the daemon runs: the daemon, which syncs to the
+ * old one, stops instead of answering flushes for a server the project no longer names; the next
+ * flush (no daemon now) pushes to the new path. */
+static void test_watch__init_for_another_path_stops_the_daemon(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    assert_true(pid > 0);
+    char target[64], other[PATH_MAX];
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", sshd.port);
+    snprintf(other, sizeof(other), "%s/remote-new", cur.base);
+    gs_ok(ARGS("init", target, "--path", other), "init for another path");
+    put("b.txt", "b\n");
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--timeout", "150"));
+    gs_test_result_release(&r); /* answered by the stopping daemon or by a push: either way... */
+    r = gpusync(cur.local, ARGS("flush", "--timeout", "150"));
+    expect_status(&r, 0, "flush after init");
+    gs_test_result_release(&r);
+    gs_test_await_gone(pid); /* ...the daemon is gone */
+    char b[PATH_MAX + 8];
+    snprintf(b, sizeof(b), "%s/b.txt", other);
+    assert_int_equal(access(b, F_OK), 0);
+}
+
 /* ---- editor save patterns ---- */
 
 static ino_t inode_of(const char *rel)
@@ -2359,6 +2387,7 @@ int main(void)
         T(test_watch__ignored_directories_get_no_watches),
         T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
+        T(test_watch__init_for_another_path_stops_the_daemon),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),
         T(test_watch__emacs_rename_save_arrives),
