@@ -26,6 +26,27 @@ int ga_serve_parent(struct ga_serve *s, const struct gs_proto_msg *m, const char
     return rc;
 }
 
+/* Makes dirfd/name a directory. One already there is a no-op (GS_DONE_NOOP in *flags); anything
+ * else there (a job's output file, a symlink) is kept aside as a conflict copy, named in `kept`,
+ * as a put keeps what it replaces: failing instead would fail every sync of the folder, for good.
+ */
+static int make_dir(int dirfd, const char *name, uint32_t *flags, char kept[GA_FS_NAME_MAX + 1])
+{
+    if (mkdirat(dirfd, name, 0700) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -errno;
+    struct gs_proto_expect dir = {.kind = GS_EXPECT_DIR};
+    int rc = ga_fs_check_expect(dirfd, name, &dir, NULL, kept);
+    if (rc == 0) { /* a directory */
+        *flags = GS_DONE_NOOP;
+        return 0;
+    }
+    if (rc < 0)
+        return rc;
+    return mkdirat(dirfd, name, 0700) < 0 ? -errno : 0;
+}
+
 void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     char *path, name[GA_FS_NAME_MAX + 1];
@@ -34,15 +55,8 @@ void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m)
         return;
     if (ga_serve_parent(s, m, "mkdir", path, 1, &dirfd, name) == 0) {
         uint32_t flags = 0;
-        int rc = 0;
-        if (mkdirat(dirfd, name, 0700) < 0) {
-            struct stat st;
-            rc = errno == EEXIST ? 0 : -errno;
-            if (rc == 0 && fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                !S_ISDIR(st.st_mode))
-                rc = S_ISLNK(st.st_mode) ? -ELOOP : -EEXIST;
-            flags = GS_DONE_NOOP;
-        }
+        char kept[GA_FS_NAME_MAX + 1] = "";
+        int rc = make_dir(dirfd, name, &flags, kept);
         if (rc == 0)
             rc = ga_fs_chmod_entry(dirfd, name, m->meta.mode);
         if (rc == 0 && s->fsync)
@@ -50,7 +64,7 @@ void ga_serve_mkdir(struct ga_serve *s, const struct gs_proto_msg *m)
         if (rc < 0)
             ga_serve_reply_op_error(s, m->id, rc, "mkdir", path);
         else
-            ga_serve_reply_done(s, m->id, flags, path, NULL);
+            ga_serve_reply_done(s, m->id, flags, path, kept);
         close(dirfd);
     }
     free(path);

@@ -1353,6 +1353,42 @@ static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
 
 /* ---- other operations -------------------------------------------------------------------- */
 
+/* MKDIR where the server holds something else (a job's output file, a symlink gpusync never
+ * wrote): that is kept aside as a conflict copy, never followed, and the directory is made. It
+ * used to fail with EEXIST or ELOOP, at every sync of the folder, for good. */
+static void test_serve__mkdir_keeps_what_stood_in_its_place(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX], victim[PATH_MAX];
+    struct stat st;
+    start(f);
+    at(f, "results", p);
+    write_file(p, "a job wrote this");
+    struct gs_proto_msg mk = req(GS_MSG_MKDIR, "results");
+    mk.meta.mode = 0755;
+    struct rep r = call(f, &mk);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    assert_non_null(strstr(r.kept, "results.gpusync-conflict-"));
+    assert_int_equal(lstat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_content(f, r.kept, "a job wrote this");
+
+    snprintf(victim, sizeof(victim), "%s/elsewhere", f->outside);
+    assert_int_equal(mkdir(victim, 0700), 0);
+    at(f, "linked", p);
+    assert_int_equal(symlink(victim, p), 0);
+    struct gs_proto_msg mk2 = req(GS_MSG_MKDIR, "linked");
+    mk2.meta.mode = 0755;
+    r = call(f, &mk2);
+    assert_int_equal(r.type, GS_MSG_DONE);
+    char kept[256];
+    snprintf(kept, sizeof(kept), "%.200s", r.kept);
+    at(f, kept, p);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_true(S_ISLNK(st.st_mode)); /* the link itself, moved, not followed */
+    assert_int_equal(mode_of(victim), 0700);
+}
+
 static void test_serve__mkdir_rename_symlink_and_recursive_delete(void **state)
 {
     struct fx *f = *state;
@@ -1752,6 +1788,7 @@ int main(void)
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
+        T(test_serve__mkdir_keeps_what_stood_in_its_place),
         T(test_serve__a_new_session_kills_a_stopped_one_and_its_requests_never_land),
         T(test_serve__a_holder_that_is_no_agent_is_left_alone_and_refused),
         T(test_serve__an_unclean_end_is_swept_before_hello),
