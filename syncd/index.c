@@ -29,6 +29,7 @@ enum stmt {
     ST_INTENT_ALL,
     ST_INTENT_COUNT,
     ST_DATA_VERSION,
+    ST_FILE_INOS,
     ST__COUNT
 };
 
@@ -56,6 +57,7 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_INTENT_ALL] = "SELECT " ENTRY_COLS ", id, op, subtree, from_path FROM intents ORDER BY id",
     [ST_INTENT_COUNT] = "SELECT count(*) FROM intents",
     [ST_DATA_VERSION] = "PRAGMA data_version",
+    [ST_FILE_INOS] = "SELECT path, local_ino FROM entries WHERE kind = 1 AND local_ino IS NOT NULL",
 };
 
 static const char schema_sql[] =
@@ -221,8 +223,11 @@ static void bind_entry(sqlite3_stmt *st, const struct gs_index_entry *e)
     if (e->has_local) {
         sqlite3_bind_int64(st, 8, (sqlite3_int64)e->local_size);
         sqlite3_bind_int64(st, 9, e->local_mtime_ns);
-        sqlite3_bind_int64(st, 10, (sqlite3_int64)e->local_ino);
     }
+    /* the inode even without the rest (a stat too recent to vouch for the content): it still
+     * names the file whose other hard links a change must reach (gs_index_files_with_inos) */
+    if (e->has_local || e->local_ino)
+        sqlite3_bind_int64(st, 10, (sqlite3_int64)e->local_ino);
 }
 
 int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs_error *err)
@@ -539,6 +544,31 @@ int gs_index_clear(struct gs_index *idx, struct gs_error *err)
 {
     wrote(idx, "", 1);
     return exec_sql(idx, "DELETE FROM entries; DELETE FROM intents", err);
+}
+
+static int ino_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int gs_index_files_with_inos(struct gs_index *idx, const uint64_t *inos, size_t n,
+                             gs_index_path_fn fn, void *ctx, struct gs_error *err)
+{
+    sqlite3_stmt *st = idx->st[ST_FILE_INOS];
+    int rc, ret = 0;
+    while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        uint64_t ino = (uint64_t)sqlite3_column_int64(st, 1);
+        if (!bsearch(&ino, inos, n, sizeof(*inos), ino_cmp))
+            continue;
+        char *path = column_str(st, 0);
+        ret = fn(ctx, path);
+        free(path);
+    }
+    if (ret == 0 && rc != SQLITE_DONE)
+        ret = db_error(idx, err, "listing files by inode");
+    sqlite3_reset(st);
+    return ret;
 }
 
 void gs_index_on_write(struct gs_index *idx, gs_index_write_fn fn, void *ctx)

@@ -359,6 +359,12 @@ static void add_ancestors(struct gs_scan *scan, const char *root, const char *pa
     gs_buf_release(&abs);
 }
 
+static int ino_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* Sorts and drops duplicate paths (subtrees and ancestors may overlap). */
 static void sort_unique(struct gs_scan *scan)
 {
@@ -509,19 +515,82 @@ static void remove_held(struct gs_plan *plan, const struct gs_push_opts *opts)
     free(h.removed_dirs);
 }
 
+/* The paths a restricted plan covers: those asked for, and the other names of their files. */
+struct scope {
+    const char **v;
+    size_t n, cap;
+    char **owned; /* the other names, freed with the scope */
+    size_t n_owned, cap_owned;
+};
+
+static int add_other_name(void *ctx, const char *path)
+{
+    struct scope *s = ctx;
+    GS_ALLOC_GROW(s->owned, s->n_owned + 1, s->cap_owned);
+    s->owned[s->n_owned++] = gs_xstrdup(path);
+    return 0;
+}
+
+/* A file with other hard links that changed through one name changed under the others too, but
+ * the watcher reports only the name written: the other names the index knows (by the inode their
+ * last sync read) join the scope of a restricted plan. One pass over the index, only when the
+ * scan met such a file. */
+static int add_other_links(struct gs_scan *scan, const char *root, struct gs_ignore *ig,
+                           struct gs_index *idx, struct scope *s, struct gs_error *err)
+{
+    uint64_t *inos = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t i = 0; i < scan->n; i++) {
+        if (scan->entries[i].kind != GS_KIND_FILE || scan->entries[i].nlink < 2)
+            continue;
+        GS_ALLOC_GROW(inos, n + 1, cap);
+        inos[n++] = scan->entries[i].ino;
+    }
+    int rc = 0;
+    if (n) {
+        qsort(inos, n, sizeof(*inos), ino_cmp);
+        rc = gs_index_files_with_inos(idx, inos, n, add_other_name, s, err);
+    }
+    for (size_t i = 0; rc == 0 && i < s->n_owned; i++) {
+        rc = gs_scan_subtree(scan, root, s->owned[i], ig, err);
+        add_ancestors(scan, root, s->owned[i]);
+        GS_ALLOC_GROW(s->v, s->n + 1, s->cap);
+        s->v[s->n++] = s->owned[i];
+    }
+    sort_unique(scan);
+    free(inos);
+    return rc;
+}
+
+static void scope_release(struct scope *s)
+{
+    for (size_t i = 0; i < s->n_owned; i++)
+        free(s->owned[i]);
+    free(s->owned);
+    free(s->v);
+}
+
 static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *idx,
                      const struct gs_push_opts *o, struct gs_plan *plan, struct gs_error *err)
 {
     struct gs_scan scan = GS_SCAN_INIT;
+    struct scope scope = {0};
     int rc = o->n_paths ? scan_paths(&scan, root, ig, o, err) : gs_scan_tree(&scan, root, ig, err);
-    struct gs_plan_opts popts = {.paths = o->paths,
-                                 .n_paths = o->n_paths,
+    for (size_t i = 0; i < o->n_paths; i++) {
+        GS_ALLOC_GROW(scope.v, scope.n + 1, scope.cap);
+        scope.v[scope.n++] = o->paths[i];
+    }
+    if (rc == 0 && o->n_paths)
+        rc = add_other_links(&scan, root, ig, idx, &scope, err);
+    struct gs_plan_opts popts = {.paths = scope.v,
+                                 .n_paths = scope.n,
                                  .no_refresh = o->dry_run,
                                  .reading = o->on_reading,
                                  .reading_ctx = o->ctx};
     if (rc == 0)
         rc = gs_plan_build(plan, root, &scan, idx, &popts, err);
     gs_scan_release(&scan);
+    scope_release(&scope);
     return rc;
 }
 

@@ -22,7 +22,8 @@ struct gs_scan_entry {
     uint64_t size;    /* st_size (a symlink: the target's length) */
     int64_t mtime_ns; /* st_mtim in nanoseconds since the epoch */
     uint64_t ino;
-    char *link; /* a symlink's target as stored (readlink bytes); NULL for other kinds */
+    uint32_t nlink; /* a file with other hard links changes when they are written through */
+    char *link;     /* a symlink's target as stored (readlink bytes); NULL for other kinds */
 };
 
 /* A scan result. Entries are sorted by path in byte order (strcmp), the order SQLite's BINARY

@@ -664,6 +664,26 @@ static void test_watch__init_for_another_path_stops_the_daemon(void **state)
     assert_int_equal(access(b, F_OK), 0);
 }
 
+/* Two hard links to one file: a save through one name changes the other's content too, though
+ * the watcher reports only the name written. Both reach the server. */
+static void test_watch__a_save_through_one_hard_link_sends_the_other_name_too(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.cfg", "v1\n");
+    char a[PATH_MAX], b[PATH_MAX];
+    path_in(a, sizeof(a), cur.local, "a.cfg");
+    path_in(b, sizeof(b), cur.local, "b.cfg");
+    assert_int_equal(link(a, b), 0);
+    watch_start();
+    flush("first flush");
+    expect_remote("b.cfg", "v1\n");
+    put("a.cfg", "v2, written through a.cfg\n");
+    flush("flush after the save");
+    expect_remote("a.cfg", "v2, written through a.cfg\n");
+    expect_remote("b.cfg", "v2, written through a.cfg\n");
+}
+
 /* ---- editor save patterns ---- */
 
 static ino_t inode_of(const char *rel)
@@ -2388,6 +2408,7 @@ int main(void)
         T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
         T(test_watch__init_for_another_path_stops_the_daemon),
+        T(test_watch__a_save_through_one_hard_link_sends_the_other_name_too),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),
         T(test_watch__emacs_rename_save_arrives),
