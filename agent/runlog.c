@@ -148,6 +148,10 @@ static size_t whole_lines(const char *p, size_t n)
 /* How many of the n bytes read may go out now (see the frame rule in runlog.h). */
 static size_t sendable(struct tail *t, struct tail_rank *r, size_t n, int ended)
 {
+    if (n == 0) { /* nothing new: nothing held (a held start would end every wait at once) */
+        r->held_since = 0;
+        return 0;
+    }
     size_t whole = whole_lines(t->buf, n);
     if (whole > 0 || n == TAIL_CHUNK || ended || !t->follow)
         return whole > 0 ? whole : n;

@@ -841,6 +841,35 @@ static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **stat
     child_release(&s);
 }
 
+/* Following a run that prints nothing waits on the server: its tail there uses next to no CPU
+ * (it used a whole core: an empty read counted as a partial line held past its time, and every
+ * wait then ended at once). */
+static void test_logs__following_a_quiet_run_does_not_spin_on_the_server(void **state)
+{
+    (void)state;
+    struct child c = run_in(
+        project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c", "echo up; sleep 30"));
+    expect_status(&c, 0, "run --detach of a quiet rank");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    struct child f;
+    child_start(&f, project, ARGS("logs", "-f", id));
+    child_wait_for(&f, "up", 10000);
+    /* CPU ticks of the agent's tail over a 2 s window of silence (a measure, not a wait) */
+    int quiet = sh("pid=$(pgrep -f 'gpusync-agent.* tail .*%s' | head -1); [ -n \"$pid\" ] || "
+                   "exit 3; t0=$(awk '{print $14+$15}' /proc/$pid/stat) && sleep 2 && "
+                   "t1=$(awk '{print $14+$15}' /proc/$pid/stat) && [ $((t1 - t0)) -le 20 ]",
+                   id);
+    kill(f.pid, SIGTERM);
+    child_finish(&f);
+    child_release(&f);
+    struct child s = run_in(project, ARGS("stop", id));
+    child_release(&s);
+    assert_int_equal(quiet, 0); /* 3: no tail found; 1: it used over 10% of a core */
+}
+
 /* The trainer's first build on a server takes seconds: each step is announced before the run
  * starts (it was one line, then silence). A copy of the sources with one more file is a version
  * the server has not built; its build is removed afterwards. */
@@ -1440,6 +1469,8 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
+        cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
+                               use_home),
         cmocka_unit_test_setup(test_run__the_trainers_first_build_says_each_step, use_home),
         cmocka_unit_test_setup_teardown(
             test_run__names_the_server_alike_with_and_without_the_daemon, use_home, stop_watch),
