@@ -207,6 +207,57 @@ static int marked(const struct ga_procs *p, long pid)
     return in_cgroup(p->cgroup, pid);
 }
 
+/* 1 when e is gone for good: exiting, or a zombie with no thread left. A zombie leader whose
+ * main thread ended (pthread_exit) while other threads run shows state Z, yet lives on. */
+static int dead(const struct entry *e)
+{
+    if (e->state == 'X')
+        return 1;
+    if (e->state != 'Z')
+        return 0;
+    char path[64], line[128];
+    snprintf(path, sizeof(path), "/proc/%ld/status", e->p.pid);
+    FILE *fp = fopen(path, "re");
+    long threads = 1;
+    while (fp && fgets(line, sizeof(line), fp))
+        if (sscanf(line, "Threads: %ld", &threads) == 1)
+            break;
+    if (fp)
+        fclose(fp);
+    return threads <= 1;
+}
+
+/* 1 when `pid` is in l already. */
+static int listed(const struct ga_proclist *l, long pid)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->v[i].pid == pid)
+            return 1;
+    return 0;
+}
+
+/* Adds the members of the run's cgroup the /proc walk did not meet: a process that forks and
+ * exits again and again (each time under a new pid, perhaps below where the walk had got) is
+ * missed by any walk, but never by the cgroup, whose list is read in one go. */
+static int add_cgroup_members(const struct ga_procs *p, long self, struct ga_proclist *out)
+{
+    char path[PATH_MAX + 32];
+    if (!p->cgroup[0] ||
+        snprintf(path, sizeof(path), "%s/cgroup.procs", p->cgroup) >= (int)sizeof(path))
+        return 0;
+    FILE *fp = fopen(path, "re");
+    long pid;
+    int rc = 0;
+    struct entry e;
+    while (fp && rc == 0 && fscanf(fp, "%ld", &pid) == 1)
+        if (pid != self && pid != p->supervisor && !listed(out, pid) && read_stat(pid, &e) == 0 &&
+            !dead(&e))
+            rc = proclist_add(out, &e.p);
+    if (fp)
+        fclose(fp);
+    return rc;
+}
+
 int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out)
 {
     struct entry *v;
@@ -217,7 +268,7 @@ int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out)
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct entry *e = &v[i];
-        if (e->p.pid == self || e->p.pid == p->supervisor || e->state == 'Z' || e->state == 'X')
+        if (e->p.pid == self || e->p.pid == p->supervisor || dead(e))
             continue;
         int ours =
             (which & GA_PROCS_DESCENDANTS) && p->supervisor > 1 && descends(v, n, e, p->supervisor);
@@ -227,7 +278,7 @@ int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out)
             rc = proclist_add(out, &e->p);
     }
     free(v);
-    return rc;
+    return rc == 0 ? add_cgroup_members(p, self, out) : rc;
 }
 
 /* ---- signals ----------------------------------------------------------------------------- */

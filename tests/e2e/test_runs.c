@@ -841,6 +841,72 @@ static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **stat
     child_release(&s);
 }
 
+/* A process that forks and exits again and again, half the time into a new session: each walk of
+ * /proc meets it under a pid it no longer has, or not at all. It ignores SIGTERM and counts its
+ * forks into `hb`. */
+#define WALKER_PY                                                                                  \
+    "import os, signal, sys\n"                                                                     \
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"                                              \
+    "n = 0\n"                                                                                      \
+    "while True:\n"                                                                                \
+    "    if os.fork(): os._exit(0)\n"                                                              \
+    "    if n % 2 == 0: os.setsid()\n"                                                             \
+    "    n += 1\n"                                                                                 \
+    "    if n % 200 == 0: open(sys.argv[1], 'w').write('%d\\n' % n)\n"
+
+/* A process whose main thread ends (pthread_exit) while another thread runs on: state Z, alive
+ * (a walk that takes Z for dead skips it). It leaves its session, ignores SIGTERM and its thread
+ * counts into argv[1] every 10 ms. */
+#define ZOMBIE_LEADER_C                                                                            \
+    "#include <pthread.h>\n#include <signal.h>\n#include <stdio.h>\n#include <unistd.h>\n"         \
+    "static const char *hb;\n"                                                                     \
+    "static void *beat(void *a) { (void)a; for (long n = 1;; n++) { FILE *f = fopen(hb, \"w\");\n" \
+    "  if (f) { fprintf(f, \"%ld\\n\", n); fclose(f); } usleep(10000); } return 0; }\n"            \
+    "int main(int c, char **v) { (void)c; hb = v[1]; signal(SIGTERM, SIG_IGN); setsid();\n"        \
+    "  pthread_t t; pthread_create(&t, 0, beat, 0); pthread_exit(0); }\n"
+
+static long long read_number(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    long long n = -1;
+    if (fp && fscanf(fp, "%lld", &n) != 1)
+        n = -1;
+    if (fp)
+        fclose(fp);
+    return n;
+}
+
+/* stop ends what a walk of /proc misses: the run's cgroup lists them all (where there is one),
+ * and a zombie whose threads live on is alive. (Both used to outlive a "stopped".) */
+static void test_stop__ends_processes_a_proc_walk_misses(void **state)
+{
+    (void)state;
+    gs_test_write_file(project, "walker.py", WALKER_PY);
+    gs_test_write_file(project, "zl.c", ZOMBIE_LEADER_C);
+    char hb[800], zhb[800];
+    snprintf(hb, sizeof(hb), "%s/walker.hb", remote);
+    snprintf(zhb, sizeof(zhb), "%s/zl.hb", remote);
+    struct child c =
+        run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                             "cc -pthread -o zl zl.c && (python3 walker.py walker.hb &) && "
+                             "(./zl zl.hb &) && echo up; sleep 1000"));
+    expect_status(&c, 0, "run --detach of the escapers");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    int64_t end = gs_clock_mono_ms() + 10000;
+    while ((read_number(hb) < 0 || read_number(zhb) < 0) && gs_clock_mono_ms() < end)
+        usleep(20000); /* polling a condition with a deadline: no event to wait on here */
+    struct child s = run_in(project, ARGS("stop", "--grace", "1", id));
+    expect_status(&s, 0, "stop");
+    child_release(&s);
+    long long walked = read_number(hb), beaten = read_number(zhb);
+    usleep(500 * 1000); /* a measure: each counts many times in 0.5 s while it lives */
+    assert_int_equal(read_number(hb), walked);
+    assert_int_equal(read_number(zhb), beaten);
+}
+
 /* Following a run that prints nothing waits on the server: its tail there uses next to no CPU
  * (it used a whole core: an empty read counted as a partial line held past its time, and every
  * wait then ended at once). */
@@ -1471,6 +1537,7 @@ int main(void)
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
         cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
                                use_home),
+        cmocka_unit_test_setup(test_stop__ends_processes_a_proc_walk_misses, use_home),
         cmocka_unit_test_setup(test_run__the_trainers_first_build_says_each_step, use_home),
         cmocka_unit_test_setup_teardown(
             test_run__names_the_server_alike_with_and_without_the_daemon, use_home, stop_watch),
