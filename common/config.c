@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/buf.h"
@@ -328,21 +329,47 @@ int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, s
     return finish_parse(cfg, line, &st, name, err);
 }
 
+/* Reads all of `fd` (a regular file of at most GS_CONFIG_MAX_SIZE bytes) into `text`. Returns 0,
+ * or GS_E_CONFIG / GS_E_IO naming `path`. */
+static int read_bounded(int fd, const char *path, struct gs_buf *text, struct gs_error *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return gs_error_errno(err, GS_E_IO, "cannot read config %s", path);
+    /* A device or FIFO (a symlink to /dev/zero, say) never ends: reading it would take all
+     * memory. */
+    if (!S_ISREG(st.st_mode))
+        return gs_error_set(
+            err, GS_E_CONFIG,
+            "%s: not a regular file (a device, FIFO or directory); it must be a text file", path);
+    char chunk[4096];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) > 0) {
+        gs_buf_add(text, chunk, (size_t)n);
+        /* checked while reading too: the file may grow after fstat */
+        if (text->len > GS_CONFIG_MAX_SIZE)
+            break;
+    }
+    if (n < 0)
+        return gs_error_errno(err, GS_E_IO, "cannot read config %s", path);
+    if (text->len > GS_CONFIG_MAX_SIZE || (size_t)st.st_size > GS_CONFIG_MAX_SIZE)
+        return gs_error_set(err, GS_E_CONFIG, "%s: larger than %d KiB; is it the right file?", path,
+                            GS_CONFIG_MAX_SIZE / 1024);
+    return 0;
+}
+
 int gs_config_load(struct gs_config *cfg, const char *path, struct gs_error *err)
 {
     memset(cfg, 0, sizeof(*cfg));
-    FILE *fp = fopen(path, "r");
-    if (!fp)
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return gs_error_errno(err, GS_E_IO, "cannot read config %s", path);
     struct gs_buf text = GS_BUF_INIT;
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), fp)) > 0)
-        gs_buf_add(&text, chunk, n);
-    int failed = ferror(fp);
-    fclose(fp);
-    int rc = failed ? gs_error_errno(err, GS_E_IO, "cannot read config %s", path)
-                    : gs_config_parse(cfg, text.data ? text.data : "", path, err);
+    int rc = read_bounded(fd, path, &text, err);
+    close(fd);
+    if (rc == 0)
+        rc = gs_config_parse(cfg, text.data ? text.data : "", path, err);
     gs_buf_release(&text);
     return rc;
 }

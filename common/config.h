@@ -22,6 +22,10 @@
 #define GS_CONFIG_MAX_GPU 1023
 #define GS_CONFIG_MAX_CPU 4096
 
+/* The largest config file read (bytes): a real one is a few hundred; anything bigger is the wrong
+ * file, and reading it unbounded (a link to /dev/zero) would exhaust memory. */
+#define GS_CONFIG_MAX_SIZE (1024 * 1024)
+
 enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
 /* auto: zstd level 1 where the agent has it; zstd: level 9 (for slow links); off: never. Either
  * way an agent built without libzstd is spoken to uncompressed (proto/zframes.h). */
@@ -60,7 +64,8 @@ struct gs_config {
 };
 
 /* Reads `path` into `cfg` (which it initialises). On error returns GS_E_CONFIG (or GS_E_IO when the
- * file cannot be read) with "FILE:LINE: message" in err, and leaves `cfg` released. */
+ * file cannot be read) with "FILE:LINE: message" in err, and leaves `cfg` released. A path that is
+ * not a regular file, or is larger than GS_CONFIG_MAX_SIZE, is GS_E_CONFIG naming the file. */
 int gs_config_load(struct gs_config *cfg, const char *path, struct gs_error *err);
 
 /* As gs_config_load, from text in memory; `name` stands for the file in messages. */

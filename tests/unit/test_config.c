@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -353,6 +354,52 @@ static void test_config__load_reports_real_path_in_messages(void **state)
     unlink(path);
 }
 
+/* Loads `path`, which must fail with GS_E_CONFIG naming it. */
+static void expect_load_refused(const char *path)
+{
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    assert_int_equal(gs_config_load(&cfg, path, &err), GS_E_CONFIG);
+    if (!strstr(err.msg, path))
+        fail_msg("message '%s' does not name %s", err.msg, path);
+    assert_null(cfg.host);
+}
+
+/* A config that is a link to /dev/zero (or a FIFO) never ends: it is refused, not read until
+ * memory runs out (or, for a FIFO, waited on forever). */
+static void test_config__load_refuses_what_is_not_a_regular_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gs-test-config.XXXXXX", link[64], fifo[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(link, sizeof(link), "%s/zero", dir);
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    assert_int_equal(symlink("/dev/zero", link), 0);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    expect_load_refused(link);
+    expect_load_refused(fifo);
+    expect_load_refused(dir);
+    unlink(link);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+/* A file over GS_CONFIG_MAX_SIZE is refused even though every line of it is a valid comment. */
+static void test_config__load_refuses_a_file_over_the_size_limit(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/gs-test-config.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *fp = fdopen(fd, "w");
+    fputs("[remote]\nhost = h\n", fp);
+    for (size_t n = 0; n <= GS_CONFIG_MAX_SIZE; n += 8)
+        fputs("# pad..\n", fp);
+    fclose(fp);
+    expect_load_refused(path);
+    unlink(path);
+}
+
 /* parse_target */
 
 static void target_ok(const char *target, const char *user, const char *host, int port)
@@ -613,6 +660,8 @@ int main(void)
         cmocka_unit_test(test_config__first_error_wins),
         cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
         cmocka_unit_test(test_config__load_reports_real_path_in_messages),
+        cmocka_unit_test(test_config__load_refuses_what_is_not_a_regular_file),
+        cmocka_unit_test(test_config__load_refuses_a_file_over_the_size_limit),
         cmocka_unit_test(test_parse_target__forms),
         cmocka_unit_test(test_parse_target__bad_ports_and_empty_hosts),
         cmocka_unit_test(test_parse_target__replaces_previous_values),
