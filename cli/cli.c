@@ -137,6 +137,11 @@ void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out)
 
 void gs_cli_json_print(json_t *obj)
 {
+    /* json_pack gives NULL when a string in it is not UTF-8; the contract still owes the reader
+     * one object, so it gets an error rather than an empty stdout. */
+    if (!obj)
+        obj = json_pack("{s:b,s:s,s:s}", "ok", 0, "error", gs_error_name(GS_E_ERR), "message",
+                        "gpusync: a reply held text that is not UTF-8 and could not be printed");
     json_object_set_new(obj, "v", json_integer(GS_CLI_JSON_VERSION));
     char *text = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
     if (text) {
@@ -174,8 +179,9 @@ int gs_cli_fail(struct gs_cli *cli, int code)
 {
     const char *msg = cli->err.msg[0] ? cli->err.msg : gs_error_name(code);
     if (cli->json) {
-        json_t *o = json_pack("{s:i,s:b,s:s,s:s}", "v", 1, "ok", 0, "error", gs_error_name(code),
-                              "message", msg);
+        /* the message may quote paths or server output: bytes, not always UTF-8 */
+        json_t *o = json_pack("{s:i,s:b,s:s,s:o}", "v", 1, "ok", 0, "error", gs_error_name(code),
+                              "message", gs_cli_json_path(msg));
         gs_cli_json_print(o);
     }
     fprintf(stderr, "gpusync: %s\n", msg);

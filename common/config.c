@@ -317,9 +317,44 @@ static void dedent(const char *text, struct gs_buf *out)
         gs_buf_grow(out, 0);
 }
 
+/* The first byte of `s` that does not start a valid UTF-8 sequence (overlong forms and
+ * surrogates included), or NULL when all of it is UTF-8. */
+static const unsigned char *utf8_bad(const unsigned char *p)
+{
+    for (; *p; p++) {
+        int n = *p < 0x80 ? 0 : *p < 0xc2 ? -1 : *p < 0xe0 ? 1 : *p < 0xf0 ? 2 : *p < 0xf5 ? 3 : -1;
+        if (n < 0 || (p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) ||
+            (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90))
+            return p;
+        for (int i = 1; i <= n; i++) /* stops at the NUL too: it is no continuation byte */
+            if ((p[i] & 0xc0) != 0x80)
+                return p;
+        p += n;
+    }
+    return NULL;
+}
+
+/* Refuses text that is not UTF-8, naming the line: its values end up in --json output, whose
+ * strings must be UTF-8, and no host, user or command needs other bytes. */
+static int check_utf8(const char *text, const char *name, struct gs_error *err)
+{
+    const unsigned char *bad = utf8_bad((const unsigned char *)text);
+    if (!bad)
+        return 0;
+    int line = 1;
+    for (const char *p = text; p < (const char *)bad; p++)
+        line += *p == '\n';
+    return gs_error_set(err, GS_E_CONFIG,
+                        "%s:%d: not valid UTF-8 (byte 0x%02X); save the file as UTF-8", name, line,
+                        *bad);
+}
+
 int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, struct gs_error *err)
 {
     memset(cfg, 0, sizeof(*cfg));
+    int rc = check_utf8(text, name, err);
+    if (rc)
+        return rc;
     struct parse_state st = {.cfg = cfg};
     struct gs_buf flat = GS_BUF_INIT;
     dedent(text, &flat);

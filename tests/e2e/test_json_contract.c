@@ -1008,6 +1008,32 @@ static void test_contract__errors_carry_a_name_and_a_message(void **state)
     json_decref(o);
 }
 
+/* Runs `args` in `dir` and requires the one error object with exit 3, "configuration error". */
+static void expect_config_error(const char *dir, const char *const *args, const char *what)
+{
+    json_t *o = reply_of(run_in(dir, args), 3, error_spec, what);
+    assert_string_equal(str_of(o, "error"), "configuration error");
+    json_decref(o);
+}
+
+/* Bytes that are not UTF-8, in a config value or in the project's path (which error messages
+ * quote), still give the one JSON object the contract promises: jansson refuses such strings, and
+ * the commands printed nothing at all. */
+static void test_contract__bytes_that_are_not_utf8_still_give_one_object(void **state)
+{
+    (void)state;
+    char dir[700];
+    snprintf(dir, sizeof(dir), "%s/caf\xe9", scratch);
+    sh("mkdir -p '%s/.gpusync' && printf '[remote]\\nhost = 127.0.0.1\\nport = %d\\nuser = "
+       "r\\351oot\\n' > '%s/.gpusync/config'",
+       dir, server.port, dir);
+    expect_config_error(dir, ARGS("status", "--json"), "status, a user that is not UTF-8");
+    expect_config_error(dir, ARGS("push", "--json"), "push, a user that is not UTF-8");
+    sh("printf '[remote]\\nhost = 127.0.0.1\\nbogus = 1\\n' > '%s/.gpusync/config'", dir);
+    expect_config_error(dir, ARGS("status", "--json"), "status, a path that is not UTF-8");
+    sh("rm -rf '%s'", dir);
+}
+
 static void test_contract__doctor_has_checks_and_facts(void **state)
 {
     (void)state;
@@ -1104,6 +1130,7 @@ int main(void)
         cmocka_unit_test(test_contract__flush_reports_ms_or_falls_back_to_push),
         cmocka_unit_test(test_contract__events_stream_types_every_kind),
         cmocka_unit_test(test_contract__errors_carry_a_name_and_a_message),
+        cmocka_unit_test(test_contract__bytes_that_are_not_utf8_still_give_one_object),
         cmocka_unit_test(test_contract__doctor_has_checks_and_facts),
         cmocka_unit_test(test_contract__run_detach_reports_id_ranks_and_port),
         cmocka_unit_test(test_contract__ps_lists_runs_with_every_field),

@@ -320,6 +320,25 @@ static void test_config__missing_host_is_an_error_naming_the_key(void **state)
     expect_error("", "/p/.gpusync/config", "host", NULL);
 }
 
+/* Values reach --json output, whose strings are UTF-8: other bytes are refused by line, and real
+ * UTF-8 (a path in another script) is kept as written. */
+static void test_config__bytes_that_are_not_utf8_name_the_line(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nuser = r\xe9oot\n", "/p/.gpusync/config:3:", "UTF-8", NULL);
+    expect_error("[remote]\nhost = h\npath = \xc0\xaf\n", "/p/.gpusync/config:3:", "UTF-8",
+                 NULL); /* an overlong '/' */
+    expect_error("[remote]\nhost = h\n[job \"t\"]\ncommand = x \xed\xa0\x80\n",
+                 "/p/.gpusync/config:4:", "UTF-8", NULL); /* a surrogate */
+    struct gs_config cfg;
+    assert_int_equal(gs_config_parse(&cfg,
+                                     "[remote]\nhost = h\npath = ~/caf\xc3\xa9/\xf0\x9f\x9a\x80\n",
+                                     "cfg", NULL),
+                     0);
+    assert_string_equal(cfg.remote_path, "~/caf\xc3\xa9/\xf0\x9f\x9a\x80");
+    gs_config_release(&cfg);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -658,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__bytes_that_are_not_utf8_name_the_line),
         cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
         cmocka_unit_test(test_config__load_reports_real_path_in_messages),
         cmocka_unit_test(test_config__load_refuses_what_is_not_a_regular_file),
