@@ -51,8 +51,12 @@ static int parse_port(const char *value, int *port)
 static int set_remote(struct parse_state *st, const char *key, const char *value)
 {
     struct gs_config *cfg = st->cfg;
-    if (strcmp(key, "host") == 0)
-        return replace_string(&cfg->host, value);
+    if (strcmp(key, "host") == 0) /* empty, it would pass the "host is set" check at the end */
+        return value[0] ? replace_string(&cfg->host, value)
+                        : fail(st,
+                               "remote.host: empty; write the server's name, address or "
+                               "~/.ssh/config alias%s%s",
+                               "", "");
     if (strcmp(key, "user") == 0)
         return replace_string(&cfg->user, value);
     if (strcmp(key, "path") == 0)

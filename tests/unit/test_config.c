@@ -339,6 +339,16 @@ static void test_config__bytes_that_are_not_utf8_name_the_line(void **state)
     gs_config_release(&cfg);
 }
 
+/* `host =` with nothing after it is no host: the line is named, as for any other bad value
+ * (it used to pass as a set host and fail later, as a usage error or not at all). */
+static void test_config__empty_host_names_the_line(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost =\nport = 22\n", "/p/.gpusync/config:2:", "remote.host", "empty",
+                 NULL);
+    expect_error("[remote]\nhost =   # later\n", "/p/.gpusync/config:2:", "remote.host", NULL);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -677,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__empty_host_names_the_line),
         cmocka_unit_test(test_config__bytes_that_are_not_utf8_name_the_line),
         cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
         cmocka_unit_test(test_config__load_reports_real_path_in_messages),
