@@ -20,6 +20,9 @@
 struct parse_state {
     struct gs_config *cfg;
     char first_error[512];
+    struct gs_buf seen;    /* "section\037key\n" for each single-valued key set so far */
+    char dup_section[256]; /* the section and key of a duplicate, to find its first line */
+    char dup_key[128];
 };
 
 static int fail(struct parse_state *st, const char *fmt, const char *a, const char *b)
@@ -265,9 +268,33 @@ static const char *strip_hash_comment(const char *value, char *buf, size_t size)
     return buf;
 }
 
+/* Whether `key` of `section` was set before; records it otherwise. Only sync.exclude may repeat:
+ * for any other key the last one would silently win (a second `host =` redirecting every push). */
+static int seen_before(struct parse_state *st, const char *section, const char *key)
+{
+    if (strcmp(section, "sync") == 0 && strcmp(key, "exclude") == 0)
+        return 0;
+    struct gs_buf entry = GS_BUF_INIT;
+    gs_buf_addf(&entry, "%s\037%s\n", section, key);
+    const char *all = st->seen.data ? st->seen.data : "";
+    int found = strncmp(all, entry.data, entry.len) == 0;
+    for (const char *p = strchr(all, '\n'); !found && p; p = strchr(p + 1, '\n'))
+        found = strncmp(p + 1, entry.data, entry.len) == 0;
+    if (!found)
+        gs_buf_add(&st->seen, entry.data, entry.len);
+    gs_buf_release(&entry);
+    if (found && !st->first_error[0]) {
+        snprintf(st->dup_section, sizeof(st->dup_section), "%s", section);
+        snprintf(st->dup_key, sizeof(st->dup_key), "%s", key);
+    }
+    return found;
+}
+
 static int on_entry(void *user, const char *section, const char *key, const char *raw)
 {
     struct parse_state *st = user;
+    if (seen_before(st, section, key))
+        return fail(st, "duplicate key '%s' in section [%s]", key, section);
     char value_buf[4096];
     const char *value = strip_hash_comment(raw, value_buf, sizeof(value_buf));
     char job_name[256];
@@ -353,6 +380,39 @@ static int check_utf8(const char *text, const char *name, struct gs_error *err)
                         *bad);
 }
 
+/* The line of `text` (as inih reads it: dedented, no continuations) that first sets `key` in
+ * `section`, before line `before`; 0 if none is found. */
+static int first_line_of(const char *text, const char *section, const char *key, int before)
+{
+    char current[256] = "";
+    int line = 1;
+    for (const char *p = text; *p && line < before; line++) {
+        size_t len = strcspn(p, "\n");
+        const char *close = memchr(p, ']', len);
+        size_t klen = strcspn(p, "=:");
+        if (p[0] == '[' && close && (size_t)(close - p - 1) < sizeof(current))
+            snprintf(current, sizeof(current), "%.*s", (int)(close - p - 1), p + 1);
+        else if (klen < len && strcmp(current, section) == 0) {
+            while (klen && (p[klen - 1] == ' ' || p[klen - 1] == '\t'))
+                klen--;
+            if (klen == strlen(key) && strncmp(p, key, klen) == 0)
+                return line;
+        }
+        p += len + (p[len] == '\n');
+    }
+    return 0;
+}
+
+/* Adds the line that first set a duplicate key to the error message, so both are named. */
+static void name_first_line(struct parse_state *st, const char *text, int line)
+{
+    int first = st->dup_key[0] ? first_line_of(text, st->dup_section, st->dup_key, line) : 0;
+    size_t len = strlen(st->first_error);
+    if (first > 0)
+        snprintf(st->first_error + len, sizeof(st->first_error) - len,
+                 ": line %d sets it already; keep one", first);
+}
+
 int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, struct gs_error *err)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -364,7 +424,10 @@ int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, s
     dedent(text, &flat);
     cfg->file = gs_xstrdup(name);
     int line = ini_parse_string(flat.data, on_entry, &st);
+    if (line > 0)
+        name_first_line(&st, flat.data, line);
     gs_buf_release(&flat);
+    gs_buf_release(&st.seen);
     return finish_parse(cfg, line, &st, name, err);
 }
 

@@ -349,6 +349,28 @@ static void test_config__empty_host_names_the_line(void **state)
     expect_error("[remote]\nhost =   # later\n", "/p/.gpusync/config:2:", "remote.host", NULL);
 }
 
+/* A key set twice is an error naming both lines: the last one silently won before, so a second
+ * `host =` redirected every push. Repeating exclude is how a list is written, and stays allowed. */
+static void test_config__duplicate_key_names_both_lines(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = 127.0.0.1\nport = 22\nhost = 10.9.9.9\n",
+                 "/p/.gpusync/config:4:", "duplicate", "'host'", "line 2", NULL);
+    expect_error("[remote]\nhost = h\n[sync]\ntransport = sftp\n[remote]\nport = 1\nhost : h2\n",
+                 "/p/.gpusync/config:7:", "'host'", "[remote]", "line 2", NULL);
+    expect_error("[remote]\nhost = h\n[job \"t\"]\ncommand = a\n[job \"u\"]\ncommand = b\n"
+                 "[job \"t\"]\ncommand = c\n",
+                 "/p/.gpusync/config:8:", "'command'", "line 4", NULL);
+    struct gs_config cfg; /* the same key in two jobs, and a repeated exclude, are fine */
+    assert_int_equal(gs_config_parse(&cfg,
+                                     "[remote]\nhost = h\n[sync]\nexclude = a\nexclude = b\n"
+                                     "[job \"t\"]\ngpus = 1\n[job \"u\"]\ngpus = 2\n",
+                                     "cfg", NULL),
+                     0);
+    assert_int_equal(cfg.n_excludes, 2);
+    gs_config_release(&cfg);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -687,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__duplicate_key_names_both_lines),
         cmocka_unit_test(test_config__empty_host_names_the_line),
         cmocka_unit_test(test_config__bytes_that_are_not_utf8_name_the_line),
         cmocka_unit_test(test_config__load_missing_file_is_io_error_naming_it),
