@@ -413,22 +413,47 @@ static void name_first_line(struct parse_state *st, const char *text, int line)
                  ": line %d sets it already; keep one", first);
 }
 
+/* Refuses a line longer than GS_CONFIG_MAX_LINE, naming it. inih reads a line into a fixed buffer
+ * and parses the rest as the next line, so a long value was "a syntax error" on a line after it. */
+static int check_line_lengths(const char *text, const char *name, struct gs_error *err)
+{
+    int line = 1;
+    for (const char *p = text; *p; line++) {
+        size_t len = strcspn(p, "\n");
+        if (len > GS_CONFIG_MAX_LINE)
+            return gs_error_set(err, GS_E_CONFIG,
+                                "%s:%d: line too long (%zu characters; the limit is %d)", name,
+                                line, len, GS_CONFIG_MAX_LINE);
+        p += len + (p[len] == '\n');
+    }
+    return 0;
+}
+
+/* Parses the dedented text `flat` into `cfg` (zeroed) with inih. */
+static int parse_flat(struct gs_config *cfg, const char *flat, const char *name,
+                      struct gs_error *err)
+{
+    struct parse_state st = {.cfg = cfg};
+    cfg->file = gs_xstrdup(name);
+    int line = ini_parse_string(flat, on_entry, &st);
+    if (line > 0)
+        name_first_line(&st, flat, line);
+    gs_buf_release(&st.seen);
+    return finish_parse(cfg, line, &st, name, err);
+}
+
 int gs_config_parse(struct gs_config *cfg, const char *text, const char *name, struct gs_error *err)
 {
     memset(cfg, 0, sizeof(*cfg));
-    int rc = check_utf8(text, name, err);
-    if (rc)
-        return rc;
-    struct parse_state st = {.cfg = cfg};
     struct gs_buf flat = GS_BUF_INIT;
-    dedent(text, &flat);
-    cfg->file = gs_xstrdup(name);
-    int line = ini_parse_string(flat.data, on_entry, &st);
-    if (line > 0)
-        name_first_line(&st, flat.data, line);
+    dedent(text, &flat); /* line numbers are unchanged */
+    int rc = check_utf8(flat.data, name, err);
+    if (rc == 0)
+        rc = check_line_lengths(flat.data, name, err);
+    if (rc == 0)
+        rc = parse_flat(cfg, flat.data, name, err);
     gs_buf_release(&flat);
-    gs_buf_release(&st.seen);
-    return finish_parse(cfg, line, &st, name, err);
+    return rc;
 }
 
 /* Reads all of `fd` (a regular file of at most GS_CONFIG_MAX_SIZE bytes) into `text`. Returns 0,

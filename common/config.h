@@ -26,6 +26,11 @@
  * file, and reading it unbounded (a link to /dev/zero) would exhaust memory. */
 #define GS_CONFIG_MAX_SIZE (1024 * 1024)
 
+/* The longest line (characters, without its newline and indentation): libinih reads lines into a
+ * buffer of INI_MAX_LINE (200) bytes, which must hold the newline and a NUL too. A longer line is
+ * a configuration error naming it. */
+#define GS_CONFIG_MAX_LINE 198
+
 enum gs_transport { GS_TRANSPORT_AGENT, GS_TRANSPORT_SFTP };
 /* auto: zstd level 1 where the agent has it; zstd: level 9 (for slow links); off: never. Either
  * way an agent built without libzstd is spoken to uncompressed (proto/zframes.h). */

@@ -371,6 +371,40 @@ static void test_config__duplicate_key_names_both_lines(void **state)
     gs_config_release(&cfg);
 }
 
+/* A config whose line 3 is "exclude = " and `len` more characters, then `after`. */
+static char *config_with_long_line(size_t len, const char *after)
+{
+    size_t size = 64 + len + strlen(after);
+    char *text = malloc(size);
+    int n = snprintf(text, size, "[remote]\nhost = h\n[sync]\n\texclude = ");
+    memset(text + n, 'a', len);
+    snprintf(text + n + len, size - (size_t)n - len, "\n%s", after);
+    return text;
+}
+
+/* A line at the limit is read whole (the next line keeps its number); one past it is "too long"
+ * on its own line, where inih used to report a syntax error on the line after. */
+static void test_config__long_line_is_refused_by_its_own_number(void **state)
+{
+    (void)state;
+    size_t at_limit = GS_CONFIG_MAX_LINE - strlen("exclude = ");
+    char *text = config_with_long_line(at_limit, "bogus = 1\n");
+    expect_error(text, "/p/.gpusync/config:5:", "bogus", NULL);
+    free(text);
+    text = config_with_long_line(at_limit + 1, "");
+    expect_error(text, "/p/.gpusync/config:4:", "too long", NULL);
+    free(text);
+    text = config_with_long_line(4000, "");
+    expect_error(text, "/p/.gpusync/config:4:", "too long", NULL);
+    free(text);
+    struct gs_config cfg;
+    text = config_with_long_line(at_limit, "");
+    assert_int_equal(gs_config_parse(&cfg, text, "cfg", NULL), 0);
+    assert_int_equal(strlen(cfg.excludes[0]), at_limit);
+    gs_config_release(&cfg);
+    free(text);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -709,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__long_line_is_refused_by_its_own_number),
         cmocka_unit_test(test_config__duplicate_key_names_both_lines),
         cmocka_unit_test(test_config__empty_host_names_the_line),
         cmocka_unit_test(test_config__bytes_that_are_not_utf8_name_the_line),
