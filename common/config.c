@@ -51,6 +51,39 @@ static int parse_port(const char *value, int *port)
     return 1;
 }
 
+/* Checks one "[user@]host[:port][/path]" of a hosts list as `gpusync run` reads it. */
+static int check_host_spec(const char *spec, struct gs_error *err)
+{
+    const char *at = strrchr(spec, '@'), *host = at ? at + 1 : spec;
+    const char *bracket = host[0] == '[' ? strchr(host, ']') : host;
+    const char *slash = strchr(bracket ? bracket : host, '/');
+    char *target = gs_xstrndup(spec, slash ? (size_t)(slash - spec) : strlen(spec));
+    struct gs_config t = {0};
+    int rc = gs_config_parse_target(&t, target, err);
+    gs_config_release(&t);
+    free(target);
+    return rc;
+}
+
+/* Checks every entry of [remote] hosts, so a malformed one is a config error naming its line
+ * rather than a usage error from `run` that names neither. */
+static int set_hosts(struct parse_state *st, const char *value)
+{
+    if (!value[0])
+        return fail(st, "remote.hosts: empty list%s%s", "", "");
+    char *list = gs_xstrdup(value), *save = NULL;
+    struct gs_error err = {0};
+    int n = 0;
+    for (char *tok = strtok_r(list, ", \t", &save); tok && !err.code;
+         tok = strtok_r(NULL, ", \t", &save), n++)
+        check_host_spec(tok, &err);
+    free(list);
+    if (n == 0)
+        return fail(st, "remote.hosts: no host in the list%s%s", "", "");
+    return err.code ? fail(st, "remote.hosts: %.400s%s", err.msg, "")
+                    : replace_string(&st->cfg->hosts, value);
+}
+
 static int set_remote(struct parse_state *st, const char *key, const char *value)
 {
     struct gs_config *cfg = st->cfg;
@@ -67,8 +100,7 @@ static int set_remote(struct parse_state *st, const char *key, const char *value
     if (strcmp(key, "identity") == 0)
         return replace_string(&cfg->identity, value);
     if (strcmp(key, "hosts") == 0)
-        return value[0] ? replace_string(&cfg->hosts, value)
-                        : fail(st, "remote.hosts: empty list%s%s", "", "");
+        return set_hosts(st, value);
     if (strcmp(key, "master_addr") == 0)
         return value[0] ? replace_string(&cfg->master_addr, value)
                         : fail(st, "remote.master_addr: empty address%s%s", "", "");

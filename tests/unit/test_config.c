@@ -405,6 +405,24 @@ static void test_config__long_line_is_refused_by_its_own_number(void **state)
     free(text);
 }
 
+/* Each entry of [remote] hosts is checked where the file is read: a malformed one was accepted
+ * here and failed later in `run` as a usage error that named neither the file nor the line. */
+static void test_config__bad_hosts_entry_names_the_line(void **state)
+{
+    (void)state;
+    expect_error("[remote]\nhost = h\nport = 22\nhosts = root@:, @@:99999\n",
+                 "/p/.gpusync/config:4:", "remote.hosts", "root@:", NULL);
+    expect_error("[remote]\nhost = h\nhosts = a, b:99999\n",
+                 "/p/.gpusync/config:3:", "remote.hosts", "b:99999", NULL);
+    expect_error("[remote]\nhost = h\nhosts = , ,\n", "/p/.gpusync/config:3:", "remote.hosts",
+                 NULL);
+    struct gs_config cfg;
+    const char *good = "[remote]\nhost = h\nhosts = root@10.0.0.1, u@[::1]:2222/srv/p, n2/abs\n";
+    assert_int_equal(gs_config_parse(&cfg, good, "cfg", NULL), 0);
+    assert_string_equal(cfg.hosts, "root@10.0.0.1, u@[::1]:2222/srv/p, n2/abs");
+    gs_config_release(&cfg);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -743,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_config__bad_compress_names_value),
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
+        cmocka_unit_test(test_config__bad_hosts_entry_names_the_line),
         cmocka_unit_test(test_config__long_line_is_refused_by_its_own_number),
         cmocka_unit_test(test_config__duplicate_key_names_both_lines),
         cmocka_unit_test(test_config__empty_host_names_the_line),
