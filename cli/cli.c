@@ -295,6 +295,17 @@ int gs_cli_run(struct gs_cli *cli, const struct gs_cmd *cmd, int argc, char **ar
     return rc != 0 ? rc : cmd->exec(cli);
 }
 
+int gs_cli_parse_number(const char *arg, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (errno || end == arg || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int gs_cli_parse_grace(const char *arg, long *ms, char *why, size_t cap)
 {
     char *end;

@@ -110,6 +110,10 @@ int gs_cli_parse_options(struct gs_cli *cli, const struct gs_cmd *cmd, int argc,
                          const char *shortopts, const struct option *longopts,
                          int (*own)(struct gs_cli *cli, int opt, const char *arg));
 
+/* Reads `arg` as a whole decimal number from `min` to `max` into *out. Returns 0, or -1 (and *out
+ * is unchanged) for anything else: "abc", "-1", "2x", out of range. */
+int gs_cli_parse_number(const char *arg, long min, long max, long *out);
+
 /* Reads a --grace value: seconds, decimals allowed, 0 to 3600, into *ms. Returns 0, or -1 with
  * what is wrong in why. */
 int gs_cli_parse_grace(const char *arg, long *ms, char *why, size_t cap);

@@ -91,7 +91,11 @@ static int flush_option(struct gs_cli *cli, int opt, const char *arg)
     (void)cli;
     if (opt != OPT_TIMEOUT)
         return gs_cli_usage_error(&gs_cmd_flush, "unexpected option");
-    timeout_s = atoi(arg);
+    long s;
+    if (gs_cli_parse_number(arg, 1, 86400, &s) < 0)
+        return gs_cli_usage_error(&gs_cmd_flush, "--timeout %s: expected seconds (1 to 86400)",
+                                  arg);
+    timeout_s = (int)s;
     return 0;
 }
 
@@ -115,7 +119,7 @@ const struct gs_cmd gs_cmd_flush = {
     .name = "flush",
     .usage = "flush [--timeout SECONDS]",
     .summary = "Wait until the server has every change made so far",
-    .help = "  --timeout SECONDS      give up after this long (default 300)\n"
+    .help = "  --timeout SECONDS      give up after this long, 1 to 86400 (default 300)\n"
             "  With 'gpusync watch' disconnected, it reconnects at once, and fails if the\n"
             "  server cannot be reached. Without a running 'gpusync watch', pushes instead.\n",
     .flags = GS_CMD_NEED_PROJECT,

@@ -6,13 +6,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 
 #include "cli/run_local.h"
 #include "cli/run_nodes.h"
 #include "cli/run_slurm.h"
 #include "common/path.h"
+#include "common/wrapper.h"
 
 enum { OPT_RANK = 2000, OPT_TAIL };
+
+/* The highest rank number --rank takes: the launcher's limit on ranks per node, times nodes. */
+#define GS_LOGS_MAX_RANK 1000000
 
 static const struct option logs_options[] = {
     GS_CLI_COMMON_LONGOPTS,
@@ -86,17 +91,43 @@ static struct {
     const char *rank;
 } opts;
 
+/* Whether `ranks` is "all" or a comma list of rank numbers, as --rank takes. */
+static int ranks_valid(const char *ranks)
+{
+    if (strcmp(ranks, "all") == 0)
+        return 1;
+    char *list = gs_xstrdup(ranks), *save = NULL;
+    long rank;
+    int ok = ranks[0] && ranks[strlen(ranks) - 1] != ',';
+    for (char *r = strtok_r(list, ",", &save); ok && r; r = strtok_r(NULL, ",", &save))
+        ok = gs_cli_parse_number(r, 0, GS_LOGS_MAX_RANK, &rank) == 0;
+    free(list);
+    return ok;
+}
+
 static int logs_option(struct gs_cli *cli, int opt, const char *arg)
 {
+    long tail;
     if (opt == 'f') {
         /* exits with the run's status then, so a lost connection is 255, as for run */
         opts.follow = 1;
         cli->remote_status = 1;
-    } else if (opt == OPT_RANK)
+    } else if (opt == OPT_RANK) {
+        if (!ranks_valid(arg))
+            return gs_cli_usage_error(&gs_cmd_logs,
+                                      "--rank %s: expected a rank number (0, 1, ...), "
+                                      "a list such as 0,2, or all",
+                                      arg);
         opts.rank = arg;
-    else if (opt == OPT_TAIL)
-        opts.tail = atoi(arg);
-    else
+    } else if (opt == OPT_TAIL) {
+        /* 0 is refused rather than read as "all": leaving --tail out is how to get all */
+        if (gs_cli_parse_number(arg, 1, INT_MAX, &tail) < 0)
+            return gs_cli_usage_error(&gs_cmd_logs,
+                                      "--tail %s: expected a number of lines, 1 or "
+                                      "more (leave --tail out for the whole log)",
+                                      arg);
+        opts.tail = (int)tail;
+    } else
         return gs_cli_usage_error(&gs_cmd_logs, "unexpected option");
     return 0;
 }
@@ -139,8 +170,8 @@ const struct gs_cmd gs_cmd_logs = {
     .summary = "Show a run's logs (the newest run by default)",
     .help = "  -f, --follow           follow until the run ends; exit with its status (255 when\n"
             "                         the connection failed)\n"
-            "  --rank N               only rank N (a list such as 0,1 works too)\n"
-            "  --tail N               only the last N lines (of all ranks, in time order)\n"
+            "  --rank N               only rank N (a list such as 0,1 works too; or all)\n"
+            "  --tail N               only the last N lines, N >= 1 (of all ranks, in time order)\n"
             "  RUN is a run id or a --name. Several ranks' lines come in the order they were\n"
             "  printed. A copy is kept in .gpusync/runs/<id>/; when the server no longer has\n"
             "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"

@@ -23,6 +23,9 @@
 
 _Static_assert(GS_CONFIG_MAX_CPU == GS_RUNS_MAX_RANKS, "one limit on ranks per node");
 
+/* The most restarts the server's launcher takes (agent/launch.c, --max-restarts). */
+#define GS_RUN_MAX_RESTARTS 1000000
+
 enum {
     OPT_GPUS = 2000,
     OPT_CPU,
@@ -450,6 +453,7 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
 {
     int opt, r;
     char why[300], *end;
+    long restarts;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "+hd", run_options, NULL)) != -1) {
         switch (opt) {
@@ -464,8 +468,12 @@ static int parse_run_args(struct gs_cli *cli, int argc, char **argv, struct run_
                 return gs_cli_usage_error(&gs_cmd_run, "--cpu %s: expected a rank count (1 to %d)",
                                           optarg, GS_CONFIG_MAX_CPU);
             break;
-        case OPT_MAX_RESTARTS:
-            a->max_restarts = atoi(optarg);
+        case OPT_MAX_RESTARTS: /* checked here: the launcher would refuse it after the sync */
+            if (gs_cli_parse_number(optarg, 0, GS_RUN_MAX_RESTARTS, &restarts) < 0)
+                return gs_cli_usage_error(&gs_cmd_run,
+                                          "--max-restarts %s: expected a count (0 to %d)", optarg,
+                                          GS_RUN_MAX_RESTARTS);
+            a->max_restarts = (int)restarts;
             break;
         case 'd':
         case OPT_DETACH:

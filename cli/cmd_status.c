@@ -226,8 +226,11 @@ static int status_option(struct gs_cli *cli, int opt, const char *arg)
 
 static int status_parse(struct gs_cli *cli, int argc, char **argv)
 {
-    return gs_cli_parse_options(cli, &gs_cmd_status, argc, argv, "h", status_options,
-                                status_option);
+    int r =
+        gs_cli_parse_options(cli, &gs_cmd_status, argc, argv, "h", status_options, status_option);
+    if (r == 0 && cli->argc > 0) /* it takes no PATH: a stray word is a mistake, not a filter */
+        return gs_cli_usage_error(&gs_cmd_status, "unexpected argument '%s'", cli->argv[0]);
+    return r;
 }
 
 static int status_exec(struct gs_cli *cli)

@@ -7,7 +7,9 @@
 #include "cli/run_nodes.h"
 #include "cli/run_slurm.h"
 
-enum { OPT_GRACE = 1000 };
+/* From 2000, as every command's own options: 1000-1002 are the common ones (GS_OPT_JSON is 1000,
+ * so --grace used to be taken for --json and its value never read). */
+enum { OPT_GRACE = 2000 };
 
 static const struct option stop_options[] = {
     GS_CLI_COMMON_LONGOPTS, {"grace", required_argument, NULL, OPT_GRACE}, {NULL, 0, NULL, 0}};

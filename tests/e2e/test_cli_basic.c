@@ -431,6 +431,66 @@ static void test_watch__foreground_status_line_counts_the_batch(void **state)
     gs_buf_release(&screen);
 }
 
+/* ---- option values ---- */
+
+/* Runs gpusync in the shared project with `args`, which must be a usage error (exit 2). */
+static void expect_usage_error(const char *const *args, const char *what)
+{
+    struct gs_test_result r = run_gpusync(project, NULL, NULL, args);
+    gs_test_expect_status(&r, 2, what);
+    gs_test_result_release(&r);
+}
+
+/* A bad option value or a stray operand is a usage error, found before anything connects or is
+ * synced; these were accepted (atoi read "abc" as 0, -1 as -1) or misreported. */
+static void test_options__bad_values_are_usage_errors(void **state)
+{
+    (void)state;
+    expect_usage_error(ARGS("stop", "--grace", "abc", "r1"), "stop --grace abc");
+    expect_usage_error(ARGS("logs", "--rank", "x"), "logs --rank x");
+    expect_usage_error(ARGS("logs", "--rank", "-1"), "logs --rank -1");
+    expect_usage_error(ARGS("logs", "--rank", "0,"), "logs --rank 0,");
+    expect_usage_error(ARGS("logs", "--tail", "abc"), "logs --tail abc");
+    expect_usage_error(ARGS("logs", "--tail", "-1"), "logs --tail -1");
+    expect_usage_error(ARGS("logs", "--tail", "0"), "logs --tail 0");
+    expect_usage_error(ARGS("flush", "--timeout", "abc"), "flush --timeout abc");
+    expect_usage_error(ARGS("flush", "--timeout", "-1"), "flush --timeout -1");
+    expect_usage_error(ARGS("status", "bogus-arg"), "status bogus-arg");
+}
+
+/* --max-restarts -1 is refused before the sync: the server's launcher used to refuse it after
+ * the project had been sent (exit 5). */
+static void test_run__bad_max_restarts_is_refused_before_the_sync(void **state)
+{
+    (void)state;
+    assert_int_equal(gs_test_sh("echo x > '%s/restarts-marker.txt'", project), 0);
+    expect_usage_error(ARGS("run", "--max-restarts", "-1", "--cpu", "1", "--", "true"),
+                       "run --max-restarts -1");
+    expect_usage_error(ARGS("run", "--max-restarts", "abc", "--cpu", "1", "--", "true"),
+                       "run --max-restarts abc");
+    char remote[900];
+    snprintf(remote, sizeof(remote), "%s/restarts-marker.txt", remote_dir);
+    assert_int_equal(access(remote, F_OK), -1);
+    assert_int_equal(gs_test_sh("rm -f '%s/restarts-marker.txt'", project), 0);
+}
+
+/* `stop --grace S RUN` reads S as the grace period: it used to share --json's option number, so
+ * it printed JSON instead of the text report and never read S. */
+static void test_stop__grace_is_read_and_text_stays_text(void **state)
+{
+    (void)state;
+    struct gs_test_result r =
+        run_gpusync(project, NULL, NULL,
+                    ARGS("run", "--cpu", "1", "--detach", "--name", "gr1", "--", "sleep", "100"));
+    gs_test_expect_status(&r, 0, "run --detach");
+    gs_test_result_release(&r);
+    r = run_gpusync(project, NULL, NULL, ARGS("stop", "--grace", "1", "gr1"));
+    gs_test_expect_status(&r, 0, "stop --grace 1 gr1");
+    if (r.out.data && r.out.data[0] == '{')
+        fail_msg("stop without --json printed JSON: %s", r.out.data);
+    gs_test_result_release(&r);
+}
+
 /* ---- exec ---- */
 
 static void test_exec__exit_codes_and_signal(void **state)
@@ -825,6 +885,10 @@ int main(void)
         cmocka_unit_test_setup(test_init__bad_target_is_usage_error, use_shared_home),
         cmocka_unit_test_setup(test_exec__outside_a_project_fails_with_hint, use_shared_home),
         cmocka_unit_test_setup(test_exec__exit_codes_and_signal, use_shared_home),
+        cmocka_unit_test_setup(test_options__bad_values_are_usage_errors, use_shared_home),
+        cmocka_unit_test_setup(test_run__bad_max_restarts_is_refused_before_the_sync,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_stop__grace_is_read_and_text_stays_text, use_shared_home),
         cmocka_unit_test_setup(test_exec__unreachable_server_exits_255_where_push_exits_4,
                                use_shared_home),
         cmocka_unit_test_setup(test_exec__unknown_host_key_exits_255, use_shared_home),
