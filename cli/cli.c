@@ -143,7 +143,8 @@ void gs_cli_json_print(json_t *obj)
         obj = json_pack("{s:b,s:s,s:s}", "ok", 0, "error", gs_error_name(GS_E_ERR), "message",
                         "gpusync: a reply held text that is not UTF-8 and could not be printed");
     json_object_set_new(obj, "v", json_integer(GS_CLI_JSON_VERSION));
-    char *text = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    /* 15 significant digits: jansson's default 17 prints 0.083 as 0.083000000000000004 */
+    char *text = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15));
     if (text) {
         puts(text);
         free(text);

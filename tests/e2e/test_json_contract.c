@@ -728,7 +728,14 @@ static void test_contract__push_summary_counts_what_it_sent(void **state)
 {
     (void)state;
     write_file(project, "pushed.txt", "twelve bytes");
-    json_t *o = reply_of(GPUSYNC("push", "--json"), 0, push_spec, "push");
+    struct result r = GPUSYNC("push", "--json");
+    /* "seconds" is whole milliseconds, printed short ("0.083", not "0.083000000000000004") */
+    const char *sec = strstr(r.out.data ? r.out.data : "", "\"seconds\":");
+    assert_non_null(sec);
+    size_t digits = strspn(sec + 10, "0123456789.e-");
+    if (digits > 8)
+        fail_msg("seconds printed with %zu characters: %s", digits, r.out.data);
+    json_t *o = reply_of(r, 0, push_spec, "push");
     assert_false(json_is_true(json_object_get(o, "dry_run")));
     assert_true(int_of(o, "sent") >= 1);
     assert_true(int_of(o, "bytes") >= 12);
