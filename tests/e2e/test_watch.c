@@ -976,11 +976,12 @@ static void test_watch__flush_reports_a_failed_change_and_retries_it(void **stat
     json_decref(st);
 }
 
-/* A batch whose plan fails as a whole (here a local file under another process's write lease: the
- * daemon's non-blocking open of it is refused with EAGAIN) keeps all its paths: once the file can
- * be read, a flush sends every change of that batch, not only those the watcher reports again.
- * Before, the batch was dropped and a later flush answered success over a change never sent. */
-static void test_watch__a_batch_that_cannot_be_planned_keeps_its_changes(void **state)
+/* A file the daemon cannot read (here under another process's write lease: its non-blocking open
+ * is refused with EAGAIN) fails alone: the rest of its batch is sent, the flush fails naming it,
+ * and the path is kept and tried again, so once it can be read a flush sends it. (Before, the
+ * batch failed as a whole; earlier still it was dropped, and a later flush answered success over
+ * a change never sent.) */
+static void test_watch__a_file_that_cannot_be_read_is_sent_once_it_can(void **state)
 {
     (void)state;
     proj_init(sshd.port);
@@ -1009,14 +1010,15 @@ static void test_watch__a_batch_that_cannot_be_planned_keeps_its_changes(void **
         fail_msg("flush succeeded although leased.txt could not be read: %s", r.out.data);
     assert_non_null(strstr(r.err.data, "leased.txt"));
     gs_test_result_release(&r);
-    expect_remote("other.txt", "v1\n"); /* the whole batch failed: nothing was sent */
+    expect_remote("other.txt", "v2 other\n"); /* the rest of the batch went */
+    expect_remote("leased.txt", "v1\n");
 
-    /* Releasing the lease and closing the file reports leased.txt again, but not other.txt. */
+    /* Releasing the lease and closing the file: the failed path is tried again and sent. */
     assert_int_equal(fcntl(fd, F_SETLEASE, F_UNLCK), 0);
     assert_int_equal(close(fd), 0);
     signal(SIGIO, old_sigio);
     flush("flush once leased.txt can be read");
-    expect_remote("other.txt", "v2 other\n");
+    expect_remote("leased.txt", "v2 leased\n");
     expect_trees_equal("after the retry");
 }
 
@@ -2430,7 +2432,7 @@ int main(void)
         T(test_watch__a_flush_waiting_when_the_daemon_stops_is_told_so),
         T(test_watch__steady_saves_never_wait_for_the_liveness_check),
         T(test_watch__flush_reports_a_failed_change_and_retries_it),
-        T(test_watch__a_batch_that_cannot_be_planned_keeps_its_changes),
+        T(test_watch__a_file_that_cannot_be_read_is_sent_once_it_can),
         T(test_watch__git_checkout_of_500_files_converges),
         T(test_watch__inotify_overflow_converges),
         T(test_watch__sshd_restart_converges),
