@@ -69,17 +69,20 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
 {
     struct gs_log_printer printer;
     gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
-    printer.tail_lines = follow ? 0 : tail;
+    printer.tail_lines = tail;
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
-    int r, code = 0;
-    if (follow) {
-        r = gs_run_ctx_follow(cli, rc, id, ranks, &printer, &interrupted, &code);
-    } else {
-        struct gs_tail_state st;
-        memset(&st, 0, sizeof(st));
+    int r = 0, code = 0;
+    struct gs_tail_state st;
+    memset(&st, 0, sizeof(st));
+    if (!follow || tail) /* with -f: the last lines so far, printed, then the rest as it comes */
         r = gs_run_ctx_tail(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
+    if (follow && tail && r == 0) {
+        gs_log_printer_finish(&printer);
+        gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
     }
+    if (follow && r == 0)
+        r = gs_run_ctx_follow_from(cli, rc, id, ranks, &printer, &interrupted, &code, &st);
     gs_log_printer_finish(&printer);
     if (r == GS_E_INTERRUPTED)
         return 130;

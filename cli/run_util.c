@@ -683,6 +683,14 @@ int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
     return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1);
 }
 
+int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
+                           const char *ranks, struct gs_log_printer *printer,
+                           volatile sig_atomic_t *interrupted, int *exit_code,
+                           struct gs_tail_state *st)
+{
+    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, st, 1);
+}
+
 /* Launches and follows through the watch daemon's spare connection: no SSH handshake before the
  * first log line. Returns as gs_run_launch_follow, or 1 when no daemon could do it (nothing was
  * started then). */

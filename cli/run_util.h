@@ -148,6 +148,12 @@ int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, c
 int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                       struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
                       int *exit_code);
+/* The same from where an earlier gs_run_ctx_tail left `st` (logs -f --tail N: the last lines,
+ * then what comes). */
+int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
+                           const char *ranks, struct gs_log_printer *printer,
+                           volatile sig_atomic_t *interrupted, int *exit_code,
+                           struct gs_tail_state *st);
 
 /* Starts `spec` and follows it as gs_run_ctx_follow does, launch and first stream in one exec (see
  * gs_run_launch_follow). `view` starts with the printer; `started` gets it once the run is up.

@@ -1041,6 +1041,13 @@ static void test_logs__ranks_interleave_in_the_order_they_printed(void **state)
     expect_status(&l, 0, "logs --tail 4");
     assert_string_equal(l.out.data, "[rank 0] a3\n[rank 1] b3\n[rank 0] a4\n[rank 1] b4\n");
     child_release(&l);
+    /* -f --tail 2: the last two lines so far, not the whole backlog, then what comes */
+    child_start(&l, project, ARGS("logs", "-f", "--tail", "2", id));
+    child_wait_for(&l, "[rank 1] b4\n", 60000);
+    assert_string_equal(l.out.data, "[rank 0] a4\n[rank 1] b4\n");
+    kill(l.pid, SIGINT);
+    child_finish(&l);
+    child_release(&l);
     /* re-attach: the backlog in order, then the end */
     child_start(&l, project, ARGS("logs", "-f", id));
     child_wait_for(&l, "[rank 1] b4\n", 60000);
