@@ -20,10 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define READ_CHUNK    (256u << 10)
-#define FLUSH_MS      5 /* longest a reply waits while input keeps coming */
-#define EXIT_PROTOCOL 2
-#define EXIT_IO       1
+#define READ_CHUNK     (256u << 10)
+#define FLUSH_MS       5 /* longest a reply waits while input keeps coming */
+#define EXIT_PROTOCOL  2
+#define EXIT_IO        1
+#define EXIT_ROOT_GONE 3
 
 /* ---- replies ----------------------------------------------------------------------------- */
 
@@ -65,11 +66,28 @@ const char *ga_serve_why(int err)
     }
 }
 
-/* Replies ERROR for a failed op on path; err is a negative errno. */
+/* Replies ERROR for a failed op on path; err is a negative errno. An ENOENT may mean the root
+ * itself was removed: then the session ends instead (ga_serve_end_if_root_gone). */
 void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const char *op,
                              const char *path)
 {
+    if (err == -ENOENT && ga_serve_end_if_root_gone(s))
+        return;
     ga_serve_reply_error(s, id, -err, "%s %s: %s", op, path, ga_serve_why(-err));
+}
+
+int ga_serve_end_if_root_gone(struct ga_serve *s)
+{
+    struct stat st;
+    /* A removed directory keeps its inode while rootfd is open, with no link left to it. */
+    if (s->rootfd < 0 || fstat(s->rootfd, &st) < 0 || st.st_nlink > 0)
+        return 0;
+    ga_serve_reply_error(s, 0, ENOENT,
+                         "the project folder %s was removed on the server while this session "
+                         "used it; connect again to make it anew",
+                         s->root);
+    s->fatal = EXIT_ROOT_GONE;
+    return 1;
 }
 
 /* Replies DONE; kept is the conflict copy's name in the directory of path ("" if none). */
@@ -461,7 +479,9 @@ int ga_serve_run(struct ga_serve *s, int infd)
     ga_serve_flush(s);
     if (s->fatal) {
         fprintf(stderr, "gpusync-agent: %s; closing the session\n",
-                s->fatal == EXIT_PROTOCOL ? "protocol error" : "cannot write replies");
+                s->fatal == EXIT_PROTOCOL    ? "protocol error"
+                : s->fatal == EXIT_ROOT_GONE ? "the root was removed"
+                                             : "cannot write replies");
         status = s->fatal;
     }
     s->clean_end = status == 0;

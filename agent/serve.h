@@ -68,7 +68,8 @@ int ga_serve_flush(struct ga_serve *s);
 /* Serves requests from infd, replying through s->write, until end of input. Flushes the replies
  * whenever no more input is ready, so a lone request is answered at once and a burst is
  * batched. Returns the process exit status: 0 at a clean end of input, 2 after a protocol
- * error (bad handshake, oversized or truncated frame), 1 after an I/O error; the reason is
+ * error (bad handshake, oversized or truncated frame), 1 after an I/O error, 3 once the root's
+ * folder was removed on the server (the client connects again to make it anew); the reason is
  * written to stderr. */
 int ga_serve_run(struct ga_serve *s, int infd);
 

@@ -458,6 +458,10 @@ static int keep(struct ga_serve *s, struct ga_check_set *news)
 
 void ga_serve_check(struct ga_serve *s, const struct gs_proto_msg *m)
 {
+    /* A removed root reads as empty: the client would send everything into a folder that
+     * cannot hold it again. */
+    if (ga_serve_end_if_root_gone(s))
+        return;
     struct ga_check_set got = {0};
     int keeping = (m->flags & GS_CHECK_KEEP) != 0;
     int rc = m->flags & ~(uint32_t)(GS_CHECK_KEEP | GS_CHECK_DEFER | GS_CHECK_SAVED) ? -EBADMSG : 0;

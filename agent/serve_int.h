@@ -46,6 +46,13 @@ void ga_serve_reply_error(struct ga_serve *s, uint32_t id, int err, const char *
 void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const char *op,
                              const char *path);
 
+/* Once the root's folder was removed (rm -rf of the project), nothing can be created under it
+ * again through rootfd, and retrying cannot help: replies a session-wide ERROR (id 0) that says
+ * so and ends the session (s->fatal), so the client connects again and the new session makes the
+ * folder anew. Returns 1 then, 0 while the root is still there. Cheap (one fstat): called where
+ * a request met ENOENT and at each CHECK. */
+int ga_serve_end_if_root_gone(struct ga_serve *s);
+
 /* The reason text for an errno, worded for path refusals (EPERM, ELOOP). */
 const char *ga_serve_why(int err);
 

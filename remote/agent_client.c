@@ -272,8 +272,9 @@ static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, stru
             return c->on_frame(a, &m, c);
     }
     if (m.type == GS_MSG_ERROR && m.id == 0)
-        return gs_error_set(err, GS_E_PROTO, "the agent on %s refused the session: %.*s",
-                            gs_ssh_target(a->ssh), (int)m.text.len, m.text.p);
+        return gs_error_set(err, GS_E_PROTO, "the agent on %s %s the session: %.*s",
+                            gs_ssh_target(a->ssh), a->hello_call.done ? "ended" : "refused",
+                            (int)m.text.len, m.text.p);
     if ((m.type != GS_MSG_DONE && m.type != GS_MSG_ERROR) || a->q_len == 0 ||
         a->q[a->q_head].id != m.id)
         return gs_error_set(err, GS_E_PROTO, "unexpected %s (id %u) from the agent on %s",

@@ -357,6 +357,23 @@ static void test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole
     expect_cache_back_and_the_link_kept(&cur, "after the flush");
 }
 
+/* The whole project folder removed on the server while the daemon is connected (`rm -rf` of the
+ * project, a cleanup job): the agent's session cannot write into a folder that no longer exists, so
+ * it ends the session; the daemon connects again, which makes the folder anew, and the next flush
+ * puts the whole tree back instead of failing on every path until the daemon is restarted. */
+static void test_check__a_flush_puts_back_a_project_folder_removed_on_the_server(void **state)
+{
+    (void)state;
+    watching("[sync]\n\tcheck_every = off\n");
+    assert_int_equal(gs_test_sh("rm -rf '%s'", cur.remote), 0);
+    gs_test_write_file(cur.local, "train.py", "print('train again')\n");
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("flush", "--json"), 0,
+                                     "flush after the project folder went");
+    assert_true(json_is_true(json_object_get(o, "ok")));
+    json_decref(o);
+    expect_trees_equal(&cur, "after the flush");
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -371,6 +388,7 @@ int main(void)
         T(test_check__a_stop_counts_what_the_server_lost_as_unsent),
         T(test_check__a_folder_replaced_by_a_symlink_there_is_made_again_whole),
         T(test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole),
+        T(test_check__a_flush_puts_back_a_project_folder_removed_on_the_server),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
