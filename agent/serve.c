@@ -52,13 +52,17 @@ void ga_serve_reply_error(struct ga_serve *s, uint32_t id, int err, const char *
     ga_serve_emit(s, &m);
 }
 
+/* Why a wire path was refused. Said only where gs_proto_check_path refused it: the wire code is
+ * EPERM (proto/sync.h), which the file system also returns (an immutable file, a folder the
+ * server's user may not write), and that must read as what it is. */
+#define PATH_REFUSED                                                                               \
+    "path refused: it must be relative and stay inside the root "                                  \
+    "(no absolute path, '..', '.' or empty component, no NUL)"
+
 /* Explains an errno from path handling in the words a user needs. */
 const char *ga_serve_why(int err)
 {
     switch (err) {
-    case EPERM:
-        return "path refused: it must be relative and stay inside the root "
-               "(no absolute path, '..', '.' or empty component, no NUL)";
     case ELOOP:
         return "a path component is a symlink; the agent never follows symlinks";
     default:
@@ -117,7 +121,8 @@ int ga_serve_take_path(struct ga_serve *s, const struct gs_proto_msg *m, struct 
     int rc = gs_proto_check_path(p.p, p.len, allow_empty);
     if (rc < 0) {
         ga_serve_reply_error(s, m->id, -rc, "%s %.*s: %s", gs_proto_type_name(m->type),
-                             (int)(p.len > 512 ? 512 : p.len), p.p, ga_serve_why(-rc));
+                             (int)(p.len > 512 ? 512 : p.len), p.p,
+                             rc == -EPERM ? PATH_REFUSED : ga_serve_why(-rc));
         return -1;
     }
     *out = malloc(p.len + 1);

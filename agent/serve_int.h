@@ -53,7 +53,9 @@ void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const cha
  * a request met ENOENT and at each CHECK. */
 int ga_serve_end_if_root_gone(struct ga_serve *s);
 
-/* The reason text for an errno, worded for path refusals (EPERM, ELOOP). */
+/* The reason text for an errno of a file operation, worded for a symlink in the way (ELOOP). An
+ * EPERM here is the file system's (strerror); a path refused by its form is worded by
+ * ga_serve_take_path alone. */
 const char *ga_serve_why(int err);
 
 /* Replies DONE; kept (may be NULL or "") is the conflict copy's name in path's directory. */

@@ -73,11 +73,12 @@
  *
  * ERRORS (ERROR.errno). Fatal, the agent exits with status 2 after replying: EPROTO (first
  * frame not a HELLO), EPROTONOSUPPORT (version mismatch), EMSGSIZE (length out of range).
- * Per request, the session goes on: EPERM (path refused), ELOOP (symlink in the path or as the
- * target of GET/CHMOD), ENAMETOOLONG, ENOSYS (unknown type), EBADMSG (malformed payload, or a
- * PUT_END hash mismatch), EBADF (PUT_DATA/PUT_END with no open stream), EBUSY (stream id in
- * use), EMFILE (more than GS_PROTO_MAX_STREAMS streams), and any errno of the file operation
- * itself (ENOSPC, EACCES, ENOTEMPTY, EISDIR, ...). Truncated input at EOF: exit status 2.
+ * Per request, the session goes on: EPERM (path refused, or the file system's own EPERM, whose
+ * text is strerror's), ELOOP (symlink in the path or as the target of GET/CHMOD), ENAMETOOLONG,
+ * ENOSYS (unknown type), EBADMSG (malformed payload, or a PUT_END hash mismatch), EBADF
+ * (PUT_DATA/PUT_END with no open stream), EBUSY (stream id in use), EMFILE (more than
+ * GS_PROTO_MAX_STREAMS streams), and any errno of the file operation itself (ENOSPC, EACCES,
+ * ENOTEMPTY, EISDIR, ...). Truncated input at EOF: exit status 2.
  * A root removed under a session (its folder has no link left) cannot be written again: the
  * agent then replies ERROR ENOENT with id 0, saying so, and exits with status 3; the client
  * connects again, which makes the root anew.

@@ -743,6 +743,28 @@ static void swap_and_burst(struct fx *f, uint8_t type, const char *name, const c
  * which follows links, and a file outside the root went from 0600 to 0757. The swap is a race:
  * each op runs for RACE_MS (the old agent lost it after 0.1 to 2 s of this on a loaded 2-core
  * machine, at once on an idle one); the fixed agent never follows a link, whatever the timing. */
+/* A folder the server will not let the agent write (immutable here; the same EPERM as other
+ * refusals of the file system) is reported as such, not as a path the agent refused. */
+static void test_serve__a_real_eperm_is_not_reported_as_a_refused_path(void **state)
+{
+    struct fx *f = *state;
+    char dir[PATH_MAX], cmd[PATH_MAX + 32];
+    start(f);
+    assert_int_equal(put(f, "ro/a", "1").type, GS_MSG_DONE);
+    at(f, "ro", dir);
+    snprintf(cmd, sizeof(cmd), "chattr +i '%s' 2>/dev/null", dir);
+    if (system(cmd) != 0) /* needs root and a file system with the attribute */
+        skip();
+    struct rep r = put(f, "ro/a", "2");
+    snprintf(cmd, sizeof(cmd), "chattr -i '%s'", dir);
+    assert_int_equal(system(cmd), 0); /* before any assert: teardown must remove it */
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EPERM);
+    assert_non_null(strstr(r.text, strerror(EPERM)));
+    assert_null(strstr(r.text, "path refused"));
+    assert_content(f, "ro/a", "1");
+}
+
 static void test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in(void **state)
 {
     struct fx *f = *state;
@@ -1760,6 +1782,8 @@ static void test_serve__random_garbage_never_crashes_or_writes_outside(void **st
 
 int main(void)
 {
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_serve__handshake_reports_versions_and_creates_absolute_root),
@@ -1778,6 +1802,7 @@ int main(void)
         T(test_serve__delete_conflict_keeps_server_copy),
         T(test_serve__delete_expecting_a_directory_keeps_what_replaced_it),
         T(test_serve__path_escapes_are_refused),
+        T(test_serve__a_real_eperm_is_not_reported_as_a_refused_path),
         T(test_serve__chmod_and_mkdir_never_follow_a_symlink_swapped_in),
         T(test_serve__setuid_and_setgid_bits_are_never_mirrored),
         T(test_serve__hostile_names_work),
