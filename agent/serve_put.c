@@ -173,6 +173,20 @@ void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m)
     st->received += m->data.len;
 }
 
+/* What differs in the bytes a stream received, which must then not be committed: "its length"
+ * (other than announced) or, with GS_PUTEND_VERIFY, "its content" (another hash than the client
+ * planned); NULL when nothing does. Over SSH neither is a transport fault: the client's file
+ * changed while it was read (still being written). */
+static const char *stream_mismatch(const struct ga_serve_stream *st, const struct gs_proto_msg *m,
+                                   const uint8_t *hash)
+{
+    if (st->size != GS_PROTO_SIZE_UNKNOWN && st->size != st->received)
+        return "its length";
+    if ((m->flags & GS_PUTEND_VERIFY) && memcmp(hash, m->hash, GS_PROTO_HASH_LEN) != 0)
+        return "its content";
+    return NULL;
+}
+
 void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     struct ga_serve_stream *st = find_stream(s, m->id);
@@ -187,17 +201,19 @@ void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
         memcpy(hash, c.digest, sizeof(hash));
         int rc = ga_serve_finish_tmp(s, st->fd, &st->meta);
         st->fd = -1;
-        if (rc == 0 && st->size != GS_PROTO_SIZE_UNKNOWN && st->size != st->received)
-            rc = -EBADMSG; /* a lost or extra chunk: never commit it */
-        if (rc == 0 && (m->flags & GS_PUTEND_VERIFY) && memcmp(hash, m->hash, sizeof(hash)))
-            rc = -EBADMSG;
-        if (rc < 0) {
+        const char *mismatch = rc == 0 ? stream_mismatch(st, m, hash) : NULL;
+        if (rc < 0 || mismatch)
             unlinkat(st->dirfd, st->tmp, 0);
+        if (mismatch) /* EBADMSG on the wire (proto/sync.h); the text says what it means */
+            ga_serve_reply_error(s, m->id, EBADMSG,
+                                 "put %s: changed during sync (%s changed while it was sent); the "
+                                 "server's copy was left as it was",
+                                 st->path, mismatch);
+        else if (rc < 0)
             ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
-        } else {
+        else
             ga_serve_commit(s, m->id, "put", st->path, st->dirfd, st->tmp, st->name, &st->expect,
                             hash);
-        }
     }
     ga_serve_stream_free(st);
 }

@@ -44,6 +44,7 @@ struct pending {
     void *ctx;
     struct gs_fop_req *resend; /* a PUT_DELTA's request, owned: sent whole if the basis is gone */
     uint64_t plain_end;        /* the request's end in the stream of frames (judge_link) */
+    int verified;              /* a stream whose PUT_END carries GS_PUTEND_VERIFY */
 };
 
 /* What the agent's answers say of the link: the agent answers a request once it has read all of
@@ -227,7 +228,9 @@ static void complete(struct gs_agent *a, const struct gs_proto_msg *m)
             r.kept = kept;
         }
     } else {
-        r.err_no = m->err;
+        /* A verified stream refused as malformed got other bytes than were hashed: the file
+         * changed while it was read. EAGAIN, as when that is seen before sending (put_vanished). */
+        r.err_no = p.verified && m->err == EBADMSG ? EAGAIN : m->err;
         snprintf(message, sizeof(message), "%.*s", (int)m->text.len, m->text.p);
         r.message = message;
     }
@@ -497,9 +500,15 @@ static int push_pending(struct gs_agent *a, uint32_t id, void *ctx)
         a->q_cap = cap;
         a->q_head = 0;
     }
-    a->q[(a->q_head + a->q_len) % a->q_cap] = (struct pending){id, ctx, NULL, 0};
+    a->q[(a->q_head + a->q_len) % a->q_cap] = (struct pending){id, ctx, NULL, 0, 0};
     a->q_len++;
     return 0;
+}
+
+/* The request queued last, or NULL when none waits. */
+static struct pending *newest_pending(struct gs_agent *a)
+{
+    return a->q_len ? &a->q[(a->q_head + a->q_len - 1) % a->q_cap] : NULL;
 }
 
 /* Keeps the pipeline bounded: pumps until the unsent bytes and pending replies are below limits.
@@ -921,6 +930,7 @@ static int submit_put(struct gs_agent *a, const struct gs_fop_req *req, uint32_t
     set_expect(&m, req);
     /* Pending before the first byte goes out: a reply cannot overtake its queue entry. */
     int rc = push_pending(a, id, req->ctx);
+    newest_pending(a)->verified = 1;
     if (rc == 0)
         rc = encode(a, &m, err);
     ssize_t n = 1;
@@ -977,7 +987,7 @@ static int agent_submit(struct gs_fileops *ops, const struct gs_fop_req *req, st
         if (rc == 0)
             rc = submit_simple(a, req, id, err);
     }
-    struct pending *last = a->q_len ? &a->q[(a->q_head + a->q_len - 1) % a->q_cap] : NULL;
+    struct pending *last = newest_pending(a);
     if (last && last->id == id) /* its frames are all queued: where they end in the stream */
         last->plain_end = a->taken + out_left(a);
     return rc < 0 ? rc : make_room(a, err);

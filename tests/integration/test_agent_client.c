@@ -267,6 +267,29 @@ static void test_agent_client__small_file_changed_since_hashed_is_not_sent(void 
     free(now);
 }
 
+/* The same for a file large enough to be streamed, which the agent checks only once every byte
+ * arrived (a file still being written during a push): refused as changed, like the small one
+ * (EAGAIN), not as a malformed request, and the server is left without it. */
+static void test_agent_client__streamed_file_changed_since_hashed_is_not_committed(void **state)
+{
+    struct fx *f = *state;
+    size_t len = (64 << 10) + 1;
+    char *now = make_file(f, "moving.bin", len, 6);
+    char *planned = malloc(len);
+    memcpy(planned, now, len);
+    planned[len - 1] ^= 1;
+    submit_put(f, "moving.bin", planned, len, 0);
+    drain(f);
+    assert_int_equal(f->n_done, 1);
+    assert_int_equal(f->n_ok, 0);
+    assert_int_equal(f->err_no[0], EAGAIN);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/moving.bin", f->remote);
+    assert_int_equal(access(path, F_OK), -1);
+    free(planned);
+    free(now);
+}
+
 /* Hundreds of small puts, written in batches of whole packets, all arrive and are answered. */
 static void test_agent_client__many_small_puts_all_arrive(void **state)
 {
@@ -763,11 +786,16 @@ static void test_agent_client__delete_expecting_a_directory_keeps_a_file(void **
 
 int main(void)
 {
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(
             test_agent_client__small_and_large_puts_arrive_byte_for_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_agent_client__small_file_changed_since_hashed_is_not_sent, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__streamed_file_changed_since_hashed_is_not_committed, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__the_level_stays_1_on_a_fast_link, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__a_slow_link_raises_the_level, setup_slow,
