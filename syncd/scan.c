@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/log.h"
 #include "common/wrapper.h"
 
 struct walk {
@@ -19,7 +21,12 @@ struct walk {
     struct gs_ignore *ig;
     struct gs_buf rel; /* path of the directory being read, "" at the root */
     struct gs_error *err;
+    size_t root_len; /* strlen of the root's path */
 };
+
+/* What a folder's absolute path must leave room for: ignore.c stats its .gitignore by path. */
+#define GITIGNORE_ROOM (sizeof("/.gitignore") - 1)
+#define SHOWN_START    60 /* bytes of a skipped path's start named in its warning */
 
 void gs_scan_init(struct gs_scan *s)
 {
@@ -149,6 +156,20 @@ static int entry_ignored(struct walk *w, const char *name, enum gs_kind kind)
     return gs_ignore_entry(w->ig, w->rel.data, kind == GS_KIND_DIR, w->err);
 }
 
+/* 1 when the entry at w->rel (of `kind`) is too deep for its absolute path to be opened (the
+ * ignore rules and the plan read files by path; over PATH_MAX that fails with ENAMETOOLONG, which
+ * used to fail the whole scan): it is then left out, with a warning naming its start. */
+static int too_long(const struct walk *w, enum gs_kind kind)
+{
+    size_t len = w->root_len + 1 + w->rel.len;
+    if (len + (kind == GS_KIND_DIR ? GITIGNORE_ROOM : 0) < PATH_MAX)
+        return 0;
+    gs_warn("skipped %.*s... (%zu bytes): the path is longer than this system allows (%d "
+            "bytes with the project's folder); shorten it or add it to [sync] exclude",
+            SHOWN_START, w->rel.data, w->rel.len, PATH_MAX);
+    return 1;
+}
+
 /* Lists one directory entry `name` of `dirfd`; w->rel holds its relative path. */
 static int walk_entry(struct walk *w, int dirfd, const char *name)
 {
@@ -160,7 +181,7 @@ static int walk_entry(struct walk *w, int dirfd, const char *name)
         return 0;
     }
     enum gs_kind kind = kind_of(st.st_mode);
-    if (kind == GS_KIND_NONE) {
+    if (kind == GS_KIND_NONE || too_long(w, kind)) {
         w->out->n_skipped++;
         return 0;
     }
@@ -234,7 +255,7 @@ int gs_scan_tree(struct gs_scan *out, const char *root, struct gs_ignore *ig, st
     int fd = open_root(root, err);
     if (fd < 0)
         return GS_E_IO;
-    struct walk w = {out, ig, GS_BUF_INIT, err};
+    struct walk w = {out, ig, GS_BUF_INIT, err, strlen(root)};
     gs_buf_grow(&w.rel, 256);
     int rc = walk_dir(&w, fd);
     close(fd);
@@ -315,7 +336,7 @@ int gs_scan_subtree(struct gs_scan *out, const char *root, const char *relpath,
     if (fd < 0)
         return GS_E_IO;
     size_t before = out->n;
-    struct walk w = {out, ig, GS_BUF_INIT, err};
+    struct walk w = {out, ig, GS_BUF_INIT, err, strlen(root)};
     rc = scan_one(&w, fd, relpath);
     close(fd);
     gs_buf_release(&w.rel);

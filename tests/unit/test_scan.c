@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,6 +261,53 @@ static void test_scan__subtree_under_builtin_is_ignored(void **state)
     gs_scan_release(&s);
 }
 
+/* Makes `levels` nested folders of 200-byte names under `rel` (through descriptors: their path
+ * outgrows PATH_MAX) with a file `f` in the deepest. */
+static void make_deep_tree(const char *rel, int levels)
+{
+    char name[201];
+    memset(name, 'n', 200);
+    name[200] = '\0';
+    char *p = abs_path(rel);
+    int fd = open(p, O_RDONLY | O_DIRECTORY);
+    free(p);
+    assert_true(fd >= 0);
+    for (int i = 0; i < levels; i++) {
+        assert_int_equal(mkdirat(fd, name, 0755), 0);
+        int next = openat(fd, name, O_RDONLY | O_DIRECTORY);
+        close(fd);
+        assert_true((fd = next) >= 0);
+    }
+    int f = openat(fd, "f", O_WRONLY | O_CREAT, 0644);
+    assert_true(f >= 0);
+    close(f);
+    close(fd);
+}
+
+/* A path too long to be opened by name (over PATH_MAX with the root) is left out and counted as
+ * skipped, with the .gitignore rules in use (they read each folder's .gitignore by path); the
+ * rest of the tree is listed, and the scan does not fail. */
+static void test_scan__a_path_over_path_max_is_skipped_and_the_rest_listed(void **state)
+{
+    (void)state;
+    put("top", "1");
+    mkdir_rel("deep");
+    make_deep_tree("deep", 22);
+    struct gs_ignore *ig = NULL;
+    struct gs_error err = {0};
+    assert_int_equal(gs_ignore_open(&ig, tmpdir, NULL, 0, &err), 0);
+    struct gs_scan s = GS_SCAN_INIT;
+    if (gs_scan_tree(&s, tmpdir, ig, &err) != 0)
+        fail_msg("scan: %.200s", err.msg);
+    must_find(&s, "top");
+    must_find(&s, "deep");
+    assert_true(s.n_skipped >= 1);
+    for (size_t i = 0; i < s.n; i++)
+        assert_true(strlen(tmpdir) + 1 + strlen(s.entries[i].path) < PATH_MAX);
+    gs_scan_release(&s);
+    gs_ignore_free(ig);
+}
+
 static void test_scan__missing_root_is_an_error(void **state)
 {
     (void)state;
@@ -272,6 +320,8 @@ static void test_scan__missing_root_is_an_error(void **state)
 
 int main(void)
 {
+    if (getenv("GS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_scan__hostile_names_pass_through_unchanged),
@@ -283,6 +333,7 @@ int main(void)
         T(test_scan__subtree_through_symlink_is_not_followed),
         T(test_scan__subtree_under_builtin_is_ignored),
         T(test_scan__missing_root_is_an_error),
+        T(test_scan__a_path_over_path_max_is_skipped_and_the_rest_listed),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
