@@ -553,8 +553,12 @@ static void fmt_duration(long long ms, char *buf, size_t cap)
         snprintf(buf, cap, "%lld.%llds", s, ms % 1000 / 100);
 }
 
+/* The run's time so far, or in all; -1 for a lost run, whose end nobody saw (counting on to now
+ * would call a run that died long ago long-running). */
 static long long row_duration(const struct ps_row *r)
 {
+    if (r->lost && !r->st.end[0])
+        return -1;
     long long start = ga_runs_iso_ms(r->st.start);
     char now[40];
     ga_runs_now_iso(now, sizeof(now));

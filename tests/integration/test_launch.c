@@ -689,6 +689,9 @@ static void test_launch__lost_supervisor_is_reported_and_stop_cleans_up(void **s
         json_decref(runs);
     }
     assert_string_equal(jstr(json_array_get(runs, 0), "state"), "lost");
+    /* nobody saw it end: its duration is unknown, not the time since it started */
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(runs, 0), "duration_ms")),
+                     -1);
     json_decref(runs);
     json_t *st = load_json(f, "lost", "status.json");
     const char *stop[] = {"stop", "--root", f->root, "--id", "lost", NULL};
