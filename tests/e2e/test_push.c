@@ -355,14 +355,11 @@ static void proj_new(struct proj *p, int port, const char *transport)
         run_gpusync(p->local, ARGS("init", target, "--path", p->remote, "--accept-new-host-key"));
     expect_status(&r, 0, "gpusync init");
     gs_test_result_release(&r);
-    if (transport) {
-        char cfg[256];
-        snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", p->local);
-        FILE *fp = fopen(cfg, "a");
-        assert_non_null(fp);
-        fprintf(fp, "[sync]\n\ttransport = %s\n", transport);
-        fclose(fp);
-    }
+    if (transport) /* init wrote one: a second would be a duplicate key (exit 3) */
+        assert_int_equal(gs_test_sh("sed -i 's/^\\ttransport = .*/\\ttransport = %s/' "
+                                    "'%s/.gpusync/config'",
+                                    transport, p->local),
+                         0);
 }
 
 static void proj_add_config(struct proj *p, const char *text)

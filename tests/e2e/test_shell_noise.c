@@ -225,7 +225,7 @@ static void doctor_names_the_file_that_prints(void **state)
 static void sftp_through_a_noisy_shell_fails_with_exit_5_and_no_summary(void **state)
 {
     (void)state;
-    gs_test_sh("printf '[sync]\\ntransport = sftp\\n' >> %s/.gpusync/config", project);
+    gs_test_sh("sed -i 's/^\\ttransport = .*/\\ttransport = sftp/' %s/.gpusync/config", project);
     char path[800];
     snprintf(path, sizeof(path), "%s/by-sftp.txt", project);
     write_file(path, "never half-sent\n");
