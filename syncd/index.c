@@ -34,16 +34,17 @@ enum stmt {
 };
 
 #define ENTRY_COLS                                                                                 \
-    "path, kind, mode, size, mtime_ns, hash, link, local_size, local_mtime_ns, local_ino"
+    "path, kind, mode, size, mtime_ns, hash, link, local_size, local_mtime_ns, local_ino, "        \
+    "local_ctime_ns"
 /* ?1 path, ?2 path || '/', ?3 path || '0' */
 #define SUBTREE_WHERE " WHERE path = ?1 OR (path > ?2 AND path < ?3)"
 
 static const char *const stmt_sql[ST__COUNT] = {
     [ST_GET] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?1",
     [ST_PUT] = "INSERT OR REPLACE INTO entries (" ENTRY_COLS
-               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    [ST_SET_LOCAL] = "UPDATE entries SET local_size = ?2, local_mtime_ns = ?3, local_ino = ?4"
-                     " WHERE path = ?1",
+               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    [ST_SET_LOCAL] = "UPDATE entries SET local_size = ?2, local_mtime_ns = ?3, local_ino = ?4,"
+                     " local_ctime_ns = ?5 WHERE path = ?1",
     [ST_DELETE] = "DELETE FROM entries WHERE path = ?1",
     [ST_DELETE_SUB] = "DELETE FROM entries" SUBTREE_WHERE,
     [ST_RENAME_SUB] =
@@ -52,7 +53,7 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_SUB] = "SELECT " ENTRY_COLS " FROM entries" SUBTREE_WHERE " ORDER BY path",
     [ST_COUNT] = "SELECT count(*) FROM entries",
     [ST_INTENT_ADD] = "INSERT INTO intents (op, subtree, from_path, " ENTRY_COLS
-                      ") VALUES (?11, ?12, ?13, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                      ") VALUES (?12, ?13, ?14, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     [ST_INTENT_DROP] = "DELETE FROM intents WHERE id = ?1",
     [ST_INTENT_ALL] = "SELECT " ENTRY_COLS ", id, op, subtree, from_path FROM intents ORDER BY id",
     [ST_INTENT_COUNT] = "SELECT count(*) FROM intents",
@@ -65,14 +66,15 @@ static const char schema_sql[] =
     "CREATE TABLE IF NOT EXISTS entries ("
     " path BLOB PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,"
     " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB,"
-    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER) WITHOUT ROWID;"
+    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER)"
+    " WITHOUT ROWID;"
     /* operations sent whose outcome is unknown (index.h, "intents"); the entry columns describe
      * what the server holds at `path` once the operation completed */
     "CREATE TABLE IF NOT EXISTS intents ("
     " id INTEGER PRIMARY KEY, op INTEGER NOT NULL, subtree INTEGER NOT NULL, from_path BLOB,"
     " path BLOB NOT NULL, kind INTEGER NOT NULL, mode INTEGER NOT NULL,"
     " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB,"
-    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER);";
+    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER);";
 
 struct gs_index {
     sqlite3 *db;
@@ -173,6 +175,9 @@ static void row_to_entry(sqlite3_stmt *st, struct gs_index_entry *e)
     e->local_size = (uint64_t)sqlite3_column_int64(st, 7);
     e->local_mtime_ns = sqlite3_column_int64(st, 8);
     e->local_ino = (uint64_t)sqlite3_column_int64(st, 9);
+    /* a row from before the ctime was kept vouches for nothing: hashed once more */
+    e->has_local &= sqlite3_column_type(st, 10) != SQLITE_NULL;
+    e->local_ctime_ns = sqlite3_column_int64(st, 10);
 }
 
 void gs_index_entry_release(struct gs_index_entry *e)
@@ -223,6 +228,7 @@ static void bind_entry(sqlite3_stmt *st, const struct gs_index_entry *e)
     if (e->has_local) {
         sqlite3_bind_int64(st, 8, (sqlite3_int64)e->local_size);
         sqlite3_bind_int64(st, 9, e->local_mtime_ns);
+        sqlite3_bind_int64(st, 11, e->local_ctime_ns);
     }
     /* the inode even without the rest (a stat too recent to vouch for the content): it still
      * names the file whose other hard links a change must reach (gs_index_files_with_inos) */
@@ -239,13 +245,14 @@ int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs
 }
 
 int gs_index_set_local(struct gs_index *idx, const char *path, uint64_t size, int64_t mtime_ns,
-                       uint64_t ino, struct gs_error *err)
+                       uint64_t ino, int64_t ctime_ns, struct gs_error *err)
 {
     sqlite3_stmt *st = idx->st[ST_SET_LOCAL];
     bind_text_blob(st, 1, path);
     sqlite3_bind_int64(st, 2, (sqlite3_int64)size);
     sqlite3_bind_int64(st, 3, mtime_ns);
     sqlite3_bind_int64(st, 4, (sqlite3_int64)ino);
+    sqlite3_bind_int64(st, 5, ctime_ns);
     wrote(idx, path, 0);
     return step_done(idx, st, err, "refreshing a stat cache");
 }
@@ -423,6 +430,21 @@ static int claim_remote(struct gs_index *idx, const char *remote_id, struct gs_e
     return exec_sql(idx, "COMMIT", err);
 }
 
+/* An index made before the stat cache kept the ctime gets the column (NULL in its rows). */
+static int add_ctime_columns(struct gs_index *idx, struct gs_error *err)
+{
+    sqlite3_stmt *probe = NULL;
+    int has = sqlite3_prepare_v2(idx->db, "SELECT local_ctime_ns FROM entries LIMIT 0", -1, &probe,
+                                 NULL) == SQLITE_OK;
+    sqlite3_finalize(probe);
+    if (has)
+        return 0;
+    return exec_sql(idx,
+                    "ALTER TABLE entries ADD COLUMN local_ctime_ns INTEGER;"
+                    "ALTER TABLE intents ADD COLUMN local_ctime_ns INTEGER;",
+                    err);
+}
+
 static int prepare_all(struct gs_index *idx, struct gs_error *err)
 {
     for (int i = 0; i < ST__COUNT; i++)
@@ -442,6 +464,8 @@ static int index_setup(struct gs_index *idx, const char *remote_id, struct gs_er
     int rc = exec_sql(idx, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", err);
     if (rc == 0)
         rc = exec_sql(idx, schema_sql, err);
+    if (rc == 0)
+        rc = add_ctime_columns(idx, err);
     if (rc == 0)
         rc = claim_remote(idx, remote_id, err);
     if (rc == 0)
@@ -600,9 +624,9 @@ int gs_index_intent_add(struct gs_index *idx, const struct gs_index_intent *in, 
 {
     sqlite3_stmt *st = idx->st[ST_INTENT_ADD];
     bind_entry(st, &in->after);
-    sqlite3_bind_int(st, 11, in->op);
-    sqlite3_bind_int(st, 12, in->subtree);
-    bind_text_blob(st, 13, in->from);
+    sqlite3_bind_int(st, 12, in->op);
+    sqlite3_bind_int(st, 13, in->subtree);
+    bind_text_blob(st, 14, in->from);
     int rc = step_done(idx, st, err, "recording an intent");
     *id = rc == 0 ? (int64_t)sqlite3_last_insert_rowid(idx->db) : 0;
     return rc;
@@ -633,10 +657,10 @@ int gs_index_intent_foreach(struct gs_index *idx, gs_index_intent_fn fn, void *c
     while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         struct gs_index_intent in = {0};
         row_to_entry(st, &in.after);
-        in.id = sqlite3_column_int64(st, 10);
-        in.op = sqlite3_column_int(st, 11);
-        in.subtree = sqlite3_column_int(st, 12);
-        in.from = column_str(st, 13);
+        in.id = sqlite3_column_int64(st, 11);
+        in.op = sqlite3_column_int(st, 12);
+        in.subtree = sqlite3_column_int(st, 13);
+        in.from = column_str(st, 14);
         ret = fn(&in, ctx);
         gs_index_intent_release(&in);
     }

@@ -48,6 +48,7 @@ struct gs_index_entry {
     uint64_t local_size;
     int64_t local_mtime_ns;
     uint64_t local_ino;
+    int64_t local_ctime_ns; /* no one sets it: a rewrite that puts size and mtime back shows here */
 };
 
 /* Frees the strings `e` owns and zeroes it. */
@@ -79,7 +80,7 @@ int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs
 /* Refreshes only the local stat cache of `path` (a touched file whose content did not change).
  * Absent path: no change, returns 0. */
 int gs_index_set_local(struct gs_index *idx, const char *path, uint64_t size, int64_t mtime_ns,
-                       uint64_t ino, struct gs_error *err);
+                       uint64_t ino, int64_t ctime_ns, struct gs_error *err);
 
 /* Removes `path` alone (absent: no change, returns 0). */
 int gs_index_delete(struct gs_index *idx, const char *path, struct gs_error *err);

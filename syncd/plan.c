@@ -176,7 +176,8 @@ static int merge(struct planner *p, const struct gs_scan *scan)
 static int stat_matches_cache(const struct gs_scan_entry *l, const struct gs_index_entry *r)
 {
     return r && r->kind == GS_KIND_FILE && r->has_hash && r->has_local &&
-           r->local_size == l->size && r->local_mtime_ns == l->mtime_ns && r->local_ino == l->ino;
+           r->local_size == l->size && r->local_mtime_ns == l->mtime_ns && r->local_ino == l->ino &&
+           r->local_ctime_ns == l->ctime_ns;
 }
 
 /* A file modified within the last GS_PLAN_RACY_NS may be modified again within the same
@@ -194,7 +195,8 @@ static int refresh_cache(struct planner *p, const struct item *it)
     p->plan->n_refreshed++;
     if (p->opts.no_refresh || stat_is_racy(p, it->l))
         return 0;
-    return gs_index_set_local(p->idx, it->path, it->l->size, it->l->mtime_ns, it->l->ino, p->err);
+    return gs_index_set_local(p->idx, it->path, it->l->size, it->l->mtime_ns, it->l->ino,
+                              it->l->ctime_ns, p->err);
 }
 
 /* 1 when `path` is gone or is no longer a regular file (a hash of it failed for that reason);
@@ -214,13 +216,16 @@ static int no_longer_a_file(const struct planner *p, const char *path)
 static void take_stat_as_read(struct item *it, const struct stat *after)
 {
     int64_t mtime_ns = (int64_t)after->st_mtim.tv_sec * 1000000000 + after->st_mtim.tv_nsec;
-    if ((uint64_t)after->st_size == it->l->size && mtime_ns == it->l->mtime_ns)
+    int64_t ctime_ns = (int64_t)after->st_ctim.tv_sec * 1000000000 + after->st_ctim.tv_nsec;
+    if ((uint64_t)after->st_size == it->l->size && mtime_ns == it->l->mtime_ns &&
+        ctime_ns == it->l->ctime_ns)
         return;
     it->as_read = gs_xmalloc(sizeof(*it->as_read));
     *it->as_read = *it->l; /* path and link stay the scan's */
     it->as_read->size = (uint64_t)after->st_size;
     it->as_read->mtime_ns = mtime_ns;
     it->as_read->ino = (uint64_t)after->st_ino;
+    it->as_read->ctime_ns = ctime_ns;
     it->l = it->as_read;
 }
 
@@ -436,6 +441,7 @@ static void set_local(const struct planner *p, struct gs_index_entry *rec,
     rec->local_size = l->size;
     rec->local_mtime_ns = l->mtime_ns;
     rec->local_ino = l->ino;
+    rec->local_ctime_ns = l->ctime_ns;
 }
 
 /* The entry for a path created from the local tree. */

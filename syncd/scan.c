@@ -124,6 +124,7 @@ static int add_entry(struct walk *w, int dirfd, const char *name, const char *re
     e->size = (uint64_t)st->st_size;
     e->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
     e->ino = (uint64_t)st->st_ino;
+    e->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
     e->nlink = (uint32_t)st->st_nlink;
     e->link = link;
     return 0;

@@ -21,6 +21,7 @@ struct gs_scan_entry {
     unsigned mode;    /* permission bits: st_mode & 07777 */
     uint64_t size;    /* st_size (a symlink: the target's length) */
     int64_t mtime_ns; /* st_mtim in nanoseconds since the epoch */
+    int64_t ctime_ns; /* st_ctim: a content change that restores size and mtime still moves it */
     uint64_t ino;
     uint32_t nlink; /* a file with other hard links changes when they are written through */
     char *link;     /* a symlink's target as stored (readlink bytes); NULL for other kinds */

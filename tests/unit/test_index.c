@@ -156,6 +156,36 @@ static void test_index__database_is_in_wal_mode(void **state)
     sqlite3_close(db);
 }
 
+/* An index written before the stat cache kept the ctime opens: its rows are kept, and their stat
+ * cache counts as unknown (hashed once more), not as matching any ctime. */
+static void test_index__an_index_without_ctimes_opens_and_hashes_again(void **state)
+{
+    (void)state;
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    const char *old =
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('remote', '" REMOTE "');"
+        "CREATE TABLE entries (path BLOB PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT "
+        "NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB, local_size "
+        "INTEGER, local_mtime_ns INTEGER, local_ino INTEGER) WITHOUT ROWID;"
+        "CREATE TABLE intents (id INTEGER PRIMARY KEY, op INTEGER NOT NULL, subtree INTEGER NOT "
+        "NULL, from_path BLOB, path BLOB NOT NULL, kind INTEGER NOT NULL, mode INTEGER NOT NULL, "
+        "size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB, local_size "
+        "INTEGER, local_mtime_ns INTEGER, local_ino INTEGER);"
+        "INSERT INTO entries VALUES (CAST('f' AS BLOB), 1, 420, 3, 5, NULL, NULL, 3, 7, 9);";
+    assert_int_equal(sqlite3_exec(db, old, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    struct gs_index *idx = open_idx(REMOTE);
+    struct gs_index_entry e;
+    assert_int_equal(gs_index_get(idx, "f", &e, NULL), 1);
+    assert_int_equal(e.size, 3);
+    assert_int_equal(e.local_ino, 9);
+    assert_false(e.has_local);
+    gs_index_entry_release(&e);
+    gs_index_close(idx);
+}
+
 static void test_index__iteration_is_in_path_order_and_prefix_bounded(void **state)
 {
     (void)state;
@@ -252,17 +282,18 @@ static void test_index__set_local_changes_only_the_stat_cache(void **state)
     (void)state;
     struct gs_index *idx = open_idx(REMOTE);
     put_file(idx, "f", 7);
-    assert_int_equal(gs_index_set_local(idx, "f", 70, 700, 7000, NULL), 0);
+    assert_int_equal(gs_index_set_local(idx, "f", 70, 700, 7000, 70000, NULL), 0);
     struct gs_index_entry e;
     assert_int_equal(gs_index_get(idx, "f", &e, NULL), 1);
     assert_true(e.has_local);
     assert_int_equal(e.local_size, 70);
     assert_int_equal(e.local_mtime_ns, 700);
     assert_int_equal(e.local_ino, 7000);
+    assert_int_equal(e.local_ctime_ns, 70000);
     assert_int_equal(e.size, 7);
     assert_int_equal(e.hash.b[0], 7);
     gs_index_entry_release(&e);
-    assert_int_equal(gs_index_set_local(idx, "absent", 1, 1, 1, NULL), 0);
+    assert_int_equal(gs_index_set_local(idx, "absent", 1, 1, 1, 1, NULL), 0);
     assert_int_equal(has(idx, "absent"), 0);
     gs_index_close(idx);
 }
@@ -536,6 +567,7 @@ int main(void)
         T(test_index__rename_into_itself_is_refused),
         T(test_index__other_remote_starts_empty),
         T(test_index__set_local_changes_only_the_stat_cache),
+        T(test_index__an_index_without_ctimes_opens_and_hashes_again),
         T(test_index__rollback_discards_and_commit_keeps),
         T(test_index__unreadable_database_names_the_file),
         T(test_index__sigkill_mid_write_leaves_consistent_index),

@@ -615,6 +615,36 @@ static void test_plan__racy_edit_is_not_missed(void **state)
     free(p);
 }
 
+/* An edit that puts the size and the mtime back (touch -d, cp -p, tar x of another version) on a
+ * file whose stat the index caches: the ctime, which nobody can set, still moved, so the plan reads
+ * the file and sends the new content. (Before, the stat cache vouched for the old content.) */
+static void test_plan__an_edit_that_restores_size_and_mtime_is_read(void **state)
+{
+    (void)state;
+    put("config.yaml", "lr: 0.1\n");
+    sync_all();
+    char *p = abs_path("config.yaml");
+    struct stat cached, now;
+    assert_int_equal(stat(p, &cached), 0);
+    do { /* a rewrite within the ctime's clock tick (a few ms) would not move it: the next tick */
+        usleep(5000);
+        free(write_rel("config.yaml", "lr: 0.9\n"));
+        struct timespec ts[2] = {cached.st_atim, cached.st_mtim};
+        assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
+        assert_int_equal(stat(p, &now), 0);
+    } while (now.st_ctim.tv_sec == cached.st_ctim.tv_sec &&
+             now.st_ctim.tv_nsec == cached.st_ctim.tv_nsec);
+    assert_int_equal(now.st_size, cached.st_size);
+    struct gs_plan pl = GS_PLAN_INIT;
+    plan(&pl);
+    assert_int_equal(pl.n_ops, 1);
+    assert_int_equal(pl.ops[0].type, GS_OP_PUT);
+    struct gs_hash h = content_hash("lr: 0.9\n");
+    assert_true(gs_hash_equal(&pl.ops[0].record.hash, &h));
+    gs_plan_release(&pl);
+    free(p);
+}
+
 static int index_has(const char *path);
 
 /* The reading callback records what it was told and stops the plan at the call given (0:
@@ -1186,6 +1216,7 @@ int main(void)
         T(test_plan__restricted_to_paths),
         T(test_plan__format_keeps_hostile_names_on_one_line),
         T(test_plan__racy_edit_is_not_missed),
+        T(test_plan__an_edit_that_restores_size_and_mtime_is_read),
         T(test_plan__reading_is_reported_and_can_stop_the_plan_inside_a_large_file),
         T(test_plan__vanished_file_counts_as_deleted),
         T(test_plan__file_that_changed_kind_after_the_scan_counts_as_deleted),

@@ -176,7 +176,7 @@ static void random_write(struct fx *f)
         else if (op < 10)
             gs_index_rename(idx, p, q, NULL); /* refused when one lies in the other */
         else if (op < 12)
-            assert_int_equal(gs_index_set_local(idx, p, r, r * 7, r, NULL), 0);
+            assert_int_equal(gs_index_set_local(idx, p, r, r * 7, r, r * 3, NULL), 0);
         else if (op < 13) { /* written, then rolled back */
             assert_int_equal(gs_index_begin(idx, NULL), 0);
             assert_int_equal(gs_index_delete_subtree(idx, p, NULL), 0);
