@@ -4,6 +4,7 @@
   gen_tree.py small DIR   2,000 files of 4 KiB in 20 directories
   gen_tree.py project DIR a realistic ML project: ~3,000 files of mixed sizes, ~30 MB
   gen_tree.py big DIR     20,000 small files in 200 directories
+  gen_tree.py huge DIR    200,000 tiny files in 400 directories
 Content is seeded random bytes (incompressible, like checkpoints; it makes no tool look better
 through compression)."""
 import os
@@ -36,6 +37,11 @@ def big(root, rng):
         write(os.path.join(root, f"d{i % 200:03d}", f"f{i:05d}.py"), 512, rng)
 
 
+def huge(root, rng):  # a tree with a vendored environment in it: 200,000 files
+    for i in range(200000):
+        write(os.path.join(root, f"d{i % 400:03d}", f"f{i:06d}.py"), 64, rng)
+
+
 if __name__ == "__main__":
     kind, root = sys.argv[1], sys.argv[2]
-    {"small": small, "project": project, "big": big}[kind](root, random.Random(42))
+    {"small": small, "project": project, "big": big, "huge": huge}[kind](root, random.Random(42))

@@ -2,7 +2,8 @@
 # sync.sh: initial sync and re-push benchmarks through the WAN simulator (50 ms RTT, 50 Mbit/s,
 # tmpfs on both ends), gpusync against rsync -a -e ssh and tar | ssh tar x in the same run.
 #
-#   scripts/bench/sync.sh            (RUNS=5 for more samples; DELAY_MS / RATE_MBIT to change the link)
+#   scripts/bench/sync.sh            (RUNS=5 for more samples; DELAY_MS / RATE_MBIT to change the link;
+#                                     HUGE=1 adds the re-push of a 200,000-file tree)
 #
 # Every tool pays its own SSH connection set-up, as a user running it would. The physical floor is
 # the content bytes at the link rate plus one round trip.
@@ -121,31 +122,39 @@ initial_sync small "2,000 x 4 KiB"
 initial_sync project "ML project"
 real_tree
 
-# Re-push with one file changed in a 20,000-file tree.
-src=$bench/src-big
-python3 "$repo/scripts/bench/gen_tree.py" big "$src"
-gpusync_project "$src" "$bench/remote/gpusync-big" "$wan_port"
-(cd "$src" && "$gpusync" push >/dev/null)
-rsync -a -e "$ssh" --exclude=.gpusync "$src/" "root@127.0.0.1:$bench/remote/rsync-big/"
-g=() r=() w=()
-for i in $(seq 1 "$runs"); do
-    echo "change $i" >>"$src/d007/f00007.py"
-    g+=("$(cd "$src" && time_cmd "$gpusync" push)")
-    r+=("$(run_rsync "$src" big)")
-done
-# The daemon first checks the whole tree; that first flush is not what is measured.
-(cd "$src" && "$gpusync" watch -d >/dev/null && "$gpusync" flush >/dev/null)
-for i in $(seq 1 "$runs"); do
-    echo "warm change $i" >>"$src/d007/f00007.py"
-    w+=("$(cd "$src" && time_cmd "$gpusync" flush)")
-done
-(cd "$src" && "$gpusync" watch --stop >/dev/null)
-cmp "$src/d007/f00007.py" "$bench/remote/gpusync-big/d007/f00007.py"
-ref=$(median "${r[@]}")
-floor=$(awk -v t="$rtt_s" 'BEGIN {print 2 * t + 0.05}')
-echo
-echo "re-push, 1 file changed in 20,000 (target for a warm connection: 2 RTT + 50 ms = ${floor} s)"
-printf '%-26s %-8s %9s %9s %9s   %s\n' workload tool median_s vs_rsync vs_target runs
-row "push, new connection" gpusync "${g[@]}"
-row "watch daemon, flush" gpusync "${w[@]}"
-row "" rsync "${r[@]}"
+# Re-push with one file changed in a KIND tree of COUNT files ("20,000").
+repush() { # KIND COUNT
+    local kind=$1 count=$2 src=$bench/src-$1 file
+    python3 "$repo/scripts/bench/gen_tree.py" "$kind" "$src"
+    file=$(cd "$src" && find . -name '*.py' | sort | sed -n 8p)
+    gpusync_project "$src" "$bench/remote/gpusync-$kind" "$wan_port"
+    (cd "$src" && "$gpusync" push >/dev/null)
+    rsync -a -e "$ssh" --exclude=.gpusync "$src/" "root@127.0.0.1:$bench/remote/rsync-$kind/"
+    local g=() r=() w=()
+    for i in $(seq 1 "$runs"); do
+        echo "change $i" >>"$src/$file"
+        g+=("$(cd "$src" && time_cmd "$gpusync" push)")
+        r+=("$(run_rsync "$src" "$kind")")
+    done
+    # The daemon first checks the whole tree; that first flush is not what is measured.
+    (cd "$src" && "$gpusync" watch -d >/dev/null && "$gpusync" flush >/dev/null)
+    for i in $(seq 1 "$runs"); do
+        echo "warm change $i" >>"$src/$file"
+        w+=("$(cd "$src" && time_cmd "$gpusync" flush)")
+    done
+    (cd "$src" && "$gpusync" watch --stop >/dev/null)
+    cmp "$src/$file" "$bench/remote/gpusync-$kind/$file"
+    ref=$(median "${r[@]}")
+    floor=$(awk -v t="$rtt_s" 'BEGIN {print 2 * t + 0.05}')
+    echo
+    echo "re-push, 1 file changed in $count (target for a warm connection: 2 RTT + 50 ms = ${floor} s)"
+    printf '%-26s %-8s %9s %9s %9s   %s\n' workload tool median_s vs_rsync vs_target runs
+    row "push, new connection" gpusync "${g[@]}"
+    row "watch daemon, flush" gpusync "${w[@]}"
+    row "" rsync "${r[@]}"
+}
+repush big "20,000"
+# HUGE=1: also a 200,000-file tree (a vendored environment synced too; minutes to set up)
+if [[ ${HUGE:-0} == 1 ]]; then
+    repush huge "200,000"
+fi
