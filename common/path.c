@@ -231,3 +231,17 @@ int gs_path_state_dir(const char *root, struct gs_error *err)
     gs_buf_release(&ignore);
     return rc;
 }
+
+size_t gs_path_lower_bound(const void *v, size_t n, size_t size, size_t off, const char *key)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const char *path = *(const char *const *)((const char *)v + mid * size + off);
+        if (strcmp(path, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}

@@ -3,6 +3,8 @@
 #ifndef GS_PATH_H
 #define GS_PATH_H
 
+#include <stddef.h>
+
 #include "common/buf.h"
 #include "common/error.h"
 
@@ -57,5 +59,10 @@ int gs_path_keep_conflict(const char *path, struct gs_buf *kept, struct gs_error
 
 /* Returns 1 if `name` exists as any kind of file (lstat), 0 otherwise. */
 int gs_path_exists(const char *name);
+
+/* In v[0..n), elements of `size` bytes sorted by the path (a `const char *`) at byte `off` of each,
+ * the index of the first whose path is not below `key` in path order (strcmp): where key is, or
+ * would go. With key "dir/", the start of the run of paths inside dir. */
+size_t gs_path_lower_bound(const void *v, size_t n, size_t size, size_t off, const char *key);
 
 #endif

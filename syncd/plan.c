@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 
 #include <xxhash.h>
 
+#include "common/path.h"
 #include "common/wrapper.h"
 
 struct item {
@@ -329,15 +331,7 @@ static int keep_ignored(struct planner *p)
 /* Index of the first item whose path is >= key. */
 static size_t lower_bound(const struct planner *p, const char *key)
 {
-    size_t lo = 0, hi = p->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(p->it[mid].path, key) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return gs_path_lower_bound(p->it, p->n, sizeof(*p->it), offsetof(struct item, path), key);
 }
 
 /* The items strictly below item i: [*begin, *end). */

@@ -1,11 +1,13 @@
 /* syncd/verify.c: the server still holds what the index says gpusync wrote (see verify.h). */
 #include "syncd/verify.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/buf.h"
 #include "common/log.h"
+#include "common/path.h"
 #include "common/wrapper.h"
 #include "syncd/hash.h"
 
@@ -175,15 +177,8 @@ void gs_verify_copy_free(struct gs_verify_copy *c)
 /* The first entry whose path is not below `key` in path order. */
 static size_t lower_bound(const struct entries *all, const char *key)
 {
-    size_t lo = 0, hi = all->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(all->v[mid].path, key) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return gs_path_lower_bound(all->v, all->n, sizeof(*all->v),
+                               offsetof(struct gs_index_entry, path), key);
 }
 
 /* Replaces entries [from, to) of `all` with got[0..n) (moved in). */
