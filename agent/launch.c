@@ -690,12 +690,24 @@ static void finish(struct sup *s, const char *state, int code)
     save_status(s);
 }
 
+/* Tells the launch how the first attempt started, and closes fd: "ok", or "exit CODE WHY" when
+ * the command could not start, CODE being the exit code the run will record (127, 126), so the
+ * launch can say it as the run ended with (start_supervisor reads it). */
+static void report_start(int fd, int cannot, const char *why)
+{
+    if (cannot)
+        dprintf(fd, "exit %d %s\n", cannot, why);
+    else
+        dprintf(fd, "ok\n");
+    close(fd);
+}
+
 /* Runs attempts until success, a stop, or restarts are used up. Reports the first attempt's
- * start ("ok", or why the command could not start) to report_fd and closes it. */
+ * start to report_fd (report_start). */
 static void supervise(struct sup *s, int report_fd)
 {
     for (int attempt = 0;; attempt++) {
-        char why[512] = "ok";
+        char why[512] = "";
         s->first_fail = -1;
         s->terminating = 0;
         s->kill_at = s->killed_at = 0;
@@ -705,8 +717,7 @@ static void supervise(struct sup *s, int report_fd)
         int cannot = spawn_ranks(s, attempt, why, sizeof(why));
         save_status(s);
         if (report_fd >= 0) {
-            dprintf(report_fd, "%s\n", why);
-            close(report_fd);
+            report_start(report_fd, cannot, why);
             report_fd = -1;
         }
         if (cannot) {
@@ -861,11 +872,29 @@ static void read_report(int fd, char *buf, size_t cap)
     buf[n] = 0;
 }
 
+/* Reads the supervisor's report (report_start) in why: 0 for "ok"; else -1 with the reason left
+ * in why and, when the command could not start, the run's exit code in *code (0 otherwise). */
+static int parse_report(char *why, size_t cap, int *code)
+{
+    int at = 0;
+    *code = 0;
+    if (strcmp(why, "ok\n") == 0)
+        return 0;
+    if (sscanf(why, "exit %d %n", code, &at) == 1 && at > 0)
+        memmove(why, why + at, strlen(why + at) + 1);
+    else if (!why[0])
+        snprintf(why, cap, "the supervisor died before it started the ranks");
+    why[strcspn(why, "\n")] = 0;
+    return -1;
+}
+
 /* Detaches the supervisor and waits for its report. Returns the supervisor's pid, or -1 with
- * the reason in why. */
-static long start_supervisor(struct launch_opts *o, char *why, size_t cap)
+ * the reason in why and, when the run's command could not start, the exit code the run ends with
+ * in *code (0 otherwise). */
+static long start_supervisor(struct launch_opts *o, char *why, size_t cap, int *code)
 {
     int p[2];
+    *code = 0;
     if (pipe2(p, O_CLOEXEC) < 0) {
         snprintf(why, cap, "pipe: %s", strerror(errno));
         return -1;
@@ -885,12 +914,8 @@ static long start_supervisor(struct launch_opts *o, char *why, size_t cap)
     waitpid(mid, NULL, 0);
     read_report(p[0], why, cap);
     close(p[0]);
-    if (strcmp(why, "ok\n") != 0) {
-        if (!why[0])
-            snprintf(why, cap, "the supervisor died before it started the ranks");
-        why[strcspn(why, "\n")] = 0;
+    if (parse_report(why, cap, code) < 0)
         return -1;
-    }
     struct ga_runs_status st;
     long pid = ga_runs_read_status(o->dir, &st) == 0 ? st.supervisor_pid : -1;
     ga_runs_status_release(&st);
@@ -906,6 +931,18 @@ static int follow_logs(struct launch_opts *o)
     char *argv[] = {"tail",    "--root",          (char *)o->root, "--id", (char *)o->id,
                     "--ranks", (char *)o->follow, "--follow",      NULL};
     return ga_tail_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv);
+}
+
+/* For a run whose command could not start (code > 0): the X line (proto/run.h) saying how the
+ * run ended, so the client exits with the code that the run records and `ps` shows, as `exec`
+ * of the same command would, rather than with a generic remote error. */
+static void print_not_started(int code)
+{
+    char line[64];
+    if (code > 0 && gs_proto_run_exit_format(line, sizeof(line), code, "failed", NULL) > 0) {
+        fputs(line, stdout);
+        fflush(stdout);
+    }
 }
 
 /* Prints a waiting line (proto/run.h) while the launch queues for GPUs. */
@@ -953,11 +990,13 @@ int ga_launch_main(int argc, char **argv)
     }
     o.agent_pid = getpid();
     char why[512];
-    long pid = start_supervisor(&o, why, sizeof(why));
+    int code;
+    long pid = start_supervisor(&o, why, sizeof(why), &code);
     if (choosing >= 0)
         close(choosing); /* the supervisor holds the GPUs now (or never will) */
     if (pid < 0) {
         fprintf(stderr, "gpusync-agent launch: run %s did not start: %s\n", o.id, why);
+        print_not_started(code);
         return 1;
     }
     /* The agent's own path comes last: a client that ran whichever build was cached uses it for

@@ -381,6 +381,15 @@ static void on_started(void *ctx, const struct gs_tail_state *st)
                 v->nproc, v->nproc == 1 ? "" : "s", gs_cli_server_name(v->cli), st->port, gpus);
 }
 
+/* Says why a launch failed (r) and returns the exit status: the run's own code when its command
+ * could not start (run_code > 0: 127 not found, 126 not executable), which is what `ps` records
+ * and what `exec` of the same command exits with; else the error's. */
+static int launch_failed(struct gs_cli *cli, int r, int run_code)
+{
+    int status = gs_cli_fail(cli, r);
+    return run_code > 0 ? run_code : status;
+}
+
 /* Starts the run and follows its logs until it ends or Ctrl-C. */
 static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
                              const struct run_args *a)
@@ -402,14 +411,14 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     if (r == GS_E_INTERRUPTED)
         return handle_interrupt(cli, rc, spec->id, a);
     if (r < 0)
-        return gs_cli_fail(cli, r);
+        return launch_failed(cli, r, exit_code);
     return exit_code;
 }
 
 /* Starts the run and returns (--detach). */
 static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec)
 {
-    struct gs_tail_state *st = gs_xmalloc(sizeof(*st));
+    struct gs_tail_state *st = gs_xcalloc(1, sizeof(*st)); /* zeroed: read even if never launched */
     struct gs_notice notice;
     int r = gs_run_ctx_agent(cli, rc);
     spec->agent = rc->agent.data;
@@ -425,8 +434,9 @@ static int launch_detached(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_
     struct run_view v = {.cli = cli, .id = spec->id, .nproc = spec->nproc};
     if (r == 0)
         on_started(&v, st);
+    int code = r < 0 ? launch_failed(cli, r, st->finished ? st->exit_code : 0) : 0;
     free(st);
-    return r < 0 ? gs_cli_fail(cli, r) : 0;
+    return code;
 }
 
 static int launch(struct gs_cli *cli, struct run_args *a, struct gs_run_ctx *rc, struct run_plan *p)

@@ -736,6 +736,8 @@ int gs_run_ctx_launch_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
         return gs_error_set(&cli->err, r,
                             "%s while starting run %s; it may be running: see 'gpusync ps'",
                             cli->err.msg, spec->id);
+    if (!st.launched && st.finished)
+        *exit_code = st.exit_code; /* the launcher's X line: the command could not start */
     if (!st.launched && r != GS_E_INTERRUPTED)
         return r < 0 ? r : gs_error_set(&cli->err, GS_E_REMOTE, "run %s did not start", spec->id);
     return follow_from(cli, rc, spec->id, ranks, view, interrupted, exit_code, &st, r);

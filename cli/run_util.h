@@ -158,7 +158,8 @@ int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char
 /* Starts `spec` and follows it as gs_run_ctx_follow does, launch and first stream in one exec (see
  * gs_run_launch_follow). `view` starts with the printer; `started` gets it once the run is up.
  * Without a known agent, the cached builds are tried first and one is installed only if none is
- * there. A run that never started returns its error. */
+ * there. A run that never started returns its error; when that was because its command could not
+ * start, *exit_code is the code the run recorded (127, 126), else it is left alone. */
 int gs_run_ctx_launch_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_run_spec *spec,
                              const char *ranks, gs_started_fn started, struct gs_log_printer *view,
                              volatile sig_atomic_t *interrupted, int *exit_code);

@@ -18,7 +18,9 @@
  *   net    src ADDR | listen [--timeout-ms MS] | connect ADDR PORT [--timeout-ms MS]
  *          (no --root: probes for multi-node runs, agent/net.h)
  * ID may be a run's --name where a run already exists (tail, stop). Exit status: 0 done, 1
- * failure (message on stderr), 2 bad usage.
+ * failure (message on stderr), 2 bad usage. A launch whose command could not start (not found,
+ * not executable) exits 1 after an X line instead of the started line: the run exists and
+ * ended failed with 127 or 126, as a shell's would.
  *
  * LINES on stdout, each ending in '\n':
  *   "waiting TEXT"                     launch --wait: queued for GPUs; TEXT says for which and who
@@ -32,8 +34,10 @@
  *   "L RANK OFFSET LENGTH" + LENGTH bytes   tail: bytes OFFSET.. of rank RANK's log (global rank);
  *                                      LENGTH <= GS_PROTO_RUN_MAX_CHUNK.
  *   "X EXIT STATE [SUMMARY]"           tail: once, last, when the run has ended and every byte was
- *                                      sent. EXIT is the exit code or "null"; STATE is succeeded,
- *                                      failed, stopped, or lost when the supervisor vanished.
+ *                                      sent (launch: in place of started, with no SUMMARY, when
+ *                                      the command could not start). EXIT is the exit code or
+ *                                      "null"; STATE is succeeded, failed, stopped, or lost when
+ *                                      the supervisor vanished.
  *                                      SUMMARY, the rest of the line, is a JSON object saying how
  *                                      it ended (agent/runs.h ga_runs_summary_json: the failing
  *                                      rank, its last lines, OOM, restarts, duration).

@@ -91,8 +91,10 @@ int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
     memset(st, 0, sizeof(*st));
     gs_run_launch_command(spec, NULL, &cmd);
     int rc = gs_exec_capture(ssh, cmd.data, &out, &errout, err);
-    /* The same parser as a followed launch: waiting and gpus lines may come first. */
-    if (rc == 0 && (!out.data || gs_run_stream_feed(&p, out.data, out.len) < 0 || !st->launched))
+    /* The same parser as a followed launch: waiting and gpus lines may come first. Also on a
+     * failed launch: one whose command could not start says how the run ended (an X line). */
+    int fed = rc >= 0 && out.data ? gs_run_stream_feed(&p, out.data, out.len) : -1;
+    if (rc == 0 && (fed < 0 || !st->launched))
         rc = 1;
     if (rc > 0)
         rc = launch_failed(gs_ssh_target(ssh), &out, &errout, err);

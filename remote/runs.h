@@ -68,7 +68,9 @@ struct gs_tail_state {
     char waiting[GS_PROTO_RUN_WAIT_MAX]; /* before it started: what the launch queues for */
 };
 
-/* As gs_run_launch, with what the launcher said in *st (pid, port, gpus; zeroed first). */
+/* As gs_run_launch, with what the launcher said in *st (pid, port, gpus; zeroed first). When the
+ * run's command could not start, GS_E_REMOTE comes with st->finished set and st->exit_code the
+ * code the run recorded (127 not found, 126 not executable). */
 int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
                         struct gs_tail_state *st, struct gs_error *err);
 
@@ -106,7 +108,8 @@ void gs_run_stream_release(struct gs_run_stream *p);
  * tail took two, so the first line comes a round trip and a server shell start sooner. With
  * spec->agent NULL it tries the cached agent builds; GS_E_NOTFOUND (message containing
  * GS_AGENT_MISSING) then means none is there: install one and call again. Otherwise returns as
- * gs_run_tail, or GS_E_REMOTE with the launcher's message if the run did not start. */
+ * gs_run_tail, or GS_E_REMOTE with the launcher's message if the run did not start (with
+ * st->finished and st->exit_code set as gs_run_launch_state does when its command could not). */
 int gs_run_launch_follow(struct gs_ssh *ssh, const struct gs_run_spec *spec, const char *ranks,
                          struct gs_tail_state *st, gs_started_fn started, gs_tail_fn fn, void *ctx,
                          volatile sig_atomic_t *interrupted, struct gs_error *err);

@@ -395,6 +395,28 @@ static void test_run__command_exit_code_is_the_runs(void **state)
     child_release(&c);
 }
 
+/* A command that cannot start ends the run with the shell's code (127 not found, 126 not
+ * executable), which `run` exits with, followed or detached, as `exec` would and as ps records,
+ * rather than with the generic remote error (5). */
+static void test_run__a_command_that_cannot_start_exits_as_the_run_records(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "1", "--", "no-such-command-xyz"));
+    expect_status(&c, 127, "a command that does not exist");
+    child_release(&c);
+    c = run_in(project, ARGS("run", "--cpu", "1", "--detach", "--", "/etc/passwd"));
+    expect_status(&c, 126, "a detached run of a file that is not executable");
+    child_release(&c);
+    c = run_in(project, ARGS("ps", "--json"));
+    json_t *ps = json_loads(c.out.data ? c.out.data : "", 0, NULL);
+    json_t *runs = json_object_get(ps, "runs");
+    assert_string_equal(str_at(json_array_get(runs, 0), "state"), "failed");
+    assert_int_equal(int_at(json_array_get(runs, 0), "exit_code"), 126);
+    assert_int_equal(int_at(json_array_get(runs, 1), "exit_code"), 127);
+    json_decref(ps);
+    child_release(&c);
+}
+
 /* `run` launches through whichever agent build is cached, without a probe first. On a server
  * without this build (a new binary here, no source to build from) the launch finds none,
  * installs it and launches once: one run, with its logs and exit code. */
@@ -1521,6 +1543,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__trainer_on_two_cpu_ranks_succeeds_with_logs_and_status,
                                use_home),
         cmocka_unit_test_setup(test_run__command_exit_code_is_the_runs, use_home),
+        cmocka_unit_test_setup(test_run__a_command_that_cannot_start_exits_as_the_run_records,
+                               use_home),
         cmocka_unit_test_setup(test_run__a_server_without_the_agent_gets_it_and_runs_once,
                                use_home),
         cmocka_unit_test_setup_teardown(test_run__with_watch_running_goes_through_the_daemon,
