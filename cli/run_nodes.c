@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "cli/run_end.h"
 #include "cli/run_nodes.h"
 #include "common/shell.h"
 #include "common/wrapper.h"
@@ -111,6 +112,7 @@ void gs_nodes_release(struct gs_nodes *m)
             gs_runcmd_plan_release(&n->plan);
         gs_node_spec_release(&n->spec);
         gs_buf_release(&n->report);
+        free(n->end);
     }
     free(m->nodes);
     pthread_cond_destroy(&m->cond);
@@ -340,7 +342,9 @@ static void *node_follow(void *arg)
     struct gs_nodes *m = n->m;
     int code = 0, r;
     for (;;) {
-        r = gs_run_ctx_follow(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code);
+        /* Each node's end is kept, not said: gs_nodes_follow says the run's once. */
+        r = gs_run_ctx_follow_end(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code,
+                                  n->end);
         pthread_mutex_lock(&m->lock);
         int stop = r == GS_E_INTERRUPTED && n->stop_wanted;
         n->stop_wanted = 0;
@@ -355,6 +359,7 @@ static void *node_follow(void *arg)
     }
     pthread_mutex_lock(&m->lock);
     n->done = 1;
+    n->end_seq = ++m->ended;
     n->result = r;
     n->exit_code = code;
     pthread_cond_signal(&m->cond);
@@ -412,6 +417,8 @@ static void start_followers(struct gs_nodes *m)
     pthread_sigmask(SIG_BLOCK, &block, &old);
     for (int i = 0; i < m->n; i++) {
         struct gs_node *n = &m->nodes[i];
+        if (!n->end)
+            n->end = gs_xcalloc(1, sizeof(*n->end));
         n->has_thread = pthread_create(&n->thread, NULL, node_follow, n) == 0;
         if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
             n->done = 1;
@@ -420,6 +427,80 @@ static void start_followers(struct gs_nodes *m)
         }
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* How much a node's end state decides the run's: as ps combines the nodes (run_nodes_attach.c),
+ * failed before lost, unknown, stopped and succeeded. */
+static int state_weight(const char *state)
+{
+    static const char *order[] = {"failed", "lost", "unknown", "stopped", "succeeded"};
+    for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++)
+        if (!strcmp(state, order[k]))
+            return (int)k;
+    return 2; /* a state this client does not know: as unknown */
+}
+
+/* The node whose end is the run's (see gs_nodes_follow), or NULL when no follow saw an end. */
+static struct gs_node *deciding_node(struct gs_nodes *m)
+{
+    struct gs_node *d = NULL;
+    for (int i = 0; i < m->n; i++) {
+        struct gs_node *n = &m->nodes[i];
+        if (n->result != 0 || !n->end || !n->end->finished)
+            continue;
+        int w = state_weight(n->end->state), dw = d ? state_weight(d->end->state) : 99;
+        if (w < dw || (w == dw && n->end_seq < d->end_seq))
+            d = n;
+    }
+    return d;
+}
+
+/* Adds the integer `key` of `from` to that of `into` (max instead of sum when `max`). */
+static void fold_int(json_t *into, json_t *from, const char *key, int max)
+{
+    json_int_t a = json_integer_value(json_object_get(into, key));
+    json_int_t b = json_integer_value(json_object_get(from, key));
+    if (json_is_integer(json_object_get(from, key)))
+        json_object_set_new(into, key, json_integer(max ? (a > b ? a : b) : a + b));
+}
+
+/* The summary of the run over its nodes: the deciding node's, with the other nodes' stopped
+ * ranks and processes added and the longest duration. malloc'd JSON text, or NULL. */
+static char *nodes_summary(struct gs_nodes *m, struct gs_node *d)
+{
+    json_t *all = json_loads(d->end->summary, 0, NULL);
+    if (!json_is_object(all)) {
+        json_decref(all);
+        return NULL;
+    }
+    for (int i = 0; i < m->n; i++) {
+        struct gs_node *n = &m->nodes[i];
+        json_t *s =
+            n != d && n->end && n->end->finished ? json_loads(n->end->summary, 0, NULL) : NULL;
+        if (!json_is_object(s)) {
+            json_decref(s);
+            continue;
+        }
+        json_t *ranks = json_object_get(all, "stopped_ranks");
+        if (json_is_array(ranks))
+            json_array_extend(ranks, json_object_get(s, "stopped_ranks"));
+        fold_int(all, s, "others_termed", 0);
+        fold_int(all, s, "killed_count", 0);
+        fold_int(all, s, "duration_ms", 1);
+        json_decref(s);
+    }
+    char *text = json_dumps(all, JSON_COMPACT);
+    json_decref(all);
+    return text;
+}
+
+/* Says once how the run ended, as its deciding node did. Returns the run's exit code. */
+static int nodes_say_end(struct gs_cli *cli, struct gs_nodes *m, struct gs_node *d)
+{
+    char *summary = nodes_summary(m, d);
+    gs_run_end_print(cli, m->id, d->end->state, d->end->exit_code, summary ? summary : "");
+    free(summary);
+    return d->exit_code;
 }
 
 int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached)
@@ -439,8 +520,11 @@ int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, i
             pthread_join(m->nodes[i].thread, NULL);
     m->printer.lock = NULL;
     gs_log_printer_finish(&m->printer);
-    if (*detached || first_code >= 0)
-        return *detached ? 130 : first_code;
+    if (*detached)
+        return 130;
+    struct gs_node *d = deciding_node(m);
+    if (first_code >= 0)
+        return d ? nodes_say_end(cli, m, d) : first_code;
     for (int i = 0; i < m->n; i++)
         if (m->nodes[i].result < 0) {
             struct gs_error why = m->nodes[i].cli.err; /* a copy: rewritten in place */
@@ -448,7 +532,7 @@ int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, i
                          gs_node_name(&m->nodes[i], i), why.msg);
             return node_fail(cli, &m->nodes[i], m->nodes[i].result);
         }
-    return 0;
+    return d ? nodes_say_end(cli, m, d) : 0;
 }
 
 /* Follows every node; Ctrl-C detaches (or stops, see multi_interrupt). */

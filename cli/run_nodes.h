@@ -27,8 +27,10 @@ struct gs_node {
     volatile sig_atomic_t abort; /* ends this node's follow */
     int stop_wanted;             /* another node failed: stop this one, keep following */
     int done, result, exit_code;
-    struct gs_buf report; /* what the agent said (stop) */
-    char name[600];       /* gs_node_name's */
+    int end_seq;               /* 1 for the first node whose follow ended, 2 the next... */
+    struct gs_tail_state *end; /* how its part ended (state, exit code, summary); owned */
+    struct gs_buf report;      /* what the agent said (stop) */
+    char name[600];            /* gs_node_name's */
     struct gs_nodes *m;
 };
 
@@ -37,6 +39,7 @@ struct gs_nodes {
     int n;
     const char *id;
     const char *ranks;
+    int ended;           /* followers ended so far (end_seq) */
     int stop_on_failure; /* a node failing gets the others stopped (run; not logs) */
     long grace_ms;       /* stop: SIGTERM to SIGKILL; < 0 the run's own */
     struct gs_log_printer printer;
@@ -63,8 +66,11 @@ const char *gs_node_name(struct gs_node *n, int rank);
 char *gs_nodes_master_addr(struct gs_nodes *m, const char *given, const char **how);
 
 /* Follows every node's ranks (`ranks`: NULL or "all", or global ranks) in a thread each, lines
- * printed as they arrive. Returns the run's exit code (the first node to end non-zero), 0, or an
- * error's exit code (the failed node named); *detached is 1 after Ctrl-C. */
+ * printed as they arrive, then says once how the run ended: as the node that decides it ended
+ * (as ps combines the nodes: a failed node before a lost, stopped or succeeded one, the first
+ * to end among equals), with the other nodes' stopped ranks and processes folded in. Returns
+ * that exit code, 0, or an error's exit code (the failed node named); *detached is 1 after
+ * Ctrl-C. */
 int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached);
 
 /* Writes the node list of run `id` (.gpusync/runs/<id>/nodes.json) from the launched `m`. A

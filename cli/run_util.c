@@ -651,10 +651,11 @@ int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, c
                                gs_log_printer_chunk, printer, interrupted, &cli->err);
 }
 
-/* Follows from `st` on; `first` is the result of a stream already made (1: none yet). */
+/* Follows from `st` on; `first` is the result of a stream already made (1: none yet). Says how
+ * the run ended unless `quiet` (st keeps it for a caller that says it once for several nodes). */
 static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                        struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
-                       int *exit_code, struct gs_tail_state *st, int first)
+                       int *exit_code, struct gs_tail_state *st, int first, int quiet)
 {
     for (;;) {
         int r =
@@ -663,7 +664,8 @@ static int follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id
         if (r == 0 && st->finished) {
             *exit_code = st->exit_code < 0 ? 1 : st->exit_code;
             fflush(stdout); /* the log before the summary, on a terminal */
-            gs_run_end_print(cli, id, st->state, st->exit_code, st->summary);
+            if (!quiet)
+                gs_run_end_print(cli, id, st->state, st->exit_code, st->summary);
             return 0;
         }
         if (r == GS_E_INTERRUPTED || (r < 0 && r != GS_E_DISCONNECTED && r != GS_E_TIMEOUT))
@@ -680,7 +682,16 @@ int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
 {
     struct gs_tail_state st;
     memset(&st, 0, sizeof(st));
-    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1);
+    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, &st, 1, 0);
+}
+
+int gs_run_ctx_follow_end(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
+                          const char *ranks, struct gs_log_printer *printer,
+                          volatile sig_atomic_t *interrupted, int *exit_code,
+                          struct gs_tail_state *st)
+{
+    memset(st, 0, sizeof(*st));
+    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, st, 1, 1);
 }
 
 int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
@@ -688,7 +699,7 @@ int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char
                            volatile sig_atomic_t *interrupted, int *exit_code,
                            struct gs_tail_state *st)
 {
-    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, st, 1);
+    return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, st, 1, 0);
 }
 
 /* Launches and follows through the watch daemon's spare connection: no SSH handshake before the
@@ -740,5 +751,5 @@ int gs_run_ctx_launch_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
         *exit_code = st.exit_code; /* the launcher's X line: the command could not start */
     if (!st.launched && r != GS_E_INTERRUPTED)
         return r < 0 ? r : gs_error_set(&cli->err, GS_E_REMOTE, "run %s did not start", spec->id);
-    return follow_from(cli, rc, spec->id, ranks, view, interrupted, exit_code, &st, r);
+    return follow_from(cli, rc, spec->id, ranks, view, interrupted, exit_code, &st, r, 0);
 }

@@ -148,6 +148,12 @@ int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, c
 int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                       struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
                       int *exit_code);
+/* As gs_run_ctx_follow, but says nothing of how the run ended: on 0 that is left in *st (state,
+ * exit_code, summary; zeroed first) for a caller that says it once for several nodes. */
+int gs_run_ctx_follow_end(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
+                          const char *ranks, struct gs_log_printer *printer,
+                          volatile sig_atomic_t *interrupted, int *exit_code,
+                          struct gs_tail_state *st);
 /* The same from where an earlier gs_run_ctx_tail left `st` (logs -f --tail N: the last lines,
  * then what comes). */
 int gs_run_ctx_follow_from(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,

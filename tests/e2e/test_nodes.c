@@ -240,6 +240,63 @@ static void test_nodes__logs_show_the_ranks_of_both_nodes(void **state)
     gs_test_result_release(&r);
 }
 
+/* Lines of `text` that contain `needle`. */
+static int lines_with(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* The last line of `text` as JSON (a new reference; NULL if it is not JSON). */
+static json_t *last_line_json(const char *text)
+{
+    size_t n = strlen(text);
+    while (n > 0 && text[n - 1] == '\n')
+        n--;
+    const char *line = text + n;
+    while (line > text && line[-1] != '\n')
+        line--;
+    return json_loadb(line, (size_t)(text + n - line), 0, NULL);
+}
+
+/* Node 1 fails and node 0 is stopped because of it: the run's end is said once, as the run
+ * failed (as ps and the exit code say), with node 0's stopped rank; not once per node with the
+ * stopped node's 143 last. The same for `logs -f` afterwards. */
+static void test_nodes__a_failed_run_ends_with_one_ended_line_saying_failed(void **state)
+{
+    (void)state;
+    struct gs_test_result r =
+        gs_test_run_gpusync(project, NULL, NULL,
+                            ARGS("run", "--json", "--cpu", "1", "--", "sh", "-c",
+                                 "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; exec sleep 120"),
+                            CMD_MS);
+    gs_test_expect_status(&r, 3, "two-node run where node 1 fails");
+    assert_int_equal(lines_with(r.out.data, "\"event\":\"ended\""), 1);
+    json_t *end = last_line_json(r.out.data);
+    assert_non_null(end);
+    assert_string_equal(str_at(end, "state"), "failed");
+    assert_int_equal(json_integer_value(json_object_get(end, "exit_code")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(end, "failed"), "rank")),
+                     1);
+    json_t *stopped = json_object_get(end, "stopped_ranks");
+    assert_int_equal(json_array_size(stopped), 1);
+    assert_int_equal(json_integer_value(json_array_get(stopped, 0)), 0);
+    char id[128];
+    snprintf(id, sizeof(id), "%s", str_at(end, "id"));
+    json_decref(end);
+    gs_test_result_release(&r);
+    r = gs_test_run_gpusync(project, NULL, NULL, ARGS("logs", "-f", id), CMD_MS);
+    gs_test_expect_status(&r, 3, "logs -f of the failed two-node run");
+    char said[200];
+    snprintf(said, sizeof(said), "gpusync: run %s ", id);
+    assert_int_equal(lines_with(r.err.data, said), 1);
+    snprintf(said, sizeof(said), "gpusync: run %s failed ", id);
+    assert_int_equal(lines_with(r.err.data, said), 1);
+    gs_test_result_release(&r);
+}
+
 /* ---- MASTER_ADDR ---- */
 
 /* Runs a two-node run printing MASTER_ADDR and returns node 1's rank log (malloc'd). */
@@ -320,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_nodes__stop_names_a_node_it_cannot_reach_and_a_retry_finishes),
         cmocka_unit_test(test_nodes__ps_lists_the_run_once_with_both_nodes),
         cmocka_unit_test(test_nodes__logs_show_the_ranks_of_both_nodes),
+        cmocka_unit_test(test_nodes__a_failed_run_ends_with_one_ended_line_saying_failed),
         cmocka_unit_test(
             test_nodes__master_addr_from_the_config_or_the_command_line_reaches_the_ranks),
         cmocka_unit_test(test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses),
