@@ -517,31 +517,13 @@ static void terminate(struct sup *s)
     save_status(s);
 }
 
-/* Records the processes about to get SIGKILL (they outlived the grace period) in status.json. */
-static void record_killed(struct sup *s, const struct ga_proclist *l)
-{
-    for (size_t i = 0; i < l->n; i++) {
-        int known = 0;
-        for (int k = 0; k < s->st.nkilled && !known; k++)
-            known = s->st.killed[k].pid == l->v[i].pid;
-        if (known)
-            continue;
-        s->st.killed_count++;
-        if (s->st.nkilled < GA_RUNS_KILLED_MAX) {
-            struct ga_runs_killed *k = &s->st.killed[s->st.nkilled++];
-            k->pid = l->v[i].pid;
-            snprintf(k->name, sizeof(k->name), "%s", l->v[i].name);
-        }
-    }
-}
-
 /* SIGKILL to everything of the run that is left: the cgroup at once where there is one, then
  * each group and each process found. */
 static void kill_all(struct sup *s)
 {
     struct ga_proclist l = {0};
     ga_procs_find(&s->procs, GA_PROCS_DESCENDANTS, &l);
-    record_killed(s, &l);
+    ga_runs_note_killed(&s->st, &l);
     ga_procs_cgroup_kill(&s->procs);
     signal_groups(s, SIGKILL);
     ga_procs_signal(&l, SIGKILL);

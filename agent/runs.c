@@ -734,6 +734,23 @@ static int wait_gone(const char *dir, struct ga_runs_status *st, long ms)
     }
 }
 
+void ga_runs_note_killed(struct ga_runs_status *st, const struct ga_proclist *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        int known = 0;
+        for (int k = 0; k < st->nkilled && !known; k++)
+            known = st->killed[k].pid == l->v[i].pid;
+        if (known)
+            continue;
+        st->killed_count++;
+        if (st->nkilled < GA_RUNS_KILLED_MAX) {
+            struct ga_runs_killed *k = &st->killed[st->nkilled++];
+            k->pid = l->v[i].pid;
+            snprintf(k->name, sizeof(k->name), "%s", l->v[i].name);
+        }
+    }
+}
+
 /* Marks a run whose supervisor vanished as stopped, so ps stops calling it lost. */
 static void mark_stopped(const char *dir, struct ga_runs_status *st)
 {
@@ -785,6 +802,70 @@ static void sweep(const char *dir, struct stop_report *r)
         ga_procs_cgroup_remove(&p);
 }
 
+/* 1 if pgid is the group of a rank that is still the run's (a group signal reaches its
+ * members). */
+static int in_rank_group(struct ga_runs_status *st, long pgid)
+{
+    for (int i = 0; i < st->nranks; i++)
+        if (st->ranks[i].pgid == pgid && ga_pgroup_alive(&st->ranks[i]))
+            return 1;
+    return 0;
+}
+
+/* SIGTERM to the rank groups and to the run's other processes, each once, counted in st as the
+ * supervisor counts them (ranks[].stopped, others_termed). */
+static void term_lost(const char *dir, struct ga_runs_status *st)
+{
+    struct ga_proclist l = {0};
+    find_marked(dir, st, &l);
+    size_t kept = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (!in_rank_group(st, l.v[i].pgid))
+            l.v[kept++] = l.v[i];
+    l.n = kept;
+    for (int i = 0; i < st->nranks; i++)
+        st->ranks[i].stopped = ga_pgroup_alive(&st->ranks[i]);
+    kill_groups(st, SIGTERM);
+    st->others_termed += (long)ga_procs_signal(&l, SIGTERM);
+    ga_proclist_release(&l);
+}
+
+/* Waits up to ms for the run's groups and marked processes to go. Returns 1 once they have. */
+static int wait_marked_gone(const char *dir, struct ga_runs_status *st, long ms)
+{
+    for (long long end = ga_runs_mono_ms() + ms;;) {
+        struct ga_proclist l = {0};
+        find_marked(dir, st, &l);
+        int gone = l.n == 0 && !any_group_alive(st);
+        ga_proclist_release(&l);
+        if (gone || ga_runs_mono_ms() >= end)
+            return gone;
+        nap_ms(20);
+    }
+}
+
+/* Does for a lost run (status running, supervisor gone) what its supervisor would have: SIGTERM
+ * to everything of it, SIGKILL to what outlives the grace period, and all of it recorded in
+ * status.json, so that the report and `ps` say what stop ended rather than nothing. */
+static void stop_lost(const char *dir, long grace_ms, struct ga_runs_status *st)
+{
+    if (grace_ms >= 0)
+        st->grace_ms = grace_ms; /* the report says which grace period it gave */
+    term_lost(dir, st);
+    if (wait_marked_gone(dir, st, st->grace_ms ? st->grace_ms : 10000))
+        return;
+    struct ga_proclist l = {0};
+    find_marked(dir, st, &l);
+    ga_runs_note_killed(st, &l);
+    struct ga_procs p = {.supervisor = 0};
+    snprintf(p.cgroup, sizeof(p.cgroup), "%s", st->cgroup);
+    ga_procs_cgroup_kill(&p);
+    kill_groups(st, SIGKILL);
+    ga_procs_signal(&l, SIGKILL);
+    ga_proclist_release(&l);
+    wait_gone(dir, st, 1000); /* as below: a process killed here may still be on its way out */
+}
+
 /* Stops the run in dir: SIGTERM to its supervisor (with the grace period it is to give the
  * ranks, when grace_ms >= 0; else the run keeps its own), SIGKILL to it and the groups if it does
  * not end in time, then a sweep for anything of the run still alive. Fills r; returns 0, or -1 if
@@ -813,7 +894,9 @@ static int stop_run(const char *dir, long grace_ms, struct stop_report *r)
         ga_runs_status_release(st);
         *st = now;
     }
-    if (!strcmp(st->state, "running") || sup) {
+    if (!sup && !strcmp(st->state, "running")) {
+        stop_lost(dir, grace_ms, st);
+    } else if (!strcmp(st->state, "running") || sup) {
         if (ga_runs_supervisor_alive(dir) && st->supervisor_pid > 1)
             kill((pid_t)st->supervisor_pid, SIGKILL);
         kill_groups(st, SIGKILL);

@@ -54,6 +54,12 @@ struct ga_runs_status {
     struct ga_runs_killed killed[GA_RUNS_KILLED_MAX];
 };
 
+struct ga_proclist;
+/* Counts the processes of l, about to get SIGKILL after the grace period, in st->killed_count
+ * and names the first GA_RUNS_KILLED_MAX in st->killed, each pid once however often it is
+ * noted. Used by the supervisor and by stop for a run whose supervisor is gone. */
+void ga_runs_note_killed(struct ga_runs_status *st, const struct ga_proclist *l);
+
 /* Frees st->ranks; *st is then zeroed. */
 void ga_runs_status_release(struct ga_runs_status *st);
 

@@ -697,12 +697,47 @@ static void test_launch__lost_supervisor_is_reported_and_stop_cleans_up(void **s
     const char *stop[] = {"stop", "--root", f->root, "--id", "lost", NULL};
     struct out r = agent_run(stop);
     assert_int_equal(r.status, 0);
-    assert_string_equal(r.text, "stopped lost\n");
+    assert_string_equal(r.text, "stopped lost: SIGTERM to 1 rank\n"); /* its group's sleep */
     free(r.text);
     assert_no_process_left(st);
     json_decref(st);
     st = load_json(f, "lost", "status.json");
     assert_string_equal(jstr(st, "state"), "stopped");
+    json_decref(st);
+}
+
+/* stop of a lost run does the supervisor's part: SIGTERM to the rank's group and to the process
+ * that left it, SIGKILL to both after the grace (they ignore SIGTERM), and it says so, in its
+ * report and in status.json, as a stop through the supervisor would. It used to SIGKILL the group
+ * unannounced and record nothing: killed_count 0 for a run whose every process it killed. */
+static void test_launch__stop_of_a_lost_run_reports_and_records_what_it_ended(void **state)
+{
+    struct fx *f = *state;
+    const char *opts[] = {"--nproc", "1",
+                          "--",      "sh",
+                          "-c",      "trap '' TERM; sleep 1000 & setsid sleep 1001 & echo up; wait",
+                          NULL};
+    long sup;
+    launch_env(f, "lost3", opts, NULL, &sup, NULL);
+    await_run(f, "lost3", 0, "up");
+    json_t *st = load_json(f, "lost3", "status.json");
+    assert_int_equal(kill((pid_t)sup, SIGKILL), 0);
+    while (!pid_gone(sup))
+        usleep(1000); /* not our child: no event to wait on */
+    const char *stop[] = {"stop", "--root", f->root, "--id", "lost3", "--grace-ms", "200", NULL};
+    struct out r = agent_run(stop);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.text, "stopped lost3: SIGTERM to 1 rank and 1 other process; "
+                                   "2 processes outlived the 0.2 s grace period and got SIGKILL"));
+    free(r.text);
+    assert_no_process_left(st);
+    json_decref(st);
+    st = load_json(f, "lost3", "status.json");
+    assert_string_equal(jstr(st, "state"), "stopped");
+    assert_int_equal(jint(st, "others_termed"), 1);
+    assert_int_equal(jint(st, "killed_count"), 2);
+    assert_int_equal(json_array_size(json_object_get(st, "killed")), 2);
+    assert_true(json_is_true(json_object_get(jrank(st, 0), "stopped")));
     json_decref(st);
 }
 
@@ -1497,6 +1532,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_launch__a_daemon_left_by_a_finished_run_does_not_outlive_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_launch__stop_of_a_lost_run_reports_and_records_what_it_ended, setup, teardown),
         cmocka_unit_test_setup_teardown(test_launch__stop_of_a_lost_run_finds_its_escaped_children,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
