@@ -150,7 +150,7 @@ static int logs_exec(struct gs_cli *cli)
     const char *run = cli->argc ? cli->argv[0] : NULL;
     int r, code;
     gs_run_ctx_init(cli, &rc);
-    json_t *rec = gs_nodes_resolve(cli, &rc, run, &id, &r);
+    json_t *rec = gs_nodes_resolve(cli, &rc, run, 0, &id, &r);
     if (rec)
         code = gs_nodes_logs(cli, rec, opts.rank, opts.follow, opts.tail);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))

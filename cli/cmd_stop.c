@@ -57,7 +57,9 @@ static int stop_exec(struct gs_cli *cli)
     if (cli->cfg.slurm.enabled) /* scancel: the scheduler owns the job's processes */
         return gs_slurm_stop(cli, cli->argv[0]);
     gs_run_ctx_init(cli, &rc);
-    json_t *rec = gs_nodes_resolve(cli, &rc, cli->argv[0], &id, &r);
+    /* Several runs may share a --name: stop the newest that still runs, not a newer one that
+     * has ended while an older one of that name runs on. */
+    json_t *rec = gs_nodes_resolve(cli, &rc, cli->argv[0], 1, &id, &r);
     if (rec) /* a multi-node run: every node */
         code = gs_nodes_stop(cli, rec, grace_ms);
     else
@@ -74,14 +76,15 @@ const struct gs_cmd gs_cmd_stop = {
     .summary = "Stop a run: every rank and its children, confirmed gone",
     .help = "  --grace SECONDS  how long processes get to exit after SIGTERM before SIGKILL\n"
             "                   (default: the run's, 10 s unless 'run --grace' set it)\n"
-            "  RUN is a run id or a --name. Every process the run started is stopped, also those\n"
-            "  that left the rank's process group (setsid, daemons). Prints what got SIGTERM and\n"
-            "  what had to be killed; fails (exit 1, naming them) if any process of the run is\n"
-            "  still alive afterwards. A multi-node run (run --hosts) is stopped on every node at\n"
-            "  once, each node's report on its own line; stop fails, naming the node, when a node\n"
-            "  cannot be reached or something of the run survives there. On Slurm ([remote]\n"
-            "  scheduler = slurm) RUN is a run id, stopped with scancel and confirmed when the\n"
-            "  scheduler no longer lists its job.\n",
+            "  RUN is a run id or a --name (of several runs with that name, the newest still\n"
+            "  running; the report names it). Every process the run started is stopped, also\n"
+            "  those that left the rank's process group (setsid, daemons). Prints what got\n"
+            "  SIGTERM and what had to be killed; fails (exit 1, naming them) if any process of\n"
+            "  the run is still alive afterwards. A multi-node run (run --hosts) is stopped on\n"
+            "  every node at once, each node's report on its own line; stop fails, naming the\n"
+            "  node, when a node cannot be reached or something of the run survives there. On\n"
+            "  Slurm ([remote] scheduler = slurm) RUN is a run id, stopped with scancel and\n"
+            "  confirmed when the scheduler no longer lists its job.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,
     .parse = stop_parse,
     .exec = stop_exec,

@@ -80,9 +80,9 @@ void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *n
 
 /* Resolves RUN (an id, a --name, or NULL for the newest run) over the [remote] server's runs and
  * this project's multi-node runs. Returns the node list (a new reference) when the newest match
- * is a multi-node run, with *r 0; else NULL, with *r and `id` as gs_run_ctx_resolve leaves
- * them. An exact id of a recorded run is not looked up on the server. */
-json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+ * is a multi-node run, with *r 0; else NULL, with *r and `id` as gs_run_ctx_resolve (with
+ * `live`) leaves them. An exact id of a recorded run is not looked up on the server. */
+json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
                          struct gs_buf *id, int *r);
 
 /* `logs [-f] RUN` for the recorded run `rec`: every node's ranks; -f in a thread per node. */

@@ -116,7 +116,7 @@ static json_t *record_find(const char *root, const char *run)
     return best;
 }
 
-json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
                          struct gs_buf *id, int *r)
 {
     json_t *rec = record_find(cli->root.data, run);
@@ -124,7 +124,7 @@ json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *
     *r = 0;
     if (rec && run && !strcmp(rid, run))
         return rec; /* an exact id: nothing to compare */
-    *r = gs_run_ctx_resolve(cli, rc, run, id);
+    *r = gs_run_ctx_resolve(cli, rc, run, live, id);
     if (rec && *r == 0 && strcmp(rid, id->data) < 0) {
         json_decref(rec); /* [remote] has a newer run by that name: that one */
         return NULL;

@@ -492,12 +492,17 @@ int gs_run_ctx_list(struct gs_cli *cli, struct gs_run_ctx *rc, struct gs_buf *ou
 }
 
 /* The newest run whose id or name is `run` (any, when NULL). ps lists newest first. */
-int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
-                       struct gs_buf *id)
+/* 1 while the ps entry's run may still have processes: running, or lost (stop ends those). */
+static int entry_live(json_t *entry)
 {
-    struct gs_buf out = GS_BUF_INIT;
-    int r = gs_run_ctx_list(cli, rc, &out);
-    json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
+    const char *state = json_string_value(json_object_get(entry, "state"));
+    return state && (!strcmp(state, "running") || !strcmp(state, "lost"));
+}
+
+/* The id of the ps entry (newest first) that RUN names: an exact id, else the newest of that
+ * name, or with `live` the newest of that name still live when one is; NULL when none. */
+static const char *pick_run(json_t *runs, const char *run, int live)
+{
     size_t i;
     json_t *entry;
     const char *found = NULL;
@@ -505,11 +510,24 @@ int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *ru
     {
         const char *rid = json_string_value(json_object_get(entry, "id"));
         const char *name = json_string_value(json_object_get(entry, "name"));
-        if (rid && (!run || strcmp(rid, run) == 0 || (name && strcmp(name, run) == 0))) {
-            found = rid;
-            break;
+        if (rid && (!run || strcmp(rid, run) == 0))
+            return rid;
+        if (rid && name && strcmp(name, run) == 0) {
+            if (!live || entry_live(entry))
+                return rid;
+            found = found ? found : rid;
         }
     }
+    return found;
+}
+
+int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
+                       struct gs_buf *id)
+{
+    struct gs_buf out = GS_BUF_INIT;
+    int r = gs_run_ctx_list(cli, rc, &out);
+    json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
+    const char *found = runs ? pick_run(runs, run, live) : NULL;
     if (found)
         gs_buf_adds(id, found);
     else if (r == 0)

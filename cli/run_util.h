@@ -116,8 +116,10 @@ int gs_cli_sync_node(struct gs_cli *cli);
 char *gs_cli_node_key(const struct gs_config *cfg);
 
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
- * Appends the id to `id`. Returns 0 or GS_E_NOTFOUND. */
-int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run,
+ * A name picks the newest run of that name; with `live`, the newest one still running (or lost,
+ * which stop can still end) when there is one: several runs may share a name. Appends the id to
+ * `id`. Returns 0 or GS_E_NOTFOUND. */
+int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
                        struct gs_buf *id);
 
 /* Prints rank logs as whole lines with "[rank N] " prefixes (when `prefix`), keeping a local copy

@@ -1235,6 +1235,36 @@ static void test_run__detach_reattach_and_stop_leaves_no_process(void **state)
     child_release(&c);
 }
 
+/* Two running runs share a --name: `stop NAME` stops the newest, and again stops the other one
+ * (its report naming it), rather than answering "not running" about the newest while the older
+ * one runs on. */
+static void test_stop__a_shared_name_stops_the_newest_run_still_running(void **state)
+{
+    (void)state;
+    char older[128], newer[128], want[200];
+    struct child c = run_in(
+        project, ARGS("run", "--cpu", "1", "--name", "dup", "--detach", "--", "sleep", "1091"));
+    expect_status(&c, 0, "run --detach --name dup");
+    snprintf(older, sizeof(older), "%s", run_id_of(&c));
+    child_release(&c);
+    c = run_in(project,
+               ARGS("run", "--cpu", "1", "--name", "dup", "--detach", "--", "sleep", "1092"));
+    expect_status(&c, 0, "a second run --detach --name dup");
+    snprintf(newer, sizeof(newer), "%s", run_id_of(&c));
+    child_release(&c);
+    const char *order[] = {newer, older};
+    for (int i = 0; i < 2; i++) {
+        c = run_in(project, ARGS("stop", "dup"));
+        expect_status(&c, 0, "stop dup");
+        snprintf(want, sizeof(want), "stopped %s", order[i]);
+        assert_true(c.out.data && !strncmp(c.out.data, want, strlen(want)));
+        child_release(&c);
+        json_t *st = gs_test_run_json(remote, order[i], "status.json");
+        assert_string_equal(str_at(st, "state"), "stopped");
+        json_decref(st);
+    }
+}
+
 static void test_logs__tail_rank_and_the_newest_run_by_default(void **state)
 {
     (void)state;
@@ -1574,6 +1604,8 @@ int main(void)
             test_run__names_the_server_alike_with_and_without_the_daemon, use_home, stop_watch),
         cmocka_unit_test_setup(test_run__detach_reattach_and_stop_leaves_no_process, use_home),
         cmocka_unit_test_setup(test_stop__leaves_no_setsid_child_or_daemon_of_the_run, use_home),
+        cmocka_unit_test_setup(test_stop__a_shared_name_stops_the_newest_run_still_running,
+                               use_home),
         cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
         cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
