@@ -1,6 +1,7 @@
 /* cli/cmd_logs.c: `gpusync logs [RUN] [-f] [--rank N] [--tail N]`: a run's logs (the newest run
- * by default), several ranks' lines in the order they were printed; -f follows until the run
- * ends, resuming after a dropped connection. A run the server no longer has (it was recreated)
+ * by default), several ranks' lines in the order they were printed (to the server's 10 ms
+ * log-times resolution, agent/logtimes.h); -f follows until the run ends, resuming after a
+ * dropped connection. A run the server no longer has (it was recreated)
  * is shown from the local copy, and the user is told so. */
 #include <signal.h>
 #include <stdio.h>
@@ -176,12 +177,13 @@ const struct gs_cmd gs_cmd_logs = {
             "  --rank N               only rank N (a list such as 0,1 works too; or all)\n"
             "  --tail N               only the last N lines, N >= 1 (of all ranks, in time order)\n"
             "  RUN is a run id or a --name. Several ranks' lines come in the order they were\n"
-            "  printed. A copy is kept in .gpusync/runs/<id>/; when the server no longer has\n"
-            "  the run (it was recreated), RUN (an id) is shown from that copy, and -f then\n"
-            "  exits 1. A multi-node run (run --hosts) shows every node's ranks, one connection\n"
-            "  per node, lines prefixed by global rank; across nodes, lines come in the order\n"
-            "  they arrive here (--tail N: the last N lines of each node). On Slurm, -f RUN\n"
-            "  waits while the job is pending, saying why. Text only: run states are in\n"
+            "  printed, to about 10 ms: lines of different ranks printed closer together may\n"
+            "  come rank by rank. A copy is kept in .gpusync/runs/<id>/; when the server no\n"
+            "  longer has the run (it was recreated), RUN (an id) is shown from that copy, and\n"
+            "  -f then exits 1. A multi-node run (run --hosts) shows every node's ranks, one\n"
+            "  connection per node, lines prefixed by global rank; across nodes, lines come in\n"
+            "  the order they arrive here (--tail N: the last N lines of each node). On Slurm,\n"
+            "  -f RUN waits while the job is pending, saying why. Text only: run states are in\n"
             "  'gpusync ps --json'.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER | GS_CMD_TEXT_ONLY,
     .parse = logs_parse,
