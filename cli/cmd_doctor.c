@@ -16,7 +16,8 @@
 static const char probe_script[] =
     "cd 2>/dev/null; d=%s\n"
     "echo os=$(uname -s); echo arch=$(uname -m); echo kernel=$(uname -r)\n"
-    "mkdir -p -- \"$d\" 2>/dev/null\n"
+    "if e=$(mkdir -p -- \"$d\" 2>&1); then [ -w \"$d\" ] || echo path_error=\"$d\": not writable\n"
+    "else echo path_error=$(printf '%%s' \"$e\" | head -n1); fi\n"
     "df -Pk -- \"$d\" 2>/dev/null | awk 'NR==2{print \"disk_free_kb=\"$4}'\n"
     "if command -v nvidia-smi >/dev/null 2>&1; then\n"
     "  nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
@@ -194,7 +195,12 @@ static void check_system(struct doctor *d, const char *out)
     double gib = kb ? atof(kb) / (1024.0 * 1024.0) : -1;
     json_object_set_new(d->facts, "disk_free_bytes",
                         kb ? json_integer((json_int_t)(atof(kb) * 1024)) : json_null());
-    if (gib < 0)
+    const char *path_error = fact(out, "path_error");
+    if (path_error) /* df measures the file system of a file there too: a push would fail */
+        add_check(d, "disk", "fail",
+                  "remove or rename what is there, or choose another folder (gpusync init --path)",
+                  "cannot use the remote path: %s", path_error);
+    else if (gib < 0)
         add_check(d, "disk", "warn", NULL, "cannot read free space at the remote path");
     else
         add_check(d, "disk", gib < 5 ? "warn" : "ok", gib < 5 ? "free space before training" : NULL,

@@ -16,7 +16,7 @@ static void build_command(struct gs_cli *cli, int argc, char **argv, struct gs_b
 {
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    gs_buf_addf(cmd, "mkdir -p -- %s && cd -- %s && ", dir.data, dir.data);
+    gs_buf_addf(cmd, "{ mkdir -p -- %s && cd -- %s; } 2>/dev/null && ", dir.data, dir.data);
     if (argc == 1) {
         gs_buf_adds(cmd, argv[0]);
     } else {
@@ -24,6 +24,29 @@ static void build_command(struct gs_cli *cli, int argc, char **argv, struct gs_b
         gs_shell_quote_argv(cmd, argc, argv);
     }
     gs_buf_release(&dir);
+}
+
+/* After a failed status: whether the project folder could be entered at all, asked again with
+ * the command's own preamble (build_command hides its reason). If not, the command never ran and
+ * its status is not the user's: sets cli->err to a remote error naming the folder and returns
+ * GS_E_REMOTE; else returns 0. */
+static int check_folder(struct gs_cli *cli)
+{
+    struct gs_buf dir = GS_BUF_INIT, cmd = GS_BUF_INIT, why = GS_BUF_INIT;
+    gs_cli_remote_dir(cli, &dir);
+    gs_buf_addf(&cmd, "mkdir -p -- %s 2>&1 && cd -- %s 2>&1", dir.data, dir.data);
+    int rc = gs_exec_capture(cli->ssh, cmd.data, &why, NULL, &cli->err);
+    while (why.len && why.data[why.len - 1] == '\n')
+        why.data[--why.len] = '\0';
+    if (rc > 0)
+        rc = gs_error_set(&cli->err, GS_E_REMOTE,
+                          "cannot use the remote project folder on %s: %s; remove or rename what "
+                          "is there, or choose another folder (gpusync init --path)",
+                          gs_ssh_target(cli->ssh), why.len ? why.data : dir.data);
+    gs_buf_release(&dir);
+    gs_buf_release(&cmd);
+    gs_buf_release(&why);
+    return rc < 0 ? rc : 0;
 }
 
 static int exec_parse(struct gs_cli *cli, int argc, char **argv)
@@ -45,7 +68,9 @@ static int exec_exec(struct gs_cli *cli)
         io.stdin_fd = STDIN_FILENO;
     int rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
-    if (rc < 0) { /* whatever broke the channel, the command's own status is unknown */
+    if (rc > 0 && check_folder(cli) < 0)
+        rc = GS_E_REMOTE;
+    if (rc < 0) { /* the channel broke, or the command never ran: its own status is unknown */
         gs_cli_fail(cli, rc);
         return GS_EXIT_REMOTE_LOST;
     }
@@ -59,7 +84,7 @@ const struct gs_cmd gs_cmd_exec = {
     .help = "  One argument is a shell command line (gpusync exec 'nvidia-smi | head');\n"
             "  several are passed as exact arguments. Standard input is forwarded when it is\n"
             "  not a terminal. Exit status: the command's, 128+N if it died of signal N, 255 if\n"
-            "  the connection failed (as with ssh).\n",
+            "  the connection failed (as with ssh) or the remote project folder cannot be used.\n",
     .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,
     .parse = exec_parse,
     .exec = exec_exec,

@@ -34,6 +34,7 @@ struct push_ui {
     json_t *lost;        /* paths the server no longer had where the index said: pushed again */
     size_t withdrawable; /* failures[0..this) may be withdrawn: a later pass did them after all */
     size_t withdrawn;
+    int unstarted; /* connecting or starting the agent failed: no operation's outcome stands */
 };
 
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
@@ -191,6 +192,15 @@ static int relative_paths(struct gs_cli *cli, int argc, char **argv, struct gs_b
     return 0;
 }
 
+/* Notes that `rc`, from connecting or starting the session, failed the push as a whole: the
+ * error is its answer (exit 5 for a remote error), not a summary of operations that failed. */
+static int unstarted(struct push_ui *ui, int rc)
+{
+    if (rc < 0)
+        ui->unstarted = 1;
+    return rc;
+}
+
 /* Connects and starts the transport without waiting for the agent's answer. */
 static int connect_start(struct gs_cli *cli, struct gs_session *s)
 {
@@ -334,9 +344,9 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
     struct gs_error ready_err = {0};
     int ready = gs_session_ready(s, &ready_err);
     gs_debug("agent answered (%s)", ready == 0 ? s->transport : ready_err.msg);
-    if (ready < 0) {
+    if (ready < 0) { /* the early requests died with it: nothing was recorded */
         cli->err = ready_err;
-        return ready;
+        return unstarted(ui, ready);
     }
     if (!gs_session_replan(s))
         return rc;
@@ -370,7 +380,7 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
         atomic_store(&ui->show_reading, 1);
         plan_in_background(&p);
     }
-    int rc = o->dry_run ? 0 : connect_start(cli, s);
+    int rc = o->dry_run ? 0 : unstarted(ui, connect_start(cli, s));
     atomic_store(&ui->show_reading, 1);
     if (threaded)
         pthread_join(thread, NULL);
@@ -384,7 +394,7 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
         rc = execute_early(cli, s, ui, o, &p);
     } else {
         if (rc == 0 && !o->dry_run)
-            rc = gs_session_ready(s, &cli->err);
+            rc = unstarted(ui, gs_session_ready(s, &cli->err));
         /* the plan trusted an index that no longer holds, or that reconciling has changed */
         if (rc == 0 && gs_session_replan(s))
             rc = plan_again(cli, &p);
@@ -395,6 +405,10 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
      * a user timing the push counts the connection and the agent's start as well */
     p.st.start_ms = start_ms;
     p.st.elapsed_ms = gs_clock_mono_ms() - start_ms;
+    if (ui->unstarted) { /* the error object, not a summary of nothing */
+        gs_plan_release(&p.plan);
+        return rc;
+    }
     if (rc == 0 || rc == GS_E_REMOTE)
         print_summary(ui, &p.st, o->dry_run, o->dry_run ? "none" : s->transport,
                       s->ops ? s->ops->bytes_sent : 0,

@@ -18,6 +18,7 @@
 #include "common/wrapper.h"
 #include "proto/sync.h"
 #include "proto/zframes.h"
+#include "remote/agent_install.h"
 #include "remote/check_set.h"
 #include "remote/delta.h"
 
@@ -118,10 +119,29 @@ struct gs_agent {
 
 /* ---- reading, writing, dispatching ---- */
 
+/* The serve command could not make the project's folder (gs_agent_serve_command's marker ends
+ * its stderr): the server answered, so this is a remote error for the user to fix there, not a
+ * lost connection to retry. Returns GS_E_REMOTE with the reason mkdir gave, or 0 if not so. */
+static int root_unusable(struct gs_agent *a, struct gs_error *err)
+{
+    char *mark = a->errtail.len ? strstr(a->errtail.data, GS_AGENT_ROOT_UNUSABLE) : NULL;
+    if (!mark || a->hello_call.done)
+        return 0;
+    while (mark > a->errtail.data && mark[-1] == '\n')
+        mark--;
+    return gs_error_set(err, GS_E_REMOTE,
+                        "cannot use the remote project folder on %s: %.*s; remove or rename what "
+                        "is there, or choose another folder (gpusync init --path)",
+                        gs_ssh_target(a->ssh), (int)(mark - a->errtail.data), a->errtail.data);
+}
+
 static int agent_gone(struct gs_agent *a, struct gs_error *err)
 {
     while (a->errtail.len && (a->errtail.data[a->errtail.len - 1] == '\n'))
         a->errtail.data[--a->errtail.len] = '\0';
+    int rc = root_unusable(a, err);
+    if (rc)
+        return rc;
     /* A resident listener that closes before the handshake's answer started no session (its
      * `serve` could not start, or refused): the SSH connection is fine, and the caller falls back
      * to the shell. */
@@ -130,9 +150,9 @@ static int agent_gone(struct gs_agent *a, struct gs_error *err)
                             "the resident gpusync agent on %s closed before its "
                             "handshake",
                             gs_ssh_target(a->ssh));
-    int rc = gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s %s%s%s",
-                          gs_ssh_target(a->ssh), a->gate.passed[0] ? "stopped" : "did not start",
-                          a->errtail.len ? ": " : "", a->errtail.len ? a->errtail.data : "");
+    rc = gs_error_set(err, GS_E_DISCONNECTED, "the gpusync agent on %s %s%s%s",
+                      gs_ssh_target(a->ssh), a->gate.passed[0] ? "stopped" : "did not start",
+                      a->errtail.len ? ": " : "", a->errtail.len ? a->errtail.data : "");
     if (!a->gate.passed[0])
         gs_exec_blame_noise(&a->gate, err);
     return rc;

@@ -352,6 +352,6 @@ int gs_agent_install(struct gs_ssh *ssh, struct gs_buf *agent, const char **how,
 
 void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command)
 {
-    gs_buf_addf(command, "mkdir -p -- %s && exec %s serve --root %s", remote_dir, agent,
-                remote_dir);
+    gs_buf_addf(command, "mkdir -p -- %s || { echo %s >&2; exit 3; }; exec %s serve --root %s",
+                remote_dir, GS_AGENT_ROOT_UNUSABLE, agent, remote_dir);
 }

@@ -33,7 +33,10 @@ int gs_agent_reported_missing(const struct gs_buf *errout);
 /* gs_agent_cached_command for an agent serving `remote_dir`. */
 void gs_agent_cached_serve_command(const char *remote_dir, struct gs_buf *command);
 
-/* Appends the remote command that runs `agent` serving `remote_dir` (a quoted shell word). */
+/* Appends the remote command that runs `agent` serving `remote_dir` (a quoted shell word), made
+ * first with mkdir -p. When it cannot be made (a file in its place, no permission) the command
+ * prints mkdir's reason and then GS_AGENT_ROOT_UNUSABLE on stderr, and exits 3. */
+#define GS_AGENT_ROOT_UNUSABLE "gpusync-root-unusable"
 void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command);
 
 /* The local agent binary that would be uploaded, or NULL when none is found. Looks at

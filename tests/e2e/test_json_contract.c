@@ -1015,6 +1015,36 @@ static void test_contract__errors_carry_a_name_and_a_message(void **state)
     json_decref(o);
 }
 
+/* The remote project path holds a file: the connection is fine but nothing can be synced there.
+ * push fails with the error object (exit 5, "remote error"), not a summary of no failed
+ * operations (it said "ok":true and exited 1) nor "connection lost"; exec exits 255 with the
+ * same error, not mkdir's 1 (which the command itself could return); doctor fails "disk". */
+static void test_contract__a_file_at_the_remote_path_is_a_remote_error(void **state)
+{
+    (void)state;
+    char dir[700], file[700];
+    snprintf(dir, sizeof(dir), "%s/file-at-path", scratch);
+    snprintf(file, sizeof(file), "%s/remote-is-a-file", scratch);
+    sh("mkdir -p '%s/.gpusync' && echo x > '%s/a.txt' && echo not-a-folder > '%s' && printf "
+       "'[remote]\\nhost = 127.0.0.1\\nport = %d\\nuser = root\\npath = %s\\n' > "
+       "'%s/.gpusync/config'",
+       dir, dir, file, server.port, file, dir);
+    json_t *o = reply_of(GPUSYNC_IN(dir, "push", "--json"), 5, error_spec, "push to a file");
+    assert_string_equal(str_of(o, "error"), "remote error");
+    assert_non_null(strstr(str_of(o, "message"), file));
+    json_decref(o);
+    o = reply_of(GPUSYNC_IN(dir, "exec", "--json", "pwd"), 255, error_spec, "exec in a file");
+    assert_string_equal(str_of(o, "error"), "remote error");
+    json_decref(o);
+    o = reply_of(GPUSYNC_IN(dir, "doctor", "--json"), 1, doctor_spec, "doctor, path a file");
+    json_t *c;
+    size_t i;
+    json_array_foreach(json_object_get(o, "checks"), i, c) if (!strcmp(str_of(c, "name"), "disk"))
+        assert_string_equal(str_of(c, "status"), "fail");
+    json_decref(o);
+    sh("rm -rf '%s' '%s'", dir, file);
+}
+
 /* Runs `args` in `dir` and requires the one error object with exit 3, "configuration error". */
 static void expect_config_error(const char *dir, const char *const *args, const char *what)
 {
@@ -1138,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_contract__events_stream_types_every_kind),
         cmocka_unit_test(test_contract__errors_carry_a_name_and_a_message),
         cmocka_unit_test(test_contract__bytes_that_are_not_utf8_still_give_one_object),
+        cmocka_unit_test(test_contract__a_file_at_the_remote_path_is_a_remote_error),
         cmocka_unit_test(test_contract__doctor_has_checks_and_facts),
         cmocka_unit_test(test_contract__run_detach_reports_id_ranks_and_port),
         cmocka_unit_test(test_contract__ps_lists_runs_with_every_field),

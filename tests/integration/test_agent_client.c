@@ -290,6 +290,28 @@ static void test_agent_client__streamed_file_changed_since_hashed_is_not_committ
     free(now);
 }
 
+/* The remote project path holds a file: the serve command cannot make the folder, and the shell
+ * ends before the agent starts. The SSH connection is fine, so that is a remote error naming the
+ * path, not GS_E_DISCONNECTED (which push reported as "connection lost" and a caller retries). */
+static void test_agent_client__a_file_at_the_root_path_is_a_remote_error(void **state)
+{
+    struct fx *f = *state;
+    char root[160];
+    snprintf(root, sizeof(root), "%s/a-file", f->base);
+    assert_int_equal(gs_test_sh("echo not-a-folder > '%s'", root), 0);
+    struct gs_buf cmd = GS_BUF_INIT;
+    struct gs_error err = {0};
+    struct gs_agent *a = NULL;
+    gs_agent_serve_command(gs_test_build_path("agent/gpusync-agent"), root, &cmd);
+    int rc = gs_agent_open(&a, g_ssh, cmd.data, 1, &err);
+    if (rc == 0)
+        rc = gs_agent_wait_ready(a, &err);
+    gs_agent_close(a);
+    gs_buf_release(&cmd);
+    assert_int_equal(rc, GS_E_REMOTE);
+    assert_non_null(strstr(err.msg, root));
+}
+
 /* Hundreds of small puts, written in batches of whole packets, all arrive and are answered. */
 static void test_agent_client__many_small_puts_all_arrive(void **state)
 {
@@ -796,6 +818,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_agent_client__streamed_file_changed_since_hashed_is_not_committed, setup,
             teardown),
+        cmocka_unit_test_setup_teardown(
+            test_agent_client__a_file_at_the_root_path_is_a_remote_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__the_level_stays_1_on_a_fast_link, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_agent_client__a_slow_link_raises_the_level, setup_slow,
