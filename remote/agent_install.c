@@ -191,8 +191,12 @@ static int upload_binary(struct gs_ssh *ssh, const struct gs_buf *bytes, const c
     io.stdin_len = bytes->len;
     io.stderr_buf = &errout;
     int rc = gs_exec_run(ssh, cmd.data, &io, err);
+    while (errout.len && errout.data[errout.len - 1] == '\n') /* one line in the message */
+        errout.data[--errout.len] = '\0';
     if (rc > 0)
-        rc = gs_error_set(err, GS_E_REMOTE, "cannot install the agent on %s: %s",
+        rc = gs_error_set(err, GS_E_REMOTE,
+                          "cannot install the agent on %s: %s; it goes in ~/.gpusync/bin: make "
+                          "that writable there, or set transport = sftp in [sync]",
                           gs_ssh_target(ssh), errout.data ? errout.data : "");
     gs_buf_release(&cmd);
     gs_buf_release(&errout);

@@ -1045,6 +1045,34 @@ static void test_contract__a_file_at_the_remote_path_is_a_remote_error(void **st
     sh("rm -rf '%s' '%s'", dir, file);
 }
 
+/* A server where the agent cannot be installed (the user's HOME is not writable; here sshd's
+ * SetEnv points HOME where nothing can be made): push fails with the error object, exit 5, and
+ * a message. It printed a summary with "ok":true, failed_count 0 and transport "", exited 1,
+ * and said nothing. */
+static void test_contract__push_that_cannot_install_the_agent_is_an_error(void **state)
+{
+    (void)state;
+    struct gs_test_sshd nohome;
+    char dir[700];
+    if (gs_test_sshd_start(&nohome, NULL) != 0)
+        fail_msg("a second sandbox sshd did not start");
+    assert_int_equal(
+        gs_test_sshd_fake_program(&nohome, "gs-unused", "#!/bin/sh\n", "HOME=/proc/gs-no-home"), 0);
+    snprintf(dir, sizeof(dir), "%s/no-home", scratch);
+    sh("printf '[127.0.0.1]:%d %%s' \"$(cat '%s/host_ed25519.pub')\" >> '%s/.ssh/known_hosts'",
+       nohome.port, nohome.dir, server.home);
+    sh("mkdir -p '%s/.gpusync' && echo x > '%s/a.txt' && printf '[remote]\\nhost = "
+       "127.0.0.1\\nport = %d\\nuser = root\\npath = %s/remote\\nidentity = "
+       "%s/.ssh/id_ed25519\\n[sync]\\nresident = off\\n' > '%s/.gpusync/config'",
+       dir, dir, nohome.port, dir, nohome.home, dir);
+    json_t *o = reply_of(GPUSYNC_IN(dir, "push", "--json"), 5, error_spec, "push, no HOME");
+    assert_string_equal(str_of(o, "error"), "remote error");
+    assert_non_null(strstr(str_of(o, "message"), "/proc/gs-no-home"));
+    json_decref(o);
+    gs_test_sshd_destroy(&nohome);
+    sh("rm -rf '%s'", dir);
+}
+
 /* Runs `args` in `dir` and requires the one error object with exit 3, "configuration error". */
 static void expect_config_error(const char *dir, const char *const *args, const char *what)
 {
@@ -1169,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_contract__errors_carry_a_name_and_a_message),
         cmocka_unit_test(test_contract__bytes_that_are_not_utf8_still_give_one_object),
         cmocka_unit_test(test_contract__a_file_at_the_remote_path_is_a_remote_error),
+        cmocka_unit_test(test_contract__push_that_cannot_install_the_agent_is_an_error),
         cmocka_unit_test(test_contract__doctor_has_checks_and_facts),
         cmocka_unit_test(test_contract__run_detach_reports_id_ranks_and_port),
         cmocka_unit_test(test_contract__ps_lists_runs_with_every_field),
