@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/progress.h"
@@ -34,6 +35,8 @@ struct pull_job {
     struct pull_file *files;
     size_t n, cap;
     json_t *kept; /* [{local, kept}]: local edits moved aside */
+    char **made;  /* the local directories this pull created, parents first */
+    size_t n_made, cap_made;
     uint64_t total, done_before;
     struct gs_progress bar;
 };
@@ -43,6 +46,35 @@ static void add_file(struct pull_job *job, const char *remote, const char *local
     GS_ALLOC_GROW(job->files, job->n + 1, job->cap);
     job->files[job->n++] = (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size};
     job->total += size;
+}
+
+/* Creates `dir` and its missing parents, noting each one made so that a failed pull can remove
+ * them again (undo_dirs). Errors are left to the write that needs the directory. */
+static void make_dirs(struct pull_job *job, const char *dir)
+{
+    struct gs_buf p = GS_BUF_INIT;
+    gs_buf_adds(&p, dir);
+    for (size_t i = 1; i <= p.len; i++) {
+        if (i < p.len && p.data[i] != '/')
+            continue;
+        p.data[i] = '\0';
+        if (mkdir(p.data, 0755) == 0) {
+            GS_ALLOC_GROW(job->made, job->n_made + 1, job->cap_made);
+            job->made[job->n_made++] = gs_xstrdup(p.data);
+        }
+        if (i < p.len)
+            p.data[i] = '/';
+    }
+    gs_buf_release(&p);
+}
+
+/* After a failed pull: removes the directories it created, deepest first, if they are still
+ * empty (a file pulled before the failure stays, and so does its folder). A refused or missing
+ * REMOTE_PATH thus leaves nothing behind for the next push to send. */
+static void undo_dirs(struct pull_job *job)
+{
+    while (job->n_made)
+        rmdir(job->made[--job->n_made]);
 }
 
 /* Refuses a symlink at any component of `path` from job->check_from on: pull neither writes
@@ -92,7 +124,7 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
     gs_path_join(&local, job->local_base, rest);
     int rc = refuse_symlinks(job, local.data);
     if (rc == 0 && e->kind == 2) /* the listing can name a directory before LOCAL_PATH exists */
-        gs_path_mkdir_p(local.data, 0755, NULL);
+        make_dirs(job, local.data);
     else if (rc == 0 && e->kind == 1)
         add_file(job, e->path, local.data, e->size);
     gs_buf_release(&local);
@@ -179,32 +211,32 @@ static void on_bytes(void *ctx, uint64_t done, uint64_t total)
 
 /* Creates the directory that will hold `local`: the temporary file is made beside it, and a
  * nested file's directory may not exist yet (only LOCAL_PATH's parent was made up front). */
-static void make_parent(const char *local)
+static void make_parent(struct pull_job *job, const char *local)
 {
     struct gs_buf parent = GS_BUF_INIT;
     gs_buf_adds(&parent, local);
     char *slash = strrchr(parent.data, '/');
     if (slash && slash != parent.data) {
         *slash = '\0';
-        gs_path_mkdir_p(parent.data, 0755, NULL);
+        make_dirs(job, parent.data);
     }
     gs_buf_release(&parent);
 }
 
-/* Works out the file list: one file, or every file below a directory. */
+/* Works out the file list: one file, or every file below a directory. Creates no directory
+ * before the server has listed REMOTE_PATH as one. */
 static int collect(struct pull_job *job, struct gs_agent *agent)
 {
     int rc = refuse_symlinks(job, job->local_base);
     if (rc < 0)
         return rc;
-    make_parent(job->local_base);
     rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
     if (rc == GS_E_REMOTE && job->n == 0) { /* not a directory: a single file */
         gs_error_clear(&job->cli->err);
         add_file(job, job->remote_base, job->local_base, 0);
         rc = 0;
     } else if (rc == 0) {
-        mkdir(job->local_base, 0755);
+        make_dirs(job, job->local_base);
     }
     return rc;
 }
@@ -215,7 +247,7 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < job->n; i++) {
         struct pull_file *f = &job->files[i];
-        make_parent(f->local);
+        make_parent(job, f->local);
         rc = keep_local_change(job, agent, f);
         if (rc == 0)
             rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
@@ -274,6 +306,8 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
     gs_buf_release(&dir);
     gs_session_close(&s);
     if (rc < 0)
+        undo_dirs(job);
+    if (rc < 0)
         return gs_cli_fail(cli, rc);
     report(job);
     return 0;
@@ -331,6 +365,9 @@ static void pull_job_release(struct pull_job *job)
         free(job->files[i].local);
     }
     free(job->files);
+    for (size_t i = 0; i < job->n_made; i++)
+        free(job->made[i]);
+    free(job->made);
     json_decref(job->kept);
 }
 
@@ -365,7 +402,8 @@ const struct gs_cmd gs_cmd_pull = {
             "  pushed, or edited since) that differs from the server's is first kept as\n"
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink where the pull would write\n"
             "  is never followed or replaced: the pull is refused (exit 6). Every path the server\n"
-            "  lists must lie under REMOTE_PATH, or nothing is pulled.\n",
+            "  lists must lie under REMOTE_PATH, or nothing is pulled. A pull that fails\n"
+            "  leaves no new folder behind.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

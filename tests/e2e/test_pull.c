@@ -177,6 +177,32 @@ static void a_listing_outside_the_directory_asked_for_is_refused(void **state)
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* A pull that fails creates no local directory: the missing path's parents (made before the
+ * download) and a refused listing's LOCAL_PATH parents were left behind, and the next push sent
+ * them to the server as new folders. */
+static void a_failed_pull_leaves_no_directory_behind(void **state)
+{
+    (void)state;
+    char path[256], agent_env[200];
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "nosuch/deep/file.txt"));
+    if (r.status == 0)
+        fail_msg("pull of a missing remote file succeeded");
+    gs_test_result_release(&r);
+    snprintf(path, sizeof(path), "%s/nosuch", project);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    gs_test_sh("mkdir -p '%s/results/abcde' && printf data > '%s/results/abcde/f.txt'", remote,
+               remote);
+    write_liar("results/abcde/", "resultz/abcde/");
+    snprintf(agent_env, sizeof(agent_env), "GPUSYNC_AGENT=%s", liar);
+    const char *env[] = {agent_env, NULL};
+    r = gpusync_env(env, GS_TEST_ARGS("pull", "results", "made/by/pull"));
+    gs_test_expect_status(&r, 5, "pull refused, into made/by/pull");
+    gs_test_result_release(&r);
+    snprintf(path, sizeof(path), "%s/made", project);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 static void a_local_file_never_pushed_is_kept_before_the_pull_replaces_it(void **state)
 {
     (void)state;
@@ -289,6 +315,7 @@ int main(void)
         cmocka_unit_test(a_synced_file_edited_since_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_listing_that_climbs_out_of_the_project_writes_nothing),
         cmocka_unit_test(a_listing_outside_the_directory_asked_for_is_refused),
+        cmocka_unit_test(a_failed_pull_leaves_no_directory_behind),
         cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_local_symlink_is_never_written_through),
         cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
