@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "cli/progress.h"
@@ -198,6 +199,38 @@ static int unstarted(struct push_ui *ui, int rc)
 {
     if (rc < 0)
         ui->unstarted = 1;
+    return rc;
+}
+
+static int stop_at_first(const struct gs_index_entry *e, void *ctx)
+{
+    (void)e, (void)ctx;
+    return 1;
+}
+
+/* Requires each PATH to exist locally or in the index (a file deleted since its sync, or a folder
+ * with one below it: the push sends the deletion). Anything else is a typo that would push
+ * nothing and succeed: GS_E_NOTFOUND naming the PATH as given. */
+static int paths_exist(struct gs_cli *cli, struct gs_index *idx, char **argv, const char **paths,
+                       int argc)
+{
+    struct gs_buf local = GS_BUF_INIT;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < argc; i++) {
+        struct stat st;
+        gs_buf_reset(&local);
+        gs_path_join(&local, cli->root.data, paths[i]);
+        if (lstat(local.data, &st) == 0 || !paths[i][0])
+            continue;
+        rc = gs_index_foreach(idx, paths[i], stop_at_first, NULL, &cli->err);
+        if (rc == 0)
+            rc = gs_error_set(&cli->err, GS_E_NOTFOUND,
+                              "%s: no such file or directory, here or among the paths gpusync "
+                              "synced",
+                              argv[i]);
+        rc = rc == 1 ? 0 : rc;
+    }
+    gs_buf_release(&local);
     return rc;
 }
 
@@ -514,6 +547,8 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
         rc = push_through_daemon(cli, &ui, &delegated);
     if (rc == 0 && !delegated)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
+    if (opened)
+        rc = paths_exist(cli, s.idx, argv, paths, argc);
     if (!delegated && rc == 0 && !dry_run) /* one agent session per project (session.h) */
         rc = gs_session_lock(&s, 1, &cli->err);
     if (!delegated && rc == 0)
@@ -559,7 +594,8 @@ const struct gs_cmd gs_cmd_push = {
     .usage = "push [--dry-run] [--json] [PATH...]",
     .summary = "Make the server's copy of the project match this one (once)",
     .help = "  -n, --dry-run          list what would be done, change nothing\n"
-            "  PATH...                only these files or directories\n"
+            "  PATH...                only these files or directories (one that exists\n"
+            "                         neither here nor among the synced paths: exit 1)\n"
             "  Files changed on the server since gpusync wrote them are kept there as\n"
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. Exit status 1 if an operation failed.\n"
             "  On a terminal a progress bar counts bytes as they go (one large file moves it);\n"

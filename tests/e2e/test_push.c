@@ -930,6 +930,33 @@ static void test_push__paths_restrict_what_is_sent(void **state)
     push_compare_drop(&cur, "the rest");
 }
 
+/* A PATH neither in the project nor in the index is a typo: an error naming it (exit 1, "not
+ * found"), where the push sent nothing and succeeded. A file or folder deleted since its sync is
+ * in the index, and pushing it by name still sends the deletion. */
+static void test_push__a_path_that_never_existed_is_an_error(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    put_text(cur.local, "gone.txt", "deleted later\n", 0644);
+    put_text(cur.local, "olddir/x.py", "deleted later\n", 0644);
+    push_compare_drop(&cur, "first sync");
+    remove_path(cur.local, "gone.txt");
+    remove_path(cur.local, "olddir");
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("push", "--json", "no-such-file.py"));
+    expect_status(&r, 1, "push --json no-such-file.py");
+    json_t *o = parse_json(&r, "push --json no-such-file.py");
+    gs_test_result_release(&r);
+    assert_string_equal(json_string_value(json_object_get(o, "error")), "not found");
+    assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "no-such-file.py"));
+    json_decref(o);
+    assert_true(exists(cur.remote, "gone.txt")); /* nothing was pushed */
+    r = run_gpusync(cur.local, ARGS("push", "--json", "gone.txt", "olddir"));
+    expect_status(&r, 0, "push --json gone.txt olddir (both deleted)");
+    gs_test_result_release(&r);
+    assert_false(exists(cur.remote, "gone.txt"));
+    assert_false(exists(cur.remote, "olddir"));
+}
+
 static void test_status__json_counts_pending_changes(void **state)
 {
     (void)state;
@@ -1934,6 +1961,7 @@ int main(void)
         T(test_push__gitignore_and_sync_exclude_are_respected),
         T(test_push__dry_run_changes_nothing),
         T(test_push__paths_restrict_what_is_sent),
+        T(test_push__a_path_that_never_existed_is_an_error),
         T(test_status__json_counts_pending_changes),
         T(test_pull__file_and_directory_arrive_whole),
         T(test_push__large_file_streams_both_ways_in_bounded_memory),
