@@ -101,16 +101,37 @@ static void print_overview(FILE *out)
     print_exit_codes(out);
 }
 
-/* Exact name or alias first, then a unique prefix, as tmux does. */
+/* `help` and `version` are no entries of cmd_table (they need no context), but they are
+ * commands to the user: prefixes are matched against them too, so `h` is ambiguous (hosts,
+ * help) rather than hosts, and `he` is help. */
+static const struct gs_cmd help_cmd = {.name = "help"};
+static const struct gs_cmd version_cmd = {.name = "version"};
+static const struct gs_cmd *const builtin_cmds[] = {&help_cmd, &version_cmd};
+#define N_NAMES (N_COMMANDS + sizeof(builtin_cmds) / sizeof(builtin_cmds[0]))
+
+/* The i-th command name of N_NAMES: the table's, then the built-in ones. */
+static const struct gs_cmd *nth_command(size_t i)
+{
+    return i < N_COMMANDS ? cmd_table[i] : builtin_cmds[i - N_COMMANDS];
+}
+
+/* Whether `name` is a non-empty prefix of c's name. */
+static int is_prefix(const char *name, const struct gs_cmd *c)
+{
+    return name[0] && strncmp(c->name, name, strlen(name)) == 0;
+}
+
+/* Exact name or alias first (`st` is status's alias, though it also begins stop), then a unique
+ * prefix, as tmux does. Returns NULL after saying why on stderr. */
 static const struct gs_cmd *find_command(const char *name)
 {
     const struct gs_cmd *found = NULL;
     int matches = 0;
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        const struct gs_cmd *c = cmd_table[i];
+    for (size_t i = 0; i < N_NAMES; i++) {
+        const struct gs_cmd *c = nth_command(i);
         if (strcmp(c->name, name) == 0 || (c->alias && strcmp(c->alias, name) == 0))
             return c;
-        if (strncmp(c->name, name, strlen(name)) == 0) {
+        if (is_prefix(name, c)) {
             found = c;
             matches++;
         }
@@ -119,14 +140,32 @@ static const struct gs_cmd *find_command(const char *name)
         return found;
     if (matches > 1) {
         fprintf(stderr, "gpusync: ambiguous command: %s, could be:", name);
-        for (size_t i = 0; i < N_COMMANDS; i++)
-            if (strncmp(cmd_table[i]->name, name, strlen(name)) == 0)
-                fprintf(stderr, " %s", cmd_table[i]->name);
+        for (size_t i = 0; i < N_NAMES; i++)
+            if (is_prefix(name, nth_command(i)))
+                fprintf(stderr, " %s", nth_command(i)->name);
         fputc('\n', stderr);
     } else {
-        fprintf(stderr, "gpusync: unknown command: %s (see 'gpusync help')\n", name);
+        fprintf(stderr, "gpusync: unknown command: '%s' (see 'gpusync help')\n", name);
     }
     return NULL;
+}
+
+static int is_help_option(const char *arg)
+{
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* `gpusync help [COMMAND]`: the overview, or COMMAND's help (a prefix works there too). */
+static int help_exec(int argc, char **argv)
+{
+    const struct gs_cmd *cmd = argc >= 2 && !is_help_option(argv[1]) ? find_command(argv[1]) : NULL;
+    if (argc >= 2 && !is_help_option(argv[1]) && !cmd)
+        return GS_EXIT_USAGE;
+    if (cmd && cmd != &help_cmd && cmd != &version_cmd)
+        gs_cli_print_help(cmd);
+    else
+        print_overview(stdout);
+    return 0;
 }
 
 static void cli_release(struct gs_cli *cli)
@@ -160,24 +199,20 @@ static int run_command(const struct gs_cmd *cmd, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "-h") == 0) {
-        if (argc >= 3 && strcmp(argv[1], "help") == 0) {
-            const struct gs_cmd *cmd = find_command(argv[2]);
-            if (!cmd)
-                return GS_EXIT_USAGE;
-            gs_cli_print_help(cmd);
-            return 0;
-        }
-        print_overview(argc < 2 ? stderr : stdout);
-        return argc < 2 ? GS_EXIT_USAGE : 0;
+    if (argc < 2) {
+        print_overview(stderr);
+        return GS_EXIT_USAGE;
     }
-    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+    const struct gs_cmd *cmd = is_help_option(argv[1])             ? &help_cmd
+                               : strcmp(argv[1], "--version") == 0 ? &version_cmd
+                                                                   : find_command(argv[1]);
+    if (!cmd)
+        return GS_EXIT_USAGE;
+    if (cmd == &help_cmd)
+        return help_exec(argc - 1, argv + 1);
+    if (cmd == &version_cmd) {
         printf("gpusync %s\n", GS_VERSION);
         return 0;
     }
-    const struct gs_cmd *cmd = find_command(argv[1]);
-    if (!cmd)
-        return GS_EXIT_USAGE;
     return run_command(cmd, argc - 1, argv + 1);
 }

@@ -142,6 +142,33 @@ static void test_cli__unique_prefix_runs_the_command_help(void **state)
     gs_test_result_release(&r);
 }
 
+/* Prefixes are matched against help too, and an alias is exact: `st` stays status (its alias),
+ * `h` is ambiguous (hosts, help: it ran hosts), `he` is help (it was unknown), `help --help`
+ * prints the overview (it was "unknown command"), and "" is unknown, not ambiguous. */
+static void test_cli__prefixes_count_help_and_aliases_are_exact(void **state)
+{
+    (void)state;
+    struct gs_test_result r = run_gpusync(NULL, NULL, NULL, ARGS("st", "--help"));
+    gs_test_expect_status(&r, 0, "gpusync st --help");
+    assert_true(r.out.data && strncmp(r.out.data, "usage: gpusync status", 21) == 0);
+    gs_test_result_release(&r);
+    r = run_gpusync(NULL, NULL, NULL, ARGS("h", "--help"));
+    gs_test_expect_status(&r, 2, "gpusync h --help");
+    assert_int_equal(r.out.len, 0);
+    gs_test_result_release(&r);
+    const char *const overview[][3] = {{"he", NULL}, {"help", "--help"}, {"hel", "-h"}};
+    for (size_t i = 0; i < sizeof(overview) / sizeof(overview[0]); i++) {
+        r = run_gpusync(NULL, NULL, NULL, ARGS(overview[i][0], overview[i][1]));
+        gs_test_expect_status(&r, 0, overview[i][0]);
+        assert_true(r.out.data && strncmp(r.out.data, "usage: gpusync COMMAND", 22) == 0);
+        gs_test_result_release(&r);
+    }
+    r = run_gpusync(NULL, NULL, NULL, ARGS(""));
+    gs_test_expect_status(&r, 2, "gpusync ''");
+    assert_true(r.err.data && !strstr(r.err.data, "ambiguous"));
+    gs_test_result_release(&r);
+}
+
 /* The paragraph of `text` that starts with "Exit codes:" (up to a blank line), in `out`. */
 static void exit_code_paragraph(const char *text, const char *what, struct gs_buf *out)
 {
@@ -877,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_cli__help_lists_the_commands),
         cmocka_unit_test(test_cli__help_lists_every_exit_code_the_readme_lists),
         cmocka_unit_test(test_cli__unique_prefix_runs_the_command_help),
+        cmocka_unit_test(test_cli__prefixes_count_help_and_aliases_are_exact),
         cmocka_unit_test(test_cli__unknown_command_exits_2),
         cmocka_unit_test(test_cli__ambiguous_prefix_names_the_candidates),
         cmocka_unit_test_setup(test_init__unknown_host_without_accept_fails_4_and_records_nothing,
