@@ -86,7 +86,8 @@ static void print_exit_codes(FILE *out)
                 gs_buf_addf(&text, "%s %s", j == i ? "" : ",", errors[j].text);
     }
     gs_buf_adds(&text, ". exec, run and logs -f exit with the remote command's status (128+N for "
-                       "signal N), or 255 when the connection failed.");
+                       "signal N; 127 not found, 126 not executable), or 255 when the connection "
+                       "failed.");
     print_filled(out, text.data);
     gs_buf_release(&text);
 }
