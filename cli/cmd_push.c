@@ -150,6 +150,9 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                               (int)st->unchanged, "failed_count", (int)st->failed, "seconds",
                               st->elapsed_ms / 1000.0, "conflicts", json_incref(ui->conflicts),
                               "failures", json_incref(ui->failures), "transport", transport);
+        /* symlinks made or changed, and modes set, which "sent" (file contents) does not count */
+        json_object_set_new(o, "symlinks", json_integer((json_int_t)st->symlinks));
+        json_object_set_new(o, "chmods", json_integer((json_int_t)st->chmods));
         /* what crossed for the files: a delta counts as its own size (before compression) */
         json_object_set_new(o, "link_bytes", json_integer((json_int_t)link_bytes));
         /* compress = auto: 9 once the link was found slow, in this push or the last */
@@ -174,10 +177,12 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
         printf("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, %zu "
                "changed there): sent again\n",
                gone + changed, verified->checked, gone, changed);
-    printf("sent %zu (%s), deleted %zu, renamed %zu, conflicts %zu, unchanged %zu, failed %zu in "
-           "%.2f s\n",
-           st->sent, gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed,
-           st->conflicts, st->unchanged, st->failed, st->elapsed_ms / 1000.0);
+    printf("sent %zu (%s), deleted %zu, renamed %zu, ", st->sent,
+           gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed);
+    if (st->mkdirs + st->symlinks + st->chmods) /* a push of only links or modes did something */
+        printf("folders %zu, symlinks %zu, modes %zu, ", st->mkdirs, st->symlinks, st->chmods);
+    printf("conflicts %zu, unchanged %zu, failed %zu in %.2f s\n", st->conflicts, st->unchanged,
+           st->failed, st->elapsed_ms / 1000.0);
 }
 
 /* Converts PATH arguments to project-relative paths (in `rel`, pointers in `paths`). */
@@ -501,6 +506,8 @@ static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *hand
                                .deleted = count_field(reply, "deleted"),
                                .renamed = count_field(reply, "renamed"),
                                .mkdirs = count_field(reply, "mkdirs"),
+                               .symlinks = count_field(reply, "symlinks"),
+                               .chmods = count_field(reply, "chmods"),
                                .unchanged = count_field(reply, "unchanged"),
                                .failed = count_field(reply, "failed_count"),
                                .elapsed_ms = (int64_t)count_field(reply, "ms")};

@@ -596,6 +596,8 @@ static json_t *push_answer(struct daemon *d, struct client *c, json_t *reply)
         (int)p->st.failed, "link_bytes", (json_int_t)p->link_bytes, "push_conflicts", p->conflicts,
         "push_failures", p->failures, "transport", d->sess.transport, "compress_level",
         d->sess.agent ? gs_agent_compress_level(d->sess.agent) : 0);
+    json_object_set_new(done, "symlinks", json_integer((json_int_t)p->st.symlinks));
+    json_object_set_new(done, "chmods", json_integer((json_int_t)p->st.chmods));
     json_object_update(reply, done);
     json_decref(done);
     push_ask_free(c);

@@ -75,6 +75,8 @@ static const struct field push_spec[] = {
     {"deleted", T_INT, 0, NULL},
     {"renamed", T_INT, 0, NULL},
     {"mkdirs", T_INT, 0, NULL},
+    {"symlinks", T_INT, 0, NULL},
+    {"chmods", T_INT, 0, NULL},
     {"unchanged", T_INT, 0, NULL},
     {"failed_count", T_INT, 0, NULL},
     {"seconds", T_NUM, 0, NULL},

@@ -553,10 +553,13 @@ static void scenario_changes(struct proj *p)
     assert_int_equal(chmod(path, 0755), 0);
     o = push_and_compare(p, 0, "chmod +x");
     assert_int_equal(jint(o, "sent") + jint(o, "bytes"), 0); /* a mode change sends no content */
+    assert_int_equal(jint(o, "chmods"), 1);                  /* but the summary counts it */
     json_decref(o);
 
     make_link(p->local, "link-new", "src/f001.py");
-    push_compare_drop(p, "symlink create");
+    o = push_and_compare(p, 0, "symlink create");
+    assert_int_equal(jint(o, "symlinks"), 1);
+    json_decref(o);
     make_link(p->local, "link-new", "src/new file.py");
     push_compare_drop(p, "symlink retarget");
     remove_path(p->local, "link-new");
