@@ -136,7 +136,11 @@ static int changed_since_sync(const char *local, const struct stat *st,
                               const struct gs_index_entry *e)
 {
     int64_t mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-    if (e->has_local && e->local_size == (uint64_t)st->st_size && e->local_mtime_ns == mtime_ns)
+    int64_t ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    /* the stat cache as the plan reads it (plan.c): the ctime catches an edit that put the size
+     * and mtime back */
+    if (e->has_local && e->local_size == (uint64_t)st->st_size && e->local_mtime_ns == mtime_ns &&
+        e->local_ctime_ns == ctime_ns)
         return 0;
     struct gs_hash h;
     return !(e->has_hash && gs_hash_file(local, &h, NULL) == 0 && gs_hash_equal(&h, &e->hash));
