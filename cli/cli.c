@@ -153,6 +153,17 @@ void gs_cli_json_print(json_t *obj)
     json_decref(obj);
 }
 
+char *gs_cli_terminal_safe(char *s)
+{
+    for (unsigned char *p = (unsigned char *)s; *p; p++) {
+        if ((*p < 0x20 && *p != '\t' && *p != '\n') || *p == 0x7f)
+            *p = '?';
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) /* U+0080..U+009F */
+            p[0] = p[1] = '?';
+    }
+    return s;
+}
+
 json_t *gs_cli_json_path(const char *p)
 {
     json_t *s = json_string(p);

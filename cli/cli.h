@@ -139,6 +139,11 @@ int gs_cli_install_key(struct gs_cli *cli, int *added);
  */
 void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
 
+/* Makes text from the server safe to print on a terminal, in place: control characters (C0 but tab
+ * and newline, DEL, and C1 as UTF-8) become '?', so that a GPU name with an escape sequence in it
+ * cannot redraw or retitle the user's terminal. Returns s. */
+char *gs_cli_terminal_safe(char *s);
+
 /* A JSON string for a path. Paths are bytes; JSON strings are UTF-8, so a byte that is not part of
  * a valid sequence becomes U+FFFD (the entry stays visible instead of vanishing). New reference. */
 json_t *gs_cli_json_path(const char *path);

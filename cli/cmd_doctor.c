@@ -80,6 +80,7 @@ static void add_check(struct doctor *d, const char *name, const char *status, co
     va_start(ap, fmt);
     vsnprintf(c->detail, sizeof(c->detail), fmt, ap);
     va_end(ap);
+    gs_cli_terminal_safe(c->detail); /* it quotes the server: GPU names, rc files' output */
 }
 
 /* A copy of one value from the probe output, so several can be held at once. */

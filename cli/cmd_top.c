@@ -46,10 +46,18 @@ struct top_view {
 
 /* ---- formatting -------------------------------------------------------------------------- */
 
+/* A string of the server's, made safe to draw (gs_cli_terminal_safe): each call has its own copy
+ * among the last few, so that several may be held at once. */
 static const char *str(json_t *o, const char *key, const char *missing)
 {
+    static char ring[8][256];
+    static unsigned next;
     const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : missing;
+    if (!s)
+        return missing;
+    char *copy = ring[next++ % 8];
+    snprintf(copy, sizeof(ring[0]), "%s", s);
+    return gs_cli_terminal_safe(copy);
 }
 
 static double num(json_t *o, const char *key)

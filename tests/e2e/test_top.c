@@ -31,13 +31,14 @@
 #define WRITE_LOAD_MIN_MB_S 50.0
 
 /* What the fake nvidia-smi answers to gpusync's query (csv,noheader,nounits), as a real one
- * does, "[N/A]" included. */
+ * does, "[N/A]" included; GPU 1's name holds escape sequences (dash's echo makes the bytes), which
+ * must never reach the user's terminal as such. */
 static const char fake_nvidia_smi[] =
     "#!/bin/sh\n"
     "case \"$*\" in *--query-gpu=index,name,utilization.gpu,memory.used,memory.total,"
     "power.draw,temperature.gpu*) ;; *) exit 9 ;; esac\n"
     "echo '0, NVIDIA H100 80GB HBM3, 87, 31948, 81559, 250.12, 64'\n"
-    "echo '1, NVIDIA H100 80GB HBM3, 3, 1024, 81559, [N/A], 41'\n";
+    "echo '1, Evil \\033]0;pwned\\007\\033[31mGPU, 3, 1024, 81559, [N/A], 41'\n";
 
 static struct gs_test_sshd server;
 static char base[64], project[128], remote[128];
@@ -375,6 +376,20 @@ static void ctrl_c_through_the_watch_daemon_leaves_no_sampler(void **state)
     gs_test_gpusync_ok(project, GS_TEST_ARGS("watch", "--stop"), "watch --stop");
 }
 
+/* The text view draws the server's strings with their control characters made harmless: GPU 1's
+ * name would otherwise retitle the terminal (OSC), ring it (BEL) and turn the rest red. */
+static void top_text_never_prints_the_servers_escape_sequences(void **state)
+{
+    (void)state;
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("top", "--count", "1", "--interval", "0.2"));
+    gs_test_expect_status(&r, 0, "top --count 1");
+    if (!strstr(r.out.data, "Evil ?]0;pwned??[31mGPU"))
+        fail_msg("GPU 1's name is not shown made safe: %s", r.out.data);
+    assert_null(strchr(r.out.data, '\a'));
+    assert_null(strstr(r.out.data, "\033]"));
+    gs_test_result_release(&r);
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -382,6 +397,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(top_json_reports_two_gpus_and_the_runs_samples_per_s),
         cmocka_unit_test(top_json_shows_a_disk_write_load),
+        cmocka_unit_test(top_text_never_prints_the_servers_escape_sequences),
         cmocka_unit_test(ctrl_c_exits_0_and_leaves_no_sampler),
         cmocka_unit_test(ctrl_c_through_the_watch_daemon_leaves_no_sampler),
     };
