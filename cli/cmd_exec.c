@@ -12,11 +12,17 @@ static const struct option exec_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, N
 
 /* One argument is a shell command line, as with ssh ('nvidia-smi | head'); several are exact
  * arguments, each quoted so spaces, quotes, $ and ; reach the program unchanged. */
+#define EXIT_NO_FOLDER 254 /* the preamble's status when the project folder cannot be entered */
+
 static void build_command(struct gs_cli *cli, int argc, char **argv, struct gs_buf *cmd)
 {
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    gs_buf_addf(cmd, "{ mkdir -p -- %s && cd -- %s; } 2>/dev/null && ", dir.data, dir.data);
+    /* a folder that cannot be entered exits EXIT_NO_FOLDER, so that only that status costs the
+     * round trip asking why (check_folder); `||` and `;`, so that a command line of several
+     * commands never runs a part of itself elsewhere */
+    gs_buf_addf(cmd, "{ mkdir -p -- %s && cd -- %s; } 2>/dev/null || exit %d; ", dir.data, dir.data,
+                EXIT_NO_FOLDER);
     if (argc == 1) {
         gs_buf_adds(cmd, argv[0]);
     } else {
@@ -26,8 +32,8 @@ static void build_command(struct gs_cli *cli, int argc, char **argv, struct gs_b
     gs_buf_release(&dir);
 }
 
-/* After a failed status: whether the project folder could be entered at all, asked again with
- * the command's own preamble (build_command hides its reason). If not, the command never ran and
+/* After EXIT_NO_FOLDER (the preamble's, or the command's own): whether the project folder could
+ * be entered at all, asked again without hiding the reason. If not, the command never ran and
  * its status is not the user's: sets cli->err to a remote error naming the folder and returns
  * GS_E_REMOTE; else returns 0. */
 static int check_folder(struct gs_cli *cli)
@@ -68,7 +74,7 @@ static int exec_exec(struct gs_cli *cli)
         io.stdin_fd = STDIN_FILENO;
     int rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
-    if (rc > 0 && check_folder(cli) < 0)
+    if (rc == EXIT_NO_FOLDER && check_folder(cli) < 0)
         rc = GS_E_REMOTE;
     if (rc < 0) { /* the channel broke, or the command never ran: its own status is unknown */
         gs_cli_fail(cli, rc);
