@@ -40,7 +40,8 @@ void gs_buf_reset(struct gs_buf *b)
 void gs_buf_add(struct gs_buf *b, const void *data, size_t len)
 {
     gs_buf_grow(b, len);
-    memcpy(b->data + b->len, data, len);
+    if (len) /* data may be NULL then (an empty buffer's), which memcpy may not be given */
+        memcpy(b->data + b->len, data, len);
     b->len += len;
     b->data[b->len] = '\0';
 }

@@ -188,7 +188,8 @@ static void splice(struct entries *all, size_t from, size_t to, struct entries *
         gs_index_entry_release(&all->v[i]);
     size_t n = all->n - (to - from) + got->n;
     GS_ALLOC_GROW(all->v, n, all->cap);
-    memmove(&all->v[from + got->n], &all->v[to], (all->n - to) * sizeof(*all->v));
+    if (all->n > to) /* all->v may be NULL when empty, which memmove may not be given */
+        memmove(&all->v[from + got->n], &all->v[to], (all->n - to) * sizeof(*all->v));
     if (got->n)
         memcpy(&all->v[from], got->v, got->n * sizeof(*got->v));
     all->n = n;
