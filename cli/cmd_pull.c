@@ -73,8 +73,11 @@ static void make_dirs(struct pull_job *job, const char *dir)
  * REMOTE_PATH thus leaves nothing behind for the next push to send. */
 static void undo_dirs(struct pull_job *job)
 {
-    while (job->n_made)
-        rmdir(job->made[--job->n_made]);
+    while (job->n_made) {
+        char *dir = job->made[--job->n_made];
+        rmdir(dir);
+        free(dir);
+    }
 }
 
 /* Refuses a symlink at any component of `path` from job->check_from on: pull neither writes

@@ -22,20 +22,23 @@ static void excludes_set(struct gs_rules *r, char *const *excludes, size_t n)
     r->n_excludes = n;
 }
 
-/* What stat says of root/rel, folded into one number that any rewrite changes; 0 when absent. */
+/* What stat says of root/rel, folded into one number that any rewrite changes; 0 when absent.
+ * Unsigned arithmetic: the folding wraps by design. */
 static int64_t stamp_of(const char *root, const char *rel)
 {
     struct gs_buf path = GS_BUF_INIT;
     gs_path_join(&path, root, rel);
     struct stat st;
-    int64_t stamp = 0;
-    if (stat(path.data, &st) == 0)
-        stamp = (((int64_t)st.st_mtim.tv_sec * 1000000007 + st.st_mtim.tv_nsec) * 31 +
-                 (int64_t)st.st_ctim.tv_nsec) *
-                    31 +
-                (int64_t)st.st_size * 7 + (int64_t)st.st_ino + 1;
+    uint64_t stamp = 0;
+    if (stat(path.data, &st) == 0) {
+        stamp = (uint64_t)st.st_mtim.tv_sec * 1000000007u + (uint64_t)st.st_mtim.tv_nsec;
+        stamp =
+            stamp * 31 + (uint64_t)st.st_ctim.tv_sec * 1000000007u + (uint64_t)st.st_ctim.tv_nsec;
+        stamp = stamp * 31 + (uint64_t)st.st_size * 7 + (uint64_t)st.st_ino;
+        stamp = (stamp >> 1) | 1; /* positive, never the 0 of "absent" */
+    }
     gs_buf_release(&path);
-    return stamp;
+    return (int64_t)stamp;
 }
 
 void gs_rules_init(struct gs_rules *r, const char *root, const char *remote_id,
