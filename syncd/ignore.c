@@ -78,6 +78,7 @@ struct gs_ignore {
     size_t *end_v;           /* end offset of each component in path */
     size_t cap_v;
     struct pattern *pats; /* [sync] exclude, relative to the project */
+    int git_ready;        /* git_libgit2_init was called for this object */
     size_t n_pats;
 };
 
@@ -620,10 +621,12 @@ int gs_ignore_open(struct gs_ignore **out, const char *root, const char *const *
         gs_ignore_free(ig);
         return rc;
     }
+    /* libgit2 stays initialised while the rules live, as it did when it matched them: its last
+     * shutdown may clean OpenSSL up, under the SSH threads (libssh2) that a daemon starts next */
     git_libgit2_init();
+    ig->git_ready = 1;
     if (!open_enclosing_repo(ig, root))
         open_plain(ig, root);
-    git_libgit2_shutdown();
     *out = ig;
     return 0;
 }
@@ -632,6 +635,8 @@ void gs_ignore_free(struct gs_ignore *ig)
 {
     if (!ig)
         return;
+    if (ig->git_ready)
+        git_libgit2_shutdown();
     for (size_t i = 0; i < ig->n_pats; i++)
         pattern_release(&ig->pats[i]);
     free(ig->pats);
