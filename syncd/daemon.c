@@ -1019,6 +1019,15 @@ static void read_changes(struct daemon *d)
         mark_full(d);
 }
 
+/* Stops the daemon saying why, in its log and on the event stream (where a plugin learns it, and
+ * the only place left when the log went with .gpusync/). */
+static void stop_saying(struct daemon *d, const char *why)
+{
+    gs_warn("%s", why);
+    broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
+    d->stop = 1;
+}
+
 /* Takes a change of the exclude rules outside the tree (rules.h) into account: the tree is
  * scanned again, so that what is excluded now leaves the server and what no longer is goes
  * there. Before each batch, and once a second. */
@@ -1038,9 +1047,7 @@ static void read_rules(struct daemon *d)
     if (rc == GS_RULES_OTHER_SERVER) {
         const char *why = "the project's config names another server or path now (gpusync init); "
                           "the watch daemon stopped: start it again to sync there";
-        gs_warn("%s", why);
-        broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
-        d->stop = 1;
+        stop_saying(d, why);
         return;
     }
     gs_info("the exclude rules changed: scanning the tree again");
@@ -1420,10 +1427,7 @@ static void check_state_dir(struct daemon *d, int64_t now)
         char why[1200];
         snprintf(why, sizeof(why), "%s/.gpusync was removed%s; the watch daemon stopped",
                  d->o->root, gone ? " with its config" : " and another daemon took the project");
-        gs_warn("%s", why);
-        /* its log went with the folder: the event stream is where a plugin learns why */
-        broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
-        d->stop = 1;
+        stop_saying(d, why);
         return;
     }
     gs_warn("%s/.gpusync was removed under the running daemon; its socket, lock and log are back",

@@ -576,9 +576,11 @@ static int ino_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int gs_index_files_with_inos(struct gs_index *idx, const uint64_t *inos, size_t n,
-                             gs_index_path_fn fn, void *ctx, struct gs_error *err)
+int gs_index_files_with_inos(struct gs_index *idx, uint64_t *inos, size_t n, gs_index_path_fn fn,
+                             void *ctx, struct gs_error *err)
 {
+    if (n > 1)
+        qsort(inos, n, sizeof(*inos), ino_cmp);
     sqlite3_stmt *st = idx->st[ST_FILE_INOS];
     int rc, ret = 0;
     while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {

@@ -171,12 +171,12 @@ int gs_index_intent_foreach(struct gs_index *idx, gs_index_intent_fn fn, void *c
  * identity. */
 int gs_index_clear(struct gs_index *idx, struct gs_error *err);
 
-/* Calls fn for each file whose recorded local inode (local_ino) is one of inos[0..n) (sorted
- * ascending): the other names of a file with hard links. One pass over the entries. fn must not
+/* Calls fn for each file whose recorded local inode (local_ino) is one of inos[0..n) (sorted here,
+ * in place): the other names of a file with hard links. One pass over the entries. fn must not
  * write to the index; a non-zero return stops the walk and is returned. */
 typedef int (*gs_index_path_fn)(void *ctx, const char *path);
-int gs_index_files_with_inos(struct gs_index *idx, const uint64_t *inos, size_t n,
-                             gs_index_path_fn fn, void *ctx, struct gs_error *err);
+int gs_index_files_with_inos(struct gs_index *idx, uint64_t *inos, size_t n, gs_index_path_fn fn,
+                             void *ctx, struct gs_error *err);
 
 /* For a caller that keeps a copy of the entries (syncd/verify.h): fn(ctx, path, subtree) is told
  * of each write through this handle, as it is made (a rolled-back one too), before its statement

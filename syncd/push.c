@@ -359,12 +359,6 @@ static void add_ancestors(struct gs_scan *scan, const char *root, const char *pa
     gs_buf_release(&abs);
 }
 
-static int ino_cmp(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Sorts and drops duplicate paths (subtrees and ancestors may overlap). */
 static void sort_unique(struct gs_scan *scan)
 {
@@ -546,19 +540,16 @@ static int add_other_links(struct gs_scan *scan, const char *root, struct gs_ign
         GS_ALLOC_GROW(inos, n + 1, cap);
         inos[n++] = scan->entries[i].ino;
     }
-    int rc = 0;
-    if (n) {
-        qsort(inos, n, sizeof(*inos), ino_cmp);
-        rc = gs_index_files_with_inos(idx, inos, n, add_other_name, s, err);
-    }
+    int rc = n ? gs_index_files_with_inos(idx, inos, n, add_other_name, s, err) : 0;
+    free(inos);
     for (size_t i = 0; rc == 0 && i < s->n_owned; i++) {
         rc = gs_scan_subtree(scan, root, s->owned[i], ig, err);
         add_ancestors(scan, root, s->owned[i]);
         GS_ALLOC_GROW(s->v, s->n + 1, s->cap);
         s->v[s->n++] = s->owned[i];
     }
-    sort_unique(scan);
-    free(inos);
+    if (s->n_owned) /* scan_paths sorted what it scanned; only the additions need it again */
+        sort_unique(scan);
     return rc;
 }
 

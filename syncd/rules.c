@@ -11,11 +11,18 @@
 #include "common/wrapper.h"
 #include "syncd/session.h"
 
-static void excludes_set(struct gs_rules *r, char *const *excludes, size_t n)
+static void excludes_free(struct gs_rules *r)
 {
     for (size_t i = 0; i < r->n_excludes; i++)
         free(r->excludes[i]);
     free(r->excludes);
+    r->excludes = NULL;
+    r->n_excludes = 0;
+}
+
+static void excludes_set(struct gs_rules *r, char *const *excludes, size_t n)
+{
+    excludes_free(r);
     r->excludes = gs_xcalloc(n ? n : 1, sizeof(*r->excludes));
     for (size_t i = 0; i < n; i++)
         r->excludes[i] = gs_xstrdup(excludes[i]);
@@ -54,8 +61,7 @@ void gs_rules_init(struct gs_rules *r, const char *root, const char *remote_id,
 
 void gs_rules_release(struct gs_rules *r)
 {
-    excludes_set(r, NULL, 0);
-    free(r->excludes);
+    excludes_free(r);
     free(r->root);
     free(r->remote_id);
     memset(r, 0, sizeof(*r));
