@@ -1,5 +1,6 @@
 /* cli/cmd_exec.c: `gpusync exec -- CMD...`: runs a command in the remote project directory,
  * streaming its output, and exits with its status. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -63,6 +64,33 @@ static int exec_parse(struct gs_cli *cli, int argc, char **argv)
     return r;
 }
 
+/* The signal caught here and not yet passed on to the remote command, and Ctrl-Cs so far. */
+static volatile sig_atomic_t pass_signal, interrupts;
+
+/* Ctrl-C, SIGTERM and SIGHUP end a local command, so they are the remote command's to receive: a
+ * client that just exited would leave it running on the server with no terminal, where neither
+ * `ps` nor `stop` finds it. The third Ctrl-C kills it, for a command that ignores the first two. */
+static void on_signal(int sig)
+{
+    if (sig == SIGINT && ++interrupts == 3) {
+        static const char msg[] = "\ngpusync: third Ctrl-C: killing the remote command (SIGKILL)\n";
+        (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+        sig = SIGKILL;
+    }
+    pass_signal = sig;
+}
+
+static void pass_signals_on(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal; /* no SA_RESTART: the wait for the server returns to send it */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 static int exec_exec(struct gs_cli *cli)
 {
     struct gs_buf cmd = GS_BUF_INIT;
@@ -72,6 +100,8 @@ static int exec_exec(struct gs_cli *cli)
     io.stderr_fd = STDERR_FILENO;
     if (!isatty(STDIN_FILENO))
         io.stdin_fd = STDIN_FILENO;
+    io.pass_signal = &pass_signal;
+    pass_signals_on();
     int rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
     if (rc == EXIT_NO_FOLDER && check_folder(cli) < 0)
@@ -89,8 +119,10 @@ const struct gs_cmd gs_cmd_exec = {
     .summary = "Run a command in the remote project directory; exit with its status",
     .help = "  One argument is a shell command line (gpusync exec 'nvidia-smi | head');\n"
             "  several are passed as exact arguments. Standard input is forwarded when it is\n"
-            "  not a terminal. Exit status: the command's, 128+N if it died of signal N, 255 if\n"
-            "  the connection failed (as with ssh) or the remote project folder cannot be used.\n",
+            "  not a terminal. Ctrl-C, SIGTERM and SIGHUP are passed on to the command (to its\n"
+            "  process group); a third Ctrl-C kills it. Exit status: the command's, 128+N if it\n"
+            "  died of signal N, 255 if the connection failed (as with ssh), the remote project\n"
+            "  folder cannot be used, or the server would not pass a signal on.\n",
     .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,
     .parse = exec_parse,
     .exec = exec_exec,

@@ -2,10 +2,13 @@
 #include "remote/exec.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -18,20 +21,32 @@
 #define MARK_LEN (sizeof(MARK) - 1)
 #define MARK_CMD "printf '\\036gpusync\\037'; printf '\\036gpusync\\037' >&2; "
 
-/* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
-static int exec_signal_number(const char *name)
-{
-    static const struct {
-        const char *name;
-        int number;
-    } signals[] = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"ILL", SIGILL},
+/* The signal names SSH carries (RFC 4254, 6.10), without "SIG". */
+static const struct {
+    const char *name;
+    int number;
+} ssh_signals[] = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"ILL", SIGILL},
                    {"ABRT", SIGABRT}, {"FPE", SIGFPE},   {"KILL", SIGKILL}, {"SEGV", SIGSEGV},
                    {"PIPE", SIGPIPE}, {"ALRM", SIGALRM}, {"TERM", SIGTERM}, {"USR1", SIGUSR1},
                    {"USR2", SIGUSR2}, {"BUS", SIGBUS}};
-    for (size_t i = 0; name && i < sizeof(signals) / sizeof(signals[0]); i++)
-        if (strcmp(name, signals[i].name) == 0)
-            return signals[i].number;
+#define N_SSH_SIGNALS (sizeof(ssh_signals) / sizeof(ssh_signals[0]))
+
+/* Maps an SSH signal name ("TERM", "KILL") to its number; 0 when unknown. */
+static int exec_signal_number(const char *name)
+{
+    for (size_t i = 0; name && i < N_SSH_SIGNALS; i++)
+        if (strcmp(name, ssh_signals[i].name) == 0)
+            return ssh_signals[i].number;
     return 0;
+}
+
+/* The SSH name of signal `number`; NULL when SSH has none for it. */
+static const char *exec_signal_name(int number)
+{
+    for (size_t i = 0; i < N_SSH_SIGNALS; i++)
+        if (ssh_signals[i].number == number)
+            return ssh_signals[i].name;
+    return NULL;
 }
 
 void gs_exec_gate_init(struct gs_exec_gate *g, struct gs_ssh *s)
@@ -286,6 +301,8 @@ struct exec_state {
     int in_fd_done;
     int eof_sent;
     int out_done[2];
+    int stdin_half_sent; /* a stdin packet is partly written: libssh2 1.10 must finish it first */
+    char tag[33];        /* GPUSYNC_EXEC's value in the command's environment, for pass_signal */
     struct gs_exec_gate gate;
 };
 
@@ -299,12 +316,24 @@ static void deliver(const struct gs_exec_io *io, int stream, const char *p, size
         gs_buf_add(b, p, n);
 }
 
-/* Pulls the next chunk of stdin into in/in_left from the fd, if one is being streamed. */
+/* Whether the loop waits for stdin's fd: it is streamed and nothing of it is held. */
+static int awaits_stdin(const struct exec_state *st)
+{
+    return !st->in_left && !st->in_fd_done && st->io->stdin_fd >= 0;
+}
+
+/* Pulls the next chunk of stdin into in/in_left from the fd, if one is being streamed and has
+ * something to read: a pipe that stays quiet must not stop the command's output, or a Ctrl-C. */
 static void refill_stdin(struct exec_state *st)
 {
-    if (st->in_left || st->in_fd_done || st->io->stdin_fd < 0)
+    if (!awaits_stdin(st))
+        return;
+    struct pollfd p = {.fd = st->io->stdin_fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0)
         return;
     ssize_t n = read(st->io->stdin_fd, st->in_buf, sizeof(st->in_buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
     if (n <= 0) {
         st->in_fd_done = 1;
         return;
@@ -319,6 +348,7 @@ static int pump_stdin(struct exec_state *st)
     refill_stdin(st);
     if (st->in_left) {
         ssize_t n = libssh2_channel_write(st->ch, st->in, st->in_left);
+        st->stdin_half_sent = n == LIBSSH2_ERROR_EAGAIN && !exec_request_written(st->s);
         if (n == LIBSSH2_ERROR_EAGAIN)
             return 0;
         if (n < 0)
@@ -330,6 +360,7 @@ static int pump_stdin(struct exec_state *st)
     if (st->eof_sent || (st->io->stdin_fd >= 0 && !st->in_fd_done))
         return 0;
     int rc = libssh2_channel_send_eof(st->ch);
+    st->stdin_half_sent = rc == LIBSSH2_ERROR_EAGAIN && !exec_request_written(st->s);
     if (rc == LIBSSH2_ERROR_EAGAIN)
         return 0;
     st->eof_sent = 1;
@@ -355,11 +386,56 @@ static int pump_output(struct exec_state *st, int stream)
     return 1;
 }
 
+/* Fills `tag` (33 bytes) with 32 random hex digits: no other command's environment holds them. */
+static void make_tag(char *tag)
+{
+    unsigned char r[16] = {0};
+    if (getrandom(r, sizeof(r), 0) !=
+        (ssize_t)sizeof(r)) { /* before the pool is ready: unique enough */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf((char *)r, sizeof(r), "%lx%ld", (long)ts.tv_nsec, (long)getpid());
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(tag + 2 * i, 3, "%02x", r[i]);
+}
+
+/* Passes a signal the caller caught on to the command's process group, as a terminal would. The
+ * SSH "signal" request does this in OpenSSH 7.9 and later, but libssh2 1.10 can send no request
+ * on a channel whose command runs, so a second channel does it: it finds the processes whose
+ * environment holds the command's tag, and signals each process group among theirs that is its
+ * session's first (the one sshd started the command in; groups the command made on purpose, a
+ * `setsid` daemon, keep running, as they would after a Ctrl-C in a terminal), once. */
+static int pass_signal_on(struct exec_state *st, struct gs_error *err)
+{
+    volatile sig_atomic_t *slot = st->io->pass_signal;
+    if (!slot || !*slot || st->stdin_half_sent)
+        return 0;
+    const char *name = exec_signal_name(*slot);
+    *slot = 0;
+    if (!name)
+        return 0;
+    struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT;
+    gs_buf_addf(&cmd,
+                "seen=; for f in $(grep -lsxz 'GPUSYNC_EXEC=%s' /proc/[0-9]*/environ); do "
+                "read -r s < \"${f%%/environ}/stat\" || continue; set -- ${s##*') '}; "
+                "[ \"$3\" = \"$4\" ] || continue; case \" $seen \" in *\" $3 \"*) continue;; esac; "
+                "seen=\"$seen $3\"; kill -s %s -- \"-$3\" 2>/dev/null; done; :",
+                st->tag, name);
+    int rc = gs_exec_capture(st->s, cmd.data, &out, NULL, err);
+    gs_buf_release(&cmd);
+    gs_buf_release(&out);
+    return rc < 0 ? rc : 1;
+}
+
 static int exec_loop(struct exec_state *st, struct gs_error *err)
 {
     int64_t deadline = st->io->timeout_ms ? gs_clock_mono_ms() + st->io->timeout_ms : 0;
     while (!(st->out_done[0] && st->out_done[1])) {
         int progress = 0, rc;
+        if ((rc = pass_signal_on(st, err)) < 0)
+            return rc;
+        progress |= rc > 0;
         if (!st->eof_sent && (rc = pump_stdin(st)) != 0)
             progress |= rc > 0;
         else
@@ -369,7 +445,8 @@ static int exec_loop(struct exec_state *st, struct gs_error *err)
                 progress = 1;
         if (rc < 0)
             return gs_ssh_error(st->s, rc, "running a remote command", err);
-        if (!progress && (rc = gs_ssh_wait(st->s, deadline, err)) < 0)
+        int in_fd = awaits_stdin(st) ? st->io->stdin_fd : -1;
+        if (!progress && (rc = gs_ssh_wait_or_fd(st->s, deadline, in_fd, err)) < 0)
             return rc;
     }
     return 0;
@@ -380,7 +457,14 @@ int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *
 {
     struct exec_state st = {.s = s, .io = io, .in = io->stdin_data, .in_left = io->stdin_len};
     gs_exec_gate_init(&st.gate, s);
-    st.ch = gs_exec_open(s, command, err);
+    struct gs_buf tagged = GS_BUF_INIT;
+    if (io->pass_signal) { /* POSIX sh: a command line of several commands gets it too */
+        make_tag(st.tag);
+        gs_buf_addf(&tagged, "GPUSYNC_EXEC=%s; export GPUSYNC_EXEC; ", st.tag);
+    }
+    gs_buf_adds(&tagged, command);
+    st.ch = gs_exec_open(s, tagged.data, err);
+    gs_buf_release(&tagged);
     if (!st.ch)
         return err && err->code ? err->code : GS_E_REMOTE;
     int rc = exec_loop(&st, err);

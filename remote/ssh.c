@@ -387,6 +387,11 @@ void gs_ssh_set_waiting(struct gs_ssh *s, gs_ssh_waiting_fn fn, void *ctx)
 
 int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
 {
+    return gs_ssh_wait_or_fd(s, deadline_ms, -1, err);
+}
+
+int gs_ssh_wait_or_fd(struct gs_ssh *s, int64_t deadline_ms, int fd, struct gs_error *err)
+{
     for (;;) {
         if (s->waiting && s->waiting(s->waiting_ctx))
             return gs_error_set(err, GS_E_INTERRUPTED, "%s: interrupted", s->target);
@@ -401,8 +406,9 @@ int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err)
         int64_t notice_at = s->shell_wait_since + SHELL_NOTICE_MS;
         if (s->shell_wait_since && !s->shell_wait_told && notice_at - now < wait)
             wait = notice_at > now ? notice_at - now : 0;
-        struct pollfd p = {.fd = s->fd, .events = poll_events(s)};
-        int ready = poll(&p, 1, (int)wait);
+        struct pollfd p[2] = {{.fd = s->fd, .events = poll_events(s)},
+                              {.fd = fd, .events = POLLIN}};
+        int ready = poll(p, fd >= 0 ? 2 : 1, (int)wait);
         if (ready < 0 && errno != EINTR)
             return gs_error_errno(err, GS_E_DISCONNECTED, "%s: poll", s->target);
         tell_shell_wait(s, gs_clock_mono_ms());

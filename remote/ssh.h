@@ -98,6 +98,10 @@ int64_t gs_ssh_handshake_ms(const struct gs_ssh *s);
  * server stopped answering, GS_E_INTERRUPTED when the waiting callback (below) said so. */
 int gs_ssh_wait(struct gs_ssh *s, int64_t deadline_ms, struct gs_error *err);
 
+/* As gs_ssh_wait, and returns 0 also when `fd` (if >= 0) is readable or at its end: for a loop
+ * that forwards a local input (a pipe into `gpusync exec`) and must not block reading it. */
+int gs_ssh_wait_or_fd(struct gs_ssh *s, int64_t deadline_ms, int fd, struct gs_error *err);
+
 /* Sets (or, with NULL, clears) the waiting callback. */
 void gs_ssh_set_waiting(struct gs_ssh *s, gs_ssh_waiting_fn fn, void *ctx);
 

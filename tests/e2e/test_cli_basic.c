@@ -632,6 +632,94 @@ static void test_exec__stdout_stderr_separate_and_stdin_forwarded(void **state)
     gs_test_result_release(&r);
 }
 
+/* Reads the child's stdout into `out` until it holds `want` (20 s at most, else fails). */
+static void read_until(int fd, struct gs_buf *out, const char *want)
+{
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (!strstr(out->data ? out->data : "", want)) {
+        int64_t left = end - gs_clock_mono_ms();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+            fail_msg("no '%s' from the remote command in 20 s; it printed: %s", want,
+                     out->data ? out->data : "");
+        char chunk[512];
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n <= 0)
+            fail_msg("its output ended before '%s': %s", want, out->data ? out->data : "");
+        gs_buf_add(out, chunk, (size_t)n);
+    }
+}
+
+/* Waits (10 s at most, else fails) until no process is left in process group `pgid`. */
+static void await_group_gone(pid_t pgid)
+{
+    int64_t end = gs_clock_mono_ms() + 10000;
+    while (kill(-pgid, 0) == 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("process group %d still lives on the server 10 s after the client ended",
+                     (int)pgid);
+        usleep(20000);
+    }
+}
+
+/* Starts `exec COMMAND` with a stdin pipe held open and silent, waits until the command (a shell
+ * that prints "pid $$") runs, and returns that shell's pid: the remote session's process group. */
+static pid_t start_remote_shell(const char *command, pid_t *client, int *in, int *out, int *err)
+{
+    *client = gs_test_start_gpusync_piped(project, NULL, ARGS("exec", command), in, out, err);
+    struct gs_buf seen = GS_BUF_INIT;
+    read_until(*out, &seen, "\n");
+    pid_t pgid = 0;
+    assert_int_equal(sscanf(seen.data, "pid %d", &pgid), 1);
+    gs_buf_release(&seen);
+    return pgid;
+}
+
+/* Ctrl-C, SIGTERM and SIGHUP on the client reach the remote command's whole process group (a
+ * shell and the sleep it waits for): nothing is left running on the server with no terminal,
+ * where `ps` and `stop` cannot find it. The exit status is the signal's, as ssh -t reports it.
+ * stdin is a pipe that stays open and silent: the command's output and the signal still pass. */
+static void test_exec__signals_reach_the_remote_command(void **state)
+{
+    (void)state;
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        pid_t client;
+        int in, out, err;
+        pid_t pgid = start_remote_shell("echo pid $$; sleep 600; echo not reached", &client, &in,
+                                        &out, &err);
+        assert_int_equal(kill(client, sigs[i]), 0);
+        struct gs_test_result r = gs_test_finish(client, out, err, 20000);
+        close(in);
+        char what[64];
+        snprintf(what, sizeof(what), "exec after signal %d", sigs[i]);
+        gs_test_expect_status(&r, 128 + sigs[i], what);
+        assert_null(strstr(r.out.data, "not reached"));
+        gs_test_result_release(&r);
+        await_group_gone(pgid);
+    }
+}
+
+/* A command that ignores Ctrl-C is killed by the third. */
+static void test_exec__a_third_ctrl_c_kills_a_command_that_ignores_it(void **state)
+{
+    (void)state;
+    pid_t client;
+    int in, out, err;
+    pid_t pgid =
+        start_remote_shell("trap '' INT; echo pid $$; sleep 600", &client, &in, &out, &err);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kill(client, SIGINT), 0);
+        usleep(100000); /* three presses, not one: the handler counts signals, not their queue */
+    }
+    struct gs_test_result r = gs_test_finish(client, out, err, 20000);
+    close(in);
+    gs_test_expect_status(&r, 128 + SIGKILL, "exec after three Ctrl-Cs");
+    assert_non_null(strstr(r.err.data, "SIGKILL"));
+    gs_test_result_release(&r);
+    await_group_gone(pgid);
+}
+
 /* ---- doctor ---- */
 
 static json_t *object_field(json_t *o, const char *key, int type)
@@ -923,6 +1011,9 @@ int main(void)
         cmocka_unit_test_setup(test_exec__runs_in_the_remote_project_directory, use_shared_home),
         cmocka_unit_test_setup(test_exec__arguments_reach_the_command_unchanged, use_shared_home),
         cmocka_unit_test_setup(test_exec__stdout_stderr_separate_and_stdin_forwarded,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_exec__signals_reach_the_remote_command, use_shared_home),
+        cmocka_unit_test_setup(test_exec__a_third_ctrl_c_kills_a_command_that_ignores_it,
                                use_shared_home),
         cmocka_unit_test_setup(test_doctor__json_has_checks_and_facts, use_shared_home),
         cmocka_unit_test_teardown(test_watch__foreground_status_line_counts_the_batch,
