@@ -121,8 +121,8 @@ const struct gs_cmd gs_cmd_exec = {
             "  several are passed as exact arguments. Standard input is forwarded when it is\n"
             "  not a terminal. Ctrl-C, SIGTERM and SIGHUP are passed on to the command (to its\n"
             "  process group); a third Ctrl-C kills it. Exit status: the command's, 128+N if it\n"
-            "  died of signal N, 255 if the connection failed (as with ssh), the remote project\n"
-            "  folder cannot be used, or the server would not pass a signal on.\n",
+            "  died of signal N, 255 if the connection failed (as with ssh) or the remote\n"
+            "  project folder cannot be used.\n",
     .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,
     .parse = exec_parse,
     .exec = exec_exec,

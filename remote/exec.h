@@ -32,7 +32,8 @@ struct gs_exec_io {
     struct gs_buf *stderr_buf;
     int timeout_ms; /* 0: none (the keepalive still detects a dead link) */
     /* When set: a signal number the caller's handler stores there (SIGINT for a Ctrl-C) is passed
-     * on to the command's process group with an SSH "signal" request, and the slot cleared. */
+     * on to the command's process group on the server (exec.c, pass_signal_on), and the slot
+     * cleared. The command then runs with GPUSYNC_EXEC=<random tag> in its environment. */
     volatile sig_atomic_t *pass_signal;
 };
 
@@ -43,8 +44,7 @@ struct gs_exec_io {
 
 /* Runs `command` and streams its output as `io` says. Returns the exit status (0-255 or 128+signal)
  * or a negative GS_E_* code when the channel failed (GS_E_DISCONNECTED if the server went away:
- * the remote command's fate is then unknown; GS_E_REMOTE when the server refused to pass a signal
- * on, and the command may still run there). */
+ * the remote command's fate is then unknown). */
 int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *io,
                 struct gs_error *err);
 
