@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/run_nodes.h"
 #include "cli/run_slurm.h"
+#include "common/clock.h"
 #include "common/proc.h"
 #include "remote/exec.h"
 #include "syncd/resident.h"
@@ -253,6 +254,33 @@ static void check_shell_noise(struct gs_cli *cli, struct doctor *d)
     gs_buf_release(&files);
 }
 
+/* A startup file that reads standard input (a `read`, a `cat`) takes the start of what gpusync
+ * sends a command: the agent's protocol, so push and watch wait until they give up, or exec's
+ * input. Doctor's other probes end their input at once and cannot see it. This one runs `true`
+ * with its input left open: a shell that reads none ends at once, one that reads waits for it.
+ * `probe_ms` (how long a probe took with its input ended) tells a slow shell from a reading one. */
+static void check_shell_input(struct gs_cli *cli, struct doctor *d, int64_t probe_ms)
+{
+    int hold[2];
+    if (pipe(hold) != 0)
+        return;
+    struct gs_exec_io io = GS_EXEC_IO_INIT;
+    io.stdin_fd = hold[0]; /* nothing is written, and it ends only when closed below */
+    io.timeout_ms = (int)(probe_ms * 3 > 3000 ? probe_ms * 3 : 3000);
+    struct gs_error err = {0};
+    int rc = gs_exec_run(cli->ssh, "true", &io, &err);
+    close(hold[0]);
+    close(hold[1]);
+    if (rc == 0)
+        add_check(d, "stdin", "ok", NULL, "startup files read no input");
+    else if (rc == GS_E_TIMEOUT)
+        add_check(d, "stdin", "fail",
+                  "move it into the part of the file that only interactive shells run (below "
+                  "`case $- in *i*) ;; *) return;; esac`), or guard it with `[ -t 0 ] &&`",
+                  "a startup file of the login shell reads standard input: it takes what gpusync "
+                  "sends (push and watch fail after up to a minute; exec's input is lost)");
+}
+
 static int latency_ms(struct gs_cli *cli, double *ms)
 {
     int64_t best = -1;
@@ -282,7 +310,9 @@ static void check_remote(struct gs_cli *cli, struct doctor *d)
     struct gs_buf dir = GS_BUF_INIT, script = GS_BUF_INIT, out = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
     gs_buf_addf(&script, probe_script, dir.data);
+    int64_t start = gs_clock_mono_ms();
     int rc = gs_exec_capture(cli->ssh, script.data, &out, NULL, &cli->err);
+    int64_t probe_ms = gs_clock_mono_ms() - start;
     if (rc != 0)
         add_check(d, "probe", "fail", NULL, "server probe failed: %s", cli->err.msg);
     else {
@@ -290,6 +320,7 @@ static void check_remote(struct gs_cli *cli, struct doctor *d)
         check_gpus(d, out.data ? out.data : "");
         check_toolchain(d, out.data ? out.data : "");
         check_shell_noise(cli, d);
+        check_shell_input(cli, d, probe_ms);
     }
     gs_buf_release(&dir);
     gs_buf_release(&script);

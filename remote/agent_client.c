@@ -106,8 +106,9 @@ struct gs_agent {
     char resident[GS_AGENT_RESIDENT_MAX]; /* from HELLO_OK: the listener's socket, or "" */
     char *root;                           /* from HELLO_OK: the root's absolute path */
     struct gs_error *hello_err;
-    int delta;                  /* the agent agreed to PUT_DELTA */
-    char *sig_dir;              /* where signatures are kept (gs_agent_set_delta_dir), or NULL */
+    int64_t started_ms; /* when the shell was seen to start the agent (its marker); 0 before */
+    int delta;          /* the agent agreed to PUT_DELTA */
+    char *sig_dir;      /* where signatures are kept (gs_agent_set_delta_dir), or NULL */
     struct gs_fop_req **resend; /* deltas refused for want of a basis, to send whole (owned) */
     size_t n_resend, resend_cap;
     struct gs_agent_delta *ready; /* deltas made before the session was ready (owned) */
@@ -472,6 +473,28 @@ static int write_now(struct gs_agent *a, struct gs_error *err)
     return rc < 0 ? rc : 0;
 }
 
+/* The agent answers HELLO at once, or after waiting GA_FENCE_WAIT_MS (10 s) for a killed writer's
+ * lock and sweeping its temporaries. One that has not answered long after its shell started it
+ * did not get the HELLO: a startup file that reads standard input (a `read` in ~/.bashrc) took
+ * the start of the stream, and the agent waits for a frame that will never be whole. */
+#define HELLO_GIVE_UP_MS 60000
+static int hello_overdue(struct gs_agent *a, struct gs_error *err)
+{
+    if (!a->gate.passed[0])
+        return 0; /* the shell has not started it: gs_ssh_wait gives up on that one */
+    int64_t now = gs_clock_mono_ms();
+    if (!a->started_ms)
+        a->started_ms = now;
+    if (now - a->started_ms < HELLO_GIVE_UP_MS)
+        return 0;
+    return gs_error_set(err, GS_E_REMOTE,
+                        "the gpusync agent on %s started but has not answered its handshake in "
+                        "%d s: a startup file of the login shell that reads standard input (a "
+                        "`read` or `cat` in ~/.bashrc outside its interactive-only part) takes "
+                        "the start of what gpusync sends; `gpusync doctor` checks it",
+                        gs_ssh_target(a->ssh), HELLO_GIVE_UP_MS / 1000);
+}
+
 /* One round of I/O: write what we can, read and dispatch what arrived. With `block`, waits for
  * the socket when nothing moved. Returns 0 or a negative code. */
 static int pump(struct gs_agent *a, int block, struct gs_error *err)
@@ -494,6 +517,8 @@ static int pump(struct gs_agent *a, int block, struct gs_error *err)
         rc = a->hello_rc;
     if (rc == 0 && a->eof && (a->q_len || a->n_sync))
         rc = agent_gone(a, err);
+    if (rc == 0 && !a->hello_call.done)
+        rc = hello_overdue(a, err);
     if (rc == 0 && !progress && block)
         rc = gs_ssh_wait(a->ssh, 0, err);
     return rc;

@@ -281,6 +281,21 @@ void gs_ssh_shell_starting(struct gs_ssh *s, int starting)
         s->shell_wait_since = gs_clock_mono_ms();
 }
 
+/* After SHELL_GIVE_UP_MS the wait for a shell to start a command is an error: a startup file
+ * that waits for something (a mount, a license server), or that reads standard input and so took
+ * the start of what was sent to the command, never lets it run; conda and pyenv take seconds. */
+#define SHELL_GIVE_UP_MS 30000
+static int shell_stuck(struct gs_ssh *s, int64_t now, struct gs_error *err)
+{
+    return gs_error_set(
+        err, GS_E_REMOTE,
+        "the login shell on %s has not started the command in %.0f s: a startup file "
+        "(~/.bashrc, ~/.profile, /etc/profile.d) is stuck, or reads standard input (a `read` or "
+        "`cat` outside its interactive-only part) and took what gpusync sent; `gpusync doctor` "
+        "checks them",
+        s->target, (double)(now - s->shell_wait_since) / 1000.0);
+}
+
 /* After SHELL_NOTICE_MS of waiting for a shell to start a command, says so, once per session. */
 #define SHELL_NOTICE_MS 2000
 static void tell_shell_wait(struct gs_ssh *s, int64_t now)
@@ -406,6 +421,10 @@ int gs_ssh_wait_or_fd(struct gs_ssh *s, int64_t deadline_ms, int fd, struct gs_e
         int64_t notice_at = s->shell_wait_since + SHELL_NOTICE_MS;
         if (s->shell_wait_since && !s->shell_wait_told && notice_at - now < wait)
             wait = notice_at > now ? notice_at - now : 0;
+        if (s->shell_wait_since && now - s->shell_wait_since >= SHELL_GIVE_UP_MS)
+            return shell_stuck(s, now, err);
+        if (s->shell_wait_since && s->shell_wait_since + SHELL_GIVE_UP_MS - now < wait)
+            wait = s->shell_wait_since + SHELL_GIVE_UP_MS - now;
         struct pollfd p[2] = {{.fd = s->fd, .events = poll_events(s)},
                               {.fd = fd, .events = POLLIN}};
         int ready = poll(p, fd >= 0 ? 2 : 1, (int)wait);

@@ -113,7 +113,9 @@ static int restore_noise(void **state)
 {
     (void)state;
     write_file(BASHRC, noisy_bashrc);
-    gs_test_sh("sed -i '/^transport/d' %s/.gpusync/config", project);
+    gs_test_sh("sed -i 's/^\\ttransport = .*/\\ttransport = agent/; /^resident = off/d' "
+               "%s/.gpusync/config",
+               project);
     return 0;
 }
 
@@ -186,17 +188,22 @@ static void the_watch_daemon_and_its_relay_read_past_the_noise(void **state)
     gs_buf_release(&got);
 }
 
-/* The "shell" check of doctor --json, with the facts. */
-static const char *shell_check(json_t *o)
+/* The status of doctor --json's check `name`. */
+static const char *check_status(json_t *o, const char *name)
 {
     json_t *c;
     size_t i;
     json_array_foreach(json_object_get(o, "checks"), i, c)
     {
-        if (strcmp(json_string_value(json_object_get(c, "name")), "shell") == 0)
+        if (strcmp(json_string_value(json_object_get(c, "name")), name) == 0)
             return json_string_value(json_object_get(c, "status"));
     }
     return "missing";
+}
+
+static const char *shell_check(json_t *o)
+{
+    return check_status(o, "shell");
 }
 
 static void doctor_names_the_file_that_prints(void **state)
@@ -206,6 +213,7 @@ static void doctor_names_the_file_that_prints(void **state)
     gs_test_expect_status(&r, 0, "doctor (agent transport: a warning)");
     json_t *o = parse_json(&r, "doctor");
     assert_string_equal(shell_check(o), "warn");
+    assert_string_equal(check_status(o, "stdin"), "ok");
     json_t *facts = json_object_get(o, "facts");
     assert_string_equal(json_string_value(json_object_get(facts, "shell_noise_files")), BASHRC);
     assert_non_null(strstr(json_string_value(json_object_get(facts, "shell_noise")), "Welcome"));
@@ -264,6 +272,33 @@ static void a_slow_shell_start_is_announced(void **state)
     gs_test_result_release(&r);
 }
 
+/* A startup file that reads standard input takes what gpusync sends the agent (resident = off:
+ * every session starts it through the shell). push waited for ever; it now gives up with exit 5
+ * and says why, and doctor, whose other probes end their input at once, names it. */
+static void a_shell_that_reads_input_is_named_and_push_gives_up(void **state)
+{
+    (void)state;
+    write_file(BASHRC, "read LINE\n");
+    gs_test_sh("printf '[sync]\\nresident = off\\n' >> %s/.gpusync/config", project);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
+    gs_test_expect_status(&r, 1, "doctor on a shell that reads its input");
+    json_t *o = parse_json(&r, "doctor");
+    assert_string_equal(check_status(o, "stdin"), "fail");
+    json_decref(o);
+    gs_test_result_release(&r);
+
+    char path[800];
+    snprintf(path, sizeof(path), "%s/behind-a-read.txt", project);
+    write_file(path, "x\n");
+    r = gpusync(GS_TEST_ARGS("push", "--json"));
+    gs_test_expect_status(&r, 5, "push through a shell that reads its input");
+    o = parse_json(&r, "push");
+    assert_false(json_is_true(json_object_get(o, "ok")));
+    assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "standard input"));
+    json_decref(o);
+    gs_test_result_release(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -274,6 +309,8 @@ int main(void)
         cmocka_unit_test_teardown(sftp_through_a_noisy_shell_fails_with_exit_5_and_no_summary,
                                   restore_noise),
         cmocka_unit_test_teardown(a_slow_shell_start_is_announced, restore_noise),
+        cmocka_unit_test_teardown(a_shell_that_reads_input_is_named_and_push_gives_up,
+                                  restore_noise),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
