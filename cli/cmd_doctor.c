@@ -15,7 +15,7 @@
 
 /* Prints key=value lines; GPUs one per "gpu=" line as nvidia-smi's CSV. */
 static const char probe_script[] =
-    "cd 2>/dev/null; d=%s\n"
+    "cd 2>/dev/null; d=%s\n" GS_EXEC_PATH_PROBE "\n"
     "echo os=$(uname -s); echo arch=$(uname -m); echo kernel=$(uname -r)\n"
     "if e=$(mkdir -p -- \"$d\" 2>&1); then [ -w \"$d\" ] || echo path_error=\"$d\": not writable\n"
     "else echo path_error=$(printf '%%s' \"$e\" | head -n1); fi\n"
@@ -313,8 +313,11 @@ static void check_remote(struct gs_cli *cli, struct doctor *d)
     int64_t start = gs_clock_mono_ms();
     int rc = gs_exec_capture(cli->ssh, script.data, &out, NULL, &cli->err);
     int64_t probe_ms = gs_clock_mono_ms() - start;
+    struct gs_error path = {0};
     if (rc != 0)
         add_check(d, "probe", "fail", NULL, "server probe failed: %s", cli->err.msg);
+    else if (gs_exec_path_broken(cli->ssh, out.data, &path) < 0)
+        add_check(d, "system", "fail", NULL, "%s", path.msg); /* every other probe failed too */
     else {
         check_system(d, out.data ? out.data : "");
         check_gpus(d, out.data ? out.data : "");

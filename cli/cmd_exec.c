@@ -41,11 +41,14 @@ static int check_folder(struct gs_cli *cli)
 {
     struct gs_buf dir = GS_BUF_INIT, cmd = GS_BUF_INIT, why = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
-    gs_buf_addf(&cmd, "mkdir -p -- %s 2>&1 && cd -- %s 2>&1", dir.data, dir.data);
+    gs_buf_addf(&cmd, GS_EXEC_PATH_PROBE "mkdir -p -- %s 2>&1 && cd -- %s 2>&1", dir.data,
+                dir.data);
     int rc = gs_exec_capture(cli->ssh, cmd.data, &why, NULL, &cli->err);
     while (why.len && why.data[why.len - 1] == '\n')
         why.data[--why.len] = '\0';
-    if (rc > 0)
+    if (rc > 0 && gs_exec_path_broken(cli->ssh, why.data, &cli->err) < 0)
+        rc = GS_E_REMOTE;
+    else if (rc > 0)
         rc = gs_error_set(&cli->err, GS_E_REMOTE,
                           "cannot use the remote project folder on %s: %s; remove or rename what "
                           "is there, or choose another folder (gpusync init --path)",

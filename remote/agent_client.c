@@ -128,6 +128,8 @@ static int root_unusable(struct gs_agent *a, struct gs_error *err)
     char *mark = a->errtail.len ? strstr(a->errtail.data, GS_AGENT_ROOT_UNUSABLE) : NULL;
     if (!mark || a->hello_call.done)
         return 0;
+    if (gs_exec_path_broken(a->ssh, a->errtail.data, err) < 0)
+        return GS_E_REMOTE; /* mkdir was not found, not refused */
     while (mark > a->errtail.data && mark[-1] == '\n')
         mark--;
     return gs_error_set(err, GS_E_REMOTE,

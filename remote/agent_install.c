@@ -161,9 +161,11 @@ static int probe_server(struct gs_ssh *ssh, const char *key, struct probe *p, st
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT;
     gs_buf_addf(&cmd,
                 "uname -sm; test -x ~/.gpusync/bin/gpusync-agent-%s && echo present; "
-                "command -v cc >/dev/null 2>&1 && echo cc; exit 0",
+                "command -v cc >/dev/null 2>&1 && echo cc; " GS_EXEC_PATH_PROBE "exit 0",
                 key);
     int rc = gs_exec_capture(ssh, cmd.data, &out, NULL, err);
+    if (rc == 0)
+        rc = gs_exec_path_broken(ssh, out.data, err); /* not "not Linux", not "no compiler" */
     memset(p, 0, sizeof(*p));
     if (rc == 0 && out.data) {
         sscanf(out.data, "%*s %63s", p->arch);
@@ -356,6 +358,9 @@ int gs_agent_install(struct gs_ssh *ssh, struct gs_buf *agent, const char **how,
 
 void gs_agent_serve_command(const char *agent, const char *remote_dir, struct gs_buf *command)
 {
-    gs_buf_addf(command, "mkdir -p -- %s || { echo %s >&2; exit 3; }; exec %s serve --root %s",
+    /* stderr only: stdout is the protocol's */
+    gs_buf_addf(command,
+                "mkdir -p -- %s || { { " GS_EXEC_PATH_PROBE "echo %s; } >&2; exit 3; }; "
+                "exec %s serve --root %s",
                 remote_dir, GS_AGENT_ROOT_UNUSABLE, agent, remote_dir);
 }

@@ -483,3 +483,16 @@ int gs_exec_capture(struct gs_ssh *s, const char *command, struct gs_buf *out,
     io.stderr_buf = errout;
     return gs_exec_run(s, command, &io, err);
 }
+
+int gs_exec_path_broken(struct gs_ssh *s, const char *out, struct gs_error *err)
+{
+    const char *line = out ? strstr(out, "path_broken=") : NULL;
+    if (!line || (line != out && line[-1] != '\n'))
+        return 0;
+    line += strlen("path_broken=");
+    return gs_error_set(err, GS_E_REMOTE,
+                        "the login shell on %s finds no basic commands (mkdir, uname): its PATH is "
+                        "'%.*s'; a startup file (~/.bashrc, ~/.profile) sets it without /usr/bin "
+                        "and /bin: fix it there",
+                        gs_ssh_target(s), (int)strcspn(line, "\n"), line);
+}

@@ -48,6 +48,15 @@ struct gs_exec_io {
 int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *io,
                 struct gs_error *err);
 
+/* A shell snippet for a probe: prints "path_broken=$PATH" on a line of its own when the login
+ * shell finds no `mkdir` (a startup file set PATH without /usr/bin and /bin: nothing gpusync runs
+ * there can work, and the errors it causes would otherwise read as something else). */
+#define GS_EXEC_PATH_PROBE "command -v mkdir >/dev/null 2>&1 || echo \"path_broken=$PATH\"; "
+
+/* When `out` (a probe's output) holds GS_EXEC_PATH_PROBE's line: sets err to a remote error naming
+ * the PATH and returns GS_E_REMOTE. Returns 0 when it does not. */
+int gs_exec_path_broken(struct gs_ssh *s, const char *out, struct gs_error *err);
+
 /* Convenience: runs `command`, capturing stdout into `out` (stderr into `errout` if not NULL). */
 int gs_exec_capture(struct gs_ssh *s, const char *command, struct gs_buf *out,
                     struct gs_buf *errout, struct gs_error *err);

@@ -299,6 +299,33 @@ static void a_shell_that_reads_input_is_named_and_push_gives_up(void **state)
     gs_test_result_release(&r);
 }
 
+/* A startup file that breaks PATH: every command gpusync runs there fails, and each of doctor,
+ * push and exec says that, not "not Linux", "no C compiler" or "remove what is there". */
+static void a_broken_path_is_named_by_doctor_push_and_exec(void **state)
+{
+    (void)state;
+    write_file(BASHRC, "export PATH=/nonexistent\n");
+    gs_test_sh("printf '[sync]\\nresident = off\\n' >> %s/.gpusync/config", project);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
+    gs_test_expect_status(&r, 1, "doctor on a shell with a broken PATH");
+    json_t *o = parse_json(&r, "doctor");
+    assert_string_equal(check_status(o, "system"), "fail");
+    json_decref(o);
+    gs_test_result_release(&r);
+
+    r = gpusync(GS_TEST_ARGS("push", "--json"));
+    gs_test_expect_status(&r, 5, "push through a shell with a broken PATH");
+    o = parse_json(&r, "push");
+    assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "'/nonexistent'"));
+    json_decref(o);
+    gs_test_result_release(&r);
+
+    r = gpusync(GS_TEST_ARGS("exec", "--", "true"));
+    gs_test_expect_status(&r, 255, "exec through a shell with a broken PATH");
+    assert_non_null(strstr(r.err.data, "its PATH is '/nonexistent'"));
+    gs_test_result_release(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +338,7 @@ int main(void)
         cmocka_unit_test_teardown(a_slow_shell_start_is_announced, restore_noise),
         cmocka_unit_test_teardown(a_shell_that_reads_input_is_named_and_push_gives_up,
                                   restore_noise),
+        cmocka_unit_test_teardown(a_broken_path_is_named_by_doctor_push_and_exec, restore_noise),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
