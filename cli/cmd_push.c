@@ -216,18 +216,22 @@ static int stop_at_first(const struct gs_index_entry *e, void *ctx)
 /* Requires each PATH to exist locally or in the index (a file deleted since its sync, or a folder
  * with one below it: the push sends the deletion). Anything else is a typo that would push
  * nothing and succeed: GS_E_NOTFOUND naming the PATH as given. */
-static int paths_exist(struct gs_cli *cli, struct gs_index *idx, char **argv, const char **paths,
-                       int argc)
+static int paths_exist(struct gs_cli *cli, char **argv, const char **paths, int argc)
 {
     struct gs_buf local = GS_BUF_INIT;
-    int rc = 0;
+    struct gs_session s;
+    int opened = 0, rc = 0;
     for (int i = 0; rc == 0 && i < argc; i++) {
         struct stat st;
         gs_buf_reset(&local);
         gs_path_join(&local, cli->root.data, paths[i]);
         if (lstat(local.data, &st) == 0 || !paths[i][0])
             continue;
-        rc = gs_index_foreach(idx, paths[i], stop_at_first, NULL, &cli->err);
+        /* only now: most pushes name what is here, and the watch daemon may be pushing */
+        if (!opened && (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) < 0)
+            break;
+        opened = 1;
+        rc = gs_index_foreach(s.idx, paths[i], stop_at_first, NULL, &cli->err);
         if (rc == 0)
             rc = gs_error_set(&cli->err, GS_E_NOTFOUND,
                               "%s: no such file or directory, here or among the paths gpusync "
@@ -235,6 +239,8 @@ static int paths_exist(struct gs_cli *cli, struct gs_index *idx, char **argv, co
                               argv[i]);
         rc = rc == 1 ? 0 : rc;
     }
+    if (opened)
+        gs_session_close(&s);
     gs_buf_release(&local);
     return rc;
 }
@@ -550,12 +556,12 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     int opened = 0;
     int rc = relative_paths(cli, argc, argv, rel, paths);
     int delegated = 0;
+    if (rc == 0) /* before the daemon too: it pushes every change, and named nothing wrong */
+        rc = paths_exist(cli, argv, paths, argc);
     if (rc == 0 && !dry_run)
         rc = push_through_daemon(cli, &ui, &delegated);
     if (rc == 0 && !delegated)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;
-    if (opened)
-        rc = paths_exist(cli, s.idx, argv, paths, argc);
     if (!delegated && rc == 0 && !dry_run) /* one agent session per project (session.h) */
         rc = gs_session_lock(&s, 1, &cli->err);
     if (!delegated && rc == 0)

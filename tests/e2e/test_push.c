@@ -958,6 +958,18 @@ static void test_push__a_path_that_never_existed_is_an_error(void **state)
     gs_test_result_release(&r);
     assert_false(exists(cur.remote, "gone.txt"));
     assert_false(exists(cur.remote, "olddir"));
+    /* the same through a running watch daemon, which pushes for the command */
+    r = run_gpusync(cur.local, ARGS("watch", "-d"));
+    expect_status(&r, 0, "watch -d");
+    gs_test_result_release(&r);
+    r = run_gpusync(cur.local, ARGS("push", "--json", "no-such-file.py"));
+    struct gs_test_result stop = run_gpusync(cur.local, ARGS("watch", "--stop"));
+    gs_test_result_release(&stop);
+    expect_status(&r, 1, "push --json no-such-file.py through the watch daemon");
+    o = parse_json(&r, "push --json no-such-file.py through the watch daemon");
+    gs_test_result_release(&r);
+    assert_string_equal(json_string_value(json_object_get(o, "error")), "not found");
+    json_decref(o);
 }
 
 static void test_status__json_counts_pending_changes(void **state)
