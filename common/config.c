@@ -80,8 +80,16 @@ static int set_hosts(struct parse_state *st, const char *value)
     free(list);
     if (n == 0)
         return fail(st, "remote.hosts: no host in the list%s%s", "", "");
-    return err.code ? fail(st, "remote.hosts: %.400s%s", err.msg, "")
-                    : replace_string(&st->cfg->hosts, value);
+    if (err.code)
+        return fail(st, "remote.hosts: %.400s%s", err.msg, "");
+    /* a repeated `hosts =` continues the list: a config line holds GS_CONFIG_MAX_LINE characters,
+     * which four nodes with paths outgrow */
+    struct gs_buf joined = GS_BUF_INIT;
+    gs_buf_addf(&joined, "%s%s%s", st->cfg->hosts ? st->cfg->hosts : "", st->cfg->hosts ? ", " : "",
+                value);
+    free(st->cfg->hosts);
+    st->cfg->hosts = gs_buf_detach(&joined, NULL);
+    return 1;
 }
 
 static int set_remote(struct parse_state *st, const char *key, const char *value)
@@ -300,11 +308,13 @@ static const char *strip_hash_comment(const char *value, char *buf, size_t size)
     return buf;
 }
 
-/* Whether `key` of `section` was set before; records it otherwise. Only sync.exclude may repeat:
- * for any other key the last one would silently win (a second `host =` redirecting every push). */
+/* Whether `key` of `section` was set before; records it otherwise. Only sync.exclude and
+ * remote.hosts may repeat (each line adds to the list): for any other key the last one would
+ * silently win (a second `host =` redirecting every push). */
 static int seen_before(struct parse_state *st, const char *section, const char *key)
 {
-    if (strcmp(section, "sync") == 0 && strcmp(key, "exclude") == 0)
+    if ((strcmp(section, "sync") == 0 && strcmp(key, "exclude") == 0) ||
+        (strcmp(section, "remote") == 0 && strcmp(key, "hosts") == 0))
         return 0;
     struct gs_buf entry = GS_BUF_INIT;
     gs_buf_addf(&entry, "%s\037%s\n", section, key);
@@ -563,6 +573,15 @@ const struct gs_job *gs_config_job(const struct gs_config *cfg, const char *name
     return NULL;
 }
 
+/* One `hosts =` line per node, so that no line outgrows GS_CONFIG_MAX_LINE. */
+static void format_hosts(const char *hosts, struct gs_buf *out)
+{
+    char *list = gs_xstrdup(hosts ? hosts : ""), *save = NULL;
+    for (char *tok = strtok_r(list, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save))
+        gs_buf_addf(out, "\thosts = %s\n", tok);
+    free(list);
+}
+
 static void format_config(const struct gs_config *cfg, struct gs_buf *out)
 {
     gs_buf_adds(out, "# gpusync project configuration (see README.md)\n[remote]\n");
@@ -575,8 +594,7 @@ static void format_config(const struct gs_config *cfg, struct gs_buf *out)
         gs_buf_addf(out, "\tpath = %s\n", cfg->remote_path);
     if (cfg->identity)
         gs_buf_addf(out, "\tidentity = %s\n", cfg->identity);
-    if (cfg->hosts)
-        gs_buf_addf(out, "\thosts = %s\n", cfg->hosts);
+    format_hosts(cfg->hosts, out);
     if (cfg->master_addr)
         gs_buf_addf(out, "\tmaster_addr = %s\n", cfg->master_addr);
     gs_config_slurm_format(&cfg->slurm, out);

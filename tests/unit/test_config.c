@@ -423,6 +423,37 @@ static void test_config__bad_hosts_entry_names_the_line(void **state)
     gs_config_release(&cfg);
 }
 
+/* `hosts add` appends nodes to one list; four nodes with paths outgrow a config line, and the file
+ * it wrote then failed to load ("line too long"). Each node goes on a `hosts =` line of its own,
+ * and repeated lines continue the list. */
+static void test_config__a_long_hosts_list_saves_and_loads_back(void **state)
+{
+    (void)state;
+    struct gs_config cfg;
+    struct gs_error err = {0};
+    const char *two = "[remote]\nhost = h\nhosts = a, b\nhosts = c/abs\n";
+    assert_int_equal(gs_config_parse(&cfg, two, "cfg", &err), 0);
+    assert_string_equal(cfg.hosts, "a, b, c/abs");
+    struct gs_buf list = GS_BUF_INIT;
+    for (int i = 0; i < 8; i++)
+        gs_buf_addf(&list, "%sroot@connect.westb.seetacloud.com:%d/root/autodl-tmp/project-%d",
+                    i ? ", " : "", 20000 + i, i);
+    free(cfg.hosts);
+    cfg.hosts = gs_buf_detach(&list, NULL);
+    char dir[] = "/tmp/gs-test-config-hosts.XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/config", dir);
+    assert_int_equal(gs_config_save(&cfg, path, &err), 0);
+    struct gs_config back;
+    if (gs_config_load(&back, path, &err) != 0)
+        fail_msg("the saved config does not load: %s", err.msg);
+    assert_string_equal(back.hosts, cfg.hosts);
+    gs_config_release(&back);
+    gs_config_release(&cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_config__first_error_wins(void **state)
 {
     (void)state;
@@ -762,6 +793,7 @@ int main(void)
         cmocka_unit_test(test_config__missing_host_is_an_error_naming_the_key),
         cmocka_unit_test(test_config__first_error_wins),
         cmocka_unit_test(test_config__bad_hosts_entry_names_the_line),
+        cmocka_unit_test(test_config__a_long_hosts_list_saves_and_loads_back),
         cmocka_unit_test(test_config__long_line_is_refused_by_its_own_number),
         cmocka_unit_test(test_config__duplicate_key_names_both_lines),
         cmocka_unit_test(test_config__empty_host_names_the_line),
