@@ -4,7 +4,8 @@
  * A path examined in a watched folder stays settled until an event names it, its folder or a
  * folder above it. Whatever inotify cannot vouch for is reported as changed: the folders of a
  * file system other than a local one (NFS, FUSE: writes from other machines raise no event), an
- * overflowed queue, a change in the mount table (a mount over a folder raises none). */
+ * overflowed queue, a change in the mount table (a mount over a folder raises none); and, since a
+ * write through a shared mapping raises none either, everything every 30 s. */
 #ifndef GA_DIRWATCH_H
 #define GA_DIRWATCH_H
 

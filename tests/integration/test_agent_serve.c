@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -1227,6 +1228,33 @@ static int watches(struct fx *f, const char *rel)
  * kind of change behind the client's back must still be listed by the next check: a write, a
  * mode, a deletion, a folder renamed away or replaced by a symlink, a file renamed over another,
  * a write through a second hard link in a folder nobody watches. */
+/* A write through a shared mapping (numpy.memmap, a checkpoint written with mmap) raises no
+ * inotify event, but moves the file's mtime: a kept check finds it once the agent examines
+ * everything again, at least every GPUSYNC_AGENT_FULL_CHECK_MS (30 s unless set; 300 ms here). */
+static void test_serve__kept_checks_find_a_write_through_a_mapping(void **state)
+{
+    struct fx *f = *state;
+    setenv("GPUSYNC_AGENT_FULL_CHECK_MS", "300", 1);
+    start(f);
+    unsetenv("GPUSYNC_AGENT_FULL_CHECK_MS");
+    put(f, "d/w.bin", "0123456789abcdef");
+    char p[PATH_MAX];
+    at(f, "d/w.bin", p);
+    int fd = open(p, O_RDWR);
+    assert_true(fd >= 0);
+    char *map = mmap(NULL, 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(map != MAP_FAILED);
+    close(fd); /* IN_CLOSE_WRITE is not watched; the mapping outlives the descriptor */
+    struct gs_proto_entry e = believed(f, "d/w.bin", NULL, 0);
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, &e, 1).listed, "");
+    usleep(20 * 1000); /* past the kernel's coarse clock tick, so that mtime moves */
+    map[0] = 'X';      /* the page fault moves mtime; no event */
+    assert_int_equal(msync(map, 16, MS_SYNC), 0);
+    munmap(map, 16);
+    usleep(400 * 1000); /* the period under test: no event marks its end */
+    assert_string_equal(check_beliefs(f, GS_CHECK_KEEP, NULL, 0).listed, "d/w.bin,");
+}
+
 static void test_serve__kept_checks_see_changes_in_watched_folders(void **state)
 {
     struct fx *f = *state;
@@ -1809,6 +1837,7 @@ int main(void)
         T(test_serve__list_skips_and_reports_too_long_paths_and_too_deep_trees),
         T(test_serve__check_lists_what_differs_and_keeps_beliefs_for_the_session),
         T(test_serve__kept_checks_see_changes_in_watched_folders),
+        T(test_serve__kept_checks_find_a_write_through_a_mapping),
         T(test_serve__kept_beliefs_are_saved_for_the_next_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
