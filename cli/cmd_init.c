@@ -174,6 +174,10 @@ static struct init_args opts;
 static int init_option(struct gs_cli *cli, int opt, const char *arg)
 {
     (void)cli;
+    if (opt == OPT_PATH && !arg[0]) /* an unset variable, most likely: not the default unasked */
+        return gs_cli_usage_error(&gs_cmd_init,
+                                  "--path is empty: give the remote project directory, or leave "
+                                  "--path out for gpusync/<name> under the remote home");
     if (opt == OPT_PATH)
         opts.path = arg;
     else if (opt == OPT_INSTALL_KEY)

@@ -359,6 +359,33 @@ static void test_init__bad_target_is_usage_error(void **state)
     gs_test_sh("rm -rf '%s'", dir);
 }
 
+/* `--path ""` (an unset variable, most likely) is a usage error: it was accepted, wrote `path = `
+ * and reported an empty remote path while push used the default. Nothing is written, and an
+ * existing project keeps its remote path. */
+static void test_init__empty_path_is_usage_error_and_writes_nothing(void **state)
+{
+    (void)state;
+    char dir[64], cfg[128];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init.XXXXXX");
+    struct gs_test_result r = run_gpusync(
+        dir, NULL, NULL,
+        ARGS("init", target_of(&shared, "root"), "--accept-new-host-key", "--path", "", "--json"));
+    gs_test_expect_status(&r, 2, "init --path ''");
+    assert_string_equal(r.out.data, ""); /* no {"ok":true,"remote_path":""} */
+    assert_non_null(strstr(r.err.data, "--path"));
+    gs_test_result_release(&r);
+    snprintf(cfg, sizeof(cfg), "%s/.gpusync/config", dir);
+    assert_int_not_equal(access(cfg, F_OK), 0);
+    gs_test_sh("rm -rf '%s'", dir);
+
+    r = run_gpusync(project, NULL, NULL, ARGS("init", target_of(&shared, "root"), "--path", ""));
+    gs_test_expect_status(&r, 2, "init --path '' in a project");
+    gs_test_result_release(&r);
+    char project_cfg[700];
+    snprintf(project_cfg, sizeof(project_cfg), "%s/.gpusync/config", project);
+    assert_int_equal(count_lines_with(project_cfg, remote_dir), 1);
+}
+
 static void test_exec__outside_a_project_fails_with_hint(void **state)
 {
     (void)state;
@@ -999,6 +1026,8 @@ int main(void)
                                use_shared_home),
         cmocka_unit_test_setup(test_init__accept_new_writes_config_and_known_host, use_shared_home),
         cmocka_unit_test_setup(test_init__bad_target_is_usage_error, use_shared_home),
+        cmocka_unit_test_setup(test_init__empty_path_is_usage_error_and_writes_nothing,
+                               use_shared_home),
         cmocka_unit_test_setup(test_exec__outside_a_project_fails_with_hint, use_shared_home),
         cmocka_unit_test_setup(test_exec__exit_codes_and_signal, use_shared_home),
         cmocka_unit_test_setup(test_options__bad_values_are_usage_errors, use_shared_home),
