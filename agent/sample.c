@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -174,6 +175,19 @@ static void jw_key_num(struct ga_jw *w, const char *key, double v, int decimals)
 {
     ga_jw_key(w, key);
     jw_num(w, v, decimals);
+}
+
+/* A number as read, to 15 significant digits (0.4 stays 0.4, 51234 stays 51234); null when
+ * negative (unknown) or not finite (a log's digits past what a double holds). */
+static void jw_key_real(struct ga_jw *w, const char *key, double v)
+{
+    char num[64];
+    int n = snprintf(num, sizeof(num), "%.15g", v);
+    ga_jw_key(w, key);
+    if (v < 0 || !isfinite(v) || n <= 0 || (size_t)n >= sizeof(num))
+        ga_jw_null(w);
+    else
+        ga_jw_raw(w, num, (size_t)n);
 }
 
 static double pct(unsigned long long part, unsigned long long whole)
@@ -471,7 +485,7 @@ static void write_run(struct ga_jw *w, const char *root)
     ga_jw_key_str(w, "id", id);
     ga_jw_key_str(w, "state", st.state);
     write_run_ranks(w, &st);
-    jw_key_num(w, "samples_per_s", last_samples_per_s(dir), 0);
+    jw_key_real(w, "samples_per_s", last_samples_per_s(dir));
     ga_jw_obj_end(w);
     ga_runs_status_release(&st);
 }

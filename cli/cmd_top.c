@@ -75,6 +75,16 @@ static void add_num(struct gs_buf *b, double v, int decimals, const char *unit)
         gs_buf_addf(b, "%.*f%s", decimals, v, unit);
 }
 
+/* A rate such as samples/s: whole from 100 up (51234), else to 3 significant digits (0.4, 12.3),
+ * so a slow run does not read as 0. */
+static void add_rate(struct gs_buf *b, double v, const char *unit)
+{
+    if (isnan(v) || v >= 100)
+        add_num(b, v, 0, unit);
+    else
+        gs_buf_addf(b, "%.3g%s", v, unit);
+}
+
 /* "GPU0 87% 31.2/79.6 GiB 250 W 64°C" */
 static void format_gpu(struct gs_buf *b, json_t *gpu)
 {
@@ -157,7 +167,7 @@ static void render_run(struct gs_buf *b, json_t *s)
         return;
     }
     gs_buf_addf(b, "Run  %s %s  samples/s ", str(run, "id", "?"), str(run, "state", "?"));
-    add_num(b, num(run, "samples_per_s"), 0, "\n");
+    add_rate(b, num(run, "samples_per_s"), "\n");
     json_array_foreach(json_object_get(run, "ranks"), i, rank)
     {
         gs_buf_addf(b, "     rank %-3.0f pid %-8.0f %s", num(rank, "rank"), num(rank, "pid"),

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -211,6 +212,63 @@ static void top_json_reports_two_gpus_and_the_runs_samples_per_s(void **state)
     gs_test_gpusync_ok(project, GS_TEST_ARGS("stop", id), "stop");
 }
 
+/* Waits (inotify on the remote run directory, the server being this machine) until rank 0's log
+ * of run `id` holds `text`. */
+static void await_rank0_log(const char *id, const char *text)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/.gpusync/runs/%s", remote, id);
+    int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    assert_true(ifd >= 0);
+    assert_true(inotify_add_watch(ifd, dir, IN_MODIFY | IN_CREATE) >= 0);
+    int64_t end = gs_clock_mono_ms() + TIMEOUT_MS;
+    for (;;) {
+        char *log = gs_test_rank_log(remote, id, 0), ev[4096];
+        int has = strstr(log, text) != NULL;
+        free(log);
+        if (has)
+            break;
+        int64_t left = end - gs_clock_mono_ms();
+        if (left <= 0)
+            fail_msg("rank 0 of run %s never printed '%s'", id, text);
+        struct pollfd p = {ifd, POLLIN, 0};
+        poll(&p, 1, (int)left);
+        while (read(ifd, ev, sizeof(ev)) > 0)
+            ;
+    }
+    close(ifd);
+}
+
+/* A slow run's samples/s is what its log says, 0.4, in --json and on the text view: it was
+ * rounded to a whole number, so 0.4 read as 0 (and 123.5 as 124). */
+static void top_keeps_a_fractional_samples_per_s(void **state)
+{
+    (void)state;
+    json_t *o = gs_test_gpusync_json(
+        project,
+        GS_TEST_ARGS("run", "--json", "--no-sync", "--detach", "--cpu", "1", "--", "sh", "-c",
+                     "echo 'epoch   1/3 | train loss 2.3012 | 0.4 samples/s | 160.00 s'; "
+                     "exec sleep 60"),
+        0, "run --detach");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(o, "id")));
+    json_decref(o);
+    await_rank0_log(id, "0.4 samples/s");
+    json_t *samples = run_top_json("1", "0.2");
+    json_t *run = json_object_get(json_array_get(samples, 0), "run");
+    assert_string_equal(json_string_value(json_object_get(run, "id")), id);
+    json_t *v = json_object_get(run, "samples_per_s");
+    if (!json_is_real(v) || json_real_value(v) != 0.4)
+        fail_msg("samples_per_s is not 0.4: %s", json_dumps(run, JSON_COMPACT));
+    json_decref(samples);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("top", "--count", "1", "--interval", "0.2"));
+    gs_test_expect_status(&r, 0, "top --count 1");
+    if (!strstr(r.out.data, "samples/s 0.4\n"))
+        fail_msg("the text view does not show samples/s 0.4:\n%s", r.out.data);
+    gs_test_result_release(&r);
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("stop", id), "stop");
+}
+
 /* ---- a disk write load --------------------------------------------------------------------- */
 
 /* The whole disk under `path` as /proc/diskstats names it (a partition's parent), into name.
@@ -396,6 +454,7 @@ int main(void)
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(top_json_reports_two_gpus_and_the_runs_samples_per_s),
+        cmocka_unit_test(top_keeps_a_fractional_samples_per_s),
         cmocka_unit_test(top_json_shows_a_disk_write_load),
         cmocka_unit_test(top_text_never_prints_the_servers_escape_sequences),
         cmocka_unit_test(ctrl_c_exits_0_and_leaves_no_sampler),
