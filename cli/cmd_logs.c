@@ -42,6 +42,19 @@ static int want_prefix(const char *ranks)
     return !ranks || strchr(ranks, ',') || !strcmp(ranks, "all");
 }
 
+/* How many ranks the run of ps entry `entry` has; 0 when unknown (no entry, or none listed). */
+static int run_nranks(json_t *entry)
+{
+    return (int)json_array_size(json_object_get(entry, "ranks"));
+}
+
+/* As want_prefix, for a run of `nranks` (0: unknown): a one-rank run's lines go bare, as `run`
+ * prints them. */
+static int run_wants_prefix(int nranks, const char *ranks)
+{
+    return nranks != 1 && want_prefix(ranks);
+}
+
 /* Shows the local copy of run `id`, which the server does not have. Returns the exit code: 0,
  * or 1 with -f (the run cannot be followed, and its exit status is unknown here). */
 static int show_local(struct gs_cli *cli, const char *id, int follow, const char *ranks, int tail)
@@ -69,7 +82,8 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
                 const char *ranks, int tail)
 {
     struct gs_log_printer printer;
-    gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
+    int prefix = run_wants_prefix(run_nranks(rc->resolved), ranks);
+    gs_log_printer_init(&printer, cli, id, prefix);
     printer.tail_lines = tail;
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
@@ -80,7 +94,7 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
         r = gs_run_ctx_tail(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
     if (follow && tail && r == 0) {
         gs_log_printer_finish(&printer);
-        gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
+        gs_log_printer_init(&printer, cli, id, prefix);
     }
     if (follow && r == 0)
         r = gs_run_ctx_follow_from(cli, rc, id, ranks, &printer, &interrupted, &code, &st);

@@ -34,6 +34,7 @@ void gs_run_ctx_init(struct gs_cli *cli, struct gs_run_ctx *rc)
     gs_buf_init(&rc->agent);
     gs_buf_init(&rc->dir);
     gs_cli_remote_dir(cli, &rc->dir);
+    rc->resolved = NULL;
 }
 
 int gs_run_ctx_agent(struct gs_cli *cli, struct gs_run_ctx *rc)
@@ -238,6 +239,8 @@ void gs_run_ctx_release(struct gs_run_ctx *rc)
 {
     gs_buf_release(&rc->agent);
     gs_buf_release(&rc->dir);
+    json_decref(rc->resolved);
+    rc->resolved = NULL;
 }
 
 static int flush_through_daemon(struct gs_cli *cli)
@@ -499,23 +502,22 @@ static int entry_live(json_t *entry)
     return state && (!strcmp(state, "running") || !strcmp(state, "lost"));
 }
 
-/* The id of the ps entry (newest first) that RUN names: an exact id, else the newest of that
- * name, or with `live` the newest of that name still live when one is; NULL when none. */
-static const char *pick_run(json_t *runs, const char *run, int live)
+/* The ps entry (newest first) that RUN names: an exact id, else the newest of that name, or
+ * with `live` the newest of that name still live when one is; NULL when none. Borrowed. */
+static json_t *pick_run(json_t *runs, const char *run, int live)
 {
     size_t i;
-    json_t *entry;
-    const char *found = NULL;
+    json_t *entry, *found = NULL;
     json_array_foreach(runs, i, entry)
     {
         const char *rid = json_string_value(json_object_get(entry, "id"));
         const char *name = json_string_value(json_object_get(entry, "name"));
         if (rid && (!run || strcmp(rid, run) == 0))
-            return rid;
+            return entry;
         if (rid && name && strcmp(name, run) == 0) {
             if (!live || entry_live(entry))
-                return rid;
-            found = found ? found : rid;
+                return entry;
+            found = found ? found : entry;
         }
     }
     return found;
@@ -527,9 +529,11 @@ int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *ru
     struct gs_buf out = GS_BUF_INIT;
     int r = gs_run_ctx_list(cli, rc, &out);
     json_t *runs = r == 0 ? json_loads(out.data ? out.data : "[]", 0, NULL) : NULL;
-    const char *found = runs ? pick_run(runs, run, live) : NULL;
+    json_t *found = runs ? pick_run(runs, run, live) : NULL;
+    json_decref(rc->resolved);
+    rc->resolved = json_incref(found);
     if (found)
-        gs_buf_adds(id, found);
+        gs_buf_adds(id, json_string_value(json_object_get(found, "id")));
     else if (r == 0)
         r = gs_error_set(&cli->err, GS_E_NOTFOUND,
                          run ? "no run '%s' on the server" : "no runs on the server yet%s",

@@ -13,10 +13,13 @@
 #include "cli/cli.h"
 #include "remote/runs.h"
 
-/* The connected server's agent path and the remote project directory (shell words). */
+/* The connected server's agent path and the remote project directory (shell words), and the run
+ * gs_run_ctx_resolve found last: its `ps --json` entry (owned; NULL before), freed by
+ * gs_run_ctx_release. */
 struct gs_run_ctx {
     struct gs_buf agent;
     struct gs_buf dir;
+    json_t *resolved;
 };
 
 /* Installs the agent if needed (needs cli->ssh). Returns 0 or a negative code in cli->err. */
@@ -118,7 +121,8 @@ char *gs_cli_node_key(const struct gs_config *cfg);
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * A name picks the newest run of that name; with `live`, the newest one still running (or lost,
  * which stop can still end) when there is one: several runs may share a name. Appends the id to
- * `id`. Returns 0 or GS_E_NOTFOUND. */
+ * `id` and keeps the run's ps entry in rc->resolved. Returns 0, or GS_E_NOTFOUND (rc->resolved
+ * then NULL). */
 int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
                        struct gs_buf *id);
 

@@ -1302,6 +1302,32 @@ static void test_logs__tail_rank_and_the_newest_run_by_default(void **state)
     child_release(&c);
 }
 
+/* A one-rank run's lines come bare from `logs` and `logs -f`, as `run` printed them: "[rank 0] "
+ * prefixes are for several ranks' lines. */
+static void test_logs__a_one_rank_run_shows_bare_lines_as_run_does(void **state)
+{
+    (void)state;
+    struct child c =
+        run_in(project, ARGS("run", "--cpu", "1", "--", "sh", "-c", "echo one; echo two"));
+    expect_status(&c, 0, "run of one rank");
+    assert_string_equal(c.out.data, "one\ntwo\n");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    struct child l = run_in(project, ARGS("logs", id));
+    expect_status(&l, 0, "logs of a one-rank run");
+    assert_string_equal(l.out.data, "one\ntwo\n");
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "-f", id));
+    expect_status(&l, 0, "logs -f of a one-rank run");
+    assert_string_equal(l.out.data, "one\ntwo\n");
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "-f", "--tail", "1", id));
+    expect_status(&l, 0, "logs -f --tail 1 of a one-rank run");
+    assert_string_equal(l.out.data, "two\n");
+    child_release(&l);
+}
+
 static void test_run__no_gpu_on_the_server_suggests_cpu_ranks(void **state)
 {
     (void)state;
@@ -1607,6 +1633,7 @@ int main(void)
         cmocka_unit_test_setup(test_stop__a_shared_name_stops_the_newest_run_still_running,
                                use_home),
         cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
+        cmocka_unit_test_setup(test_logs__a_one_rank_run_shows_bare_lines_as_run_does, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
         cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
                                use_home),
