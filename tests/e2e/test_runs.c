@@ -1302,6 +1302,31 @@ static void test_logs__tail_rank_and_the_newest_run_by_default(void **state)
     child_release(&c);
 }
 
+/* `logs --rank N` of a run without rank N is a usage error naming --rank: it printed nothing
+ * and exited 0, as if rank N had been silent. The ranks it has still show. */
+static void test_logs__a_rank_the_run_does_not_have_is_a_usage_error(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--cpu", "2", "--", "sh", "-c", "echo l$RANK"));
+    expect_status(&c, 0, "run of two ranks");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    struct child l = run_in(project, ARGS("logs", id, "--rank", "99"));
+    expect_status(&l, 2, "logs --rank 99 of a two-rank run");
+    assert_string_equal(l.out.data, "");
+    assert_non_null(strstr(l.err.data, "--rank 99"));
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "-f", id, "--rank", "1,2"));
+    expect_status(&l, 2, "logs -f --rank 1,2 of a two-rank run");
+    assert_string_equal(l.out.data, "");
+    child_release(&l);
+    l = run_in(project, ARGS("logs", id, "--rank", "1"));
+    expect_status(&l, 0, "logs --rank 1 of a two-rank run");
+    assert_string_equal(l.out.data, "l1\n");
+    child_release(&l);
+}
+
 /* A one-rank run's lines come bare from `logs` and `logs -f`, as `run` printed them: "[rank 0] "
  * prefixes are for several ranks' lines. */
 static void test_logs__a_one_rank_run_shows_bare_lines_as_run_does(void **state)
@@ -1633,6 +1658,7 @@ int main(void)
         cmocka_unit_test_setup(test_stop__a_shared_name_stops_the_newest_run_still_running,
                                use_home),
         cmocka_unit_test_setup(test_logs__tail_rank_and_the_newest_run_by_default, use_home),
+        cmocka_unit_test_setup(test_logs__a_rank_the_run_does_not_have_is_a_usage_error, use_home),
         cmocka_unit_test_setup(test_logs__a_one_rank_run_shows_bare_lines_as_run_does, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
         cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
