@@ -284,6 +284,25 @@ static int unpack_replies(struct gs_agent *a, const struct gs_proto_msg *m, stru
     return rc;
 }
 
+/* What a session's start looks like when a startup file of the login shell reads standard input:
+ * it takes the first bytes sent, and the agent waits for the rest of a frame or refuses what it
+ * reads instead of HELLO. */
+#define STDIN_EATEN                                                                                \
+    "a startup file of the login shell that reads standard input (a `read` or `cat` in ~/.bashrc " \
+    "outside its interactive-only part) takes the start of what gpusync sends; `gpusync doctor` "  \
+    "checks it"
+
+/* An ERROR for no request (id 0), or one that came before HELLO's answer: the agent did not read
+ * our HELLO, and ends the session. */
+static int session_refused(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
+{
+    int eaten = !a->hello_call.done && !a->via_socket; /* through a login shell */
+    return gs_error_set(
+        err, GS_E_PROTO, "the agent on %s %s the session: %.*s%s%s", gs_ssh_target(a->ssh),
+        a->hello_call.done ? "ended" : "refused", (int)m->text.len, m->text.p,
+        eaten ? "; it did not get gpusync's first bytes as sent: " : "", eaten ? STDIN_EATEN : "");
+}
+
 static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, struct gs_error *err)
 {
     struct gs_proto_msg m;
@@ -297,10 +316,8 @@ static int handle_frame(struct gs_agent *a, const struct gs_proto_frame *f, stru
         if (m.id - c->id < (c->span ? c->span : 1u)) /* unsigned: ids below c->id are huge */
             return c->on_frame(a, &m, c);
     }
-    if (m.type == GS_MSG_ERROR && m.id == 0)
-        return gs_error_set(err, GS_E_PROTO, "the agent on %s %s the session: %.*s",
-                            gs_ssh_target(a->ssh), a->hello_call.done ? "ended" : "refused",
-                            (int)m.text.len, m.text.p);
+    if (m.type == GS_MSG_ERROR && (m.id == 0 || !a->hello_call.done))
+        return session_refused(a, &m, err);
     if ((m.type != GS_MSG_DONE && m.type != GS_MSG_ERROR) || a->q_len == 0 ||
         a->q[a->q_head].id != m.id)
         return gs_error_set(err, GS_E_PROTO, "unexpected %s (id %u) from the agent on %s",
@@ -491,9 +508,7 @@ static int hello_overdue(struct gs_agent *a, struct gs_error *err)
         return 0;
     return gs_error_set(err, GS_E_REMOTE,
                         "the gpusync agent on %s started but has not answered its handshake in "
-                        "%d s: a startup file of the login shell that reads standard input (a "
-                        "`read` or `cat` in ~/.bashrc outside its interactive-only part) takes "
-                        "the start of what gpusync sends; `gpusync doctor` checks it",
+                        "%d s: " STDIN_EATEN,
                         gs_ssh_target(a->ssh), HELLO_GIVE_UP_MS / 1000);
 }
 

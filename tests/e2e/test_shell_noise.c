@@ -294,7 +294,9 @@ static void a_shell_that_reads_input_is_named_and_push_gives_up(void **state)
     gs_test_expect_status(&r, 5, "push through a shell that reads its input");
     o = parse_json(&r, "push");
     assert_false(json_is_true(json_object_get(o, "ok")));
-    assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "standard input"));
+    const char *message = json_string_value(json_object_get(o, "message"));
+    if (!message || !strstr(message, "standard input"))
+        fail_msg("push through a shell that reads its input: %s", r.out.data);
     json_decref(o);
     gs_test_result_release(&r);
 }
