@@ -325,6 +325,10 @@ static void rank_env(const struct sup *s, int local, int restart)
      * otherwise; a single rank keeps its libraries' default (every core). */
     if (o->nproc > 1)
         setenv("OMP_NUM_THREADS", "1", 0);
+    /* A rank's stdout is a log file, not a terminal, so Python would hold print()'s lines back
+     * in an 8 KB buffer and a job printing a line an epoch would look hung for hours; the user's
+     * own setting wins. */
+    setenv("PYTHONUNBUFFERED", "1", 0);
     /* CPU ranks see no GPU at all, rather than every GPU that other runs hold. */
     setenv("CUDA_VISIBLE_DEVICES", o->gpus ? o->gpus : "", 1);
     /* Not TORCHELASTIC_USE_AGENT_STORE: rank 0 must host the TCPStore itself. */

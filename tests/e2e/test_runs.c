@@ -835,6 +835,25 @@ static int child_running(const struct child *c)
     return waitpid(c->pid, &st, WNOHANG) == 0;
 }
 
+/* A Python rank's print() reaches the log as it prints, not when 8 KB piled up or the process
+ * ended: a rank's stdout is a file, and the launcher sets PYTHONUNBUFFERED unless the user did. */
+static void test_run__a_python_ranks_prints_stream_as_they_come(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "python3", "-c",
+                                          "import time\nprint('epoch 1 done')\ntime.sleep(300)\n"));
+    expect_status(&c, 0, "run --detach of a Python rank that prints once, then works");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "epoch 1 done\n");
+    struct child s;
+    child_start(&s, project, ARGS("stop", id));
+    child_finish(&s);
+    expect_status(&s, 0, "stop of the Python rank");
+    child_release(&s);
+}
+
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
  * waits, stop says what for. */
 static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
@@ -1646,6 +1665,7 @@ int main(void)
         cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
+        cmocka_unit_test_setup(test_run__a_python_ranks_prints_stream_as_they_come, use_home),
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
         cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
                                use_home),
