@@ -82,14 +82,23 @@ void ga_serve_reply_op_error(struct ga_serve *s, uint32_t id, int err, const cha
 
 int ga_serve_end_if_root_gone(struct ga_serve *s)
 {
-    struct stat st;
-    /* A removed directory keeps its inode while rootfd is open, with no link left to it. */
-    if (s->rootfd < 0 || fstat(s->rootfd, &st) < 0 || st.st_nlink > 0)
+    struct stat st, named;
+    if (s->rootfd < 0 || fstat(s->rootfd, &st) < 0)
+        return 0;
+    /* A removed directory keeps its inode while rootfd is open, with no link left to it; a moved
+     * one keeps its links, but the root's path names another folder, or none (`mv proj old;
+     * mkdir proj`): writes through rootfd would land where no run looks. */
+    int removed = st.st_nlink == 0, moved = 0;
+    if (!removed && stat(s->root, &named) == 0)
+        moved = named.st_dev != st.st_dev || named.st_ino != st.st_ino;
+    else if (!removed)
+        moved = errno == ENOENT || errno == ENOTDIR; /* EACCES: cannot tell; carry on */
+    if (!removed && !moved)
         return 0;
     ga_serve_reply_error(s, 0, ENOENT,
-                         "the project folder %s was removed on the server while this session "
-                         "used it; connect again to make it anew",
-                         s->root);
+                         "the project folder %s was %s on the server while this session used "
+                         "it; connect again to use what is there now",
+                         s->root, removed ? "removed" : "moved or replaced");
     s->fatal = EXIT_ROOT_GONE;
     return 1;
 }

@@ -79,9 +79,10 @@
  * (PUT_DATA/PUT_END with no open stream), EBUSY (stream id in use), EMFILE (more than
  * GS_PROTO_MAX_STREAMS streams), and any errno of the file operation itself (ENOSPC, EACCES,
  * ENOTEMPTY, EISDIR, ...). Truncated input at EOF: exit status 2.
- * A root removed under a session (its folder has no link left) cannot be written again: the
- * agent then replies ERROR ENOENT with id 0, saying so, and exits with status 3; the client
- * connects again, which makes the root anew.
+ * A root removed under a session (its folder has no link left), or moved (its path now names
+ * another folder, or none), is not what the client means to write: the agent then replies ERROR
+ * ENOENT with id 0, saying so, and exits with status 3; the client connects again, which makes
+ * the root anew or opens the folder now at its path.
  *
  * COMPRESSION (v6). A client that can read zstd says so in HELLO (GS_HELLO_ZSTD); an agent built
  * with libzstd answers with the same flag in HELLO_OK and from then on may send ZFRAMES_R, and

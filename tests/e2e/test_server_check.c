@@ -374,6 +374,26 @@ static void test_check__a_flush_puts_back_a_project_folder_removed_on_the_server
     expect_trees_equal(&cur, "after the flush");
 }
 
+/* The project folder moved away on the server and a new empty one made in its place (`mv proj
+ * proj.old; mkdir proj`) while the daemon is connected: the session's folder still exists, so it
+ * wrote every save into proj.old and said up to date while runs started in the empty folder. The
+ * agent now ends a session whose root path names another folder; the flush puts the whole tree in
+ * the folder the path names, and leaves the moved one alone. */
+static void test_check__a_flush_follows_a_project_folder_moved_and_replaced(void **state)
+{
+    (void)state;
+    watching("[sync]\n\tcheck_every = off\n");
+    assert_int_equal(
+        gs_test_sh("mv '%s' '%s.old' && mkdir '%s'", cur.remote, cur.remote, cur.remote), 0);
+    gs_test_write_file(cur.local, "train.py", "print('train in the new folder')\n");
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("flush", "--json"), 0,
+                                     "flush after the project folder was moved and replaced");
+    assert_true(json_is_true(json_object_get(o, "ok")));
+    json_decref(o);
+    expect_trees_equal(&cur, "after the flush");
+    gs_test_sh("rm -rf '%s.old'", cur.remote);
+}
+
 int main(void)
 {
     if (getenv("GS_TEST_FILTER"))
@@ -389,6 +409,7 @@ int main(void)
         T(test_check__a_folder_replaced_by_a_symlink_there_is_made_again_whole),
         T(test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole),
         T(test_check__a_flush_puts_back_a_project_folder_removed_on_the_server),
+        T(test_check__a_flush_follows_a_project_folder_moved_and_replaced),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
