@@ -558,7 +558,8 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     int delegated = 0;
     if (rc == 0) /* before the daemon too: it pushes every change, and named nothing wrong */
         rc = paths_exist(cli, argv, paths, argc);
-    if (rc == 0 && !dry_run)
+    /* a password given to this push is for a login the daemon cannot make (it has none) */
+    if (rc == 0 && !dry_run && !cli->password)
         rc = push_through_daemon(cli, &ui, &delegated);
     if (rc == 0 && !delegated)
         opened = (rc = gs_session_open_index(&s, cli->root.data, &cli->cfg, &cli->err)) == 0;

@@ -2231,6 +2231,24 @@ static void test_watch__directory_renamed_while_disconnected_is_one_rename(void 
 }
 
 /* Every reconnection verifies the host key: a changed one is refused and said so. */
+/* Waits (30 s at most) until the daemon reports that the server's host key changed. */
+static void await_host_key_refused(void)
+{
+    int64_t end = gs_clock_mono_ms() + 30000;
+    for (;;) {
+        json_t *st = daemon_status_json();
+        const char *e = json_string_value(json_object_get(st, "last_error"));
+        int refused =
+            !json_is_true(json_object_get(st, "connected")) && e && strstr(e, "host key") != NULL;
+        json_decref(st);
+        if (refused)
+            return;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("the daemon did not report a changed host key within 30 s");
+        usleep(100000); /* polling an observable condition, with a deadline */
+    }
+}
+
 static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
 {
     (void)state;
@@ -2240,22 +2258,36 @@ static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
     flush("first flush");
     assert_int_equal(gs_test_sshd_restart(&sshd, 1), 0); /* "the server was reinstalled" */
     put("a.py", "b\n");
-    int64_t end = gs_clock_mono_ms() + 30000;
-    for (;;) {
-        json_t *st = daemon_status_json();
-        const char *e = json_string_value(json_object_get(st, "last_error"));
-        int refused =
-            !json_is_true(json_object_get(st, "connected")) && e && strstr(e, "host key") != NULL;
-        json_decref(st);
-        if (refused)
-            break;
-        if (gs_clock_mono_ms() > end)
-            fail_msg("the daemon did not report a changed host key within 30 s");
-        usleep(100000); /* polling an observable condition, with a deadline */
-    }
+    await_host_key_refused();
     expect_remote("a.py", "a\n");    /* nothing went to the impostor */
     gs_test_sshd_use_home(&sshd, 1); /* the user accepts the new key */
     flush("flush after the new host key was recorded");
+    expect_remote("a.py", "b\n");
+}
+
+/* The server recreated with a new host key while watch runs: the user removes the old key and
+ * runs what the error says, `push --accept-new-host-key`. It went through the daemon, which logs
+ * in as it was started, so the flag did nothing (the same error, exit 4) until watch --stop. The
+ * command now checks and records the new key itself before it asks the daemon. */
+static void test_watch__push_accept_new_host_key_through_the_daemon(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "a\n");
+    watch_start();
+    flush("first flush");
+    assert_int_equal(gs_test_sshd_restart(&sshd, 1), 0); /* "the server was reinstalled" */
+    put("a.py", "b\n");
+    await_host_key_refused();
+    assert_int_equal(gs_test_sh("ssh-keygen -q -R '[127.0.0.1]:%d' -f \"$HOME/.ssh/known_hosts\" "
+                                ">/dev/null 2>&1",
+                                sshd.port),
+                     0);
+    struct gs_test_result r = gs_test_run_gpusync(
+        cur.local, NULL, NULL, GS_TEST_ARGS("push", "--json", "--accept-new-host-key"), 60000);
+    gs_test_expect_status(&r, 0, "push --accept-new-host-key while watch runs");
+    assert_non_null(strstr(r.out.data, "watch daemon")); /* it went through the daemon */
+    gs_test_result_release(&r);
     expect_remote("a.py", "b\n");
 }
 
@@ -2446,6 +2478,7 @@ int main(void)
         T(test_watch__inotify_overflow_converges),
         T(test_watch__sshd_restart_converges),
         T(test_watch__reconnect_refuses_a_changed_host_key),
+        T(test_watch__push_accept_new_host_key_through_the_daemon),
         T(test_watch__directory_renamed_while_disconnected_is_one_rename),
         T(test_watch__a_rename_whose_source_is_gone_still_syncs_before_flush_returns),
         T(test_watch__daemon_killed_mid_batch_converges_after_restart),
