@@ -120,6 +120,16 @@ int gs_cli_connect(struct gs_cli *cli)
     return gs_ssh_connect(&cli->ssh, &opts, &cli->err);
 }
 
+void gs_cli_remote_spec(const struct gs_config *cfg, struct gs_buf *out)
+{
+    int v6 = strchr(cfg->host, ':') != NULL;
+    if (cfg->user)
+        gs_buf_addf(out, "%s@", cfg->user);
+    gs_buf_addf(out, v6 ? "[%s]" : "%s", cfg->host);
+    if (cfg->port)
+        gs_buf_addf(out, ":%d", cfg->port);
+}
+
 void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out)
 {
     const char *path = cli->cfg.remote_path;

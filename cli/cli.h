@@ -135,6 +135,10 @@ int gs_cli_connect(struct gs_cli *cli);
  * or a GS_E_* code with cli->err set. Defined in cmd_init.c; `hosts add` uses it too. */
 int gs_cli_install_key(struct gs_cli *cli, int *added);
 
+/* [remote]'s own server as a --hosts entry: "user@host:port" (the parts the config sets), brackets
+ * around an IPv6 address. Appended to `out`. */
+void gs_cli_remote_spec(const struct gs_config *cfg, struct gs_buf *out);
+
 /* The remote project directory as a shell word, quoted; relative paths are under the remote home.
  */
 void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);

@@ -40,17 +40,6 @@ static int list_has(struct gs_cli *cli, const char *hosts, const char *key)
     return found;
 }
 
-/* [remote]'s own server as a --hosts entry ("user@host:port", brackets around an IPv6 address). */
-static void remote_spec(const struct gs_config *cfg, struct gs_buf *out)
-{
-    int v6 = strchr(cfg->host, ':') != NULL;
-    if (cfg->user)
-        gs_buf_addf(out, "%s@", cfg->user);
-    gs_buf_addf(out, v6 ? "[%s]" : "%s", cfg->host);
-    if (cfg->port)
-        gs_buf_addf(out, ":%d", cfg->port);
-}
-
 /* Appends `spec` to [remote] hosts unless the list names that node already. A new list starts
  * with [remote]'s server: the first host is the master, and it is where the project has run. */
 static void add_to_list(struct gs_cli *cli, const char *spec, const char *key)
@@ -61,7 +50,7 @@ static void add_to_list(struct gs_cli *cli, const char *spec, const char *key)
             return;
         gs_buf_adds(&list, cli->cfg.hosts);
     } else {
-        remote_spec(&cli->cfg, &list);
+        gs_cli_remote_spec(&cli->cfg, &list);
         if (list_has(cli, list.data, key)) {
             gs_buf_release(&list);
             return; /* [remote] itself: a list of one is no multi-node set-up yet */

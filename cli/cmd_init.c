@@ -45,9 +45,44 @@ static int start_config(struct gs_cli *cli)
     return rc;
 }
 
+/* `hosts add` starts [remote] hosts with [remote]'s own server, the master (node 0). init to
+ * another server left the old one there: runs synced to it and started rank 0 on it, and the new
+ * server was not used. The list's entry for the old server now names the new one; a list that does
+ * not start with it is the user's own, and is left as written, with a word. */
+static void move_master(struct gs_cli *cli, const char *old_spec)
+{
+    struct gs_buf now = GS_BUF_INIT, list = GS_BUF_INIT;
+    gs_cli_remote_spec(&cli->cfg, &now);
+    const char *hosts = cli->cfg.hosts;
+    size_t first = strcspn(hosts, ", \t");
+    if (strcmp(now.data, old_spec) == 0) {
+        /* the same server */
+    } else if (strlen(old_spec) == first && strncmp(hosts, old_spec, first) == 0) {
+        gs_buf_addf(&list, "%s%s", now.data, hosts + first);
+        free(cli->cfg.hosts);
+        cli->cfg.hosts = gs_buf_detach(&list, NULL);
+        if (!cli->json)
+            fprintf(stderr, "gpusync: [remote] hosts now starts with %s, not %s\n", now.data,
+                    old_spec);
+    } else if (!cli->json) {
+        fprintf(stderr,
+                "gpusync: [remote] hosts is unchanged (%s): runs with it start rank 0 on %.*s; "
+                "edit .gpusync/config if that is not the new server's place\n",
+                hosts, (int)first, hosts);
+    }
+    gs_buf_release(&now);
+    gs_buf_release(&list);
+}
+
 static int apply_args(struct gs_cli *cli, const struct init_args *a)
 {
+    struct gs_buf old_spec = GS_BUF_INIT;
+    if (cli->cfg.host && cli->cfg.hosts)
+        gs_cli_remote_spec(&cli->cfg, &old_spec);
     int rc = gs_config_parse_target(&cli->cfg, a->target, &cli->err);
+    if (rc == 0 && old_spec.len)
+        move_master(cli, old_spec.data);
+    gs_buf_release(&old_spec);
     if (rc < 0)
         return rc;
     if (a->path) {

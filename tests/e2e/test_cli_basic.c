@@ -345,6 +345,38 @@ static void test_init__accept_new_writes_config_and_known_host(void **state)
     gs_test_sh("rm -rf '%s'", dir);
 }
 
+/* init to another server in a project whose [remote] hosts starts with the old one (as `hosts add`
+ * writes it): the list's first node becomes the new server, or runs went on starting rank 0 on the
+ * old one. ("localhost" is another server here: another name, another host key entry.) */
+static void test_init__to_another_server_moves_the_first_of_the_hosts(void **state)
+{
+    (void)state;
+    char dir[64], remote[800];
+    make_dir(dir, sizeof(dir), "/tmp/gs-e2e-init-hosts.XXXXXX");
+    snprintf(remote, sizeof(remote), "%s/init-hosts-remote", shared.dir);
+    struct gs_test_result r =
+        run_gpusync(dir, NULL, NULL, ARGS("init", target_of(&shared, "root"), "--path", remote));
+    gs_test_expect_status(&r, 0, "init");
+    gs_test_result_release(&r);
+    assert_int_equal(gs_test_sh("cd '%s' && sed -i 's|^\\[sync\\]$|\\thosts = root@127.0.0.1:%d, "
+                                "n2/abs\\n\\n[sync]|' .gpusync/config",
+                                dir, shared.port),
+                     0);
+    char other[128];
+    snprintf(other, sizeof(other), "root@localhost:%d", shared.port);
+    r = run_gpusync(dir, NULL, NULL,
+                    ARGS("init", other, "--path", remote, "--accept-new-host-key"));
+    gs_test_expect_status(&r, 0, "init to another server");
+    gs_test_result_release(&r);
+    r = run_gpusync(dir, NULL, NULL, ARGS("hosts"));
+    gs_test_expect_status(&r, 0, "hosts");
+    char want[256];
+    snprintf(want, sizeof(want), "root@localhost:%d, n2/abs\n", shared.port);
+    assert_string_equal(r.out.data, want);
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", dir);
+}
+
 static void test_init__bad_target_is_usage_error(void **state)
 {
     (void)state;
@@ -1025,6 +1057,8 @@ int main(void)
         cmocka_unit_test_setup(test_init__unknown_host_without_accept_fails_4_and_records_nothing,
                                use_shared_home),
         cmocka_unit_test_setup(test_init__accept_new_writes_config_and_known_host, use_shared_home),
+        cmocka_unit_test_setup(test_init__to_another_server_moves_the_first_of_the_hosts,
+                               use_shared_home),
         cmocka_unit_test_setup(test_init__bad_target_is_usage_error, use_shared_home),
         cmocka_unit_test_setup(test_init__empty_path_is_usage_error_and_writes_nothing,
                                use_shared_home),
