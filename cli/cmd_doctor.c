@@ -20,6 +20,8 @@ static const char probe_script[] =
     "if e=$(mkdir -p -- \"$d\" 2>&1); then [ -w \"$d\" ] || echo path_error=\"$d\": not writable\n"
     "else echo path_error=$(printf '%%s' \"$e\" | head -n1); fi\n"
     "df -Pk -- \"$d\" 2>/dev/null | awk 'NR==2{print \"disk_free_kb=\"$4}'\n"
+    "a=~/.gpusync; [ -d \"$a\" ] || a=~\n"
+    "df -Pk -- \"$a\" 2>/dev/null | awk 'NR==2{print \"agent_free_kb=\"$4}'\n"
     "if command -v nvidia-smi >/dev/null 2>&1; then\n"
     "  nvidia-smi --query-gpu=index,name,memory.total,memory.used,utilization.gpu "
     "--format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'\n"
@@ -179,6 +181,10 @@ static void check_toolchain(struct doctor *d, const char *out)
               torch ? "torch %s" : "torch not importable%s", torch ? torch : "");
 }
 
+/* Less than this free in ~/.gpusync: the agent (a few MiB with its socket and saved check sets)
+ * cannot be installed or kept. */
+#define AGENT_ROOM_MIB 16
+
 static void check_system(struct doctor *d, const char *out)
 {
     set_fact_string(d->facts, out, "os");
@@ -207,6 +213,13 @@ static void check_system(struct doctor *d, const char *out)
     else
         add_check(d, "disk", gib < 5 ? "warn" : "ok", gib < 5 ? "free space before training" : NULL,
                   "%.1f GiB free at the remote path", gib);
+    /* the agent lives in ~/.gpusync, often on a small system disk apart from the data disk */
+    const char *agent_kb = fact(out, "agent_free_kb");
+    double agent_mib = agent_kb ? atof(agent_kb) / 1024.0 : -1;
+    if (agent_mib >= 0 && agent_mib < AGENT_ROOM_MIB)
+        add_check(d, "disk", "fail", "free space in the remote home (~/.gpusync)",
+                  "%.1f MiB free in ~/.gpusync, where the agent is installed: pushes fail there",
+                  agent_mib);
 }
 
 /* The first line of what the shell printed, for the report. */

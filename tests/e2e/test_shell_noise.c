@@ -328,6 +328,36 @@ static void a_broken_path_is_named_by_doctor_push_and_exec(void **state)
     gs_test_result_release(&r);
 }
 
+/* The remote home full (a rented server's small system disk) while the project sits on a roomy
+ * data disk: every push failed to install the agent, and doctor said "disk ok". It now fails its
+ * disk check naming ~/.gpusync. (This user's own home: root's is the machine's.) */
+static void doctor_fails_its_disk_check_when_the_agent_has_no_room(void **state)
+{
+    (void)state;
+    write_file(BASHRC, "# quiet\n");
+    const char *dir = USER_HOME "/.gpusync";
+    gs_test_sh("umount %s 2>/dev/null; rm -rf %s; mkdir -p %s", dir, dir, dir);
+    if (gs_test_sh("mount -t tmpfs -o size=64k,mode=0755 tmpfs %s && chown " USER " %s && "
+                   "head -c 100000 /dev/zero > %s/filler 2>/dev/null; true",
+                   dir, dir, dir) != 0)
+        fail_msg("could not mount a small tmpfs on %s", dir);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
+    gs_test_sh("umount %s; rmdir %s", dir, dir);
+    gs_test_expect_status(&r, 1, "doctor with a full ~/.gpusync");
+    json_t *o = parse_json(&r, "doctor");
+    json_t *c;
+    size_t i;
+    int failed = 0;
+    json_array_foreach(json_object_get(o, "checks"), i, c)
+    {
+        failed |= !strcmp(json_string_value(json_object_get(c, "name")), "disk") &&
+                  !strcmp(json_string_value(json_object_get(c, "status")), "fail");
+    }
+    assert_true(failed);
+    json_decref(o);
+    gs_test_result_release(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -341,6 +371,8 @@ int main(void)
         cmocka_unit_test_teardown(a_shell_that_reads_input_is_named_and_push_gives_up,
                                   restore_noise),
         cmocka_unit_test_teardown(a_broken_path_is_named_by_doctor_push_and_exec, restore_noise),
+        cmocka_unit_test_teardown(doctor_fails_its_disk_check_when_the_agent_has_no_room,
+                                  restore_noise),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
