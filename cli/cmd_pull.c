@@ -410,7 +410,7 @@ const struct gs_cmd gs_cmd_pull = {
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink where the pull would write\n"
             "  is never followed or replaced: the pull is refused (exit 6). Every path the server\n"
             "  lists must lie under REMOTE_PATH, or nothing is pulled. A pull that fails\n"
-            "  leaves no new folder behind.\n",
+            "  leaves no new folder behind. setuid, setgid and sticky bits are not pulled.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

@@ -1558,7 +1558,8 @@ static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_
 static int finish_download(int fd, const char *tmp, const char *local,
                            const struct gs_proto_meta *meta, struct gs_error *err)
 {
-    fchmod(fd, meta->mode ? meta->mode : 0644);
+    /* push never mirrors set-id bits; a server's must not make a local set-id program either */
+    fchmod(fd, meta->mode ? meta->mode & 0777 : 0644);
     struct timespec times[2] = {{0, UTIME_OMIT}, {meta->mtime_sec, meta->mtime_nsec}};
     futimens(fd, times);
     if (close(fd) < 0)

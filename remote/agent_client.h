@@ -135,7 +135,8 @@ void gs_agent_close(struct gs_agent *a);
 typedef void (*gs_agent_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* Downloads remote `path` to local `local`: written to a temporary file beside it, given the
- * remote mode and mtime, then renamed into place, so a failed pull leaves `local` untouched.
+ * remote mode less the setuid, setgid and sticky bits (a server must not plant set-id programs
+ * here) and its mtime, then renamed into place, so a failed pull leaves `local` untouched.
  * Returns 0, GS_E_NOTFOUND, GS_E_REMOTE or GS_E_IO. */
 int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
                  gs_agent_progress_fn progress, void *ctx, struct gs_error *err);

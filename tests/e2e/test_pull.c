@@ -4,7 +4,8 @@
  * is read as push reads its paths, and a server that lies in its listing (a path outside the
  * directory asked for, or one that climbs out with "..") gets the pull refused with nothing
  * written. The lying server is the real agent behind a filter that rewrites paths in both
- * directions, so its answers stay well-formed frames. */
+ * directions, so its answers stay well-formed frames.
+ * Pulled files never keep set-id bits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -309,6 +310,36 @@ static void a_remote_path_is_read_as_push_reads_its_paths(void **state)
     }
 }
 
+/* lstat's mode of `dir/rel`, or fails. */
+static mode_t local_mode(const char *dir, const char *rel)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    if (lstat(path, &st) != 0)
+        fail_msg("%s does not exist", path);
+    return st.st_mode;
+}
+
+/* push strips setuid and setgid; pull kept them (and sticky), so a server could plant a local
+ * set-id program owned by whoever runs gpusync. */
+static void set_id_and_sticky_bits_on_the_server_are_not_pulled(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/modes' && cd '%s/modes' && cp /bin/true tool && chmod 6755 tool && "
+               "printf x > sticky && chmod 1644 sticky",
+               remote, remote);
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "modes"));
+    gs_test_expect_status(&r, 0, "pull modes");
+    gs_test_result_release(&r);
+    assert_int_equal(local_mode(project, "modes/tool") & 07777, 0755);
+    assert_int_equal(local_mode(project, "modes/sticky") & 07777, 0644);
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "modes/tool", "tool-alone"));
+    gs_test_expect_status(&r, 0, "pull modes/tool tool-alone");
+    gs_test_result_release(&r);
+    assert_int_equal(local_mode(project, "tool-alone") & 07777, 0755);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +350,7 @@ int main(void)
         cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_local_symlink_is_never_written_through),
         cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
+        cmocka_unit_test(set_id_and_sticky_bits_on_the_server_are_not_pulled),
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
