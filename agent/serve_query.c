@@ -172,6 +172,18 @@ struct lister {
     char rel[GS_PROTO_MAX_PATH + GA_FS_NAME_MAX + 2];
 };
 
+/* What a GS_KIND_OTHER entry is, as LIST names it in the link field (proto/sync.h). */
+static const char *other_type(mode_t mode)
+{
+    if (S_ISFIFO(mode))
+        return "fifo";
+    if (S_ISSOCK(mode))
+        return "socket";
+    if (S_ISCHR(mode))
+        return "char-device";
+    return S_ISBLK(mode) ? "block-device" : "other";
+}
+
 /* Describes dirfd/name (path l->rel) and sends it. */
 static int list_one(struct lister *l, int dirfd, const char *name, const struct stat *st)
 {
@@ -185,6 +197,8 @@ static int list_one(struct lister *l, int dirfd, const char *name, const struct 
     e.link = gs_proto_cstr("");
     if (S_ISLNK(st->st_mode) && ga_fs_readlink(dirfd, name, &link) == 0)
         e.link = gs_proto_cstr(link);
+    else if (e.kind == GS_KIND_OTHER) /* so that a pull can say what it left out */
+        e.link = gs_proto_cstr(other_type(st->st_mode));
     if ((l->flags & GS_LIST_HASH) && S_ISREG(st->st_mode)) {
         uint64_t size;
         e.has_hash = ga_fs_hash_entry(dirfd, name, st, e.hash, &size) == 0;

@@ -270,7 +270,9 @@ enum gs_msg_type {
     /* GET_END: u64 size | hash | meta (all describing the bytes sent) */
     GS_MSG_GET_END = 0x93,
     /* LIST_ENTRIES: u32 count | count x entry; entry = str path (relative to root) | u8 kind |
-     * meta | u64 size | u8 has_hash | hash (only if has_hash) | str link_target */
+     * meta | u64 size | u8 has_hash | hash (only if has_hash) | str link_target. In a LIST's
+     * entries, link_target of a GS_KIND_OTHER entry names its type: "fifo", "socket",
+     * "char-device", "block-device" or "other" (an older agent sends "" there). */
     GS_MSG_LIST_ENTRIES = 0x94,
     /* LIST_END: u64 number of entries sent */
     GS_MSG_LIST_END = 0x95,

@@ -155,7 +155,8 @@ struct gs_agent_entry {
     uint64_t size;
     int has_hash;
     uint8_t hash[16];
-    const char *link;
+    const char *link; /* a symlink's target; for kind 4 its type ("fifo", "socket",
+                       * "char-device", "block-device", "other"; "" from an older agent) */
 };
 
 typedef int (*gs_agent_list_fn)(void *ctx, const struct gs_agent_entry *e);
