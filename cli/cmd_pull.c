@@ -2,7 +2,11 @@
  * from the remote project through the agent; each file is written to a temporary name and renamed
  * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. A
  * local file holding content gpusync did not sync (never pushed, or edited since) is kept as a
- * conflict copy, never overwritten; a local symlink where it would write refuses the pull. */
+ * conflict copy, never overwritten; a local symlink where it would write refuses the pull. A
+ * symlink on the server is made a symlink here (its target as the server has it, never
+ * followed), after every file is written; anything else (a fifo, a socket, a device) is not
+ * pulled and the summary says so. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +30,12 @@ struct pull_file {
     uint64_t size;
 };
 
+struct pull_link {
+    char *remote;
+    char *local;
+    char *target; /* as the server has it: never resolved here */
+};
+
 struct pull_job {
     struct gs_cli *cli;
     const char *remote_base; /* the REMOTE_PATH argument */
@@ -34,8 +44,11 @@ struct pull_job {
     struct gs_index *idx;    /* what was synced, to tell an unsynced local edit */
     struct pull_file *files;
     size_t n, cap;
-    json_t *kept; /* [{local, kept}]: local edits moved aside */
-    char **made;  /* the local directories this pull created, parents first */
+    struct pull_link *links; /* made after every file is written */
+    size_t n_links, cap_links;
+    json_t *skipped; /* [{path, kind}]: what the server holds that pull does not make here */
+    json_t *kept;    /* [{local, kept}]: local edits moved aside */
+    char **made;     /* the local directories this pull created, parents first */
     size_t n_made, cap_made;
     uint64_t total, done_before;
     struct gs_progress bar;
@@ -46,6 +59,26 @@ static void add_file(struct pull_job *job, const char *remote, const char *local
     GS_ALLOC_GROW(job->files, job->n + 1, job->cap);
     job->files[job->n++] = (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size};
     job->total += size;
+}
+
+static void add_link(struct pull_job *job, const char *remote, const char *local,
+                     const char *target)
+{
+    GS_ALLOC_GROW(job->links, job->n_links + 1, job->cap_links);
+    job->links[job->n_links++] =
+        (struct pull_link){gs_xstrdup(remote), gs_xstrdup(local), gs_xstrdup(target)};
+}
+
+/* Notes a remote path left out (neither file, folder nor symlink, or unlisted) for the summary. */
+static void add_skipped(struct pull_job *job, const char *remote, const char *kind)
+{
+    json_array_append_new(job->skipped,
+                          json_pack("{s:o,s:s}", "path", gs_cli_json_path(remote), "kind", kind));
+    if (!job->cli->json)
+        fprintf(stderr,
+                "gpusync: %s was not pulled: it is a %s (pull makes files, folders and "
+                "symlinks)\n",
+                remote, kind);
 }
 
 /* Creates `dir` and its missing parents, noting each one made so that a failed pull can remove
@@ -106,9 +139,22 @@ static int refuse_symlinks(struct pull_job *job, const char *path)
     return rc;
 }
 
-/* Collects regular files under a remote directory (LIST gives paths relative to the root, each
- * checked against the wire path rules by the agent client). An entry outside the directory asked
- * for is a server that lies: the pull stops before anything is written. */
+/* refuse_symlinks for the directories above `path`, not `path` itself: where pull makes a
+ * symlink, a link already at that name is replaced or kept aside (make_link), never followed. */
+static int refuse_symlinks_above(struct pull_job *job, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || (size_t)(slash - path) < job->check_from)
+        return 0;
+    char *parent = gs_xstrndup(path, (size_t)(slash - path));
+    int rc = refuse_symlinks(job, parent);
+    free(parent);
+    return rc;
+}
+
+/* Collects files and symlinks under a remote directory (LIST gives paths relative to the root,
+ * each checked against the wire path rules by the agent client). An entry outside the directory
+ * asked for is a server that lies: the pull stops before anything is written. */
 static int on_entry(void *ctx, const struct gs_agent_entry *e)
 {
     struct pull_job *job = ctx;
@@ -121,11 +167,23 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
     if (e->skipped) { /* too long, or too deep to walk: said, not silently missing */
         fprintf(stderr, "gpusync: %s was not pulled: the server cannot list it (%s)\n", e->path,
                 strerror(e->skipped));
+        json_array_append_new(
+            job->skipped,
+            json_pack("{s:o,s:s}", "path", gs_cli_json_path(e->path), "kind", "unlisted"));
+        return 0;
+    }
+    if (e->kind != 1 && e->kind != 2 && e->kind != 3) {
+        add_skipped(job, e->path, e->link && e->link[0] ? e->link : "other");
         return 0;
     }
     struct gs_buf local = GS_BUF_INIT;
     gs_path_join(&local, job->local_base, rest);
-    int rc = refuse_symlinks(job, local.data);
+    int rc =
+        e->kind == 3 ? refuse_symlinks_above(job, local.data) : refuse_symlinks(job, local.data);
+    if (rc == 0 && e->kind == 3 && !e->link[0]) /* the agent could not read its target */
+        add_skipped(job, e->path, "unreadable-symlink");
+    else if (rc == 0 && e->kind == 3)
+        add_link(job, e->path, local.data, e->link);
     if (rc == 0 && e->kind == 2) /* the listing can name a directory before LOCAL_PATH exists */
         make_dirs(job, local.data);
     else if (rc == 0 && e->kind == 1)
@@ -230,6 +288,91 @@ static void make_parent(struct pull_job *job, const char *local)
     gs_buf_release(&parent);
 }
 
+/* Reads the target of the symlink `path` into *out (the caller frees it). Returns 0 or -1. */
+static int read_link(const char *path, char **out)
+{
+    for (size_t cap = 256;; cap *= 2) {
+        char *buf = gs_xmalloc(cap);
+        ssize_t n = readlink(path, buf, cap);
+        if (n >= 0 && (size_t)n < cap) {
+            buf[n] = '\0';
+            *out = buf;
+            return 0;
+        }
+        free(buf);
+        if (n < 0)
+            return -1;
+    }
+}
+
+/* Whether the local symlink `local` is the one gpusync last synced there (pushed, with this
+ * target); a lookup that fails counts as not. */
+static int synced_link(struct pull_job *job, const char *local, const char *target)
+{
+    struct gs_buf rel = GS_BUF_INIT;
+    struct gs_index_entry e = {0};
+    int synced = gs_path_project_relative(job->cli->root.data, local, &rel, NULL) == 0 && rel.len &&
+                 gs_index_get(job->idx, rel.data, &e, NULL) == 1 && e.kind == GS_KIND_SYMLINK &&
+                 e.link && strcmp(e.link, target) == 0;
+    gs_index_entry_release(&e);
+    gs_buf_release(&rel);
+    return synced;
+}
+
+/* Makes way for the server's symlink at l->local: sets *same when a link with its target is
+ * already there (nothing to do); keeps a file or link gpusync did not sync there as a conflict
+ * copy; refuses a directory or anything else (GS_E_CONFLICT), which the pull never replaces. */
+static int clear_for_link(struct pull_job *job, const struct pull_link *l, int *same)
+{
+    struct stat st;
+    *same = 0;
+    if (lstat(l->local, &st) != 0)
+        return errno == ENOENT ? 0 : gs_error_errno(&job->cli->err, GS_E_IO, "%s", l->local);
+    if (S_ISLNK(st.st_mode)) {
+        char *have = NULL;
+        if (read_link(l->local, &have) == 0 && strcmp(have, l->target) == 0)
+            *same = 1;
+        int known = have && synced_link(job, l->local, have);
+        free(have);
+        return *same || known ? 0 : keep_copy(job, l->local);
+    }
+    if (S_ISREG(st.st_mode))
+        return unknown_content(job, l->local, &st) ? keep_copy(job, l->local) : 0;
+    return gs_error_set(&job->cli->err, GS_E_CONFLICT,
+                        "%s is a %s here, and the server holds a symlink there: move it away, or "
+                        "give another LOCAL_PATH",
+                        l->local, S_ISDIR(st.st_mode) ? "folder" : "special file");
+}
+
+/* Makes the server's symlink at l->local as a temporary link beside it renamed into place, so
+ * whatever was there is replaced whole and never followed. Checks again that no directory above
+ * it is a symlink: only now are they all made. */
+static int make_link(struct pull_job *job, const struct pull_link *l)
+{
+    int same = 0;
+    int rc = refuse_symlinks_above(job, l->local); /* before mkdir, which would follow one */
+    if (rc == 0)
+        make_parent(job, l->local);
+    if (rc == 0)
+        rc = clear_for_link(job, l, &same);
+    if (rc < 0 || same)
+        return rc;
+    struct gs_buf tmp = GS_BUF_INIT;
+    const char *slash = strrchr(l->local, '/');
+    if (slash)
+        gs_buf_add(&tmp, l->local, (size_t)(slash - l->local) + 1);
+    gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
+    if (symlink(l->target, tmp.data) != 0 &&
+        (errno != EEXIST || unlink(tmp.data) != 0 || symlink(l->target, tmp.data) != 0))
+        rc = gs_error_errno(&job->cli->err, GS_E_IO, "cannot create the symlink %s", tmp.data);
+    else if (rename(tmp.data, l->local) != 0) {
+        rc = gs_error_errno(&job->cli->err, GS_E_IO, "cannot rename %s to %s", tmp.data, l->local);
+        unlink(tmp.data);
+    }
+    gs_buf_release(&tmp);
+    return rc;
+}
+
 /* Works out the file list: one file, or every file below a directory. Creates no directory
  * before the server has listed REMOTE_PATH as one. */
 static int collect(struct pull_job *job, struct gs_agent *agent)
@@ -268,24 +411,45 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
         job->done_before += f->size;
     }
     gs_progress_end(&job->bar);
+    for (size_t i = 0; rc == 0 && i < job->n_links; i++) /* files first: see make_link */
+        rc = make_link(job, &job->links[i]);
     return rc;
+}
+
+/* The symlinks made, as --json lists them: [{remote, local, target}]. */
+static json_t *links_json(const struct pull_job *job)
+{
+    json_t *links = json_array();
+    for (size_t i = 0; i < job->n_links; i++)
+        json_array_append_new(links, json_pack("{s:o,s:o,s:o}", "remote",
+                                               gs_cli_json_path(job->links[i].remote), "local",
+                                               gs_cli_json_path(job->links[i].local), "target",
+                                               gs_cli_json_path(job->links[i].target)));
+    return links;
 }
 
 static void report(struct pull_job *job)
 {
     char b[32];
+    size_t skipped = json_array_size(job->skipped);
     if (job->cli->json) {
         json_t *files = json_array();
         for (size_t i = 0; i < job->n; i++)
             json_array_append_new(files, json_pack("{s:o,s:o}", "remote",
                                                    gs_cli_json_path(job->files[i].remote), "local",
                                                    gs_cli_json_path(job->files[i].local)));
-        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:I,s:O}", "v", 1, "ok", 1, "files", files,
+        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O}", "v", 1, "ok", 1, "files",
+                                    files, "symlinks", links_json(job), "skipped", job->skipped,
                                     "bytes", (json_int_t)job->total, "kept", job->kept));
-    } else {
-        printf("pulled %zu file%s (%s) into %s\n", job->n, job->n == 1 ? "" : "s",
-               gs_format_bytes(job->total, b), job->local_base);
+        return;
     }
+    printf("pulled %zu file%s", job->n, job->n == 1 ? "" : "s");
+    if (job->n_links)
+        printf(" and %zu symlink%s", job->n_links, job->n_links == 1 ? "" : "s");
+    printf(" (%s) into %s", gs_format_bytes(job->total, b), job->local_base);
+    if (skipped)
+        printf("; %zu not pulled (named above)", skipped);
+    printf("\n");
 }
 
 static int run_pull(struct gs_cli *cli, struct pull_job *job)
@@ -372,6 +536,13 @@ static void pull_job_release(struct pull_job *job)
         free(job->files[i].local);
     }
     free(job->files);
+    for (size_t i = 0; i < job->n_links; i++) {
+        free(job->links[i].remote);
+        free(job->links[i].local);
+        free(job->links[i].target);
+    }
+    free(job->links);
+    json_decref(job->skipped);
     for (size_t i = 0; i < job->n_made; i++)
         free(job->made[i]);
     free(job->made);
@@ -391,6 +562,7 @@ static int pull_exec(struct gs_cli *cli)
                            .remote_base = remote.data,
                            .local_base = local.data,
                            .check_from = check_from,
+                           .skipped = json_array(),
                            .kept = json_array()};
     int rc = run_pull(cli, &job);
     pull_job_release(&job);
@@ -410,7 +582,9 @@ const struct gs_cmd gs_cmd_pull = {
             "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink where the pull would write\n"
             "  is never followed or replaced: the pull is refused (exit 6). Every path the server\n"
             "  lists must lie under REMOTE_PATH, or nothing is pulled. A pull that fails\n"
-            "  leaves no new folder behind. setuid, setgid and sticky bits are not pulled.\n",
+            "  leaves no new folder behind. setuid, setgid and sticky bits are not pulled.\n"
+            "  The server's symlinks arrive as symlinks (never followed), made after the\n"
+            "  files; fifos, sockets and devices are not pulled, and are named.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

@@ -5,7 +5,8 @@
  * directory asked for, or one that climbs out with "..") gets the pull refused with nothing
  * written. The lying server is the real agent behind a filter that rewrites paths in both
  * directions, so its answers stay well-formed frames.
- * Pulled files never keep set-id bits. */
+ * Pulled files never keep set-id bits.
+ * A server's symlinks arrive as symlinks; what pull cannot make (a fifo) is named in `skipped`. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -321,6 +322,55 @@ static mode_t local_mode(const char *dir, const char *rel)
     return st.st_mode;
 }
 
+/* Fails unless `dir/rel` is a symlink whose target reads `want`. */
+static void expect_link(const char *dir, const char *rel, const char *want)
+{
+    char path[256], got[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    ssize_t n = readlink(path, got, sizeof(got) - 1);
+    if (n < 0)
+        fail_msg("%s is not a symlink", path);
+    got[n] = '\0';
+    if (strcmp(got, want) != 0)
+        fail_msg("%s points to \"%s\", want \"%s\"", path, got, want);
+}
+
+/* A job's outputs hold symlinks (latest.pt -> ckpt-200.pt, one to a folder, one out of the
+ * project) and a fifo: the links were neither pulled nor named, and the pull said it was done. */
+static void a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_named(void **state)
+{
+    (void)state;
+    gs_test_sh("mkdir -p '%s/outs/run1' && cd '%s/outs' && printf w200 > ckpt-200.pt && "
+               "printf log > run1/log && ln -s ckpt-200.pt latest.pt && ln -s run1 latest-run && "
+               "ln -s /etc/passwd elsewhere && mkfifo pipe",
+               remote, remote);
+    for (int pass = 0; pass < 2; pass++) { /* again: the links already there are no conflict */
+        struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "outs"));
+        gs_test_expect_status(&r, 0, "pull outs");
+        json_t *o = json_loads(r.out.data, 0, NULL);
+        assert_non_null(o);
+        assert_int_equal(json_array_size(json_object_get(o, "symlinks")), 3);
+        assert_int_equal(json_array_size(json_object_get(o, "kept")), 0);
+        json_t *skipped = json_object_get(o, "skipped");
+        assert_int_equal(json_array_size(skipped), 1);
+        json_t *sk = json_array_get(skipped, 0);
+        assert_string_equal(json_string_value(json_object_get(sk, "path")), "outs/pipe");
+        assert_string_equal(json_string_value(json_object_get(sk, "kind")), "fifo");
+        json_decref(o);
+        gs_test_result_release(&r);
+    }
+    expect_link(project, "outs/latest.pt", "ckpt-200.pt");
+    expect_link(project, "outs/latest-run", "run1");
+    expect_link(project, "outs/elsewhere", "/etc/passwd"); /* a link, as the server has it */
+    char path[256];
+    snprintf(path, sizeof(path), "%s/outs/latest.pt", project);
+    expect_content(path, "w200");
+    snprintf(path, sizeof(path), "%s/outs/latest-run/log", project);
+    expect_content(path, "log");
+    snprintf(path, sizeof(path), "%s/outs/pipe", project);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* push strips setuid and setgid; pull kept them (and sticky), so a server could plant a local
  * set-id program owned by whoever runs gpusync. */
 static void set_id_and_sticky_bits_on_the_server_are_not_pulled(void **state)
@@ -350,6 +400,7 @@ int main(void)
         cmocka_unit_test(a_local_file_never_pushed_is_kept_before_the_pull_replaces_it),
         cmocka_unit_test(a_local_symlink_is_never_written_through),
         cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
+        cmocka_unit_test(a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_named),
         cmocka_unit_test(set_id_and_sticky_bits_on_the_server_are_not_pulled),
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
