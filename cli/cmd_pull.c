@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "common/log.h"
 #include "common/path.h"
 #include "common/wrapper.h"
 #include "remote/agent_client.h"
@@ -452,6 +453,27 @@ static void report(struct pull_job *job)
     printf("\n");
 }
 
+/* A pull right after the session found the server wiped or recreated (its index cleared): the
+ * server holds none of what was synced, and pull sends nothing, so it says so rather than the
+ * session's "sending everything again". A REMOTE_PATH it no longer has is not found, said why. */
+static int after_reset(struct pull_job *job, int rc)
+{
+    struct gs_error *err = &job->cli->err;
+    if (rc == GS_E_NOTFOUND) {
+        gs_error_clear(err);
+        return gs_error_set(err, GS_E_NOTFOUND,
+                            "%s: not on the server, which no longer holds the tree gpusync last "
+                            "synced there (wiped or recreated?): there is nothing to pull; the "
+                            "next push or watch sends the project again",
+                            job->remote_base);
+    }
+    if (rc == 0)
+        gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
+                "recreated?): pulled what it holds now; the next push or watch sends the project "
+                "again");
+    return rc;
+}
+
 static int run_pull(struct gs_cli *cli, struct pull_job *job)
 {
     struct gs_session s;
@@ -461,6 +483,7 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
     struct gs_buf dir = GS_BUF_INIT;
     gs_cli_remote_dir(cli, &dir);
     s.no_server_check = 1;                  /* a file the job changed there is what pull is for */
+    s.reset_quiet = 1;                      /* pull sends nothing: after_reset words it */
     rc = gs_session_lock(&s, 1, &cli->err); /* one agent session per project (session.h) */
     if (rc == 0)
         rc = gs_cli_connect(cli);
@@ -474,6 +497,8 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
         rc = collect(job, s.agent);
     if (rc == 0)
         rc = fetch_all(job, s.agent);
+    if (s.index_reset)
+        rc = after_reset(job, rc);
     gs_buf_release(&dir);
     gs_session_close(&s);
     if (rc < 0)
@@ -584,7 +609,9 @@ const struct gs_cmd gs_cmd_pull = {
             "  lists must lie under REMOTE_PATH, or nothing is pulled. A pull that fails\n"
             "  leaves no new folder behind. setuid, setgid and sticky bits are not pulled.\n"
             "  The server's symlinks arrive as symlinks (never followed), made after the\n"
-            "  files; fifos, sockets and devices are not pulled, and are named.\n",
+            "  files; fifos, sockets and devices are not pulled, and are named.\n"
+            "  After the server was wiped or recreated, a REMOTE_PATH it lacks fails:\n"
+            "  pull sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

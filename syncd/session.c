@@ -89,8 +89,9 @@ static int verify_server(struct gs_session *s, struct gs_error *err)
     if (s->early) /* what the requests that went out early added is true; the rest may not be */
         entries = s->early_entries;
     if (rc == 0 && !same && local && entries) {
-        gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
-                "recreated?): sending everything again");
+        if (!s->reset_quiet)
+            gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
+                    "recreated?): sending everything again");
         rc = gs_index_clear(s->idx, err);
         s->index_reset = 1;
     }

@@ -25,6 +25,8 @@ struct gs_session {
     char *remote_dir;       /* quoted shell word, for the agent */
     char *remote_path;      /* raw, for SFTP */
     int index_reset;      /* gs_session_ready found another server's tree: the index was cleared */
+    int reset_quiet;      /* ready does not warn of that reset (that it sends everything again):
+                           * the caller says what it means for it (pull, which sends nothing) */
     int early;            /* ops went out before the agent answered (gs_session_go_early) */
     size_t early_entries; /* the index's entries when they did (0: a first sync) */
     int early_lost;       /* gs_session_ready had to install the agent: the early ops were lost */

@@ -6,7 +6,8 @@
  * written. The lying server is the real agent behind a filter that rewrites paths in both
  * directions, so its answers stay well-formed frames.
  * Pulled files never keep set-id bits.
- * A server's symlinks arrive as symlinks; what pull cannot make (a fifo) is named in `skipped`. */
+ * A server's symlinks arrive as symlinks; what pull cannot make (a fifo) is named in `skipped`.
+ * A pull from a wiped server says there is nothing to pull, not that it sends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -390,6 +391,38 @@ static void set_id_and_sticky_bits_on_the_server_are_not_pulled(void **state)
     assert_int_equal(local_mode(project, "tool-alone") & 07777, 0755);
 }
 
+/* After the server was wiped, a pull said "sending everything again", sent nothing, and failed on
+ * the listing. It must say the server was wiped and that there is nothing to pull there. Last in
+ * the group: it removes the remote project. */
+static void a_pull_from_a_wiped_server_says_there_is_nothing_to_pull(void **state)
+{
+    (void)state;
+    gs_test_write_file(project, "kept-here.txt", "local");
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("push"));
+    gs_test_expect_status(&r, 0, "push");
+    gs_test_result_release(&r);
+    gs_test_sh("rm -rf '%s'", remote);
+
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res-gone"));
+    gs_test_expect_status(&r, 1, "pull from a wiped server");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(o, "error")), "not found");
+    const char *msg = json_string_value(json_object_get(o, "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "wiped or recreated"));
+    assert_non_null(strstr(msg, "nothing to pull"));
+    json_decref(o);
+    if (strstr(r.err.data, "sending everything again"))
+        fail_msg("pull promised to send: %s", r.err.data);
+    gs_test_result_release(&r);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/kept-here.txt", project);
+    expect_content(path, "local");
+    snprintf(path, sizeof(path), "%s/res-gone", project);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +435,7 @@ int main(void)
         cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
         cmocka_unit_test(a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_named),
         cmocka_unit_test(set_id_and_sticky_bits_on_the_server_are_not_pulled),
+        cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
         cmocka_set_test_filter(getenv("GS_TEST_FILTER"));
