@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -171,8 +172,24 @@ static int read_header(FILE *f, ckpt_header *h)
     return fread((char *)h + V1_HEADER_SIZE, 1, tail, f) == tail ? 0 : -1;
 }
 
+/* A directory opens for reading but reads as empty: name it as one, pointing at the
+ * last.ckpt that --save-dir writes there when it holds one. */
+static int directory_error(const char *path, gt_err *err)
+{
+    char last[4200];
+    size_t n = strlen(path);
+    snprintf(last, sizeof(last), "%s%slast.ckpt", path, n && path[n - 1] == '/' ? "" : "/");
+    if (access(last, R_OK) == 0)
+        return gt_errf(err, "%s: is a directory, not a checkpoint file; did you mean %s?", path,
+                       last);
+    return gt_errf(err, "%s: is a directory, not a checkpoint file (and holds no last.ckpt)", path);
+}
+
 int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, gt_err *err)
 {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return directory_error(path, err);
     FILE *f = fopen(path, "rb");
     if (!f)
         return gt_errf(err, "%s: cannot open checkpoint: %s", path, strerror(errno));

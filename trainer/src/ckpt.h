@@ -33,7 +33,8 @@ int gt_ckpt_save(const char *path, const gt_mlp *m, const gt_optim *o, const gt_
 
 /* Reads path into an already initialised model and optimiser. Fails (leaving m and o
  * unchanged) on a short file, a bad magic or version, a checksum mismatch, or layer sizes or an
- * optimiser that differ from m and o — each message names path and what differed. */
+ * optimiser that differ from m and o — each message names path and what differed. A directory
+ * is refused as one, suggesting path/last.ckpt when that exists. */
 int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, gt_err *err);
 
 #endif

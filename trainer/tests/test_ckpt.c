@@ -259,6 +259,29 @@ static void test_ckpt__resnet_statistics_and_loss_scale_round_trip(void **state)
     gt_optim_release(&ob);
 }
 
+/* --resume given the --save-dir folder: the message says it is a directory (not a damaged
+ * file) and, once the folder holds one, suggests its last.ckpt. */
+static void test_ckpt__a_directory_is_named_as_one(void **state)
+{
+    (void)state;
+    int hidden[1] = {5};
+    fixture a;
+    make(&a, hidden, 1, GT_OPTIM_ADAM, 1);
+    gt_ckpt_meta meta;
+    gt_err err = {{0}};
+    unlink(path); /* left by the tests before */
+    assert_int_equal(gt_ckpt_load(dir, &a.m, &a.o, &meta, &err), -1);
+    assert_non_null(strstr(err.msg, "is a directory"));
+    assert_null(strstr(err.msg, "truncated"));
+    assert_null(strstr(err.msg, "did you mean"));
+    assert_int_equal(gt_ckpt_save(path, &a.m, &a.o, &a.meta, NULL), 0);
+    assert_int_equal(gt_ckpt_load(dir, &a.m, &a.o, &meta, &err), -1);
+    assert_non_null(strstr(err.msg, "is a directory"));
+    assert_non_null(strstr(err.msg, path)); /* did you mean DIR/last.ckpt? */
+    unlink(path);
+    release(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -271,6 +294,7 @@ int main(void)
         cmocka_unit_test(test_ckpt__other_optimiser_is_refused),
         cmocka_unit_test(test_ckpt__version_1_files_still_load),
         cmocka_unit_test(test_ckpt__resnet_statistics_and_loss_scale_round_trip),
+        cmocka_unit_test(test_ckpt__a_directory_is_named_as_one),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
