@@ -12,7 +12,7 @@
 #include "gpu.h"
 #endif
 
-typedef enum { F_INT, F_I64, F_U64, F_FLOAT, F_STR, F_BOOL, F_FN } flag_kind;
+typedef enum { F_INT, F_U64, F_FLOAT, F_STR, F_BOOL, F_FN } flag_kind;
 
 typedef struct flag {
     const char *name;
@@ -100,6 +100,32 @@ static int parse_device(gt_config *c, const char *v, gt_err *err)
     return 0;
 }
 
+/* --max-steps and --limit-train: a count of at least 1. Leaving the flag out means no limit
+ * (stored as 0), so 0 given explicitly, which read as "no limit", is refused with the rest. */
+static int parse_count(const char *name, int64_t *out, const char *v, gt_err *err)
+{
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end || n < 1)
+        return gt_errf(err,
+                       "%s %s: use a whole number of at least 1 (leave the flag out for no "
+                       "limit)",
+                       name, v);
+    *out = (int64_t)n;
+    return 0;
+}
+
+static int parse_max_steps(gt_config *c, const char *v, gt_err *err)
+{
+    return parse_count("--max-steps", &c->max_steps, v, err);
+}
+
+static int parse_limit_train(gt_config *c, const char *v, gt_err *err)
+{
+    return parse_count("--limit-train", &c->limit_train, v, err);
+}
+
 static int parse_master(gt_config *c, const char *v, gt_err *err)
 {
     return gt_dist_parse_master(&c->dist, v, err);
@@ -136,13 +162,14 @@ static const flag FLAGS[] = {
      "sample only, so any rank count and --resume draw the same"},
     {"--optim", "sgd|adam", F_FN, 0, parse_optim, "optimiser (default adam; resnet: sgd)"},
     {"--lr", "F", F_FLOAT, OFF(lr), NULL,
-     "learning rate (default mlp 0.001, lenet 0.003, resnet 0.1)"},
+     "learning rate, finite and >= 0 (default mlp 0.001, lenet 0.003, resnet 0.1)"},
     {"--lr-schedule", "cosine|constant", F_FN, 0, parse_schedule,
      "cosine decays lr to 0 over the run, per step, as torch's CosineAnnealingLR (default); "
      "a step that fp16 skips still advances it, as PyTorch's loop calls scheduler.step()"},
-    {"--momentum", "F", F_FLOAT, OFF(momentum), NULL, "SGD momentum (default 0.9)"},
+    {"--momentum", "F", F_FLOAT, OFF(momentum), NULL, "SGD momentum, in [0, 1] (default 0.9)"},
     {"--weight-decay", "F", F_FLOAT, OFF(weight_decay), NULL,
-     "L2 weight decay added to the gradient, as torch.optim does (default 0; resnet 5e-4)"},
+     "L2 weight decay added to the gradient, as torch.optim does; finite and >= 0 (default 0; "
+     "resnet 5e-4)"},
     {"--epochs", "N", F_INT, OFF(epochs), NULL,
      "epochs to train (default mlp 10, lenet 20, resnet 30)"},
     {"--batch-size", "N", F_INT, OFF(batch_size), NULL,
@@ -153,10 +180,10 @@ static const flag FLAGS[] = {
     {"--seed", "N", F_U64, OFF(seed), NULL, "initialisation and shuffling seed (default 0)"},
     {"--drop-last", NULL, F_BOOL, OFF(drop_last), NULL,
      "drop the tail of the training set instead of padding the shards (DistributedSampler)"},
-    {"--max-steps", "N", F_I64, OFF(max_steps), NULL,
-     "stop after N optimiser steps in total (default: no limit)"},
-    {"--limit-train", "N", F_I64, OFF(limit_train), NULL,
-     "use only the first N training samples (default: all)"},
+    {"--max-steps", "N", F_FN, 0, parse_max_steps,
+     "stop after N >= 1 optimiser steps in total (default: no limit)"},
+    {"--limit-train", "N", F_FN, 0, parse_limit_train,
+     "use only the first N >= 1 training samples (default: all)"},
     {"--save-dir", "DIR", F_STR, OFF(save_dir), NULL,
      "rank 0 writes DIR/last.ckpt every epoch and DIR/best.ckpt on a new best test accuracy"},
     {"--resume", "FILE", F_STR, OFF(resume), NULL,
@@ -218,9 +245,6 @@ static int store(gt_config *c, const flag *f, const char *v, gt_err *err)
         *(int *)base = (int)n;
         break;
     }
-    case F_I64:
-        *(int64_t *)base = strtoll(v, &end, 10);
-        break;
     case F_U64:
         *(uint64_t *)base = strtoull(v, &end, 10);
         break;
@@ -276,6 +300,20 @@ static int parse_all(gt_config *c, int argc, char **argv, gt_err *err)
     return 0;
 }
 
+/* The optimiser's numbers, refused where torch.optim refuses them ("Invalid learning rate"):
+ * NaN, infinite or negative (a sign typo trains by gradient ascent); momentum also above 1,
+ * where the velocity grows without bound. */
+static int check_optimiser(const gt_config *c, gt_err *err)
+{
+    if (!(c->lr >= 0.0f) || isinf(c->lr))
+        return gt_errf(err, "--lr %g: use a finite learning rate >= 0", (double)c->lr);
+    if (!(c->momentum >= 0.0f && c->momentum <= 1.0f))
+        return gt_errf(err, "--momentum %g: use a value in [0, 1]", (double)c->momentum);
+    if (!(c->weight_decay >= 0.0f) || isinf(c->weight_decay))
+        return gt_errf(err, "--weight-decay %g: use a finite decay >= 0", (double)c->weight_decay);
+    return 0;
+}
+
 int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
 {
     /* Twice: the first pass finds --model, whose defaults then yield to the flags given. */
@@ -291,6 +329,8 @@ int gt_flags_parse(gt_config *c, int argc, char **argv, gt_err *err)
         return gt_errf(err, "--init-scale %g: use a positive finite scale", (double)c->init_scale);
     if (c->device_auto && c->augment)
         c->use_gpu = false; /* auto picks the CPU for what the GPU path lacks */
+    if (check_optimiser(c, err) != 0)
+        return -1;
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
         return gt_errf(err, "--dropout %g: use a probability in [0, 1)", (double)c->dropout);
     if (c->epochs < 1 || c->batch_size < 1 || c->eval_batch_size < 1)
