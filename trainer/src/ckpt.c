@@ -34,9 +34,22 @@ typedef struct ckpt_header {
     float loss_scale;
     int32_t scaler_clean;
     int64_t scaler_skipped;
+    /* Version 3 from here on. */
+    uint32_t world_size;
+    uint32_t batch_size;
+    uint64_t train_samples;
+    uint32_t drop_last;
+    uint32_t reserved;
 } ckpt_header;
 
 #define V1_HEADER_SIZE offsetof(ckpt_header, loss_scale)
+#define V2_HEADER_SIZE offsetof(ckpt_header, world_size)
+
+/* The bytes a header of version v occupies (and its CRC covers). */
+static size_t header_size(uint32_t v)
+{
+    return v == 1 ? V1_HEADER_SIZE : v == 2 ? V2_HEADER_SIZE : sizeof(ckpt_header);
+}
 
 static uint32_t crc(const void *p, size_t n, uint32_t acc)
 {
@@ -53,7 +66,7 @@ static uint32_t crc(const void *p, size_t n, uint32_t acc)
 static uint32_t header_crc(ckpt_header h)
 {
     h.header_crc = 0;
-    return crc(&h, h.version == 1 ? V1_HEADER_SIZE : sizeof(h), 0);
+    return crc(&h, header_size(h.version), 0);
 }
 
 static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
@@ -77,6 +90,10 @@ static void fill_header(ckpt_header *h, const gt_mlp *m, const gt_optim *o,
     h->loss_scale = meta->loss_scale;
     h->scaler_clean = meta->scaler_clean;
     h->scaler_skipped = meta->scaler_skipped;
+    h->world_size = meta->world_size;
+    h->batch_size = meta->batch_size;
+    h->train_samples = meta->train_samples;
+    h->drop_last = meta->drop_last;
     h->payload_crc = crc(m->params, m->nparams * sizeof(float), 0);
     if (m->nbuffers)
         h->payload_crc = crc(m->buffers, m->nbuffers * sizeof(float), h->payload_crc);
@@ -136,7 +153,7 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
 {
     if (memcmp(h->magic, MAGIC, sizeof(MAGIC)) != 0)
         return gt_errf(err, "%s: not a gpusync-train checkpoint (bad magic)", path);
-    if (h->version != 1 && h->version != GT_CKPT_VERSION)
+    if (h->version < 1 || h->version > GT_CKPT_VERSION)
         return gt_errf(err, "%s: checkpoint format version %u, this build reads %d", path,
                        h->version, GT_CKPT_VERSION);
     if (h->header_crc != header_crc(*h))
@@ -159,16 +176,16 @@ static int check_header(const char *path, const ckpt_header *h, const gt_mlp *m,
     return 0;
 }
 
-/* Reads the v1 part, then the v2 tail when the version says there is one; a v1 header reads
- * as a run without loss scaling (scale 0). Returns -1 on a short file. */
+/* Reads the v1 part, then the later versions' tails that the version says are there; what an
+ * older header lacks reads as 0 (no loss scaling, an unknown run shape). h must be zeroed.
+ * Returns -1 on a short file. */
 static int read_header(FILE *f, ckpt_header *h)
 {
     if (fread(h, 1, V1_HEADER_SIZE, f) != V1_HEADER_SIZE)
         return -1;
-    h->loss_scale = 0.0f;
-    if (h->version == 1)
-        return 0;
-    size_t tail = sizeof(*h) - V1_HEADER_SIZE;
+    if (h->version <= 1 || h->version > GT_CKPT_VERSION)
+        return 0; /* check_header refuses an unknown version */
+    size_t tail = header_size(h->version) - V1_HEADER_SIZE;
     return fread((char *)h + V1_HEADER_SIZE, 1, tail, f) == tail ? 0 : -1;
 }
 
@@ -224,6 +241,10 @@ int gt_ckpt_load(const char *path, gt_mlp *m, gt_optim *o, gt_ckpt_meta *meta, g
         meta->loss_scale = h.loss_scale;
         meta->scaler_clean = h.scaler_clean;
         meta->scaler_skipped = h.scaler_skipped;
+        meta->world_size = h.world_size;
+        meta->batch_size = h.batch_size;
+        meta->train_samples = h.train_samples;
+        meta->drop_last = h.drop_last;
     }
     free(buf);
     fclose(f);

@@ -14,8 +14,9 @@
 #include "optim.h"
 
 /* Version 2 appends fp16's loss-scaler state to the header; version 1 files still load (as a
- * run without loss scaling). */
-#define GT_CKPT_VERSION 2
+ * run without loss scaling). Version 3 appends the run's shape (ranks, per-rank batch, training
+ * samples, --drop-last), which a resume must match; older files read it as 0 (unknown). */
+#define GT_CKPT_VERSION 3
 
 typedef struct gt_ckpt_meta {
     uint64_t epoch;  /* epochs completed */
@@ -25,6 +26,11 @@ typedef struct gt_ckpt_meta {
     float loss_scale;       /* fp16 GradScaler state (scale 0 when the run was not fp16) */
     int32_t scaler_clean;   /* clean steps since the scale last changed */
     int64_t scaler_skipped; /* steps skipped so far */
+    /* The run's shape, which fixes its batches and step count (0 in files before version 3). */
+    uint32_t world_size;    /* ranks */
+    uint32_t batch_size;    /* per rank */
+    uint64_t train_samples; /* training samples used (after --limit-train) */
+    uint32_t drop_last;     /* --drop-last */
 } gt_ckpt_meta;
 
 /* Writes path atomically (path.tmp, fsync, rename). Fails with a message naming path. */

@@ -187,7 +187,9 @@ static const flag FLAGS[] = {
     {"--save-dir", "DIR", F_STR, OFF(save_dir), NULL,
      "rank 0 writes DIR/last.ckpt every epoch and DIR/best.ckpt on a new best test accuracy"},
     {"--resume", "FILE", F_STR, OFF(resume), NULL,
-     "continue bit-exactly from a checkpoint (read by rank 0, sent to the others)"},
+     "continue bit-exactly from a checkpoint file (read by rank 0, sent to the others); "
+     "refused (exit 2) unless --seed, the rank count, --batch-size, --limit-train and "
+     "--drop-last are the checkpointed run's"},
     {"--metrics", "FILE", F_STR, OFF(metrics), NULL,
      "rank 0 appends one JSON object per epoch to FILE"},
     {"--dump-params", "FILE", F_STR, OFF(dump_params), NULL,

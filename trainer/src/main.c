@@ -1,5 +1,6 @@
 /* main.c: gpusync-train's entry point: defaults, then the environment's rank settings, then
- * flags; the run itself lives in train.c. Exit status: 0 success, 1 failure, 2 usage error. */
+ * flags; the run itself lives in train.c. Exit status: 0 success, 1 failure, 2 usage error (a
+ * --resume of a run with other settings included). */
 #include <stdio.h>
 #include <string.h>
 
@@ -26,9 +27,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpusync-train: %s\n", err.msg);
         return 2;
     }
-    if (gt_train_run(&c, &err) != 0) {
+    rc = gt_train_run(&c, &err);
+    if (rc != 0) {
         fprintf(stderr, "gpusync-train: %s\n", err.msg);
-        return 1;
+        return rc == GT_TRAIN_USAGE ? 2 : 1;
     }
     return 0;
 }

@@ -137,16 +137,80 @@ static int alloc_buffers(run *r, gt_err *err)
     return 0;
 }
 
-/* Rank 0 reads the checkpoint and passes everything to the other ranks, so only rank 0's
- * filesystem needs the file; a failed read on rank 0 makes every rank fail. */
+/* Records the run's shape in r->meta, where checkpoints take it from. */
+static void set_run_shape(run *r)
+{
+    r->meta.global_batch = (uint32_t)(r->c->batch_size * r->dist.world);
+    r->meta.world_size = (uint32_t)r->dist.world;
+    r->meta.batch_size = (uint32_t)r->c->batch_size;
+    r->meta.train_samples = (uint64_t)r->train.count;
+    r->meta.drop_last = r->c->drop_last;
+}
+
+/* A checkpoint is a place in one run's sequence of batches and lr steps: its epoch counts
+ * epochs of that run's steps, its step count positions the cosine, and the seed replays the
+ * shuffles and dropout masks. A run of another shape would continue somewhere else while
+ * claiming to resume, so it is refused naming the setting (as a DDP script that restores its
+ * sampler and scheduler state must). m is the checkpoint's meta; files before version 3 carry
+ * only the seed and the global batch. Returns 0 or -1. */
+static int check_resume(const run *r, const gt_ckpt_meta *m, const char *path, gt_err *err)
+{
+    const gt_config *c = r->c;
+    unsigned W = (unsigned)r->dist.world, B = (unsigned)c->batch_size;
+    if (m->seed != c->seed)
+        return gt_errf(err,
+                       "%s: cannot resume: the checkpoint was written with --seed %llu, this run "
+                       "has --seed %llu; "
+                       "resume with --seed %llu",
+                       path, (unsigned long long)m->seed, (unsigned long long)c->seed,
+                       (unsigned long long)m->seed);
+    if (m->world_size && (m->world_size != W || m->batch_size != B))
+        return gt_errf(err,
+                       "%s: cannot resume: the checkpoint was written by %u rank(s) x --batch-size "
+                       "%u (global batch "
+                       "%u), this run has %u x %u (global batch %u); resume with the same "
+                       "ranks and --batch-size, or start afresh",
+                       path, m->world_size, m->batch_size, m->global_batch, W, B, W * B);
+    if (m->global_batch != W * B) /* a file before version 3 */
+        return gt_errf(err,
+                       "%s: cannot resume: the checkpoint was written with global batch %u, this "
+                       "run has %u (%u "
+                       "rank(s) x --batch-size %u); resume with the same global batch",
+                       path, m->global_batch, W * B, W, B);
+    if (m->train_samples && m->train_samples != (uint64_t)r->train.count)
+        return gt_errf(
+            err,
+            "%s: cannot resume: the checkpoint trained on %llu samples per epoch, this run on %zu; "
+            "resume with the same --limit-train",
+            path, (unsigned long long)m->train_samples, r->train.count);
+    if (m->world_size && m->drop_last != (uint32_t)c->drop_last)
+        return gt_errf(err,
+                       "%s: cannot resume: the checkpoint was written %s --drop-last; resume %s it",
+                       path, m->drop_last ? "with" : "without", m->drop_last ? "with" : "without");
+    return 0;
+}
+
+/* Rank 0 reads the checkpoint and checks it fits this run, then passes everything to the other
+ * ranks, so only rank 0's filesystem needs the file; a failed read on rank 0 makes every rank
+ * fail. Returns 0, -1, or GT_TRAIN_USAGE when the checkpoint's run had another shape. */
 static int resume(run *r, gt_err *err)
 {
-    int32_t ok = 0;
-    if (r->dist.rank == 0)
-        ok = gt_ckpt_load(r->c->resume, &r->model, &r->opt, &r->meta, err) == 0;
-    if (gt_dist_broadcast(&r->dist, &ok, sizeof(ok), err) != 0)
+    int32_t status = 0; /* 1 loaded, 0 unreadable, GT_TRAIN_USAGE another run's shape */
+    if (r->dist.rank == 0) {
+        gt_ckpt_meta m = {0};
+        status = gt_ckpt_load(r->c->resume, &r->model, &r->opt, &m, err) == 0;
+        if (status == 1 && check_resume(r, &m, r->c->resume, err) != 0)
+            status = GT_TRAIN_USAGE;
+        if (status == 1)
+            r->meta = m;
+    }
+    if (gt_dist_broadcast(&r->dist, &status, sizeof(status), err) != 0)
         return -1;
-    if (!ok)
+    if (status == GT_TRAIN_USAGE && r->dist.rank != 0)
+        gt_errf(err, "rank 0 refused checkpoint %s: this run's settings differ", r->c->resume);
+    if (status == GT_TRAIN_USAGE)
+        return GT_TRAIN_USAGE;
+    if (status != 1)
         return r->dist.rank == 0
                    ? -1
                    : gt_errf(err, "rank 0 could not read checkpoint %s", r->c->resume);
@@ -239,9 +303,10 @@ static int setup(run *r, gt_err *err)
     int64_t per_epoch = (r->train_s.num_samples + c->batch_size - 1) / c->batch_size;
     r->total_steps = per_epoch * c->epochs;
     r->meta.seed = c->seed;
-    r->meta.global_batch = (uint32_t)(c->batch_size * W);
-    if (c->resume && resume(r, err) != 0)
-        return -1;
+    int rc = c->resume ? resume(r, err) : 0;
+    if (rc != 0)
+        return rc;
+    set_run_shape(r); /* the same as a version-3 checkpoint's; fills in an older one's */
     /* The sampler must replay the checkpointed run's shuffles. */
     r->train_s.seed = r->meta.seed;
     r->side = (int)lround(sqrt((double)r->train.dim));

@@ -53,8 +53,13 @@ void gt_config_defaults(gt_config *c);
  * flag parser applies them once --model is known, before the other flags. */
 void gt_config_model_defaults(gt_config *c);
 
-/* Runs training to completion. Returns 0, or -1 with a message naming this rank in err. Rank 0
- * prints one line per epoch on stdout (unless quiet) and writes metrics and checkpoints. */
+/* gt_train_run's return when the flags contradict the run being resumed (a usage error). */
+#define GT_TRAIN_USAGE (-2)
+
+/* Runs training to completion. Returns 0, or -1 with a message naming this rank in err, or
+ * GT_TRAIN_USAGE when --resume names a checkpoint of a run with another seed, rank count,
+ * per-rank batch, training set (--limit-train) or --drop-last. Rank 0 prints one line per epoch
+ * on stdout (unless quiet) and writes metrics and checkpoints. */
 int gt_train_run(const gt_config *c, gt_err *err);
 
 /* "fp32", "bf16" or "fp16". */

@@ -1,8 +1,8 @@
 /* test_ckpt.c: checkpoints round-trip parameters, optimiser state and run metadata exactly;
  * every corruption (payload byte, header byte, magic, truncation) and every mismatch (shapes,
  * optimiser, model kind) is refused with a message naming the file, leaving the live model
- * untouched; a version-1 file (before the loss scaler) still loads; the loss scaler's state and
- * a ResNet's running statistics round-trip. */
+ * untouched; version-1 and -2 files (before the loss scaler, before the run's shape) still load;
+ * the loss scaler's state and a ResNet's running statistics round-trip. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -187,21 +187,27 @@ static void test_ckpt__other_optimiser_is_refused(void **state)
     release(&b);
 }
 
-/* Rewrites path as a version-1 file: the header without its 16-byte loss-scaler tail (a float,
- * an int32 and an int64 after header_crc), version 1, header CRC over the shorter header. */
-static void downgrade_to_v1(size_t payload_bytes)
+/* The header tails after header_crc: version 2's loss scaler (a float, an int32, an int64) and
+ * version 3's run shape (two uint32, a uint64, two uint32). */
+#define V2_TAIL 16
+#define V3_TAIL 24
+
+/* Rewrites path as a file of an older version: the header cut after that version's tail,
+ * the version field set, the header CRC over the shorter header. */
+static void downgrade_to(uint32_t version, size_t payload_bytes)
 {
     size_t n;
     unsigned char *b = tu_read_file(path, &n);
     assert_non_null(b);
-    size_t v2 = n - payload_bytes, v1 = v2 - 16;
-    uint32_t one = 1, zero = 0;
-    memcpy(b + 8, &one, 4);       /* version, right after the 8-byte magic */
+    size_t v3 = n - payload_bytes, v1 = v3 - V3_TAIL - V2_TAIL;
+    size_t keep = version == 1 ? v1 : v3 - V3_TAIL, cut = v3 - keep;
+    uint32_t zero = 0;
+    memcpy(b + 8, &version, 4);   /* version, right after the 8-byte magic */
     memcpy(b + v1 - 4, &zero, 4); /* header_crc, the last field of the v1 header */
-    uint32_t c = (uint32_t)crc32(0, b, (uInt)v1);
+    uint32_t c = (uint32_t)crc32(0, b, (uInt)keep);
     memcpy(b + v1 - 4, &c, 4);
-    memmove(b + v1, b + v2, payload_bytes);
-    assert_int_equal(tu_write_raw(path, b, n - 16), 0);
+    memmove(b + keep, b + v3, payload_bytes);
+    assert_int_equal(tu_write_raw(path, b, n - cut), 0);
     free(b);
 }
 
@@ -214,13 +220,46 @@ static void test_ckpt__version_1_files_still_load(void **state)
     make(&b, hidden, 1, GT_OPTIM_ADAM, 2);
     a.meta.loss_scale = 1024.0f;
     assert_int_equal(gt_ckpt_save(path, &a.m, &a.o, &a.meta, NULL), 0);
-    downgrade_to_v1((a.m.nparams + 2 * a.o.n) * sizeof(float));
+    downgrade_to(1, (a.m.nparams + 2 * a.o.n) * sizeof(float));
     gt_err err = {{0}};
     gt_ckpt_meta meta;
     assert_int_equal(gt_ckpt_load(path, &b.m, &b.o, &meta, &err), 0);
     assert_memory_equal(a.m.params, b.m.params, a.m.nparams * sizeof(float));
     assert_true(meta.loss_scale == 0.0f); /* a run without loss scaling */
     assert_int_equal(meta.epoch, 3);
+    release(&a);
+    release(&b);
+}
+
+/* Version 3's run shape round-trips; a version-2 file keeps its loss scaler and reads the
+ * shape as 0 (unknown), which a resume then checks through the global batch alone. */
+static void test_ckpt__run_shape_round_trips_and_version_2_reads_it_as_unknown(void **state)
+{
+    (void)state;
+    int hidden[1] = {4};
+    fixture a, b;
+    make(&a, hidden, 1, GT_OPTIM_ADAM, 1);
+    make(&b, hidden, 1, GT_OPTIM_ADAM, 2);
+    a.meta.loss_scale = 1024.0f;
+    a.meta.world_size = 2;
+    a.meta.batch_size = 64;
+    a.meta.train_samples = 4096;
+    a.meta.drop_last = 1;
+    assert_int_equal(gt_ckpt_save(path, &a.m, &a.o, &a.meta, NULL), 0);
+    gt_err err = {{0}};
+    gt_ckpt_meta meta;
+    assert_int_equal(gt_ckpt_load(path, &b.m, &b.o, &meta, &err), 0);
+    assert_int_equal(meta.world_size, 2);
+    assert_int_equal(meta.batch_size, 64);
+    assert_int_equal(meta.train_samples, 4096);
+    assert_int_equal(meta.drop_last, 1);
+    downgrade_to(2, (a.m.nparams + 2 * a.o.n) * sizeof(float));
+    assert_int_equal(gt_ckpt_load(path, &b.m, &b.o, &meta, &err), 0);
+    assert_memory_equal(a.m.params, b.m.params, a.m.nparams * sizeof(float));
+    assert_true(meta.loss_scale == 1024.0f);
+    assert_int_equal(meta.global_batch, 128);
+    assert_int_equal(meta.world_size, 0);
+    assert_int_equal(meta.train_samples, 0);
     release(&a);
     release(&b);
 }
@@ -293,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_ckpt__other_shapes_are_refused),
         cmocka_unit_test(test_ckpt__other_optimiser_is_refused),
         cmocka_unit_test(test_ckpt__version_1_files_still_load),
+        cmocka_unit_test(test_ckpt__run_shape_round_trips_and_version_2_reads_it_as_unknown),
         cmocka_unit_test(test_ckpt__resnet_statistics_and_loss_scale_round_trip),
         cmocka_unit_test(test_ckpt__a_directory_is_named_as_one),
     };

@@ -11,6 +11,8 @@
  *   (as PyTorch's scheduler.step() does); bf16 tracks fp32;
  * - --augment: 2 ranks equal 1 rank, the result differs from a run without it, and resume is
  *   bit-exact (the crops and flips follow seed, epoch and sample);
+ * - --resume of a run with another rank count, per-rank batch, --limit-train, --drop-last or
+ *   seed is refused as a usage error naming the setting, before any training;
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
  * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
 #include <math.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -283,6 +286,71 @@ static void test_train__resnet_resume_continues_bit_exactly(void **state)
     resume_of(resnet(false), resnet(false), resnet(false), 10); /* 1280 / 2 ranks / 64 */
 }
 
+/* Resumes ck in this process on one rank and expects GT_TRAIN_USAGE naming `what`. */
+static void expect_resume_refused(gt_config c, const char *ck, const char *what)
+{
+    c.resume = ck;
+    c.metrics = file_in_dir("refused.jsonl");
+    gt_err err = {{0}};
+    assert_int_equal(gt_train_run(&c, &err), GT_TRAIN_USAGE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, what));
+    struct stat st; /* refused before training: no epoch was reported */
+    assert_true(stat(c.metrics, &st) != 0 || st.st_size == 0);
+    unlink(c.metrics);
+}
+
+/* Runs c on 2 ranks expecting both to fail, rank 0 saying `what` and rank 1 naming rank 0. */
+static void ranks_refused(gt_config c, const char *what)
+{
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, dir), 2);
+    for (int rank = 0; rank < 2; rank++) {
+        size_t n;
+        char *e = tu_read_file(file_in_dir(rank ? "rank1.err" : "rank0.err"), &n);
+        assert_non_null(e);
+        e = realloc(e, n + 1);
+        e[n] = '\0';
+        print_message("%s\n", e);
+        assert_non_null(strstr(e, rank ? "rank 0 refused checkpoint" : what));
+        free(e);
+    }
+}
+
+static void test_train__resume_with_other_ranks_batch_limit_or_seed_is_refused(void **state)
+{
+    (void)state;
+    /* One epoch of 2 ranks x 32 (global batch 64, 50 steps), checkpointed. */
+    gt_config c = base();
+    c.epochs = 2;
+    c.batch_size = 32;
+    c.max_steps = 50;
+    c.save_dir = file_in_dir("shape");
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    c.max_steps = 0;
+    c.save_dir = NULL;
+    char ck[512]; /* file_in_dir's buffers rotate */
+    snprintf(ck, sizeof(ck), "%s", file_in_dir("shape/last.ckpt"));
+    gt_config one = c; /* 1 rank x 64: the same global batch, other batches and padding */
+    one.batch_size = 64;
+    expect_resume_refused(one, ck, "2 rank(s) x --batch-size 32 (global batch 64)");
+    gt_config other = c; /* 1 rank x 32: the global batch differs too */
+    expect_resume_refused(other, ck, "this run has 1 x 32 (global batch 32)");
+    /* The same 2 x 32 but another training set, drop-last or seed. */
+    c.resume = ck;
+    c.limit_train = 3000;
+    ranks_refused(c,
+                  "3200 samples per epoch, this run on 3000; resume with the same --limit-train");
+    c.limit_train = 0;
+    c.drop_last = true;
+    ranks_refused(c, "written without --drop-last");
+    c.drop_last = false;
+    c.seed = 8;
+    ranks_refused(c, "--seed 7, this run has --seed 8");
+    c.seed = 7; /* and the run's own settings still resume */
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    tu_rmtree(file_in_dir("shape"));
+}
+
 static void test_train__sharded_evaluation_counts_each_test_sample_once(void **state)
 {
     (void)state;
@@ -499,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_train__bf16_tracks_fp32_on_a_short_run),
         cmocka_unit_test(test_train__augment_two_ranks_equal_one_rank_and_it_changes_training),
         cmocka_unit_test(test_train__augment_resume_continues_bit_exactly),
+        cmocka_unit_test(test_train__resume_with_other_ranks_batch_limit_or_seed_is_refused),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
     };
