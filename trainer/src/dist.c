@@ -81,6 +81,7 @@ int gt_dist_config_from_env(gt_dist_config *c, gt_err *err)
         if (!addr)
             addr = getenv("SLURM_LAUNCH_NODE_IPADDR");
     }
+    rc = rc ? rc : env_int("TORCHELASTIC_RESTART_COUNT", 0, &c->restart, err);
     snprintf(c->host, sizeof(c->host), "%s", addr && *addr ? addr : "127.0.0.1");
     return rc;
 }

@@ -19,6 +19,7 @@ typedef struct gt_dist_config {
     int rdzv_timeout_s;          /* how long non-zero ranks retry, and rank 0 waits for them */
     int timeout_s;               /* bound on each collective's wait for a peer */
     const char *source;          /* "torchrun env", "slurm env", "flags" or "single process" */
+    int restart; /* TORCHELASTIC_RESTART_COUNT: 0 first attempt, N after N restarts */
 } gt_dist_config;
 
 typedef struct gt_dist {
@@ -31,7 +32,9 @@ typedef struct gt_dist {
 
 /* Fills c from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (torchrun), else
  * SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (+ MASTER_ADDR or SLURM_LAUNCH_NODE_IPADDR), else a
- * single process. Fails on a malformed number. Defaults: 127.0.0.1:29500, timeouts 60 s / 300 s. */
+ * single process; TORCHELASTIC_RESTART_COUNT (torchrun, gpusync run) gives the restart count
+ * whatever the source. Fails on a malformed number. Defaults: 127.0.0.1:29500, timeouts 60 s / 300
+ * s. */
 int gt_dist_config_from_env(gt_dist_config *c, gt_err *err);
 
 /* Parses "tcp://HOST:PORT" (or "HOST:PORT") into c->host and c->port. */

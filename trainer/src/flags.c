@@ -185,7 +185,9 @@ static const flag FLAGS[] = {
     {"--limit-train", "N", F_FN, 0, parse_limit_train,
      "use only the first N >= 1 training samples (default: all)"},
     {"--save-dir", "DIR", F_STR, OFF(save_dir), NULL,
-     "rank 0 writes DIR/last.ckpt every epoch and DIR/best.ckpt on a new best test accuracy"},
+     "rank 0 writes DIR/last.ckpt every epoch and DIR/best.ckpt on a new best test accuracy; "
+     "a restarted attempt (TORCHELASTIC_RESTART_COUNT >= 1, as torchrun and gpusync run set "
+     "it) continues DIR/last.ckpt when there is one"},
     {"--resume", "FILE", F_STR, OFF(resume), NULL,
      "continue bit-exactly from a checkpoint file (read by rank 0, sent to the others); "
      "refused (exit 2) unless --seed, the rank count, --batch-size, --limit-train and "

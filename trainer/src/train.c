@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "idx.h"
@@ -40,7 +41,9 @@ typedef struct run {
     gt_mlp model;
     gt_optim opt;
     gt_ckpt_meta meta;
-    gt_scaler scaler; /* fp16 loss scaling */
+    const char *resumed;     /* the checkpoint this run continues (NULL: a fresh start) */
+    char restart_ckpt[4200]; /* <save-dir>/last.ckpt, which a restarted attempt continues */
+    gt_scaler scaler;        /* fp16 loss scaling */
     int64_t steps;
     int64_t total_steps; /* optimiser steps the whole run takes (the cosine's period) */
     int max_batch;
@@ -193,13 +196,13 @@ static int check_resume(const run *r, const gt_ckpt_meta *m, const char *path, g
 /* Rank 0 reads the checkpoint and checks it fits this run, then passes everything to the other
  * ranks, so only rank 0's filesystem needs the file; a failed read on rank 0 makes every rank
  * fail. Returns 0, -1, or GT_TRAIN_USAGE when the checkpoint's run had another shape. */
-static int resume(run *r, gt_err *err)
+static int resume(run *r, const char *path, gt_err *err)
 {
     int32_t status = 0; /* 1 loaded, 0 unreadable, GT_TRAIN_USAGE another run's shape */
     if (r->dist.rank == 0) {
         gt_ckpt_meta m = {0};
-        status = gt_ckpt_load(r->c->resume, &r->model, &r->opt, &m, err) == 0;
-        if (status == 1 && check_resume(r, &m, r->c->resume, err) != 0)
+        status = gt_ckpt_load(path, &r->model, &r->opt, &m, err) == 0;
+        if (status == 1 && check_resume(r, &m, path, err) != 0)
             status = GT_TRAIN_USAGE;
         if (status == 1)
             r->meta = m;
@@ -207,13 +210,11 @@ static int resume(run *r, gt_err *err)
     if (gt_dist_broadcast(&r->dist, &status, sizeof(status), err) != 0)
         return -1;
     if (status == GT_TRAIN_USAGE && r->dist.rank != 0)
-        gt_errf(err, "rank 0 refused checkpoint %s: this run's settings differ", r->c->resume);
+        gt_errf(err, "rank 0 refused checkpoint %s: this run's settings differ", path);
     if (status == GT_TRAIN_USAGE)
         return GT_TRAIN_USAGE;
     if (status != 1)
-        return r->dist.rank == 0
-                   ? -1
-                   : gt_errf(err, "rank 0 could not read checkpoint %s", r->c->resume);
+        return r->dist.rank == 0 ? -1 : gt_errf(err, "rank 0 could not read checkpoint %s", path);
     int rc = gt_dist_broadcast(&r->dist, r->model.params, r->model.nparams * sizeof(float), err);
     if (r->model.nbuffers)
         rc = rc ? rc
@@ -225,6 +226,27 @@ static int resume(run *r, gt_err *err)
     rc = rc ? rc : gt_dist_broadcast(&r->dist, &r->opt.step, sizeof(r->opt.step), err);
     rc = rc ? rc : gt_dist_broadcast(&r->dist, &r->meta, sizeof(r->meta), err);
     return rc;
+}
+
+/* Sets r->resumed to the checkpoint this run continues. A restarted attempt (torchrun's and
+ * gpusync run's TORCHELASTIC_RESTART_COUNT >= 1) continues <save-dir>/last.ckpt when rank 0 has
+ * one, as torchrun's docs ask of training scripts, so a group restart carries on from the failed
+ * attempt's last epoch (and its best accuracy, so best.ckpt never goes back) instead of
+ * overwriting both from epoch 1; otherwise --resume, else nothing. Rank 0 decides and tells the
+ * others, whose --save-dir may not hold the file. Returns 0 or -1. */
+static int pick_resume(run *r, gt_err *err)
+{
+    const gt_config *c = r->c;
+    r->resumed = c->resume;
+    if (c->dist.restart < 1 || !c->save_dir)
+        return 0;
+    snprintf(r->restart_ckpt, sizeof(r->restart_ckpt), "%s/last.ckpt", c->save_dir);
+    int32_t found = r->dist.rank == 0 && access(r->restart_ckpt, F_OK) == 0;
+    if (gt_dist_broadcast(&r->dist, &found, sizeof(found), err) != 0)
+        return -1;
+    if (found)
+        r->resumed = r->restart_ckpt;
+    return 0;
 }
 
 static int setup_gpu(run *r, gt_err *err)
@@ -303,7 +325,8 @@ static int setup(run *r, gt_err *err)
     int64_t per_epoch = (r->train_s.num_samples + c->batch_size - 1) / c->batch_size;
     r->total_steps = per_epoch * c->epochs;
     r->meta.seed = c->seed;
-    int rc = c->resume ? resume(r, err) : 0;
+    int rc = pick_resume(r, err);
+    rc = rc == 0 && r->resumed ? resume(r, r->resumed, err) : rc;
     if (rc != 0)
         return rc;
     set_run_shape(r); /* the same as a version-3 checkpoint's; fills in an older one's */
@@ -320,11 +343,11 @@ static int setup(run *r, gt_err *err)
     gt_scaler_init(&r->scaler, c->precision == GT_PREC_FP16 ? c->init_scale : 1.0f);
     /* A checkpoint of an fp16 run continues its scale; any other starts at --init-scale. The
      * skipped count always carries over: it is part of the iteration count (see iteration()). */
-    if (c->resume && c->precision == GT_PREC_FP16 && r->meta.loss_scale > 0.0f) {
+    if (r->resumed && c->precision == GT_PREC_FP16 && r->meta.loss_scale > 0.0f) {
         r->scaler.scale = r->meta.loss_scale;
         r->scaler.clean = r->meta.scaler_clean;
     }
-    if (c->resume)
+    if (r->resumed)
         r->scaler.skipped = r->meta.scaler_skipped;
     r->steps = iteration(r); /* --max-steps counts the checkpointed run's steps too */
     if (c->use_gpu && setup_gpu(r, err) != 0)
@@ -618,6 +641,30 @@ static void report(run *r, uint64_t epoch, const double *stats, double test_acc,
     }
 }
 
+/* The banner's tail on where the run starts: ", resumed from FILE after epoch N", with
+ * "(restart K)" when a restarted attempt continued its save dir; a restart that found nothing
+ * to continue says so. Empty for a fresh first attempt. */
+static const char *resume_note(const run *r)
+{
+    static char note[4400];
+    int restart = r->c->dist.restart;
+    char tail[32] = "";
+    if (restart > 0)
+        snprintf(tail, sizeof(tail), " (restart %d)", restart);
+    if (r->resumed)
+        snprintf(note, sizeof(note), ", resumed from %s after epoch %llu%s", r->resumed,
+                 (unsigned long long)r->meta.epoch, r->resumed == r->restart_ckpt ? tail : "");
+    else if (restart > 0 && r->c->save_dir)
+        snprintf(note, sizeof(note), ", restart %d: no %s yet, starting afresh", restart,
+                 r->restart_ckpt);
+    else if (restart > 0)
+        snprintf(note, sizeof(note), ", restart %d: no --save-dir to continue, starting afresh",
+                 restart);
+    else
+        note[0] = '\0';
+    return note;
+}
+
 static void banner(const run *r)
 {
     const gt_config *c = r->c;
@@ -642,7 +689,7 @@ static void banner(const run *r)
            "global batch %u (%d per rank x %d), %s%s%s\n",
            r->dist.world, c->dist.source, device, arch, r->model.nparams, gt_optim_name(c->optim),
            (double)c->lr, r->meta.global_batch, c->batch_size, r->dist.world,
-           gt_precision_name(c->precision), reduce, c->resume ? ", resumed" : "");
+           gt_precision_name(c->precision), reduce, resume_note(r));
     fflush(stdout);
 }
 

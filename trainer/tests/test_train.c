@@ -13,6 +13,9 @@
  *   bit-exact (the crops and flips follow seed, epoch and sample);
  * - --resume of a run with another rank count, per-rank batch, --limit-train, --drop-last or
  *   seed is refused as a usage error naming the setting, before any training;
+ * - a restarted attempt (TORCHELASTIC_RESTART_COUNT >= 1) continues <save-dir>/last.ckpt
+ *   bit-exactly, keeping the best accuracy so far; without a save dir or a checkpoint it
+ *   starts afresh;
  * - sharded evaluation over 3 ranks with a padded test set gives the 1-rank accuracy;
  * - a rank with bad data fails naming itself, and its peer fails promptly instead of hanging. */
 #include <math.h>
@@ -29,6 +32,7 @@
 
 #include <cmocka.h>
 
+#include "ckpt.h"
 #include "testutil.h"
 #include "train.h"
 
@@ -351,6 +355,88 @@ static void test_train__resume_with_other_ranks_batch_limit_or_seed_is_refused(v
     tu_rmtree(file_in_dir("shape"));
 }
 
+/* The epoch of a metrics file's first line and the number of lines. */
+static int first_epoch(const char *metrics, int *lines)
+{
+    size_t n;
+    char *text = tu_read_file(metrics, &n);
+    assert_non_null(text);
+    *lines = 0;
+    for (size_t i = 0; i < n; i++)
+        *lines += text[i] == '\n';
+    text = realloc(text, n + 1);
+    text[n] = '\0';
+    char *p = strstr(text, "\"epoch\":");
+    assert_non_null(p);
+    int e = atoi(p + strlen("\"epoch\":"));
+    free(text);
+    return e;
+}
+
+/* The best accuracy a checkpoint of base()'s MLP records. */
+static double ckpt_best_acc(const char *path)
+{
+    gt_config c = base();
+    gt_mlp m;
+    gt_optim o;
+    gt_ckpt_meta meta = {0};
+    assert_int_equal(gt_mlp_init(&m, 64, c.hidden, c.nhidden, 4, 64, c.seed, NULL), 0);
+    assert_int_equal(gt_optim_init(&o, c.optim, m.nparams, c.lr, c.momentum, 0.0f, NULL), 0);
+    assert_int_equal(gt_ckpt_load(path, &m, &o, &meta, NULL), 0);
+    gt_mlp_release(&m);
+    gt_optim_release(&o);
+    return meta.best_acc;
+}
+
+static void test_train__a_restarted_attempt_continues_its_save_dir(void **state)
+{
+    (void)state;
+    /* Attempt 0 of a 3-epoch run dies after epoch 2 (--max-steps stands in for the crash). */
+    gt_config straight = base(), c = base();
+    straight.epochs = c.epochs = 3;
+    straight.dump_params = file_in_dir("straight.f32");
+    assert_int_equal(tu_run_ranks(&straight, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    c.save_dir = file_in_dir("attempts");
+    c.max_steps = 50; /* 2 epochs of 3200 / 2 ranks / 64 */
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    char best[512], last[512];
+    snprintf(best, sizeof(best), "%s/best.ckpt", c.save_dir);
+    snprintf(last, sizeof(last), "%s/last.ckpt", c.save_dir);
+    double best0 = ckpt_best_acc(best);
+    /* Attempt 1, the same command with TORCHELASTIC_RESTART_COUNT=1: epoch 3 only. */
+    c.max_steps = 0;
+    c.dist.restart = 1;
+    c.metrics = file_in_dir("attempt1.jsonl");
+    c.dump_params = file_in_dir("attempt1.f32");
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    int lines, e = first_epoch(c.metrics, &lines);
+    assert_int_equal(e, 3);
+    assert_int_equal(lines, 1);
+    size_t na, nb;
+    void *a = tu_read_file(straight.dump_params, &na), *b = tu_read_file(c.dump_params, &nb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    assert_true(ckpt_best_acc(best) >= best0);
+    assert_true(ckpt_best_acc(last) >= best0);
+    /* With nothing to continue, a restart starts afresh: an empty save dir, or none. */
+    tu_rmtree(c.save_dir);
+    unlink(c.metrics);
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(first_epoch(c.metrics, &lines), 1);
+    assert_int_equal(lines, 3);
+    tu_rmtree(c.save_dir);
+    unlink(c.metrics);
+    c.save_dir = NULL;
+    c.epochs = 1;
+    assert_int_equal(tu_run_ranks(&c, 2, tu_free_port(), NULL, NULL, NULL), 0);
+    assert_int_equal(first_epoch(c.metrics, &lines), 1);
+    unlink(c.metrics);
+}
+
 static void test_train__sharded_evaluation_counts_each_test_sample_once(void **state)
 {
     (void)state;
@@ -568,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_train__augment_two_ranks_equal_one_rank_and_it_changes_training),
         cmocka_unit_test(test_train__augment_resume_continues_bit_exactly),
         cmocka_unit_test(test_train__resume_with_other_ranks_batch_limit_or_seed_is_refused),
+        cmocka_unit_test(test_train__a_restarted_attempt_continues_its_save_dir),
         cmocka_unit_test(test_train__sharded_evaluation_counts_each_test_sample_once),
         cmocka_unit_test(test_train__bad_data_on_one_rank_fails_both_promptly),
     };
