@@ -506,6 +506,8 @@ static void term_others(struct sup *s)
     ga_proclist_release(&l);
 }
 
+static void reap(struct sup *s);
+
 /* SIGTERM to every rank group and every other process of the run, with SIGKILL due after the
  * grace period. */
 static void terminate(struct sup *s)
@@ -513,6 +515,9 @@ static void terminate(struct sup *s)
     if (s->terminating)
         return;
     s->terminating = 1;
+    /* a rank that failed at about the same moment as the first one is dead already, waiting to be
+     * reaped: it exited on its own, with its own status, and is not one this stop stopped */
+    reap(s);
     for (int i = 0; i < s->st.nranks; i++)
         s->st.ranks[i].stopped = s->st.ranks[i].exit_code < 0;
     signal_groups(s, SIGTERM);

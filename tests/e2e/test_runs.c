@@ -854,6 +854,70 @@ static void test_run__a_python_ranks_prints_stream_as_they_come(void **state)
     child_release(&s);
 }
 
+/* 1 when process `pid` is a zombie (exited, not yet reaped). */
+static int is_zombie(long pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* Two ranks that fail at the same moment each exited with their own status: neither is one that
+ * the stop after the first failure stopped. The supervisor is held (SIGSTOP) while both exit, so
+ * that it finds two dead ranks at once; it marked the second "stopped" (stopped: true, "rank 0
+ * was stopped") though it exited 70 by itself before any signal. */
+static void test_run__ranks_failing_together_are_not_reported_stopped(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "2", "--", "sh", "-c",
+                                          "echo up; while [ ! -e go ]; do sleep 0.05; done; "
+                                          "exit $((70 + RANK))"));
+    expect_status(&c, 0, "run --detach of two ranks that fail together");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    await_remote_log(id, 1, "up\n");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    long sup = (long)int_at(st, "supervisor_pid");
+    long pids[2];
+    for (int i = 0; i < 2; i++)
+        pids[i] = (long)int_at(json_array_get(json_object_get(st, "ranks"), (size_t)i), "pid");
+    json_decref(st);
+    assert_true(sup > 1);
+    assert_int_equal(kill((pid_t)sup, SIGSTOP), 0);
+    assert_int_equal(sh("touch '%s/go'", remote), 0);
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (!(is_zombie(pids[0]) && is_zombie(pids[1]))) {
+        if (gs_clock_mono_ms() > end) {
+            kill((pid_t)sup, SIGCONT);
+            fail_msg("the ranks did not both exit within 20 s");
+        }
+        usleep(20000); /* polling an observable state, with a deadline */
+    }
+    assert_int_equal(kill((pid_t)sup, SIGCONT), 0);
+    struct child w;
+    child_start(&w, project, ARGS("logs", "-f", id));
+    child_finish(&w);
+    child_release(&w);
+    sh("rm -f '%s/go'", remote);
+    st = gs_test_run_json(remote, id, "status.json");
+    for (int i = 0; i < 2; i++) {
+        json_t *r = json_array_get(json_object_get(st, "ranks"), (size_t)i);
+        assert_int_equal(int_at(r, "exit_code"), 70 + i);
+        if (json_is_true(json_object_get(r, "stopped")))
+            fail_msg("rank %d exited %d by itself, and is reported stopped", i, 70 + i);
+    }
+    json_decref(st);
+}
+
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
  * waits, stop says what for. */
 static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
@@ -1666,6 +1730,7 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
         cmocka_unit_test_setup(test_run__a_python_ranks_prints_stream_as_they_come, use_home),
+        cmocka_unit_test_setup(test_run__ranks_failing_together_are_not_reported_stopped, use_home),
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
         cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
                                use_home),
