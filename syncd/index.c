@@ -36,21 +36,23 @@ enum stmt {
 #define ENTRY_COLS                                                                                 \
     "path, kind, mode, size, mtime_ns, hash, link, local_size, local_mtime_ns, local_ino, "        \
     "local_ctime_ns"
+/* the entries' columns: ENTRY_COLS, then whether `pull` wrote it (index.h, `pulled`) */
+#define INDEX_COLS ENTRY_COLS ", pulled"
 /* ?1 path, ?2 path || '/', ?3 path || '0' */
 #define SUBTREE_WHERE " WHERE path = ?1 OR (path > ?2 AND path < ?3)"
 
 static const char *const stmt_sql[ST__COUNT] = {
-    [ST_GET] = "SELECT " ENTRY_COLS " FROM entries WHERE path = ?1",
-    [ST_PUT] = "INSERT OR REPLACE INTO entries (" ENTRY_COLS
-               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    [ST_GET] = "SELECT " INDEX_COLS " FROM entries WHERE path = ?1",
+    [ST_PUT] = "INSERT OR REPLACE INTO entries (" INDEX_COLS
+               ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     [ST_SET_LOCAL] = "UPDATE entries SET local_size = ?2, local_mtime_ns = ?3, local_ino = ?4,"
                      " local_ctime_ns = ?5 WHERE path = ?1",
     [ST_DELETE] = "DELETE FROM entries WHERE path = ?1",
     [ST_DELETE_SUB] = "DELETE FROM entries" SUBTREE_WHERE,
     [ST_RENAME_SUB] =
         "UPDATE entries SET path = CAST(?4 || substr(path, ?5) AS BLOB)" SUBTREE_WHERE,
-    [ST_ALL] = "SELECT " ENTRY_COLS " FROM entries ORDER BY path",
-    [ST_SUB] = "SELECT " ENTRY_COLS " FROM entries" SUBTREE_WHERE " ORDER BY path",
+    [ST_ALL] = "SELECT " INDEX_COLS " FROM entries ORDER BY path",
+    [ST_SUB] = "SELECT " INDEX_COLS " FROM entries" SUBTREE_WHERE " ORDER BY path",
     [ST_COUNT] = "SELECT count(*) FROM entries",
     [ST_INTENT_ADD] = "INSERT INTO intents (op, subtree, from_path, " ENTRY_COLS
                       ") VALUES (?12, ?13, ?14, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -66,8 +68,8 @@ static const char schema_sql[] =
     "CREATE TABLE IF NOT EXISTS entries ("
     " path BLOB PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT NULL,"
     " size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB,"
-    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER)"
-    " WITHOUT ROWID;"
+    " local_size INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER,"
+    " pulled INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;"
     /* operations sent whose outcome is unknown (index.h, "intents"); the entry columns describe
      * what the server holds at `path` once the operation completed */
     "CREATE TABLE IF NOT EXISTS intents ("
@@ -180,6 +182,14 @@ static void row_to_entry(sqlite3_stmt *st, struct gs_index_entry *e)
     e->local_ctime_ns = sqlite3_column_int64(st, 10);
 }
 
+/* row_to_entry for a row of the entries table (INDEX_COLS), which also says whether pull wrote it.
+ */
+static void row_to_index_entry(sqlite3_stmt *st, struct gs_index_entry *e)
+{
+    row_to_entry(st, e);
+    e->pulled = sqlite3_column_int(st, 11) != 0;
+}
+
 void gs_index_entry_release(struct gs_index_entry *e)
 {
     free(e->path);
@@ -208,7 +218,7 @@ int gs_index_get(struct gs_index *idx, const char *path, struct gs_index_entry *
     int rc = sqlite3_step(st);
     int ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : db_error(idx, err, "reading an entry");
     if (rc == SQLITE_ROW)
-        row_to_entry(st, out);
+        row_to_index_entry(st, out);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     return ret;
@@ -240,6 +250,7 @@ int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs
 {
     sqlite3_stmt *st = idx->st[ST_PUT];
     bind_entry(st, e);
+    sqlite3_bind_int(st, 12, e->pulled != 0);
     wrote(idx, e->path, 0);
     return step_done(idx, st, err, "recording an entry");
 }
@@ -317,7 +328,7 @@ int gs_index_foreach(struct gs_index *idx, const char *prefix, gs_index_fn fn, v
     int rc, ret = 0;
     while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         struct gs_index_entry e;
-        row_to_entry(st, &e);
+        row_to_index_entry(st, &e);
         ret = fn(&e, ctx);
         gs_index_entry_release(&e);
     }
@@ -445,6 +456,19 @@ static int add_ctime_columns(struct gs_index *idx, struct gs_error *err)
                     err);
 }
 
+/* An index made before pull recorded what it wrote gets the column: its rows were all written by
+ * gpusync (0). */
+static int add_pulled_column(struct gs_index *idx, struct gs_error *err)
+{
+    sqlite3_stmt *probe = NULL;
+    int has = sqlite3_prepare_v2(idx->db, "SELECT pulled FROM entries LIMIT 0", -1, &probe, NULL) ==
+              SQLITE_OK;
+    sqlite3_finalize(probe);
+    if (has)
+        return 0;
+    return exec_sql(idx, "ALTER TABLE entries ADD COLUMN pulled INTEGER NOT NULL DEFAULT 0;", err);
+}
+
 static int prepare_all(struct gs_index *idx, struct gs_error *err)
 {
     for (int i = 0; i < ST__COUNT; i++)
@@ -466,6 +490,8 @@ static int index_setup(struct gs_index *idx, const char *remote_id, struct gs_er
         rc = exec_sql(idx, schema_sql, err);
     if (rc == 0)
         rc = add_ctime_columns(idx, err);
+    if (rc == 0)
+        rc = add_pulled_column(idx, err);
     if (rc == 0)
         rc = claim_remote(idx, remote_id, err);
     if (rc == 0)

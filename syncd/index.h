@@ -49,6 +49,11 @@ struct gs_index_entry {
     int64_t local_mtime_ns;
     uint64_t local_ino;
     int64_t local_ctime_ns; /* no one sets it: a rewrite that puts size and mtime back shows here */
+    /* 1: `pull` wrote the local copy from the server's, which gpusync did not write: the server's
+     * file (a job's output) is left to whoever writes it there. While the local copy is unchanged
+     * nothing is sent and the server is not checked against it; a local edit is sent and makes it
+     * gpusync's (0); a local delete forgets it. Kept only in the entries, never in intents. */
+    int pulled;
 };
 
 /* Frees the strings `e` owns and zeroes it. */
@@ -74,11 +79,11 @@ const char *gs_index_remote(const struct gs_index *idx);
 int gs_index_get(struct gs_index *idx, const char *path, struct gs_index_entry *out,
                  struct gs_error *err);
 
-/* Inserts or replaces the entry for e->path. */
+/* Inserts or replaces the entry for e->path (with its `pulled` mark). */
 int gs_index_put(struct gs_index *idx, const struct gs_index_entry *e, struct gs_error *err);
 
-/* Refreshes only the local stat cache of `path` (a touched file whose content did not change).
- * Absent path: no change, returns 0. */
+/* Refreshes only the local stat cache of `path` (a touched file whose content did not change);
+ * the rest, `pulled` included, stays. Absent path: no change, returns 0. */
 int gs_index_set_local(struct gs_index *idx, const char *path, uint64_t size, int64_t mtime_ns,
                        uint64_t ino, int64_t ctime_ns, struct gs_error *err);
 

@@ -186,6 +186,87 @@ static void test_index__an_index_without_ctimes_opens_and_hashes_again(void **st
     gs_index_close(idx);
 }
 
+/* Whether the entry at `path` is marked as written by pull. */
+static int is_pulled(struct gs_index *idx, const char *path)
+{
+    struct gs_index_entry e;
+    assert_int_equal(gs_index_get(idx, path, &e, NULL), 1);
+    int pulled = e.pulled;
+    gs_index_entry_release(&e);
+    return pulled;
+}
+
+/* The pull mark is kept through a refreshed stat cache, a walk and a rename, and cleared by a put
+ * that does not carry it (what a push records once it sent a local edit). */
+static void test_index__pulled_mark_lasts_until_a_put_without_it(void **state)
+{
+    (void)state;
+    struct gs_index *idx = open_idx(REMOTE);
+    struct gs_index_entry e = {
+        .path = (char *)"out/m.pt", .kind = GS_KIND_FILE, .mode = 0644, .pulled = 1};
+    assert_int_equal(gs_index_put(idx, &e, NULL), 0);
+    put_file(idx, "src.py", 3);
+    assert_true(is_pulled(idx, "out/m.pt"));
+    assert_false(is_pulled(idx, "src.py"));
+    assert_int_equal(gs_index_set_local(idx, "out/m.pt", 1, 2, 3, 4, NULL), 0);
+    assert_true(is_pulled(idx, "out/m.pt"));
+    char *all = list(idx, NULL);
+    assert_string_equal(all, "out/m.pt|src.py|");
+    free(all);
+    assert_int_equal(gs_index_rename(idx, "out", "res", NULL), 0);
+    assert_true(is_pulled(idx, "res/m.pt"));
+    put_file(idx, "res/m.pt", 9);
+    assert_false(is_pulled(idx, "res/m.pt"));
+    gs_index_close(idx);
+}
+
+/* pulled, read through a walk (what verify and plan read) */
+static int note_pulled(const struct gs_index_entry *e, void *ctx)
+{
+    if (e->pulled)
+        gs_buf_addf(ctx, "%s|", e->path);
+    return 0;
+}
+
+/* An index written before pull recorded its files opens: its rows count as gpusync's, and a pulled
+ * entry can be recorded in it and read back, by a get and by a walk. */
+static void test_index__an_index_without_the_pulled_mark_opens_and_takes_it(void **state)
+{
+    (void)state;
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(dbpath, &db), SQLITE_OK);
+    const char *old =
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('remote', '" REMOTE "');"
+        "CREATE TABLE entries (path BLOB PRIMARY KEY, kind INTEGER NOT NULL, mode INTEGER NOT "
+        "NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB, local_size "
+        "INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER) WITHOUT ROWID;"
+        "CREATE TABLE intents (id INTEGER PRIMARY KEY, op INTEGER NOT NULL, subtree INTEGER NOT "
+        "NULL, from_path BLOB, path BLOB NOT NULL, kind INTEGER NOT NULL, mode INTEGER NOT NULL, "
+        "size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, hash BLOB, link BLOB, local_size "
+        "INTEGER, local_mtime_ns INTEGER, local_ino INTEGER, local_ctime_ns INTEGER);"
+        "INSERT INTO entries VALUES (CAST('f' AS BLOB), 1, 420, 3, 5, NULL, NULL, 3, 7, 9, 11);";
+    assert_int_equal(sqlite3_exec(db, old, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    struct gs_index *idx = open_idx(REMOTE);
+    struct gs_index_entry e;
+    assert_int_equal(gs_index_get(idx, "f", &e, NULL), 1);
+    assert_int_equal(e.size, 3);
+    assert_true(e.has_local);
+    assert_false(e.pulled);
+    gs_index_entry_release(&e);
+    struct gs_index_entry p = {
+        .path = (char *)"g", .kind = GS_KIND_FILE, .mode = 0644, .pulled = 1};
+    assert_int_equal(gs_index_put(idx, &p, NULL), 0);
+    gs_index_close(idx);
+    idx = open_idx(REMOTE); /* opened again: migrated once, not twice */
+    struct gs_buf seen = GS_BUF_INIT;
+    assert_int_equal(gs_index_foreach(idx, NULL, note_pulled, &seen, NULL), 0);
+    assert_string_equal(seen.data, "g|");
+    gs_buf_release(&seen);
+    gs_index_close(idx);
+}
+
 static void test_index__iteration_is_in_path_order_and_prefix_bounded(void **state)
 {
     (void)state;
@@ -568,6 +649,8 @@ int main(void)
         T(test_index__other_remote_starts_empty),
         T(test_index__set_local_changes_only_the_stat_cache),
         T(test_index__an_index_without_ctimes_opens_and_hashes_again),
+        T(test_index__pulled_mark_lasts_until_a_put_without_it),
+        T(test_index__an_index_without_the_pulled_mark_opens_and_takes_it),
         T(test_index__rollback_discards_and_commit_keeps),
         T(test_index__unreadable_database_names_the_file),
         T(test_index__sigkill_mid_write_leaves_consistent_index),
