@@ -326,6 +326,29 @@ static int keep_ignored(struct planner *p)
     return 0;
 }
 
+/* A pulled file (index.h, `pulled`) that is no longer here was deleted here: the server's copy is
+ * its writer's (a job's output), so no operation touches it and the index forgets it (not with
+ * opts->no_refresh). One the scan did not list but that is still here (ignored, changed since the
+ * scan) is left alone, entry and all. Either way it takes no part in a rename: moving a pulled file
+ * here makes a new file, and leaves the job's where the job wrote it. */
+static int forget_pulled(struct planner *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        struct item *it = &p->it[i];
+        if (it->l || !it->r || !it->r->pulled || it->consumed || it->clear)
+            continue;
+        it->consumed = 1;
+        struct stat st;
+        if (fstatat(p->rootfd, it->path, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+            (errno != ENOENT && errno != ENOTDIR) || p->opts.no_refresh)
+            continue;
+        int rc = gs_index_delete(p->idx, it->path, p->err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* ---- subtrees ---- */
 
 /* Index of the first item whose path is >= key. */
@@ -463,6 +486,7 @@ static void record_moved(const struct planner *p, struct gs_index_entry *rec,
     gs_index_entry_copy(rec, r);
     free(rec->path);
     rec->path = gs_xstrdup(dst->path);
+    rec->pulled = 0; /* a change made here, sent: gpusync's from now on */
     set_local(p, rec, dst->l);
 }
 
@@ -827,6 +851,9 @@ int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *
         rc = keep_ignored(&p);
     if (rc == 0) {
         mark_replaced(&p);
+        rc = forget_pulled(&p);
+    }
+    if (rc == 0) {
         find_dir_renames(&p);
         find_file_renames(&p);
         emit_rest(&p);

@@ -11,6 +11,9 @@
  *   (same relative paths, kinds, hashes and link targets) becomes one RENAME of the directory.
  * - Only paths in the index are ever deleted: gpusync never deletes a server path it did not write,
  *   nor (with opts->ignore) one that has become ignored since it was written.
+ * - A file `pull` wrote here (index.h, `pulled`) is the server's: unchanged here, nothing is sent;
+ *   edited here, it is sent (expecting what was pulled) and becomes gpusync's; deleted here, the
+ *   index forgets it and the server keeps its copy. It is never a rename's source.
  *   A directory is deleted only after its children, and the agent removes it only if empty.
  * - Every operation carries what the server must hold before it (`expect`: the agent keeps a
  *   conflict copy when the server differs) and the index entry to record when it succeeds.
@@ -133,7 +136,8 @@ struct gs_plan_opts {
 
 /* Builds into `plan` (empty: GS_PLAN_INIT) the operations that take the server from what `idx`
  * records to what `scan` lists of the tree at `root`. Reads files whose stat differs from the
- * index's cache; writes only stat-cache refreshes to the index (none with opts->no_refresh).
+ * index's cache; writes to the index only stat-cache refreshes and the removal of pulled files
+ * deleted here (neither with opts->no_refresh).
  * `opts` may be NULL. A file that vanished since the scan counts as deleted; one that cannot be
  * read is listed in plan->unreadable. Returns 0, or GS_E_IO (an index error) with `plan`
  * released. */

@@ -17,9 +17,14 @@ struct entries {
     size_t n, cap;
 };
 
+/* Takes the entries the server is checked against: not a pulled file's (index.h, `pulled`), which
+ * is the server's, whoever writes it there (a job's next checkpoint is neither lost nor put back).
+ */
 static int collect(const struct gs_index_entry *e, void *ctx)
 {
     struct entries *all = ctx;
+    if (e->pulled)
+        return 0;
     GS_ALLOC_GROW(all->v, all->n + 1, all->cap);
     gs_index_entry_copy(&all->v[all->n++], e);
     return 0;
@@ -209,6 +214,10 @@ static int reread_path(struct gs_verify_copy *c, const char *path, int subtree,
         return rc;
     }
     got.n = (size_t)rc;
+    if (got.n && got.v[0].pulled) { /* not checked (collect) */
+        gs_index_entry_release(&got.v[0]);
+        got.n = 0;
+    }
     size_t at = lower_bound(&c->all, path);
     splice(&c->all, at, at + (at < c->all.n && strcmp(c->all.v[at].path, path) == 0), &got);
     if (!subtree)

@@ -19,7 +19,8 @@
  *
  * An edit on the server that keeps both the size and the mtime to the second is not seen (nor is
  * it by rsync without --checksum). Paths the server would not let the agent examine are left as
- * they are. */
+ * they are. A file `pull` wrote here and that was not edited here since (index.h, `pulled`) is
+ * not compared: gpusync did not write the server's copy, whose writer (a job) may replace it. */
 #ifndef GS_SYNCD_VERIFY_H
 #define GS_SYNCD_VERIFY_H
 
