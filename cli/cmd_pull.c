@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -21,6 +22,7 @@
 #include "remote/agent_client.h"
 #include "syncd/hash.h"
 #include "syncd/index.h"
+#include "syncd/plan.h"
 #include "syncd/session.h"
 
 static const struct option pull_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
@@ -209,9 +211,9 @@ static int changed_since_sync(const char *local, const struct stat *st,
 }
 
 /* Whether the regular local file `st` describes holds content gpusync does not know it synced:
- * absent from the index (never pushed: a new file, or one an earlier pull wrote), or edited since
- * its sync. A lookup that fails counts as unknown: asking the server costs a round trip, guessing
- * wrong could cost the file. */
+ * absent from the index (never pushed nor pulled: a new file), or edited since its sync or pull. A
+ * lookup that fails counts as unknown: asking the server costs a round trip, guessing wrong could
+ * cost the file. */
 static int unknown_content(struct pull_job *job, const char *local, const struct stat *st)
 {
     struct gs_buf rel = GS_BUF_INIT;
@@ -266,6 +268,44 @@ static int keep_local_change(struct pull_job *job, struct gs_agent *agent,
         return 0;
     int rc = differs_from_server(job, agent, f, &differs);
     return rc == 0 && differs ? keep_copy(job, f->local) : rc;
+}
+
+/* Records in the index that the local file `f` was pulled (index.h, `pulled`): its content is the
+ * server's and its stat is cached, so the plan sends nothing for it while it is unchanged and the
+ * next pull replaces it without a conflict copy, while the server's copy stays its writer's (a
+ * job's next checkpoint is neither checked nor put back). Only where the local path is the remote
+ * one: a copy pulled elsewhere is a new file of the project. A failure to record is said and
+ * leaves the file as if pulled before: unknown to gpusync. */
+static void record_pulled(struct pull_job *job, const struct pull_file *f)
+{
+    struct gs_buf rel = GS_BUF_INIT;
+    struct gs_index_entry e = {.kind = GS_KIND_FILE, .has_hash = 1, .pulled = 1};
+    struct stat st;
+    struct gs_error err = {0};
+    int rc = 0;
+    if (gs_path_project_relative(job->cli->root.data, f->local, &rel, NULL) == 0 && rel.len &&
+        !strcmp(rel.data, f->remote) && lstat(f->local, &st) == 0 && S_ISREG(st.st_mode)) {
+        rc = gs_hash_file(f->local, &e.hash, &err);
+        int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        e.path = rel.data;
+        e.mode = st.st_mode & 07777;
+        e.size = e.local_size = (uint64_t)st.st_size;
+        e.mtime_ns = e.local_mtime_ns = mtime_ns; /* the server's: gs_agent_get set it */
+        e.local_ino = (uint64_t)st.st_ino;
+        e.local_ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+        /* a stat too recent to vouch for the content is not cached (plan.h, GS_PLAN_RACY_NS) */
+        e.has_local = mtime_ns < (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - GS_PLAN_RACY_NS;
+        if (rc == 0)
+            rc = gs_index_put(job->idx, &e, &err);
+    }
+    if (rc < 0)
+        fprintf(stderr,
+                "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it "
+                "back\n",
+                f->local, err.msg);
+    gs_buf_release(&rel);
 }
 
 static void on_bytes(void *ctx, uint64_t done, uint64_t total)
@@ -402,6 +442,8 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
         rc = keep_local_change(job, agent, f);
         if (rc == 0)
             rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
+        if (rc == 0)
+            record_pulled(job, f);
         struct stat st;
         /* a single file was added before its size was known (collect): count what arrived, or
          * the summary says "0 B" */

@@ -423,6 +423,188 @@ static void a_pull_from_a_wiped_server_says_there_is_nothing_to_pull(void **stat
     assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* ---- pulled files stay the server's until they are edited here ---- */
+
+/* Runs `gpusync push --json PATH`, expects exit 0, and returns its answer (a new reference). */
+static json_t *push_json(const char *path, const char *what)
+{
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("push", "--json", path));
+    gs_test_expect_status(&r, 0, what);
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    if (!o)
+        fail_msg("%s: not JSON: %s", what, r.out.data);
+    gs_test_result_release(&r);
+    return o;
+}
+
+static long long field(json_t *o, const char *name)
+{
+    json_t *v = json_object_get(o, name);
+    if (!json_is_integer(v))
+        fail_msg("push --json has no integer \"%s\"", name);
+    return (long long)json_integer_value(v);
+}
+
+/* Expects a push that sent no file, moved no byte for one and kept no conflict copy, then frees
+ * its answer. */
+static void expect_nothing_sent(json_t *o, const char *what)
+{
+    if (field(o, "sent") || field(o, "bytes") || field(o, "link_bytes") || field(o, "deleted") ||
+        json_array_size(json_object_get(o, "conflicts"))) {
+        char *text = json_dumps(o, JSON_COMPACT);
+        fail_msg("%s sent something: %s", what, text);
+    }
+    json_decref(o);
+}
+
+/* What a job on the server does: writes `text` to `rel` under the remote directory. */
+static void job_writes(const char *rel, const char *text)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/%s", remote, rel);
+    *strrchr(dir, '/') = '\0';
+    gs_test_sh("mkdir -p '%s'", dir);
+    gs_test_write_file(remote, rel, text);
+}
+
+static void pull_ok(const char *path)
+{
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", path));
+    gs_test_expect_status(&r, 0, "pull");
+    gs_test_result_release(&r);
+}
+
+/* Expects `rel` under `root` to hold `want`. */
+static void expect_at(const char *root, const char *rel, const char *want)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    expect_content(path, want);
+}
+
+/* Expects the folder `rel` under `root` to hold exactly the names `want` ("a|b|", sorted). */
+static void expect_names(const char *root, const char *rel, const char *want)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "ls -A '%s/%s' | LC_ALL=C sort | tr '\\n' '|'", root, rel);
+    struct gs_buf out = GS_BUF_INIT;
+    FILE *fp = popen(cmd, "r");
+    assert_non_null(fp);
+    char buf[256];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), fp)) > 0)
+        gs_buf_add(&out, buf, n);
+    pclose(fp);
+    if (strcmp(out.data ? out.data : "", want) != 0)
+        fail_msg("%s/%s holds %s, want %s", root, rel, out.data ? out.data : "", want);
+    gs_buf_release(&out);
+}
+
+/* The audit's case without a daemon: a pulled output is not sent back, and the job's newer copy
+ * is neither "changed on the server" nor replaced by the pulled one. */
+static void pulled_outputs_are_not_sent_back_and_the_jobs_newer_one_stays(void **state)
+{
+    (void)state;
+    job_writes("outa/model.pt", "epoch 1 weights");
+    job_writes("outa/log.txt", "step 1\n");
+    pull_ok("outa");
+    expect_nothing_sent(push_json("outa", "push after the pull"), "push after the pull");
+    job_writes("outa/model.pt", "epoch 2 weights (better)");
+    json_t *o = push_json("outa", "push after the job's new checkpoint");
+    assert_int_equal(field(o, "server_changed"), 0);
+    expect_nothing_sent(o, "push after the job's new checkpoint");
+    expect_at(remote, "outa/model.pt", "epoch 2 weights (better)");
+    expect_names(remote, "outa", "log.txt|model.pt|");
+    expect_at(project, "outa/model.pt", "epoch 1 weights");
+}
+
+/* Pulling results again: the copy pulled before, unchanged here, is simply replaced. */
+static void a_second_pull_replaces_an_unchanged_pulled_file_without_a_copy(void **state)
+{
+    (void)state;
+    job_writes("outb/model.pt", "epoch 1 weights");
+    pull_ok("outb");
+    job_writes("outb/model.pt", "epoch 2 weights (better)");
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "outb"));
+    gs_test_expect_status(&r, 0, "second pull");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_int_equal(json_array_size(json_object_get(o, "kept")), 0);
+    json_decref(o);
+    gs_test_result_release(&r);
+    expect_at(project, "outb/model.pt", "epoch 2 weights (better)");
+    expect_names(project, "outb", "model.pt|");
+}
+
+/* A pulled file edited here is sent, and is gpusync's from then on: a later change on the server
+ * is kept aside and the local copy put back, as for any file gpusync wrote. */
+static void a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs(void **state)
+{
+    (void)state;
+    job_writes("outc/cfg.txt", "lr=1\n");
+    pull_ok("outc");
+    expect_nothing_sent(push_json("outc", "push after the pull"), "push after the pull");
+    gs_test_write_file(project, "outc/cfg.txt", "lr=2, edited here\n");
+    json_t *o = push_json("outc", "push of the edit");
+    assert_int_equal(field(o, "sent"), 1);
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    json_decref(o);
+    expect_at(remote, "outc/cfg.txt", "lr=2, edited here\n");
+    job_writes("outc/cfg.txt", "lr=3, by the job\n");
+    o = push_json("outc", "push after the job changed the edited file");
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
+    const char *copy = json_string_value(
+        json_object_get(json_array_get(json_object_get(o, "conflicts"), 0), "kept"));
+    assert_non_null(copy);
+    expect_at(remote, copy, "lr=3, by the job\n");
+    json_decref(o);
+    expect_at(remote, "outc/cfg.txt", "lr=2, edited here\n");
+}
+
+/* Edited on both sides: the edit is sent expecting what was pulled, so the job's newer copy is
+ * kept as a conflict copy, not lost. */
+static void a_pulled_file_edited_on_both_sides_keeps_the_jobs_copy(void **state)
+{
+    (void)state;
+    job_writes("outd/cfg.txt", "lr=1\n");
+    pull_ok("outd");
+    expect_nothing_sent(push_json("outd", "push after the pull"), "push after the pull");
+    job_writes("outd/cfg.txt", "lr=3, by the job\n");
+    gs_test_write_file(project, "outd/cfg.txt", "lr=2, edited here\n");
+    json_t *o = push_json("outd", "push of the edit");
+    assert_int_equal(field(o, "sent"), 1);
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
+    const char *copy = json_string_value(
+        json_object_get(json_array_get(json_object_get(o, "conflicts"), 0), "kept"));
+    assert_non_null(copy);
+    expect_at(remote, copy, "lr=3, by the job\n");
+    json_decref(o);
+    expect_at(remote, "outd/cfg.txt", "lr=2, edited here\n");
+}
+
+/* Deleting a pulled file here (done looking at it) leaves the job's output on the server; the
+ * index forgets it, and pulling it again brings it back with no conflict copy. */
+static void a_pulled_file_deleted_here_stays_on_the_server(void **state)
+{
+    (void)state;
+    job_writes("oute/model.pt", "epoch 1 weights");
+    job_writes("oute/log.txt", "step 1\n");
+    pull_ok("oute");
+    expect_nothing_sent(push_json("oute", "push after the pull"), "push after the pull");
+    char path[256];
+    snprintf(path, sizeof(path), "%s/oute/model.pt", project);
+    assert_int_equal(unlink(path), 0);
+    expect_nothing_sent(push_json("oute", "push after the delete"), "push after the delete");
+    expect_at(remote, "oute/model.pt", "epoch 1 weights");
+    expect_names(remote, "oute", "log.txt|model.pt|");
+    job_writes("oute/model.pt", "epoch 2 weights (better)");
+    expect_nothing_sent(push_json("oute", "push after the job's write"), "push after the job's");
+    expect_at(remote, "oute/model.pt", "epoch 2 weights (better)");
+    pull_ok("oute");
+    expect_at(project, "oute/model.pt", "epoch 2 weights (better)");
+    expect_names(project, "oute", "log.txt|model.pt|");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +617,11 @@ int main(void)
         cmocka_unit_test(a_remote_path_is_read_as_push_reads_its_paths),
         cmocka_unit_test(a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_named),
         cmocka_unit_test(set_id_and_sticky_bits_on_the_server_are_not_pulled),
+        cmocka_unit_test(pulled_outputs_are_not_sent_back_and_the_jobs_newer_one_stays),
+        cmocka_unit_test(a_second_pull_replaces_an_unchanged_pulled_file_without_a_copy),
+        cmocka_unit_test(a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs),
+        cmocka_unit_test(a_pulled_file_edited_on_both_sides_keeps_the_jobs_copy),
+        cmocka_unit_test(a_pulled_file_deleted_here_stays_on_the_server),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */

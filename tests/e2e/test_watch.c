@@ -571,6 +571,45 @@ static void test_watch__changed_ignore_rules_take_effect_at_the_next_flush(void 
 
 /* Runs gpusync without the capabilities that let root read any file (the tests run as root), so
  * that a mode 000 file cannot be read here, as for a user a file created by a container's root. */
+/* The audit's case: the user pulls a job's output folder while watch runs, the job then writes a
+ * newer checkpoint. The pulled copy is not sent back, and the flush leaves the job's file where it
+ * wrote it (no conflict copy, nothing put back) and says up to date. */
+static void test_watch__a_pulled_output_stays_the_jobs_when_it_writes_a_newer_one(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.py", "print(1)\n");
+    watch_start();
+    flush("first flush");
+    char abs[2048];
+    path_in(abs, sizeof(abs), cur.remote, "out");
+    assert_int_equal(mkdir(abs, 0755), 0);
+    path_in(abs, sizeof(abs), cur.remote, "out/model.pt");
+    write_at(abs, "epoch 1 weights", 15, O_TRUNC); /* the job, on the server */
+    gs_ok(ARGS("pull", "out"), "gpusync pull out");
+    flush("flush after the pull");
+    write_at(abs, "epoch 2 weights (better)", 24, O_TRUNC); /* the job goes on */
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush", "--json", "--timeout", "150"));
+    expect_status(&r, 0, "flush after the job's new checkpoint");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_true(json_is_true(json_object_get(o, "ok")));
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    json_decref(o);
+    gs_test_result_release(&r);
+    expect_remote("out/model.pt", "epoch 2 weights (better)");
+    assert_int_equal(gs_test_sh("ls -A '%s/out' | grep -qv '^model.pt$'", cur.remote), 1);
+    char here[2048];
+    path_in(here, sizeof(here), cur.local, "out/model.pt");
+    struct gs_buf b = GS_BUF_INIT;
+    assert_int_equal(gs_test_slurp(here, &b), 0);
+    assert_string_equal(b.data, "epoch 1 weights");
+    gs_buf_release(&b);
+    json_t *st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+}
+
 static struct gs_test_result gpusync_without_dac_override(const char *const *args)
 {
     const char *argv[32] = {"/usr/bin/setpriv", "--bounding-set=-dac_override,-dac_read_search",
@@ -2449,6 +2488,7 @@ int main(void)
         T(test_watch__exec_client_leaving_ends_the_remote_command),
         T(test_watch__ignored_directories_get_no_watches),
         T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
+        T(test_watch__a_pulled_output_stays_the_jobs_when_it_writes_a_newer_one),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
         T(test_watch__init_for_another_path_stops_the_daemon),
         T(test_watch__a_save_through_one_hard_link_sends_the_other_name_too),
