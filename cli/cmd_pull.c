@@ -1,11 +1,12 @@
 /* cli/cmd_pull.c: `gpusync pull REMOTE_PATH [LOCAL_PATH]`: downloads results (checkpoints, logs)
  * from the remote project through the agent; each file is written to a temporary name and renamed
  * into place, so an interrupted pull never leaves half a file. A directory is pulled whole. A
- * local file holding content gpusync did not sync (never pushed, or edited since) is kept as a
- * conflict copy, never overwritten; a local symlink where it would write refuses the pull. A
- * symlink on the server is made a symlink here (its target as the server has it, never
- * followed), after every file is written; anything else (a fifo, a socket, a device) is not
- * pulled and the summary says so. */
+ * local file holding content gpusync did not sync (never pushed nor pulled, or edited since) is
+ * kept as a conflict copy, never overwritten; a local symlink where it would write refuses the
+ * pull. Each file written is recorded in the index as pulled (index.h): the server's, until it is
+ * edited here. A symlink on the server is made a symlink here (its target as the server has it,
+ * never followed), after every file is written; anything else (a fifo, a socket, a device) is
+ * not pulled and the summary says so. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -645,15 +646,17 @@ const struct gs_cmd gs_cmd_pull = {
     .help = "  REMOTE_PATH is a path in the project, as push reads one (relative to the current\n"
             "  directory); LOCAL_PATH defaults to the same path in the local project. Files are\n"
             "  replaced atomically. A local file holding content gpusync did not sync (never\n"
-            "  pushed, or edited since) that differs from the server's is first kept as\n"
-            "  NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A local symlink where the pull would write\n"
-            "  is never followed or replaced: the pull is refused (exit 6). Every path the server\n"
-            "  lists must lie under REMOTE_PATH, or nothing is pulled. A pull that fails\n"
-            "  leaves no new folder behind. setuid, setgid and sticky bits are not pulled.\n"
-            "  The server's symlinks arrive as symlinks (never followed), made after the\n"
-            "  files; fifos, sockets and devices are not pulled, and are named.\n"
-            "  After the server was wiped or recreated, a REMOTE_PATH it lacks fails:\n"
-            "  pull sends nothing.\n",
+            "  pushed nor pulled, or edited since) that differs from the server's is first kept\n"
+            "  as NAME.gpusync-conflict-YYYYmmdd-HHMMSS. A pulled file stays the server's until\n"
+            "  you edit it here: push and watch do not send it back or check it there (a job may\n"
+            "  write it again); edited here, it is sent; deleted here, the server keeps it. A\n"
+            "  local symlink where the pull would write is never followed or replaced: the pull\n"
+            "  is refused (exit 6). Every path the server lists must lie under REMOTE_PATH, or\n"
+            "  nothing is pulled. A pull that fails leaves no new folder behind. setuid, setgid\n"
+            "  and sticky bits are not pulled. The server's symlinks arrive as symlinks (never\n"
+            "  followed), made after the files; fifos, sockets and devices are not pulled, and\n"
+            "  are named. After the server was wiped or recreated, a REMOTE_PATH it lacks\n"
+            "  fails: pull sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,
