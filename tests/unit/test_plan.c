@@ -410,6 +410,72 @@ static void test_plan__delete_only_what_gpusync_wrote(void **state)
     gs_ignore_free(ig);
 }
 
+static int index_has(const char *path);
+
+/* Marks the index entry of `path` as written by pull (index.h, `pulled`). */
+static void mark_pulled(const char *path)
+{
+    struct gs_index_entry e;
+    assert_int_equal(gs_index_get(idx, path, &e, NULL), 1);
+    e.pulled = 1;
+    assert_int_equal(gs_index_put(idx, &e, NULL), 0);
+    gs_index_entry_release(&e);
+}
+
+/* A pulled file is the server's: unchanged, nothing is planned; edited, it is put expecting what
+ * was pulled and recorded as gpusync's; deleted, no delete is planned and the index forgets it
+ * (not with no_refresh); moved, the move is a new file, not a rename of the server's. */
+static void test_plan__a_pulled_file_is_sent_only_once_edited_here(void **state)
+{
+    (void)state;
+    mkdir_rel("out");
+    put("out/edited.pt", "epoch 1");
+    put("out/deleted.pt", "epoch 1, deleted");
+    put("out/moved.pt", "epoch 1, moved");
+    sync_all();
+    mark_pulled("out/edited.pt");
+    mark_pulled("out/deleted.pt");
+    mark_pulled("out/moved.pt");
+    struct gs_plan pl = GS_PLAN_INIT;
+    plan(&pl);
+    assert_int_equal(pl.n_ops, 0);
+    gs_plan_release(&pl);
+
+    rm_rel("out/deleted.pt");
+    struct gs_plan_opts ro = {.no_refresh = 1};
+    plan_with(&pl, &ro, NULL);
+    dump(&pl);
+    assert_int_equal(pl.n_ops, 0);
+    assert_true(index_has("out/deleted.pt")); /* a read-only plan writes nothing */
+    gs_plan_release(&pl);
+
+    put("out/edited.pt", "epoch 1, edited here");
+    mv("out/moved.pt", "out/moved-here.pt");
+    plan(&pl);
+    dump(&pl);
+    assert_int_equal(pl.n_ops, 2);
+    const struct gs_plan_op *op = find_op(&pl, GS_OP_PUT, "out/edited.pt");
+    assert_non_null(op);
+    struct gs_hash h = content_hash("epoch 1");
+    assert_int_equal(op->expect.kind, GS_EXPECT_FILE);
+    assert_true(gs_hash_equal(&op->expect.hash, &h));
+    assert_false(op->record.pulled);
+    op = find_op(&pl, GS_OP_PUT, "out/moved-here.pt");
+    assert_non_null(op);
+    assert_int_equal(op->expect.kind, GS_EXPECT_ABSENT);
+    assert_false(index_has("out/deleted.pt"));
+    assert_false(index_has("out/moved.pt"));
+    apply(&pl);
+    gs_plan_release(&pl);
+    plan(&pl);
+    assert_int_equal(pl.n_ops, 0);
+    gs_plan_release(&pl);
+    struct gs_index_entry e;
+    assert_int_equal(gs_index_get(idx, "out/edited.pt", &e, NULL), 1);
+    assert_false(e.pulled);
+    gs_index_entry_release(&e);
+}
+
 static void test_plan__chmod_only(void **state)
 {
     (void)state;
@@ -644,8 +710,6 @@ static void test_plan__an_edit_that_restores_size_and_mtime_is_read(void **state
     gs_plan_release(&pl);
     free(p);
 }
-
-static int index_has(const char *path);
 
 /* The reading callback records what it was told and stops the plan at the call given (0:
  * never). */
@@ -1209,6 +1273,7 @@ int main(void)
         T(test_plan__directory_rename_is_one_op),
         T(test_plan__moved_directory_with_an_edit_moves_files_not_bytes),
         T(test_plan__delete_only_what_gpusync_wrote),
+        T(test_plan__a_pulled_file_is_sent_only_once_edited_here),
         T(test_plan__chmod_only),
         T(test_plan__symlink_created_retargeted_and_replacing_a_file),
         T(test_plan__file_replaced_by_directory_is_deleted_first),
