@@ -309,6 +309,31 @@ static void record_pulled(struct pull_job *job, const struct pull_file *f)
     gs_buf_release(&rel);
 }
 
+/* record_pulled for a symlink made here: a job that points it elsewhere later (latest.pt ->
+ * ckpt-300.pt) is neither reverted nor called a conflict, and it is not sent back. */
+static void record_pulled_link(struct pull_job *job, const struct pull_link *l)
+{
+    struct gs_buf rel = GS_BUF_INIT;
+    struct gs_index_entry e = {.kind = GS_KIND_SYMLINK, .pulled = 1};
+    struct stat st;
+    struct gs_error err = {0};
+    int rc = 0;
+    if (gs_path_project_relative(job->cli->root.data, l->local, &rel, NULL) == 0 && rel.len &&
+        !strcmp(rel.data, l->remote) && lstat(l->local, &st) == 0 && S_ISLNK(st.st_mode)) {
+        e.path = rel.data;
+        e.link = l->target;
+        e.mode = 0777;
+        e.size = strlen(l->target);
+        rc = gs_index_put(job->idx, &e, &err);
+    }
+    if (rc < 0)
+        fprintf(stderr,
+                "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it "
+                "back\n",
+                l->local, err.msg);
+    gs_buf_release(&rel);
+}
+
 static void on_bytes(void *ctx, uint64_t done, uint64_t total)
 {
     (void)total;
@@ -397,6 +422,8 @@ static int make_link(struct pull_job *job, const struct pull_link *l)
         make_parent(job, l->local);
     if (rc == 0)
         rc = clear_for_link(job, l, &same);
+    if (rc == 0 && same)
+        record_pulled_link(job, l);
     if (rc < 0 || same)
         return rc;
     struct gs_buf tmp = GS_BUF_INIT;
@@ -412,6 +439,8 @@ static int make_link(struct pull_job *job, const struct pull_link *l)
         unlink(tmp.data);
     }
     gs_buf_release(&tmp);
+    if (rc == 0)
+        record_pulled_link(job, l);
     return rc;
 }
 

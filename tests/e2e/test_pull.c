@@ -502,6 +502,30 @@ static void expect_names(const char *root, const char *rel, const char *want)
 
 /* The audit's case without a daemon: a pulled output is not sent back, and the job's newer copy
  * is neither "changed on the server" nor replaced by the pulled one. */
+/* A symlink a job made (latest.pt -> ckpt-1.pt) is pulled as a link and stays the server's too:
+ * not sent back, and the job pointing it at its next checkpoint is neither reverted nor called a
+ * conflict. */
+static void a_pulled_symlink_stays_the_jobs_when_it_points_it_elsewhere(void **state)
+{
+    (void)state;
+    job_writes("outl/ckpt-1.pt", "one");
+    job_writes("outl/ckpt-2.pt", "two");
+    char link[256];
+    snprintf(link, sizeof(link), "%s/outl/latest.pt", remote);
+    assert_int_equal(symlink("ckpt-1.pt", link), 0);
+    pull_ok("outl");
+    expect_nothing_sent(push_json("outl", "push after pulling a link"), "push after the pull");
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(symlink("ckpt-2.pt", link), 0); /* the job's next checkpoint */
+    json_t *o = push_json("outl", "push after the job moved its link");
+    assert_int_equal(field(o, "server_changed"), 0);
+    expect_nothing_sent(o, "push after the job moved its link");
+    char target[64] = {0};
+    assert_true(readlink(link, target, sizeof(target) - 1) > 0);
+    assert_string_equal(target, "ckpt-2.pt");
+    expect_names(remote, "outl", "ckpt-1.pt|ckpt-2.pt|latest.pt|");
+}
+
 static void pulled_outputs_are_not_sent_back_and_the_jobs_newer_one_stays(void **state)
 {
     (void)state;
@@ -618,6 +642,7 @@ int main(void)
         cmocka_unit_test(a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_named),
         cmocka_unit_test(set_id_and_sticky_bits_on_the_server_are_not_pulled),
         cmocka_unit_test(pulled_outputs_are_not_sent_back_and_the_jobs_newer_one_stays),
+        cmocka_unit_test(a_pulled_symlink_stays_the_jobs_when_it_points_it_elsewhere),
         cmocka_unit_test(a_second_pull_replaces_an_unchanged_pulled_file_without_a_copy),
         cmocka_unit_test(a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs),
         cmocka_unit_test(a_pulled_file_edited_on_both_sides_keeps_the_jobs_copy),
