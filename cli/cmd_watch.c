@@ -52,17 +52,20 @@ static int wait_lock_free(struct gs_cli *cli)
 
 /* A daemon stopped in the middle of a batch, or before it could check every file, leaves changes
  * the server lacks (files deleted there behind its back included): say so, since "stopped" alone
- * reads as "and the server has everything". */
+ * reads as "and the server has everything". On stderr: a warning, which IDEs that show a tool's
+ * console only for errors (JetBrains' Stop Watching) must show. */
 static void print_stopped(const char *root, json_int_t unsent, int unchecked)
 {
     printf("stopped gpusync watch for %s\n", root);
+    fflush(stdout);
     if (unsent)
-        printf("%lld change%s not sent to the server%s: 'gpusync push' sends %s\n",
-               (long long)unsent, unsent == 1 ? " was" : "s were",
-               unchecked ? ", nor was every file checked" : "", unsent == 1 ? "it" : "them");
+        fprintf(stderr,
+                "gpusync: %lld change%s not sent to the server%s: 'gpusync push' sends %s\n",
+                (long long)unsent, unsent == 1 ? " was" : "s were",
+                unchecked ? ", nor was every file checked" : "", unsent == 1 ? "it" : "them");
     else if (unchecked)
-        printf("it could not check every file against the server before it stopped: 'gpusync "
-               "push' does\n");
+        fprintf(stderr, "gpusync: it could not check every file against the server before it "
+                        "stopped: 'gpusync push' does\n");
 }
 
 static int stop_daemon(struct gs_cli *cli)

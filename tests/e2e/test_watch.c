@@ -1611,6 +1611,27 @@ test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent(void
     expect_trees_equal("after the restart"); /* and no temporary is left on the server */
 }
 
+/* The same without --json: the warning that changes were left unsent goes to stderr, so a tool
+ * that shows its console only for errors (JetBrains' Stop Watching) shows it; "stopped" stays on
+ * stdout. */
+static void test_watch__a_text_stop_warns_of_unsent_changes_on_stderr(void **state)
+{
+    (void)state;
+    struct gs_test_events ev;
+    large_file_over_a_slow_link(8, 6000000, &ev);     /* about 6 s in one batch */
+    gs_test_events_until(&ev, "progress", "", 20000); /* the batch is under way */
+    pid_t pid = daemon_pid();
+    struct gs_test_result r =
+        gs_test_run_gpusync(cur.local, NULL, NULL, GS_TEST_ARGS("watch", "--stop"), 60000);
+    gs_test_await_gone(pid);
+    gs_test_events_stop(&ev);
+    gs_test_expect_status(&r, 0, "watch --stop mid-batch");
+    if (!strstr(r.out.data, "stopped gpusync watch") ||
+        !strstr(r.err.data, "1 change was not sent to the server"))
+        fail_msg("watch --stop mid-batch\nstdout: %s\nstderr: %s", r.out.data, r.err.data);
+    gs_test_result_release(&r);
+}
+
 /* A stop does not wait for the hash of a large file either: the batch asks while it reads local
  * files (syncd/plan.h's reading callback), and status says how far it has read. 16 GB of holes take
  * the daemon about 20 s to read here; the stop is answered at once (the CLI would give up after 5
@@ -2504,6 +2525,7 @@ int main(void)
         T(test_watch__a_large_file_reports_progress_in_bytes_while_it_goes),
         T(test_watch__status_during_a_long_batch_says_syncing),
         T(test_watch__stop_during_a_long_batch_stops_there_and_says_what_was_not_sent),
+        T(test_watch__a_text_stop_warns_of_unsent_changes_on_stderr),
         T(test_watch__stop_while_a_large_file_is_hashed_is_prompt),
         T(test_watch__ps_during_a_long_batch_is_relayed_at_once),
         T(test_watch__stop_while_the_login_hangs_is_prompt_and_says_unchecked),
