@@ -67,16 +67,17 @@ struct launch_opts {
 struct sup {
     struct launch_opts *o;
     struct ga_runs_status st;
-    int sfd;               /* signalfd */
-    int alive;             /* ranks not yet reaped */
-    int first_fail;        /* exit code of the first failing rank, -1 if none */
-    int stop_sig;          /* SIGTERM/SIGINT received, 0 if none */
-    int terminating;       /* SIGTERM sent to the groups */
-    long long kill_at;     /* monotonic ms of the SIGKILL escalation, 0 if none */
-    long long killed_at;   /* monotonic ms of the first SIGKILL, 0 if none */
-    long long oom_base;    /* the OOM kill count when the attempt started; -1 unknown */
-    struct ga_procs procs; /* the run's processes beyond its ranks' groups */
-    struct ga_logtimes lt; /* when the rank logs grew, for tail's time order */
+    int sfd;                /* signalfd */
+    int alive;              /* ranks not yet reaped */
+    int first_fail;         /* exit code of the first failing rank, -1 if none */
+    int stop_sig;           /* SIGTERM/SIGINT received, 0 if none */
+    int terminating;        /* SIGTERM sent to the groups */
+    long long kill_at;      /* monotonic ms of the SIGKILL escalation, 0 if none */
+    long long killed_at;    /* monotonic ms of the first SIGKILL, 0 if none */
+    long long oom_base;     /* the OOM kill count when the attempt started; -1 unknown */
+    struct ga_procs procs;  /* the run's processes beyond its ranks' groups */
+    struct ga_logtimes lt;  /* when the rank logs grew, for tail's time order */
+    long long dir_check_at; /* monotonic ms of the next look at the run's folder (keep_run_dir) */
 };
 
 /* ---- options ----------------------------------------------------------------------------- */
@@ -613,11 +614,40 @@ static void on_signal(struct sup *s, const struct signalfd_siginfo *si)
     terminate(s);
 }
 
-/* Poll timeout until the next deadline: SIGKILL escalation, or a short recheck of groups whose
- * leftover members are not our children (they give no SIGCHLD). */
+/* How often the supervisor looks for its run's folder (keep_run_dir). */
+#define RUN_DIR_CHECK_MS 2000
+
+/* A run's folder removed on the server (an `rm -rf` of .gpusync/runs, or of the whole project,
+ * which watch makes again) while it runs: its ranks went on, holding their GPUs, where neither
+ * `ps` nor `stop` could see them. The supervisor makes the folder again, with meta.json and
+ * status.json, so that both find the run; what the ranks printed is lost (their logs were the
+ * removed files, which they keep writing). */
+static void keep_run_dir(struct sup *s, long long now)
+{
+    if (now < s->dir_check_at)
+        return;
+    s->dir_check_at = now + RUN_DIR_CHECK_MS;
+    struct stat st;
+    char p[PATH_MAX];
+    if (stat(s->o->dir, &st) == 0 || errno != ENOENT)
+        return;
+    if (ga_runs_join(p, sizeof(p), s->o->rootabs, ".gpusync") < 0 || mkdir_ok(p) < 0 ||
+        ga_runs_path(p, sizeof(p), s->o->rootabs, NULL) < 0 || mkdir_ok(p) < 0 ||
+        mkdir_ok(s->o->dir) < 0)
+        return; /* the project folder itself is gone: looked for again in RUN_DIR_CHECK_MS */
+    write_meta(s->o, s->st.start);
+    save_status(s);
+}
+
+/* Poll timeout until the next deadline: SIGKILL escalation, a short recheck of groups whose
+ * leftover members are not our children (they give no SIGCHLD), or the next look at the run's
+ * folder. */
 static int next_timeout(const struct sup *s)
 {
     long long t = s->alive == 0 ? 20 : groups_orphaned(s) ? 100 : -1;
+    long long dir = s->dir_check_at - ga_runs_mono_ms();
+    dir = dir < 0 ? 0 : dir;
+    t = t < 0 || dir < t ? dir : t;
     if (s->alive == 0 && s->terminating)
         t = 50; /* waiting for processes that are not our children: each pass scans /proc */
     long long times = ga_logtimes_timeout(&s->lt);
@@ -661,6 +691,7 @@ static void wait_group(struct sup *s)
         ga_logtimes_update(&s->lt);
         reap(s);
         long long now = ga_runs_mono_ms();
+        keep_run_dir(s, now);
         if (s->killed_at && now - s->killed_at > LAUNCH_UNKILLABLE_MS)
             return log_unkillable(s);
         if (s->kill_at && now >= s->kill_at) {
