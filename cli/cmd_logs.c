@@ -199,7 +199,7 @@ static int logs_parse(struct gs_cli *cli, int argc, char **argv)
 static int logs_exec(struct gs_cli *cli)
 {
     struct gs_run_ctx rc;
-    struct gs_buf id = GS_BUF_INIT;
+    struct gs_buf id = GS_BUF_INIT, local = GS_BUF_INIT;
     const char *run = cli->argc ? cli->argv[0] : NULL;
     int r, code;
     gs_run_ctx_init(cli, &rc);
@@ -210,6 +210,8 @@ static int logs_exec(struct gs_cli *cli)
         code = gs_cli_fail(cli, r);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
         code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
+    else if (r == GS_E_NOTFOUND && !run && gs_run_local_newest(cli->root.data, &local) == 0)
+        code = show_local(cli, local.data, opts.follow, opts.rank, opts.tail); /* the newest */
     else if (r < 0 && !(cli->cfg.slurm.enabled && run && opts.follow))
         code = gs_cli_fail(cli, r);
     else if (r < 0 && (code = gs_slurm_logs_wait(cli, run)) != 0) /* a Slurm job still pending */
@@ -218,6 +220,7 @@ static int logs_exec(struct gs_cli *cli)
         code = show(cli, &rc, r < 0 ? run : id.data, opts.follow, opts.rank, opts.tail);
     json_decref(rec);
     gs_buf_release(&id);
+    gs_buf_release(&local);
     gs_run_ctx_release(&rc);
     return code;
 }

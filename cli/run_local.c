@@ -110,6 +110,28 @@ int gs_run_local_exists(const char *root, const char *id)
     return found;
 }
 
+int gs_run_local_newest(const char *root, struct gs_buf *id)
+{
+    struct gs_buf dir = GS_BUF_INIT, best = GS_BUF_INIT;
+    gs_buf_addf(&dir, "%s/%s/runs", root, GS_DIR);
+    DIR *d = opendir(dir.data);
+    /* ids begin with the start time (YYYYmmdd-HHMMSS-...): the newest sorts last */
+    for (struct dirent *e; d && (e = readdir(d));)
+        if ((!best.len || strcmp(e->d_name, best.data) > 0) &&
+            gs_run_local_exists(root, e->d_name)) {
+            gs_buf_reset(&best);
+            gs_buf_adds(&best, e->d_name);
+        }
+    if (d)
+        closedir(d);
+    gs_buf_release(&dir);
+    int found = best.len > 0;
+    if (found)
+        gs_buf_adds(id, best.data);
+    gs_buf_release(&best);
+    return found ? 0 : GS_E_NOTFOUND;
+}
+
 /* A replay in progress: the rank logs open, and how far each has been passed on. */
 struct replay {
     int fd[GS_RUNS_MAX_RANKS]; /* -1: no such rank, or not wanted */

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/buf.h"
 #include "common/error.h"
 #include "remote/runs.h"
 
@@ -20,6 +21,10 @@ void gs_run_local_keep(const char *root, const char *id, int rank, uint64_t off,
 
 /* 1 when `id` is a run id and the project holds a local copy of at least one of its rank logs. */
 int gs_run_local_exists(const char *root, const char *id);
+
+/* Appends the id of the newest run the project holds a local copy of to `id`. Returns 0, or
+ * GS_E_NOTFOUND when it holds none. */
+int gs_run_local_newest(const char *root, struct gs_buf *id);
 
 /* Passes the local copy of run `id` to fn, the ranks in `ranks` ("0,2"; NULL or "all": every
  * one), in the order it arrived: as the journal says, then what it does not cover, rank by rank.

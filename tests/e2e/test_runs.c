@@ -918,6 +918,44 @@ static void test_run__ranks_failing_together_are_not_reported_stopped(void **sta
     json_decref(st);
 }
 
+/* A running run's folder removed on the server (.gpusync/runs/ID, as an `rm -rf` of old runs or of
+ * the project does): its ranks ran on, holding their GPUs, while `ps` said "no runs" and `stop ID`
+ * "no run". The supervisor makes the folder again: ps lists the run, and stop ends it. */
+static void test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                                          "echo up; exec sleep 300"));
+    expect_status(&c, 0, "run --detach");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    long rank_pid = (long)int_at(json_array_get(json_object_get(st, "ranks"), 0), "pid");
+    json_decref(st);
+    assert_int_equal(sh("rm -rf '%s/.gpusync/runs/%s'", remote, id), 0);
+    int64_t end = gs_clock_mono_ms() + 15000;
+    for (;;) {
+        struct child p;
+        child_start(&p, project, ARGS("ps", "--json"));
+        child_finish(&p);
+        int listed = p.out.data && strstr(p.out.data, id) != NULL;
+        child_release(&p);
+        if (listed)
+            break;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("ps did not list run %s within 15 s of its folder's removal", id);
+        usleep(200000); /* polling an observable result, with a deadline */
+    }
+    struct child s;
+    child_start(&s, project, ARGS("stop", id));
+    child_finish(&s);
+    expect_status(&s, 0, "stop of the run whose folder was removed");
+    child_release(&s);
+    gs_test_await_gone((pid_t)rank_pid);
+}
+
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
  * waits, stop says what for. */
 static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
@@ -1203,6 +1241,13 @@ static void test_logs__a_run_the_server_lost_is_shown_from_the_local_copy(void *
     l = run_in(project, ARGS("logs", "-f", id, "--rank", "1"));
     expect_status(&l, 1, "logs -f of a run only the local copy has");
     assert_string_equal(l.out.data, "b1\nb2\nb3\nb4\n");
+    child_release(&l);
+    /* a server with no runs at all (recreated): plain `logs` shows the newest local copy */
+    assert_int_equal(sh("cd '%s/.gpusync' && mv runs runs.saved && mkdir runs", remote), 0);
+    l = run_in(project, ARGS("logs"));
+    sh("cd '%s/.gpusync' && rm -rf runs && mv runs.saved runs", remote);
+    expect_status(&l, 0, "logs (the newest) when the server has no runs");
+    assert_string_equal(l.out.data, TURNS_SHOWN);
     child_release(&l);
     l = run_in(project, ARGS("logs", "20000101-000000-0000")); /* neither has it */
     expect_status(&l, 1, "logs of an unknown run");
@@ -1730,6 +1775,8 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
         cmocka_unit_test_setup(test_run__a_python_ranks_prints_stream_as_they_come, use_home),
+        cmocka_unit_test_setup(
+            test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped, use_home),
         cmocka_unit_test_setup(test_run__ranks_failing_together_are_not_reported_stopped, use_home),
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
         cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
