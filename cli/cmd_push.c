@@ -377,10 +377,11 @@ static int resend_changed(struct gs_cli *cli, struct gs_session *s, struct push_
  * agent was cached there, the early requests died with its failed start and nothing was
  * recorded: once ready has installed one, everything is planned and sent again, and the first
  * pass's outcomes are dropped with it. If the server held another tree than the index said, the
- * index is cleared and everything is sent again too: the first pass's refusals came from a wrong
- * plan and are dropped, but the conflict copies it kept are real, and stay reported. Otherwise
- * the agent answered every request, and a refusal (a full disk) is this push's answer for that
- * operation, not a reason to send it again. */
+ * index keeps only what the first pass wrote there and the rest is sent again: the first pass's
+ * refusals that came from the wrong plan are withdrawn as the second pass redoes them, and the
+ * conflict copies it kept are real, and stay reported. Otherwise the agent answered every
+ * request, and a refusal (a full disk) is this push's answer for that operation, not a reason to
+ * send it again. */
 static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_ui *ui,
                          const struct gs_push_opts *o, struct planner *p)
 {
@@ -394,11 +395,13 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
     }
     if (!gs_session_replan(s))
         return rc;
-    if (!s->early_lost && !s->index_reset) /* the server had changed: what was sent stands */
+    /* the server had changed, or was another tree (the index kept what the early requests
+     * wrote there: session.c): what was sent stands, and what the next pass redoes is withdrawn
+     * from the first pass's failures */
+    if (!s->early_lost)
         return resend_changed(cli, s, ui, o, p, rc);
     json_array_clear(ui->failures);
-    if (s->early_lost)
-        json_array_clear(ui->conflicts);
+    json_array_clear(ui->conflicts);
     if ((rc = plan_again(cli, p)) == 0)
         rc = execute_plan(cli, s, ui, o, p);
     return rc;

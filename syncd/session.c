@@ -75,6 +75,60 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
     return rc;
 }
 
+/* Notes a path an early request wrote to the index (gs_index_on_write, while s->early). */
+static void note_early_write(void *ctx, const char *path, int subtree)
+{
+    struct gs_session *s = ctx;
+    if (!subtree) /* a folder's removal drops what lay below it: nothing to keep there */
+        gs_buf_add(&s->early_written, path, strlen(path) + 1);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+struct paths {
+    char **v;
+    size_t n, cap;
+};
+
+static int collect_path(const struct gs_index_entry *e, void *ctx)
+{
+    struct paths *p = ctx;
+    GS_ALLOC_GROW(p->v, p->n + 1, p->cap);
+    p->v[p->n++] = gs_xstrdup(e->path);
+    return 0;
+}
+
+/* After a reset found while early requests went out: those requests went to this server, and the
+ * entries they wrote are true of it (a new file sent early stays sent, rather than crossing the
+ * link twice, and on a disk with room for one copy failing as "no space"); every other entry is
+ * dropped, as gs_index_clear drops all. */
+static int clear_but_early(struct gs_session *s, struct gs_error *err)
+{
+    size_t n_early = 0, intents = 0;
+    for (size_t at = 0; at < s->early_written.len; at += strlen(s->early_written.data + at) + 1)
+        n_early++;
+    if (!n_early || gs_index_intent_count(s->idx, &intents, err) < 0 || intents)
+        return gs_index_clear(s->idx, err);
+    const char **early = gs_xcalloc(n_early, sizeof(*early));
+    size_t i = 0;
+    for (size_t at = 0; at < s->early_written.len; at += strlen(s->early_written.data + at) + 1)
+        early[i++] = s->early_written.data + at;
+    qsort(early, n_early, sizeof(*early), cmp_str);
+    struct paths all = {0};
+    int rc = gs_index_foreach(s->idx, "", collect_path, &all, err);
+    for (i = 0; rc == 0 && i < all.n; i++)
+        if (!bsearch(&all.v[i], early, n_early, sizeof(*early), cmp_str))
+            rc = gs_index_delete(s->idx, all.v[i], err);
+    for (i = 0; i < all.n; i++)
+        free(all.v[i]);
+    free(all.v);
+    free(early);
+    return rc;
+}
+
 /* Compares the server's sync id (which the agent's handshake brought, creating one on a first
  * sync) with the one the index recorded; see session.h. */
 static int verify_server(struct gs_session *s, struct gs_error *err)
@@ -92,7 +146,7 @@ static int verify_server(struct gs_session *s, struct gs_error *err)
         if (!s->reset_quiet)
             gs_warn("the server no longer holds the tree gpusync last synced there (wiped or "
                     "recreated?): sending everything again");
-        rc = gs_index_clear(s->idx, err);
+        rc = s->early ? clear_but_early(s, err) : gs_index_clear(s->idx, err);
         s->index_reset = 1;
     }
     if (rc == 0 && !same && remote[0])
@@ -371,6 +425,8 @@ int gs_session_go_early(struct gs_session *s)
         return 0;
     s->early = 1;
     s->early_entries = entries;
+    gs_buf_reset(&s->early_written);
+    gs_index_on_write(s->idx, note_early_write, s);
     s->ops = gs_agent_fileops(s->agent);
     return 1;
 }
@@ -384,8 +440,11 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
     int rc = gs_agent_wait_ready(s->agent, err);
     if (rc < 0 && rc != GS_E_DISCONNECTED && gs_agent_is_resident(s->agent))
         rc = restart_through_shell(s, err);
+    if (s->early) /* every early request was answered (wait_ready) or lost with the agent */
+        gs_index_on_write(s->idx, NULL, NULL);
     if (rc == 0)
         rc = verify_server(s, err);
+    gs_buf_release(&s->early_written);
     int early = s->early;
     s->early = 0;
     if (rc == 0) {
@@ -466,6 +525,7 @@ void gs_session_close(struct gs_session *s)
     gs_session_disconnect(s);
     gs_session_unlock(s); /* after the agent's channel is gone */
     gs_index_close(s->idx);
+    gs_buf_release(&s->early_written);
     gs_ignore_free(s->ig);
     free(s->root);
     free(s->remote_dir);

@@ -1427,6 +1427,28 @@ static void test_push__server_tree_wiped_then_push_restores_it(void **state)
     push_compare_drop(&cur, "push after the project directory itself went");
 }
 
+/* A new file sent while the agent starts (early) to a server that turns out to be recreated went
+ * into the new server: it stays sent. It crossed the link twice (the reset planned everything
+ * again), and on a disk with room for one copy the second failed "no space" though the file was
+ * in place. link_bytes counts it once, and `bytes` counts it. */
+static void test_push__a_new_file_sent_early_to_a_recreated_server_crosses_once(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    put_text(cur.local, "a.py", "print(1)\n", 0644);
+    push_compare_drop(&cur, "first sync");
+    assert_int_equal(gs_test_sh("rm -rf '%s' && mkdir '%s'", cur.remote, cur.remote), 0);
+    assert_int_equal(gs_test_sh("head -c 2000000 /dev/urandom > '%s/big.bin'", cur.local), 0);
+    json_t *o = push_and_compare(&cur, 0, "push of a new file to a recreated server");
+    json_int_t link = json_integer_value(json_object_get(o, "link_bytes"));
+    json_int_t bytes = json_integer_value(json_object_get(o, "bytes"));
+    if (link >= 3000000 || bytes < 2000000) {
+        char *text = json_dumps(o, JSON_COMPACT);
+        fail_msg("the 2 MB file crossed the link more than once, or was not counted: %s", text);
+    }
+    json_decref(o);
+}
+
 /* A first push sends while the agent starts. On a server without this agent build (a new binary
  * here, so no cache there can hold it) those early bytes die with the failed start: the push must
  * then install the agent and send everything again, once, with no conflicts. */
@@ -1986,6 +2008,7 @@ int main(void)
         TW(test_push__files_a_killed_push_placed_are_deleted_renamed_and_replaced),
         T(test_push__rename_done_on_server_but_not_recorded_converges),
         T(test_push__server_tree_wiped_then_push_restores_it),
+        T(test_push__a_new_file_sent_early_to_a_recreated_server_crosses_once),
         T(test_push__first_push_to_a_server_without_the_agent_installs_it),
         TW(test_push__summary_time_counts_connecting_and_starting_the_agent),
         T(test_push__agent_is_built_on_a_server_from_its_sources),
