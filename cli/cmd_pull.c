@@ -271,6 +271,14 @@ static int keep_local_change(struct pull_job *job, struct gs_agent *agent,
     return rc == 0 && differs ? keep_copy(job, f->local) : rc;
 }
 
+/* A pulled path the index could not record: the pull stands, but a push may send it back. */
+static void say_unrecorded(const char *local, const struct gs_error *err)
+{
+    fprintf(stderr,
+            "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it back\n",
+            local, err->msg);
+}
+
 /* Records in the index that the local file `f` was pulled (index.h, `pulled`): its content is the
  * server's and its stat is cached, so the plan sends nothing for it while it is unchanged and the
  * next pull replaces it without a conflict copy, while the server's copy stays its writer's (a
@@ -302,10 +310,7 @@ static void record_pulled(struct pull_job *job, const struct pull_file *f)
             rc = gs_index_put(job->idx, &e, &err);
     }
     if (rc < 0)
-        fprintf(stderr,
-                "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it "
-                "back\n",
-                f->local, err.msg);
+        say_unrecorded(f->local, &err);
     gs_buf_release(&rel);
 }
 
@@ -327,10 +332,7 @@ static void record_pulled_link(struct pull_job *job, const struct pull_link *l)
         rc = gs_index_put(job->idx, &e, &err);
     }
     if (rc < 0)
-        fprintf(stderr,
-                "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it "
-                "back\n",
-                l->local, err.msg);
+        say_unrecorded(l->local, &err);
     gs_buf_release(&rel);
 }
 

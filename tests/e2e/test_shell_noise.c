@@ -272,27 +272,33 @@ static void a_slow_shell_start_is_announced(void **state)
     gs_test_result_release(&r);
 }
 
+/* Gives the user the startup file `bashrc` and the project resident = off (every session starts
+ * the agent through the shell), and expects doctor to fail (exit 1) with its check `check`. */
+static void shell_makes_doctor_fail(const char *bashrc, const char *check)
+{
+    write_file(BASHRC, bashrc);
+    gs_test_sh("printf '[sync]\\nresident = off\\n' >> %s/.gpusync/config", project);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
+    gs_test_expect_status(&r, 1, bashrc);
+    json_t *o = parse_json(&r, "doctor");
+    assert_string_equal(check_status(o, check), "fail");
+    json_decref(o);
+    gs_test_result_release(&r);
+}
+
 /* A startup file that reads standard input takes what gpusync sends the agent (resident = off:
  * every session starts it through the shell). push waited for ever; it now gives up with exit 5
  * and says why, and doctor, whose other probes end their input at once, names it. */
 static void a_shell_that_reads_input_is_named_and_push_gives_up(void **state)
 {
     (void)state;
-    write_file(BASHRC, "read LINE\n");
-    gs_test_sh("printf '[sync]\\nresident = off\\n' >> %s/.gpusync/config", project);
-    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
-    gs_test_expect_status(&r, 1, "doctor on a shell that reads its input");
-    json_t *o = parse_json(&r, "doctor");
-    assert_string_equal(check_status(o, "stdin"), "fail");
-    json_decref(o);
-    gs_test_result_release(&r);
-
+    shell_makes_doctor_fail("read LINE\n", "stdin");
     char path[800];
     snprintf(path, sizeof(path), "%s/behind-a-read.txt", project);
     write_file(path, "x\n");
-    r = gpusync(GS_TEST_ARGS("push", "--json"));
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("push", "--json"));
     gs_test_expect_status(&r, 5, "push through a shell that reads its input");
-    o = parse_json(&r, "push");
+    json_t *o = parse_json(&r, "push");
     assert_false(json_is_true(json_object_get(o, "ok")));
     const char *message = json_string_value(json_object_get(o, "message"));
     if (!message || !strstr(message, "standard input"))
@@ -306,18 +312,10 @@ static void a_shell_that_reads_input_is_named_and_push_gives_up(void **state)
 static void a_broken_path_is_named_by_doctor_push_and_exec(void **state)
 {
     (void)state;
-    write_file(BASHRC, "export PATH=/nonexistent\n");
-    gs_test_sh("printf '[sync]\\nresident = off\\n' >> %s/.gpusync/config", project);
-    struct gs_test_result r = gpusync(GS_TEST_ARGS("doctor", "--json"));
-    gs_test_expect_status(&r, 1, "doctor on a shell with a broken PATH");
-    json_t *o = parse_json(&r, "doctor");
-    assert_string_equal(check_status(o, "system"), "fail");
-    json_decref(o);
-    gs_test_result_release(&r);
-
-    r = gpusync(GS_TEST_ARGS("push", "--json"));
+    shell_makes_doctor_fail("export PATH=/nonexistent\n", "system");
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("push", "--json"));
     gs_test_expect_status(&r, 5, "push through a shell with a broken PATH");
-    o = parse_json(&r, "push");
+    json_t *o = parse_json(&r, "push");
     assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "'/nonexistent'"));
     json_decref(o);
     gs_test_result_release(&r);

@@ -2309,9 +2309,10 @@ static void await_host_key_refused(void)
     }
 }
 
-static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
+/* A daemon that synced a.py ("a"), then the server reinstalled with a new host key, a.py saved
+ * as "b", and the daemon's refusal awaited. */
+static void daemon_refusing_a_new_host_key(void)
 {
-    (void)state;
     proj_init(sshd.port);
     put("a.py", "a\n");
     watch_start();
@@ -2319,6 +2320,12 @@ static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
     assert_int_equal(gs_test_sshd_restart(&sshd, 1), 0); /* "the server was reinstalled" */
     put("a.py", "b\n");
     await_host_key_refused();
+}
+
+static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
+{
+    (void)state;
+    daemon_refusing_a_new_host_key();
     expect_remote("a.py", "a\n");    /* nothing went to the impostor */
     gs_test_sshd_use_home(&sshd, 1); /* the user accepts the new key */
     flush("flush after the new host key was recorded");
@@ -2332,13 +2339,7 @@ static void test_watch__reconnect_refuses_a_changed_host_key(void **state)
 static void test_watch__push_accept_new_host_key_through_the_daemon(void **state)
 {
     (void)state;
-    proj_init(sshd.port);
-    put("a.py", "a\n");
-    watch_start();
-    flush("first flush");
-    assert_int_equal(gs_test_sshd_restart(&sshd, 1), 0); /* "the server was reinstalled" */
-    put("a.py", "b\n");
-    await_host_key_refused();
+    daemon_refusing_a_new_host_key();
     assert_int_equal(gs_test_sh("ssh-keygen -q -R '[127.0.0.1]:%d' -f \"$HOME/.ssh/known_hosts\" "
                                 ">/dev/null 2>&1",
                                 sshd.port),
