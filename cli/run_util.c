@@ -592,6 +592,17 @@ void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, s
         pthread_mutex_lock(p->lock);
     if (!p->from_local_copy)
         gs_run_local_keep(p->cli->root.data, p->id, rank, off, data, len);
+    if (!p->prefix && p->tail_lines <= 0) {
+        /* one rank's bytes as they come, as a terminal over ssh shows them: a progress bar
+         * redrawn with \r and no newline (tqdm) moves, instead of arriving whole at the end */
+        fwrite(data, 1, len, stdout);
+        if (len)
+            p->open_line = data[len - 1] != '\n';
+        fflush(stdout);
+        if (p->lock)
+            pthread_mutex_unlock(p->lock);
+        return;
+    }
     struct gs_buf *part = &p->partial[rank];
     gs_buf_add(part, data, len);
     size_t start = 0;
@@ -622,6 +633,9 @@ static void print_tail(struct gs_log_printer *p)
 
 void gs_log_printer_finish(struct gs_log_printer *p)
 {
+    if (p->open_line) /* as emit_line ends an unterminated last line */
+        fputc('\n', stdout);
+    p->open_line = 0;
     for (int r = 0; r < GS_RUNS_MAX_RANKS; r++) {
         if (p->partial[r].len)
             emit_line(p, r, p->partial[r].data, p->partial[r].len);

@@ -137,6 +137,7 @@ struct gs_log_printer {
     struct gs_buf partial[GS_RUNS_MAX_RANKS];
     struct gs_buf kept;    /* for --tail: everything, trimmed at the end */
     pthread_mutex_t *lock; /* held around each chunk when several threads print; or NULL */
+    int open_line;         /* unprefixed bytes went out as they came, the last not a newline */
 };
 void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const char *id, int prefix);
 void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len);

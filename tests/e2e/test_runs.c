@@ -835,6 +835,28 @@ static int child_running(const struct child *c)
     return waitpid(c->pid, &st, WNOHANG) == 0;
 }
 
+/* A progress bar redrawn with \r and no newline (what tqdm draws) shows as it is drawn: `run`
+ * printed a line only once its newline came, so the whole bar arrived at the end of an epoch. */
+static void test_run__a_progress_bar_without_newlines_shows_as_drawn(void **state)
+{
+    (void)state;
+    struct child c;
+    child_start(&c, project,
+                ARGS("run", "--cpu", "1", "--", "sh", "-c",
+                     "printf 'epoch 1\\n\\r10%%|#'; sleep 30; printf '\\r100%%\\n'"));
+    child_wait_in(&c, 0, "\r10%|#", 15000); /* fails the test if it does not come */
+    assert_true(child_running(&c));         /* shown while the rank still draws */
+    kill(c.pid, SIGINT);                    /* detaches; the rank is stopped below */
+    child_finish(&c);
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    struct child s;
+    child_start(&s, project, ARGS("stop", id));
+    child_finish(&s);
+    child_release(&s);
+}
+
 /* A Python rank's print() reaches the log as it prints, not when 8 KB piled up or the process
  * ended: a rank's stdout is a file, and the launcher sets PYTHONUNBUFFERED unless the user did. */
 static void test_run__a_python_ranks_prints_stream_as_they_come(void **state)
@@ -1775,6 +1797,7 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
         cmocka_unit_test_setup(test_run__a_python_ranks_prints_stream_as_they_come, use_home),
+        cmocka_unit_test_setup(test_run__a_progress_bar_without_newlines_shows_as_drawn, use_home),
         cmocka_unit_test_setup(
             test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped, use_home),
         cmocka_unit_test_setup(test_run__ranks_failing_together_are_not_reported_stopped, use_home),
