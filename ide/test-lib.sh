@@ -23,11 +23,41 @@ gs_ide_test_setup() {
     "$GPUSYNC_BIN" init "root@127.0.0.1:$GS_SANDBOX_PORT" --accept-new-host-key \
         --path "$work/remote" >/dev/null
     export GS_PROJECT=$work/project GS_REMOTE=$work/remote GS_WORK=$work GPUSYNC_BIN
+    gs_ide_slow_project
+}
+
+# A second project, $work/slow (remote $work/remote-slow), whose server is reached through the
+# build's WAN simulator (tests/tools/wansim), so a test can slow the link (`GS_WANSIM --ctl
+# GS_WANSIM_CTL rate 2`, in Mbit/s) or cut it (`cut`, then `restore`). Left out (GS_SLOW_PROJECT
+# unset) when wansim was not built.
+gs_ide_slow_project() {
+    local wansim
+    wansim=$(cd "$(dirname "$GPUSYNC_BIN")/.." && pwd)/tests/tools/wansim
+    [[ -x $wansim ]] || return 0
+    "$wansim" --listen 127.0.0.1:0 --target "127.0.0.1:$GS_SANDBOX_PORT" \
+        --control "$work/wansim.sock" >"$work/wansim.out" 2>&1 &
+    GS_WANSIM_PID=$!
+    local i port=
+    for ((i = 0; i < 100; i++)); do
+        port=$(awk 'NR == 1 { print $2 }' "$work/wansim.out" 2>/dev/null)
+        [[ -n $port ]] && break
+        sleep 0.05
+    done
+    [[ -n $port ]] || { echo "$GS_IDE_TEST_NAME test: wansim did not start" >&2; return 1; }
+    mkdir "$work/slow"
+    (cd "$work/slow" && "$GPUSYNC_BIN" init "root@127.0.0.1:$port" --accept-new-host-key \
+        --path "$work/remote-slow" >/dev/null)
+    export GS_SLOW_PROJECT=$work/slow GS_SLOW_REMOTE=$work/remote-slow GS_WANSIM=$wansim \
+        GS_WANSIM_CTL=$work/wansim.sock
 }
 
 gs_ide_test_cleanup() {
     # A daemon the test left behind (it failed before stopping it) must not outlive it.
-    (cd "$work/project" 2>/dev/null && "$GPUSYNC_BIN" watch --stop >/dev/null 2>&1) || true
+    local p
+    for p in project slow; do
+        (cd "$work/$p" 2>/dev/null && "$GPUSYNC_BIN" watch --stop >/dev/null 2>&1) || true
+    done
+    [[ -z ${GS_WANSIM_PID:-} ]] || kill "$GS_WANSIM_PID" 2>/dev/null || true
     "$repo/scripts/sandbox-server.sh" stop "$work/sandbox" || true
     if [[ ${GS_KEEP:-0} == 1 ]]; then
         echo "$GS_IDE_TEST_NAME test: kept $work"

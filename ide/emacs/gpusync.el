@@ -47,6 +47,7 @@ LEVEL is :info, :warning or :error."
   "Sync state: off, connecting, connected, syncing, up-to-date, disconnected,
 conflict or error.")
 (defvar gpusync--count 0 "Files mirrored since the last idle event.")
+(defvar gpusync--batch nil "The last progress event of the batch under way (an alist), until idle.")
 (defvar gpusync--detail nil "The path or message behind a conflict, error or disconnection.")
 (defvar gpusync--events nil "The last 200 events, newest first (alists).")
 (defvar gpusync--events-process nil "The `gpusync events --json' process.")
@@ -134,11 +135,17 @@ line as it comes.  Returns the process."
 
 ;;;; The event stream and the mode line
 
+(defun gpusync--syncing-label ()
+  "\"syncing N\": the files of the batch, those sent so far or the operations the
+daemon planned for it (progress), so one large file on its way reads \"syncing 1\"."
+  (let ((total (alist-get 'ops_total gpusync--batch)))
+    (format "syncing %d" (max gpusync--count (if (numberp total) total 0)))))
+
 (defun gpusync-mode-line ()
   "The lighter text, such as \" gpusync:syncing 3\"."
   (concat " gpusync:"
           (pcase gpusync--state
-            ('syncing (format "syncing %d" gpusync--count))
+            ('syncing (gpusync--syncing-label))
             ('up-to-date "up to date")
             ((or 'conflict 'error)
              (format "%s %s" gpusync--state (file-name-nondirectory (format "%s" gpusync--detail))))
@@ -161,7 +168,10 @@ line as it comes.  Returns the process."
     (pcase kind
       ((or "synced" "deleted" "renamed")
        (setq gpusync--state 'syncing gpusync--count (1+ gpusync--count)))
+      ;; A batch longer than 250 ms says so every 250 ms: a large file on its way is syncing.
+      ("progress" (setq gpusync--state 'syncing gpusync--batch ev))
       ("idle"
+       (setq gpusync--batch nil)
        (unless (and (memq gpusync--state '(conflict error)) (= gpusync--count 0))
          (setq gpusync--state 'up-to-date gpusync--detail nil))
        (setq gpusync--count 0))
@@ -205,7 +215,7 @@ line as it comes.  Returns the process."
                       (lambda (line) (when-let ((ev (gpusync--json line))) (gpusync--on-event ev))))
              :sentinel (lambda (proc _event)
                          (unless (or (process-live-p proc) (not (eq proc gpusync--events-process)))
-                           (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
+                           (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0 gpusync--batch nil)
                            (force-mode-line-update t)))))
       (gpusync-mode 1)
       (gpusync--seed-state))))
@@ -251,7 +261,7 @@ when the daemon was stopped in the middle of an upload."
                          (gpusync--notify :error "stop failed: %s" (gpusync--failure reply err))
                        (when (process-live-p gpusync--events-process)
                          (delete-process gpusync--events-process))
-                       (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0)
+                       (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0 gpusync--batch nil)
                        (force-mode-line-update t)
                        (gpusync--notify (if (> (or (alist-get 'unsent reply) 0) 0) :warning :info)
                                         "%s" (gpusync--stopped-message reply)))))))

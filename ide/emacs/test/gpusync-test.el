@@ -217,4 +217,43 @@
       (should (gpusync-test--wait 10 (lambda () (gpusync-test--noted "was stopped" :warning))))
       (should-not (gpusync-test--noted "ended with exit code" :error)))))
 
+;;;; The second project, reached through the WAN simulator (../test-lib.sh)
+
+(defvar gpusync-test--slow (and (getenv "GS_SLOW_PROJECT") (file-name-as-directory (getenv "GS_SLOW_PROJECT"))))
+(defvar gpusync-test--slow-remote (and (getenv "GS_SLOW_REMOTE") (file-name-as-directory (getenv "GS_SLOW_REMOTE"))))
+
+(defun gpusync-test--wansim (&rest args)
+  "Tell the WAN simulator ARGS (rate 2, rate 0, cut, restore)."
+  (apply #'call-process (getenv "GS_WANSIM") nil nil nil "--ctl" (getenv "GS_WANSIM_CTL") args))
+
+(ert-deftest gpusync-test/a-large-save-reads-as-syncing-until-it-is-on-the-server ()
+  (skip-unless gpusync-test--slow)
+  (let ((default-directory gpusync-test--slow)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil)
+        (file (expand-file-name "data.csv" gpusync-test--slow)))
+    (gpusync-watch)
+    (unwind-protect
+        (progn
+          (should (gpusync-test--wait 60 (lambda () (eq gpusync--state 'up-to-date))))
+          (gpusync-test--wansim "rate" "2")
+          ;; About 4 MB of hex (some 2 MB compressed) at 2 Mbit/s: several seconds on the link.
+          (with-current-buffer (find-file-noselect file)
+            (erase-buffer)
+            (random "1")
+            (dotimes (_ 40000)
+              (dotimes (_ 12) (insert (format "%08x," (random 2147483647))))
+              (insert "\n"))
+            (save-buffer)
+            (kill-buffer))
+          (should (gpusync-test--wait 5 (lambda () (and (equal (gpusync-mode-line) " gpusync:syncing 1")
+                                                         (not (file-exists-p (expand-file-name "data.csv" gpusync-test--slow-remote)))))))
+          (gpusync-test--wansim "rate" "0")
+          (should (gpusync-test--wait 60 (lambda () (and (file-exists-p (expand-file-name "data.csv" gpusync-test--slow-remote))
+                                                          (equal (gpusync-mode-line) " gpusync:up to date"))))))
+      (gpusync-test--wansim "rate" "0")
+      (gpusync-stop-watching)
+      (gpusync-test--wait 10 (lambda () (eq gpusync--state 'off)))
+      (delete-file file))))
+
 ;;; gpusync-test.el ends here

@@ -2,10 +2,10 @@
 -- (started by ../test.sh, which sets GS_PROJECT, GS_REMOTE and GPUSYNC_BIN). Each step waits for
 -- an observable result (a file on the server, a buffer line, a notification) with vim.wait, which
 -- runs the event loop, so job callbacks arrive while it waits. GS_NVIM_STEPS limits the steps
--- ("sync" or "run"; default both).
+-- ("slow", "sync" or "run"; default all).
 local gs = require('gpusync')
 local project, remote = vim.env.GS_PROJECT, vim.env.GS_REMOTE
-local only = vim.env.GS_NVIM_STEPS or 'sync,run'
+local only = vim.env.GS_NVIM_STEPS or 'slow,sync,run'
 local failures, notes = 0, {}
 
 -- Every notification, kept for assertions and echoed for the test log.
@@ -201,6 +201,51 @@ local function step_run()
     'gpusync ps no longer shows it running (' .. tostring(state_of[gs.state.last_run]) .. ')')
 end
 
+-- The second project, reached through the WAN simulator (../test-lib.sh): a large save over a slow
+-- link, and a run's logs when the link is cut.
+local function wansim(...)
+  return vim.fn.system(vim.list_extend({ vim.env.GS_WANSIM, '--ctl', vim.env.GS_WANSIM_CTL }, { ... }))
+end
+
+local function step_slow()
+  local slow, sremote = vim.env.GS_SLOW_PROJECT, vim.env.GS_SLOW_REMOTE
+  if not slow then
+    io.stdout:write('skip   the slow-link steps: no wansim in this build\n')
+    return
+  end
+  vim.cmd('edit ' .. slow .. '/first.txt')
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'first' })
+  vim.cmd('silent write')
+  vim.cmd('Gpusync watch')
+  ok(wait(60000, function() return gs.state.sync == 'up_to_date' end), 'the slow project is up to date')
+  wansim('rate', '2')
+  -- About 4 MB of hex (some 2 MB compressed) at 2 Mbit/s: several seconds on the link.
+  vim.cmd('edit ' .. slow .. '/data.csv')
+  math.randomseed(1)
+  local lines = {}
+  for i = 1, 40000 do
+    local t = {}
+    for j = 1, 12 do
+      t[j] = string.format('%08x', math.random(0, 2 ^ 31))
+    end
+    lines[i] = table.concat(t, ',')
+  end
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, lines)
+  vim.cmd('silent write')
+  local seen
+  ok(wait(5000, function()
+    seen = gs.statusline()
+    return seen:find('syncing 1', 1, true) ~= nil and not vim.loop.fs_stat(sremote .. '/data.csv')
+  end), 'while a large save is on its way the statusline reads "syncing 1" (' .. tostring(seen) .. ')')
+  wansim('rate', '0')
+  ok(wait(60000, function() return vim.loop.fs_stat(sremote .. '/data.csv') ~= nil and gs.state.sync == 'up_to_date' end),
+    'once it is on the server the statusline reads "up to date" (' .. gs.statusline() .. ')')
+  vim.cmd('bwipeout!')
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.events_job == nil end), 'the slow project\'s daemon stops')
+  vim.cmd('edit ' .. project .. '/hello.py')
+end
+
 -- The parts that need no server: argument parsing, completion, and the refusal outside a project.
 local function step_offline()
   ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
@@ -235,6 +280,9 @@ end
 local function main()
   step_offline()
   step_gpu()
+  if only:find('slow') then
+    step_slow()
+  end
   if only:find('sync') then
     step_sync()
   end

@@ -13,6 +13,7 @@ M.config = { bin = nil, watch_on_open = false, log_split = 'botright 12split' }
 local state = {
   sync = 'off',
   count = 0,          -- files mirrored since the last "idle"
+  batch = nil,        -- the last "progress" event of the batch under way, until "idle"
   detail = nil,       -- the path or message behind conflict / error / disconnected
   events = {},        -- the last 200 events, oldest first
   events_job = nil,
@@ -179,7 +180,13 @@ local handlers = {
   renamed = function()
     state.sync, state.count = 'syncing', state.count + 1
   end,
+  -- A batch that runs longer than 250 ms says so every 250 ms: a large file still on its way
+  -- reads as syncing, not as the "up to date" of the batch before.
+  progress = function(ev)
+    state.sync, state.batch = 'syncing', ev
+  end,
   idle = function()
+    state.batch = nil
     if state.sync ~= 'conflict' and state.sync ~= 'error' or state.count > 0 then
       state.sync, state.detail = 'up_to_date', nil
     end
@@ -254,7 +261,7 @@ function M.follow_events()
     on_exit = function(id)
       flush()
       if state.events_job == id then
-        state.events_job, state.sync, state.count = nil, 'off', 0
+        state.events_job, state.sync, state.count, state.batch = nil, 'off', 0, nil
         redraw()
       end
     end,
@@ -277,8 +284,15 @@ local labels = {
 
 -- The statusline text, e.g. "gpusync: syncing 3" or "gpusync: up to date | run 2026…: running".
 -- Use it as `set statusline+=%{v:lua.require'gpusync'.statusline()}`.
+-- While syncing, N counts the files of the batch: those sent so far, or the operations the
+-- daemon planned for it ("progress"), so that one large file still on its way reads "syncing 1".
+local function syncing_label()
+  local total = state.batch and tonumber(state.batch.ops_total) or 0
+  return 'syncing ' .. math.max(state.count, total)
+end
+
 function M.statusline()
-  local s = state.sync == 'syncing' and ('syncing ' .. state.count) or labels[state.sync] or state.sync
+  local s = state.sync == 'syncing' and syncing_label() or labels[state.sync] or state.sync
   if (state.sync == 'conflict' or state.sync == 'error') and state.detail then
     s = s .. ' ' .. vim.fn.fnamemodify(tostring(state.detail), ':t')
   end
@@ -336,7 +350,7 @@ function M.stop_watching()
     if state.events_job then
       vim.fn.jobstop(state.events_job)
     end
-    state.events_job, state.sync, state.count = nil, 'off', 0
+    state.events_job, state.sync, state.count, state.batch = nil, 'off', 0, nil
     redraw()
     notify(M.stopped_message(r), (r and tonumber(r.unsent) or 0) > 0 and WARN or INFO)
   end)
