@@ -328,21 +328,62 @@ when the daemon was stopped in the middle of an upload."
       (unless (derived-mode-p 'gpusync-log-mode) (gpusync-log-mode)))
     buf))
 
-;; A follower process carries `gpusync-run' (its run id, or nil for the newest).
+;; A follower process carries `gpusync-run' (its run id, or nil for the newest) and
+;; `gpusync-stderr' (the buffer of its stderr).
+(defun gpusync--logs-say-ended (proc code)
+  "Note in PROC's buffer that its run ended with CODE, and tell the user."
+  (let ((run (process-get proc 'gpusync-run)))
+    (gpusync--append (process-buffer proc)
+                     (format "[gpusync: run %s ended: exit %d]\n" (or run "latest") code))
+    (when (equal run gpusync--last-run)
+      (setq gpusync--run-active nil)
+      (force-mode-line-update t))
+    (cond ((= code 0))
+          ((member run gpusync--stopping)
+           (gpusync--notify :warning "run %s was stopped (exit code %d)" run code))
+          (t (gpusync--notify (if (= code 130) :warning :error) "run %s ended with exit code %d"
+                              (or run "(latest)") code)))))
+
 (defun gpusync--logs-ended (proc _event)
-  "Sentinel of a `gpusync logs -f' process PROC: note the end in its buffer."
+  "Sentinel of a `gpusync logs -f' process PROC: note how it ended in its buffer.
+The run's status when the run ended; 255 when the connection failed (the run
+may go on); anything else is the CLI's own failure (no such run, no runs
+yet), told apart from a failed run by asking `ps --json' whether it ended."
   (unless (process-live-p proc)
-    (let ((code (process-exit-status proc)) (run (process-get proc 'gpusync-run)))
-      (gpusync--append (process-buffer proc)
-                       (format "[gpusync: run %s ended: exit %d]\n" (or run "latest") code))
-      (when (equal run gpusync--last-run)
-        (setq gpusync--run-active nil)
-        (force-mode-line-update t))
-      (cond ((= code 0))
-            ((member run gpusync--stopping)
-             (gpusync--notify :warning "run %s was stopped (exit code %d)" run code))
-            (t (gpusync--notify (if (= code 130) :warning :error) "run %s ended with exit code %d"
-                                (or run "(latest)") code))))))
+    ;; The exit can be seen before the last of stderr: drain it (bounded), as `gpusync--call' does.
+    (when-let ((errp (process-get proc 'gpusync-stderr-proc)))
+      (let ((n 0))
+        (while (and (< n 20) (accept-process-output errp 0.01))
+          (setq n (1+ n))))
+      (delete-process errp))
+    (let* ((code (process-exit-status proc)) (run (process-get proc 'gpusync-run))
+           (label (or run "latest")) (errbuf (process-get proc 'gpusync-stderr))
+           (why (and (buffer-live-p errbuf)
+                     (string-trim (replace-regexp-in-string
+                                   "^gpusync: " "" (with-current-buffer errbuf (buffer-string)))))))
+      (when (buffer-live-p errbuf) (kill-buffer errbuf))
+      (when (or (null why) (string-empty-p why)) (setq why (format "exit %d" code)))
+      (cond
+       ((= code 0) (gpusync--logs-say-ended proc code))
+       ((= code 255)
+        (let ((msg (format "lost the connection to the run's logs (it may still be running; M-x gpusync-logs %sreattaches)"
+                           (if run (concat run " ") ""))))
+          (gpusync--append (process-buffer proc) (format "[gpusync: %s]\n" msg))
+          (gpusync--notify :warning "run %s: %s" label msg)))
+       (t
+        (let ((default-directory (or (with-current-buffer (process-buffer proc) default-directory)
+                                     default-directory)))
+          (gpusync--call
+           '("ps" "--json")
+           (lambda (pcode out _err)
+             (let* ((r (and (= pcode 0) (gpusync--last-json out)))
+                    (runs (alist-get 'runs r))
+                    (it (if run (seq-find (lambda (x) (equal (alist-get 'id x) run)) runs) (car runs))))
+               (if (and it (not (equal (alist-get 'state it) "running")))
+                   (gpusync--logs-say-ended proc code)
+                 (gpusync--append (process-buffer proc)
+                                  (format "[gpusync: logs of run %s failed: %s]\n" label why))
+                 (gpusync--notify :error "logs of run %s failed: %s" label why)))))))))))
 
 ;;;###autoload
 (defun gpusync-logs (&optional run)
@@ -357,15 +398,29 @@ Returns the buffer."
     (when old
       (set-process-sentinel old #'ignore)
       (set-process-filter old #'ignore)
+      (when-let ((errp (process-get old 'gpusync-stderr-proc))) (delete-process errp))
+      (when-let ((errbuf (process-get old 'gpusync-stderr))) (kill-buffer errbuf))
       (delete-process old))
-    (let ((buf (gpusync--special-buffer name)))
-      (with-current-buffer buf (setq default-directory root))
-      (process-put (make-process
+    (let* ((buf (gpusync--special-buffer name))
+           (errbuf (generate-new-buffer " *gpusync-logs-err*"))
+           (proc (progn
+                   (with-current-buffer buf (setq default-directory root))
+                   (make-process
                     :name "gpusync-logs" :buffer buf :noquery t :connection-type 'pipe
                     :command (append (list gpusync-executable "logs" "-f") (and run (list run)))
+                    :stderr (make-pipe-process
+                             :name "gpusync-logs-stderr" :buffer errbuf :noquery t
+                             :sentinel #'ignore
+                             :filter (lambda (p text)
+                                       (when (buffer-live-p (process-buffer p))
+                                         (with-current-buffer (process-buffer p)
+                                           (goto-char (point-max)) (insert text)))
+                                       (gpusync--append buf text)))
                     :filter (lambda (proc text) (gpusync--append (process-buffer proc) text))
-                    :sentinel #'gpusync--logs-ended)
-                   'gpusync-run run)
+                    :sentinel #'gpusync--logs-ended))))
+      (process-put proc 'gpusync-run run)
+      (process-put proc 'gpusync-stderr errbuf)
+      (process-put proc 'gpusync-stderr-proc (get-buffer-process errbuf))
       (display-buffer buf)
       buf)))
 

@@ -256,4 +256,35 @@
       (gpusync-test--wait 10 (lambda () (eq gpusync--state 'off)))
       (delete-file file))))
 
+(ert-deftest gpusync-test/logs-tell-a-lost-connection-and-a-cli-error-from-a-run-that-ended ()
+  (skip-unless (and gpusync-test--slow (not (equal (getenv "GS_EMACS_SKIP_RUN") "1"))))
+  (let ((default-directory gpusync-test--slow)
+        (gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil))
+    ;; Before any run here, `logs -f' fails (exit 1): the CLI's error, not a run that ended.
+    (unless (string-match-p "\"id\"" (shell-command-to-string (concat gpusync-executable " ps --json")))
+      (gpusync-logs)
+      (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted "logs of run latest failed: no runs on the server yet\\'" :error))))
+      (should-not (string-match-p "ended" (gpusync-test--buffer-text "*gpusync-logs latest*"))))
+    (setq gpusync--last-run nil)
+    (gpusync-run nil "cpu=1" '("sh" "-c" "echo tick; exec sleep 600"))
+    (should (gpusync-test--wait 60 (lambda () gpusync--run-active)))
+    (let* ((id gpusync--last-run) (name (format "*gpusync-logs %s*" id)))
+      (unwind-protect
+          (progn
+            (should (gpusync-test--wait 30 (lambda () (string-match-p "tick" (gpusync-test--buffer-text name)))))
+            (gpusync-test--wansim "cut")
+            (gpusync-logs id)
+            (should (gpusync-test--wait 30 (lambda () (string-match-p "lost the connection" (gpusync-test--buffer-text name)))))
+            (should (gpusync-test--noted (regexp-quote (format "lost the connection to the run's logs (it may still be running; M-x gpusync-logs %s reattaches)" id))
+                                         :warning))
+            (should-not (string-match-p "ended" (gpusync-test--buffer-text name)))
+            (should-not (gpusync-test--noted "ended with exit code"))
+            (should gpusync--run-active)
+            (should (string-match-p (regexp-quote (format "[run %s running]" id)) (gpusync-mode-line))))
+        (gpusync-test--wansim "restore")
+        (gpusync-stop-run id)
+        (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted (concat "stopped run " id) :info))))
+        (setq gpusync--last-run nil gpusync--run-active nil)))))
+
 ;;; gpusync-test.el ends here

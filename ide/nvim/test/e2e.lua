@@ -246,6 +246,45 @@ local function step_slow()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
+-- `logs -f` exits 1 when the server has no run yet and 255 when the connection fails: neither is
+-- the end of a run.
+local function step_lost()
+  local slow = vim.env.GS_SLOW_PROJECT
+  if not slow then
+    io.stdout:write('skip   the cut-link steps: no wansim in this build\n')
+    return
+  end
+  vim.cmd('edit ' .. slow .. '/first.txt')
+  -- Before any run here: `logs -f` fails (exit 1), the CLI's error, not a run that ended.
+  local buf = gs.logs()
+  ok(wait(30000, function() return noted('logs of run latest failed', vim.log.levels.ERROR) ~= nil end),
+    'logs with no run on the server says the CLI\'s error')
+  ok(buffer_text('gpusync://logs/latest'):find('ended') == nil and noted('ended with exit code') == nil,
+    'and does not say a run ended (' .. buffer_text('gpusync://logs/latest') .. ')')
+  vim.api.nvim_buf_delete(buf, { force = true })
+
+  -- A run goes on while its logs' connection fails: the log buffer must not call it ended.
+  vim.cmd([[Gpusync run cpu=1 -- sh -c 'echo tick; exec sleep 600']])
+  ok(wait(60000, function() return gs.state.last_run ~= nil and gs.state.run_active end), 'a long run starts')
+  local id = gs.state.last_run
+  local name = 'gpusync://logs/' .. tostring(id)
+  ok(wait(30000, function() return buffer_text(name):find('tick') ~= nil end), 'its logs show it started')
+  wansim('cut')
+  gs.logs(id)
+  ok(wait(30000, function() return buffer_text(name):find('lost the connection', 1, true) ~= nil end),
+    'a follower whose connection fails says it lost the connection (' .. buffer_text(name) .. ')')
+  ok(noted('lost the connection to the run\'s logs (it may still be running; :Gpusync logs ' .. id .. ' reattaches)',
+    vim.log.levels.WARN) ~= nil, 'and warns that the run may still be running')
+  ok(buffer_text(name):find('ended') == nil and noted('ended with exit code') == nil and
+    gs.statusline():find(id .. ': running', 1, true) ~= nil,
+    'nothing says the run ended (' .. gs.statusline() .. ')')
+  wansim('restore')
+  vim.cmd('Gpusync stoprun ' .. id)
+  ok(wait(30000, function() return noted('stopped run ' .. id) ~= nil end), 'the run is stopped once the link is back')
+  gs.state.last_run, gs.state.run_active = nil, false
+  vim.cmd('edit ' .. project .. '/hello.py')
+end
+
 -- The parts that need no server: argument parsing, completion, and the refusal outside a project.
 local function step_offline()
   ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
@@ -281,6 +320,7 @@ local function main()
   step_offline()
   step_gpu()
   if only:find('slow') then
+    step_lost()
     step_slow()
   end
   if only:find('sync') then

@@ -439,6 +439,7 @@ function M.logs(id)
     state.log_jobs[buf] = nil
     pcall(vim.fn.jobstop, old)
   end
+  local root = M.root()
   buf = log_buffer(name)
   show_buffer(buf)
   local args = { 'logs', '-f' }
@@ -458,14 +459,25 @@ function M.logs(id)
       append(buf, lines)
     end
   end
-  job = cli(args, function(code)
-    vim.schedule(function()
-      if not current() then
-        return
-      end
-      flush()
-      state.log_jobs[buf] = nil
-      append(buf, { string.format('[gpusync: run %s ended: exit %d]', id or 'latest', code) })
+  -- How the follower ended: the run's status when the run ended; 255 when the connection failed
+  -- (the run may well go on); anything else is the CLI's own failure (no such run, no runs yet),
+  -- told apart from a run that failed by asking `ps --json` whether the run has ended.
+  local function say_end(code, err)
+    if not current() then
+      return
+    end
+    flush()
+    state.log_jobs[buf] = nil
+    local label = id or 'latest'
+    if code == 255 then
+      local msg = "lost the connection to the run's logs (it may still be running; :Gpusync logs "
+        .. (id and (id .. ' ') or '') .. 'reattaches)'
+      append(buf, { '[gpusync: ' .. msg .. ']' })
+      notify('run ' .. label .. ': ' .. msg, WARN)
+      return
+    end
+    local function ended()
+      append(buf, { string.format('[gpusync: run %s ended: exit %d]', label, code) })
       if id == state.last_run then
         state.run_active = false
         redraw()
@@ -475,6 +487,34 @@ function M.logs(id)
       elseif code ~= 0 then
         notify(string.format('run %s ended with exit code %d', id or '(latest)', code), code == 130 and WARN or ERROR)
       end
+    end
+    if code == 0 then
+      return ended()
+    end
+    local why = vim.trim(table.concat(err or {}, '\n')):gsub('^gpusync: ', '')
+    if why == '' then
+      why = 'exit ' .. code
+    end
+    cli({ 'ps', '--json' }, function(pcode, out)
+      vim.schedule(function()
+        local r = pcode == 0 and last_json(out) or nil
+        local run
+        for _, x in ipairs(r and r.runs or {}) do
+          if (id and x.id == id) or (not id and not run) then
+            run = x
+          end
+        end
+        if run and run.state ~= 'running' then
+          return ended()
+        end
+        append(buf, { string.format('[gpusync: logs of run %s failed: %s]', label, why) })
+        notify(string.format('logs of run %s failed: %s', label, why), ERROR)
+      end)
+    end, { cwd = root })
+  end
+  job = cli(args, function(code, _, err)
+    vim.schedule(function()
+      say_end(code, err)
     end)
   end, {
     on_line = function(l)
