@@ -24,6 +24,7 @@
 
 ;;; Code:
 
+(require 'cl-lib)
 (require 'seq)
 (require 'subr-x)
 
@@ -43,14 +44,28 @@ LEVEL is :info, :warning or :error."
 
 ;;;; State
 
-(defvar gpusync--state 'off
-  "Sync state: off, connecting, connected, syncing, up-to-date, disconnected,
-conflict or error.")
-(defvar gpusync--count 0 "Files mirrored since the last idle event.")
-(defvar gpusync--batch nil "The last progress event of the batch under way (an alist), until idle.")
-(defvar gpusync--detail nil "The path or message behind a conflict, error or disconnection.")
-(defvar gpusync--events nil "The last 200 events, newest first (alists).")
-(defvar gpusync--events-process nil "The `gpusync events --json' process.")
+(cl-defstruct (gpusync--project (:constructor gpusync--project-create (root)))
+  "The sync state of one project: each project watched from this Emacs has its own
+event stream, and the lighter shows the current buffer's project."
+  root
+  (state 'off :documentation "off, connecting, connected, syncing, up-to-date,
+disconnected, conflict or error.")
+  (count 0 :documentation "Files mirrored since the last idle event.")
+  (batch nil :documentation "The last progress event of the batch under way, until idle.")
+  (detail nil :documentation "The path or message behind a conflict, error or disconnection.")
+  (events nil :documentation "The last 200 events, newest first (alists).")
+  (process nil :documentation "The `gpusync events --json' process."))
+
+(defvar gpusync--projects (make-hash-table :test #'equal)
+  "Project root -> its `gpusync--project'.")
+
+(defun gpusync--project (&optional root)
+  "The state of the project at ROOT (default: the current buffer's project)."
+  (let ((root (or root (gpusync-root) "")))
+    (or (gethash root gpusync--projects)
+        (puthash root (gpusync--project-create root) gpusync--projects))))
+
+(defun gpusync--state () "The current buffer's project's sync state." (gpusync--project-state (gpusync--project)))
 (defvar gpusync--last-run nil "Id of the newest run started from this Emacs.")
 (defvar gpusync--run-active nil "Whether `gpusync--last-run' is still followed.")
 (defvar gpusync--stopping nil "Ids of the runs `gpusync-stop-run' asked to stop.")
@@ -138,17 +153,18 @@ line as it comes.  Returns the process."
 (defun gpusync--syncing-label ()
   "\"syncing N\": the files of the batch, those sent so far or the operations the
 daemon planned for it (progress), so one large file on its way reads \"syncing 1\"."
-  (let ((total (alist-get 'ops_total gpusync--batch)))
-    (format "syncing %d" (max gpusync--count (if (numberp total) total 0)))))
+  (let* ((p (gpusync--project)) (total (alist-get 'ops_total (gpusync--project-batch p))))
+    (format "syncing %d" (max (gpusync--project-count p) (if (numberp total) total 0)))))
 
 (defun gpusync-mode-line ()
   "The lighter text, such as \" gpusync:syncing 3\"."
   (concat " gpusync:"
-          (pcase gpusync--state
+          (pcase (gpusync--state)
             ('syncing (gpusync--syncing-label))
             ('up-to-date "up to date")
             ((or 'conflict 'error)
-             (format "%s %s" gpusync--state (file-name-nondirectory (format "%s" gpusync--detail))))
+             (format "%s %s" (gpusync--state)
+                     (file-name-nondirectory (format "%s" (gpusync--project-detail (gpusync--project))))))
             (s (symbol-name s)))
           (if gpusync--last-run
               (format " [run %s %s]" gpusync--last-run (if gpusync--run-active "running" "ended"))
@@ -160,65 +176,77 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
   :global t
   :lighter (:eval (gpusync-mode-line)))
 
-(defun gpusync--on-event (ev)
-  "Update the state from the event EV (an alist)."
-  (push ev gpusync--events)
-  (when (> (length gpusync--events) 200) (setcdr (nthcdr 199 gpusync--events) nil))
+(defun gpusync--on-event (p ev)
+  "Update the project P's state from the event EV (an alist)."
+  (push ev (gpusync--project-events p))
+  (when (> (length (gpusync--project-events p)) 200)
+    (setcdr (nthcdr 199 (gpusync--project-events p)) nil))
   (let ((kind (alist-get 'event ev)) (path (alist-get 'path ev)))
     (pcase kind
       ((or "synced" "deleted" "renamed")
-       (setq gpusync--state 'syncing gpusync--count (1+ gpusync--count)))
+       (setf (gpusync--project-state p) 'syncing)
+       (cl-incf (gpusync--project-count p)))
       ;; A batch longer than 250 ms says so every 250 ms: a large file on its way is syncing.
-      ("progress" (setq gpusync--state 'syncing gpusync--batch ev))
+      ("progress" (setf (gpusync--project-state p) 'syncing (gpusync--project-batch p) ev))
       ("idle"
-       (setq gpusync--batch nil)
-       (unless (and (memq gpusync--state '(conflict error)) (= gpusync--count 0))
-         (setq gpusync--state 'up-to-date gpusync--detail nil))
-       (setq gpusync--count 0))
-      ("connected" (setq gpusync--state 'connected gpusync--detail (alist-get 'target ev)))
+       (setf (gpusync--project-batch p) nil)
+       (unless (and (memq (gpusync--project-state p) '(conflict error)) (= (gpusync--project-count p) 0))
+         (setf (gpusync--project-state p) 'up-to-date (gpusync--project-detail p) nil))
+       (setf (gpusync--project-count p) 0))
+      ("connected" (setf (gpusync--project-state p) 'connected
+                         (gpusync--project-detail p) (alist-get 'target ev)))
       ("disconnected"
-       (setq gpusync--state 'disconnected gpusync--detail (alist-get 'message ev))
+       (setf (gpusync--project-state p) 'disconnected (gpusync--project-detail p) (alist-get 'message ev))
        (gpusync--notify :warning "disconnected: %s" (alist-get 'message ev)))
       ("conflict"
-       (setq gpusync--state 'conflict gpusync--detail path gpusync--count 0)
+       (setf (gpusync--project-state p) 'conflict (gpusync--project-detail p) path
+             (gpusync--project-count p) 0)
        (gpusync--notify :warning "conflict on %s: the server had changed it; its copy is kept as %s"
                         path (alist-get 'kept ev)))
       ("error"
-       (setq gpusync--state 'error gpusync--detail (or path (alist-get 'message ev)) gpusync--count 0)
+       (setf (gpusync--project-state p) 'error (gpusync--project-detail p) (or path (alist-get 'message ev))
+             (gpusync--project-count p) 0)
        (gpusync--notify :error "error%s: %s" (if path (concat " on " path) "")
                         (alist-get 'message ev)))))
   (force-mode-line-update t))
 
-(defun gpusync--seed-state ()
-  "Set the state from `gpusync status --json' (events only report changes)."
-  (gpusync--call '("status" "--json")
-                 (lambda (_code out _err)
-                   (let ((st (gpusync--last-json out)))
-                     (when (and st (eq (alist-get 'daemon st) t)
-                                (memq gpusync--state '(off connecting)))
-                       (setq gpusync--state (intern (replace-regexp-in-string
-                                                     "_" "-" (alist-get 'state st)))
-                             gpusync--count (or (alist-get 'pending st) 0))
-                       (force-mode-line-update t))))))
+(defun gpusync--reset (p)
+  "Forget the project P's stream: its state reads off."
+  (setf (gpusync--project-process p) nil (gpusync--project-state p) 'off
+        (gpusync--project-count p) 0 (gpusync--project-batch p) nil)
+  (force-mode-line-update t))
 
-(defun gpusync-follow-events ()
-  "Follow the daemon's event stream (once)."
-  (unless (process-live-p gpusync--events-process)
-    (let ((default-directory (gpusync--require-root)))
-      (setq gpusync--state 'connecting
-            gpusync--events-process
-            (make-process
-             :name "gpusync-events" :command (list gpusync-executable "events" "--json")
-             :connection-type 'pipe :noquery t
-             :stderr (get-buffer-create " *gpusync-events-stderr*")
-             :filter (gpusync--line-filter
-                      (lambda (line) (when-let ((ev (gpusync--json line))) (gpusync--on-event ev))))
-             :sentinel (lambda (proc _event)
-                         (unless (or (process-live-p proc) (not (eq proc gpusync--events-process)))
-                           (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0 gpusync--batch nil)
-                           (force-mode-line-update t)))))
-      (gpusync-mode 1)
-      (gpusync--seed-state))))
+(defun gpusync--seed-state (p)
+  "Set the project P's state from `gpusync status --json' (events only report changes)."
+  (let ((default-directory (gpusync--project-root p)))
+    (gpusync--call '("status" "--json")
+                   (lambda (_code out _err)
+                     (let ((st (gpusync--last-json out)))
+                       (when (and st (eq (alist-get 'daemon st) t)
+                                  (memq (gpusync--project-state p) '(off connecting)))
+                         (setf (gpusync--project-state p)
+                               (intern (replace-regexp-in-string "_" "-" (alist-get 'state st)))
+                               (gpusync--project-count p) (or (alist-get 'pending st) 0))
+                         (force-mode-line-update t)))))))
+
+(defun gpusync-follow-events (&optional root)
+  "Follow the event stream of the daemon of the project at ROOT (default: this one), once."
+  (let* ((root (or root (gpusync--require-root))) (p (gpusync--project root)))
+    (unless (process-live-p (gpusync--project-process p))
+      (let ((default-directory root))
+        (setf (gpusync--project-state p) 'connecting
+              (gpusync--project-process p)
+              (make-process
+               :name "gpusync-events" :command (list gpusync-executable "events" "--json")
+               :connection-type 'pipe :noquery t
+               :stderr (get-buffer-create " *gpusync-events-stderr*")
+               :filter (gpusync--line-filter
+                        (lambda (line) (when-let ((ev (gpusync--json line))) (gpusync--on-event p ev))))
+               :sentinel (lambda (proc _event)
+                           (unless (or (process-live-p proc) (not (eq proc (gpusync--project-process p))))
+                             (gpusync--reset p)))))
+        (gpusync-mode 1)
+        (gpusync--seed-state p)))))
 
 ;;;; Commands
 
@@ -226,16 +254,17 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
 (defun gpusync-watch ()
   "Start `gpusync watch -d' for this project and show its state in the mode line."
   (interactive)
-  (gpusync--call '("watch" "-d" "--json")
-                 (lambda (code out err)
-                   (let ((r (gpusync--last-json out)))
-                     (cond ((= code 0)
-                            (gpusync--notify :info "watching (daemon pid %s)" (alist-get 'pid r))
-                            (gpusync-follow-events))
-                           ((string-match-p "already running" (gpusync--failure r err))
-                            (gpusync--notify :info "already watching this project")
-                            (gpusync-follow-events))
-                           (t (gpusync--notify :error "watch failed: %s" (gpusync--failure r err))))))))
+  (let ((root (gpusync--require-root)))
+    (gpusync--call '("watch" "-d" "--json")
+                   (lambda (code out err)
+                     (let ((r (gpusync--last-json out)))
+                       (cond ((= code 0)
+                              (gpusync--notify :info "watching (daemon pid %s)" (alist-get 'pid r))
+                              (gpusync-follow-events root))
+                             ((string-match-p "already running" (gpusync--failure r err))
+                              (gpusync--notify :info "already watching this project")
+                              (gpusync-follow-events root))
+                             (t (gpusync--notify :error "watch failed: %s" (gpusync--failure r err)))))))))
 
 (defun gpusync--stopped-message (reply)
   "What `watch --stop --json' answered (REPLY), for the user.
@@ -254,17 +283,17 @@ when the daemon was stopped in the middle of an upload."
 (defun gpusync-stop-watching ()
   "Stop this project's gpusync daemon."
   (interactive)
-  (gpusync--call '("watch" "--stop" "--json")
-                 (lambda (code out err)
-                   (let ((reply (gpusync--last-json out)))
-                     (if (/= code 0)
-                         (gpusync--notify :error "stop failed: %s" (gpusync--failure reply err))
-                       (when (process-live-p gpusync--events-process)
-                         (delete-process gpusync--events-process))
-                       (setq gpusync--events-process nil gpusync--state 'off gpusync--count 0 gpusync--batch nil)
-                       (force-mode-line-update t)
-                       (gpusync--notify (if (> (or (alist-get 'unsent reply) 0) 0) :warning :info)
-                                        "%s" (gpusync--stopped-message reply)))))))
+  (let ((p (gpusync--project (gpusync--require-root))))
+    (gpusync--call '("watch" "--stop" "--json")
+                   (lambda (code out err)
+                     (let ((reply (gpusync--last-json out)))
+                       (if (/= code 0)
+                           (gpusync--notify :error "stop failed: %s" (gpusync--failure reply err))
+                         (when (process-live-p (gpusync--project-process p))
+                           (delete-process (gpusync--project-process p)))
+                         (gpusync--reset p)
+                         (gpusync--notify (if (> (or (alist-get 'unsent reply) 0) 0) :warning :info)
+                                          "%s" (gpusync--stopped-message reply))))))))
 
 ;;;###autoload
 (defun gpusync-push ()

@@ -62,15 +62,16 @@
   `(let ((default-directory gpusync-test--project)
          (gpusync-notify-function #'gpusync-test--capture)
          (gpusync-test--notes nil))
-     (setq gpusync--events nil gpusync--last-run nil gpusync--run-active nil)
+     (setf (gpusync--project-events (gpusync--project)) nil)
+     (setq gpusync--last-run nil gpusync--run-active nil)
      (gpusync-watch)
      (should (gpusync-test--wait 60 (lambda () (gpusync-test--noted "watching (daemon pid"))))
-     (should (gpusync-test--wait 10 (lambda () (and (process-live-p gpusync--events-process)
-                                                    (not (eq gpusync--state 'connecting))))))
+     (should (gpusync-test--wait 10 (lambda () (and (process-live-p (gpusync--project-process (gpusync--project)))
+                                                    (not (eq (gpusync--state) 'connecting))))))
      (unwind-protect (progn ,@body)
        (let ((pid (gpusync-test--daemon-pid)))
          (gpusync-stop-watching)
-         (gpusync-test--wait 10 (lambda () (eq gpusync--state 'off)))
+         (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off)))
          ;; `gpusync watch --stop' returns before the daemon has exited and released its lock,
          ;; so the next test's `watch -d' could find it "already running": wait for the process.
          (when pid
@@ -98,7 +99,7 @@
                                                      "print(\"hello from emacs\")\n"))))
     (should (gpusync-test--wait 10 (lambda () (seq-find (lambda (ev) (and (equal (alist-get 'event ev) "synced")
                                                                            (equal (alist-get 'path ev) "hello.py")))
-                                                         gpusync--events))))
+                                                         (gpusync--project-events (gpusync--project))))))
     (should (gpusync-test--wait 10 (lambda () (equal (gpusync-mode-line) " gpusync:up to date"))))
     (gpusync-push)
     (should (gpusync-test--wait 20 (lambda () (gpusync-test--noted "pushed: sent 0" :info))))
@@ -235,7 +236,7 @@
     (gpusync-watch)
     (unwind-protect
         (progn
-          (should (gpusync-test--wait 60 (lambda () (eq gpusync--state 'up-to-date))))
+          (should (gpusync-test--wait 60 (lambda () (eq (gpusync--state) 'up-to-date))))
           (gpusync-test--wansim "rate" "2")
           ;; About 4 MB of hex (some 2 MB compressed) at 2 Mbit/s: several seconds on the link.
           (with-current-buffer (find-file-noselect file)
@@ -253,7 +254,7 @@
                                                           (equal (gpusync-mode-line) " gpusync:up to date"))))))
       (gpusync-test--wansim "rate" "0")
       (gpusync-stop-watching)
-      (gpusync-test--wait 10 (lambda () (eq gpusync--state 'off)))
+      (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off)))
       (delete-file file))))
 
 (ert-deftest gpusync-test/logs-tell-a-lost-connection-and-a-cli-error-from-a-run-that-ended ()
@@ -286,5 +287,46 @@
         (gpusync-stop-run id)
         (should (gpusync-test--wait 30 (lambda () (gpusync-test--noted (concat "stopped run " id) :info))))
         (setq gpusync--last-run nil gpusync--run-active nil)))))
+
+(ert-deftest gpusync-test/each-project-shows-its-own-state ()
+  ;; Two projects watched from one Emacs: each has its own event stream, and the lighter shows the
+  ;; current buffer's project (the slow project's link is cut: it cannot be up to date).
+  (skip-unless gpusync-test--slow)
+  (let ((gpusync-notify-function #'gpusync-test--capture)
+        (gpusync-test--notes nil)
+        (a gpusync-test--project) (b gpusync-test--slow) a-proc)
+    (gpusync-test--wansim "cut")
+    (unwind-protect
+        (progn
+          (let ((default-directory a))
+            (gpusync-watch)
+            (should (gpusync-test--wait 60 (lambda () (eq (gpusync--state) 'up-to-date))))
+            (setq a-proc (gpusync--project-process (gpusync--project))))
+          (let ((default-directory b))
+            (gpusync-watch)
+            (should (gpusync-test--wait 30 (lambda () (process-live-p (gpusync--project-process (gpusync--project))))))
+            (should-not (eq (gpusync--project-process (gpusync--project)) a-proc))
+            (should (gpusync-test--wait 10 (lambda () (not (string-match-p "up to date" (gpusync-mode-line)))))))
+          (let ((default-directory a))
+            (should (equal (gpusync-mode-line) " gpusync:up to date")))
+          (gpusync-test--wansim "restore")
+          (let ((default-directory b))
+            (with-temp-file (expand-file-name "two.txt" b) (insert "two\n"))
+            (should (gpusync-test--wait 60 (lambda () (equal (gpusync-mode-line) " gpusync:up to date"))))
+            (gpusync-stop-watching)
+            (should (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off)))))
+          (let ((default-directory a))
+            (should (eq (gpusync--project-process (gpusync--project)) a-proc))
+            (should (eq (gpusync--state) 'up-to-date))))
+      (gpusync-test--wansim "restore")
+      (dolist (dir (list b a))
+        (let ((default-directory dir))
+          (when (process-live-p (gpusync--project-process (gpusync--project)))
+            (gpusync-stop-watching)
+            (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off))))))
+      ;; as in `gpusync-test--with-watch': let the daemons exit and release their locks
+      (gpusync-test--wait 10 (lambda () (not (string-match-p "daemon\": *true"
+                                                              (let ((default-directory a))
+                                                                (shell-command-to-string (concat gpusync-executable " status --json"))))))))))
 
 ;;; gpusync-test.el ends here

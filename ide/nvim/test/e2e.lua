@@ -285,6 +285,42 @@ local function step_lost()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
+-- Two projects watched from one editor: each has its own event stream, and the statusline shows
+-- the current buffer's project (here the slow project's link is cut: it cannot be up to date).
+local function step_two()
+  local slow = vim.env.GS_SLOW_PROJECT
+  if not slow then
+    io.stdout:write('skip   the two-project steps: no wansim in this build\n')
+    return
+  end
+  wansim('cut')
+  vim.cmd('edit ' .. project .. '/two.txt')
+  vim.cmd('Gpusync watch')
+  ok(wait(60000, function() return gs.state.sync == 'up_to_date' end), 'project A is up to date')
+  local a_job = gs.state.events_job
+  vim.cmd('edit ' .. slow .. '/two.txt')
+  vim.cmd('Gpusync watch')
+  ok(wait(30000, function() return gs.state.events_job ~= nil end), 'project B\'s events are followed too')
+  ok(gs.state.events_job ~= a_job, 'by a stream of its own')
+  ok(wait(10000, function() return gs.statusline():find('up to date', 1, true) == nil end),
+    'in B, whose server is cut off, the statusline is not A\'s "up to date" (' .. gs.statusline() .. ')')
+  vim.cmd('edit ' .. project .. '/two.txt')
+  ok(gs.statusline():find('up to date', 1, true) ~= nil, 'back in A it reads A\'s "up to date" (' .. gs.statusline() .. ')')
+  wansim('restore')
+  vim.cmd('edit ' .. slow .. '/two.txt')
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { 'two' })
+  vim.cmd('silent write')
+  ok(wait(60000, function() return gs.state.sync == 'up_to_date' end),
+    'once B\'s link is back B\'s own stream says up to date (' .. gs.statusline() .. ')')
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.events_job == nil end), 'stopping B ends B\'s stream')
+  vim.cmd('edit ' .. project .. '/two.txt')
+  ok(gs.state.events_job == a_job and gs.state.sync == 'up_to_date', 'and leaves A\'s as it was')
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.events_job == nil end), 'then A stops too')
+  vim.cmd('edit ' .. project .. '/hello.py')
+end
+
 -- The parts that need no server: argument parsing, completion, and the refusal outside a project.
 local function step_offline()
   ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
@@ -322,6 +358,7 @@ local function main()
   if only:find('slow') then
     step_lost()
     step_slow()
+    step_two()
   end
   if only:find('sync') then
     step_sync()

@@ -8,22 +8,55 @@ local M = {}
 -- log_split: the command that opens a window for a log buffer.
 M.config = { bin = nil, watch_on_open = false, log_split = 'botright 12split' }
 
--- The plugin's state, read by statusline() and by the tests.
+-- The sync state of each project (root directory -> record): every project watched from this
+-- editor has its own event stream, and the statusline shows the current buffer's project.
 --   sync: off | connecting | connected | syncing | up_to_date | disconnected | conflict | error
+local projects = {}
+
+local function project(root)
+  root = root or ''
+  local p = projects[root]
+  if not p then
+    p = {
+      root = root,
+      sync = 'off',
+      count = 0,          -- files mirrored since the last "idle"
+      batch = nil,        -- the last "progress" event of the batch under way, until "idle"
+      detail = nil,       -- the path or message behind conflict / error / disconnected
+      events = {},        -- the last 200 events, oldest first
+      events_job = nil,
+    }
+    projects[root] = p
+  end
+  return p
+end
+
+-- The editor's state: the runs started here, and (read through M.state, for the statusline and
+-- the tests) the sync fields of the current buffer's project.
 local state = {
-  sync = 'off',
-  count = 0,          -- files mirrored since the last "idle"
-  batch = nil,        -- the last "progress" event of the batch under way, until "idle"
-  detail = nil,       -- the path or message behind conflict / error / disconnected
-  events = {},        -- the last 200 events, oldest first
-  events_job = nil,
   last_run = nil,     -- id of the newest run started from this editor
   run_active = false,
   log_jobs = {},      -- buffer number -> job id of its `gpusync logs -f`
   stopping = {},      -- run id -> true once :Gpusync stoprun asked for it
   gpu = nil,          -- the server's one-line GPU summary from :Gpusync gpu (gpusync top)
 }
-M.state = state
+local sync_fields = { sync = true, count = true, batch = true, detail = true, events = true, events_job = true }
+M.state = setmetatable({}, {
+  __index = function(_, k)
+    if sync_fields[k] then
+      return project(M.root())[k]
+    end
+    return state[k]
+  end,
+  __newindex = function(_, k, v)
+    if sync_fields[k] then
+      project(M.root())[k] = v
+    else
+      state[k] = v
+    end
+  end,
+})
+M._project = project
 
 local ERROR, WARN, INFO = vim.log.levels.ERROR, vim.log.levels.WARN, vim.log.levels.INFO
 
@@ -163,112 +196,115 @@ end
 
 -- ---- the event stream and the statusline ----
 
-local function remember(ev)
-  table.insert(state.events, ev)
-  if #state.events > 200 then
-    table.remove(state.events, 1)
+local function remember(p, ev)
+  table.insert(p.events, ev)
+  if #p.events > 200 then
+    table.remove(p.events, 1)
   end
 end
 
 local handlers = {
-  synced = function()
-    state.sync, state.count = 'syncing', state.count + 1
+  synced = function(p)
+    p.sync, p.count = 'syncing', p.count + 1
   end,
-  deleted = function()
-    state.sync, state.count = 'syncing', state.count + 1
+  deleted = function(p)
+    p.sync, p.count = 'syncing', p.count + 1
   end,
-  renamed = function()
-    state.sync, state.count = 'syncing', state.count + 1
+  renamed = function(p)
+    p.sync, p.count = 'syncing', p.count + 1
   end,
   -- A batch that runs longer than 250 ms says so every 250 ms: a large file still on its way
   -- reads as syncing, not as the "up to date" of the batch before.
-  progress = function(ev)
-    state.sync, state.batch = 'syncing', ev
+  progress = function(p, ev)
+    p.sync, p.batch = 'syncing', ev
   end,
-  idle = function()
-    state.batch = nil
-    if state.sync ~= 'conflict' and state.sync ~= 'error' or state.count > 0 then
-      state.sync, state.detail = 'up_to_date', nil
+  idle = function(p)
+    p.batch = nil
+    if p.sync ~= 'conflict' and p.sync ~= 'error' or p.count > 0 then
+      p.sync, p.detail = 'up_to_date', nil
     end
-    state.count = 0
+    p.count = 0
   end,
-  connected = function(ev)
-    state.sync, state.detail = 'connected', ev.target
+  connected = function(p, ev)
+    p.sync, p.detail = 'connected', ev.target
   end,
-  disconnected = function(ev)
-    state.sync, state.detail = 'disconnected', ev.message
+  disconnected = function(p, ev)
+    p.sync, p.detail = 'disconnected', ev.message
     notify('disconnected: ' .. tostring(ev.message), WARN)
   end,
-  conflict = function(ev)
-    state.sync, state.detail, state.count = 'conflict', ev.path, 0
+  conflict = function(p, ev)
+    p.sync, p.detail, p.count = 'conflict', ev.path, 0
     notify(string.format('conflict on %s: the server had changed it; its copy is kept as %s',
       tostring(ev.path), tostring(ev.kept)), WARN)
   end,
-  error = function(ev)
+  error = function(p, ev)
     local path = type(ev.path) == 'string' and ev.path or nil
-    state.sync, state.detail, state.count = 'error', path or ev.message, 0
+    p.sync, p.detail, p.count = 'error', path or ev.message, 0
     notify('error' .. (path and (' on ' .. path) or '') .. ': ' .. tostring(ev.message), ERROR)
   end,
 }
 
-local function on_event(ev)
+local function on_event(p, ev)
   if type(ev.event) ~= 'string' then
     return
   end
-  remember(ev)
+  remember(p, ev)
   local h = handlers[ev.event]
   if h then
-    h(ev)
+    h(p, ev)
   end
   redraw()
 end
 
--- Seeds the state from `gpusync status --json` (events only report changes).
-local function refresh_status(on_done)
+-- Seeds a project's state from `gpusync status --json` (events only report changes).
+local function refresh_status(on_done, root)
+  root = root or M.root()
+  local p = project(root)
   cli({ 'status', '--json' }, function(code, out, err)
     local st = last_json(out)
     if code == 0 and st and st.daemon then
-      if state.sync == 'off' or state.sync == 'connecting' then
-        state.sync = st.state == 'connecting' and 'connecting' or st.state
-        state.count = st.pending or 0
+      if p.sync == 'off' or p.sync == 'connecting' then
+        p.sync = st.state == 'connecting' and 'connecting' or st.state
+        p.count = st.pending or 0
       end
       redraw()
     end
     if on_done then
       on_done(code, st, err)
     end
-  end)
+  end, { cwd = root })
 end
 
--- Follows the daemon's event stream (does nothing if already following).
-function M.follow_events()
-  if state.events_job then
+-- Follows the event stream of the project's daemon (does nothing if already following it).
+function M.follow_events(root)
+  root = root or M.root()
+  if not root then
+    return
+  end
+  local p = project(root)
+  if p.events_job then
     return
   end
   local feed, flush = line_reader(function(l)
     local ev = decode(l)
     if ev then
-      on_event(ev)
+      on_event(p, ev)
     end
   end)
-  local root = M.root()
-  if not root then
-    return
-  end
   local ok, job = pcall(vim.fn.jobstart, { bin(), 'events', '--json' }, {
     cwd = root,
     on_stdout = feed,
     on_exit = function(id)
       flush()
-      if state.events_job == id then
-        state.events_job, state.sync, state.count, state.batch = nil, 'off', 0, nil
+      if p.events_job == id then
+        p.events_job, p.sync, p.count, p.batch = nil, 'off', 0, nil
         redraw()
       end
     end,
   })
   if ok and job > 0 then
-    state.events_job, state.sync = job, 'connecting'
-    refresh_status()
+    p.events_job, p.sync = job, 'connecting'
+    refresh_status(nil, root)
   end
 end
 
@@ -286,15 +322,16 @@ local labels = {
 -- Use it as `set statusline+=%{v:lua.require'gpusync'.statusline()}`.
 -- While syncing, N counts the files of the batch: those sent so far, or the operations the
 -- daemon planned for it ("progress"), so that one large file still on its way reads "syncing 1".
-local function syncing_label()
-  local total = state.batch and tonumber(state.batch.ops_total) or 0
-  return 'syncing ' .. math.max(state.count, total)
+local function syncing_label(p)
+  local total = p.batch and tonumber(p.batch.ops_total) or 0
+  return 'syncing ' .. math.max(p.count, total)
 end
 
 function M.statusline()
-  local s = state.sync == 'syncing' and syncing_label() or labels[state.sync] or state.sync
-  if (state.sync == 'conflict' or state.sync == 'error') and state.detail then
-    s = s .. ' ' .. vim.fn.fnamemodify(tostring(state.detail), ':t')
+  local p = project(M.root())
+  local s = p.sync == 'syncing' and syncing_label(p) or labels[p.sync] or p.sync
+  if (p.sync == 'conflict' or p.sync == 'error') and p.detail then
+    s = s .. ' ' .. vim.fn.fnamemodify(tostring(p.detail), ':t')
   end
   local text = 'gpusync: ' .. s
   if state.last_run then
@@ -309,6 +346,7 @@ end
 -- ---- commands ----
 
 function M.watch()
+  local root = M.root()
   cli({ 'watch', '-d', '--json' }, function(code, out, err)
     local obj = last_json(out)
     if code == 0 then
@@ -319,8 +357,8 @@ function M.watch()
       notify('watch failed: ' .. failure(obj, err), ERROR)
       return
     end
-    M.follow_events()
-  end)
+    M.follow_events(root)
+  end, { cwd = root })
 end
 
 -- What `watch --stop --json` answered, for the user: "stopped" alone reads as "and every change
@@ -341,16 +379,18 @@ function M.stopped_message(r)
 end
 
 function M.stop_watching()
+  local root = M.root()
+  local p = project(root)
   cli({ 'watch', '--stop', '--json' }, function(code, out, err)
     local r = last_json(out)
     if code ~= 0 then
       notify('stop failed: ' .. failure(r, err), ERROR)
       return
     end
-    if state.events_job then
-      vim.fn.jobstop(state.events_job)
+    if p.events_job then
+      vim.fn.jobstop(p.events_job)
     end
-    state.events_job, state.sync, state.count, state.batch = nil, 'off', 0, nil
+    p.events_job, p.sync, p.count, p.batch = nil, 'off', 0, nil
     redraw()
     notify(M.stopped_message(r), (r and tonumber(r.unsent) or 0) > 0 and WARN or INFO)
   end)
