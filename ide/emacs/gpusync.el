@@ -227,7 +227,16 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
                          (setf (gpusync--project-state p)
                                (intern (replace-regexp-in-string "_" "-" (alist-get 'state st)))
                                (gpusync--project-count p) (or (alist-get 'pending st) 0))
+                         ;; A first connection that failed (a refused login) sends no event.
+                         (when-let ((why (and (eq (gpusync--project-state p) 'disconnected)
+                                              (stringp (alist-get 'last_error st))
+                                              (alist-get 'last_error st))))
+                           (setf (gpusync--project-detail p) why)
+                           (gpusync--notify :warning "disconnected: %s" why))
                          (force-mode-line-update t)))))))
+
+(defconst gpusync--connect-recheck-seconds 2
+  "While connecting, how often `gpusync status --json' is read again.")
 
 (defun gpusync-follow-events (&optional root)
   "Follow the event stream of the daemon of the project at ROOT (default: this one), once."
@@ -246,7 +255,17 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
                            (unless (or (process-live-p proc) (not (eq proc (gpusync--project-process p))))
                              (gpusync--reset p)))))
         (gpusync-mode 1)
-        (gpusync--seed-state p)))))
+        (gpusync--seed-state p)
+        ;; The stream says "connected" once the session is up, but nothing when the first
+        ;; attempt fails (a wrong password, no key accepted): while connecting, ask status again.
+        (let ((proc (gpusync--project-process p)) timer)
+          (setq timer (run-with-timer
+                       gpusync--connect-recheck-seconds gpusync--connect-recheck-seconds
+                       (lambda ()
+                         (if (and (eq proc (gpusync--project-process p)) (process-live-p proc)
+                                  (eq (gpusync--project-state p) 'connecting))
+                             (gpusync--seed-state p)
+                           (cancel-timer timer))))))))))
 
 ;;;; Commands
 

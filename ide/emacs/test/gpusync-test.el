@@ -329,4 +329,27 @@
                                                               (let ((default-directory a))
                                                                 (shell-command-to-string (concat gpusync-executable " status --json"))))))))))
 
+(ert-deftest gpusync-test/a-refused-first-login-reads-disconnected-with-the-reason ()
+  ;; The daemon is started from a HOME without the key: it never connects, and the event stream
+  ;; never says so.  The lighter must not stay "connecting".
+  (let* ((default-directory gpusync-test--project)
+         (gpusync-notify-function #'gpusync-test--capture)
+         (gpusync-test--notes nil)
+         (nokey (expand-file-name "nokey-emacs" (getenv "GS_WORK")))
+         (home (getenv "HOME")))
+    (make-directory (expand-file-name ".ssh" nokey) t)
+    (copy-file (expand-file-name ".ssh/known_hosts" home) (expand-file-name ".ssh/known_hosts" nokey) t)
+    (unwind-protect
+        (progn
+          (let ((process-environment (cons (concat "HOME=" nokey) process-environment)))
+            (gpusync-watch)
+            (should (gpusync-test--wait 30 (lambda () (process-live-p (gpusync--project-process (gpusync--project)))))))
+          (should (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'disconnected))))
+          (should (equal (gpusync-mode-line) " gpusync:disconnected"))
+          (should (gpusync-test--wait 5 (lambda () (gpusync-test--noted "disconnected: authentication to" :warning)))))
+      (gpusync-stop-watching)
+      (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off)))
+      (gpusync-test--wait 10 (lambda () (not (string-match-p "daemon\": *true"
+                                                              (shell-command-to-string (concat gpusync-executable " status --json")))))))))
+
 ;;; gpusync-test.el ends here

@@ -2,10 +2,10 @@
 -- (started by ../test.sh, which sets GS_PROJECT, GS_REMOTE and GPUSYNC_BIN). Each step waits for
 -- an observable result (a file on the server, a buffer line, a notification) with vim.wait, which
 -- runs the event loop, so job callbacks arrive while it waits. GS_NVIM_STEPS limits the steps
--- ("slow", "sync" or "run"; default all).
+-- ("login", "slow", "sync" or "run"; default all).
 local gs = require('gpusync')
 local project, remote = vim.env.GS_PROJECT, vim.env.GS_REMOTE
-local only = vim.env.GS_NVIM_STEPS or 'slow,sync,run'
+local only = vim.env.GS_NVIM_STEPS or 'login,slow,sync,run'
 local failures, notes = 0, {}
 
 -- Every notification, kept for assertions and echoed for the test log.
@@ -321,6 +321,29 @@ local function step_two()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
+-- A first connection whose login is refused: the daemon was started from a HOME without the key,
+-- so it never connects, and the stream never says so. The statusline must not stay "connecting…".
+local function step_login()
+  local nokey = vim.env.GS_WORK .. '/nokey'
+  vim.fn.mkdir(nokey .. '/.ssh', 'p')
+  write(nokey .. '/.ssh/known_hosts', read(vim.env.HOME .. '/.ssh/known_hosts') or '')
+  vim.cmd('edit ' .. project .. '/login.txt')
+  local home = vim.env.HOME
+  vim.env.HOME = nokey
+  vim.cmd('Gpusync watch')
+  ok(wait(30000, function() return gs.state.events_job ~= nil end), 'a daemon that cannot log in is followed')
+  vim.env.HOME = home
+  ok(wait(10000, function() return gs.state.sync == 'disconnected' end),
+    'a refused first login reads "disconnected", not "connecting…" (' .. gs.statusline() .. ')')
+  ok(wait(5000, function() return noted('disconnected: authentication to', vim.log.levels.WARN) ~= nil end),
+    'and a warning says why, in status --json\'s last_error')
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.events_job == nil end), 'that daemon stops')
+  -- let it exit and release its lock before the next step starts another
+  wait(10000, function() return vim.fn.system({ vim.env.GPUSYNC_BIN, 'status', '--json' }):find('"daemon":true') == nil end)
+  vim.cmd('edit ' .. project .. '/hello.py')
+end
+
 -- The parts that need no server: argument parsing, completion, and the refusal outside a project.
 local function step_offline()
   ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
@@ -355,6 +378,9 @@ end
 local function main()
   step_offline()
   step_gpu()
+  if only:find('login') then
+    step_login()
+  end
   if only:find('slow') then
     step_lost()
     step_slow()

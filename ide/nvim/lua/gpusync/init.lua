@@ -59,6 +59,7 @@ M.state = setmetatable({}, {
 M._project = project
 
 local ERROR, WARN, INFO = vim.log.levels.ERROR, vim.log.levels.WARN, vim.log.levels.INFO
+local CONNECT_RECHECK_MS = 2000 -- while "connecting…": how often status --json is read again
 
 local function bin()
   return M.config.bin or vim.env.GPUSYNC_BIN or 'gpusync'
@@ -266,6 +267,11 @@ local function refresh_status(on_done, root)
       if p.sync == 'off' or p.sync == 'connecting' then
         p.sync = st.state == 'connecting' and 'connecting' or st.state
         p.count = st.pending or 0
+        -- A first connection that failed (a refused login) sends no event: say why here.
+        if p.sync == 'disconnected' and type(st.last_error) == 'string' then
+          p.detail = st.last_error
+          notify('disconnected: ' .. st.last_error, WARN)
+        end
       end
       redraw()
     end
@@ -305,6 +311,16 @@ function M.follow_events(root)
   if ok and job > 0 then
     p.events_job, p.sync = job, 'connecting'
     refresh_status(nil, root)
+    -- The stream says "connected" once the session is up, but nothing when the first attempt
+    -- fails (a wrong password, no key accepted): while still connecting, read status again.
+    local timer
+    timer = vim.fn.timer_start(CONNECT_RECHECK_MS, function()
+      if p.events_job ~= job or p.sync ~= 'connecting' then
+        vim.fn.timer_stop(timer)
+        return
+      end
+      refresh_status(nil, root)
+    end, { ['repeat'] = -1 })
   end
 end
 
