@@ -54,6 +54,8 @@ disconnected, conflict or error.")
   (batch nil :documentation "The last progress event of the batch under way, until idle.")
   (detail nil :documentation "The path or message behind a conflict, error or disconnection.")
   (events nil :documentation "The last 200 events, newest first (alists).")
+  (conflicts nil :documentation "Conflict copies kept on the server, not acknowledged yet
+(alists with path and kept), from `status --json' and conflict events.")
   (process nil :documentation "The `gpusync events --json' process."))
 
 (defvar gpusync--projects (make-hash-table :test #'equal)
@@ -166,6 +168,8 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
              (format "%s %s" (gpusync--state)
                      (file-name-nondirectory (format "%s" (gpusync--project-detail (gpusync--project))))))
             (s (symbol-name s)))
+          (let ((n (length (gpusync--project-conflicts (gpusync--project)))))
+            (if (> n 0) (format " [%d conflict cop%s]" n (if (= n 1) "y" "ies")) ""))
           (if gpusync--last-run
               (format " [run %s %s]" gpusync--last-run (if gpusync--run-active "running" "ended"))
             "")
@@ -201,6 +205,11 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
       ("conflict"
        (setf (gpusync--project-state p) 'conflict (gpusync--project-detail p) path
              (gpusync--project-count p) 0)
+       (unless (seq-find (lambda (c) (equal (alist-get 'kept c) (alist-get 'kept ev)))
+                         (gpusync--project-conflicts p))
+         (setf (gpusync--project-conflicts p)
+               (append (gpusync--project-conflicts p)
+                       (list (list (cons 'path path) (cons 'kept (alist-get 'kept ev)))))))
        (gpusync--notify :warning "conflict on %s: the server had changed it; its copy is kept as %s"
                         path (alist-get 'kept ev)))
       ("error"
@@ -216,12 +225,19 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
         (gpusync--project-count p) 0 (gpusync--project-batch p) nil)
   (force-mode-line-update t))
 
+(defun gpusync--note-conflicts (p st)
+  "Keep the conflict copies that the status reply ST lists as the project P's."
+  (when (and st (assq 'conflicts st))
+    (setf (gpusync--project-conflicts p) (alist-get 'conflicts st))
+    (force-mode-line-update t)))
+
 (defun gpusync--seed-state (p)
   "Set the project P's state from `gpusync status --json' (events only report changes)."
   (let ((default-directory (gpusync--project-root p)))
     (gpusync--call '("status" "--json")
-                   (lambda (_code out _err)
+                   (lambda (code out _err)
                      (let ((st (gpusync--last-json out)))
+                       (when (= code 0) (gpusync--note-conflicts p st))
                        (when (and st (eq (alist-get 'daemon st) t)
                                   (memq (gpusync--project-state p) '(off connecting)))
                          (setf (gpusync--project-state p)
@@ -340,19 +356,34 @@ when the daemon was stopped in the middle of an upload."
 (defun gpusync-status ()
   "Show the daemon's state (or what a push would do) in the echo area."
   (interactive)
-  (gpusync--call
-   '("status" "--json")
-   (lambda (code out err)
-     (let ((st (gpusync--last-json out)))
-       (cond ((or (/= code 0) (null st))
-              (gpusync--notify :error "status failed: %s" (gpusync--failure st err)))
-             ((eq (alist-get 'daemon st) t)
-              (gpusync--notify :info "%s, %s, %d pending%s" (alist-get 'state st)
-                               (if (eq (alist-get 'connected st) t) "connected" "not connected")
-                               (alist-get 'pending st)
-                               (if-let ((e (alist-get 'last_error st))) (concat ", last error: " e) "")))
-             (t (gpusync--notify :info "not watching; %s, %d change(s) to push"
-                                 (alist-get 'state st) (alist-get 'pending st))))))))
+  (let ((p (gpusync--project (gpusync--require-root))))
+    (gpusync--call
+     '("status" "--json")
+     (lambda (code out err)
+       (let* ((st (gpusync--last-json out))
+              (copies (gpusync--conflicts-text (alist-get 'conflicts st)))
+              (level (if (string-empty-p copies) :info :warning)))
+         (when (= code 0) (gpusync--note-conflicts p st))
+         (cond ((or (/= code 0) (null st))
+                (gpusync--notify :error "status failed: %s" (gpusync--failure st err)))
+               ((eq (alist-get 'daemon st) t)
+                (gpusync--notify level "%s, %s, %d pending%s%s" (alist-get 'state st)
+                                 (if (eq (alist-get 'connected st) t) "connected" "not connected")
+                                 (alist-get 'pending st)
+                                 (if-let ((e (alist-get 'last_error st))) (concat ", last error: " e) "")
+                                 copies))
+               (t (gpusync--notify level "not watching; %s, %d change(s) to push%s"
+                                   (alist-get 'state st) (alist-get 'pending st) copies))))))))
+
+(defun gpusync--conflicts-text (list)
+  "The conflict copies LIST (from `status --json'), for `gpusync-status'; \"\" when none."
+  (if (null list)
+      ""
+    (format "\n%d conflict cop%s kept on the server (gpusync status --ack clears): %s"
+            (length list) (if (= (length list) 1) "y" "ies")
+            (mapconcat (lambda (c) (format "%s (the server's copy is %s)"
+                                           (alist-get 'path c) (alist-get 'kept c)))
+                       list ", "))))
 
 ;;;; Logs
 

@@ -69,6 +69,19 @@ local function has_event(kind, path)
   return false
 end
 
+-- :Gpusync stop, then wait until the daemon has exited and released its lock (watch --stop
+-- returns before that), so that the next :Gpusync watch starts a new one.
+local function stop_and_wait()
+  local out = vim.fn.system({ 'sh', '-c', 'cd "$1" && exec "$2" status --json', 'sh', gs.root(), vim.env.GPUSYNC_BIN })
+  local okj, st = pcall(vim.fn.json_decode, out)
+  st = okj and st or nil
+  vim.cmd('Gpusync stop')
+  ok(wait(10000, function() return gs.state.events_job == nil end), 'the daemon stops')
+  if type(st) == 'table' and st.pid then
+    wait(10000, function() return vim.loop.kill(st.pid, 0) ~= 0 end)
+  end
+end
+
 local function step_sync()
   vim.cmd('Gpusync watch')
   ok(wait(60000, function() return noted('watching (daemon pid') ~= nil end), ':Gpusync watch starts the daemon')
@@ -113,6 +126,21 @@ local function step_sync()
   ok(gs.statusline():find('conflict clash', 1, true) ~= nil, 'the statusline shows the conflict (' .. gs.statusline() .. ')')
   ok(wait(15000, function() return read(remote .. '/clash') == 'a file here, a directory there\n' end),
     'after the conflict the server has the saved buffer')
+  ok(gs.statusline():find('| 1 conflict copy', 1, true) ~= nil,
+    'the statusline counts the conflict copies kept on the server (' .. gs.statusline() .. ')')
+  vim.cmd('Gpusync status')
+  ok(wait(10000, function() return noted("clash (the server's copy is clash.gpusync-conflict-", vim.log.levels.WARN) ~= nil end),
+    ':Gpusync status lists the conflict copy')
+  -- An editor that starts after the conflict learns of it from status --json.
+  gs.state.conflicts = {}
+  stop_and_wait()
+  vim.cmd('Gpusync watch')
+  ok(wait(30000, function() return gs.statusline():find('| 1 conflict copy', 1, true) ~= nil end),
+    'a fresh watch shows the conflict copy recorded before (' .. gs.statusline() .. ')')
+  vim.fn.system({ vim.env.GPUSYNC_BIN, 'status', '--ack', '--json' })
+  vim.cmd('Gpusync status')
+  ok(wait(10000, function() return gs.statusline():find('conflict cop', 1, true) == nil end),
+    'once acknowledged (status --ack) the count goes (' .. gs.statusline() .. ')')
 
   -- A directory gpusync made is replaced on the server by a link into /proc, where nothing can be
   -- created: the next save into it fails, with an error notification.
@@ -241,8 +269,8 @@ local function step_slow()
   ok(wait(60000, function() return vim.loop.fs_stat(sremote .. '/data.csv') ~= nil and gs.state.sync == 'up_to_date' end),
     'once it is on the server the statusline reads "up to date" (' .. gs.statusline() .. ')')
   vim.cmd('bwipeout!')
-  vim.cmd('Gpusync stop')
-  ok(wait(10000, function() return gs.state.events_job == nil end), 'the slow project\'s daemon stops')
+  vim.cmd('edit ' .. slow .. '/first.txt')
+  stop_and_wait()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
@@ -312,12 +340,10 @@ local function step_two()
   vim.cmd('silent write')
   ok(wait(60000, function() return gs.state.sync == 'up_to_date' end),
     'once B\'s link is back B\'s own stream says up to date (' .. gs.statusline() .. ')')
-  vim.cmd('Gpusync stop')
-  ok(wait(10000, function() return gs.state.events_job == nil end), 'stopping B ends B\'s stream')
+  stop_and_wait()
   vim.cmd('edit ' .. project .. '/two.txt')
-  ok(gs.state.events_job == a_job and gs.state.sync == 'up_to_date', 'and leaves A\'s as it was')
-  vim.cmd('Gpusync stop')
-  ok(wait(10000, function() return gs.state.events_job == nil end), 'then A stops too')
+  ok(gs.state.events_job == a_job and gs.state.sync == 'up_to_date', 'stopping B leaves A\'s stream as it was')
+  stop_and_wait()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
@@ -337,10 +363,7 @@ local function step_login()
     'a refused first login reads "disconnected", not "connecting…" (' .. gs.statusline() .. ')')
   ok(wait(5000, function() return noted('disconnected: authentication to', vim.log.levels.WARN) ~= nil end),
     'and a warning says why, in status --json\'s last_error')
-  vim.cmd('Gpusync stop')
-  ok(wait(10000, function() return gs.state.events_job == nil end), 'that daemon stops')
-  -- let it exit and release its lock before the next step starts another
-  wait(10000, function() return vim.fn.system({ vim.env.GPUSYNC_BIN, 'status', '--json' }):find('"daemon":true') == nil end)
+  stop_and_wait()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 

@@ -24,6 +24,7 @@ local function project(root)
       batch = nil,        -- the last "progress" event of the batch under way, until "idle"
       detail = nil,       -- the path or message behind conflict / error / disconnected
       events = {},        -- the last 200 events, oldest first
+      conflicts = {},     -- conflict copies kept on the server, not acknowledged: { path=, kept= }
       events_job = nil,
     }
     projects[root] = p
@@ -40,7 +41,9 @@ local state = {
   stopping = {},      -- run id -> true once :Gpusync stoprun asked for it
   gpu = nil,          -- the server's one-line GPU summary from :Gpusync gpu (gpusync top)
 }
-local sync_fields = { sync = true, count = true, batch = true, detail = true, events = true, events_job = true }
+local sync_fields = {
+  sync = true, count = true, batch = true, detail = true, events = true, events_job = true, conflicts = true,
+}
 M.state = setmetatable({}, {
   __index = function(_, k)
     if sync_fields[k] then
@@ -235,6 +238,13 @@ local handlers = {
   end,
   conflict = function(p, ev)
     p.sync, p.detail, p.count = 'conflict', ev.path, 0
+    local known = false
+    for _, c in ipairs(p.conflicts) do
+      known = known or c.kept == ev.kept
+    end
+    if not known then
+      table.insert(p.conflicts, { path = ev.path, kept = ev.kept })
+    end
     notify(string.format('conflict on %s: the server had changed it; its copy is kept as %s',
       tostring(ev.path), tostring(ev.kept)), WARN)
   end,
@@ -263,6 +273,16 @@ local function refresh_status(on_done, root)
   local p = project(root)
   cli({ 'status', '--json' }, function(code, out, err)
     local st = last_json(out)
+    -- The conflict copies not acknowledged yet (status --ack): with a daemon or without.
+    if code == 0 and st and type(st.conflicts) == 'table' then
+      p.conflicts = {}
+      for _, c in ipairs(st.conflicts) do
+        if type(c) == 'table' then
+          table.insert(p.conflicts, { path = c.path, kept = c.kept })
+        end
+      end
+      redraw()
+    end
     if code == 0 and st and st.daemon then
       if p.sync == 'off' or p.sync == 'connecting' then
         p.sync = st.state == 'connecting' and 'connecting' or st.state
@@ -350,6 +370,10 @@ function M.statusline()
     s = s .. ' ' .. vim.fn.fnamemodify(tostring(p.detail), ':t')
   end
   local text = 'gpusync: ' .. s
+  local n = #p.conflicts
+  if n > 0 then
+    text = text .. string.format(' | %d conflict cop%s', n, n == 1 and 'y' or 'ies')
+  end
   if state.last_run then
     text = text .. ' | run ' .. state.last_run .. (state.run_active and ': running' or ': ended')
   end
@@ -769,17 +793,35 @@ function M.stop_run(id)
   end)
 end
 
+-- The conflict copies status --json lists, for :Gpusync status ("" when none).
+function M.conflicts_text(list)
+  if type(list) ~= 'table' or #list == 0 then
+    return ''
+  end
+  local items = {}
+  for _, c in ipairs(list) do
+    table.insert(items, string.format('%s (the server\'s copy is %s)', tostring(c.path), tostring(c.kept)))
+  end
+  return string.format('\n%d conflict cop%s kept on the server (gpusync status --ack clears): %s', #list,
+    #list == 1 and 'y' or 'ies', table.concat(items, ', '))
+end
+
 function M.status()
   refresh_status(function(code, st, err)
     if code ~= 0 or not st then
       notify('status failed: ' .. failure(st, err), ERROR)
-    elseif st.daemon then
+      return
+    end
+    local copies = M.conflicts_text(st.conflicts)
+    if st.daemon then
       notify(string.format('%s, %s, %d pending%s%s', st.state, st.connected and 'connected' or 'not connected',
         st.pending or 0, st.last_latency_ms ~= vim.NIL and st.last_latency_ms and
         (', ' .. st.last_latency_ms .. ' ms') or '',
-        type(st.last_error) == 'string' and (', last error: ' .. st.last_error) or ''))
+        type(st.last_error) == 'string' and (', last error: ' .. st.last_error) or '') .. copies,
+        copies ~= '' and WARN or INFO)
     else
-      notify(string.format('not watching; %s, %d change(s) to push', st.state, st.pending or 0))
+      notify(string.format('not watching; %s, %d change(s) to push', st.state, st.pending or 0) .. copies,
+        copies ~= '' and WARN or INFO)
     end
   end)
 end
