@@ -54,6 +54,8 @@ disconnected, conflict or error.")
   (batch nil :documentation "The last progress event of the batch under way, until idle.")
   (detail nil :documentation "The path or message behind a conflict, error or disconnection.")
   (events nil :documentation "The last 200 events, newest first (alists).")
+  (failing nil :documentation "(PATH . MESSAGE) errors already notified: the daemon retries a
+failed operation every few seconds, and each retry sends the error again.")
   (conflicts nil :documentation "Conflict copies kept on the server, not acknowledged yet
 (alists with path and kept), from `status --json' and conflict events.")
   (process nil :documentation "The `gpusync events --json' process."))
@@ -189,11 +191,14 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
     (pcase kind
       ((or "synced" "deleted" "renamed")
        (setf (gpusync--project-state p) 'syncing)
-       (cl-incf (gpusync--project-count p)))
+       (cl-incf (gpusync--project-count p))
+       (setf (gpusync--project-failing p)
+             (seq-remove (lambda (e) (member (car e) (list path (alist-get 'from ev))))
+                         (gpusync--project-failing p))))
       ;; A batch longer than 250 ms says so every 250 ms: a large file on its way is syncing.
       ("progress" (setf (gpusync--project-state p) 'syncing (gpusync--project-batch p) ev))
       ("idle"
-       (setf (gpusync--project-batch p) nil)
+       (setf (gpusync--project-batch p) nil (gpusync--project-failing p) nil)
        (unless (and (memq (gpusync--project-state p) '(conflict error)) (= (gpusync--project-count p) 0))
          (setf (gpusync--project-state p) 'up-to-date (gpusync--project-detail p) nil))
        (setf (gpusync--project-count p) 0))
@@ -215,8 +220,12 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
       ("error"
        (setf (gpusync--project-state p) 'error (gpusync--project-detail p) (or path (alist-get 'message ev))
              (gpusync--project-count p) 0)
-       (gpusync--notify :error "error%s: %s" (if path (concat " on " path) "")
-                        (alist-get 'message ev)))))
+       ;; Once per distinct error until it clears (the path syncs, or an idle says all is sent).
+       (let ((key (cons path (alist-get 'message ev))))
+         (unless (member key (gpusync--project-failing p))
+           (push key (gpusync--project-failing p))
+           (gpusync--notify :error "error%s: %s" (if path (concat " on " path) "")
+                            (alist-get 'message ev)))))))
   (force-mode-line-update t))
 
 (defun gpusync--reset (p)
@@ -260,6 +269,7 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
     (unless (process-live-p (gpusync--project-process p))
       (let ((default-directory root))
         (setf (gpusync--project-state p) 'connecting
+              (gpusync--project-failing p) nil
               (gpusync--project-process p)
               (make-process
                :name "gpusync-events" :command (list gpusync-executable "events" "--json")

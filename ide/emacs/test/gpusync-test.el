@@ -142,7 +142,14 @@
           (make-symbolic-link "/proc/1" (directory-file-name (expand-file-name "ro" gpusync-test--remote)))
           (with-temp-file (expand-file-name "ro/b.txt" gpusync-test--project) (insert "b\n"))
           (should (gpusync-test--wait 15 (lambda () (gpusync-test--noted "error on ro/b.txt" :error))))
-          (should (string-prefix-p " gpusync:error b.txt" (gpusync-mode-line))))
+          (should (string-prefix-p " gpusync:error b.txt" (gpusync-mode-line)))
+          ;; The daemon retries the upload every few seconds, and each retry sends the error again:
+          ;; the user is told once.
+          (should (gpusync-test--wait 30 (lambda () (>= (seq-count (lambda (ev) (and (equal (alist-get 'event ev) "error")
+                                                                                        (equal (alist-get 'path ev) "ro/b.txt")))
+                                                                     (gpusync--project-events (gpusync--project)))
+                                                          2))))
+          (should (= 1 (seq-count (lambda (n) (string-match-p "error on ro/b\\.txt" (cdr n))) gpusync-test--notes))))
       ;; Leave neither side broken for the next test (its run syncs first).
       (let ((link (directory-file-name (expand-file-name "ro" gpusync-test--remote))))
         (when (file-symlink-p link) (delete-file link)))

@@ -155,6 +155,21 @@ local function step_sync()
   ok(wait(15000, function() return noted('error on ro/b.txt', vim.log.levels.ERROR) ~= nil end),
     'a failed upload raises an error naming the file')
   ok(gs.statusline():find('error b.txt', 1, true) ~= nil, 'the statusline shows the error (' .. gs.statusline() .. ')')
+  -- The daemon retries the upload every few seconds, and each retry sends the error again: the
+  -- user is told once.
+  local function count_errors()
+    local events, notes_n = 0, 0
+    for _, ev in ipairs(gs.state.events) do
+      events = events + ((ev.event == 'error' and ev.path == 'ro/b.txt') and 1 or 0)
+    end
+    for _, n in ipairs(notes) do
+      notes_n = notes_n + (n.msg:find('error on ro/b.txt', 1, true) and 1 or 0)
+    end
+    return events, notes_n
+  end
+  ok(wait(30000, function() return count_errors() >= 2 end), 'the daemon retried the failed upload')
+  local events_n, notes_n = count_errors()
+  ok(notes_n == 1, string.format('the same error is notified once (%d notifications for %d error events)', notes_n, events_n))
   os.remove(remote .. '/ro')
   vim.cmd('bwipeout!')
   vim.fn.delete(project .. '/ro', 'rf')

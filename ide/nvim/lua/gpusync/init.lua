@@ -25,6 +25,8 @@ local function project(root)
       detail = nil,       -- the path or message behind conflict / error / disconnected
       events = {},        -- the last 200 events, oldest first
       conflicts = {},     -- conflict copies kept on the server, not acknowledged: { path=, kept= }
+      failing = {},       -- path -> messages already notified: the daemon retries a failed
+                          -- operation every few seconds, and each retry sends the error again
       events_job = nil,
     }
     projects[root] = p
@@ -208,14 +210,17 @@ local function remember(p, ev)
 end
 
 local handlers = {
-  synced = function(p)
+  synced = function(p, ev)
     p.sync, p.count = 'syncing', p.count + 1
+    p.failing[tostring(ev.path)] = nil
   end,
-  deleted = function(p)
+  deleted = function(p, ev)
     p.sync, p.count = 'syncing', p.count + 1
+    p.failing[tostring(ev.path)] = nil
   end,
-  renamed = function(p)
+  renamed = function(p, ev)
     p.sync, p.count = 'syncing', p.count + 1
+    p.failing[tostring(ev.path)], p.failing[tostring(ev.from)] = nil, nil
   end,
   -- A batch that runs longer than 250 ms says so every 250 ms: a large file still on its way
   -- reads as syncing, not as the "up to date" of the batch before.
@@ -223,7 +228,7 @@ local handlers = {
     p.sync, p.batch = 'syncing', ev
   end,
   idle = function(p)
-    p.batch = nil
+    p.batch, p.failing = nil, {}
     if p.sync ~= 'conflict' and p.sync ~= 'error' or p.count > 0 then
       p.sync, p.detail = 'up_to_date', nil
     end
@@ -251,7 +256,13 @@ local handlers = {
   error = function(p, ev)
     local path = type(ev.path) == 'string' and ev.path or nil
     p.sync, p.detail, p.count = 'error', path or ev.message, 0
-    notify('error' .. (path and (' on ' .. path) or '') .. ': ' .. tostring(ev.message), ERROR)
+    -- Once per distinct error until it clears (the path syncs, or an idle says all is sent).
+    local key, msg = path or '', tostring(ev.message)
+    p.failing[key] = p.failing[key] or {}
+    if not p.failing[key][msg] then
+      p.failing[key][msg] = true
+      notify('error' .. (path and (' on ' .. path) or '') .. ': ' .. msg, ERROR)
+    end
   end,
 }
 
@@ -329,7 +340,7 @@ function M.follow_events(root)
     end,
   })
   if ok and job > 0 then
-    p.events_job, p.sync = job, 'connecting'
+    p.events_job, p.sync, p.failing = job, 'connecting', {}
     refresh_status(nil, root)
     -- The stream says "connected" once the session is up, but nothing when the first attempt
     -- fails (a wrong password, no key accepted): while still connecting, read status again.
