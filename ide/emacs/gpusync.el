@@ -155,8 +155,9 @@ line as it comes.  Returns the process."
 ;;;; The event stream and the mode line
 
 (defun gpusync--syncing-label ()
-  "\"syncing N\": the files of the batch, those sent so far or the operations the
-daemon planned for it (progress), so one large file on its way reads \"syncing 1\"."
+  "\"syncing N\": the files of the batch.
+Those sent so far, or the operations the daemon planned for it (progress),
+so that one large file on its way reads \"syncing 1\"."
   (let* ((p (gpusync--project)) (total (alist-get 'ops_total (gpusync--project-batch p))))
     (format "syncing %d" (max (gpusync--project-count p) (if (numberp total) total 0)))))
 
@@ -241,7 +242,8 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
     (force-mode-line-update t)))
 
 (defun gpusync--seed-state (p)
-  "Set the project P's state from `gpusync status --json' (events only report changes)."
+  "Set the project P's state from `gpusync status --json'.
+Events only report changes."
   (let ((default-directory (gpusync--project-root p)))
     (gpusync--call '("status" "--json")
                    (lambda (code out _err)
@@ -264,7 +266,8 @@ daemon planned for it (progress), so one large file on its way reads \"syncing 1
   "While connecting, how often `gpusync status --json' is read again.")
 
 (defun gpusync-follow-events (&optional root)
-  "Follow the event stream of the daemon of the project at ROOT (default: this one), once."
+  "Follow the event stream of the daemon of the project at ROOT, once.
+ROOT defaults to the current buffer's project."
   (let* ((root (or root (gpusync--require-root))) (p (gpusync--project root)))
     (unless (process-live-p (gpusync--project-process p))
       (let ((default-directory root))
@@ -386,7 +389,8 @@ when the daemon was stopped in the middle of an upload."
                                    (alist-get 'state st) (alist-get 'pending st) copies))))))))
 
 (defun gpusync--conflicts-text (list)
-  "The conflict copies LIST (from `status --json'), for `gpusync-status'; \"\" when none."
+  "The conflict copies LIST (from `status --json'), for `gpusync-status'.
+\"\" when there is none."
   (if (null list)
       ""
     (format "\n%d conflict cop%s kept on the server (gpusync status --ack clears): %s"
