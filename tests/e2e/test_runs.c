@@ -771,6 +771,10 @@ static void test_run__a_request_that_cannot_run_is_refused_before_the_sync(void 
     c = run_in(project, ARGS("run", "--gpus", "1000", "--", "true"));
     expect_status(&c, 2, "run --gpus 1000");
     child_release(&c);
+    /* logs of a rank the run will not have: shown nothing, as if that rank were silent */
+    c = run_in(project, ARGS("run", "--cpu", "2", "--ranks", "3", "--", "true"));
+    expect_status(&c, 2, "run --cpu 2 --ranks 3");
+    child_release(&c);
     /* a job's gpus written as the editors' cpu=3 */
     add_to_config("\n[job \"cpujob\"]\ncommand = true\ngpus = cpu=3\n");
     c = run_in(project, ARGS("run", "cpujob"));
