@@ -390,8 +390,8 @@ static int pump_output(struct exec_state *st, int stream)
 static void make_tag(char *tag)
 {
     unsigned char r[16] = {0};
-    if (getrandom(r, sizeof(r), 0) !=
-        (ssize_t)sizeof(r)) { /* before the pool is ready: unique enough */
+    /* before the kernel's pool is ready (early boot), the time and pid are unique enough */
+    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         snprintf((char *)r, sizeof(r), "%lx%ld", (long)ts.tv_nsec, (long)getpid());
@@ -400,9 +400,10 @@ static void make_tag(char *tag)
         snprintf(tag + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Passes a signal the caller caught on to the command's process group, as a terminal would. The
- * SSH "signal" request does this in OpenSSH 7.9 and later, but libssh2 1.10 can send no request
- * on a channel whose command runs, so a second channel does it: it finds the processes whose
+/* Passes a signal the caller caught on to the command's process group, as a terminal would. An
+ * SSH "signal" request on the command's channel would do it where the server takes one, but
+ * libssh2 1.10 sends no request on a channel whose command runs ("Channel can not be reused"),
+ * so a second channel does it: it finds the processes whose
  * environment holds the command's tag, and signals each process group among theirs that is its
  * session's first (the one sshd started the command in; groups the command made on purpose, a
  * `setsid` daemon, keep running, as they would after a Ctrl-C in a terminal), once. */
