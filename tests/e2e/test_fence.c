@@ -219,6 +219,21 @@ static pid_t the_agent(void)
     return pids[0];
 }
 
+/* Waits (10 s at most) until no agent serves the project: a push returns once its answers are in,
+ * and its agent, at the end of its input, then saves the set it keeps for checks
+ * (.gpusync/check-kept, through a temporary renamed into place), which a count made meanwhile
+ * would take for a temporary left behind. */
+static void await_no_serve_agent(void)
+{
+    pid_t pids[8];
+    int64_t end = gs_clock_mono_ms() + 10000;
+    while (serve_agents(pids, 8) > 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("an agent still serves %s 10 s after the push returned", cur.remote);
+        usleep(10000); /* polling an observable condition, with a deadline */
+    }
+}
+
 static pid_t parent_of(pid_t pid)
 {
     return (pid_t)gs_test_proc_stat(pid, 4);
@@ -398,9 +413,11 @@ static void test_fence__a_killed_upload_leaves_no_temporary_after_the_next_push(
     assert_true(count_named(cur.remote, ".gpusync-tmp-") > 0); /* what the kill left */
 
     gs_ok(ARGS("push"), "push after the killed one");
+    await_no_serve_agent();
     assert_int_equal(count_named(cur.remote, ".gpusync-tmp-"), 0);
     expect_remote_same("big.bin");
     gs_ok(ARGS("push"), "one more push");
+    await_no_serve_agent();
     assert_int_equal(count_named(cur.remote, ".gpusync-tmp-"), 0);
 }
 
