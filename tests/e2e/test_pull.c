@@ -560,6 +560,19 @@ static void a_second_pull_replaces_an_unchanged_pulled_file_without_a_copy(void 
     expect_names(project, "outb", "model.pt|");
 }
 
+/* Expects push answer `o` (taken) to report one conflict copy holding the job's "lr=3, by the
+ * job", and `rel` on the server to hold the edit made here. */
+static void expect_jobs_copy_kept(json_t *o, const char *rel)
+{
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
+    const char *copy = json_string_value(
+        json_object_get(json_array_get(json_object_get(o, "conflicts"), 0), "kept"));
+    assert_non_null(copy);
+    expect_at(remote, copy, "lr=3, by the job\n");
+    json_decref(o);
+    expect_at(remote, rel, "lr=2, edited here\n");
+}
+
 /* A pulled file edited here is sent, and is gpusync's from then on: a later change on the server
  * is kept aside and the local copy put back, as for any file gpusync wrote. */
 static void a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs(void **state)
@@ -576,13 +589,7 @@ static void a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs(void **stat
     expect_at(remote, "outc/cfg.txt", "lr=2, edited here\n");
     job_writes("outc/cfg.txt", "lr=3, by the job\n");
     o = push_json("outc", "push after the job changed the edited file");
-    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
-    const char *copy = json_string_value(
-        json_object_get(json_array_get(json_object_get(o, "conflicts"), 0), "kept"));
-    assert_non_null(copy);
-    expect_at(remote, copy, "lr=3, by the job\n");
-    json_decref(o);
-    expect_at(remote, "outc/cfg.txt", "lr=2, edited here\n");
+    expect_jobs_copy_kept(o, "outc/cfg.txt");
 }
 
 /* Edited on both sides: the edit is sent expecting what was pulled, so the job's newer copy is
@@ -597,13 +604,7 @@ static void a_pulled_file_edited_on_both_sides_keeps_the_jobs_copy(void **state)
     gs_test_write_file(project, "outd/cfg.txt", "lr=2, edited here\n");
     json_t *o = push_json("outd", "push of the edit");
     assert_int_equal(field(o, "sent"), 1);
-    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 1);
-    const char *copy = json_string_value(
-        json_object_get(json_array_get(json_object_get(o, "conflicts"), 0), "kept"));
-    assert_non_null(copy);
-    expect_at(remote, copy, "lr=3, by the job\n");
-    json_decref(o);
-    expect_at(remote, "outd/cfg.txt", "lr=2, edited here\n");
+    expect_jobs_copy_kept(o, "outd/cfg.txt");
 }
 
 /* Deleting a pulled file here (done looking at it) leaves the job's output on the server; the
