@@ -55,42 +55,15 @@ static int run_wants_prefix(int nranks, const char *ranks)
     return nranks != 1 && want_prefix(ranks);
 }
 
-/* Whether ps entry `entry` lists rank `rank`; its lowest and highest ranks into lo and hi. */
-static int run_has_rank(json_t *entry, long rank, long *lo, long *hi)
+/* --rank against the ranks run `id` has (its ps entry, which resolving it kept). */
+static int check_ranks(struct gs_cli *cli, const struct gs_run_ctx *rc, const char *id,
+                       const char *ranks)
 {
-    json_t *r;
-    size_t i;
-    int found = 0;
-    json_array_foreach(json_object_get(entry, "ranks"), i, r)
-    {
-        long n = (long)json_integer_value(json_object_get(r, "rank"));
-        *lo = i == 0 || n < *lo ? n : *lo;
-        *hi = i == 0 || n > *hi ? n : *hi;
-        found |= n == rank;
-    }
-    return found;
-}
-
-/* Refuses a --rank list naming a rank that run `id` (ps entry `entry`) does not have: it printed
- * nothing and exited 0, as if that rank had been silent. Passes when the ranks are not known yet.
- * Returns 0, or GS_E_USAGE in cli->err. */
-static int check_ranks(struct gs_cli *cli, json_t *entry, const char *id, const char *ranks)
-{
-    if (!ranks || !strcmp(ranks, "all") || run_nranks(entry) == 0)
-        return 0;
-    for (const char *p = ranks; *p; p += strcspn(p, ","), p += *p == ',') {
-        long rank = strtol(p, NULL, 10), lo = 0, hi = 0;
-        if (run_has_rank(entry, rank, &lo, &hi))
-            continue;
-        if (lo == hi)
-            return gs_error_set(&cli->err, GS_E_USAGE,
-                                "--rank %ld: run %s has no rank %ld (it has rank %ld only)", rank,
-                                id, rank, lo);
-        return gs_error_set(&cli->err, GS_E_USAGE,
-                            "--rank %ld: run %s has no rank %ld (ranks %ld-%ld)", rank, id, rank,
-                            lo, hi);
-    }
-    return 0;
+    struct gs_buf what = GS_BUF_INIT;
+    gs_buf_addf(&what, "run %s", id);
+    int r = gs_run_check_ranks(cli, "--rank", ranks, run_nranks(rc->resolved), what.data);
+    gs_buf_release(&what);
+    return r;
 }
 
 /* Shows the local copy of run `id`, which the server does not have. Returns the exit code: 0,
@@ -206,7 +179,7 @@ static int logs_exec(struct gs_cli *cli)
     json_t *rec = gs_nodes_resolve(cli, &rc, run, 0, &id, &r);
     if (rec)
         code = gs_nodes_logs(cli, rec, opts.rank, opts.follow, opts.tail);
-    else if (r == 0 && (r = check_ranks(cli, rc.resolved, id.data, opts.rank)) < 0)
+    else if (r == 0 && (r = check_ranks(cli, &rc, id.data, opts.rank)) < 0)
         code = gs_cli_fail(cli, r);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
         code = show_local(cli, run, opts.follow, opts.rank, opts.tail);

@@ -559,24 +559,6 @@ static int run_parse(struct gs_cli *cli, int argc, char **argv)
     return parse_run_args(cli, argc, argv, &args);
 }
 
-/* Refuses --ranks naming a rank the run will not have (`--cpu 2 --ranks 3`): its logs would show
- * nothing, as if that rank were silent. Returns 0 or GS_E_USAGE in cli->err. */
-static int ranks_exist(struct gs_cli *cli, const char *ranks, int nproc)
-{
-    if (!ranks || !strcmp(ranks, "all") || nproc <= 0)
-        return 0;
-    for (const char *p = ranks; *p; p += strcspn(p, ","), p += *p == ',') {
-        long rank = strtol(p, NULL, 10);
-        if (rank >= nproc && nproc == 1)
-            return gs_error_set(&cli->err, GS_E_USAGE, "--ranks %s: the run has rank 0 only",
-                                ranks);
-        if (rank >= nproc)
-            return gs_error_set(&cli->err, GS_E_USAGE, "--ranks %s: the run has ranks 0-%d", ranks,
-                                nproc - 1);
-    }
-    return 0;
-}
-
 /* Needs the project first: whether the run needs [remote] (through the watch daemon when one
  * runs), or each of several hosts, is known once the config is read; and what the config gets
  * wrong is refused before anything connects. */
@@ -610,7 +592,7 @@ static int run_exec(struct gs_cli *cli)
      * answer needs the connection the sync uses anyway, and a refusal then costs no upload. */
     r = gs_runcmd_plan(cli, a, &plan);
     if (r == 0)
-        r = ranks_exist(cli, a->ranks, plan.nproc);
+        r = gs_run_check_ranks(cli, "--ranks", a->ranks, plan.nproc, "the run");
     if (r == 0 && !a->no_sync)
         r = gs_cli_sync(cli);
     int code = r < 0 ? gs_cli_fail(cli, r) : launch(cli, a, &rc, &plan);

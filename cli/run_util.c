@@ -156,6 +156,24 @@ int gs_cli_daemon_stopped(int rc, json_t *reply)
     return rc == GS_E_DISCONNECTED || (rc == 0 && json_is_true(json_object_get(reply, "stopped")));
 }
 
+int gs_run_check_ranks(struct gs_cli *cli, const char *option, const char *ranks, int nranks,
+                       const char *what)
+{
+    if (!ranks || !strcmp(ranks, "all") || nranks <= 0)
+        return 0;
+    for (const char *p = ranks; *p; p += strcspn(p, ","), p += *p == ',') {
+        long rank = strtol(p, NULL, 10);
+        if (rank < nranks)
+            continue;
+        if (nranks == 1)
+            return gs_error_set(&cli->err, GS_E_USAGE, "%s %ld: %s has rank 0 only", option, rank,
+                                what);
+        return gs_error_set(&cli->err, GS_E_USAGE, "%s %ld: %s has ranks 0-%d", option, rank, what,
+                            nranks - 1);
+    }
+    return 0;
+}
+
 /* ---- commands through the watch daemon's relay (syncd/relay.h) ---- */
 
 typedef int (*relay_out_fn)(void *ctx, const char *data, size_t len);

@@ -118,6 +118,13 @@ int gs_cli_sync_node(struct gs_cli *cli);
  * left to its default, are one node, with one index. malloc'd. */
 char *gs_cli_node_key(const struct gs_config *cfg);
 
+/* Refuses a rank list (`--rank` of logs, `--ranks` of run: "0,2"; NULL or "all" pass) naming a
+ * rank that a run of `nranks` ranks (0: not known yet, which passes) does not have: its logs would
+ * show nothing, as if that rank were silent. `what` names the run in the message. Returns 0, or
+ * GS_E_USAGE in cli->err. */
+int gs_run_check_ranks(struct gs_cli *cli, const char *option, const char *ranks, int nranks,
+                       const char *what);
+
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * A name picks the newest run of that name; with `live`, the newest one still running (or lost,
  * which stop can still end) when there is one: several runs may share a name. Appends the id to

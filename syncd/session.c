@@ -79,25 +79,41 @@ static int open_sftp(struct gs_session *s, struct gs_ssh *ssh, const char *remot
 static void note_early_write(void *ctx, const char *path, int subtree)
 {
     struct gs_session *s = ctx;
-    if (!subtree) /* a folder's removal drops what lay below it: nothing to keep there */
-        gs_buf_add(&s->early_written, path, strlen(path) + 1);
+    if (subtree) /* a folder's removal drops what lay below it: nothing to keep there */
+        return;
+    GS_ALLOC_GROW(s->early_written, s->n_early_written + 1, s->cap_early_written);
+    s->early_written[s->n_early_written++] = gs_xstrdup(path);
+}
+
+static void forget_early_writes(struct gs_session *s)
+{
+    for (size_t i = 0; i < s->n_early_written; i++)
+        free(s->early_written[i]);
+    free(s->early_written);
+    s->early_written = NULL;
+    s->n_early_written = s->cap_early_written = 0;
 }
 
 static int cmp_str(const void *a, const void *b)
 {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
+    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-struct paths {
+/* The entries clear_but_early drops: those no early request wrote. */
+struct dropping {
+    const struct gs_session *s; /* its early_written sorted */
     char **v;
     size_t n, cap;
 };
 
-static int collect_path(const struct gs_index_entry *e, void *ctx)
+static int collect_unless_early(const struct gs_index_entry *e, void *ctx)
 {
-    struct paths *p = ctx;
-    GS_ALLOC_GROW(p->v, p->n + 1, p->cap);
-    p->v[p->n++] = gs_xstrdup(e->path);
+    struct dropping *d = ctx;
+    char *path = e->path;
+    if (bsearch(&path, d->s->early_written, d->s->n_early_written, sizeof(char *), cmp_str))
+        return 0;
+    GS_ALLOC_GROW(d->v, d->n + 1, d->cap);
+    d->v[d->n++] = gs_xstrdup(e->path);
     return 0;
 }
 
@@ -107,25 +123,18 @@ static int collect_path(const struct gs_index_entry *e, void *ctx)
  * dropped, as gs_index_clear drops all. */
 static int clear_but_early(struct gs_session *s, struct gs_error *err)
 {
-    size_t n_early = 0, intents = 0;
-    for (size_t at = 0; at < s->early_written.len; at += strlen(s->early_written.data + at) + 1)
-        n_early++;
-    if (!n_early || gs_index_intent_count(s->idx, &intents, err) < 0 || intents)
+    size_t intents = 0;
+    if (!s->n_early_written || gs_index_intent_count(s->idx, &intents, err) < 0 || intents)
         return gs_index_clear(s->idx, err);
-    const char **early = gs_xcalloc(n_early, sizeof(*early));
-    size_t i = 0;
-    for (size_t at = 0; at < s->early_written.len; at += strlen(s->early_written.data + at) + 1)
-        early[i++] = s->early_written.data + at;
-    qsort(early, n_early, sizeof(*early), cmp_str);
-    struct paths all = {0};
-    int rc = gs_index_foreach(s->idx, "", collect_path, &all, err);
-    for (i = 0; rc == 0 && i < all.n; i++)
-        if (!bsearch(&all.v[i], early, n_early, sizeof(*early), cmp_str))
-            rc = gs_index_delete(s->idx, all.v[i], err);
-    for (i = 0; i < all.n; i++)
-        free(all.v[i]);
-    free(all.v);
-    free(early);
+    qsort(s->early_written, s->n_early_written, sizeof(char *), cmp_str);
+    struct dropping drop = {.s = s};
+    int rc = gs_index_foreach(s->idx, "", collect_unless_early, &drop, err);
+    for (size_t i = 0; i < drop.n; i++) {
+        if (rc == 0)
+            rc = gs_index_delete(s->idx, drop.v[i], err);
+        free(drop.v[i]);
+    }
+    free(drop.v);
     return rc;
 }
 
@@ -425,7 +434,7 @@ int gs_session_go_early(struct gs_session *s)
         return 0;
     s->early = 1;
     s->early_entries = entries;
-    gs_buf_reset(&s->early_written);
+    forget_early_writes(s);
     gs_index_on_write(s->idx, note_early_write, s);
     s->ops = gs_agent_fileops(s->agent);
     return 1;
@@ -444,7 +453,7 @@ int gs_session_ready(struct gs_session *s, struct gs_error *err)
         gs_index_on_write(s->idx, NULL, NULL);
     if (rc == 0)
         rc = verify_server(s, err);
-    gs_buf_release(&s->early_written);
+    forget_early_writes(s);
     int early = s->early;
     s->early = 0;
     if (rc == 0) {
@@ -525,7 +534,7 @@ void gs_session_close(struct gs_session *s)
     gs_session_disconnect(s);
     gs_session_unlock(s); /* after the agent's channel is gone */
     gs_index_close(s->idx);
-    gs_buf_release(&s->early_written);
+    forget_early_writes(s);
     gs_ignore_free(s->ig);
     free(s->root);
     free(s->remote_dir);

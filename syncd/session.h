@@ -29,7 +29,8 @@ struct gs_session {
                            * the caller says what it means for it (pull, which sends nothing) */
     int early;            /* ops went out before the agent answered (gs_session_go_early) */
     size_t early_entries; /* the index's entries when they did (0: a first sync) */
-    struct gs_buf early_written; /* paths the early requests wrote to the index, each + '\0' */
+    char **early_written; /* paths the early requests wrote to the index (owned) */
+    size_t n_early_written, cap_early_written;
     int early_lost;    /* gs_session_ready had to install the agent: the early ops were lost */
     int settled;       /* ready has reconciled the intents for this connection */
     size_t reconciled; /* operations an interrupted sync left in doubt, settled by ready */
