@@ -36,8 +36,11 @@ static inline int isolated(int (*fn)(void))
 {
     fflush(NULL);
     pid_t pid = fork();
-    if (pid == 0)
-        _exit(fn());
+    if (pid == 0) {
+        int rc = fn();
+        fflush(NULL); /* _exit flushes nothing: a piped stdout would lose the child's report */
+        _exit(rc);
+    }
     int st = 0;
     if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
         return 1;
