@@ -113,8 +113,11 @@ def main():
     # autocast as the seeds' --mixed_precision does; fp16 with GradScaler (2^16, x2 per 2000)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     autocast = lambda: torch.autocast(dev.type, dtype=half, enabled=half is not None)  # noqa
-    scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 16,
-                                       enabled=args.precision == "fp16")
+    fp16 = args.precision == "fp16"
+    if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3; torch.cuda.amp's is deprecated there
+        scaler = torch.amp.GradScaler(dev.type, init_scale=2.0 ** 16, enabled=fp16)
+    else:
+        scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 16, enabled=fp16)
     steps_per_epoch = (len(y) + args.batch_size - 1) // args.batch_size
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
     lossf = nn.CrossEntropyLoss()
