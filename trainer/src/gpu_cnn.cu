@@ -82,31 +82,27 @@ static int lenet_forward(gt_gpu_cnn *c, const float *P, const float *x, int B, i
     gt_gl *l = c->l;
     int plane2 = n->conv2.OH * n->conv2.OW;
     c->dropped = training && n->dropout > 0.0f;
+    /* Each ReLU is fused into the pool or linear layer before it (see gpu_layers.h). */
     if (gt_gl_conv2d_forward(l, &n->conv1, B, x, P + n->off[0], P + n->off[1], n->c1, c->scratch,
                              err) != 0 ||
-        gt_gl_maxpool2d_forward(l, B * 10, n->conv1.OH, n->conv1.OW, 2, 2, n->c1, n->p1, n->arg1,
+        gt_gl_maxpool2d_forward(l, B * 10, n->conv1.OH, n->conv1.OW, 2, 2, n->c1, n->p1, n->arg1, 1,
                                 err) != 0 ||
-        gt_gl_relu(l, n->p1, (size_t)B * 10 * n->pool1 * n->pool1, err) != 0 ||
         gt_gl_conv2d_forward(l, &n->conv2, B, n->p1, P + n->off[2], P + n->off[3], n->c2,
                              c->scratch, err) != 0)
         return -1;
-    if (c->dropped && (gt_gl_dropout_mask(l, n->mask2, B, 20, n->dropout, gt_dropout_key(key, 0, 2),
-                                          ids, err) != 0 ||
-                       gt_gl_dropout_apply(l, n->c2, n->mask2, B, 20, plane2, err) != 0))
+    if (c->dropped && gt_gl_dropout(l, n->c2, n->mask2, B, 20, plane2, n->dropout,
+                                    gt_dropout_key(key, 0, 2), ids, err) != 0)
         return -1;
-    if (gt_gl_maxpool2d_forward(l, B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->c2, n->p2, n->arg2,
+    if (gt_gl_maxpool2d_forward(l, B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->c2, n->p2, n->arg2, 1,
                                 err) != 0 ||
-        gt_gl_relu(l, n->p2, (size_t)B * n->flat, err) != 0 ||
-        gt_gl_linear_forward(l, n->p2, B, n->flat, n->hidden, P + n->off[4], P + n->off[5], n->h,
-                             err) != 0 ||
-        gt_gl_relu(l, n->h, (size_t)B * n->hidden, err) != 0)
+        gt_gl_linear_forward(l, n->p2, B, n->flat, n->hidden, P + n->off[4], P + n->off[5], n->h, 1,
+                             err) != 0)
         return -1;
-    if (c->dropped && (gt_gl_dropout_mask(l, n->mask3, B, n->hidden, n->dropout,
-                                          gt_dropout_key(key, 0, 3), ids, err) != 0 ||
-                       gt_gl_dropout_apply(l, n->h, n->mask3, B, n->hidden, 1, err) != 0))
+    if (c->dropped && gt_gl_dropout(l, n->h, n->mask3, B, n->hidden, 1, n->dropout,
+                                    gt_dropout_key(key, 0, 3), ids, err) != 0)
         return -1;
     return gt_gl_linear_forward(l, n->h, B, n->hidden, c->classes, P + n->off[6], P + n->off[7],
-                                logits, err);
+                                logits, 0, err);
 }
 
 static int lenet_backward(gt_gpu_cnn *c, const float *P, float *G, const float *x, int B,
@@ -114,7 +110,6 @@ static int lenet_backward(gt_gpu_cnn *c, const float *P, float *G, const float *
 {
     gt_lenet *n = &c->ln;
     gt_gl *l = c->l;
-    int plane2 = n->conv2.OH * n->conv2.OW;
     if (gt_gl_linear_backward(l, n->h, dlogits, B, n->hidden, c->classes, P + n->off[6],
                               G + n->off[6], G + n->off[7], n->dh, err) != 0)
         return -1;
@@ -123,18 +118,13 @@ static int lenet_backward(gt_gpu_cnn *c, const float *P, float *G, const float *
     if (gt_gl_relu_backward(l, n->dh, n->h, (size_t)B * n->hidden, err) != 0 ||
         gt_gl_linear_backward(l, n->p2, n->dh, B, n->flat, n->hidden, P + n->off[4], G + n->off[4],
                               G + n->off[5], n->dp2, err) != 0 ||
-        gt_gl_relu_backward(l, n->dp2, n->p2, (size_t)B * n->flat, err) != 0 ||
-        gt_gl_maxpool2d_backward(l, B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->dp2, n->arg2, n->dc2,
-                                 err) != 0)
-        return -1;
-    if (c->dropped && gt_gl_dropout_apply(l, n->dc2, n->mask2, B, 20, plane2, err) != 0)
+        gt_gl_maxpool2d_backward(l, B * 20, n->conv2.OH, n->conv2.OW, 2, 2, n->dp2, n->arg2, n->p2,
+                                 c->dropped ? n->mask2 : NULL, n->dc2, err) != 0)
         return -1;
     return gt_gl_conv2d_backward(l, &n->conv2, B, n->p1, P + n->off[2], n->dc2, G + n->off[2],
                                  G + n->off[3], n->dp1, c->scratch, err) != 0 ||
-                   gt_gl_relu_backward(l, n->dp1, n->p1, (size_t)B * 10 * n->pool1 * n->pool1,
-                                       err) != 0 ||
                    gt_gl_maxpool2d_backward(l, B * 10, n->conv1.OH, n->conv1.OW, 2, 2, n->dp1,
-                                            n->arg1, n->dc1, err) != 0 ||
+                                            n->arg1, n->p1, NULL, n->dc1, err) != 0 ||
                    gt_gl_conv2d_backward(l, &n->conv1, B, x, P + n->off[0], n->dc1, G + n->off[0],
                                          G + n->off[1], NULL, c->scratch, err) != 0
                ? -1
@@ -225,7 +215,7 @@ static int resnet_forward(gt_gpu_cnn *c, const float *P, const float *x, int B, 
                                 err) != 0)
         return -1;
     return gt_gl_linear_forward(l, n->pooled, B, 64, c->classes, P + n->fc_w, P + n->fc_b, logits,
-                                err);
+                                0, err);
 }
 
 /* From b->dout, the block's parameter gradients and dx (its input's gradient), as resnet.c. */

@@ -263,8 +263,9 @@ int gt_gl_conv2d_backward(gt_gl *l, const gt_conv2d *s, int B, const float *x, c
 
 /* ---- pooling ------------------------------------------------------------------------------- */
 
+/* relu: y = max(window max, 0), the ReLU LeNet applies after each pool (they commute). */
 static __global__ void maxpool_kernel(float *y, int32_t *arg, const float *x, int BC, int H, int W,
-                                      int k, int stride, int OH, int OW)
+                                      int k, int stride, int OH, int OW, int relu)
 {
     size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= (size_t)BC * OH * OW)
@@ -278,18 +279,49 @@ static __global__ void maxpool_kernel(float *y, int32_t *arg, const float *x, in
             if (xp[at] > xp[best])
                 best = at;
         }
-    y[o] = xp[best];
+    y[o] = relu && xp[best] < 0.0f ? 0.0f : xp[best];
     arg[o] = best;
 }
 
+/* The gradient one pool output routes to its input's maximum: zero where a fused ReLU cut the
+ * output (y <= 0), scaled by the plane's dropout factor where dropout2d preceded the pool. */
+static __device__ float routed_grad(const float *dy, const float *y, const float *mask, size_t o,
+                                    size_t plane)
+{
+    if (y && y[o] <= 0.0f)
+        return 0.0f;
+    return mask ? dy[o] * mask[plane] : dy[o];
+}
+
 /* dx was zeroed; overlapping windows may route to one input, hence the atomic add. */
-static __global__ void maxpool_back_kernel(float *dx, const float *dy, const int32_t *arg, int BC,
-                                           int HW, int OHW)
+static __global__ void maxpool_back_kernel(float *dx, const float *dy, const int32_t *arg,
+                                           const float *y, const float *mask, int BC, int HW,
+                                           int OHW)
 {
     size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= (size_t)BC * OHW)
         return;
-    atomicAdd(&dx[o / OHW * HW + arg[o]], dy[o]);
+    atomicAdd(&dx[o / OHW * HW + arg[o]], routed_grad(dy, y, mask, o, o / OHW));
+}
+
+/* Windows that tile the plane exactly (k == stride, as LeNet's): each output writes its whole
+ * window, the gradient at the maximum and zero elsewhere, so dx needs no clearing first. */
+static __global__ void maxpool_back_tiled_kernel(float *dx, const float *dy, const int32_t *arg,
+                                                 const float *y, const float *mask, int BC, int W,
+                                                 int k, int OH, int OW)
+{
+    size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= (size_t)BC * OH * OW)
+        return;
+    size_t pl = o / ((size_t)OH * OW);
+    int oy = (int)(o / OW % OH), ox = (int)(o % OW);
+    float g = routed_grad(dy, y, mask, o, pl);
+    float *dp = dx + pl * (size_t)OH * k * W;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k; j++) {
+            int at = (oy * k + i) * W + ox * k + j;
+            dp[at] = at == arg[o] ? g : 0.0f;
+        }
 }
 
 static __global__ void avgpool_kernel(float *y, const float *x, int BC, int H, int W, int k,
@@ -321,23 +353,31 @@ static __global__ void avgpool_back_kernel(float *dx, const float *dy, int BC, i
 }
 
 int gt_gl_maxpool2d_forward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *x,
-                            float *y, int32_t *arg, gt_err *err)
+                            float *y, int32_t *arg, int relu, gt_err *err)
 {
     int rank = l->rank, OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
     size_t n = (size_t)BC * OH * OW;
-    maxpool_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(y, arg, x, BC, H, W, k, stride, OH,
-                                                             OW);
+    maxpool_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(y, arg, x, BC, H, W, k, stride, OH, OW,
+                                                             relu);
     KERNEL_CHECK();
     return 0;
 }
 
 int gt_gl_maxpool2d_backward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *dy,
-                             const int32_t *arg, float *dx, gt_err *err)
+                             const int32_t *arg, const float *y, const float *mask, float *dx,
+                             gt_err *err)
 {
     int rank = l->rank, OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
     size_t n = (size_t)BC * OH * OW;
+    if (k == stride && OH * k == H && OW * k == W) {
+        maxpool_back_tiled_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(dx, dy, arg, y, mask,
+                                                                            BC, W, k, OH, OW);
+        KERNEL_CHECK();
+        return 0;
+    }
     CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)BC * H * W * sizeof(float), l->stream));
-    maxpool_back_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(dx, dy, arg, BC, H * W, OH * OW);
+    maxpool_back_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(dx, dy, arg, y, mask, BC, H * W,
+                                                                  OH * OW);
     KERNEL_CHECK();
     return 0;
 }
@@ -366,14 +406,20 @@ int gt_gl_avgpool2d_backward(gt_gl *l, int BC, int H, int W, int k, int stride, 
 
 /* ---- dropout and element-wise -------------------------------------------------------------- */
 
-static __global__ void dropout_mask_kernel(float *mask, int B, int units, float p, float keep,
-                                           uint64_t key, const int64_t *ids)
+/* One thread per element of x (B, units, per): each computes its unit's factor (a hash, cheaper
+ * than a second launch) and the first of the unit's elements records it in mask. */
+static __global__ void dropout_kernel(float *x, float *mask, size_t n, int units, int per, float p,
+                                      float keep, uint64_t key, const int64_t *ids)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * units)
+    if (i >= n)
         return;
-    int row = (int)(i / units), u = (int)(i % units);
-    mask[i] = gt_dropout_unit(key, ids ? ids[row] : row, u, p, keep);
+    size_t q = i / per;
+    int row = (int)(q / units), u = (int)(q % units);
+    float m = gt_dropout_unit(key, ids ? ids[row] : row, u, p, keep);
+    if (i % per == 0)
+        mask[q] = m;
+    x[i] *= m;
 }
 
 static __global__ void dropout_apply_kernel(float *x, const float *mask, size_t n, int per)
@@ -427,14 +473,14 @@ static __global__ void scale_kernel(float *x, float s, size_t n)
         x[i] *= s;
 }
 
-int gt_gl_dropout_mask(gt_gl *l, float *mask, int B, int units, float p, uint64_t key,
-                       const int64_t *ids, gt_err *err)
+int gt_gl_dropout(gt_gl *l, float *x, float *mask, int B, int units, int per, float p, uint64_t key,
+                  const int64_t *ids, gt_err *err)
 {
     int rank = l->rank;
     float keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; /* gt_dropout_mask's expression */
-    size_t n = (size_t)B * units;
-    dropout_mask_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(mask, B, units, p, keep, key,
-                                                                  ids);
+    size_t n = (size_t)B * units * per;
+    dropout_kernel<<<blocks_for(n), THREADS, 0, l->stream>>>(x, mask, n, units, per, p, keep, key,
+                                                             ids);
     KERNEL_CHECK();
     return 0;
 }
@@ -499,11 +545,13 @@ int gt_gl_scale(gt_gl *l, float *x, float s, size_t n, gt_err *err)
 
 /* ---- linear -------------------------------------------------------------------------------- */
 
-static __global__ void add_bias_kernel(float *Y, const float *b, int B, int out)
+static __global__ void add_bias_kernel(float *Y, const float *b, int B, int out, int relu)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)B * out)
-        Y[i] += b[i % out];
+    if (i >= (size_t)B * out)
+        return;
+    float v = Y[i] + b[i % out];
+    Y[i] = relu && v < 0.0f ? 0.0f : v;
 }
 
 /* db[j] = sum over rows of dY[:, j], rows in order as on the CPU; one thread per column. */
@@ -519,12 +567,12 @@ static __global__ void col_sums_kernel(float *db, const float *dY, int B, int ou
 }
 
 int gt_gl_linear_forward(gt_gl *l, const float *X, int B, int in, int out, const float *W,
-                         const float *b, float *Y, gt_err *err)
+                         const float *b, float *Y, int relu, gt_err *err)
 {
     int rank = l->rank;
     if (gt_gl_gemm(l, 0, 1, B, out, in, X, in, W, in, 0.0f, Y, out, err) != 0)
         return -1;
-    add_bias_kernel<<<blocks_for((size_t)B * out), THREADS, 0, l->stream>>>(Y, b, B, out);
+    add_bias_kernel<<<blocks_for((size_t)B * out), THREADS, 0, l->stream>>>(Y, b, B, out, relu);
     KERNEL_CHECK();
     return 0;
 }

@@ -58,20 +58,26 @@ int gt_gl_conv2d_backward(gt_gl *l, const gt_conv2d *s, int B, const float *x, c
                           const float *dy, float *dw, float *db, float *dx, float *scratch,
                           gt_err *err);
 
-/* As gt_maxpool2d_forward / _backward (first maximum wins; arg is the offset in its plane). */
+/* As gt_maxpool2d_forward / _backward (first maximum wins; arg is the offset in its plane).
+ * Fused, to spare LeNet's steps kernel launches (its GPU step is bound by their count): relu
+ * applies the ReLU that follows the pool; backward then takes that output as y (the gradient
+ * passes where y > 0; NULL: no ReLU) and mask, the factor per plane of a dropout2d that came
+ * before the pool (NULL: none). */
 int gt_gl_maxpool2d_forward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *x,
-                            float *y, int32_t *arg, gt_err *err);
+                            float *y, int32_t *arg, int relu, gt_err *err);
 int gt_gl_maxpool2d_backward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *dy,
-                             const int32_t *arg, float *dx, gt_err *err);
+                             const int32_t *arg, const float *y, const float *mask, float *dx,
+                             gt_err *err);
 /* As gt_avgpool2d_forward / _backward. */
 int gt_gl_avgpool2d_forward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *x,
                             float *y, gt_err *err);
 int gt_gl_avgpool2d_backward(gt_gl *l, int BC, int H, int W, int k, int stride, const float *dy,
                              float *dx, gt_err *err);
 
-/* As gt_dropout_mask, with ids (B dataset indices) in device memory or NULL: the same masks. */
-int gt_gl_dropout_mask(gt_gl *l, float *mask, int B, int units, float p, uint64_t key,
-                       const int64_t *ids, gt_err *err);
+/* As gt_dropout_mask then gt_dropout_apply, in one pass: mask (B, units) gets the same masks,
+ * with ids (B dataset indices) in device memory or NULL, and x (B, units, per) *= mask. */
+int gt_gl_dropout(gt_gl *l, float *x, float *mask, int B, int units, int per, float p, uint64_t key,
+                  const int64_t *ids, gt_err *err);
 /* As gt_dropout_apply: x (B, units, per) *= mask (B, units). */
 int gt_gl_dropout_apply(gt_gl *l, float *x, const float *mask, int B, int units, int per,
                         gt_err *err);
@@ -89,9 +95,9 @@ int gt_gl_add(gt_gl *l, float *dst, const float *src, size_t n, gt_err *err);
 /* x *= s. */
 int gt_gl_scale(gt_gl *l, float *x, float s, size_t n, gt_err *err);
 
-/* As gt_linear_forward / _backward (dX NULL: not computed). */
+/* As gt_linear_forward / _backward (dX NULL: not computed); relu: Y = max(Y, 0) after the bias. */
 int gt_gl_linear_forward(gt_gl *l, const float *X, int B, int in, int out, const float *W,
-                         const float *b, float *Y, gt_err *err);
+                         const float *b, float *Y, int relu, gt_err *err);
 int gt_gl_linear_backward(gt_gl *l, const float *X, const float *dY, int B, int in, int out,
                           const float *W, float *dW, float *db, float *dX, gt_err *err);
 
