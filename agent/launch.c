@@ -617,6 +617,18 @@ static void on_signal(struct sup *s, const struct signalfd_siginfo *si)
 /* How often the supervisor looks for its run's folder (keep_run_dir). */
 #define RUN_DIR_CHECK_MS 2000
 
+/* status.json damaged or removed in a folder that is still there (a hand edit, a sync tool,
+ * a full disk's truncation): ps skipped the run and stop could not read it. Written again. */
+static void keep_status(struct sup *s)
+{
+    struct ga_runs_status now;
+    if (ga_runs_read_status(s->o->dir, &now) == 0) {
+        ga_runs_status_release(&now);
+        return;
+    }
+    save_status(s);
+}
+
 /* A run's folder removed on the server (an `rm -rf` of .gpusync/runs, or of the whole project,
  * which watch makes again) while it runs: its ranks went on, holding their GPUs, where neither
  * `ps` nor `stop` could see them. The supervisor makes the folder again, with meta.json and
@@ -629,7 +641,11 @@ static void keep_run_dir(struct sup *s, long long now)
     s->dir_check_at = now + RUN_DIR_CHECK_MS;
     struct stat st;
     char p[PATH_MAX];
-    if (stat(s->o->dir, &st) == 0 || errno != ENOENT)
+    if (stat(s->o->dir, &st) == 0) {
+        keep_status(s);
+        return;
+    }
+    if (errno != ENOENT)
         return;
     if (ga_runs_join(p, sizeof(p), s->o->rootabs, ".gpusync") < 0 || mkdir_ok(p) < 0 ||
         ga_runs_path(p, sizeof(p), s->o->rootabs, NULL) < 0 || mkdir_ok(p) < 0 ||

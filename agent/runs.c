@@ -517,6 +517,23 @@ struct ps_row {
     int lost; /* status says running, but the supervisor is gone */
 };
 
+/* A run whose status.json is there but does not parse (written whole by rename, so damaged
+ * from outside) is listed as "damaged" rather than left out: a running one's supervisor writes
+ * it again within RUN_DIR_CHECK_MS (launch.c), and one that ended has still left its folder.
+ * Returns 0 with st filled so, or -1 where there is no status.json (a run starting up). */
+static int status_damaged(const char *dir, const char *id, struct ga_runs_status *st)
+{
+    char path[PATH_MAX];
+    struct stat sb;
+    if (ga_runs_join(path, sizeof(path), dir, "status.json") < 0 || stat(path, &sb) != 0)
+        return -1;
+    memset(st, 0, sizeof(*st));
+    snprintf(st->id, sizeof(st->id), "%s", id);
+    snprintf(st->state, sizeof(st->state), "damaged");
+    st->exit_code = -1;
+    return 0;
+}
+
 /* Loads one run directory into row. Returns 0, or -1 if it is not a readable run. */
 static int ps_load(const char *runs, const char *id, struct ps_row *row)
 {
@@ -524,7 +541,7 @@ static int ps_load(const char *runs, const char *id, struct ps_row *row)
     memset(row, 0, sizeof(*row));
     if (ga_runs_join(dir, sizeof(dir), runs, id) < 0)
         return -1;
-    if (ga_runs_read_status(dir, &row->st) < 0)
+    if (ga_runs_read_status(dir, &row->st) < 0 && status_damaged(dir, id, &row->st) < 0)
         return -1;
     row->meta = read_meta(dir, &row->meta_len);
     row->lost = !strcmp(row->st.state, "running") && !ga_runs_supervisor_alive(dir);

@@ -982,6 +982,65 @@ static void test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopp
     gs_test_await_gone((pid_t)rank_pid);
 }
 
+/* The state `ps --json` gives run ID (malloc'd), or NULL when ps does not list it. */
+static char *ps_state_of(const char *id)
+{
+    struct child p;
+    child_start(&p, project, ARGS("ps", "--json"));
+    child_finish(&p);
+    json_t *j = json_loads(p.out.data ? p.out.data : "", 0, NULL), *e;
+    size_t i;
+    char *state = NULL;
+    json_array_foreach(json_object_get(j, "runs"), i, e)
+    {
+        const char *eid = json_string_value(json_object_get(e, "id"));
+        if (eid && !strcmp(eid, id) && !state)
+            state = strdup(str_at(e, "state"));
+    }
+    json_decref(j);
+    child_release(&p);
+    return state;
+}
+
+/* A running run's status.json damaged on the server (a hand edit, a full disk's truncation, a
+ * sync tool): ps left the run out and stop could not read it while its rank held on. The
+ * supervisor writes it again, so ps lists it running and stop ends it; once the run has ended,
+ * a damaged status.json is listed as "damaged", not left out. */
+static void test_run__a_damaged_status_json_is_written_again_or_listed_damaged(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                                          "echo up; exec sleep 300"));
+    expect_status(&c, 0, "run --detach");
+    char id[128], *ps_state = NULL;
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    long rank_pid = (long)int_at(json_array_get(json_object_get(st, "ranks"), 0), "pid");
+    json_decref(st);
+    const char *damage = "printf '{\"id\": \"%s\", \"sta' > '%s/.gpusync/runs/%s/status.json'";
+    assert_int_equal(sh(damage, id, remote, id), 0);
+    int64_t end = gs_clock_mono_ms() + 15000;
+    while (!(ps_state = ps_state_of(id)) || strcmp(ps_state, "running") != 0) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("ps said %s for run %s 15 s after its status.json was damaged",
+                     ps_state ? ps_state : "nothing", id);
+        free(ps_state);
+        usleep(200000); /* polling an observable result, with a deadline */
+    }
+    free(ps_state);
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop of the run whose status.json was damaged");
+    child_release(&s);
+    gs_test_await_gone((pid_t)rank_pid);
+    assert_int_equal(sh(damage, id, remote, id), 0);
+    ps_state = ps_state_of(id);
+    assert_non_null(ps_state);
+    assert_string_equal(ps_state, "damaged");
+    free(ps_state);
+}
+
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
  * waits, stop says what for. */
 static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
@@ -1804,6 +1863,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__a_progress_bar_without_newlines_shows_as_drawn, use_home),
         cmocka_unit_test_setup(
             test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped, use_home),
+        cmocka_unit_test_setup(test_run__a_damaged_status_json_is_written_again_or_listed_damaged,
+                               use_home),
         cmocka_unit_test_setup(test_run__ranks_failing_together_are_not_reported_stopped, use_home),
         cmocka_unit_test_setup(test_stop__a_rank_ignoring_term_says_what_stop_waits_for, use_home),
         cmocka_unit_test_setup(test_logs__following_a_quiet_run_does_not_spin_on_the_server,
