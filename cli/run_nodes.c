@@ -171,6 +171,13 @@ static int nodes_prepare(struct gs_cli *cli, struct run_args *a, struct gs_nodes
         if (r < 0)
             return node_fail(cli, n, r);
     }
+    /* --ranks names global ranks, node by node (launch numbers them so), before any upload. */
+    int total = 0;
+    for (int i = 0; i < m->n; i++)
+        total += m->nodes[i].plan.nproc;
+    int r = gs_run_check_ranks(cli, "--ranks", a->ranks, total, "the run");
+    if (r < 0)
+        return gs_cli_fail(cli, r);
     for (int i = 0; i < m->n && !a->no_sync; i++) {
         struct gs_node *n = &m->nodes[i];
         int r = n->primary ? gs_cli_sync(&n->cli) : gs_cli_sync_node(&n->cli);

@@ -1782,6 +1782,13 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
     (void)state;
     struct two_nodes t;
     two_nodes_init(&t, "two-fail", "2");
+    /* --ranks is checked against every node's ranks (2 here) before anything is sent or run */
+    assert_int_equal(sh("cd '%s' && echo data > unsent.txt", t.dir), 0);
+    struct child bad = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts,
+                                          "--cpu", "1", "--ranks", "2", "--", "true"));
+    expect_status(&bad, 2, "run --hosts (two nodes) --cpu 1 --ranks 2");
+    child_release(&bad);
+    assert_int_not_equal(sh("test -e '%s/unsent.txt'", t.ra), 0);
     int64_t t0 = gs_clock_mono_ms();
     struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu",
                                         "1", "--", "sh", "-c",
