@@ -66,9 +66,11 @@ static int check_ranks(struct gs_cli *cli, const struct gs_run_ctx *rc, const ch
     return r;
 }
 
-/* Shows the local copy of run `id`, which the server does not have. Returns the exit code: 0,
- * or 1 with -f (the run cannot be followed, and its exit status is unknown here). */
-static int show_local(struct gs_cli *cli, const char *id, int follow, const char *ranks, int tail)
+/* Shows the local copy of run `id`, which the server does not have (`asked`: the run as the user
+ * named it). Returns the exit code: 0, or 1 with -f (the run cannot be followed, and its exit
+ * status is unknown here). */
+static int show_local(struct gs_cli *cli, const char *asked, const char *id, int follow,
+                      const char *ranks, int tail)
 {
     struct gs_log_printer printer;
     gs_log_printer_init(&printer, cli, id, want_prefix(ranks));
@@ -77,7 +79,7 @@ static int show_local(struct gs_cli *cli, const char *id, int follow, const char
     fprintf(stderr,
             "gpusync: %s has no run '%s' (a new or recreated server?); showing the local copy "
             "in %s/runs/%s/ (what this machine received)\n",
-            gs_cli_server_name(cli), id, GS_DIR, id);
+            gs_cli_server_name(cli), asked, GS_DIR, id);
     gs_error_clear(&cli->err);
     int r =
         gs_run_local_replay(cli->root.data, id, ranks, gs_log_printer_chunk, &printer, &cli->err);
@@ -95,6 +97,7 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
     struct gs_log_printer printer;
     int prefix = run_wants_prefix(run_nranks(rc->resolved), ranks);
     gs_log_printer_init(&printer, cli, id, prefix);
+    printer.name = json_string_value(json_object_get(rc->resolved, "name"));
     printer.tail_lines = tail;
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
@@ -104,8 +107,10 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
     if (!follow || tail) /* with -f: the last lines so far, printed, then the rest as it comes */
         r = gs_run_ctx_tail(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
     if (follow && tail && r == 0) {
+        const char *name = printer.name;
         gs_log_printer_finish(&printer);
         gs_log_printer_init(&printer, cli, id, prefix);
+        printer.name = name;
     }
     if (follow && r == 0)
         r = gs_run_ctx_follow_from(cli, rc, id, ranks, &printer, &interrupted, &code, &st);
@@ -182,9 +187,12 @@ static int logs_exec(struct gs_cli *cli)
     else if (r == 0 && (r = check_ranks(cli, &rc, id.data, opts.rank)) < 0)
         code = gs_cli_fail(cli, r);
     else if (r == GS_E_NOTFOUND && run && gs_run_local_exists(cli->root.data, run))
-        code = show_local(cli, run, opts.follow, opts.rank, opts.tail);
+        code = show_local(cli, run, run, opts.follow, opts.rank, opts.tail);
+    else if (r == GS_E_NOTFOUND && run && gs_run_local_named(cli->root.data, run, &local) == 0)
+        code = show_local(cli, run, local.data, opts.follow, opts.rank, opts.tail); /* a --name */
     else if (r == GS_E_NOTFOUND && !run && gs_run_local_newest(cli->root.data, &local) == 0)
-        code = show_local(cli, local.data, opts.follow, opts.rank, opts.tail); /* the newest */
+        code =
+            show_local(cli, local.data, local.data, opts.follow, opts.rank, opts.tail); /* newest */
     else if (r < 0 && !(cli->cfg.slurm.enabled && run && opts.follow))
         code = gs_cli_fail(cli, r);
     else if (r < 0 && (code = gs_slurm_logs_wait(cli, run)) != 0) /* a Slurm job still pending */

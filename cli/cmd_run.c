@@ -398,6 +398,7 @@ static int launch_and_follow(struct gs_cli *cli, struct gs_run_ctx *rc, struct g
     gs_log_printer_init(&v.printer, cli, spec->id,
                         spec->nproc > 1 &&
                             !(a->ranks && !strchr(a->ranks, ',') && strcmp(a->ranks, "all") != 0));
+    v.printer.name = spec->name;
     struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int exit_code = 0;

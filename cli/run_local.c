@@ -73,6 +73,37 @@ void gs_run_local_keep(const char *root, const char *id, int rank, uint64_t off,
     gs_buf_release(&path);
 }
 
+#define NAME_FILE "name" /* the run's --name, beside its rank logs */
+
+void gs_run_local_keep_name(const char *root, const char *id, const char *name)
+{
+    struct gs_buf dir = GS_BUF_INIT, path = GS_BUF_INIT;
+    if (id_valid(id) && name && name[0]) {
+        local_dir(root, id, &dir);
+        gs_path_mkdir_p(dir.data, 0755, NULL);
+        gs_buf_addf(&path, "%s/%s", dir.data, NAME_FILE);
+        struct gs_buf text = GS_BUF_INIT;
+        gs_buf_addf(&text, "%s\n", name);
+        if (gs_path_write_atomic(path.data, text.data, text.len) != 0)
+            gs_warn("cannot keep the run's name in %s", path.data);
+        gs_buf_release(&text);
+    }
+    gs_buf_release(&dir);
+    gs_buf_release(&path);
+}
+
+/* 1 when run `id`'s local copy records the name `name`. */
+static int local_name_is(const char *root, const char *id, const char *name)
+{
+    struct gs_buf path = GS_BUF_INIT, text = GS_BUF_INIT;
+    gs_buf_addf(&path, "%s/%s/runs/%s/%s", root, GS_DIR, id, NAME_FILE);
+    int same = gs_path_read_file(path.data, &text) == 0 && text.len == strlen(name) + 1 &&
+               memcmp(text.data, name, text.len - 1) == 0 && text.data[text.len - 1] == '\n';
+    gs_buf_release(&path);
+    gs_buf_release(&text);
+    return same;
+}
+
 /* The rank of a file name "rank<N>.log", or -1. */
 static int rank_of(const char *name)
 {
@@ -110,7 +141,8 @@ int gs_run_local_exists(const char *root, const char *id)
     return found;
 }
 
-int gs_run_local_newest(const char *root, struct gs_buf *id)
+/* The newest run id with a local copy, and named `name` unless NULL. */
+static int newest_local(const char *root, const char *name, struct gs_buf *id)
 {
     struct gs_buf dir = GS_BUF_INIT, best = GS_BUF_INIT;
     gs_buf_addf(&dir, "%s/%s/runs", root, GS_DIR);
@@ -118,7 +150,8 @@ int gs_run_local_newest(const char *root, struct gs_buf *id)
     /* ids begin with the start time (YYYYmmdd-HHMMSS-...): the newest sorts last */
     for (struct dirent *e; d && (e = readdir(d));)
         if ((!best.len || strcmp(e->d_name, best.data) > 0) &&
-            gs_run_local_exists(root, e->d_name)) {
+            gs_run_local_exists(root, e->d_name) &&
+            (!name || local_name_is(root, e->d_name, name))) {
             gs_buf_reset(&best);
             gs_buf_adds(&best, e->d_name);
         }
@@ -130,6 +163,16 @@ int gs_run_local_newest(const char *root, struct gs_buf *id)
         gs_buf_adds(id, best.data);
     gs_buf_release(&best);
     return found ? 0 : GS_E_NOTFOUND;
+}
+
+int gs_run_local_newest(const char *root, struct gs_buf *id)
+{
+    return newest_local(root, NULL, id);
+}
+
+int gs_run_local_named(const char *root, const char *name, struct gs_buf *id)
+{
+    return newest_local(root, name, id);
 }
 
 /* A replay in progress: the rank logs open, and how far each has been passed on. */

@@ -19,6 +19,14 @@
 void gs_run_local_keep(const char *root, const char *id, int rank, uint64_t off, const char *data,
                        size_t len);
 
+/* Records that run `id` was started with --name `name` (NULL or "": nothing), beside its local
+ * copy, so that `logs NAME` finds the copy once the server has lost the run. */
+void gs_run_local_keep_name(const char *root, const char *id, const char *name);
+
+/* Appends the id of the newest run named `name` that the project holds a local copy of to `id`.
+ * Returns 0, or GS_E_NOTFOUND. */
+int gs_run_local_named(const char *root, const char *name, struct gs_buf *id);
+
 /* 1 when `id` is a run id and the project holds a local copy of at least one of its rank logs. */
 int gs_run_local_exists(const char *root, const char *id);
 

@@ -608,8 +608,12 @@ void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, s
     struct gs_log_printer *p = ctx;
     if (p->lock)
         pthread_mutex_lock(p->lock);
-    if (!p->from_local_copy)
+    if (!p->from_local_copy) {
         gs_run_local_keep(p->cli->root.data, p->id, rank, off, data, len);
+        if (p->name && !p->name_kept)
+            gs_run_local_keep_name(p->cli->root.data, p->id, p->name);
+        p->name_kept = 1;
+    }
     if (!p->prefix && p->tail_lines <= 0) {
         /* one rank's bytes as they come, as a terminal over ssh shows them: a progress bar
          * redrawn with \r and no newline (tqdm) moves, instead of arriving whole at the end */

@@ -138,6 +138,8 @@ int gs_run_ctx_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *ru
 struct gs_log_printer {
     struct gs_cli *cli;
     const char *id;
+    const char *name; /* the run's --name or NULL, kept with the local copy (logs NAME finds it) */
+    int name_kept;
     int prefix;
     int from_local_copy; /* printing the local copy itself: nothing to keep */
     int tail_lines;      /* >0: print only the last N lines (logs --tail) when done */

@@ -1288,14 +1288,15 @@ static void test_logs__ranks_interleave_in_the_order_they_printed(void **state)
     sh("rm -f '%s'/a? '%s'/b? '%s/go'", remote, remote, remote);
 }
 
-/* After the server lost a run (recreated: its runs are gone), `logs RUN` shows the local copy
- * that following it left, in the order it was printed; -f cannot follow it and exits 1. Showing
- * the logs again does not double the copy. */
+/* After the server lost a run (recreated: its runs are gone), `logs RUN` (its id or its --name)
+ * shows the local copy that following it left, in the order it was printed; -f cannot follow it
+ * and exits 1. Showing the logs again does not double the copy. */
 static void test_logs__a_run_the_server_lost_is_shown_from_the_local_copy(void **state)
 {
     (void)state;
     assert_int_equal(sh("rm -f '%s'/a? '%s'/b? && touch '%s/go'", remote, remote, remote), 0);
-    struct child c = run_in(project, ARGS("run", "--cpu", "2", "--", "sh", "-c", TURNS_SCRIPT));
+    struct child c = run_in(
+        project, ARGS("run", "--cpu", "2", "--name", "lost-turns", "--", "sh", "-c", TURNS_SCRIPT));
     expect_status(&c, 0, "run of two ranks taking turns");
     assert_string_equal(c.out.data, TURNS_SHOWN);
     char id[128];
@@ -1318,6 +1319,10 @@ static void test_logs__a_run_the_server_lost_is_shown_from_the_local_copy(void *
     expect_status(&l, 0, "logs of a run only the local copy has");
     assert_string_equal(l.out.data, TURNS_SHOWN);
     assert_non_null(strstr(l.err.data, "local copy"));
+    child_release(&l);
+    l = run_in(project, ARGS("logs", "lost-turns"));
+    expect_status(&l, 0, "logs NAME of a run only the local copy has");
+    assert_string_equal(l.out.data, TURNS_SHOWN);
     child_release(&l);
     l = run_in(project, ARGS("logs", id, "--tail", "2"));
     expect_status(&l, 0, "logs --tail 2 from the local copy");
