@@ -944,44 +944,6 @@ static void test_run__ranks_failing_together_are_not_reported_stopped(void **sta
     json_decref(st);
 }
 
-/* A running run's folder removed on the server (.gpusync/runs/ID, as an `rm -rf` of old runs or of
- * the project does): its ranks ran on, holding their GPUs, while `ps` said "no runs" and `stop ID`
- * "no run". The supervisor makes the folder again: ps lists the run, and stop ends it. */
-static void test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped(void **state)
-{
-    (void)state;
-    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
-                                          "echo up; exec sleep 300"));
-    expect_status(&c, 0, "run --detach");
-    char id[128];
-    snprintf(id, sizeof(id), "%s", run_id_of(&c));
-    child_release(&c);
-    await_remote_log(id, 0, "up\n");
-    json_t *st = gs_test_run_json(remote, id, "status.json");
-    long rank_pid = (long)int_at(json_array_get(json_object_get(st, "ranks"), 0), "pid");
-    json_decref(st);
-    assert_int_equal(sh("rm -rf '%s/.gpusync/runs/%s'", remote, id), 0);
-    int64_t end = gs_clock_mono_ms() + 15000;
-    for (;;) {
-        struct child p;
-        child_start(&p, project, ARGS("ps", "--json"));
-        child_finish(&p);
-        int listed = p.out.data && strstr(p.out.data, id) != NULL;
-        child_release(&p);
-        if (listed)
-            break;
-        if (gs_clock_mono_ms() > end)
-            fail_msg("ps did not list run %s within 15 s of its folder's removal", id);
-        usleep(200000); /* polling an observable result, with a deadline */
-    }
-    struct child s;
-    child_start(&s, project, ARGS("stop", id));
-    child_finish(&s);
-    expect_status(&s, 0, "stop of the run whose folder was removed");
-    child_release(&s);
-    gs_test_await_gone((pid_t)rank_pid);
-}
-
 /* The state `ps --json` gives run ID (malloc'd), or NULL when ps does not list it. */
 static char *ps_state_of(const char *id)
 {
@@ -1002,6 +964,54 @@ static char *ps_state_of(const char *id)
     return state;
 }
 
+/* Starts a detached one-rank run that prints "up" and sleeps; puts its id in id and returns its
+ * rank's pid once it is up. */
+static long start_sleeper(char *id, size_t cap)
+{
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                                          "echo up; exec sleep 300"));
+    expect_status(&c, 0, "run --detach");
+    snprintf(id, cap, "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    long rank_pid = (long)int_at(json_array_get(json_object_get(st, "ranks"), 0), "pid");
+    json_decref(st);
+    return rank_pid;
+}
+
+/* Polls ps until it lists run ID as `state` (any state when NULL), failing after 15 s. */
+static void await_ps_state(const char *id, const char *state, const char *after)
+{
+    int64_t end = gs_clock_mono_ms() + 15000;
+    char *got;
+    while (!(got = ps_state_of(id)) || (state && strcmp(got, state) != 0)) {
+        if (gs_clock_mono_ms() > end)
+            fail_msg("ps said %s for run %s 15 s after %s", got ? got : "nothing", id, after);
+        free(got);
+        usleep(200000); /* polling an observable result, with a deadline */
+    }
+    free(got);
+}
+
+/* A running run's folder removed on the server (.gpusync/runs/ID, as an `rm -rf` of old runs or of
+ * the project does): its ranks ran on, holding their GPUs, while `ps` said "no runs" and `stop ID`
+ * "no run". The supervisor makes the folder again: ps lists the run, and stop ends it. */
+static void test_run__a_run_whose_folder_was_removed_can_still_be_seen_and_stopped(void **state)
+{
+    (void)state;
+    char id[128];
+    long rank_pid = start_sleeper(id, sizeof(id));
+    assert_int_equal(sh("rm -rf '%s/.gpusync/runs/%s'", remote, id), 0);
+    await_ps_state(id, NULL, "its folder's removal");
+    struct child s;
+    child_start(&s, project, ARGS("stop", id));
+    child_finish(&s);
+    expect_status(&s, 0, "stop of the run whose folder was removed");
+    child_release(&s);
+    gs_test_await_gone((pid_t)rank_pid);
+}
+
 /* A running run's status.json damaged on the server (a hand edit, a full disk's truncation, a
  * sync tool): ps left the run out and stop could not read it while its rank held on. The
  * supervisor writes it again, so ps lists it running and stop ends it; once the run has ended,
@@ -1009,27 +1019,11 @@ static char *ps_state_of(const char *id)
 static void test_run__a_damaged_status_json_is_written_again_or_listed_damaged(void **state)
 {
     (void)state;
-    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
-                                          "echo up; exec sleep 300"));
-    expect_status(&c, 0, "run --detach");
-    char id[128], *ps_state = NULL;
-    snprintf(id, sizeof(id), "%s", run_id_of(&c));
-    child_release(&c);
-    await_remote_log(id, 0, "up\n");
-    json_t *st = gs_test_run_json(remote, id, "status.json");
-    long rank_pid = (long)int_at(json_array_get(json_object_get(st, "ranks"), 0), "pid");
-    json_decref(st);
+    char id[128], *ps_state;
+    long rank_pid = start_sleeper(id, sizeof(id));
     const char *damage = "printf '{\"id\": \"%s\", \"sta' > '%s/.gpusync/runs/%s/status.json'";
     assert_int_equal(sh(damage, id, remote, id), 0);
-    int64_t end = gs_clock_mono_ms() + 15000;
-    while (!(ps_state = ps_state_of(id)) || strcmp(ps_state, "running") != 0) {
-        if (gs_clock_mono_ms() > end)
-            fail_msg("ps said %s for run %s 15 s after its status.json was damaged",
-                     ps_state ? ps_state : "nothing", id);
-        free(ps_state);
-        usleep(200000); /* polling an observable result, with a deadline */
-    }
-    free(ps_state);
+    await_ps_state(id, "running", "its status.json was damaged");
     struct child s = run_in(project, ARGS("stop", id));
     expect_status(&s, 0, "stop of the run whose status.json was damaged");
     child_release(&s);
