@@ -580,6 +580,14 @@ static int run_exec(struct gs_cli *cli)
         a->hosts = cli->cfg.hosts;
     if (a->hosts && a->wait) /* nodes that started would wait for one that queues */
         return gs_cli_usage_error(&gs_cmd_run, "--wait is for a run on one server, not --hosts");
+    /* Each node's launcher restarts its own ranks only: the other nodes' ranks would go on
+     * waiting in a collective for the ranks that failed, and the new ones would meet an old
+     * rendezvous. Refused until the nodes restart together. */
+    if (a->hosts && a->max_restarts > 0)
+        return gs_cli_usage_error(&gs_cmd_run,
+                                  "--max-restarts restarts the ranks of one server; with --hosts "
+                                  "the other nodes would not restart with them, so it is refused "
+                                  "(restart the run instead)");
     if (!a->master_addr)
         a->master_addr = cli->cfg.master_addr;
     if (a->hosts)
@@ -619,6 +627,7 @@ const struct gs_cmd gs_cmd_run = {
         "                         for; Ctrl-C gives up)\n"
         "  --cpu N                N CPU ranks (the trainer's TCP all-reduce); they see no GPU\n"
         "  --max-restarts K       restart the whole group up to K times after a failure\n"
+        "                         (one server only: not with --hosts)\n"
         "  -d, --detach           start it and return; follow later with 'gpusync logs -f'\n"
         "  --no-sync              launch without syncing first\n"
         "  --name NAME            a name to use instead of the run id (runs may share one:\n"

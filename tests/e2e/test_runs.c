@@ -1787,6 +1787,11 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
                                           "--cpu", "1", "--ranks", "2", "--", "true"));
     expect_status(&bad, 2, "run --hosts (two nodes) --cpu 1 --ranks 2");
     child_release(&bad);
+    /* each node would restart alone, its peers waiting on the failed ranks: refused */
+    bad = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu", "1",
+                             "--max-restarts", "1", "--", "true"));
+    expect_status(&bad, 2, "run --hosts --max-restarts 1");
+    child_release(&bad);
     assert_int_not_equal(sh("test -e '%s/unsent.txt'", t.ra), 0);
     int64_t t0 = gs_clock_mono_ms();
     struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu",
