@@ -293,11 +293,13 @@ static int node_launch(struct run_args *a, struct gs_nodes *m, int rank, const c
                                .node_rank = rank,
                                .master_addr = addr,
                                .master_port = rank ? *port : 0};
-    long pid = 0;
-    int got = 0;
-    int r = gs_run_launch(n->cli.ssh, &spec, &pid, &got, &n->cli.err);
+    struct gs_tail_state *st = gs_xmalloc(sizeof(*st));
+    int r = gs_run_launch_state(n->cli.ssh, &spec, st, &n->cli.err);
     if (r == 0 && rank == 0)
-        *port = got;
+        *port = st->port;
+    /* a command that could not start: the code its run recorded (127, 126), as on one server */
+    n->start_code = r < 0 && st->finished && st->exit_code > 0 ? st->exit_code : 0;
+    free(st);
     if (r == 0) {
         n->launched = 1;
         n->nproc = p->nproc;
@@ -563,6 +565,7 @@ static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct gs_nodes 
     int code = 0;
     if (r < 0) {
         code = node_fail(cli, &m->nodes[i - 1], r);
+        code = m->nodes[i - 1].start_code ? m->nodes[i - 1].start_code : code;
         nodes_stop(m);
     } else if (cli->json) {
         gs_nodes_record(cli, m, a->name, addr, port);

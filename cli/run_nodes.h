@@ -22,6 +22,7 @@ struct gs_node {
     struct run_plan plan; /* settled in nodes_prepare, before any node is synced */
     int planned;
     int launched, nproc;
+    int start_code; /* its launch failed as its command could not start: 127 or 126; else 0 */
     pthread_t thread;
     int has_thread;
     volatile sig_atomic_t abort; /* ends this node's follow */

@@ -105,17 +105,6 @@ int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
     return rc;
 }
 
-int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
-                  struct gs_error *err)
-{
-    struct gs_tail_state *st = gs_xmalloc(sizeof(*st));
-    int rc = gs_run_launch_state(ssh, spec, st, err);
-    *pid = st->pid;
-    *port = st->port;
-    free(st);
-    return rc;
-}
-
 /* ---- following ---- */
 
 /* The launcher's started line (proto/run.h), which names the agent when it also follows. */

@@ -47,11 +47,6 @@ void gs_run_agent_command(const char *agent, const char *remote_dir, const char 
  * streams those ranks' logs (gs_run_stream parses them). */
 void gs_run_launch_command(const struct gs_run_spec *spec, const char *follow, struct gs_buf *cmd);
 
-/* Starts the run. Returns 0 and the supervisor pid and master port, or GS_E_REMOTE with the
- * launcher's message. */
-int gs_run_launch(struct gs_ssh *ssh, const struct gs_run_spec *spec, long *pid, int *port,
-                  struct gs_error *err);
-
 /* Where a follow has got to: per rank, the next byte offset; then the run's end. */
 struct gs_tail_state {
     uint64_t offset[GS_RUNS_MAX_RANKS];
@@ -68,9 +63,10 @@ struct gs_tail_state {
     char waiting[GS_PROTO_RUN_WAIT_MAX]; /* before it started: what the launch queues for */
 };
 
-/* As gs_run_launch, with what the launcher said in *st (pid, port, gpus; zeroed first). When the
- * run's command could not start, GS_E_REMOTE comes with st->finished set and st->exit_code the
- * code the run recorded (127 not found, 126 not executable). */
+/* Starts the run. Returns 0 with what the launcher said in *st (zeroed first): the supervisor
+ * pid, the master port, the GPUs; or GS_E_REMOTE with the launcher's message. When the run's
+ * command could not start, st->finished is set and st->exit_code is the code the run recorded
+ * (127 not found, 126 not executable). */
 int gs_run_launch_state(struct gs_ssh *ssh, const struct gs_run_spec *spec,
                         struct gs_tail_state *st, struct gs_error *err);
 

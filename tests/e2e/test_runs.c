@@ -1793,6 +1793,11 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
     expect_status(&bad, 2, "run --hosts --max-restarts 1");
     child_release(&bad);
     assert_int_not_equal(sh("test -e '%s/unsent.txt'", t.ra), 0);
+    /* a command that cannot start exits as the run records it (127), as on one server */
+    bad = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu", "1", "--",
+                             "/nonexistent/cmd"));
+    expect_status(&bad, 127, "run --hosts of a command that does not exist");
+    child_release(&bad);
     int64_t t0 = gs_clock_mono_ms();
     struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu",
                                         "1", "--", "sh", "-c",
