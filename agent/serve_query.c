@@ -267,6 +267,31 @@ static int list_dir(struct lister *l, int fd, size_t len, int depth)
     return rc;
 }
 
+/* LIST of a path that is itself a symlink (every folder above it a real one): that one entry,
+ * so that `pull LINK` makes the link as a pull of its folder does, where the walk refused it.
+ * Returns 1 when listed, 0 when path is no symlink, or a negative errno. */
+static int list_link_itself(struct lister *l, struct ga_serve *s, const char *path, uint32_t id)
+{
+    int dirfd;
+    char name[GA_FS_NAME_MAX + 1];
+    struct stat st;
+    int rc = ga_fs_open_parent(s->rootfd, path, 0, &dirfd, name);
+    if (rc < 0)
+        return rc;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISLNK(st.st_mode)) {
+        close(dirfd);
+        return 0;
+    }
+    snprintf(l->rel, sizeof(l->rel), "%s", path);
+    rc = ga_entries_begin(&l->out, s, id);
+    if (rc == 0) {
+        rc = list_one(l, dirfd, name, &st);
+        ga_entries_end(&l->out);
+    }
+    close(dirfd);
+    return rc < 0 ? rc : 1;
+}
+
 void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     char *path;
@@ -275,6 +300,10 @@ void ga_serve_list(struct ga_serve *s, const struct gs_proto_msg *m)
     struct lister l = {.flags = m->flags};
     int fd = ga_fs_open_dir(s->rootfd, path);
     int rc = fd;
+    if (fd == -ELOOP && path[0]) {
+        int one = list_link_itself(&l, s, path, m->id);
+        rc = one == 0 ? fd : one < 0 ? one : 0;
+    }
     if (fd >= 0) {
         snprintf(l.rel, sizeof(l.rel), "%s", path);
         rc = ga_entries_begin(&l.out, s, m->id);

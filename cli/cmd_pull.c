@@ -50,9 +50,10 @@ struct pull_job {
     size_t n, cap;
     struct pull_link *links; /* made after every file is written */
     size_t n_links, cap_links;
-    json_t *skipped; /* [{path, kind}]: what the server holds that pull does not make here */
-    json_t *kept;    /* [{local, kept}]: local edits moved aside */
-    char **made;     /* the local directories this pull created, parents first */
+    json_t *skipped;  /* [{path, kind}]: what the server holds that pull does not make here */
+    json_t *kept;     /* [{local, kept}]: local edits moved aside */
+    int base_is_link; /* REMOTE_PATH itself is a symlink on the server: made as one */
+    char **made;      /* the local directories this pull created, parents first */
     size_t n_made, cap_made;
     uint64_t total, done_before;
     struct gs_progress bar;
@@ -163,6 +164,13 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
 {
     struct pull_job *job = ctx;
     size_t blen = strlen(job->remote_base);
+    if (!strcmp(e->path, job->remote_base) && e->kind == 3 && e->link && e->link[0]) {
+        job->base_is_link = 1; /* LIST names a symlink asked for by its own path */
+        int rc = refuse_symlinks_above(job, job->local_base);
+        if (rc == 0)
+            add_link(job, e->path, job->local_base, e->link);
+        return rc;
+    }
     if (strncmp(e->path, job->remote_base, blen) != 0 || e->path[blen] != '/')
         return gs_error_set(&job->cli->err, GS_E_PROTO,
                             "the server listed %s, which is not under %s; pull refused", e->path,
@@ -450,18 +458,37 @@ static int make_link(struct pull_job *job, const struct pull_link *l)
  * before the server has listed REMOTE_PATH as one. */
 static int collect(struct pull_job *job, struct gs_agent *agent)
 {
-    int rc = refuse_symlinks(job, job->local_base);
+    /* LOCAL_PATH itself may be a symlink only where the server's REMOTE_PATH is one (then the
+     * pull replaces the link); every listed entry's path is checked whole in on_entry. */
+    int rc = refuse_symlinks_above(job, job->local_base);
     if (rc < 0)
         return rc;
     rc = gs_agent_list(agent, job->remote_base, 0, on_entry, job, &job->cli->err);
     if (rc == GS_E_REMOTE && job->n == 0) { /* not a directory: a single file */
         gs_error_clear(&job->cli->err);
-        add_file(job, job->remote_base, job->local_base, 0);
-        rc = 0;
-    } else if (rc == 0) {
-        make_dirs(job, job->local_base);
+        rc = refuse_symlinks(job, job->local_base);
+        if (rc == 0)
+            add_file(job, job->remote_base, job->local_base, 0);
+    } else if (rc == 0 && !job->base_is_link) {
+        rc = refuse_symlinks(job, job->local_base);
+        if (rc == 0)
+            make_dirs(job, job->local_base);
     }
     return rc;
+}
+
+/* REMOTE_PATH was a symlink, made here as one: where what it points to is not here (pulled
+ * alone, latest.pt -> ckpt-200.pt dangles), says what to pull for the content. */
+static void note_link_target(const struct pull_job *job)
+{
+    struct stat st;
+    const struct pull_link *l = &job->links[0];
+    if (stat(l->local, &st) == 0)
+        return;
+    fprintf(stderr,
+            "gpusync: %s is a symlink on the server (-> %s), made here as one; what it points to "
+            "is not here: pull that too, or the folder holding both\n",
+            l->remote, l->target);
 }
 
 static int fetch_all(struct pull_job *job, struct gs_agent *agent)
@@ -488,6 +515,8 @@ static int fetch_all(struct pull_job *job, struct gs_agent *agent)
     gs_progress_end(&job->bar);
     for (size_t i = 0; rc == 0 && i < job->n_links; i++) /* files first: see make_link */
         rc = make_link(job, &job->links[i]);
+    if (rc == 0 && job->base_is_link)
+        note_link_target(job);
     return rc;
 }
 

@@ -224,7 +224,8 @@ enum gs_msg_type {
     GS_MSG_GET = 0x1b,
     /* LIST: str path ("" = root) | u32 flags (GS_LIST_*). Replies LIST_ENTRIES* then LIST_END,
      * or ERROR (entries already sent are then void). Walks without following symlinks; the
-     * starting path itself is not listed; `.gpusync-tmp-*` names only with GS_LIST_TMP (a
+     * starting path itself is not listed, unless it is a symlink (its folders real ones): then
+     * it is the one entry; `.gpusync-tmp-*` names only with GS_LIST_TMP (a
      * killed agent can leave them: find them this way and DELETE them). An entry whose path
      * would pass GS_PROTO_MAX_PATH (no request could name it) is not listed, and the contents
      * of a directory GS_PROTO_LIST_DEPTH levels down are not walked: each such case is one

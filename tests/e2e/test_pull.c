@@ -370,6 +370,23 @@ static void a_servers_symlinks_are_pulled_as_links_and_what_is_not_pulled_is_nam
     expect_content(path, "log");
     snprintf(path, sizeof(path), "%s/outs/pipe", project);
     assert_int_not_equal(access(path, F_OK), 0);
+    /* a link asked for by its own path is made as one too (it was "a path component is a
+     * symlink", exit 5), and again with the link already here */
+    gs_test_sh("rm -rf '%s/outs/latest.pt' '%s/outs/latest-run'", project, project);
+    const char *links[] = {"outs/latest.pt", "outs/latest.pt", "outs/latest-run"};
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
+        struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", links[i]));
+        gs_test_expect_status(&r, 0, links[i]);
+        json_t *o = json_loads(r.out.data, 0, NULL);
+        assert_non_null(o);
+        assert_int_equal(json_array_size(json_object_get(o, "symlinks")), 1);
+        assert_int_equal(json_array_size(json_object_get(o, "files")), 0);
+        assert_int_equal(json_array_size(json_object_get(o, "kept")), 0);
+        json_decref(o);
+        gs_test_result_release(&r);
+    }
+    expect_link(project, "outs/latest.pt", "ckpt-200.pt");
+    expect_link(project, "outs/latest-run", "run1");
 }
 
 /* push strips setuid and setgid; pull kept them (and sticky), so a server could plant a local
