@@ -2,10 +2,10 @@
 -- (started by ../test.sh, which sets GS_PROJECT, GS_REMOTE and GPUSYNC_BIN). Each step waits for
 -- an observable result (a file on the server, a buffer line, a notification) with vim.wait, which
 -- runs the event loop, so job callbacks arrive while it waits. GS_NVIM_STEPS limits the steps
--- ("login", "slow", "sync" or "run"; default all).
+-- ("login", "slow", "sync", "run" or "reattach"; default all).
 local gs = require('gpusync')
 local project, remote = vim.env.GS_PROJECT, vim.env.GS_REMOTE
-local only = vim.env.GS_NVIM_STEPS or 'login,slow,sync,run'
+local only = vim.env.GS_NVIM_STEPS or 'login,slow,sync,run,reattach'
 local failures, notes = 0, {}
 
 -- Every notification, kept for assertions and echoed for the test log.
@@ -382,6 +382,88 @@ local function step_login()
   vim.cmd('edit ' .. project .. '/hello.py')
 end
 
+-- gpusync ARGS run from a shell in dir, outside the editor: its last JSON object, or {}.
+local function outside(dir, ...)
+  local out = vim.fn.system(vim.list_extend({ 'sh', '-c', 'cd "$1" && shift && exec "$@"', 'sh', dir,
+    vim.env.GPUSYNC_BIN }, { ... }))
+  local lines = vim.split(vim.trim(out), '\n')
+  local okj, obj = pcall(vim.fn.json_decode, lines[#lines])
+  return okj and type(obj) == 'table' and obj or {}
+end
+
+-- The pid of dir's daemon, or nil when none runs.
+local function daemon_pid(dir)
+  local st = outside(dir, 'status', '--json')
+  return st.daemon == true and st.pid or nil
+end
+
+local function gone(pid)
+  return wait(10000, function() return vim.loop.kill(pid, 0) ~= 0 end)
+end
+
+-- Saves the current buffer as text, then waits for dir's server copy and a "synced" event that
+-- came after the save (the event list is emptied first).
+local function save_reported(dir, rdir, name, text, what)
+  gs.state.events = {}
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { text })
+  vim.cmd('silent write')
+  ok(wait(15000, function() return read(rdir .. '/' .. name) == text .. '\n' and has_event('synced', name) end),
+    what .. ': a save reaches the server and is reported (' .. gs.statusline() .. ')')
+end
+
+-- The daemon's stream ends (killed, or stopped from a shell) and a daemon is started again from a
+-- shell: the statusline reads "off" meanwhile, then follows the new daemon. setup() looks after
+-- every project opened here, so a daemon started from a shell after the project was opened is
+-- followed too.
+local function step_reattach()
+  gs.setup({})
+  vim.cmd('edit ' .. project .. '/again.txt')
+  vim.cmd('Gpusync watch')
+  ok(wait(60000, function() return gs.state.sync == 'up_to_date' end), 'watching, up to date')
+
+  local pid = daemon_pid(project)
+  vim.loop.kill(pid, 'sigkill')
+  ok(wait(10000, function() return gs.state.sync == 'off' and gs.state.events_job == nil end),
+    'a killed daemon reads "off" (' .. gs.statusline() .. ')')
+  gone(pid)
+  ok(outside(project, 'watch', '-d', '--json').pid ~= nil, 'a daemon is started again from a shell')
+  ok(wait(15000, function() return gs.statusline():find('gpusync: up to date', 1, true) ~= nil end),
+    'after a kill, the daemon started from a shell is followed: "up to date" (' .. gs.statusline() .. ')')
+  save_reported(project, remote, 'again.txt', 'after the kill', 'after a kill and a restart')
+
+  pid = daemon_pid(project)
+  ok(outside(project, 'watch', '--stop', '--json').was_running == true, 'the daemon is stopped from a shell')
+  ok(wait(10000, function() return gs.state.sync == 'off' end),
+    'a daemon stopped from a shell reads "off" (' .. gs.statusline() .. ')')
+  gone(pid)
+  ok(outside(project, 'watch', '-d', '--json').pid ~= nil, 'and started again from a shell')
+  ok(wait(15000, function() return gs.statusline():find('gpusync: up to date', 1, true) ~= nil end),
+    'after a stop, the daemon started from a shell is followed: "up to date" (' .. gs.statusline() .. ')')
+  save_reported(project, remote, 'again.txt', 'after the restart', 'after a stop and a restart')
+
+  -- :Gpusync stop holds (nothing here starts a daemon again), but one started from a shell later
+  -- is followed, as any daemon of the project is.
+  stop_and_wait()
+  ok(gs.state.sync == 'off' and daemon_pid(project) == nil, ':Gpusync stop: "off", and no daemon runs')
+  ok(outside(project, 'watch', '-d', '--json').pid ~= nil, 'a daemon is started from a shell after :Gpusync stop')
+  ok(wait(15000, function() return gs.statusline():find('gpusync: up to date', 1, true) ~= nil end),
+    'it is followed: "up to date" (' .. gs.statusline() .. ')')
+  stop_and_wait()
+
+  -- A project opened here that no daemon ever ran for in this editor.
+  local other, oremote = vim.env.GS_SLOW_PROJECT, vim.env.GS_SLOW_REMOTE
+  if other then
+    vim.cmd('edit ' .. other .. '/late.txt')
+    ok(gs.state.sync == 'off', 'a project opened with no daemon reads "off" (' .. gs.statusline() .. ')')
+    ok(outside(other, 'watch', '-d', '--json').pid ~= nil, 'its daemon is started from a shell afterwards')
+    ok(wait(15000, function() return gs.statusline():find('gpusync: up to date', 1, true) ~= nil end),
+      'a daemon started from a shell after the project was opened is followed (' .. gs.statusline() .. ')')
+    save_reported(other, oremote, 'late.txt', 'late', 'a daemon started after the project was opened')
+    stop_and_wait()
+  end
+  vim.cmd('edit ' .. project .. '/hello.py')
+end
+
 -- The parts that need no server: argument parsing, completion, and the refusal outside a project.
 local function step_offline()
   ok(vim.deep_equal(gs._split_words([[run cpu=2 -- sh -c 'echo "a b" $RANK']]),
@@ -429,6 +511,9 @@ local function main()
   end
   if only:find('run') then
     step_run()
+  end
+  if only:find('reattach') then
+    step_reattach()
   end
   vim.cmd('Gpusync stop')
   ok(wait(10000, function() return gs.state.sync == 'off' and gs.state.events_job == nil end),

@@ -28,6 +28,9 @@ local function project(root)
       failing = {},       -- path -> messages already notified: the daemon retries a failed
                           -- operation every few seconds, and each retry sends the error again
       events_job = nil,
+      looking = false,    -- whether this editor follows the project's daemon whenever one runs
+      tried_id = nil,     -- the control socket the last stream was started on (socket_id)
+      tried_at = 0,       -- and when (vim.loop.now())
     }
     projects[root] = p
   end
@@ -65,6 +68,11 @@ M._project = project
 
 local ERROR, WARN, INFO = vim.log.levels.ERROR, vim.log.levels.WARN, vim.log.levels.INFO
 local CONNECT_RECHECK_MS = 2000 -- while "connecting…": how often status --json is read again
+-- While a known project's daemon is not followed, its control socket is looked at (a stat, no
+-- process) this often: a daemon that starts, from here or from a shell, makes a new one.
+local REATTACH_MS = 2000
+-- A socket that did not answer (left by a daemon that was killed) is tried again this seldom.
+local STALE_RETRY_MS = 60000
 
 local function bin()
   return M.config.bin or vim.env.GPUSYNC_BIN or 'gpusync'
@@ -294,7 +302,9 @@ local function refresh_status(on_done, root)
       end
       redraw()
     end
-    if code == 0 and st and st.daemon then
+    -- Only while a stream is followed: a reply that comes after the stream ended (the daemon
+    -- was killed meanwhile) must not paint a live state over "off".
+    if code == 0 and st and st.daemon and p.events_job then
       if p.sync == 'off' or p.sync == 'connecting' then
         p.sync = st.state == 'connecting' and 'connecting' or st.state
         p.count = st.pending or 0
@@ -312,8 +322,22 @@ local function refresh_status(on_done, root)
   end, { cwd = root })
 end
 
--- Follows the event stream of the project's daemon (does nothing if already following it).
-function M.follow_events(root)
+-- The identity of the project's control socket, or nil when there is none. A daemon that starts
+-- binds a new socket (it unlinks the one a killed daemon left), so a new inode or mtime means a
+-- daemon to follow.
+local function socket_id(root)
+  local st = vim.loop.fs_stat(root .. '/.gpusync/daemon.sock')
+  if not st or st.type ~= 'socket' then
+    return nil
+  end
+  return string.format('%d:%d.%09d', st.ino, st.mtime.sec, st.mtime.nsec)
+end
+
+-- Follows the event stream of the project's daemon (does nothing if already following it), and
+-- looks after the project from then on (M.look_after). quiet: a look for a daemon that may not
+-- be there (a socket a killed one left): the state stays "off" until status --json says that a
+-- daemon runs.
+function M.follow_events(root, quiet)
   root = root or M.root()
   if not root then
     return
@@ -328,6 +352,7 @@ function M.follow_events(root)
       on_event(p, ev)
     end
   end)
+  p.tried_id, p.tried_at = socket_id(root), vim.loop.now()
   local ok, job = pcall(vim.fn.jobstart, { bin(), 'events', '--json' }, {
     cwd = root,
     on_stdout = feed,
@@ -340,17 +365,58 @@ function M.follow_events(root)
     end,
   })
   if ok and job > 0 then
-    p.events_job, p.sync, p.failing = job, 'connecting', {}
+    p.events_job, p.failing = job, {}
+    if not quiet then
+      p.sync = 'connecting'
+    end
+    M.look_after(root)
     refresh_status(nil, root)
     -- The stream says "connected" once the session is up, but nothing when the first attempt
     -- fails (a wrong password, no key accepted): while still connecting, read status again.
     local timer
     timer = vim.fn.timer_start(CONNECT_RECHECK_MS, function()
-      if p.events_job ~= job or p.sync ~= 'connecting' then
+      if p.events_job ~= job or (p.sync ~= 'connecting' and p.sync ~= 'off') then
         vim.fn.timer_stop(timer)
         return
       end
       refresh_status(nil, root)
+    end, { ['repeat'] = -1 })
+  end
+end
+
+-- Follows the project's daemon if one runs and is not followed yet: its socket is new, or the
+-- one that did not answer was tried long enough ago.
+local function look_once(p)
+  if p.events_job then
+    return
+  end
+  local id = socket_id(p.root)
+  if id and (id ~= p.tried_id or vim.loop.now() - p.tried_at >= STALE_RETRY_MS) then
+    M.follow_events(p.root, true)
+  end
+end
+
+local looker = nil -- the one timer that looks after every known project
+
+-- Follows the daemon of the project at root whenever one runs, from now on: once it is started
+-- (from here or from a shell) and again after its stream ended (the daemon was stopped, killed or
+-- crashed, and maybe started again). It never starts a daemon. Looks at once, then every
+-- REATTACH_MS.
+function M.look_after(root)
+  local p = project(root)
+  if not p.looking then
+    p.looking = true
+    vim.schedule(function()
+      look_once(p)
+    end)
+  end
+  if not looker then
+    looker = vim.fn.timer_start(REATTACH_MS, function()
+      for _, q in pairs(projects) do
+        if q.looking then
+          look_once(q)
+        end
+      end
     end, { ['repeat'] = -1 })
   end
 end
@@ -917,18 +983,30 @@ function M.complete(arglead, cmdline)
   end, pool)
 end
 
--- setup{bin=, watch_on_open=, log_split=}: optional. Also attaches to a daemon that is already
--- running (started from a shell), so the statusline is live without :Gpusync watch.
+-- setup{bin=, watch_on_open=, log_split=}: optional. Also follows the daemon of every project
+-- opened in this editor whenever one runs (one started from a shell too, before or after), so
+-- the statusline is live without :Gpusync watch.
 function M.setup(opts)
   M.config = vim.tbl_extend('force', M.config, opts or {})
+  vim.cmd([[
+    augroup gpusync_look_after
+      autocmd!
+      autocmd BufEnter * lua require('gpusync')._look_here()
+    augroup END
+  ]])
   local root = M.root()
-  if not root then
-    return
-  end
-  if M.config.watch_on_open then
+  if root and M.config.watch_on_open then
     M.watch()
-  elseif vim.loop.fs_stat(root .. '/.gpusync/daemon.sock') then
-    M.follow_events()
+  elseif root then
+    M.look_after(root)
+  end
+end
+
+-- BufEnter: the buffer's project, if any, is looked after from now on.
+function M._look_here()
+  local root = M.root()
+  if root and not project(root).looking then
+    M.look_after(root)
   end
 end
 
