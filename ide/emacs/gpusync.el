@@ -21,6 +21,18 @@
 ;;   M-x gpusync-gpu             one sample of `gpusync top': a GPU summary in the mode line
 ;;
 ;; Conflicts and errors are reported with `display-warning' and name the file.
+;;
+;; While `gpusync-mode' is on (`gpusync-watch' turns it on; put (gpusync-mode 1) in your init file
+;; to have it from the start), the watch daemon of every project visited is followed whenever one
+;; runs: one started later from a shell (`gpusync watch -d'), and a new one after the daemon was
+;; stopped, killed or crashed.  While none runs the lighter reads "off".  The mode never starts a
+;; daemon, and looks for one without running anything: every 2 s it checks whether the project's
+;; control socket (.gpusync/daemon.sock) is new; a socket a killed daemon left behind is tried
+;; again once a minute.
+;;
+;; `gpusync-stop-watching' stops the daemon, and nothing here starts it again; a daemon that is
+;; then started from a shell is followed like any other, so that the lighter says what syncs the
+;; project rather than "off" while a daemon runs.
 
 ;;; Code:
 
@@ -58,7 +70,10 @@ disconnected, conflict or error.")
 failed operation every few seconds, and each retry sends the error again.")
   (conflicts nil :documentation "Conflict copies kept on the server, not acknowledged yet
 (alists with path and kept), from `status --json' and conflict events.")
-  (process nil :documentation "The `gpusync events --json' process."))
+  (process nil :documentation "The `gpusync events --json' process.")
+  (looking nil :documentation "Whether this Emacs follows the project's daemon whenever one runs.")
+  (tried nil :documentation "(SOCKET-ID . TIME): the control socket the last stream was
+started on (`gpusync--socket-id'), and when (`float-time')."))
 
 (defvar gpusync--projects (make-hash-table :test #'equal)
   "Project root -> its `gpusync--project'.")
@@ -178,10 +193,35 @@ so that one large file on its way reads \"syncing 1\"."
             "")
           (if gpusync--gpu (format " [%s]" gpusync--gpu) "")))
 
+(defconst gpusync--reattach-seconds 2
+  "Seconds between looks for the daemon of a known project not followed.
+A look is a stat of the control socket, no process: a daemon that starts,
+from here or from a shell, makes a new one.")
+
+(defconst gpusync--stale-retry-seconds 60
+  "How seldom a socket that did not answer (a killed daemon's) is tried again.")
+
+(defvar gpusync--looker nil
+  "The timer that looks after the known projects, while `gpusync-mode' is on.")
+
 (define-minor-mode gpusync-mode
-  "Show gpusync's sync state in the mode line (turned on by `gpusync-watch')."
+  "Show gpusync's sync state in the mode line (turned on by `gpusync-watch').
+While it is on, the watch daemon of every project visited is followed whenever
+one runs: one started later from a shell, and a new one after the daemon was
+stopped, killed or crashed.  It never starts a daemon."
   :global t
-  :lighter (:eval (gpusync-mode-line)))
+  :lighter (:eval (gpusync-mode-line))
+  (if gpusync-mode
+      (progn
+        (add-hook 'find-file-hook #'gpusync--look-here)
+        (unless gpusync--looker
+          (setq gpusync--looker (run-with-timer gpusync--reattach-seconds gpusync--reattach-seconds
+                                                #'gpusync--look-all)))
+        (gpusync--look-here))
+    (remove-hook 'find-file-hook #'gpusync--look-here)
+    (when gpusync--looker
+      (cancel-timer gpusync--looker)
+      (setq gpusync--looker nil))))
 
 (defun gpusync--on-event (p ev)
   "Update the project P's state from the event EV (an alist)."
@@ -249,7 +289,10 @@ Events only report changes."
                    (lambda (code out _err)
                      (let ((st (gpusync--last-json out)))
                        (when (= code 0) (gpusync--note-conflicts p st))
+                       ;; Only while a stream is followed: a reply that comes after it ended
+                       ;; (the daemon was killed meanwhile) must not paint a live state over off.
                        (when (and st (eq (alist-get 'daemon st) t)
+                                  (process-live-p (gpusync--project-process p))
                                   (memq (gpusync--project-state p) '(off connecting)))
                          (setf (gpusync--project-state p)
                                (intern (replace-regexp-in-string "_" "-" (alist-get 'state st)))
@@ -265,13 +308,24 @@ Events only report changes."
 (defconst gpusync--connect-recheck-seconds 2
   "While connecting, how often `gpusync status --json' is read again.")
 
-(defun gpusync-follow-events (&optional root)
+(defun gpusync--socket-id (root)
+  "The identity of the project ROOT's control socket, or nil when there is none.
+A daemon that starts binds a new socket (it unlinks the one a killed daemon
+left), so a new inode or mtime means a daemon to follow."
+  (let ((attrs (file-attributes (expand-file-name ".gpusync/daemon.sock" root))))
+    (and attrs (string-prefix-p "s" (file-attribute-modes attrs))
+         (format "%S:%S" (file-attribute-inode-number attrs) (file-attribute-modification-time attrs)))))
+
+(defun gpusync-follow-events (&optional root quiet)
   "Follow the event stream of the daemon of the project at ROOT, once.
-ROOT defaults to the current buffer's project."
+ROOT defaults to the current buffer's project, which is looked after from then
+on (`gpusync--look-after').  QUIET: a look for a daemon that may not be there
+\(a socket a killed one left): the state stays off until `status --json' says
+that a daemon runs."
   (let* ((root (or root (gpusync--require-root))) (p (gpusync--project root)))
     (unless (process-live-p (gpusync--project-process p))
       (let ((default-directory root))
-        (setf (gpusync--project-state p) 'connecting
+        (setf (gpusync--project-tried p) (cons (gpusync--socket-id root) (float-time))
               (gpusync--project-failing p) nil
               (gpusync--project-process p)
               (make-process
@@ -283,6 +337,8 @@ ROOT defaults to the current buffer's project."
                :sentinel (lambda (proc _event)
                            (unless (or (process-live-p proc) (not (eq proc (gpusync--project-process p))))
                              (gpusync--reset p)))))
+        (unless quiet (setf (gpusync--project-state p) 'connecting))
+        (gpusync--look-after root)
         (gpusync-mode 1)
         (gpusync--seed-state p)
         ;; The stream says "connected" once the session is up, but nothing when the first
@@ -292,9 +348,42 @@ ROOT defaults to the current buffer's project."
                        gpusync--connect-recheck-seconds gpusync--connect-recheck-seconds
                        (lambda ()
                          (if (and (eq proc (gpusync--project-process p)) (process-live-p proc)
-                                  (eq (gpusync--project-state p) 'connecting))
+                                  (memq (gpusync--project-state p) '(off connecting)))
                              (gpusync--seed-state p)
                            (cancel-timer timer))))))))))
+
+(defun gpusync--look-once (p)
+  "Follow the project P's daemon if one runs and is not followed yet.
+That is, its control socket is new, or the one that did not answer was tried
+long enough ago."
+  (unless (process-live-p (gpusync--project-process p))
+    (let ((id (gpusync--socket-id (gpusync--project-root p))) (tried (gpusync--project-tried p)))
+      (when (and id (or (not (equal id (car tried)))
+                        (>= (- (float-time) (or (cdr tried) 0)) gpusync--stale-retry-seconds)))
+        (with-demoted-errors "gpusync: %S"
+          (gpusync-follow-events (gpusync--project-root p) t))))))
+
+(defun gpusync--look-all ()
+  "Look for the daemon of each project looked after (the timer `gpusync--looker')."
+  (maphash (lambda (_root p) (when (gpusync--project-looking p) (gpusync--look-once p)))
+           gpusync--projects))
+
+(defun gpusync--look-after (root)
+  "Follow the daemon of the project at ROOT whenever one runs, from now on.
+Once it is started (from here or from a shell) and again after its stream
+ended (the daemon was stopped, killed or crashed, and maybe started again):
+the timer `gpusync--looker' looks every `gpusync--reattach-seconds' while
+`gpusync-mode' is on.  Never starts a daemon.  Looks at once."
+  (let ((p (gpusync--project root)))
+    (unless (gpusync--project-looking p)
+      (setf (gpusync--project-looking p) t)
+      (gpusync--look-once p))))
+
+(defun gpusync--look-here ()
+  "Look after the current buffer's project, if any.
+In `find-file-hook' while `gpusync-mode' is on."
+  (when-let ((root (gpusync-root)))
+    (gpusync--look-after root)))
 
 ;;;; Commands
 

@@ -370,4 +370,114 @@
       (gpusync-test--wait 10 (lambda () (not (string-match-p "daemon\": *true"
                                                               (shell-command-to-string (concat gpusync-executable " status --json")))))))))
 
+;;;; A daemon that comes back
+
+(defun gpusync-test--outside (dir &rest args)
+  "Run gpusync ARGS in DIR as a shell would, outside the plugin; its last JSON object."
+  (let ((default-directory dir))
+    (with-temp-buffer
+      (apply #'call-process gpusync-executable nil '(t nil) nil args)
+      (gpusync--last-json (buffer-string)))))
+
+(defun gpusync-test--pid-of (dir)
+  "The pid of DIR's daemon, or nil when none runs."
+  (let ((st (gpusync-test--outside dir "status" "--json")))
+    (and (eq (alist-get 'daemon st) t) (alist-get 'pid st))))
+
+(defun gpusync-test--gone (pid)
+  "Wait until PID has exited (the daemon released its lock)."
+  (gpusync-test--wait 10 (lambda () (not (process-attributes pid)))))
+
+(defun gpusync-test--lighter-in (file)
+  "The lighter as FILE's buffer shows it."
+  (with-current-buffer (find-file-noselect file) (gpusync-mode-line)))
+
+(defun gpusync-test--save-reported (file remote text)
+  "Save TEXT as FILE; wait for REMOTE (its server copy) and a synced event after the save."
+  (with-current-buffer (find-file-noselect file)
+    (let ((p (gpusync--project)) (name (file-name-nondirectory file)))
+      (setf (gpusync--project-events p) nil)
+      (erase-buffer)
+      (insert text)
+      (save-buffer)
+      (gpusync-test--wait 15 (lambda ()
+                               (and (equal (gpusync-test--read remote) text)
+                                    (seq-find (lambda (ev) (and (equal (alist-get 'event ev) "synced")
+                                                                (equal (alist-get 'path ev) name)))
+                                              (gpusync--project-events p))))))))
+
+(ert-deftest gpusync-test/a-daemon-started-again-from-a-shell-is-followed ()
+  ;; The stream ends (the daemon is killed, or stopped from a shell or with
+  ;; `gpusync-stop-watching') and a daemon is started again from a shell: the lighter reads "off"
+  ;; meanwhile, then follows the new daemon, and a save after that is reported.
+  (let* ((default-directory gpusync-test--project)
+         (gpusync-notify-function #'gpusync-test--capture)
+         (gpusync-test--notes nil)
+         (dir gpusync-test--project)
+         (file (expand-file-name "again.txt" dir))
+         (remote (expand-file-name "again.txt" gpusync-test--remote))
+         (up (lambda () (string-prefix-p " gpusync:up to date" (gpusync-test--lighter-in file))))
+         pid)
+    (gpusync-watch)
+    (unwind-protect
+        (progn
+          (should (gpusync-test--wait 60 up))
+          (setq pid (gpusync-test--pid-of dir))
+          (signal-process pid 'SIGKILL)
+          (should (gpusync-test--wait 10 (lambda () (and (eq (gpusync--state) 'off)
+                                                         (not (gpusync--project-process (gpusync--project)))))))
+          (gpusync-test--gone pid)
+          (should (alist-get 'pid (gpusync-test--outside dir "watch" "-d" "--json")))
+          (should (gpusync-test--wait 15 up))
+          (should (gpusync-test--save-reported file remote "after the kill\n"))
+
+          (setq pid (gpusync-test--pid-of dir))
+          (should (eq t (alist-get 'was_running (gpusync-test--outside dir "watch" "--stop" "--json"))))
+          (should (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off))))
+          (gpusync-test--gone pid)
+          (should (alist-get 'pid (gpusync-test--outside dir "watch" "-d" "--json")))
+          (should (gpusync-test--wait 15 up))
+          (should (gpusync-test--save-reported file remote "after the restart\n"))
+
+          ;; The user's stop holds (nothing here starts a daemon again), but a daemon started
+          ;; from a shell afterwards is followed, as any daemon of the project is.
+          (setq pid (gpusync-test--pid-of dir))
+          (gpusync-stop-watching)
+          (should (gpusync-test--wait 10 (lambda () (gpusync-test--noted "stopped watching"))))
+          (gpusync-test--gone pid)
+          (should (eq (gpusync--state) 'off))
+          (should-not (gpusync-test--pid-of dir))
+          (should (alist-get 'pid (gpusync-test--outside dir "watch" "-d" "--json")))
+          (should (gpusync-test--wait 15 up)))
+      (setq pid (gpusync-test--pid-of dir))
+      (gpusync-test--outside dir "watch" "--stop" "--json")
+      (gpusync-test--wait 10 (lambda () (eq (gpusync--state) 'off)))
+      (when pid (gpusync-test--gone pid))
+      (when (get-file-buffer file) (kill-buffer (get-file-buffer file)))
+      (delete-file file))))
+
+(ert-deftest gpusync-test/a-daemon-started-from-a-shell-after-the-project-was-visited-is-followed ()
+  ;; With `gpusync-mode' on, visiting a file of a project no daemon ran for yet, then starting its
+  ;; daemon from a shell.
+  (skip-unless gpusync-test--slow)
+  (let* ((gpusync-notify-function #'gpusync-test--capture)
+         (gpusync-test--notes nil)
+         (dir gpusync-test--slow)
+         (file (expand-file-name "late.txt" dir))
+         pid)
+    (gpusync-mode 1)
+    (unwind-protect
+        (progn
+          (should (string-prefix-p " gpusync:off" (gpusync-test--lighter-in file)))
+          (should (alist-get 'pid (gpusync-test--outside dir "watch" "-d" "--json")))
+          (should (gpusync-test--wait 15 (lambda () (string-prefix-p " gpusync:up to date"
+                                                                     (gpusync-test--lighter-in file)))))
+          (should (gpusync-test--save-reported file (expand-file-name "late.txt" gpusync-test--slow-remote)
+                                               "late\n")))
+      (setq pid (gpusync-test--pid-of dir))
+      (gpusync-test--outside dir "watch" "--stop" "--json")
+      (when pid (gpusync-test--gone pid))
+      (when (get-file-buffer file) (kill-buffer (get-file-buffer file)))
+      (delete-file file))))
+
 ;;; gpusync-test.el ends here
