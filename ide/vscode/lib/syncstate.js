@@ -20,6 +20,7 @@ class SyncState {
     this.kind = OFF;
     this.target = null;
     this.syncedInBatch = 0; // paths synced since the last "idle": the N of "syncing N"
+    this.batch = null; // the last "progress" of the batch under way (or status's batch), until idle
     this.lastPath = null;
     this.lastMessage = null;
     this.problems = []; // {kind: 'conflict'|'error', path, detail, time}, unseen by the user
@@ -39,6 +40,7 @@ class SyncState {
     else if (st.state === 'disconnected') this.kind = DISCONNECTED;
     else this.kind = CONNECTING;
     this.syncedInBatch = 0;
+    this.batch = st.batch && typeof st.batch === 'object' ? st.batch : null;
   }
 
   // Applies one event object; returns a problem {kind, path, detail} that deserves a
@@ -63,9 +65,17 @@ class SyncState {
         this.syncedInBatch++;
         this.lastPath = ev.path;
         return null;
+      // A batch that runs longer than 250 ms says so every 250 ms: a large file still on its
+      // way (its "synced" comes only at its end) reads as syncing, not as the "up to date" of
+      // the batch before.
+      case 'progress':
+        this.kind = SYNCING;
+        this.batch = ev;
+        return null;
       case 'idle':
         this.kind = UP_TO_DATE;
         this.syncedInBatch = 0;
+        this.batch = null;
         this.lastMessage = null;
         return null;
       case 'conflict':
@@ -91,11 +101,27 @@ class SyncState {
   stopped() {
     this.kind = OFF;
     this.syncedInBatch = 0;
+    this.batch = null;
   }
 
   // The user has seen the problems (clicked the item).
   acknowledge() {
     this.problems = [];
+  }
+
+  // The N of "syncing N": the files of the batch, those sent so far or the operations the
+  // daemon planned for it (progress), so that one large file on its way reads "syncing 1".
+  syncingCount() {
+    const planned = this.batch ? Number(this.batch.ops_total) || 0 : 0;
+    return Math.max(this.syncedInBatch, planned);
+  }
+
+  // "syncing", with how far the batch has got when the daemon said (bytes sent of bytes to send).
+  syncingTooltip(where) {
+    const b = this.batch;
+    if (!b || !(Number(b.bytes_total) > 0)) return `syncing${where}`;
+    const mb = (n) => (Number(n) / 1048576).toFixed(1);
+    return `syncing${where}: ${mb(b.bytes)} of ${mb(b.bytes_total)} MiB sent`;
   }
 
   // {text, tooltip, severity: 'normal'|'warning'|'error'} for the status bar.
@@ -107,7 +133,10 @@ class SyncState {
       [OFF]: ['$(circle-slash) gpusync: not watching', 'gpusync watch is not running here'],
       [CONNECTING]: ['$(sync~spin) gpusync: connecting', `connecting${where}`],
       [CONNECTED]: ['$(plug) gpusync: connected', `connected${where}`],
-      [SYNCING]: [`$(sync~spin) gpusync: syncing ${this.syncedInBatch}`, `syncing${where}`],
+      [SYNCING]: [
+        `$(sync~spin) gpusync: syncing ${this.syncingCount()}`,
+        this.syncingTooltip(where),
+      ],
       [UP_TO_DATE]: ['$(check) gpusync: up to date', `the server matches this workspace${where}`],
       [CONFLICT]: [`$(warning) gpusync: conflict ${this.lastPath || ''}`.trim(), this.lastMessage],
       [ERROR]: [`$(error) gpusync: error ${this.lastPath || ''}`.trim(), this.lastMessage],

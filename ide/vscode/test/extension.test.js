@@ -11,7 +11,8 @@
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
-const { execFileSync } = require('node:child_process');
+const { execFileSync, spawn } = require('node:child_process');
+const crypto = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -37,6 +38,8 @@ function gpusyncBin() {
 }
 
 const env = { tmp: null, sandbox: null, project: null, remote: null, port: null, bin: null };
+// The second project, reached through the build's WAN simulator (slowProject()).
+const slow = { project: null, remote: null, ctl: null, wansim: null, child: null };
 let extension;
 let api;
 
@@ -84,6 +87,81 @@ function cliJson(args) {
     encoding: 'utf8',
   });
   return JSON.parse(out.trim().split('\n').pop());
+}
+
+// The WAN simulator the build makes (tests/tools/wansim): null when this build has none.
+function wansimBin() {
+  const bin = path.join(path.dirname(path.dirname(env.bin)), 'tests', 'tools', 'wansim');
+  return fs.existsSync(bin) ? bin : null;
+}
+
+// A second project, `slow.project` (remote `slow.remote`), whose server is reached through
+// wansim, so that a test can slow its link (`wansim('rate', '2')`, Mbit/s) or cut it
+// (`wansim('cut')`, then `wansim('restore')`). Made once, by the first test that needs it; null
+// when the build has no wansim (those tests are skipped).
+async function slowProject() {
+  if (slow.project) return slow;
+  const bin = wansimBin();
+  if (!bin) return null;
+  slow.wansim = bin;
+  slow.ctl = path.join(env.tmp, 'wansim.sock');
+  slow.child = spawn(
+    bin,
+    ['--listen', '127.0.0.1:0', '--target', `127.0.0.1:${env.port}`, '--control', slow.ctl],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  const port = await new Promise((resolve, reject) => {
+    let out = '';
+    slow.child.stdout.on('data', (d) => {
+      out += d;
+      const m = /^port (\d+)\n/.exec(out);
+      if (m) resolve(m[1]);
+    });
+    slow.child.on('exit', (code) => reject(new Error(`wansim exited with status ${code}`)));
+  });
+  const project = path.join(env.tmp, 'slow');
+  fs.mkdirSync(project);
+  execFileSync(
+    env.bin,
+    ['init', `root@127.0.0.1:${port}`, '--accept-new-host-key', '--path', `${env.tmp}/remote-slow`],
+    { cwd: project, stdio: 'ignore' },
+  );
+  slow.project = project;
+  slow.remote = path.join(env.tmp, 'remote-slow');
+  return slow;
+}
+
+function wansim(...args) {
+  execFileSync(slow.wansim, ['--ctl', slow.ctl].concat(args), { stdio: 'ignore' });
+}
+
+// "Closes the window" (disposes every activation so far) and opens one on the folders `dirs`
+// (gpusync.watchOnOpen off);
+// resolves the new activation's API once it has read the projects' status.
+async function openWindow(dirs) {
+  for (const s of contexts.flatMap((c) => c.subscriptions)) s.dispose();
+  fake.settings['gpusync.watchOnOpen'] = false; // the tests start watching themselves
+  fake.workspaceFolders = dirs.map((d, index) => ({
+    uri: { fsPath: d },
+    name: path.basename(d),
+    index,
+  }));
+  const ctx = vscodeFake.makeContext();
+  contexts.push(ctx);
+  const opened = extension.activate(ctx);
+  await opened.ready;
+  return opened;
+}
+
+// Stop Watching from the extension, then wait until the daemon's process has exited (and
+// released its lock), so that the next Start Watching starts a new one.
+async function stopWatchingAndWait(dir) {
+  const st = JSON.parse(
+    execFileSync(env.bin, ['status', '--json'], { cwd: dir, encoding: 'utf8' }).trim(),
+  );
+  const stopped = await vscodeFake.commands.executeCommand('gpusync.stopWatching');
+  assert.equal(stopped && stopped.was_running, true, 'the daemon was running');
+  assert.equal(await processGone(st.pid), true, `the daemon (pid ${st.pid}) exits`);
 }
 
 function remoteFile(rel) {
@@ -144,6 +222,13 @@ after(() => {
     /* already stopped */
   }
   for (const s of contexts.flatMap((c) => c.subscriptions)) s.dispose();
+  if (slow.project)
+    try {
+      execFileSync(env.bin, ['watch', '--stop'], { cwd: slow.project, stdio: 'ignore' });
+    } catch (e) {
+      /* already stopped */
+    }
+  if (slow.child) slow.child.kill('SIGTERM');
   if (env.sandbox) execFileSync(SANDBOX, ['stop', env.sandbox], { stdio: 'ignore' });
   if (env.tmp) fs.rmSync(env.tmp, { recursive: true, force: true });
 });
@@ -299,4 +384,38 @@ test('with gpusync.watchOnOpen set, opening the workspace starts watching', asyn
   const stopped = await vscodeFake.commands.executeCommand('gpusync.stopWatching');
   assert.equal(stopped.was_running, true);
   assert.equal(await processGone(st.pid), true);
+});
+
+// During a slow upload the daemon sends no "synced" until the file is on the server, but
+// "progress" every 250 ms: the status bar must say "syncing 1", not the "up to date" of the batch
+// before.
+test('a large file on a slow link reads "syncing 1" until it is on the server', async (t) => {
+  if (!(await slowProject())) return t.skip('no wansim in this build');
+  api = await openWindow([slow.project]);
+  fs.writeFileSync(path.join(slow.project, 'first.txt'), 'first\n');
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(
+    () => api.state() === 'up_to_date' && fs.existsSync(path.join(slow.remote, 'first.txt')),
+    'the slow project up to date',
+  );
+  wansim('rate', '2');
+  // About 4 MB of hex (some 2 MB compressed) at 2 Mbit/s: several seconds on the link.
+  const hex = crypto.randomBytes(2 << 20).toString('hex');
+  const data = hex.replace(/(.{96})/g, '$1\n');
+  fs.writeFileSync(path.join(slow.project, 'data.csv'), data);
+  const dataOnServer = () => fs.existsSync(path.join(slow.remote, 'data.csv'));
+  await waitFor(
+    () => /syncing 1$/.test(statusItem().text) && !dataOnServer(),
+    '"syncing 1" while data.csv is on its way',
+  );
+  assert.match(statusItem().tooltip, /MiB sent/);
+  wansim('rate', '0');
+  await waitFor(
+    () => dataOnServer() && api.state() === 'up_to_date',
+    'up to date once data.csv is on the server',
+    60000,
+  );
+  assert.equal(fs.statSync(path.join(slow.remote, 'data.csv')).size, data.length);
+  await stopWatchingAndWait(slow.project);
 });

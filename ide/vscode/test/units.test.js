@@ -25,6 +25,25 @@ test('syncing N counts the paths synced since the last idle, then up to date', (
   assert.match(s.view().text, /syncing 1$/);
 });
 
+test('a batch under way (progress) reads syncing with its planned operations until idle', () => {
+  const s = new SyncState();
+  s.applyStatus({ v: 1, ok: true, daemon: true, state: 'up_to_date', target: 'root@h:22' });
+  s.applyEvent({
+    v: 1,
+    event: 'progress',
+    ops_done: 0,
+    ops_total: 1,
+    bytes: 1048576,
+    bytes_total: 3145728,
+  });
+  assert.match(s.view().text, /syncing 1$/);
+  assert.match(s.view().tooltip, /1\.0 of 3\.0 MiB sent/);
+  s.applyEvent({ v: 1, event: 'synced', path: 'big.bin', ms: 900 });
+  assert.match(s.view().text, /syncing 1$/);
+  s.applyEvent({ v: 1, event: 'idle' });
+  assert.match(s.view().text, /up to date$/);
+});
+
 test('a conflict is returned for a notification and stays as a problem count until acknowledged', () => {
   const s = new SyncState();
   const p = s.applyEvent({
