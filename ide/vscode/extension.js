@@ -70,11 +70,12 @@ class Gpusync {
     return p.includes('/') && !path.isAbsolute(p) && this.root() ? path.join(this.root(), p) : p;
   }
 
-  // Runs `gpusync CMD --json ARGS...` in the workspace; resolves the reply, rejects a GpusyncError.
-  async json(args, input) {
+  // Runs `gpusync CMD --json ARGS...` in `cwd` (default: the workspace); resolves the reply,
+  // rejects a GpusyncError.
+  async json(args, input, cwd = this.root()) {
     this.output.appendLine(`$ gpusync ${cli.jsonArgs(args).join(' ')}`);
     try {
-      return await cli.runJson(this.bin(), args, { cwd: this.root(), input });
+      return await cli.runJson(this.bin(), args, { cwd, input });
     } catch (e) {
       this.output.appendLine(`  failed: ${e.message}`);
       throw e;
@@ -341,32 +342,82 @@ class Gpusync {
     vscode.window.showInformationMessage(
       `gpusync: run ${r.id} started: ${r.ranks} rank${r.ranks === 1 ? '' : 's'} (MASTER_PORT ${r.master_port})`,
     );
-    const ended = this.showLogs(r.id);
-    return { run: r, ended };
+    const logs = this.showLogs(r.id);
+    return { run: r, logs };
   }
 
-  // Follows a run's logs in the "gpusync logs" channel. Returns a promise of the run's exit status.
+  // Follows a run's logs in the "gpusync logs" channel. Returns a promise of how the follower
+  // ended: {code, outcome}, outcome 'ended' (the run ended; code is its exit status), 'lost'
+  // (exit 255: the connection failed, the run may go on), 'failed' (the CLI's own error, such as
+  // no run on the server yet) or 'replaced' (another Show Logs took the channel).
   showLogs(runId) {
     if (!this.requireProject()) return Promise.resolve(null);
-    if (this.logs) this.logs.kill('SIGTERM');
+    // A follower already on the channel is replaced: forget it first, so that its exit (which
+    // comes later) neither writes into the fresh channel nor reports the run as ended.
+    const old = this.logs;
+    this.logs = null;
+    if (old) old.kill('SIGTERM');
+    const root = this.root();
     const id = typeof runId === 'string' ? runId : this.lastRun;
     const args = ['logs', '-f'].concat(id ? [id] : []);
     this.logChannel.clear();
     this.logChannel.appendLine(`$ gpusync ${args.join(' ')}`);
     this.logChannel.show(true);
     return new Promise((resolve) => {
+      const stderr = [];
       const child = cli.follow(this.bin(), args, {
-        cwd: this.root(),
-        onLine: (l) => this.logChannel.appendLine(l),
-        onErrLine: (l) => this.logChannel.appendLine(l),
+        cwd: root,
+        onLine: (l) => this.logs === child && this.logChannel.appendLine(l),
+        onErrLine: (l) => {
+          stderr.push(l);
+          if (this.logs === child) this.logChannel.appendLine(l);
+        },
         onExit: (code) => {
-          if (this.logs === child) this.logs = null;
-          this.logChannel.appendLine(`[gpusync logs ended: exit status ${code}]`);
-          resolve(code);
+          if (this.logs !== child) {
+            resolve({ code, outcome: 'replaced' });
+            return;
+          }
+          this.logs = null;
+          resolve(this.logsEnded(id, code, stderr, root));
         },
       });
       this.logs = child;
     });
+  }
+
+  // Says how `logs -f [id]` ended: the run's own status when the run ended; 255 when the
+  // connection failed (the run may well go on); any other status is told apart from a run that
+  // failed by asking `ps --json` whether the run is still running (docs/json-contract.md).
+  async logsEnded(id, code, stderr, root) {
+    const label = id || 'latest';
+    const say = (line) => this.logChannel.appendLine(`[gpusync: ${line}]`);
+    if (code === 255) {
+      const msg =
+        "lost the connection to the run's logs (it may still be running; " +
+        'gpusync: Show Logs reattaches)';
+      say(msg);
+      vscode.window.showWarningMessage(`gpusync: run ${label}: ${msg}`);
+      return { code, outcome: 'lost' };
+    }
+    if (code !== 0 && !(await this.runEnded(id, root))) {
+      const why = stderr.join('\n').trim().replace(/^gpusync: /, '') || `exit status ${code}`;
+      say(`logs of run ${label} failed: ${why}`);
+      vscode.window.showErrorMessage(`gpusync: logs of run ${label} failed: ${why}`);
+      return { code, outcome: 'failed' };
+    }
+    say(`run ${label} ended: exit status ${code}`);
+    return { code, outcome: 'ended' };
+  }
+
+  // Whether `ps --json` lists the run (the newest when `id` is null) as no longer running.
+  async runEnded(id, root) {
+    try {
+      const runs = (await this.json(['ps'], undefined, root)).runs || [];
+      const run = id ? runs.find((r) => r.id === id) : runs[0];
+      return Boolean(run) && run.state !== 'running';
+    } catch (e) {
+      return false;
+    }
   }
 
   async stopRun() {

@@ -80,10 +80,11 @@ function channel(name) {
   return fake.channels.get(name);
 }
 
-// Runs the CLI directly (for checks the extension does not make itself).
-function cliJson(args) {
+// Runs the CLI directly (for checks the extension does not make itself), in `cwd` (default: the
+// first project).
+function cliJson(args, cwd = env.project) {
   const out = execFileSync(env.bin, [args[0], '--json'].concat(args.slice(1)), {
-    cwd: env.project,
+    cwd,
     encoding: 'utf8',
   });
   return JSON.parse(out.trim().split('\n').pop());
@@ -418,4 +419,56 @@ test('a large file on a slow link reads "syncing 1" until it is on the server', 
   );
   assert.equal(fs.statSync(path.join(slow.remote, 'data.csv')).size, data.length);
   await stopWatchingAndWait(slow.project);
+});
+
+// `logs -f` exits 1 when the server has no run yet: the CLI's error, not the end of a run.
+test('Show Logs before any run says why it cannot follow, not that a run ended', async () => {
+  api = await openWindow([env.project]);
+  assert.deepEqual(cliJson(['ps']).runs, []);
+  const r = await vscodeFake.commands.executeCommand('gpusync.showLogs');
+  const note = fake.messages.find(
+    (m) => m.level === 'error' && /logs of run latest failed: /.test(m.text),
+  );
+  assert.ok(note, `an error notification: ${JSON.stringify(fake.messages.slice(-2))}`);
+  assert.match(channel('gpusync logs').text, /\[gpusync: logs of run latest failed: .+\]/);
+  assert.doesNotMatch(channel('gpusync logs').text, /ended/);
+  assert.equal(r.outcome, 'failed');
+});
+
+// A run goes on while the connection its logs come over fails (`logs -f` exits 255): the channel
+// and the notification say the connection was lost, and nothing says the run ended.
+test('a run whose logs lose the connection is not called ended', async (t) => {
+  if (!(await slowProject())) return t.skip('no wansim in this build');
+  api = await openWindow([slow.project]);
+  fake.answers.quickPick.push(
+    (items) => items.find((i) => i.label === 'Command...'),
+    (items) => items.find((i) => i.label === '2 CPU ranks'),
+  );
+  fake.answers.inputBox.push('echo tick; exec sleep 600');
+  const started = await vscodeFake.commands.executeCommand('gpusync.runJob');
+  assert.ok(started && started.run.id, `run failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  const id = started.run.id;
+  try {
+    await waitFor(() => /tick/.test(channel('gpusync logs').text), 'the run to print tick');
+    wansim('cut');
+    const mark = fake.messages.length;
+    const r = await vscodeFake.commands.executeCommand('gpusync.showLogs', id);
+    const text = channel('gpusync logs').text;
+    assert.match(text, /lost the connection to the run's logs \(it may still be running/);
+    assert.doesNotMatch(text, /ended/);
+    const notes = fake.messages.slice(mark);
+    assert.ok(
+      notes.some(
+        (m) => m.level === 'warning' && m.text.includes(`run ${id}: lost the connection`),
+      ),
+      `a warning: ${JSON.stringify(notes)}`,
+    );
+    assert.ok(!notes.some((m) => /ended/.test(m.text)), JSON.stringify(notes));
+    assert.deepEqual([r.code, r.outcome], [255, 'lost']);
+    assert.equal((await started.logs).outcome, 'replaced');
+  } finally {
+    wansim('restore');
+    cliJson(['stop', id], slow.project);
+  }
+  assert.notEqual(cliJson(['ps'], slow.project).runs.find((x) => x.id === id).state, 'running');
 });
