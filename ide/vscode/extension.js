@@ -1,13 +1,15 @@
 // extension.js: the gpusync VS Code extension. It stays thin: every action is a call to the
 // gpusync CLI (lib/cli.js, spawn with an argument vector), whose --json output is the contract
-// (docs/json-contract.md). The status bar follows `gpusync events --json` (lib/syncstate.js).
+// (docs/json-contract.md). The status bar follows `gpusync events --json` (lib/syncstate.js): one
+// stream per project of the window (each workspace folder with a .gpusync/config), and it shows
+// the project of the active editor.
 'use strict';
 
 const path = require('path');
 const vscode = require('vscode');
 
 const cli = require('./lib/cli');
-const { readJobs, hasProject } = require('./lib/config');
+const { readJobs, hasProject, findProject } = require('./lib/config');
 const { SyncState, OFF, stoppedMessage } = require('./lib/syncstate');
 
 const GPU_CHOICES = [
@@ -23,12 +25,24 @@ const COMMAND_ITEM = {
   description: 'run any command line in the remote project',
 };
 
+// One project of the window (a root with a .gpusync/config): its sync state and the
+// `gpusync events --json` child that feeds it.
+class Project {
+  constructor(root) {
+    this.root = root;
+    this.state = new SyncState();
+    this.events = null; // the `gpusync events --json` child
+    this.sawEvent = false; // an event came since the stream started
+  }
+}
+
 // One per window: owns the status bar item, the output channels and the CLI processes it follows.
 class Gpusync {
   constructor(context) {
     this.context = context;
-    this.state = new SyncState();
-    this.events = null; // the `gpusync events --json` child
+    this.projects = new Map(); // root -> Project, each project followed (or once followed) here
+    this.none = new SyncState(); // what the status bar shows outside any project: not watching
+    this.folder = null; // the workspace folder of the last active editor that had one
     this.logs = null; // the `gpusync logs -f` child
     this.lastRun = null; // id of the last run started from here
     // The GPU summary of the last "Show GPUs" (gpusync top), hidden until there is one.
@@ -53,16 +67,68 @@ class Gpusync {
     context.subscriptions.push(this.output, this.logChannel, this.item, this.gpuItem, {
       dispose: () => this.dispose(),
     });
+    this.onEditor(vscode.window.activeTextEditor);
+    context.subscriptions.push(
+      vscode.window.onDidChangeActiveTextEditor((editor) => this.onEditor(editor)),
+      vscode.workspace.onDidChangeWorkspaceFolders((change) => this.onFolders(change)),
+    );
     this.render();
     this.item.show();
   }
 
-  // ---- the CLI ----
+  // ---- projects ----
 
+  // The project the user is in, where commands run and whose state the status bar shows: that of
+  // the active editor's workspace folder (the folder, or the parent the CLI finds a
+  // .gpusync/config in), else of the first folder that has one, else the first folder.
   root() {
-    const folders = vscode.workspace.workspaceFolders;
-    return folders && folders.length ? folders[0].uri.fsPath : null;
+    const dirs = (vscode.workspace.workspaceFolders || []).map((f) => f.uri.fsPath);
+    if (this.folder && dirs.includes(this.folder)) return findProject(this.folder) || this.folder;
+    for (const d of dirs) {
+      const root = findProject(d);
+      if (root) return root;
+    }
+    return dirs.length ? dirs[0] : null;
   }
+
+  // The roots of the window's projects, once each (two folders of one project are one project).
+  projectRoots() {
+    const roots = (vscode.workspace.workspaceFolders || []).map((f) => findProject(f.uri.fsPath));
+    return [...new Set(roots.filter(Boolean))];
+  }
+
+  project(root) {
+    let p = this.projects.get(root);
+    if (!p) {
+      p = new Project(root);
+      this.projects.set(root, p);
+    }
+    return p;
+  }
+
+  // The active editor changed: its workspace folder's project is the one shown (an editor
+  // outside the workspace, or none, leaves the last one shown).
+  onEditor(editor) {
+    const uri = editor && editor.document && editor.document.uri;
+    const folder = uri && vscode.workspace.getWorkspaceFolder(uri);
+    if (!folder || folder.uri.fsPath === this.folder) return;
+    this.folder = folder.uri.fsPath;
+    this.render();
+  }
+
+  // Folders added to the workspace are opened as at start; a removed project stops being followed
+  // (its daemon keeps running).
+  onFolders(change) {
+    const keep = new Set(this.projectRoots());
+    for (const p of this.projects.values()) if (!keep.has(p.root)) this.stopEvents(p.root);
+    for (const f of change.added || []) {
+      const root = findProject(f.uri.fsPath);
+      if (root) this.openProject(root);
+    }
+    this.render();
+  }
+
+  // ---- the CLI ----
 
   bin() {
     const p = vscode.workspace.getConfiguration('gpusync').get('path', 'gpusync') || 'gpusync';
@@ -82,8 +148,8 @@ class Gpusync {
     }
   }
 
-  requireProject() {
-    if (hasProject(this.root())) return true;
+  requireProject(root = this.root()) {
+    if (hasProject(root)) return true;
     vscode.window.showErrorMessage(
       'gpusync: this workspace is not a gpusync project; run "gpusync: Initialise" first.',
     );
@@ -92,8 +158,10 @@ class Gpusync {
 
   // ---- status bar ----
 
+  // Shows the state of the project the user is in.
   render() {
-    const v = this.state.view();
+    const p = this.projects.get(this.root());
+    const v = (p ? p.state : this.none).view();
     this.item.text = v.text;
     this.item.tooltip = v.tooltip;
     this.item.backgroundColor =
@@ -106,8 +174,11 @@ class Gpusync {
           );
   }
 
-  notify(problem) {
-    const file = problem.path || '(no file)';
+  notify(problem, root) {
+    // in a window of several folders, the file's project is named too
+    const folders = vscode.workspace.workspaceFolders || [];
+    const where = root && folders.length > 1 ? ` in ${path.basename(root)}` : '';
+    const file = (problem.path || '(no file)') + where;
     if (problem.kind === 'conflict') {
       vscode.window.showWarningMessage(
         `gpusync: conflict on ${file}: it was changed on the server; the server's copy is kept as ${problem.detail}`,
@@ -119,36 +190,39 @@ class Gpusync {
     }
   }
 
-  onEventLine(line) {
+  onEventLine(p, line) {
     const ev = cli.parseContractLine(line);
     if (!ev || typeof ev.event !== 'string') return;
-    this.sawEvent = true;
+    p.sawEvent = true;
     this.output.appendLine(`event: ${line}`);
-    const problem = this.state.applyEvent(ev);
+    const problem = p.state.applyEvent(ev);
     this.render();
-    if (problem) this.notify(problem);
+    if (problem) this.notify(problem, p.root);
   }
 
-  // Follows the daemon's events (once); the stream ends when the daemon stops.
-  async followEvents() {
-    if (this.events) return;
-    this.sawEvent = false;
-    this.events = cli.follow(this.bin(), ['events', '--json'], {
-      cwd: this.root(),
-      onLine: (l) => this.onEventLine(l),
+  // Follows the events of the project's daemon (once); the stream ends when the daemon stops.
+  async followEvents(root = this.root()) {
+    const p = this.project(root);
+    if (p.events) return;
+    p.sawEvent = false;
+    const child = cli.follow(this.bin(), ['events', '--json'], {
+      cwd: root,
+      onLine: (l) => this.onEventLine(p, l),
       onErrLine: (l) => this.output.appendLine(`events: ${l}`),
       onExit: () => {
-        this.events = null;
-        this.state.stopped();
+        if (p.events !== child) return; // stopped here already
+        p.events = null;
+        p.state.stopped();
         this.render();
       },
     });
+    p.events = child;
     // The stream carries changes only: the starting point comes from status (unless an event
     // already said more).
     try {
-      const st = await this.json(['status']);
-      if (!this.sawEvent && this.events) {
-        this.state.applyStatus(st);
+      const st = await this.json(['status'], undefined, root);
+      if (!p.sawEvent && p.events === child) {
+        p.state.applyStatus(st);
         this.render();
       }
     } catch (e) {
@@ -156,10 +230,12 @@ class Gpusync {
     }
   }
 
-  stopEvents() {
-    if (this.events) this.events.kill('SIGTERM');
-    this.events = null;
-    this.state.stopped();
+  stopEvents(root) {
+    const p = this.projects.get(root);
+    if (!p) return;
+    if (p.events) p.events.kill('SIGTERM');
+    p.events = null;
+    p.state.stopped();
     this.render();
   }
 
@@ -222,11 +298,11 @@ class Gpusync {
     return null;
   }
 
-  async startWatching() {
-    if (!this.requireProject()) return null;
+  async startWatching(root = this.root()) {
+    if (!this.requireProject(root)) return null;
     let reply = null;
     try {
-      reply = await this.startDaemon();
+      reply = await this.startDaemon(root);
       vscode.window.showInformationMessage(`gpusync: watching (daemon pid ${reply.pid})`);
     } catch (e) {
       if (e.errorName !== 'conflict') {
@@ -235,19 +311,19 @@ class Gpusync {
         return null;
       }
     }
-    await this.followEvents();
+    await this.followEvents(root);
     return reply;
   }
 
   // `watch -d`. Right after `watch --stop` the old daemon can hold its lock for a moment after
   // it stopped serving ("conflict" while status says no daemon): try again for up to 3 s.
-  async startDaemon() {
+  async startDaemon(root) {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.json(['watch', '-d']);
+        return await this.json(['watch', '-d'], undefined, root);
       } catch (e) {
         if (e.errorName !== 'conflict' || attempt >= 30) throw e;
-        const st = await this.json(['status']).catch(() => ({ daemon: true }));
+        const st = await this.json(['status'], undefined, root).catch(() => ({ daemon: true }));
         if (st.daemon) throw e; // a daemon really runs
         await new Promise((resolve) => setTimeout(resolve, 100));
       }
@@ -255,10 +331,11 @@ class Gpusync {
   }
 
   async stopWatching() {
-    if (!this.requireProject()) return null;
+    const root = this.root();
+    if (!this.requireProject(root)) return null;
     try {
-      const r = await this.json(['watch', '--stop']);
-      this.stopEvents();
+      const r = await this.json(['watch', '--stop'], undefined, root);
+      this.stopEvents(root);
       vscode.window.showInformationMessage(stoppedMessage(r));
       return r;
     } catch (e) {
@@ -288,8 +365,8 @@ class Gpusync {
     return r;
   }
 
-  async pickJob() {
-    const jobs = readJobs(this.root());
+  async pickJob(root) {
+    const jobs = readJobs(root);
     const items = jobs.map((j) => ({
       label: j.name,
       description: j.command || '',
@@ -326,14 +403,15 @@ class Gpusync {
   }
 
   async runJob() {
-    if (!this.requireProject()) return null;
-    const what = await this.pickJob();
+    const root = this.root();
+    if (!this.requireProject(root)) return null;
+    const what = await this.pickJob(root);
     if (!what) return null;
     const count = await this.pickCount(what.job);
     if (!count) return null;
     let r;
     try {
-      r = await this.json(['run'].concat(count, ['--detach'], what.args));
+      r = await this.json(['run'].concat(count, ['--detach'], what.args), undefined, root);
     } catch (e) {
       vscode.window.showErrorMessage(`gpusync: run failed: ${e.message}`);
       return null;
@@ -342,7 +420,7 @@ class Gpusync {
     vscode.window.showInformationMessage(
       `gpusync: run ${r.id} started: ${r.ranks} rank${r.ranks === 1 ? '' : 's'} (MASTER_PORT ${r.master_port})`,
     );
-    const logs = this.showLogs(r.id);
+    const logs = this.showLogs(r.id, root);
     return { run: r, logs };
   }
 
@@ -350,14 +428,13 @@ class Gpusync {
   // ended: {code, outcome}, outcome 'ended' (the run ended; code is its exit status), 'lost'
   // (exit 255: the connection failed, the run may go on), 'failed' (the CLI's own error, such as
   // no run on the server yet) or 'replaced' (another Show Logs took the channel).
-  showLogs(runId) {
-    if (!this.requireProject()) return Promise.resolve(null);
+  showLogs(runId, root = this.root()) {
+    if (!this.requireProject(root)) return Promise.resolve(null);
     // A follower already on the channel is replaced: forget it first, so that its exit (which
     // comes later) neither writes into the fresh channel nor reports the run as ended.
     const old = this.logs;
     this.logs = null;
     if (old) old.kill('SIGTERM');
-    const root = this.root();
     const id = typeof runId === 'string' ? runId : this.lastRun;
     const args = ['logs', '-f'].concat(id ? [id] : []);
     this.logChannel.clear();
@@ -421,10 +498,11 @@ class Gpusync {
   }
 
   async stopRun() {
-    if (!this.requireProject()) return null;
+    const root = this.root();
+    if (!this.requireProject(root)) return null;
     let runs;
     try {
-      runs = (await this.json(['ps'])).runs.filter((r) => r.state === 'running');
+      runs = (await this.json(['ps'], undefined, root)).runs.filter((r) => r.state === 'running');
     } catch (e) {
       vscode.window.showErrorMessage(`gpusync: cannot list runs: ${e.message}`);
       return null;
@@ -445,7 +523,7 @@ class Gpusync {
     );
     if (!pick) return null;
     try {
-      const r = await this.json(['stop', pick.label]);
+      const r = await this.json(['stop', pick.label], undefined, root);
       vscode.window.showInformationMessage(`gpusync: stopped run ${r.id}`);
       return r;
     } catch (e) {
@@ -497,34 +575,49 @@ class Gpusync {
   }
 
   showDetails() {
-    const lines = this.state.details();
-    this.output.appendLine('gpusync status:');
+    const p = this.projects.get(this.root());
+    const state = p ? p.state : this.none;
+    const lines = state.details();
+    this.output.appendLine(`gpusync status${p ? ` of ${p.root}` : ''}:`);
     for (const l of lines) this.output.appendLine(`  ${l}`);
     this.output.show(true);
-    this.state.acknowledge();
+    state.acknowledge();
     this.render();
     vscode.window.showInformationMessage(`gpusync: ${lines.join('; ')}`);
     return lines;
   }
 
-  // On open: follow a daemon that already runs, or start one when gpusync.watchOnOpen says so.
+  // On open: each project of the window is opened.
   async onOpen() {
-    if (!hasProject(this.root())) return;
+    await Promise.all(this.projectRoots().map((root) => this.openProject(root)));
+  }
+
+  // Follows the project's daemon if one runs, or starts one when gpusync.watchOnOpen says so.
+  async openProject(root) {
     let st = null;
     try {
-      st = await this.json(['status']);
+      st = await this.json(['status'], undefined, root);
     } catch (e) {
       return;
     }
-    if (st.daemon) await this.followEvents();
+    if (st.daemon) await this.followEvents(root);
     else if (vscode.workspace.getConfiguration('gpusync').get('watchOnOpen', false))
-      await this.startWatching();
+      await this.startWatching(root);
   }
 
   dispose() {
-    if (this.events) this.events.kill('SIGTERM');
+    for (const p of this.projects.values()) {
+      if (p.events) p.events.kill('SIGTERM');
+      p.events = null;
+    }
     if (this.logs) this.logs.kill('SIGTERM');
-    this.events = this.logs = null;
+    this.logs = null;
+  }
+
+  // The state of the project the user is in (its kind, as lib/syncstate.js names it).
+  currentState() {
+    const p = this.projects.get(this.root());
+    return (p ? p.state : this.none).kind;
   }
 }
 
@@ -545,7 +638,7 @@ function activate(context) {
   for (const [id, fn] of Object.entries(commands))
     context.subscriptions.push(vscode.commands.registerCommand(id, fn));
   const ready = g.onOpen();
-  return { ready, state: () => g.state.kind, isWatching: () => g.state.kind !== OFF };
+  return { ready, state: () => g.currentState(), isWatching: () => g.currentState() !== OFF };
 }
 
 function deactivate() {

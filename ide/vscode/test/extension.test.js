@@ -136,17 +136,14 @@ function wansim(...args) {
   execFileSync(slow.wansim, ['--ctl', slow.ctl].concat(args), { stdio: 'ignore' });
 }
 
-// "Closes the window" (disposes every activation so far) and opens one on the folders `dirs`
-// (gpusync.watchOnOpen off);
+// "Closes the window" (disposes every activation so far) and opens one on the folders `dirs`, no
+// editor open (gpusync.watchOnOpen off);
 // resolves the new activation's API once it has read the projects' status.
 async function openWindow(dirs) {
   for (const s of contexts.flatMap((c) => c.subscriptions)) s.dispose();
   fake.settings['gpusync.watchOnOpen'] = false; // the tests start watching themselves
-  fake.workspaceFolders = dirs.map((d, index) => ({
-    uri: { fsPath: d },
-    name: path.basename(d),
-    index,
-  }));
+  fake.activeTextEditor = undefined;
+  vscodeFake.setWorkspaceFolders(dirs); // no window listens yet
   const ctx = vscodeFake.makeContext();
   contexts.push(ctx);
   const opened = extension.activate(ctx);
@@ -471,4 +468,48 @@ test('a run whose logs lose the connection is not called ended', async (t) => {
     cliJson(['stop', id], slow.project);
   }
   assert.notEqual(cliJson(['ps'], slow.project).runs.find((x) => x.id === id).state, 'running');
+});
+
+// A multi-root workspace: each folder with a .gpusync/config is a project with its own daemon and
+// event stream, and the status bar shows the project of the active editor. Project B's link is
+// cut, so B cannot be up to date while A is.
+test('two folders: two streams; the status bar shows the active editor\'s project', async (t) => {
+  if (!(await slowProject())) return t.skip('no wansim in this build');
+  const a = (f) => path.join(env.project, f);
+  const b = (f) => path.join(slow.project, f);
+  wansim('cut');
+  try {
+    api = await openWindow([env.project]);
+    const ra = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+    assert.ok(ra && ra.pid > 0, `watch A failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+    await waitFor(() => /up to date/.test(statusItem().text), 'project A up to date');
+    vscodeFake.setWorkspaceFolders([env.project, slow.project]); // B's folder added
+    vscodeFake.openEditor(a('two.txt'));
+    assert.match(statusItem().text, /up to date/);
+    vscodeFake.openEditor(b('two.txt'));
+    assert.match(statusItem().text, /not watching/, 'in B, not A\'s state');
+    const rb = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+    assert.ok(rb && rb.pid > 0, `watch B failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+    assert.notEqual(rb.pid, ra.pid, 'B has its own daemon');
+    assert.equal(cliJson(['status'], slow.project).pid, rb.pid);
+    await waitFor(() => /connecting|disconnected/.test(statusItem().text), 'B connecting');
+    vscodeFake.openEditor(a('two.txt'));
+    assert.match(statusItem().text, /up to date/, 'back in A: A\'s up to date');
+  } finally {
+    wansim('restore');
+  }
+  // B's own stream: once its link is back, a save in B reaches B's server and B reads up to date.
+  vscodeFake.openEditor(b('two.txt'));
+  fs.writeFileSync(b('two.txt'), 'two\n');
+  await waitFor(
+    () => fs.existsSync(path.join(slow.remote, 'two.txt')) && /up to date/.test(statusItem().text),
+    'B up to date with two.txt on its server',
+    60000,
+  );
+  await stopWatchingAndWait(slow.project);
+  assert.match(statusItem().text, /not watching/);
+  vscodeFake.openEditor(a('two.txt'));
+  assert.match(statusItem().text, /up to date/, 'stopping B leaves A followed');
+  assert.equal(cliJson(['status']).daemon, true);
+  await stopWatchingAndWait(env.project);
 });

@@ -19,6 +19,8 @@ const fake = {
   answers: { inputBox: [], quickPick: [], message: [] }, // queues of answers (values or functions)
   settings: {}, // "gpusync.path" -> value
   workspaceFolders: [],
+  activeTextEditor: undefined,
+  listeners: { activeEditor: new Set(), folders: new Set() },
 };
 
 function changed(what) {
@@ -83,6 +85,46 @@ function createStatusBarItem(...args) {
   };
   fake.statusItems.push(item);
   return item;
+}
+
+// An event of the API: subscribing adds `fn` to `set` until the returned Disposable is disposed.
+function event(set) {
+  return (fn) => {
+    set.add(fn);
+    return new Disposable(() => set.delete(fn));
+  };
+}
+
+// The user opens `file` in an editor (it becomes the active one).
+function openEditor(file) {
+  fake.activeTextEditor = { document: { uri: { fsPath: file, scheme: 'file' } } };
+  for (const fn of [...fake.listeners.activeEditor]) fn(fake.activeTextEditor);
+  changed('editor');
+}
+
+// The user adds or removes workspace folders: `dirs` (paths) are the folders from now on.
+function setWorkspaceFolders(dirs) {
+  const before = fake.workspaceFolders;
+  fake.workspaceFolders = dirs.map((d, index) => ({
+    uri: { fsPath: d },
+    name: require('path').basename(d),
+    index,
+  }));
+  const has = (list, f) => list.some((g) => g.uri.fsPath === f.uri.fsPath);
+  const change = {
+    added: fake.workspaceFolders.filter((f) => !has(before, f)),
+    removed: before.filter((f) => !has(fake.workspaceFolders, f)),
+  };
+  for (const fn of [...fake.listeners.folders]) fn(change);
+  changed('folders');
+}
+
+// The workspace folder that holds `uri`, as VS Code picks it (the innermost).
+function getWorkspaceFolder(uri) {
+  const inside = (dir) => uri.fsPath === dir || uri.fsPath.startsWith(`${dir}/`);
+  const holding = fake.workspaceFolders.filter((f) => inside(f.uri.fsPath));
+  holding.sort((a, b) => b.uri.fsPath.length - a.uri.fsPath.length);
+  return holding[0];
 }
 
 function createOutputChannel(name) {
@@ -151,11 +193,17 @@ const vscode = {
     showInputBox(options) {
       return Promise.resolve(answer(fake.answers.inputBox, options));
     },
+    get activeTextEditor() {
+      return fake.activeTextEditor;
+    },
+    onDidChangeActiveTextEditor: event(fake.listeners.activeEditor),
   },
   workspace: {
     get workspaceFolders() {
       return fake.workspaceFolders;
     },
+    getWorkspaceFolder,
+    onDidChangeWorkspaceFolders: event(fake.listeners.folders),
     getConfiguration(section) {
       return {
         get(key, def) {
@@ -186,3 +234,5 @@ module.exports = vscode;
 module.exports.fake = fake;
 module.exports.makeContext = makeContext;
 module.exports.install = install;
+module.exports.openEditor = openEditor;
+module.exports.setWorkspaceFolders = setWorkspaceFolders;
