@@ -10,7 +10,9 @@ const vscode = require('vscode');
 
 const cli = require('./lib/cli');
 const { readJobs, hasProject, findProject } = require('./lib/config');
-const { SyncState, OFF, stoppedMessage } = require('./lib/syncstate');
+const { SyncState, OFF, CONNECTING, DISCONNECTED, stoppedMessage } = require('./lib/syncstate');
+
+const CONNECT_RECHECK_MS = 2000; // while "connecting": how often status --json is read again
 
 const GPU_CHOICES = [
   { label: '1 GPU', args: ['--gpus', '1'] },
@@ -33,6 +35,7 @@ class Project {
     this.state = new SyncState();
     this.events = null; // the `gpusync events --json` child
     this.sawEvent = false; // an event came since the stream started
+    this.recheck = null; // the timer that reads status again while connecting
   }
 }
 
@@ -174,10 +177,14 @@ class Gpusync {
           );
   }
 
-  notify(problem, root) {
-    // in a window of several folders, the file's project is named too
+  // " in FOLDER" in a window of several folders (where a file name alone is ambiguous), else "".
+  where(root) {
     const folders = vscode.workspace.workspaceFolders || [];
-    const where = root && folders.length > 1 ? ` in ${path.basename(root)}` : '';
+    return root && folders.length > 1 ? ` in ${path.basename(root)}` : '';
+  }
+
+  notify(problem, root) {
+    const where = this.where(root);
     const file = (problem.path || '(no file)') + where;
     if (problem.kind === 'conflict') {
       vscode.window.showWarningMessage(
@@ -217,24 +224,50 @@ class Gpusync {
       },
     });
     p.events = child;
-    // The stream carries changes only: the starting point comes from status (unless an event
-    // already said more).
+    await this.seed(p, child);
+    this.recheckWhileConnecting(p, child);
+  }
+
+  // The stream carries changes only: the starting point comes from status --json (unless an
+  // event already said more). A first connection that fails (a refused login) sends no event at
+  // all: a status that says disconnected is warned about here, with its reason.
+  async seed(p, child) {
+    let st;
     try {
-      const st = await this.json(['status'], undefined, root);
-      if (!p.sawEvent && p.events === child) {
-        p.state.applyStatus(st);
-        this.render();
-      }
+      st = await this.json(['status'], undefined, p.root);
     } catch (e) {
-      /* shown in the output channel; the events decide */
+      return; // shown in the output channel; the events decide
     }
+    if (p.events !== child || (p.sawEvent && p.state.kind !== CONNECTING)) return;
+    const was = p.state.kind;
+    p.state.applyStatus(st);
+    this.render();
+    if (p.state.kind === DISCONNECTED && was !== DISCONNECTED && typeof st.last_error === 'string')
+      vscode.window.showWarningMessage(
+        `gpusync: disconnected${this.where(p.root)}: ${st.last_error}`,
+      );
+  }
+
+  // The stream says "connected" once the session is up, but nothing when the first attempt
+  // fails (a wrong password, no key accepted): while the project reads "connecting", status is
+  // read again every CONNECT_RECHECK_MS, until the state moves on or the stream ends.
+  recheckWhileConnecting(p, child) {
+    if (p.events !== child || p.state.kind !== CONNECTING) return;
+    p.recheck = setTimeout(async () => {
+      p.recheck = null;
+      if (p.events !== child) return;
+      await this.seed(p, child);
+      this.recheckWhileConnecting(p, child);
+    }, CONNECT_RECHECK_MS);
+    if (p.recheck.unref) p.recheck.unref(); // never what keeps node running
   }
 
   stopEvents(root) {
     const p = this.projects.get(root);
     if (!p) return;
     if (p.events) p.events.kill('SIGTERM');
-    p.events = null;
+    clearTimeout(p.recheck);
+    p.events = p.recheck = null;
     p.state.stopped();
     this.render();
   }
@@ -608,7 +641,8 @@ class Gpusync {
   dispose() {
     for (const p of this.projects.values()) {
       if (p.events) p.events.kill('SIGTERM');
-      p.events = null;
+      clearTimeout(p.recheck);
+      p.events = p.recheck = null;
     }
     if (this.logs) this.logs.kill('SIGTERM');
     this.logs = null;

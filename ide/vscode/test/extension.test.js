@@ -513,3 +513,34 @@ test('two folders: two streams; the status bar shows the active editor\'s projec
   assert.equal(cliJson(['status']).daemon, true);
   await stopWatchingAndWait(env.project);
 });
+
+// A daemon started from a HOME without the key never logs in, and the event stream never says so
+// (it says "connected" once a session is up): the status bar must not stay "connecting".
+test('a refused first login reads disconnected, with the reason', async () => {
+  api = await openWindow([env.project]);
+  const home = process.env.HOME;
+  const nokey = path.join(env.tmp, 'nokey');
+  fs.mkdirSync(path.join(nokey, '.ssh'), { recursive: true });
+  fs.copyFileSync(path.join(home, '.ssh', 'known_hosts'), path.join(nokey, '.ssh', 'known_hosts'));
+  const mark = fake.messages.length;
+  let r;
+  process.env.HOME = nokey; // the daemon inherits it
+  try {
+    r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  } finally {
+    process.env.HOME = home;
+  }
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(() => /disconnected/.test(statusItem().text), '"disconnected"', 15000);
+  const note = await waitFor(
+    () =>
+      fake.messages
+        .slice(mark)
+        .find((m) => m.level === 'warning' && /^gpusync: disconnected: /.test(m.text)),
+    'the warning',
+    5000,
+  );
+  assert.equal(note.text, `gpusync: disconnected: ${cliJson(['status']).last_error}`);
+  assert.match(note.text, /authentication/);
+  await stopWatchingAndWait(env.project);
+});
