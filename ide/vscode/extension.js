@@ -607,8 +607,19 @@ class Gpusync {
     return r;
   }
 
-  showDetails() {
-    const p = this.projects.get(this.root());
+  // The item's click: the project's state, its problems and the conflict copies status --json
+  // lists now (read again: `gpusync status --ack` may have cleared them since).
+  async showDetails() {
+    const root = this.root();
+    if (hasProject(root)) {
+      try {
+        const st = await this.json(['status'], undefined, root);
+        this.project(root).state.setConflicts(st.conflicts);
+      } catch (e) {
+        /* shown in the output channel; the list stays as it was */
+      }
+    }
+    const p = this.projects.get(root);
     const state = p ? p.state : this.none;
     const lines = state.details();
     this.output.appendLine(`gpusync status${p ? ` of ${p.root}` : ''}:`);
@@ -616,7 +627,8 @@ class Gpusync {
     this.output.show(true);
     state.acknowledge();
     this.render();
-    vscode.window.showInformationMessage(`gpusync: ${lines.join('; ')}`);
+    const level = state.conflicts.length ? 'showWarningMessage' : 'showInformationMessage';
+    vscode.window[level](`gpusync: ${lines.join('; ')}`);
     return lines;
   }
 
@@ -633,6 +645,9 @@ class Gpusync {
     } catch (e) {
       return;
     }
+    // the conflict copies kept while no editor was open are shown, daemon or not
+    this.project(root).state.setConflicts(st.conflicts);
+    this.render();
     if (st.daemon) await this.followEvents(root);
     else if (vscode.workspace.getConfiguration('gpusync').get('watchOnOpen', false))
       await this.startWatching(root);

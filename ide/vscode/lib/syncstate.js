@@ -24,11 +24,13 @@ class SyncState {
     this.lastPath = null;
     this.lastMessage = null;
     this.problems = []; // {kind: 'conflict'|'error', path, detail, time}, unseen by the user
+    this.conflicts = []; // conflict copies kept on the server, not acknowledged: {path, kept}
     this.recent = []; // the last events, newest last, for the details view
   }
 
   // Seeds the state from a `status --json` reply (daemon running or not).
   applyStatus(st) {
+    this.setConflicts(st && st.conflicts);
     if (!st || st.daemon !== true) {
       this.kind = OFF;
       return;
@@ -79,12 +81,23 @@ class SyncState {
         this.lastMessage = null;
         return null;
       case 'conflict':
+        if (!this.conflicts.some((c) => c.kept === ev.kept))
+          this.conflicts.push({ path: ev.path, kept: ev.kept });
         return this.addProblem(CONFLICT, ev.path, ev.kept);
       case 'error':
         return this.addProblem(ERROR, ev.path, ev.message);
       default:
         return null; // a newer daemon's event: ignore it, as the contract allows
     }
+  }
+
+  // The conflict copies `status --json` lists (they outlive the daemon, until `status --ack`);
+  // anything but an array leaves the list as it was.
+  setConflicts(list) {
+    if (!Array.isArray(list)) return;
+    this.conflicts = list
+      .filter((c) => c && typeof c === 'object')
+      .map((c) => ({ path: c.path, kept: c.kept }));
   }
 
   addProblem(kind, path, detail) {
@@ -143,12 +156,14 @@ class SyncState {
       [DISCONNECTED]: ['$(debug-disconnect) gpusync: disconnected', this.lastMessage],
     };
     const [text, tip] = views[this.kind];
+    const copies = this.conflicts.length;
     let severity = 'normal';
     if (this.kind === ERROR || this.kind === DISCONNECTED) severity = 'error';
-    else if (this.kind === CONFLICT || n) severity = 'warning';
+    else if (this.kind === CONFLICT || n || copies) severity = 'warning';
     // conflict and error name their file already; other states carry the problem count
-    const withBadge = this.kind === CONFLICT || this.kind === ERROR ? text : text + badge;
-    return { text: withBadge, tooltip: `${tip || ''}\nclick for details`.trim(), severity };
+    let shown = this.kind === CONFLICT || this.kind === ERROR ? text : text + badge;
+    if (copies) shown += ` | ${copies} conflict cop${copies === 1 ? 'y' : 'ies'}`;
+    return { text: shown, tooltip: `${tip || ''}\nclick for details`.trim(), severity };
   }
 
   // A few lines for the details view.
@@ -157,6 +172,14 @@ class SyncState {
     if (this.lastMessage) lines.push(`last message: ${this.lastMessage}`);
     for (const p of this.problems)
       lines.push(`${p.kind}: ${p.path || '(no file)'}${p.detail ? ` — ${p.detail}` : ''}`);
+    const copies = this.conflicts.length;
+    if (copies) {
+      const each = this.conflicts.map((c) => `${c.path} (the server's copy is ${c.kept})`);
+      lines.push(
+        `${copies} conflict cop${copies === 1 ? 'y' : 'ies'} kept on the server ` +
+          `(gpusync status --ack clears): ${each.join(', ')}`,
+      );
+    }
     return lines;
   }
 }

@@ -325,7 +325,7 @@ test('a conflict raises a notification that names the file', async () => {
   assert.match(note.text, /shared\.py/);
   assert.match(note.text, /shared\.py\.gpusync-conflict-/);
   await waitFor(() => /up to date/.test(statusItem().text), 'up to date after the conflict');
-  assert.match(statusItem().text, /1 problem/);
+  assert.match(statusItem().text, /1 problem\) \| 1 conflict copy$/);
   assert.equal(remoteFile('shared.py'), 'v = 2\n');
   const kept = fs
     .readdirSync(env.remote)
@@ -543,4 +543,27 @@ test('a refused first login reads disconnected, with the reason', async () => {
   assert.equal(note.text, `gpusync: disconnected: ${cliJson(['status']).last_error}`);
   assert.match(note.text, /authentication/);
   await stopWatchingAndWait(env.project);
+});
+
+// status --json lists the conflict copies the daemon kept (until `status --ack`, even after the
+// daemon stopped): the one of 'a conflict raises a notification...' is still listed here.
+test('the conflict copies status --json lists show until status --ack clears them', async () => {
+  const listed = cliJson(['status']).conflicts;
+  assert.equal(listed.length, 1);
+  assert.equal(cliJson(['status']).daemon, false);
+  // a window opened after the conflict, with no daemon, learns of the copy from status
+  api = await openWindow([env.project]);
+  assert.match(statusItem().text, /not watching \| 1 conflict copy$/);
+  const mark = fake.messages.length;
+  const lines = await vscodeFake.commands.executeCommand('gpusync.showDetails');
+  const line = lines.find((l) => /conflict copy kept on the server/.test(l));
+  assert.ok(line, JSON.stringify(lines));
+  assert.ok(line.includes(`shared.py (the server's copy is ${listed[0].kept})`), line);
+  assert.match(line, /gpusync status --ack clears/);
+  const note = fake.messages.slice(mark).find((m) => m.text.includes(listed[0].kept));
+  assert.equal(note && note.level, 'warning', JSON.stringify(fake.messages.slice(mark)));
+  // acknowledged: the next click reads status again and the count goes
+  cliJson(['status', '--ack']);
+  await vscodeFake.commands.executeCommand('gpusync.showDetails');
+  assert.doesNotMatch(statusItem().text, /conflict cop/);
 });

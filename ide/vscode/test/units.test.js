@@ -62,6 +62,31 @@ test('a conflict is returned for a notification and stays as a problem count unt
   assert.doesNotMatch(s.view().text, /problem/);
 });
 
+test('conflict copies come from status and conflict events, and outlive the daemon', () => {
+  const s = new SyncState();
+  s.applyStatus({ v: 1, ok: true, daemon: false, state: 'pending', conflicts: [] });
+  s.applyEvent({ v: 1, event: 'conflict', path: 'a.py', kept: 'a.py.gpusync-conflict-1' });
+  s.applyEvent({ v: 1, event: 'conflict', path: 'a.py', kept: 'a.py.gpusync-conflict-1' });
+  s.applyEvent({ v: 1, event: 'idle' });
+  s.acknowledge();
+  assert.match(s.view().text, /up to date \| 1 conflict copy$/);
+  assert.equal(s.view().severity, 'warning');
+  s.stopped();
+  s.applyStatus({
+    v: 1,
+    ok: true,
+    daemon: false,
+    conflicts: [
+      { path: 'a.py', kept: 'a.py.gpusync-conflict-1' },
+      { path: 'b.py', kept: 'b.py.gpusync-conflict-2' },
+    ],
+  });
+  assert.match(s.view().text, /not watching \| 2 conflict copies$/);
+  assert.match(s.details().pop(), /b\.py \(the server's copy is b\.py\.gpusync-conflict-2\)$/);
+  s.applyStatus({ v: 1, ok: true, daemon: false, conflicts: [] });
+  assert.doesNotMatch(s.view().text, /conflict/);
+});
+
 test('errors, disconnection and the end of the stream each have their own look', () => {
   const s = new SyncState();
   const p = s.applyEvent({ v: 1, event: 'error', path: 'big.bin', message: 'disk full' });
