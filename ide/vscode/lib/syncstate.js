@@ -25,6 +25,9 @@ class SyncState {
     this.lastMessage = null;
     this.problems = []; // {kind: 'conflict'|'error', path, detail, time}, unseen by the user
     this.conflicts = []; // conflict copies kept on the server, not acknowledged: {path, kept}
+    // path ('' for none) -> the messages of its errors already reported: the daemon retries a
+    // failed operation every few seconds, and each retry sends the error again
+    this.failing = new Map();
     this.recent = []; // the last events, newest last, for the details view
   }
 
@@ -66,6 +69,8 @@ class SyncState {
         this.kind = SYNCING;
         this.syncedInBatch++;
         this.lastPath = ev.path;
+        this.failing.delete(ev.path);
+        if (ev.from) this.failing.delete(ev.from);
         return null;
       // A batch that runs longer than 250 ms says so every 250 ms: a large file still on its
       // way (its "synced" comes only at its end) reads as syncing, not as the "up to date" of
@@ -79,13 +84,14 @@ class SyncState {
         this.syncedInBatch = 0;
         this.batch = null;
         this.lastMessage = null;
+        this.failing.clear(); // the server matches: every error has cleared
         return null;
       case 'conflict':
         if (!this.conflicts.some((c) => c.kept === ev.kept))
           this.conflicts.push({ path: ev.path, kept: ev.kept });
         return this.addProblem(CONFLICT, ev.path, ev.kept);
       case 'error':
-        return this.addProblem(ERROR, ev.path, ev.message);
+        return this.addError(ev.path, ev.message);
       default:
         return null; // a newer daemon's event: ignore it, as the contract allows
     }
@@ -98,6 +104,22 @@ class SyncState {
     this.conflicts = list
       .filter((c) => c && typeof c === 'object')
       .map((c) => ({ path: c.path, kept: c.kept }));
+  }
+
+  // An error is reported once (a problem, a notification) until it clears: the path syncs, an
+  // "idle" says the server matches, or a new stream starts. A retry's error only shows.
+  addError(path, message) {
+    const key = path || '';
+    const seen = this.failing.get(key) || new Set();
+    this.failing.set(key, seen);
+    if (!seen.has(message)) {
+      seen.add(message);
+      return this.addProblem(ERROR, path, message);
+    }
+    this.kind = ERROR;
+    this.lastPath = path || null;
+    this.lastMessage = message || null;
+    return null;
   }
 
   addProblem(kind, path, detail) {
@@ -115,6 +137,7 @@ class SyncState {
     this.kind = OFF;
     this.syncedInBatch = 0;
     this.batch = null;
+    this.failing.clear(); // the next stream reports its errors anew
   }
 
   // The user has seen the problems (clicked the item).

@@ -567,3 +567,38 @@ test('the conflict copies status --json lists show until status --ack clears the
   await vscodeFake.commands.executeCommand('gpusync.showDetails');
   assert.doesNotMatch(statusItem().text, /conflict cop/);
 });
+
+// A folder gpusync made is replaced on the server by a link into /proc, where nothing can be
+// created: the upload of a new file in it fails, and the daemon retries it every few seconds,
+// sending the error again each time. The user is told once.
+test('a failed upload is notified once, not at every retry of the daemon', async () => {
+  api = await openWindow([env.project]);
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  fs.mkdirSync(path.join(env.project, 'ro'));
+  fs.writeFileSync(path.join(env.project, 'ro', 'a.txt'), 'a\n');
+  await waitFor(() => remoteFile('ro/a.txt') === 'a\n', 'ro/a.txt on the server');
+  fs.rmSync(path.join(env.remote, 'ro'), { recursive: true });
+  fs.symlinkSync('/proc/1', path.join(env.remote, 'ro'));
+  const errorEvents = () =>
+    channel('gpusync')
+      .text.split('\n')
+      .filter((l) => l.startsWith('event: '))
+      .map((l) => JSON.parse(l.slice('event: '.length)))
+      .filter((ev) => ev.event === 'error' && ev.path === 'ro/b.txt').length;
+  const notes = () => fake.messages.filter((m) => /error syncing ro\/b\.txt/.test(m.text));
+  try {
+    fs.writeFileSync(path.join(env.project, 'ro', 'b.txt'), 'b\n');
+    await waitFor(() => notes().length > 0, 'the error notification');
+    assert.equal(notes()[0].level, 'error');
+    assert.match(statusItem().text, /error ro\/b\.txt/);
+    await waitFor(() => errorEvents() >= 2, 'the daemon to retry the upload', 60000);
+    assert.equal(notes().length, 1, `${errorEvents()} error events: ${JSON.stringify(notes())}`);
+    const lines = await vscodeFake.commands.executeCommand('gpusync.showDetails');
+    assert.equal(lines.filter((l) => l.startsWith('error: ro/b.txt')).length, 1, lines.join('\n'));
+  } finally {
+    fs.unlinkSync(path.join(env.remote, 'ro'));
+    fs.rmSync(path.join(env.project, 'ro'), { recursive: true });
+  }
+  await stopWatchingAndWait(env.project);
+});

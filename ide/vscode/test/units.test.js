@@ -87,6 +87,22 @@ test('conflict copies come from status and conflict events, and outlive the daem
   assert.doesNotMatch(s.view().text, /conflict/);
 });
 
+test('an error is reported once until it clears, not at every retry of the daemon', () => {
+  const s = new SyncState();
+  const err = { v: 1, event: 'error', path: 'ro/b.txt', message: 'permission denied' };
+  assert.equal(s.applyEvent(err).kind, 'error');
+  assert.equal(s.applyEvent(err), null);
+  assert.match(s.view().text, /error ro\/b\.txt/);
+  assert.equal(s.applyEvent({ ...err, message: 'no space left' }).detail, 'no space left');
+  s.applyEvent({ v: 1, event: 'synced', path: 'ro/b.txt', ms: 3 });
+  assert.equal(s.applyEvent(err).kind, 'error');
+  s.applyEvent({ v: 1, event: 'idle' });
+  assert.equal(s.applyEvent(err).kind, 'error');
+  s.stopped();
+  assert.equal(s.applyEvent(err).kind, 'error');
+  assert.equal(s.problems.length, 5);
+});
+
 test('errors, disconnection and the end of the stream each have their own look', () => {
   const s = new SyncState();
   const p = s.applyEvent({ v: 1, event: 'error', path: 'big.bin', message: 'disk full' });
