@@ -7,6 +7,10 @@
 // the extension's calls to the VS Code API is real. What a user sees in a real VS Code (watching,
 // an edit saved in the editor, the status bar's states, a conflict, Run Job, Stop Run, Show GPUs)
 // is tested there, by ../test-real.sh; these cover the rest in seconds, without a browser.
+//
+// A second project whose server is reached through the build's WAN simulator (tests/tools/wansim,
+// slowProject()) lets the tests slow or cut a link; those tests are skipped when the build has no
+// wansim. openWindow() "reopens the window" on other folders (a multi-root workspace, too).
 'use strict';
 
 const { test, before, after } = require('node:test');
