@@ -279,7 +279,7 @@ static __global__ void maxpool_kernel(float *y, int32_t *arg, const float *x, in
             if (xp[at] > xp[best])
                 best = at;
         }
-    y[o] = relu && xp[best] < 0.0f ? 0.0f : xp[best];
+    y[o] = relu && !(xp[best] > 0.0f) ? 0.0f : xp[best]; /* relu_kernel's test, -0 and NaN too */
     arg[o] = best;
 }
 
@@ -551,7 +551,7 @@ static __global__ void add_bias_kernel(float *Y, const float *b, int B, int out,
     if (i >= (size_t)B * out)
         return;
     float v = Y[i] + b[i % out];
-    Y[i] = relu && v < 0.0f ? 0.0f : v;
+    Y[i] = relu && !(v > 0.0f) ? 0.0f : v;
 }
 
 /* db[j] = sum over rows of dY[:, j], rows in order as on the CPU; one thread per column. */
