@@ -2,9 +2,12 @@
 // gpusync CLI (lib/cli.js, spawn with an argument vector), whose --json output is the contract
 // (docs/json-contract.md). The status bar follows `gpusync events --json` (lib/syncstate.js): one
 // stream per project of the window (each workspace folder with a .gpusync/config), and it shows
-// the project of the active editor.
+// the project of the active editor. A project's daemon is followed whenever one runs: one started
+// from a terminal after the window opened, and a new one after a daemon stopped, was killed or
+// crashed (lookAll); the extension never starts one by itself (except gpusync.watchOnOpen).
 'use strict';
 
+const fs = require('fs');
 const path = require('path');
 const vscode = require('vscode');
 
@@ -13,6 +16,12 @@ const { readJobs, hasProject, findProject } = require('./lib/config');
 const { SyncState, OFF, CONNECTING, DISCONNECTED, stoppedMessage } = require('./lib/syncstate');
 
 const CONNECT_RECHECK_MS = 2000; // while "connecting": how often status --json is read again
+// While a project's daemon is not followed, its control socket is looked at (a stat, no process)
+// this often: a daemon that starts, from here or from a terminal, binds a new one.
+const REATTACH_MS = 2000;
+// A socket that did not answer (left behind by a daemon that was killed) is tried again this
+// seldom.
+const STALE_RETRY_MS = 60000;
 
 const GPU_CHOICES = [
   { label: '1 GPU', args: ['--gpus', '1'] },
@@ -36,7 +45,22 @@ class Project {
     this.events = null; // the `gpusync events --json` child
     this.sawEvent = false; // an event came since the stream started
     this.recheck = null; // the timer that reads status again while connecting
+    this.triedId = null; // the control socket the last stream was started on (socketId)
+    this.triedAt = 0; // and when (Date.now())
   }
+}
+
+// The identity of the control socket of the project at root, or null when there is none. A
+// daemon that starts binds a new socket (it unlinks the one a killed daemon left), so a new inode
+// or mtime means a new daemon to follow.
+function socketId(root) {
+  let st;
+  try {
+    st = fs.statSync(path.join(root, '.gpusync', 'daemon.sock'), { bigint: true });
+  } catch (e) {
+    return null;
+  }
+  return st.isSocket() ? `${st.ino}:${st.mtimeNs}` : null;
 }
 
 // One per window: owns the status bar item, the output channels and the CLI processes it follows.
@@ -77,6 +101,9 @@ class Gpusync {
     );
     this.render();
     this.item.show();
+    // One timer looks after every project of the window (lookAll); never what keeps node running.
+    this.looker = setInterval(() => this.lookAll(), REATTACH_MS);
+    if (this.looker.unref) this.looker.unref();
   }
 
   // ---- projects ----
@@ -212,6 +239,8 @@ class Gpusync {
     const p = this.project(root);
     if (p.events) return;
     p.sawEvent = false;
+    p.triedId = socketId(root);
+    p.triedAt = Date.now();
     const child = cli.follow(this.bin(), ['events', '--json'], {
       cwd: root,
       onLine: (l) => this.onEventLine(p, l),
@@ -250,9 +279,10 @@ class Gpusync {
 
   // The stream says "connected" once the session is up, but nothing when the first attempt
   // fails (a wrong password, no key accepted): while the project reads "connecting", status is
-  // read again every CONNECT_RECHECK_MS, until the state moves on or the stream ends.
+  // read again every CONNECT_RECHECK_MS, until the state moves on or the stream ends. So too
+  // while it reads "not watching" with the stream alive (a status read as the daemon started).
   recheckWhileConnecting(p, child) {
-    if (p.events !== child || p.state.kind !== CONNECTING) return;
+    if (p.events !== child || (p.state.kind !== CONNECTING && p.state.kind !== OFF)) return;
     p.recheck = setTimeout(async () => {
       p.recheck = null;
       if (p.events !== child) return;
@@ -260,6 +290,22 @@ class Gpusync {
       this.recheckWhileConnecting(p, child);
     }, CONNECT_RECHECK_MS);
     if (p.recheck.unref) p.recheck.unref(); // never what keeps node running
+  }
+
+  // The looker's tick: follows the daemon of each project of the window whose daemon is not
+  // followed and whose control socket is new, or did not answer long enough ago (a killed
+  // daemon's). A stat per project, no process. It never starts a daemon, so Stop Watching holds
+  // until a daemon is started elsewhere (a terminal), which is then followed. Until status
+  // --json says a daemon runs, the project reads "not watching" (seed), and a status reply that
+  // comes after the stream ended is dropped there.
+  lookAll() {
+    for (const root of this.projectRoots()) {
+      const p = this.project(root);
+      if (p.events) continue;
+      const id = socketId(root);
+      if (id && (id !== p.triedId || Date.now() - p.triedAt >= STALE_RETRY_MS))
+        this.followEvents(root).catch((e) => this.output.appendLine(`events: ${e.message}`));
+    }
   }
 
   stopEvents(root) {
@@ -654,6 +700,7 @@ class Gpusync {
   }
 
   dispose() {
+    clearInterval(this.looker);
     for (const p of this.projects.values()) {
       if (p.events) p.events.kill('SIGTERM');
       clearTimeout(p.recheck);

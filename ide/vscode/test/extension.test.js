@@ -606,3 +606,115 @@ test('a failed upload is notified once, not at every retry of the daemon', async
   }
   await stopWatchingAndWait(env.project);
 });
+
+// `gpusync watch -d` from a terminal in dir: its reply. A daemon that was just killed or stopped
+// can hold its lock a moment after /proc shows it gone (a zombie main thread whose other threads
+// are still exiting): "conflict" is retried for up to WAIT_MS, as docs/json-contract.md says.
+async function watchFromTerminal(dir) {
+  const end = Date.now() + WAIT_MS;
+  for (;;) {
+    try {
+      return cliJson(['watch', '-d'], dir);
+    } catch (e) {
+      const reply = JSON.parse(String(e.stdout || '{}').trim().split('\n').pop() || '{}');
+      if (reply.error !== 'conflict' || Date.now() > end) throw e;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+// Starts dir's daemon from a terminal (not from the extension), then waits for the status bar to
+// read "up to date" and for a save of `name` to reach the server (`remoteDir`) with a "synced"
+// event from the new daemon's stream.
+async function startedFromTerminal(dir, remoteDir, name, text) {
+  const r = await watchFromTerminal(dir);
+  assert.ok(r.pid > 0, JSON.stringify(r));
+  await waitFor(
+    () => /up to date/.test(statusItem().text),
+    `"up to date" from the daemon started from a terminal (pid ${r.pid})`,
+    15000,
+  );
+  const mark = channel('gpusync').text.length;
+  const synced = () =>
+    channel('gpusync')
+      .text.slice(mark)
+      .split('\n')
+      .filter((l) => l.startsWith('event: '))
+      .some((l) => {
+        const ev = JSON.parse(l.slice('event: '.length));
+        return ev.event === 'synced' && ev.path === name;
+      });
+  fs.writeFileSync(path.join(dir, name), text);
+  await waitFor(
+    () => fs.readFileSync(path.join(remoteDir, name), 'utf8') === text && synced(),
+    `${name} on the server and its "synced" event`,
+    15000,
+  );
+  return r;
+}
+
+// The daemon's stream ends (kill -9, or `watch --stop` from a terminal) and a daemon is started
+// again from a terminal: the status bar reads "not watching" meanwhile, then follows the new one.
+test('a daemon killed, or stopped from a terminal, and started again there is followed', async () => {
+  api = await openWindow([env.project]);
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(() => api.state() === 'up_to_date', 'watching, up to date');
+  process.kill(r.pid, 'SIGKILL');
+  await waitFor(() => /not watching/.test(statusItem().text), '"not watching" after kill -9');
+  assert.equal(await processGone(r.pid), true);
+  const again = await startedFromTerminal(env.project, env.remote, 'again.txt', 'after the kill\n');
+  assert.equal(cliJson(['watch', '--stop']).was_running, true);
+  await waitFor(() => /not watching/.test(statusItem().text), '"not watching" after a stop');
+  assert.equal(await processGone(again.pid), true);
+  await startedFromTerminal(env.project, env.remote, 'again.txt', 'after the stop\n');
+  await stopWatchingAndWait(env.project);
+});
+
+// Stop Watching stops the daemon, and nothing starts one again; a daemon started from a terminal
+// afterwards is followed like any other (a status bar saying "not watching" while one syncs would
+// be the surprise).
+test('after Stop Watching, a daemon started from a terminal is followed', async () => {
+  api = await openWindow([env.project]);
+  const r = await vscodeFake.commands.executeCommand('gpusync.startWatching');
+  assert.ok(r && r.pid > 0, `watch failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+  await waitFor(() => api.state() === 'up_to_date', 'watching, up to date');
+  await stopWatchingAndWait(env.project);
+  assert.match(statusItem().text, /not watching/);
+  assert.equal(cliJson(['status']).daemon, false);
+  await startedFromTerminal(env.project, env.remote, 'again.txt', 'after Stop Watching\n');
+  await stopWatchingAndWait(env.project);
+});
+
+// A window opened on two projects while no daemon ran: a daemon started later from a terminal is
+// followed in each of them, the project not shown too.
+test('every project of the window follows a daemon started from a terminal after it opened', async () => {
+  const late = path.join(env.tmp, 'late');
+  const lateRemote = path.join(env.tmp, 'remote-late');
+  fs.mkdirSync(late);
+  execFileSync(env.bin, ['init', `root@127.0.0.1:${env.port}`, '--path', lateRemote], {
+    cwd: late,
+    stdio: 'ignore',
+  });
+  api = await openWindow([env.project, late]);
+  try {
+    vscodeFake.openEditor(path.join(late, 'late.txt'));
+    assert.match(statusItem().text, /not watching/);
+    vscodeFake.openEditor(path.join(env.project, 'late.txt'));
+    assert.match(statusItem().text, /not watching/);
+    const rl = await watchFromTerminal(late); // while the other project is shown
+    assert.ok(rl.pid > 0, JSON.stringify(rl));
+    await startedFromTerminal(env.project, env.remote, 'late.txt', 'shown\n');
+    vscodeFake.openEditor(path.join(late, 'late.txt'));
+    await waitFor(() => /up to date/.test(statusItem().text), 'the other project up to date');
+    const mark = fake.messages.length;
+    assert.equal(cliJson(['watch', '--stop'], late).was_running, true);
+    await waitFor(() => /not watching/.test(statusItem().text), '"not watching" after its stop');
+    await startedFromTerminal(late, lateRemote, 'late.txt', 'late\n');
+    assert.deepEqual(fake.messages.slice(mark), [], 'nothing to notify');
+  } finally {
+    execFileSync(env.bin, ['watch', '--stop'], { cwd: late, stdio: 'ignore' });
+  }
+  vscodeFake.openEditor(path.join(env.project, 'late.txt')); // Stop Watching acts on it
+  await stopWatchingAndWait(env.project);
+});
