@@ -543,7 +543,8 @@ class Gpusync {
 
   // Says how `logs -f [id]` ended: the run's own status when the run ended; 255 when the
   // connection failed (the run may well go on); any other status is told apart from a run that
-  // failed by asking `ps --json` whether the run is still running (docs/json-contract.md).
+  // failed by asking `ps --json` whether the run is still running (docs/json-contract.md). A run
+  // that ended with a non-zero status is notified (failedRun), not only written in the channel.
   async logsEnded(id, code, stderr, root) {
     const label = id || 'latest';
     const say = (line) => this.logChannel.appendLine(`[gpusync: ${line}]`);
@@ -555,25 +556,47 @@ class Gpusync {
       vscode.window.showWarningMessage(`gpusync: run ${label}: ${msg}`);
       return { code, outcome: 'lost' };
     }
-    if (code !== 0 && !(await this.runEnded(id, root))) {
+    const run = code === 0 ? null : await this.endedRun(id, root);
+    if (code !== 0 && !run) {
       const why = stderr.join('\n').trim().replace(/^gpusync: /, '') || `exit status ${code}`;
       say(`logs of run ${label} failed: ${why}`);
       vscode.window.showErrorMessage(`gpusync: logs of run ${label} failed: ${why}`);
       return { code, outcome: 'failed' };
     }
     say(`run ${label} ended: exit status ${code}`);
+    if (run) this.failedRun(run, code);
     return { code, outcome: 'ended' };
   }
 
-  // Whether `ps --json` lists the run (the newest when `id` is null) as no longer running.
-  async runEnded(id, root) {
+  // The run (the newest when `id` is null) as `ps --json` lists it, when it is no longer running;
+  // else (still running, not listed, ps failed) null.
+  async endedRun(id, root) {
     try {
       const runs = (await this.json(['ps'], undefined, root)).runs || [];
       const run = id ? runs.find((r) => r.id === id) : runs[0];
-      return Boolean(run) && run.state !== 'running';
+      return run && run.state !== 'running' ? run : null;
     } catch (e) {
-      return false;
+      return null;
     }
+  }
+
+  // Tells the user that a run followed here ended with a non-zero status: an error naming the
+  // run, its status and what ps --json says of it (the rank that failed first, an OOM kill); a
+  // run that was stopped (Stop Run, `gpusync stop`) is a warning that says so, not a failure.
+  failedRun(run, code) {
+    if (run.state === 'stopped') {
+      vscode.window.showWarningMessage(`gpusync: run ${run.id} was stopped (exit status ${code})`);
+      return;
+    }
+    const why = [];
+    if (Number.isInteger(run.failed_rank)) {
+      why.push(`rank ${run.failed_rank} failed first`);
+      const rank = (run.ranks || []).find((r) => r.rank === run.failed_rank);
+      if (rank && rank.oom) why.push('killed out of memory');
+    }
+    if (run.state !== 'failed') why.push(`state ${run.state}`);
+    const more = why.length ? ` (${why.join(', ')})` : '';
+    vscode.window.showErrorMessage(`gpusync: run ${run.id} failed: exit status ${code}${more}`);
   }
 
   async stopRun() {

@@ -718,3 +718,52 @@ test('every project of the window follows a daemon started from a terminal after
   vscodeFake.openEditor(path.join(env.project, 'late.txt')); // Stop Watching acts on it
   await stopWatchingAndWait(env.project);
 });
+
+// A run followed in the "gpusync logs" channel that ends with a non-zero status failed: an error
+// notification says so (the channel alone is easy to miss). A run ended by Stop Run is told as
+// stopped, a warning, not as a failure.
+test('a followed run that fails raises an error; one stopped with Stop Run a warning', async () => {
+  api = await openWindow([env.project]);
+  const runCommand = async (line) => {
+    fake.answers.quickPick.push(
+      (items) => items.find((i) => i.label === 'Command...'),
+      (items) => items.find((i) => i.label === '2 CPU ranks'),
+    );
+    fake.answers.inputBox.push(line);
+    const started = await vscodeFake.commands.executeCommand('gpusync.runJob');
+    assert.ok(started && started.run.id, `run failed: ${JSON.stringify(fake.messages.slice(-2))}`);
+    return started;
+  };
+  let mark = fake.messages.length;
+  const failing = await runCommand('echo failing; exit 3');
+  const end = await failing.logs;
+  assert.deepEqual([end.code, end.outcome], [3, 'ended']);
+  assert.match(channel('gpusync logs').text, /\[gpusync: run \S+ ended: exit status 3\]/);
+  let notes = fake.messages.slice(mark);
+  const note = notes.find((m) => m.level === 'error');
+  assert.ok(note, `an error notification: ${JSON.stringify(notes)}`);
+  const id = failing.run.id; // either rank can fail first
+  assert.match(
+    note.text,
+    new RegExp(`^gpusync: run ${id} failed: exit status 3 \\(rank [01] failed first\\)$`),
+  );
+
+  const long = await runCommand('echo started; exec sleep 600');
+  await waitFor(() => /started/.test(channel('gpusync logs').text), 'the run to print started');
+  mark = fake.messages.length;
+  fake.answers.quickPick.push((items) => items.find((i) => i.label === long.run.id));
+  const stopped = await vscodeFake.commands.executeCommand('gpusync.stopRun');
+  assert.equal(stopped && stopped.id, long.run.id);
+  const end2 = await long.logs;
+  assert.equal(end2.outcome, 'ended');
+  notes = fake.messages.slice(mark);
+  assert.ok(
+    notes.some(
+      (m) =>
+        m.level === 'warning' &&
+        m.text === `gpusync: run ${long.run.id} was stopped (exit status ${end2.code})`,
+    ),
+    JSON.stringify(notes),
+  );
+  assert.ok(!notes.some((m) => m.level === 'error'), JSON.stringify(notes));
+});
