@@ -19,16 +19,22 @@
  * daemon must not wait on it forever, so the send fails and the daemon drops that client. */
 #define SEND_STALL_MS 2000
 
-/* Fills `addr` for the project's socket. A long project path would overflow sun_path (108 bytes),
- * so the path goes through /proc/self/fd/N of an open .gpusync directory when needed; `dirfd`
- * receives that descriptor (or -1) and must be closed after bind/connect. */
-static int socket_addr(const char *root, struct sockaddr_un *addr, int *dirfd, struct gs_error *err)
+/* The socket is bound under this name and renamed to daemon.sock once it listens. */
+#define SOCKET_NEW "daemon.sock.new"
+
+/* Fills `addr` for the file `name` in the project's .gpusync/. A long project path would
+ * overflow sun_path (108 bytes), so the path goes through /proc/self/fd/N of an open .gpusync
+ * directory when needed; `dirfd` receives that descriptor (or -1) and must be closed after
+ * bind/connect/rename. */
+static int socket_addr(const char *root, const char *name, struct sockaddr_un *addr, int *dirfd,
+                       struct gs_error *err)
 {
     memset(addr, 0, sizeof(*addr));
     addr->sun_family = AF_UNIX;
     *dirfd = -1;
     struct gs_buf path = GS_BUF_INIT;
-    gs_path_join(&path, root, GS_CONTROL_SOCKET);
+    gs_path_join(&path, root, GS_DIR);
+    gs_buf_addf(&path, "/%s", name);
     if (path.len < sizeof(addr->sun_path)) {
         memcpy(addr->sun_path, path.data, path.len + 1);
         gs_buf_release(&path);
@@ -39,29 +45,43 @@ static int socket_addr(const char *root, struct sockaddr_un *addr, int *dirfd, s
     *dirfd = open(path.data, O_DIRECTORY | O_CLOEXEC);
     int rc = *dirfd < 0 ? gs_error_errno(err, GS_E_IO, "%s", path.data) : 0;
     if (rc == 0)
-        snprintf(addr->sun_path, sizeof(addr->sun_path), "/proc/self/fd/%d/daemon.sock", *dirfd);
+        snprintf(addr->sun_path, sizeof(addr->sun_path), "/proc/self/fd/%d/%s", *dirfd, name);
     gs_buf_release(&path);
     return rc;
 }
 
+/* Binds and listens under SOCKET_NEW, then renames it over daemon.sock (and any stale socket of
+ * a dead daemon: the lock says we are the only one), so that daemon.sock, once there, always
+ * accepts: an editor that sees a new socket file connects at once (ide/), never in the moment
+ * between bind and listen. */
 int gs_control_listen(const char *root, struct gs_error *err)
 {
-    struct sockaddr_un addr;
-    int dirfd;
-    if (socket_addr(root, &addr, &dirfd, err) < 0)
+    struct sockaddr_un addr, tmp;
+    int dirfd, tmp_dirfd = -1;
+    if (socket_addr(root, GS_CONTROL_SOCKET_NAME, &addr, &dirfd, err) < 0 ||
+        socket_addr(root, SOCKET_NEW, &tmp, &tmp_dirfd, err) < 0) {
+        if (dirfd >= 0)
+            close(dirfd);
         return GS_E_IO;
+    }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    unlink(addr.sun_path); /* a stale socket of a dead daemon; the lock says we are the only one */
+    unlink(tmp.sun_path); /* one a daemon killed while starting left */
     /* Only our user may connect (the daemon also checks each peer's uid): the socket is made
      * 0600 before it listens, in a .gpusync/ that is 0700 (gs_path_state_dir). */
-    int rc = fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
-                     chmod(addr.sun_path, 0600) < 0 || listen(fd, 16) < 0
+    int rc = fd < 0 || bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0 ||
+                     chmod(tmp.sun_path, 0600) < 0 || listen(fd, 16) < 0 ||
+                     rename(tmp.sun_path, addr.sun_path) < 0
                  ? gs_error_errno(err, GS_E_IO, "control socket %s", addr.sun_path)
                  : fd;
-    if (rc < 0 && fd >= 0)
-        close(fd);
+    if (rc < 0) {
+        unlink(tmp.sun_path);
+        if (fd >= 0)
+            close(fd);
+    }
     if (dirfd >= 0)
         close(dirfd);
+    if (tmp_dirfd >= 0)
+        close(tmp_dirfd);
     return rc;
 }
 
@@ -69,7 +89,7 @@ int gs_control_connect(const char *root, struct gs_error *err)
 {
     struct sockaddr_un addr;
     int dirfd;
-    if (socket_addr(root, &addr, &dirfd, err) < 0)
+    if (socket_addr(root, GS_CONTROL_SOCKET_NAME, &addr, &dirfd, err) < 0)
         return GS_E_NOTFOUND;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int rc = fd;

@@ -46,10 +46,11 @@
 #define GS_CONTROL_VERSION 1
 /* The longest request line a client may send; more without a newline is garbage (a client that
  * streams bytes must not grow the daemon's memory without bound). */
-#define GS_CONTROL_MAX_LINE (64 * 1024)
-#define GS_CONTROL_SOCKET   ".gpusync/daemon.sock"
-#define GS_CONTROL_LOCK     ".gpusync/daemon.lock"
-#define GS_CONTROL_LOG      ".gpusync/daemon.log"
+#define GS_CONTROL_MAX_LINE    (64 * 1024)
+#define GS_CONTROL_SOCKET_NAME "daemon.sock" /* in the project's .gpusync/ */
+#define GS_CONTROL_SOCKET      ".gpusync/daemon.sock"
+#define GS_CONTROL_LOCK        ".gpusync/daemon.lock"
+#define GS_CONTROL_LOG         ".gpusync/daemon.log"
 
 /* Binds (daemon) or connects (client) the socket of the project at `root`, working around the
  * 108-byte limit of socket paths. Return a descriptor, or GS_E_NOTFOUND (client: no daemon
