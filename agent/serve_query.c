@@ -109,10 +109,38 @@ static int send_file(struct ga_serve *s, uint32_t id, int fd, uint8_t *hash, uin
     return 0;
 }
 
+/* Whether `now` (fstat of the open file, or fstatat of its name) is still the file `was` describes
+ * (at open): same inode, size, mtime and ctime. Any write, truncation or chmod moves the ctime; a
+ * save by rename, or a removal, leaves the name to another inode or none. */
+static int same_file(const struct stat *was, const struct stat *now)
+{
+    return was->st_dev == now->st_dev && was->st_ino == now->st_ino &&
+           was->st_size == now->st_size && was->st_mtim.tv_sec == now->st_mtim.tv_sec &&
+           was->st_mtim.tv_nsec == now->st_mtim.tv_nsec &&
+           was->st_ctim.tv_sec == now->st_ctim.tv_sec &&
+           was->st_ctim.tv_nsec == now->st_ctim.tv_nsec;
+}
+
+/* After the last byte was read: -EAGAIN when the bytes sent may not be one version of the file
+ * (written, truncated or replaced while read, or a count other than its size at open), -ENOENT
+ * when its name was removed meanwhile, else 0. */
+static int check_unchanged(int dirfd, const char *name, int fd, const struct stat *was,
+                           uint64_t sent)
+{
+    struct stat now, named;
+    if (fstat(fd, &now) < 0)
+        return -errno;
+    if (sent != (uint64_t)was->st_size || !same_file(was, &now))
+        return -EAGAIN;
+    if (fstatat(dirfd, name, &named, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? -ENOENT : -errno;
+    return same_file(was, &named) ? 0 : -EAGAIN;
+}
+
 void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     char *path, name[GA_FS_NAME_MAX + 1];
-    int dirfd, fd = -1;
+    int dirfd = -1, fd = -1;
     struct stat st;
     if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
@@ -125,18 +153,26 @@ void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
         rc = fd < 0 ? -errno : fstat(fd, &st) < 0 ? -errno : 0;
         if (rc == 0 && !S_ISREG(st.st_mode))
             rc = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-        close(dirfd);
     }
     if (rc == 0) {
         ga_fs_meta_from_stat(&st, &r.meta);
         rc = send_file(s, m->id, fd, r.hash, &r.size);
     }
-    if (rc < 0)
+    if (rc == 0)
+        rc = check_unchanged(dirfd, name, fd, &st, r.size);
+    if (rc == -EAGAIN)
+        ga_serve_reply_error(s, m->id, EAGAIN,
+                             "get %s: the file changed on the server while it was read (written, "
+                             "truncated or replaced): the bytes sent are void",
+                             path);
+    else if (rc < 0)
         ga_serve_reply_op_error(s, m->id, rc, "get", path);
     else
         ga_serve_emit(s, &r);
     if (fd >= 0)
         close(fd);
+    if (dirfd >= 0)
+        close(dirfd);
     free(path);
 }
 

@@ -78,7 +78,8 @@
  * ENOSYS (unknown type), EBADMSG (malformed payload, or a PUT_END hash mismatch), EBADF
  * (PUT_DATA/PUT_END with no open stream), EBUSY (stream id in use), EMFILE (more than
  * GS_PROTO_MAX_STREAMS streams), and any errno of the file operation itself (ENOSPC, EACCES,
- * ENOTEMPTY, EISDIR, ...). Truncated input at EOF: exit status 2.
+ * ENOTEMPTY, EISDIR, ...), and EAGAIN (GET: the file changed while it was read). Truncated input
+ * at EOF: exit status 2.
  * A root removed under a session (its folder has no link left), or moved (its path now names
  * another folder, or none), is not what the client means to write: the agent then replies ERROR
  * ENOENT with id 0, saying so, and exits with status 3; the client connects again, which makes
@@ -220,7 +221,13 @@ enum gs_msg_type {
     /* HASH: str path. Reply HASH; a regular file or a symlink (hash of its target string). */
     GS_MSG_HASH = 0x1a,
     /* GET: str path. Replies GET_DATA* then GET_END, or ERROR (possibly after some GET_DATA:
-     * then discard them). Regular files only. */
+     * then discard them). Regular files only. The agent reads to the end of the file, then
+     * checks that it was one version of it: same inode, size, mtime and ctime as at open (fstat)
+     * and still at its name, and as many bytes read as its size at open. If not (a job wrote,
+     * truncated or replaced it meanwhile: a checkpoint being saved), ERROR EAGAIN: ask again
+     * once the writer is done. An agent of v9 built before this check answers GET_END over
+     * whatever it read, so a client cannot tell such a copy from a good one; the frames are the
+     * same, so no version change. */
     GS_MSG_GET = 0x1b,
     /* LIST: str path ("" = root) | u32 flags (GS_LIST_*). Replies LIST_ENTRIES* then LIST_END,
      * or ERROR (entries already sent are then void). Walks without following symlinks; the

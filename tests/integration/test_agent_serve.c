@@ -1369,6 +1369,83 @@ static void test_serve__large_file_streams_byte_identical_both_ways(void **state
     free(data);
 }
 
+/* Writes `n` bytes of `data` to `path` at `off`, truncating first when `trunc` (torch.save opens
+ * with O_TRUNC; dd conv=notrunc writes in place). */
+static void job_writes(const char *path, const uint8_t *data, size_t n, off_t off, int trunc)
+{
+    int fd = open(path, O_WRONLY | (trunc ? O_TRUNC : 0));
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, data, n, off), (ssize_t)n);
+    assert_int_equal(close(fd), 0);
+}
+
+/* GETs `rel` and, once its first GET_DATA arrived (the agent has opened the file and blocks on
+ * the full pipe, a few MiB in), lets `change` rewrite it; returns the type and errno of the
+ * reply that ends the stream. */
+static struct rep get_while_changed(struct fx *f, const char *rel, void (*change)(const char *))
+{
+    char p[PATH_MAX];
+    at(f, rel, p);
+    struct gs_proto_msg g = req(GS_MSG_GET, rel), m;
+    agent_h_queue(&f->a, &g);
+    assert_int_equal(agent_h_recv(&f->a, &m), 0);
+    assert_int_equal(m.type, GS_MSG_GET_DATA);
+    change(p);
+    do
+        assert_int_equal(agent_h_recv(&f->a, &m), 0);
+    while (m.type == GS_MSG_GET_DATA);
+    assert_int_equal(m.id, g.id);
+    return (struct rep){.type = m.type, .err = m.err};
+}
+
+static uint8_t changed_data[12u << 20];
+
+static void save_smaller(const char *path)
+{
+    job_writes(path, changed_data, sizeof(changed_data), 0, 1);
+}
+
+static void write_in_place(const char *path)
+{
+    job_writes(path, changed_data, 4096, 1u << 20, 0);
+    job_writes(path, changed_data, 4096, 35u << 20, 0);
+}
+
+/* A GET of a file that a job rewrites while the agent reads it (truncated and saved smaller, or
+ * written in place at two offsets) ends in ERROR EAGAIN, not GET_END: the bytes sent were neither
+ * version. The file read again, unchanged, comes whole. */
+static void test_serve__get_of_a_file_changed_while_read_is_refused(void **state)
+{
+    struct fx *f = *state;
+    size_t n = 40u << 20;
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    fill_random(data, n, 7);
+    fill_random(changed_data, sizeof(changed_data), 8);
+    start(f);
+    assert_int_equal(stream_put(f, 1000, "res/ck.pt", data, n, GS_EXPECT_ABSENT, NULL).type,
+                     GS_MSG_DONE);
+    struct rep r = get_while_changed(f, "res/ck.pt", save_smaller);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EAGAIN);
+    assert_int_equal(stream_put(f, 1001, "res/ck.pt", data, n, GS_EXPECT_FORCE, NULL).type,
+                     GS_MSG_DONE);
+    r = get_while_changed(f, "res/ck.pt", write_in_place);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EAGAIN);
+    /* left alone, the same file streams whole */
+    struct gs_proto_msg g = req(GS_MSG_GET, "res/ck.pt"), m;
+    agent_h_queue(&f->a, &g);
+    uint64_t got = 0;
+    do {
+        assert_int_equal(agent_h_recv(&f->a, &m), 0);
+        got += m.type == GS_MSG_GET_DATA ? m.data.len : 0;
+    } while (m.type == GS_MSG_GET_DATA);
+    assert_int_equal(m.type, GS_MSG_GET_END);
+    assert_true(got == n && m.size == n);
+    free(data);
+}
+
 static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
 {
     struct fx *f = *state;
@@ -1840,6 +1917,7 @@ int main(void)
         T(test_serve__kept_checks_find_a_write_through_a_mapping),
         T(test_serve__kept_beliefs_are_saved_for_the_next_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
+        T(test_serve__get_of_a_file_changed_while_read_is_refused),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
         T(test_serve__mkdir_keeps_what_stood_in_its_place),
