@@ -28,10 +28,22 @@
 
 static const struct option pull_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, NULL, 0}};
 
+/* How often a file that changes on the server while it is read is read again: a checkpoint being
+ * saved is usually whole a moment later. The pauses between tries double from PULL_PAUSE_MS. */
+#define PULL_TRIES    4
+#define PULL_PAUSE_MS 250
+
+enum pull_state {
+    PULL_PENDING,
+    PULL_DONE,   /* written at its local path and recorded */
+    PULL_FAILED, /* it kept changing on the server while read: not written (failures) */
+};
+
 struct pull_file {
     char *remote;
     char *local;
     uint64_t size;
+    enum pull_state state;
 };
 
 struct pull_link {
@@ -48,10 +60,13 @@ struct pull_job {
     struct gs_index *idx;    /* what was synced, to tell an unsynced local edit */
     struct pull_file *files;
     size_t n, cap;
+    size_t n_done;           /* files written */
+    uint64_t bytes;          /* their size */
     struct pull_link *links; /* made after every file is written */
     size_t n_links, cap_links;
     json_t *skipped;  /* [{path, kind}]: what the server holds that pull does not make here */
     json_t *kept;     /* [{local, kept}]: local edits moved aside */
+    json_t *failures; /* [{path, error}]: files not pulled because they kept changing there */
     int base_is_link; /* REMOTE_PATH itself is a symlink on the server: made as one */
     char **made;      /* the local directories this pull created, parents first */
     size_t n_made, cap_made;
@@ -62,7 +77,8 @@ struct pull_job {
 static void add_file(struct pull_job *job, const char *remote, const char *local, uint64_t size)
 {
     GS_ALLOC_GROW(job->files, job->n + 1, job->cap);
-    job->files[job->n++] = (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size};
+    job->files[job->n++] =
+        (struct pull_file){gs_xstrdup(remote), gs_xstrdup(local), size, PULL_PENDING};
     job->total += size;
 }
 
@@ -491,26 +507,66 @@ static void note_link_target(const struct pull_job *job)
             l->remote, l->target);
 }
 
+/* A file that changed on the server each time it was read: not written here (the local path
+ * keeps what it held), named in `failures`, and the pull fails once the other files are in. */
+static void fail_changed(struct pull_job *job, struct pull_file *f)
+{
+    struct gs_buf msg = GS_BUF_INIT;
+    gs_buf_addf(&msg,
+                "%s changed on the server while it was pulled (a job still writing it?); pulled "
+                "again %d times; try again once it is written",
+                f->remote, PULL_TRIES - 1);
+    f->state = PULL_FAILED;
+    json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_cli_json_path(f->remote),
+                                                   "error", gs_cli_json_path(msg.data)));
+    fprintf(stderr, "gpusync: %s\n", msg.data);
+    gs_buf_release(&msg);
+    gs_error_clear(&job->cli->err);
+}
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* Pulls one file, reading it again while the agent says it changed as it was read. Returns 0
+ * (pulled, or kept changing: f->state says which) or the error that ends the pull. */
+static int fetch_one(struct pull_job *job, struct gs_agent *agent, struct pull_file *f)
+{
+    int rc = 0, changed = 0;
+    make_parent(job, f->local);
+    for (int try = 0; try < PULL_TRIES; try++) {
+        if (try > 0)
+            pause_ms((long)PULL_PAUSE_MS << (try - 1));
+        changed = 0;
+        rc = keep_local_change(job, agent, f);
+        if (rc == 0)
+            rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &changed, &job->cli->err);
+        if (rc == 0 || !changed)
+            break;
+    }
+    if (rc < 0 && changed)
+        fail_changed(job, f);
+    if (rc < 0)
+        return f->state == PULL_PENDING ? rc : 0;
+    struct stat st;
+    f->state = PULL_DONE;
+    record_pulled(job, f);
+    job->n_done++;
+    if (stat(f->local, &st) == 0) /* what arrived: the listing's size may be older */
+        job->bytes += (uint64_t)st.st_size;
+    return 0;
+}
+
 static int fetch_all(struct pull_job *job, struct gs_agent *agent)
 {
     gs_progress_init(&job->bar);
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < job->n; i++) {
-        struct pull_file *f = &job->files[i];
-        make_parent(job, f->local);
-        rc = keep_local_change(job, agent, f);
-        if (rc == 0)
-            rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &job->cli->err);
-        if (rc == 0)
-            record_pulled(job, f);
-        struct stat st;
-        /* a single file was added before its size was known (collect): count what arrived, or
-         * the summary says "0 B" */
-        if (rc == 0 && f->size == 0 && stat(f->local, &st) == 0) {
-            f->size = (uint64_t)st.st_size;
-            job->total += f->size;
-        }
-        job->done_before += f->size;
+        rc = fetch_one(job, agent, &job->files[i]);
+        job->done_before += job->files[i].size;
     }
     gs_progress_end(&job->bar);
     for (size_t i = 0; rc == 0 && i < job->n_links; i++) /* files first: see make_link */
@@ -532,28 +588,43 @@ static json_t *links_json(const struct pull_job *job)
     return links;
 }
 
-static void report(struct pull_job *job)
+/* The summary: --json's object (with `error` and `message` too when a file kept changing, as the
+ * error object has them), or a line on stdout. Returns the exit status. */
+static int report(struct pull_job *job)
 {
     char b[32];
-    size_t skipped = json_array_size(job->skipped);
+    size_t skipped = json_array_size(job->skipped), failed = json_array_size(job->failures);
+    const char *first =
+        failed ? json_string_value(json_object_get(json_array_get(job->failures, 0), "error"))
+               : NULL;
     if (job->cli->json) {
         json_t *files = json_array();
         for (size_t i = 0; i < job->n; i++)
-            json_array_append_new(files, json_pack("{s:o,s:o}", "remote",
-                                                   gs_cli_json_path(job->files[i].remote), "local",
-                                                   gs_cli_json_path(job->files[i].local)));
-        gs_cli_json_print(json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O}", "v", 1, "ok", 1, "files",
-                                    files, "symlinks", links_json(job), "skipped", job->skipped,
-                                    "bytes", (json_int_t)job->total, "kept", job->kept));
-        return;
+            if (job->files[i].state == PULL_DONE)
+                json_array_append_new(
+                    files, json_pack("{s:o,s:o}", "remote", gs_cli_json_path(job->files[i].remote),
+                                     "local", gs_cli_json_path(job->files[i].local)));
+        json_t *o =
+            json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O,s:O}", "v", 1, "ok", failed == 0, "files",
+                      files, "symlinks", links_json(job), "skipped", job->skipped, "bytes",
+                      (json_int_t)job->bytes, "kept", job->kept, "failures", job->failures);
+        if (failed) {
+            json_object_set_new(o, "error", json_string(gs_error_name(GS_E_ERR)));
+            json_object_set_new(o, "message", json_string(first));
+        }
+        gs_cli_json_print(o);
+        return failed ? gs_error_exit_code(GS_E_ERR) : 0;
     }
-    printf("pulled %zu file%s", job->n, job->n == 1 ? "" : "s");
+    printf("pulled %zu file%s", job->n_done, job->n_done == 1 ? "" : "s");
     if (job->n_links)
         printf(" and %zu symlink%s", job->n_links, job->n_links == 1 ? "" : "s");
-    printf(" (%s) into %s", gs_format_bytes(job->total, b), job->local_base);
+    printf(" (%s) into %s", gs_format_bytes(job->bytes, b), job->local_base);
     if (skipped)
         printf("; %zu not pulled (named above)", skipped);
+    if (failed)
+        printf("; %zu failed (named above)", failed);
     printf("\n");
+    return failed ? gs_error_exit_code(GS_E_ERR) : 0;
 }
 
 /* A pull right after the session found the server wiped or recreated (its index cleared): the
@@ -575,6 +646,22 @@ static int after_reset(struct pull_job *job, int rc)
                 "recreated?): pulled what it holds now; the next push or watch sends the project "
                 "again");
     return rc;
+}
+
+/* A pull that fails after it wrote files keeps them (each one whole, the server's copy at the time,
+ * recorded as pulled, so the next pull replaces it without a conflict copy): the error says how
+ * many, and where, instead of leaving an unexplained part of the folder. */
+static void say_what_was_left(struct pull_job *job)
+{
+    struct gs_error *err = &job->cli->err;
+    if (job->n_done == 0)
+        return;
+    char was[GS_ERROR_MSG_MAX];
+    snprintf(was, sizeof(was), "%s", err->msg);
+    gs_error_set(err, err->code,
+                 "%s; %zu of %zu files were pulled into %s before that (each whole, as the server "
+                 "held it); pull again for the rest",
+                 was, job->n_done, job->n, job->local_base);
 }
 
 static int run_pull(struct gs_cli *cli, struct pull_job *job)
@@ -604,12 +691,12 @@ static int run_pull(struct gs_cli *cli, struct pull_job *job)
         rc = after_reset(job, rc);
     gs_buf_release(&dir);
     gs_session_close(&s);
-    if (rc < 0)
+    if (rc < 0) {
         undo_dirs(job);
-    if (rc < 0)
+        say_what_was_left(job);
         return gs_cli_fail(cli, rc);
-    report(job);
-    return 0;
+    }
+    return report(job);
 }
 
 static int pull_parse(struct gs_cli *cli, int argc, char **argv)
@@ -675,6 +762,7 @@ static void pull_job_release(struct pull_job *job)
         free(job->made[i]);
     free(job->made);
     json_decref(job->kept);
+    json_decref(job->failures);
 }
 
 /* Connects itself (not GS_CMD_NEED_CONNECTION): after taking the project's session lock. */
@@ -691,7 +779,8 @@ static int pull_exec(struct gs_cli *cli)
                            .local_base = local.data,
                            .check_from = check_from,
                            .skipped = json_array(),
-                           .kept = json_array()};
+                           .kept = json_array(),
+                           .failures = json_array()};
     int rc = run_pull(cli, &job);
     pull_job_release(&job);
     gs_buf_release(&local);
@@ -712,11 +801,14 @@ const struct gs_cmd gs_cmd_pull = {
             "  write it again); edited here, it is sent; deleted here, the server keeps it. A\n"
             "  local symlink where the pull would write is never followed or replaced: the pull\n"
             "  is refused (exit 6). Every path the server lists must lie under REMOTE_PATH, or\n"
-            "  nothing is pulled. A pull that fails leaves no new folder behind. setuid, setgid\n"
-            "  and sticky bits are not pulled. The server's symlinks arrive as symlinks (never\n"
-            "  followed), made after the files; fifos, sockets and devices are not pulled, and\n"
-            "  are named. After the server was wiped or recreated, a REMOTE_PATH it lacks\n"
-            "  fails: pull sends nothing.\n",
+            "  nothing is pulled. A pull that fails before it writes a file leaves no new folder\n"
+            "  behind; one that fails later keeps the files it wrote, whole, and says how many.\n"
+            "  A file a job writes while it is read is read again (up to 3 times); one that keeps\n"
+            "  changing is not pulled, its local copy kept, and the pull exits 1 once the other\n"
+            "  files are in. setuid, setgid and sticky bits are not pulled. The server's\n"
+            "  symlinks arrive as symlinks (never followed), made after the files; fifos,\n"
+            "  sockets and devices are not pulled, and are named. After the server was wiped or\n"
+            "  recreated, a REMOTE_PATH it lacks fails: pull sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

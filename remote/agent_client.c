@@ -1532,6 +1532,8 @@ struct get_state {
     gs_agent_progress_fn progress;
     void *ctx;
     struct gs_proto_meta meta;
+    uint64_t size; /* as GET_END states it */
+    int changed;   /* ERROR EAGAIN: the file changed on the server while it was read */
     struct gs_error *err;
     int rc;
 };
@@ -1548,10 +1550,13 @@ static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_
         return 0;
     }
     c->done = 1;
-    if (m->type == GS_MSG_GET_END)
+    if (m->type == GS_MSG_GET_END) {
         st->meta = m->meta;
-    else if (m->type == GS_MSG_ERROR && st->rc == 0)
+        st->size = m->size;
+    } else if (m->type == GS_MSG_ERROR && st->rc == 0) {
+        st->changed = m->err == EAGAIN;
         st->rc = reply_error(a, m, st->err);
+    }
     return 0;
 }
 
@@ -1570,7 +1575,7 @@ static int finish_download(int fd, const char *tmp, const char *local,
 }
 
 int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
-                 gs_agent_progress_fn progress, void *ctx, struct gs_error *err)
+                 gs_agent_progress_fn progress, void *ctx, int *changed, struct gs_error *err)
 {
     struct gs_buf tmp = GS_BUF_INIT;
     const char *slash = strrchr(local, '/');
@@ -1578,6 +1583,8 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
         gs_buf_add(&tmp, local, (size_t)(slash - local) + 1);
     gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
     struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
+    if (changed)
+        *changed = 0;
     /* a fresh file, never through a link someone left at that name */
     int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     st.fd = open(tmp.data, flags, 0600);
@@ -1594,6 +1601,11 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
     int rc = call(a, &m, &c, err);
     if (rc == 0)
         rc = st.rc;
+    if (rc == 0 && st.size != st.got)
+        rc = gs_error_set(err, GS_E_PROTO, "get %s: the agent sent %llu bytes and said %llu", path,
+                          (unsigned long long)st.got, (unsigned long long)st.size);
+    if (changed)
+        *changed = st.changed;
     if (rc == 0)
         rc = finish_download(st.fd, tmp.data, local, &st.meta, err);
     else

@@ -78,7 +78,7 @@ gs_add_test(test_json_contract LABEL e2e TIMEOUT 300 SOURCES e2e/test_json_contr
 gs_add_test(test_push          LABEL e2e TIMEOUT 400 SOURCES e2e/test_push.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_pull          LABEL e2e TIMEOUT 300 SOURCES e2e/test_pull.c
-    LIBS ${cli_libs} DEPENDS ${cli_runs})
+    LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_watch         LABEL e2e TIMEOUT 900 SOURCES e2e/test_watch.c
     LIBS ${wan_libs} DEPENDS ${cli_runs} wansim)
 gs_add_test(test_editor_saves  LABEL e2e TIMEOUT 400 SOURCES e2e/test_editor_saves.c

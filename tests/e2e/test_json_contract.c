@@ -93,10 +93,17 @@ static const struct field link_item[] = {
     {"remote", T_STR, 0, NULL}, {"local", T_STR, 0, NULL}, {"target", T_STR, 0, NULL}, END};
 static const struct field skipped_item[] = {
     {"path", T_STR, 0, NULL}, {"kind", T_STR, 0, NULL}, END};
-static const struct field pull_spec[] = {
-    {"files", T_ARR, 0, pulled_item},    {"symlinks", T_ARR, 0, link_item},
-    {"skipped", T_ARR, 0, skipped_item}, {"bytes", T_INT, 0, NULL},
-    {"kept", T_ARR, 0, kept_item},       END};
+static const struct field pull_failure_item[] = {
+    {"path", T_STR, 0, NULL}, {"error", T_STR, 0, NULL}, END};
+static const struct field pull_spec[] = {{"files", T_ARR, 0, pulled_item},
+                                         {"symlinks", T_ARR, 0, link_item},
+                                         {"skipped", T_ARR, 0, skipped_item},
+                                         {"bytes", T_INT, 0, NULL},
+                                         {"kept", T_ARR, 0, kept_item},
+                                         {"failures", T_ARR, 0, pull_failure_item},
+                                         {"error", T_STR, F_OPTIONAL, NULL},
+                                         {"message", T_STR, F_OPTIONAL, NULL},
+                                         END};
 static const struct field watch_detach_spec[] = {{"pid", T_INT, 0, NULL}, END};
 static const struct field watch_stop_spec[] = {{"was_running", T_BOOL, 0, NULL},
                                                {"unsent", T_INT, F_OPTIONAL, NULL},

@@ -7,22 +7,33 @@
  * directions, so its answers stay well-formed frames.
  * Pulled files never keep set-id bits.
  * A server's symlinks arrive as symlinks; what pull cannot make (a fifo) is named in `skipped`.
- * A pull from a wiped server says there is nothing to pull, not that it sends. */
+ * A pull from a wiped server says there is nothing to pull, not that it sends.
+ * Behind the WAN simulator (tests/tools/wansim), slow enough that a pull takes seconds, a job
+ * rewrites files on the server during the pull: a file changed while read is read again, never
+ * reported pulled cut off or mixed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
+#include "fixtures/tree.h"
+#include "wansim_harness.h"
 
 #define TIMEOUT_MS 60000
 
@@ -647,6 +658,238 @@ static void a_pulled_file_deleted_here_stays_on_the_server(void **state)
     expect_names(project, "oute", "log.txt|model.pt|");
 }
 
+/* ---- a job writing on the server during the pull (a slow link) ---- */
+
+static struct wansim_proc wan;
+static char slow_proj[128], slow_remote[128]; /* a project reached through wansim */
+
+static int wan_teardown(void **state)
+{
+    (void)state;
+    if (wan.pid)
+        wansim_stop(&wan);
+    memset(&wan, 0, sizeof(wan));
+    return 0;
+}
+
+/* Starts wansim at `rate_mbit` (each direction) in front of the server and a new project behind
+ * it, in slow_proj (its remote directory slow_remote). */
+static void slow_project(const char *name, double rate_mbit)
+{
+    char err[256], target[64];
+    struct wansim_opts wo = {.target_port = server.port, .delay_ms = 2, .rate_mbit = rate_mbit};
+    if (wansim_start(&wan, &wo, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    snprintf(slow_proj, sizeof(slow_proj), "%s/%s", base, name);
+    snprintf(slow_remote, sizeof(slow_remote), "%s/%s-remote", base, name);
+    assert_int_equal(mkdir(slow_proj, 0755), 0);
+    snprintf(target, sizeof(target), "root@127.0.0.1:%d", wan.port);
+    struct gs_test_result r = gs_test_run_gpusync(
+        slow_proj, NULL, NULL,
+        GS_TEST_ARGS("init", target, "--path", slow_remote, "--accept-new-host-key"), TIMEOUT_MS);
+    gs_test_expect_status(&r, 0, "init through wansim");
+    gs_test_result_release(&r);
+}
+
+/* `n` pseudo-random bytes from `seed` (the caller frees them). */
+static uint8_t *random_bytes(size_t n, uint64_t seed)
+{
+    uint8_t *p = malloc(n);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        p[i] = (uint8_t)(seed >> 56);
+    }
+    return p;
+}
+
+/* Writes `n` bytes at `off` of root/rel, made with its folder if missing; truncated first when
+ * `trunc` (torch.save opens with O_TRUNC; dd conv=notrunc writes in place). */
+static void write_at(const char *root, const char *rel, const uint8_t *data, size_t n, off_t off,
+                     int trunc)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    gs_test_sh("mkdir -p \"$(dirname '%s')\"", path);
+    int fd = open(path, O_WRONLY | O_CREAT | (trunc ? O_TRUNC : 0), 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, data, n, off), (ssize_t)n);
+    assert_int_equal(close(fd), 0);
+}
+
+/* Fails unless the files a/rel and b/rel hold the same bytes (b may be another root). */
+static void expect_same_file(const char *a, const char *b, const char *rel)
+{
+    if (gs_test_sh("cmp -s '%s/%s' '%s/%s'", a, rel, b, rel) != 0)
+        fail_msg("%s differs between %s and %s (or is missing)", rel, a, b);
+}
+
+/* The size of the largest pull temporary (.gpusync-tmp-*) in `dir`, or -1 when there is none. */
+static long long temp_size(const char *dir)
+{
+    long long size = -1;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[512];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (!strncmp(e->d_name, ".gpusync-tmp-", 13) && stat(path, &st) == 0 && st.st_size > size)
+            size = st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return size;
+}
+
+/* How many files (not temporaries) `dir` holds. */
+static long long files_in(const char *dir)
+{
+    long long n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Waits (30 s at most) until the pull `pid` (its output on `out` and `err`) has written `bytes`
+ * of a file into `dir` (the server is then mid-read: the link holds a few MiB at most), or with
+ * `bytes` 0, until a whole file is there. */
+static void await_pull_in(pid_t pid, int out, int err, const char *dir, long long bytes)
+{
+    for (int64_t end = gs_clock_mono_ms() + 30000; gs_clock_mono_ms() < end; usleep(5000)) {
+        if (bytes ? temp_size(dir) >= bytes : files_in(dir) > 0)
+            return;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            struct gs_test_result r = {0};
+            gs_test_drain_until(out, err, &r, gs_clock_mono_ms() + 1000);
+            fail_msg("the pull ended before %lld bytes of a file arrived: %s%s", bytes,
+                     r.out.data ? r.out.data : "", r.err.data ? r.err.data : "");
+        }
+    }
+    fail_msg("no pull temporary reached %lld bytes in %s", bytes, dir);
+}
+
+/* Starts `gpusync pull --json ARG` in the slow project; finish it with gs_test_finish. */
+static pid_t start_pull(const char *arg, int *out, int *err)
+{
+    return gs_test_start_gpusync(slow_proj, NULL, NULL, GS_TEST_ARGS("pull", "--json", arg), out,
+                                 err);
+}
+
+/* a checkpoint: 4 s through 32 Mbit/s, far more than the link holds */
+#define CK_SIZE (16u << 20)
+
+/* A job saves a checkpoint while it is pulled: truncated and written smaller (torch.save), or
+ * written in place at two offsets. Either way the pull reads it again and ends with the server's
+ * file exactly as it is now: never the first bytes of the old one, nor old and new mixed (the pull
+ * used to say "pulled 1 file" with either). */
+static void a_file_rewritten_during_the_pull_is_pulled_again_whole(void **state)
+{
+    (void)state;
+    slow_project("rewrite", 32);
+    uint8_t *old = random_bytes(CK_SIZE, 1), *smaller = random_bytes(CK_SIZE / 5, 2);
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/res", slow_proj);
+    for (int in_place = 0; in_place <= 1; in_place++) {
+        int out, err;
+        write_at(slow_remote, "res/ck.pt", old, CK_SIZE, 0, 1);
+        pid_t pid = start_pull("res/ck.pt", &out, &err);
+        await_pull_in(pid, out, err, dir, 1 << 20);
+        if (in_place) { /* behind the read and ahead of it */
+            write_at(slow_remote, "res/ck.pt", smaller, 64 << 10, 512 << 10, 0);
+            write_at(slow_remote, "res/ck.pt", smaller, 64 << 10, CK_SIZE - (1 << 20), 0);
+        } else {
+            write_at(slow_remote, "res/ck.pt", smaller, CK_SIZE / 5, 0, 1);
+        }
+        struct gs_test_result r = gs_test_finish(pid, out, err, TIMEOUT_MS);
+        gs_test_expect_status(&r, 0, in_place ? "pull during in-place writes" : "pull during save");
+        json_t *o = json_loads(r.out.data, 0, NULL);
+        assert_non_null(o);
+        assert_true(json_is_true(json_object_get(o, "ok")));
+        assert_int_equal(json_integer_value(json_object_get(o, "bytes")),
+                         in_place ? CK_SIZE : CK_SIZE / 5);
+        json_decref(o);
+        gs_test_result_release(&r);
+        expect_same_file(slow_remote, slow_proj, "res/ck.pt");
+        assert_int_equal(temp_size(dir), -1);
+    }
+    free(old);
+    free(smaller);
+}
+
+/* Rewrites the file `path` in place every 20 ms until killed: a job that never stops writing it. */
+static pid_t start_writer(const char *path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char block[4096];
+        for (unsigned n = 0;; n++) {
+            memset(block, (int)(n & 0xff), sizeof(block));
+            int fd = open(path, O_WRONLY);
+            if (fd < 0 || pwrite(fd, block, sizeof(block), 0) < 0)
+                _exit(1);
+            close(fd);
+            usleep(20000);
+        }
+    }
+    return pid;
+}
+
+#define BUSY_SIZE (8u << 20) /* more than the link holds: the agent reads it for a while */
+
+/* A file a job keeps writing is read again a few times, then not pulled: the pull says which file
+ * (`failures`, `ok` false, exit 1), pulls the folder's other files, and leaves the local copy of
+ * the busy one as it was, with no temporary beside it. It used to report it pulled. */
+static void a_file_that_keeps_changing_fails_and_the_local_copy_stays(void **state)
+{
+    (void)state;
+    slow_project("busy", 64);
+    uint8_t *v1 = random_bytes(BUSY_SIZE, 3);
+    write_at(slow_remote, "res5/busy.pt", v1, BUSY_SIZE, 0, 1);
+    write_at(slow_remote, "res5/done.txt", (const uint8_t *)"final\n", 6, 0, 1);
+    struct gs_test_result r = gs_test_run_gpusync(slow_proj, NULL, NULL,
+                                                  GS_TEST_ARGS("pull", "res5/busy.pt"), TIMEOUT_MS);
+    gs_test_expect_status(&r, 0, "first pull of busy.pt");
+    gs_test_result_release(&r);
+
+    char path[512];
+    snprintf(path, sizeof(path), "%s/res5/busy.pt", slow_remote);
+    pid_t writer = start_writer(path);
+    r = gs_test_run_gpusync(slow_proj, NULL, NULL, GS_TEST_ARGS("pull", "--json", "res5"),
+                            TIMEOUT_MS);
+    kill(writer, SIGKILL);
+    waitpid(writer, NULL, 0);
+    gs_test_expect_status(&r, 1, "pull of a folder holding a file a job keeps writing");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_true(json_is_false(json_object_get(o, "ok")));
+    json_t *failures = json_object_get(o, "failures"), *files = json_object_get(o, "files");
+    assert_int_equal(json_array_size(failures), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(failures, 0), "path")),
+                        "res5/busy.pt");
+    assert_int_equal(json_array_size(files), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(files, 0), "remote")),
+                        "res5/done.txt");
+    json_decref(o);
+    gs_test_result_release(&r);
+    expect_at(slow_proj, "res5/done.txt", "final\n");
+    char local[512];
+    snprintf(local, sizeof(local), "%s/res5/busy.pt", slow_proj);
+    struct gs_buf got = GS_BUF_INIT;
+    assert_int_equal(gs_test_slurp(local, &got), 0);
+    assert_int_equal(got.len, BUSY_SIZE);
+    assert_memory_equal(got.data, v1, BUSY_SIZE); /* the first pull's copy, untouched */
+    gs_buf_release(&got);
+    snprintf(local, sizeof(local), "%s/res5", slow_proj);
+    assert_int_equal(temp_size(local), -1);
+    free(v1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -665,6 +908,10 @@ int main(void)
         cmocka_unit_test(a_pulled_file_edited_here_is_pushed_and_becomes_gpusyncs),
         cmocka_unit_test(a_pulled_file_edited_on_both_sides_keeps_the_jobs_copy),
         cmocka_unit_test(a_pulled_file_deleted_here_stays_on_the_server),
+        cmocka_unit_test_teardown(a_file_rewritten_during_the_pull_is_pulled_again_whole,
+                                  wan_teardown),
+        cmocka_unit_test_teardown(a_file_that_keeps_changing_fails_and_the_local_copy_stays,
+                                  wan_teardown),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */

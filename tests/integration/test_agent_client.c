@@ -389,7 +389,7 @@ static void test_agent_client__compressed_both_ways_and_exact(void **state)
     char back[300];
     struct gs_error err = {0};
     snprintf(back, sizeof(back), "%s/text.back", f->local);
-    if (gs_agent_get(f->agent, "text.bin", back, NULL, NULL, &err) < 0)
+    if (gs_agent_get(f->agent, "text.bin", back, NULL, NULL, NULL, &err) < 0)
         fail_msg("get: %s", err.msg);
     FILE *fp = fopen(back, "rb");
     char *got = malloc(BIG);
