@@ -35,8 +35,9 @@ static const struct option pull_options[] = {GS_CLI_COMMON_LONGOPTS, {NULL, 0, N
 
 enum pull_state {
     PULL_PENDING,
-    PULL_DONE,   /* written at its local path and recorded */
-    PULL_FAILED, /* it kept changing on the server while read: not written (failures) */
+    PULL_DONE,     /* written at its local path and recorded */
+    PULL_VANISHED, /* listed, then removed on the server before it was read: skipped */
+    PULL_FAILED,   /* it kept changing on the server while read: not written (failures) */
 };
 
 struct pull_file {
@@ -60,8 +61,9 @@ struct pull_job {
     struct gs_index *idx;    /* what was synced, to tell an unsynced local edit */
     struct pull_file *files;
     size_t n, cap;
-    size_t n_done;           /* files written */
-    uint64_t bytes;          /* their size */
+    size_t n_done;  /* files written */
+    uint64_t bytes; /* their size */
+    int is_folder;  /* REMOTE_PATH is a directory: a file that vanishes from it is skipped */
     struct pull_link *links; /* made after every file is written */
     size_t n_links, cap_links;
     json_t *skipped;  /* [{path, kind}]: what the server holds that pull does not make here */
@@ -486,6 +488,7 @@ static int collect(struct pull_job *job, struct gs_agent *agent)
         if (rc == 0)
             add_file(job, job->remote_base, job->local_base, 0);
     } else if (rc == 0 && !job->base_is_link) {
+        job->is_folder = 1;
         rc = refuse_symlinks(job, job->local_base);
         if (rc == 0)
             make_dirs(job, job->local_base);
@@ -505,6 +508,20 @@ static void note_link_target(const struct pull_job *job)
             "gpusync: %s is a symlink on the server (-> %s), made here as one; what it points to "
             "is not here: pull that too, or the folder holding both\n",
             l->remote, l->target);
+}
+
+/* A file of a folder pull that the server no longer holds (removed since it was listed): the
+ * pull goes on without it and names it (`skipped`), as it names what it cannot make. A folder
+ * copied file by file while a job changes it is never one moment of the server: each file pulled
+ * is whole, as the server held it when it was read. */
+static void skip_vanished(struct pull_job *job, struct pull_file *f)
+{
+    f->state = PULL_VANISHED;
+    json_array_append_new(job->skipped, json_pack("{s:o,s:s}", "path", gs_cli_json_path(f->remote),
+                                                  "kind", "vanished"));
+    fprintf(stderr, "gpusync: %s was not pulled: it was removed on the server during the pull\n",
+            f->remote);
+    gs_error_clear(&job->cli->err);
 }
 
 /* A file that changed on the server each time it was read: not written here (the local path
@@ -532,7 +549,8 @@ static void pause_ms(long ms)
 }
 
 /* Pulls one file, reading it again while the agent says it changed as it was read. Returns 0
- * (pulled, or kept changing: f->state says which) or the error that ends the pull. */
+ * (pulled, vanished from a folder, or kept changing: f->state says which) or the error that ends
+ * the pull. */
 static int fetch_one(struct pull_job *job, struct gs_agent *agent, struct pull_file *f)
 {
     int rc = 0, changed = 0;
@@ -547,7 +565,9 @@ static int fetch_one(struct pull_job *job, struct gs_agent *agent, struct pull_f
         if (rc == 0 || !changed)
             break;
     }
-    if (rc < 0 && changed)
+    if (rc == GS_E_NOTFOUND && job->is_folder)
+        skip_vanished(job, f);
+    else if (rc < 0 && changed)
         fail_changed(job, f);
     if (rc < 0)
         return f->state == PULL_PENDING ? rc : 0;
@@ -805,10 +825,11 @@ const struct gs_cmd gs_cmd_pull = {
             "  behind; one that fails later keeps the files it wrote, whole, and says how many.\n"
             "  A file a job writes while it is read is read again (up to 3 times); one that keeps\n"
             "  changing is not pulled, its local copy kept, and the pull exits 1 once the other\n"
-            "  files are in. setuid, setgid and sticky bits are not pulled. The server's\n"
-            "  symlinks arrive as symlinks (never followed), made after the files; fifos,\n"
-            "  sockets and devices are not pulled, and are named. After the server was wiped or\n"
-            "  recreated, a REMOTE_PATH it lacks fails: pull sends nothing.\n",
+            "  files are in. A file removed on the server during a folder pull is skipped and\n"
+            "  named. setuid, setgid and sticky bits are not pulled. The server's symlinks\n"
+            "  arrive as symlinks (never followed), made after the files; fifos, sockets and\n"
+            "  devices are not pulled, and are named. After the server was wiped or recreated, a\n"
+            "  REMOTE_PATH it lacks fails: pull sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,

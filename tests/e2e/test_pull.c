@@ -9,8 +9,8 @@
  * A server's symlinks arrive as symlinks; what pull cannot make (a fifo) is named in `skipped`.
  * A pull from a wiped server says there is nothing to pull, not that it sends.
  * Behind the WAN simulator (tests/tools/wansim), slow enough that a pull takes seconds, a job
- * rewrites files on the server during the pull: a file changed while read is read again, never
- * reported pulled cut off or mixed. */
+ * rewrites or removes files on the server during the pull: a file changed while read is read
+ * again, never reported pulled cut off or mixed; one removed is skipped and named. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -890,6 +890,79 @@ static void a_file_that_keeps_changing_fails_and_the_local_copy_stays(void **sta
     free(v1);
 }
 
+/* Whether the JSON array `a` of objects has one whose `key` is the string `want`. */
+static int has_entry(json_t *a, const char *key, const char *want)
+{
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const char *v = json_string_value(json_object_get(json_array_get(a, i), key));
+        if (v && !strcmp(v, want))
+            return 1;
+    }
+    return 0;
+}
+
+#define N_RES4 8
+
+/* Files removed on the server while their folder is pulled are skipped and named (`skipped`, kind
+ * "vanished"), and every file still there is pulled: the pull used to fail on the first missing
+ * one, leaving an arbitrary part of the folder (some files the server no longer had, without some
+ * it still had). */
+static void files_removed_during_a_folder_pull_are_skipped_and_the_rest_pulled(void **state)
+{
+    (void)state;
+    slow_project("vanish", 32);
+    uint8_t *data = random_bytes(1u << 20, 4);
+    for (int i = 1; i <= N_RES4; i++) {
+        char rel[64];
+        snprintf(rel, sizeof(rel), "res4/f%d.bin", i);
+        data[0] = (uint8_t)i;
+        write_at(slow_remote, rel, data, 1u << 20, 0, 1);
+    }
+    int out, err;
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/res4", slow_proj);
+    pid_t pid = start_pull("res4", &out, &err);
+    await_pull_in(pid, out, err, dir, 0);
+    /* three files not here yet go (the one being read among them, maybe) */
+    char removed[N_RES4 + 1] = "";
+    for (int i = N_RES4, n = 0; i >= 1 && n < 3; i--) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/f%d.bin", dir, i);
+        if (access(path, F_OK) == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/res4/f%d.bin", slow_remote, i);
+        assert_int_equal(unlink(path), 0);
+        removed[i] = 1, n++;
+    }
+    struct gs_test_result r = gs_test_finish(pid, out, err, TIMEOUT_MS);
+    gs_test_expect_status(&r, 0, "pull of a folder whose files go meanwhile");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    json_t *files = json_object_get(o, "files"), *skipped = json_object_get(o, "skipped");
+    int n_skipped = 0;
+    for (int i = 1; i <= N_RES4; i++) {
+        char rel[512];
+        snprintf(rel, sizeof(rel), "res4/f%d.bin", i);
+        if (!removed[i]) { /* still there: pulled, whole */
+            assert_true(has_entry(files, "remote", rel));
+            expect_same_file(slow_remote, slow_proj, rel);
+        } else if (has_entry(skipped, "path", rel)) {
+            n_skipped++;
+            snprintf(rel, sizeof(rel), "%s/f%d.bin", dir, i);
+            assert_int_not_equal(access(rel, F_OK), 0);
+        } else { /* pulled in the moment before it went */
+            assert_true(has_entry(files, "remote", rel));
+        }
+    }
+    assert_true(n_skipped >= 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(skipped, 0), "kind")),
+                        "vanished");
+    json_decref(o);
+    gs_test_result_release(&r);
+    assert_int_equal(temp_size(dir), -1);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -912,6 +985,8 @@ int main(void)
                                   wan_teardown),
         cmocka_unit_test_teardown(a_file_that_keeps_changing_fails_and_the_local_copy_stays,
                                   wan_teardown),
+        cmocka_unit_test_teardown(
+            files_removed_during_a_folder_pull_are_skipped_and_the_rest_pulled, wan_teardown),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */
