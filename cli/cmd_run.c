@@ -312,12 +312,12 @@ int gs_runcmd_wants_stop(const struct run_args *a, const char *detached)
 {
     if (a->stop_on_interrupt)
         return 1;
-    /* Read before the message: a Ctrl-C typed as soon as the message shows must count. */
-    sig_atomic_t seen = gs_runcmd_interrupted;
+    /* Every Ctrl-C after the first counts, from the first on: one that came while following
+     * ended (slow when a node's link stalls) was typed within the 2 s, before this message. */
     fputs(detached, stderr);
-    for (int i = 0; i < 20 && gs_runcmd_interrupted <= seen; i++)
+    for (int i = 0; i < 20 && gs_runcmd_interrupted < 2; i++)
         usleep(100000);
-    return gs_runcmd_interrupted > seen;
+    return gs_runcmd_interrupted >= 2;
 }
 
 static int handle_interrupt(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,

@@ -67,7 +67,8 @@ void gs_runcmd_new_id(char id[64]);
 
 /* Ctrl-C: the handler counts into gs_runcmd_interrupted. After a first one,
  * gs_runcmd_wants_stop returns 1 when the run is to be stopped: --stop-on-interrupt, or another
- * Ctrl-C within two seconds of the message `detached`, which it prints first. */
+ * Ctrl-C from the first on, however long the caller took to call it, until two seconds after the
+ * message `detached`, which it prints first. */
 extern volatile sig_atomic_t gs_runcmd_interrupted;
 void gs_runcmd_on_sigint(int sig);
 int gs_runcmd_wants_stop(const struct run_args *a, const char *detached);

@@ -1620,6 +1620,75 @@ static void test_run__follow_after_a_cut_connection_shows_every_line_once(void *
     child_release(&c);
 }
 
+/* Waits (10 s at most, else fails) until `pid` has taken SIGINT in: it is pending no more, so that
+ * the next one is a press of its own and not merged into it. */
+static void await_sigint_taken(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    int64_t end = gs_clock_mono_ms() + 10000;
+    for (;;) {
+        FILE *fp = fopen(path, "r");
+        assert_non_null(fp);
+        unsigned long long pending = 0, mask;
+        while (fgets(line, sizeof(line), fp))
+            if (sscanf(line, "SigPnd: %llx", &mask) == 1 ||
+                sscanf(line, "ShdPnd: %llx", &mask) == 1)
+                pending |= mask;
+        fclose(fp);
+        if (!(pending & (1ULL << (SIGINT - 1))))
+            return;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("process %d left SIGINT pending for 10 s", (int)pid);
+        usleep(1000); /* polling the kernel's pending set, with a deadline */
+    }
+}
+
+/* A second Ctrl-C that comes right after the first, before the detach message, stops the run:
+ * the link is stalled while both arrive, so that following ends slowly (as with a stalled node),
+ * and the second one comes while it ends. */
+static void test_run__a_second_ctrl_c_before_the_detach_message_stops_the_run(void **state)
+{
+    (void)state;
+    struct wansim_proc w;
+    struct wansim_opts o = {.target_port = srv.port};
+    char err[256], dir[700], rdir[700], reply[128];
+    if (wansim_start(&w, &o, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    snprintf(dir, sizeof(dir), "%s/work/int-twice", srv.dir);
+    snprintf(rdir, sizeof(rdir), "%s/remote-int-twice", srv.dir);
+    init_project(dir, &srv, w.port, rdir);
+    struct child c;
+    child_start(&c, dir,
+                ARGS("run", "--cpu", "2", "--", "sh", "-c", "echo up $RANK; exec sleep 300"));
+    child_wait_for(&c, "[rank 0] up 0", 60000);
+    child_wait_for(&c, "[rank 1] up 1", 60000);
+    assert_int_equal(wansim_command(&w, "stall", reply, sizeof(reply)), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kill(c.pid, SIGINT), 0);
+        await_sigint_taken(c.pid);
+    }
+    assert_int_equal(wansim_command(&w, "resume", reply, sizeof(reply)), 0);
+    child_finish(&c);
+    expect_status(&c, 130, "run after two quick Ctrl-Cs");
+    json_t *st = gs_test_run_json(rdir, run_id_of(&c), "status.json");
+    char ended[32];
+    snprintf(ended, sizeof(ended), "%s", str_at(st, "state"));
+    if (strcmp(ended, "stopped") != 0) { /* not left running to the end of the tests */
+        struct child s;
+        child_start(&s, dir, ARGS("stop", run_id_of(&c)));
+        child_finish(&s);
+        child_release(&s);
+    }
+    assert_string_equal(ended, "stopped");
+    for (int rank = 0; rank < 2; rank++)
+        assert_false(
+            group_exists(int_at(json_array_get(json_object_get(st, "ranks"), rank), "pgid")));
+    json_decref(st);
+    child_release(&c);
+    wansim_stop(&w);
+}
+
 /* ---- concurrency and arguments ---- */
 
 static void test_run__two_concurrent_runs_both_start_and_finish(void **state)
@@ -1898,6 +1967,8 @@ int main(void)
         cmocka_unit_test_setup(test_logs__a_one_rank_run_shows_bare_lines_as_run_does, use_home),
         cmocka_unit_test_setup(test_run__no_gpu_on_the_server_suggests_cpu_ranks, use_home),
         cmocka_unit_test_setup(test_run__follow_after_a_cut_connection_shows_every_line_once,
+                               use_home),
+        cmocka_unit_test_setup(test_run__a_second_ctrl_c_before_the_detach_message_stops_the_run,
                                use_home),
         cmocka_unit_test_setup(test_run__two_concurrent_runs_both_start_and_finish, use_home),
         cmocka_unit_test_setup(test_run__arguments_reach_the_command_unchanged, use_home),
