@@ -70,17 +70,30 @@ static int exec_parse(struct gs_cli *cli, int argc, char **argv)
 /* The signal caught here and not yet passed on to the remote command, and Ctrl-Cs so far. */
 static volatile sig_atomic_t pass_signal, interrupts;
 
+/* How long exec waits for the command's end after the third Ctrl-C's SIGKILL, then gives up. */
+#define KILL_WAIT_MS 5000
+
 /* Ctrl-C, SIGTERM and SIGHUP end a local command, so they are the remote command's to receive: a
  * client that just exited would leave it running on the server with no terminal, where neither
  * `ps` nor `stop` finds it. The third Ctrl-C kills it, for a command that ignores the first two. */
 static void on_signal(int sig)
 {
-    if (sig == SIGINT && ++interrupts == 3) {
-        static const char msg[] = "\ngpusync: third Ctrl-C: killing the remote command (SIGKILL)\n";
-        (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
-        sig = SIGKILL;
-    }
-    pass_signal = sig;
+    pass_signal = sig == SIGINT && ++interrupts == 3 ? SIGKILL : sig;
+}
+
+/* Says what the third Ctrl-C's SIGKILL did, once it is known: only a kill that happened. */
+static void on_signal_passed(void *ctx, int sig, int groups)
+{
+    (void)ctx;
+    if (sig != SIGKILL)
+        return;
+    if (groups > 0)
+        fputs("\ngpusync: third Ctrl-C: killed the remote command (SIGKILL)\n", stderr);
+    else
+        fprintf(stderr,
+                "\ngpusync: third Ctrl-C: found no process of the remote command to kill; "
+                "waiting %d s for it to end\n",
+                KILL_WAIT_MS / 1000);
 }
 
 static void pass_signals_on(void)
@@ -94,6 +107,23 @@ static void pass_signals_on(void)
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* The command did not end after the third Ctrl-C: says that it may still run, naming it, and
+ * returns the exit status of an interrupted command (130). */
+static int gave_up(struct gs_cli *cli)
+{
+    struct gs_buf shown = GS_BUF_INIT;
+    if (cli->argc == 1)
+        gs_buf_adds(&shown, cli->argv[0]);
+    else
+        gs_shell_quote_argv(&shown, cli->argc, cli->argv);
+    gs_error_set(&cli->err, GS_E_INTERRUPTED,
+                 "the remote command did not end within %d s of the third Ctrl-C; it, or a process "
+                 "it started, may still run on %s: %s",
+                 KILL_WAIT_MS / 1000, gs_ssh_target(cli->ssh), shown.data);
+    gs_buf_release(&shown);
+    return gs_cli_fail(cli, GS_E_INTERRUPTED);
+}
+
 static int exec_exec(struct gs_cli *cli)
 {
     struct gs_buf cmd = GS_BUF_INIT;
@@ -104,11 +134,15 @@ static int exec_exec(struct gs_cli *cli)
     if (!isatty(STDIN_FILENO))
         io.stdin_fd = STDIN_FILENO;
     io.pass_signal = &pass_signal;
+    io.signal_passed = on_signal_passed;
+    io.kill_wait_ms = KILL_WAIT_MS;
     pass_signals_on();
     int rc = gs_exec_run(cli->ssh, cmd.data, &io, &cli->err);
     gs_buf_release(&cmd);
     if (rc == EXIT_NO_FOLDER && check_folder(cli) < 0)
         rc = GS_E_REMOTE;
+    if (rc == GS_E_INTERRUPTED)
+        return gave_up(cli);
     if (rc < 0) { /* the channel broke, or the command never ran: its own status is unknown */
         gs_cli_fail(cli, rc);
         return GS_EXIT_REMOTE_LOST;
@@ -123,7 +157,8 @@ const struct gs_cmd gs_cmd_exec = {
     .help = "  One argument is a shell command line (gpusync exec 'nvidia-smi | head');\n"
             "  several are passed as exact arguments. Standard input is forwarded when it is\n"
             "  not a terminal. Ctrl-C, SIGTERM and SIGHUP are passed on to the command (to its\n"
-            "  process group); a third Ctrl-C kills it. Exit status: the command's, 128+N if it\n"
+            "  process group); a third Ctrl-C kills it, and if it has not ended 5 s later, exec\n"
+            "  exits 130, saying that it may still run. Exit status: the command's, 128+N if it\n"
             "  died of signal N, 255 if the connection failed (as with ssh) or the remote\n"
             "  project folder cannot be used.\n",
     .flags = GS_CMD_NEED_CONNECTION | GS_CMD_REMOTE_STATUS,

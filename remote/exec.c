@@ -303,6 +303,7 @@ struct exec_state {
     int out_done[2];
     int stdin_half_sent; /* a stdin packet is partly written: libssh2 1.10 must finish it first */
     char tag[33];        /* GPUSYNC_EXEC's value in the command's environment, for pass_signal */
+    int64_t give_up_at;  /* after a SIGKILL passed on: when to stop waiting for the end; 0: never */
     struct gs_exec_gate gate;
 };
 
@@ -400,33 +401,66 @@ static void make_tag(char *tag)
         snprintf(tag + 2 * i, 3, "%02x", r[i]);
 }
 
+/* The server-side finder for pass_signal_on (a printf format: the tag, the signal name, then what
+ * follows each signalled group). It finds the command's processes by its tag: in the environment
+ * of what the command line starts, and in the command line itself (the -c argument of the shell
+ * sshd started, whose environment /proc shows as it was at its exec, before the export; a line
+ * that runs no child, a shell loop, has no other process). The pattern's [C] keeps the finder's
+ * own command line, which holds the pattern, from matching. Of each process it signals the group
+ * that is its session's first (the one sshd started the command in; groups the command made with
+ * job control keep running, as after a Ctrl-C in a terminal), once, and prints how many groups
+ * took the signal. */
+#define FIND_AND_SIGNAL                                                                            \
+    "n=0; seen=; for f in $(grep -lsz 'GPUSYNC_EXE[C]=%s' /proc/[0-9]*/environ "                   \
+    "/proc/[0-9]*/cmdline); do "                                                                   \
+    "read -r s < \"${f%%/*}/stat\" || continue; set -- ${s##*') '}; "                              \
+    "[ \"$3\" = \"$4\" ] || continue; case \" $seen \" in *\" $3 \"*) continue;; esac; "           \
+    "seen=\"$seen $3\"; kill -s %s -- \"-$3\" 2>/dev/null || continue; n=$((n+1))%s; done; "       \
+    "echo $n"
+
 /* Passes a signal the caller caught on to the command's process group, as a terminal would. An
  * SSH "signal" request on the command's channel would do it where the server takes one, but
  * libssh2 1.10 sends no request on a channel whose command runs ("Channel can not be reused"),
- * so a second channel does it: it finds the processes whose
- * environment holds the command's tag, and signals each process group among theirs that is its
- * session's first (the one sshd started the command in; groups the command made on purpose, a
- * `setsid` daemon, keep running, as they would after a Ctrl-C in a terminal), once. */
+ * so a second channel runs FIND_AND_SIGNAL. A stopped group is continued after any signal but
+ * SIGKILL, so that it receives it (as bash's kill does for a stopped job). Returns 1 when a signal
+ * was passed on (io->signal_passed told how many groups took it), 0 when none was waiting, or a
+ * negative code when the second channel failed. */
 static int pass_signal_on(struct exec_state *st, struct gs_error *err)
 {
     volatile sig_atomic_t *slot = st->io->pass_signal;
     if (!slot || !*slot || st->stdin_half_sent)
         return 0;
-    const char *name = exec_signal_name(*slot);
+    int sig = *slot;
+    const char *name = exec_signal_name(sig);
     *slot = 0;
     if (!name)
         return 0;
     struct gs_buf cmd = GS_BUF_INIT, out = GS_BUF_INIT;
-    gs_buf_addf(&cmd,
-                "seen=; for f in $(grep -lsxz 'GPUSYNC_EXEC=%s' /proc/[0-9]*/environ); do "
-                "read -r s < \"${f%%/environ}/stat\" || continue; set -- ${s##*') '}; "
-                "[ \"$3\" = \"$4\" ] || continue; case \" $seen \" in *\" $3 \"*) continue;; esac; "
-                "seen=\"$seen $3\"; kill -s %s -- \"-$3\" 2>/dev/null; done; :",
-                st->tag, name);
+    gs_buf_addf(&cmd, FIND_AND_SIGNAL, st->tag, name,
+                sig == SIGKILL ? "" : "; kill -s CONT -- \"-$3\" 2>/dev/null");
     int rc = gs_exec_capture(st->s, cmd.data, &out, NULL, err);
     gs_buf_release(&cmd);
+    int groups = rc == 0 && out.data ? atoi(out.data) : 0;
     gs_buf_release(&out);
-    return rc < 0 ? rc : 1;
+    if (rc < 0)
+        return rc;
+    if (sig == SIGKILL && st->io->kill_wait_ms > 0)
+        st->give_up_at = gs_clock_mono_ms() + st->io->kill_wait_ms;
+    if (st->io->signal_passed)
+        st->io->signal_passed(st->io->signal_ctx, sig, groups);
+    return 1;
+}
+
+/* Whether the wait for the command's end after a SIGKILL passed on is over (io->kill_wait_ms). */
+static int gave_up(const struct exec_state *st)
+{
+    return st->give_up_at && gs_clock_mono_ms() >= st->give_up_at;
+}
+
+/* The sooner of two deadlines, 0 meaning none. */
+static int64_t sooner(int64_t a, int64_t b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
 }
 
 static int exec_loop(struct exec_state *st, struct gs_error *err)
@@ -437,6 +471,11 @@ static int exec_loop(struct exec_state *st, struct gs_error *err)
         if ((rc = pass_signal_on(st, err)) < 0)
             return rc;
         progress |= rc > 0;
+        if (gave_up(st))
+            return gs_error_set(err, GS_E_INTERRUPTED,
+                                "the command did not end within %d s of SIGKILL on %s; it may "
+                                "still run there",
+                                st->io->kill_wait_ms / 1000, gs_ssh_target(st->s));
         if (!st->eof_sent && (rc = pump_stdin(st)) != 0)
             progress |= rc > 0;
         else
@@ -447,7 +486,9 @@ static int exec_loop(struct exec_state *st, struct gs_error *err)
         if (rc < 0)
             return gs_ssh_error(st->s, rc, "running a remote command", err);
         int in_fd = awaits_stdin(st) ? st->io->stdin_fd : -1;
-        if (!progress && (rc = gs_ssh_wait_or_fd(st->s, deadline, in_fd, err)) < 0)
+        if (!progress &&
+            (rc = gs_ssh_wait_or_fd(st->s, sooner(deadline, st->give_up_at), in_fd, err)) < 0 &&
+            !gave_up(st))
             return rc;
     }
     return 0;

@@ -35,16 +35,24 @@ struct gs_exec_io {
      * on to the command's process group on the server (exec.c, pass_signal_on), and the slot
      * cleared. The command then runs with GPUSYNC_EXEC=<random tag> in its environment. */
     volatile sig_atomic_t *pass_signal;
+    /* With pass_signal, may be NULL: told after each signal passed on how many process groups
+     * took it (0: no process of the command was found, so nothing received it). */
+    void (*signal_passed)(void *ctx, int sig, int groups);
+    void *signal_ctx;
+    /* With pass_signal: how long to wait for the command's end once a SIGKILL was passed on
+     * (whether or not it found anything); then gs_exec_run gives up. 0: as long as it takes. */
+    int kill_wait_ms;
 };
 
 #define GS_EXEC_IO_INIT                                                                            \
     {                                                                                              \
-        NULL, 0, -1, -1, -1, NULL, NULL, 0, NULL                                                   \
+        NULL, 0, -1, -1, -1, NULL, NULL, 0, NULL, NULL, NULL, 0                                    \
     }
 
 /* Runs `command` and streams its output as `io` says. Returns the exit status (0-255 or 128+signal)
  * or a negative GS_E_* code when the channel failed (GS_E_DISCONNECTED if the server went away:
- * the remote command's fate is then unknown). */
+ * the remote command's fate is then unknown), or GS_E_INTERRUPTED when it did not end within
+ * io->kill_wait_ms of a SIGKILL passed on (it may still run; its channel is dropped). */
 int gs_exec_run(struct gs_ssh *s, const char *command, const struct gs_exec_io *io,
                 struct gs_error *err);
 

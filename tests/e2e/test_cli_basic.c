@@ -709,12 +709,12 @@ static void read_until(int fd, struct gs_buf *out, const char *want)
     }
 }
 
-/* Waits (10 s at most, else fails) until no process is left in process group `pgid`. */
+/* Waits (10 s at most, else ends it and fails) until no process is left in process group `pgid`. */
 static void await_group_gone(pid_t pgid)
 {
     int64_t end = gs_clock_mono_ms() + 10000;
     while (kill(-pgid, 0) == 0) {
-        if (gs_clock_mono_ms() > end)
+        if (gs_clock_mono_ms() > end && kill(-pgid, SIGKILL) == 0) /* no busy loop left behind */
             fail_msg("process group %d still lives on the server 10 s after the client ended",
                      (int)pgid);
         usleep(20000);
@@ -777,6 +777,100 @@ static void test_exec__a_third_ctrl_c_kills_a_command_that_ignores_it(void **sta
     assert_non_null(strstr(r.err.data, "SIGKILL"));
     gs_test_result_release(&r);
     await_group_gone(pgid);
+}
+
+/* As gs_test_finish with 20 s, except that a client still running then is killed along with the
+ * remote process group `pgid` before the test fails: a failure leaves no loop running there. */
+static struct gs_test_result finish_exec(pid_t client, int out, int err, pid_t pgid)
+{
+    struct gs_test_result r = {0, GS_BUF_INIT, GS_BUF_INIT, 0};
+    if (gs_test_drain_until(out, err, &r, gs_clock_mono_ms() + 20000) < 0) {
+        kill(client, SIGKILL);
+        kill(-pgid, SIGKILL);
+        waitpid(client, NULL, 0);
+        fail_msg("exec did not end within 20 s of the signals; stderr: %s",
+                 r.err.data ? r.err.data : "");
+    }
+    int status;
+    assert_int_equal(waitpid(client, &status, 0), client);
+    r.status = gs_test_exit_status(status);
+    gs_buf_grow(&r.out, 0);
+    gs_buf_grow(&r.err, 0);
+    return r;
+}
+
+/* Ctrl-C reaches a command line that starts no process of its own (a shell loop, a shell that
+ * stopped itself): the remote shell running the line is signalled, not only what it starts. */
+static void test_exec__ctrl_c_reaches_a_command_line_with_no_child(void **state)
+{
+    (void)state;
+    static const char *const lines[] = {"echo pid $$; i=0; while :; do i=$((i+1)); done",
+                                        "echo pid $$; kill -STOP $$; echo not reached"};
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        pid_t client;
+        int in, out, err;
+        pid_t pgid = start_remote_shell(lines[i], &client, &in, &out, &err);
+        assert_int_equal(kill(client, SIGINT), 0);
+        struct gs_test_result r = finish_exec(client, out, err, pgid);
+        close(in);
+        gs_test_expect_status(&r, 128 + SIGINT, lines[i]);
+        assert_null(strstr(r.out.data, "not reached"));
+        gs_test_result_release(&r);
+        await_group_gone(pgid);
+    }
+}
+
+/* Sends three Ctrl-Cs to `client`, 100 ms apart: three presses, not one (the handler counts
+ * signals, not their queue). */
+static void press_ctrl_c_three_times(pid_t client)
+{
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kill(client, SIGINT), 0);
+        usleep(100000);
+    }
+}
+
+/* The third Ctrl-C kills a command line that ignores Ctrl-C and starts no process of its own. */
+static void test_exec__a_third_ctrl_c_kills_a_command_line_with_no_child(void **state)
+{
+    (void)state;
+    pid_t client;
+    int in, out, err;
+    pid_t pgid = start_remote_shell("trap '' INT; echo pid $$; while :; do :; done", &client, &in,
+                                    &out, &err);
+    press_ctrl_c_three_times(client);
+    struct gs_test_result r = finish_exec(client, out, err, pgid);
+    close(in);
+    gs_test_expect_status(&r, 128 + SIGKILL, "exec of a shell loop after three Ctrl-Cs");
+    gs_test_result_release(&r);
+    await_group_gone(pgid);
+}
+
+/* A command the third Ctrl-C cannot end does not keep exec waiting: a process that left the tag's
+ * environment holds the output open (in a session of its own, or as the command line itself). exec
+ * exits 130 within seconds, the process still runs (nothing claimed it gone), and is ended here. */
+static void test_exec__a_third_ctrl_c_that_cannot_end_the_command_gives_up(void **state)
+{
+    (void)state;
+    static const char *const lines[] = {
+        "trap '' INT; setsid env -u GPUSYNC_EXEC sleep 600 & echo pid $!; wait",
+        "echo pid $$; exec env -u GPUSYNC_EXEC sleep 600"};
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        pid_t client;
+        int in, out, err;
+        pid_t holder = start_remote_shell(lines[i], &client, &in, &out, &err);
+        press_ctrl_c_three_times(client);
+        int64_t t0 = gs_clock_mono_ms();
+        struct gs_test_result r = finish_exec(client, out, err, holder);
+        int64_t took = gs_clock_mono_ms() - t0;
+        close(in);
+        int alive = kill(holder, 0) == 0;
+        kill(holder, SIGKILL);
+        gs_test_expect_status(&r, 128 + SIGINT, lines[i]);
+        assert_true(alive);
+        assert_true(took < 15000);
+        gs_test_result_release(&r);
+    }
 }
 
 /* ---- doctor ---- */
@@ -1077,6 +1171,12 @@ int main(void)
                                use_shared_home),
         cmocka_unit_test_setup(test_exec__signals_reach_the_remote_command, use_shared_home),
         cmocka_unit_test_setup(test_exec__a_third_ctrl_c_kills_a_command_that_ignores_it,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_exec__ctrl_c_reaches_a_command_line_with_no_child,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_exec__a_third_ctrl_c_kills_a_command_line_with_no_child,
+                               use_shared_home),
+        cmocka_unit_test_setup(test_exec__a_third_ctrl_c_that_cannot_end_the_command_gives_up,
                                use_shared_home),
         cmocka_unit_test_setup(test_doctor__json_has_checks_and_facts, use_shared_home),
         cmocka_unit_test_teardown(test_watch__foreground_status_line_counts_the_batch,
