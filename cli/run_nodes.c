@@ -344,7 +344,8 @@ static int multi_interrupt(const struct run_args *a, struct gs_nodes *m)
 }
 
 /* A follower thread: follows the node's part of the run to its end; when told to (another node
- * failed), stops it and follows on, so its last lines and its end still arrive. */
+ * failed), stops it and follows on from the offsets already shown (n->end keeps them), so its
+ * last lines and its end still arrive, each line once. */
 static void *node_follow(void *arg)
 {
     struct gs_node *n = arg;

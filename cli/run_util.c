@@ -765,7 +765,7 @@ int gs_run_ctx_follow_end(struct gs_cli *cli, struct gs_run_ctx *rc, const char 
                           volatile sig_atomic_t *interrupted, int *exit_code,
                           struct gs_tail_state *st)
 {
-    memset(st, 0, sizeof(*st));
+    st->finished = 0;
     return follow_from(cli, rc, id, ranks, printer, interrupted, exit_code, st, 1, 1);
 }
 

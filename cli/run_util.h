@@ -164,8 +164,10 @@ int gs_run_ctx_tail(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, c
 int gs_run_ctx_follow(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, const char *ranks,
                       struct gs_log_printer *printer, volatile sig_atomic_t *interrupted,
                       int *exit_code);
-/* As gs_run_ctx_follow, but says nothing of how the run ended: on 0 that is left in *st (state,
- * exit_code, summary; zeroed first) for a caller that says it once for several nodes. */
+/* As gs_run_ctx_follow, but from the offsets in *st (zeroed by the caller for the whole logs;
+ * kept across calls, a follow that was interrupted resumes where it stopped) and saying nothing
+ * of how the run ended: on 0 that is left in *st (state, exit_code, summary) for a caller that
+ * says it once for several nodes. */
 int gs_run_ctx_follow_end(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id,
                           const char *ranks, struct gs_log_printer *printer,
                           volatile sig_atomic_t *interrupted, int *exit_code,

@@ -1887,6 +1887,36 @@ static void test_run__two_nodes_one_failing_stops_the_other(void **state)
     gs_test_sshd_destroy(&t.b);
 }
 
+/* Rank 1 ticks 4 times then fails at its 5th; rank 0 ticks on until stopped. */
+#define FAIL_AT_5                                                                                  \
+    "i=1; while :; do echo rank $RANK tick $i; "                                                   \
+    "if [ $RANK = 1 ] && [ $i = 5 ]; then echo rank 1 fails; exit 9; fi; "                         \
+    "i=$((i+1)); sleep 0.2; done"
+
+static void test_run__two_nodes_a_failure_shows_the_survivors_lines_once(void **state)
+{
+    (void)state;
+    struct two_nodes t;
+    two_nodes_init(&t, "two-once", "4");
+    struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu",
+                                        "1", "--", "sh", "-c", FAIL_AT_5));
+    expect_status(&c, 9, "two-node run where rank 1 fails at its 5th tick");
+    assert_int_equal(count(c.out.data, "[rank 1] rank 1 fails\n"), 1);
+    /* every line of the surviving rank once: it was stopped, not shown again from the start */
+    char *log = gs_test_rank_log(t.ra, run_id_of(&c), 0);
+    int ticks = count(log, "tick ");
+    assert_true(ticks >= 5);
+    for (int i = 1; i <= ticks; i++) {
+        char line[64];
+        snprintf(line, sizeof(line), "[rank 0] rank 0 tick %d\n", i);
+        if (count(c.out.data, line) != 1)
+            fail_msg("'%s' shown %d times:\n%s", line, count(c.out.data, line), c.out.data);
+    }
+    free(log);
+    child_release(&c);
+    gs_test_sshd_destroy(&t.b);
+}
+
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
@@ -1974,6 +2004,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__arguments_reach_the_command_unchanged, use_home),
         cmocka_unit_test_setup(test_run__two_nodes_share_the_master_and_connect_across, use_home),
         cmocka_unit_test_setup(test_run__two_nodes_one_failing_stops_the_other, use_home),
+        cmocka_unit_test_setup(test_run__two_nodes_a_failure_shows_the_survivors_lines_once,
+                               use_home),
         cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
