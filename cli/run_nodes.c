@@ -364,8 +364,10 @@ static void *node_follow(void *arg)
         if (!stop)
             break;
         struct gs_buf out = GS_BUF_INIT;
-        gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out, &n->cli.err);
+        r = gs_run_stop(n->cli.ssh, n->rc.agent.data, n->rc.dir.data, m->id, &out, &n->cli.err);
         gs_buf_release(&out);
+        if (r < 0)
+            break; /* not confirmed stopped: gs_nodes_follow names the node */
     }
     pthread_mutex_lock(&m->lock);
     n->done = 1;
@@ -513,6 +515,52 @@ static int nodes_say_end(struct gs_cli *cli, struct gs_nodes *m, struct gs_node 
     return d->exit_code;
 }
 
+/* Adds to `msg` how node `d`'s part ended ("run ID failed on node 0 (HOST) (exit 5: rank 0
+ * exited with 5)"), or "run ID" when no node's end was seen. */
+static void say_known_end(struct gs_nodes *m, struct gs_node *d, struct gs_buf *msg)
+{
+    if (!d) {
+        gs_buf_addf(msg, "run %s", m->id);
+        return;
+    }
+    json_t *s = json_loads(d->end->summary, 0, NULL);
+    char why[512] = "";
+    if (json_is_object(json_object_get(s, "failed")))
+        gs_run_end_failure(json_object_get(s, "failed"), why, sizeof(why));
+    json_decref(s);
+    gs_buf_addf(msg, "run %s %s on %s (exit %d%s%s)", m->id, d->end->state,
+                gs_node_name(d, (int)(d - m->nodes)), d->end->exit_code, why[0] ? ": " : "", why);
+}
+
+/* Some node's follow ended in an error: its part of the run may still run, so the run is not
+ * said to have ended. Names each such node and how to stop it; `d` is the node whose end
+ * would decide the run's (NULL if none ended). Returns the exit code as for a connection that
+ * failed on one server (255 with `run` and `logs -f`), or the first such node's own. */
+static int nodes_say_unconfirmed(struct gs_cli *cli, struct gs_nodes *m, struct gs_node *d)
+{
+    struct gs_buf msg = GS_BUF_INIT;
+    int code = 0;
+    say_known_end(m, d, &msg);
+    for (int i = 0; i < m->n; i++) {
+        struct gs_node *n = &m->nodes[i];
+        if (n->result >= 0)
+            continue;
+        gs_buf_addf(&msg, "%s on %s: %s",
+                    code ? "; nor"
+                    : d  ? ", but it could not be confirmed ended"
+                         : " could not be confirmed ended",
+                    gs_node_name(n, i), n->cli.err.msg);
+        code = code ? code : n->result;
+    }
+    gs_buf_addf(&msg,
+                "; its ranks there may still run: once the node can be reached, stop them with "
+                "'gpusync stop %s'",
+                m->id);
+    gs_error_set(&cli->err, code, "%s", msg.data);
+    gs_buf_release(&msg);
+    return gs_cli_fail(cli, code);
+}
+
 int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached)
 {
     int total = 0, first_code = -1;
@@ -533,15 +581,11 @@ int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, i
     if (*detached)
         return 130;
     struct gs_node *d = deciding_node(m);
+    for (int i = 0; i < m->n; i++)
+        if (m->nodes[i].result < 0)
+            return nodes_say_unconfirmed(cli, m, d);
     if (first_code >= 0)
         return d ? nodes_say_end(cli, m, d) : first_code;
-    for (int i = 0; i < m->n; i++)
-        if (m->nodes[i].result < 0) {
-            struct gs_error why = m->nodes[i].cli.err; /* a copy: rewritten in place */
-            gs_error_set(&m->nodes[i].cli.err, m->nodes[i].result, "%s: %s",
-                         gs_node_name(&m->nodes[i], i), why.msg);
-            return node_fail(cli, &m->nodes[i], m->nodes[i].result);
-        }
     return d ? nodes_say_end(cli, m, d) : 0;
 }
 

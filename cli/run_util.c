@@ -669,6 +669,14 @@ void gs_log_printer_finish(struct gs_log_printer *p)
     fflush(stdout);
 }
 
+/* Sleeps `ms`, or less once *interrupted is set (a follower thread, where SIGINT is blocked,
+ * is told to end that way). */
+static void nap(int ms, volatile sig_atomic_t *interrupted)
+{
+    for (int left = ms; left > 0 && !(interrupted && *interrupted); left -= 100)
+        usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+}
+
 static int reconnect(struct gs_cli *cli, volatile sig_atomic_t *interrupted)
 {
     int delay = 500;
@@ -679,7 +687,7 @@ static int reconnect(struct gs_cli *cli, volatile sig_atomic_t *interrupted)
             fprintf(stderr, "gpusync: reconnected; resuming the logs\n");
             return 0;
         }
-        usleep((useconds_t)delay * 1000);
+        nap(delay, interrupted);
         delay = delay * 2 > 15000 ? 15000 : delay * 2;
     }
     return cli->err.code ? cli->err.code : GS_E_DISCONNECTED;

@@ -1917,6 +1917,58 @@ static void test_run__two_nodes_a_failure_shows_the_survivors_lines_once(void **
     gs_test_sshd_destroy(&t.b);
 }
 
+static void test_run__two_nodes_one_unreachable_is_not_said_ended(void **state)
+{
+    (void)state;
+    struct two_nodes t;
+    two_nodes_init(&t, "two-cut", "5");
+    struct wansim_proc w;
+    struct wansim_opts o = {.target_port = t.b.port};
+    char err[256], reply[128], hosts[2200], trigger[800], script[1200], node1[64];
+    if (wansim_start(&w, &o, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    /* node 1 behind the simulated link; node 0's rank fails once told to */
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, t.ra,
+             w.port, t.rb);
+    snprintf(trigger, sizeof(trigger), "%s/two-cut-fail-now", srv.dir);
+    snprintf(script, sizeof(script),
+             "echo up $RANK; if [ $RANK = 0 ]; then while [ ! -e '%s' ]; do sleep 0.1; done; "
+             "exit 5; fi; exec sleep 120",
+             trigger);
+    struct child c;
+    child_start(&c, t.dir,
+                ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu", "1", "--ranks",
+                     "all", "--", "sh", "-c", script));
+    child_wait_for(&c, "[rank 1] up 1", 60000);
+    child_wait_for(&c, "[rank 0] up 0", 60000);
+    assert_int_equal(wansim_command(&w, "cut", reply, sizeof(reply)), 0);
+    assert_int_equal(sh("touch '%s'", trigger), 0);
+    child_finish(&c);
+    /* node 1's end is not known: as a run whose connection failed, not as one that ended */
+    expect_status(&c, 255, "two-node run with node 1 cut off when node 0 failed");
+    snprintf(node1, sizeof(node1), "127.0.0.1:%d", w.port);
+    assert_non_null(strstr(c.err.data, node1));
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    json_t *sb = gs_test_run_json(t.rb, id, "status.json");
+    assert_string_equal(str_at(sb, "state"), "running");
+    long long pgid = int_at(json_array_get(json_object_get(sb, "ranks"), 0), "pgid");
+    assert_true(group_exists(pgid));
+    json_decref(sb);
+    /* once the node is back, stop ends its ranks, as the message says */
+    assert_int_equal(wansim_command(&w, "restore", reply, sizeof(reply)), 0);
+    struct child s = run_in(t.dir, ARGS("stop", id));
+    expect_status(&s, 0, "stop once node 1 is back");
+    sb = gs_test_run_json(t.rb, id, "status.json");
+    assert_string_equal(str_at(sb, "state"), "stopped");
+    assert_false(group_exists(pgid));
+    json_decref(sb);
+    child_release(&s);
+    child_release(&c);
+    wansim_stop(&w);
+    gs_test_sshd_destroy(&t.b);
+}
+
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
@@ -2006,6 +2058,7 @@ int main(void)
         cmocka_unit_test_setup(test_run__two_nodes_one_failing_stops_the_other, use_home),
         cmocka_unit_test_setup(test_run__two_nodes_a_failure_shows_the_survivors_lines_once,
                                use_home),
+        cmocka_unit_test_setup(test_run__two_nodes_one_unreachable_is_not_said_ended, use_home),
         cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
