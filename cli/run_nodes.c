@@ -299,6 +299,8 @@ static int node_launch(struct run_args *a, struct gs_nodes *m, int rank, const c
         *port = st->port;
     /* a command that could not start: the code its run recorded (127, 126), as on one server */
     n->start_code = r < 0 && st->finished && st->exit_code > 0 ? st->exit_code : 0;
+    if (n->start_code) /* the run exists there, failed: ps counts its ranks */
+        n->nproc = p->nproc;
     free(st);
     if (r == 0) {
         n->launched = 1;
@@ -609,16 +611,21 @@ static int nodes_launch(struct gs_cli *cli, struct run_args *a, struct gs_nodes 
         r = node_launch(a, m, i, addr, &port);
     int code = 0;
     if (r < 0) {
+        /* the nodes that have the run (launched, or recorded it failed) are a prefix: ps, logs
+         * and stop then see it as the failed run it was on them */
+        int had = i - (m->nodes[i - 1].start_code ? 0 : 1);
+        if (had > 0)
+            gs_nodes_record(cli, m, had, a->name, addr, port);
         code = node_fail(cli, &m->nodes[i - 1], r);
         code = m->nodes[i - 1].start_code ? m->nodes[i - 1].start_code : code;
         nodes_stop(m);
     } else if (cli->json) {
-        gs_nodes_record(cli, m, a->name, addr, port);
+        gs_nodes_record(cli, m, m->n, a->name, addr, port);
         gs_cli_json_print(json_pack("{s:i,s:b,s:s,s:i,s:i,s:s,s:i}", "v", 1, "ok", 1, "id", m->id,
                                     "nodes", m->n, "ranks", m->n * m->nodes[0].nproc, "master_addr",
                                     addr, "master_port", port));
     } else {
-        gs_nodes_record(cli, m, a->name, addr, port);
+        gs_nodes_record(cli, m, m->n, a->name, addr, port);
         fprintf(stderr,
                 "gpusync: run %s started on %d nodes (MASTER_ADDR %s: %s; MASTER_PORT %d)\n", m->id,
                 m->n, addr, how, port);

@@ -74,9 +74,11 @@ char *gs_nodes_master_addr(struct gs_nodes *m, const char *given, const char **h
  * Ctrl-C. */
 int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached);
 
-/* Writes the node list of run `id` (.gpusync/runs/<id>/nodes.json) from the launched `m`. A
- * failure is warned about: the run goes on, and logs/ps/stop then reach [remote] only. */
-void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *name,
+/* Writes the node list of run `id` (.gpusync/runs/<id>/nodes.json) from the first `count`
+ * nodes of `m`, those that have the run (all of them once it launched; fewer when a launch
+ * failed part-way). A failure is warned about: the run goes on, and logs/ps/stop then reach
+ * [remote] only. */
+void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, int count, const char *name,
                      const char *master_addr, int master_port);
 
 /* Resolves RUN (an id, a --name, or NULL for the newest run) over the [remote] server's runs and

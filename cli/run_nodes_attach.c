@@ -39,12 +39,12 @@ static int record_save(const char *root, const char *id, json_t *rec)
     return rc;
 }
 
-void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, const char *name,
+void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, int count, const char *name,
                      const char *master_addr, int master_port)
 {
     json_t *nodes = json_array();
     struct gs_buf hosts = GS_BUF_INIT;
-    for (int i = 0, first = 0; i < m->n; first += m->nodes[i++].nproc) {
+    for (int i = 0, first = 0; i < count && i < m->n; first += m->nodes[i++].nproc) {
         char *spec = gs_node_spec_format(&m->nodes[i]);
         gs_buf_addf(&hosts, "%s%s", i ? "," : "", spec);
         json_array_append_new(nodes, json_pack("{s:i,s:s,s:i,s:i}", "node", i, "host", spec,

@@ -1969,6 +1969,41 @@ static void test_run__two_nodes_one_unreachable_is_not_said_ended(void **state)
     gs_test_sshd_destroy(&t.b);
 }
 
+static void test_ps__a_launch_failing_on_node_1_shows_a_failed_run_on_its_nodes(void **state)
+{
+    (void)state;
+    struct two_nodes t;
+    two_nodes_init(&t, "two-half", "6");
+    /* ./only-here exists on node 0 only (no sync): node 1 cannot start it */
+    assert_int_equal(sh("mkdir -p '%s' && printf '#!/bin/sh\\nexec sleep 120\\n' > "
+                        "'%s/only-here' && chmod +x '%s/only-here'",
+                        t.rb, t.ra, t.ra),
+                     0);
+    struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts,
+                                        "--no-sync", "--cpu", "1", "--", "./only-here"));
+    expect_status(&c, 127, "two-node run of a command node 1 does not have");
+    child_release(&c);
+    c = run_in(t.dir, ARGS("ps", "--json"));
+    expect_status(&c, 0, "ps --json");
+    json_t *ps = json_loads(c.out.data, 0, NULL);
+    json_t *run = json_array_get(json_object_get(ps, "runs"), 0);
+    if (!json_is_object(run))
+        fail_msg("no run in ps --json: %s", c.out.data);
+    assert_string_equal(str_at(run, "state"), "failed");
+    assert_int_equal(int_at(run, "exit_code"), 127);
+    json_t *nodes = json_object_get(run, "nodes");
+    assert_int_equal(json_array_size(nodes), 2);
+    assert_string_equal(str_at(json_array_get(nodes, 0), "state"), "stopped");
+    assert_string_equal(str_at(json_array_get(nodes, 1), "state"), "failed");
+    /* node 0's rank was stopped: nothing of it is left */
+    json_t *sa = gs_test_run_json(t.ra, str_at(run, "id"), "status.json");
+    assert_false(group_exists(int_at(json_array_get(json_object_get(sa, "ranks"), 0), "pgid")));
+    json_decref(sa);
+    json_decref(ps);
+    child_release(&c);
+    gs_test_sshd_destroy(&t.b);
+}
+
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
@@ -2059,6 +2094,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__two_nodes_a_failure_shows_the_survivors_lines_once,
                                use_home),
         cmocka_unit_test_setup(test_run__two_nodes_one_unreachable_is_not_said_ended, use_home),
+        cmocka_unit_test_setup(test_ps__a_launch_failing_on_node_1_shows_a_failed_run_on_its_nodes,
+                               use_home),
         cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
