@@ -88,7 +88,10 @@ void gs_nodes_record(struct gs_cli *cli, const struct gs_nodes *m, int count, co
 json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *run, int live,
                          struct gs_buf *id, int *r);
 
-/* `logs [-f] RUN` for the recorded run `rec`: every node's ranks; -f in a thread per node. */
+/* `logs [-f] RUN` for the recorded run `rec`: every node's ranks; -f in a thread per node;
+ * --tail N (tail > 0) the last N lines of each node, followed on from there with -f. A rank
+ * the run does not have (over all its nodes) is a usage error, before any node is asked.
+ * Returns the exit code. */
 int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow, int tail);
 
 /* `stop RUN` for the recorded run `rec`: stops it on every node at once, prints each node's

@@ -166,7 +166,8 @@ static int nodes_attach(struct gs_cli *cli, json_t *rec, struct gs_nodes *m, int
 
 /* ---- logs ---- */
 
-/* Prints every node's logs so far, node by node (--tail N: the last N lines of each node). */
+/* Prints every node's logs so far, node by node (--tail N: the last N lines of each node),
+ * leaving each node's offsets in n->end, from which gs_nodes_follow goes on (logs -f --tail). */
 static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int tail)
 {
     static volatile sig_atomic_t never;
@@ -176,12 +177,12 @@ static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, 
     for (int i = 0; i < m->n && r == 0; i++) {
         struct gs_node *n = &m->nodes[i];
         struct gs_log_printer printer;
-        struct gs_tail_state st;
-        memset(&st, 0, sizeof(st));
+        if (!n->end)
+            n->end = gs_xcalloc(1, sizeof(*n->end));
         gs_log_printer_init(&printer, cli, m->id,
                             total > 1 && !(ranks && !strchr(ranks, ',') && strcmp(ranks, "all")));
         printer.tail_lines = tail;
-        r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, &st, &printer, &never);
+        r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, n->end, &printer, &never);
         gs_log_printer_finish(&printer);
         if (r < 0) {
             gs_error_set(&cli->err, r, "%s: %s", gs_node_name(n, i), n->cli.err.msg);
@@ -191,12 +192,36 @@ static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, 
     return 0;
 }
 
+/* --rank against the ranks the recorded run has over all its nodes. Returns 0 or GS_E_USAGE in
+ * cli->err. */
+static int check_ranks(struct gs_cli *cli, json_t *rec, const char *ranks)
+{
+    int total = 0;
+    size_t i;
+    json_t *node;
+    json_array_foreach(json_object_get(rec, "nodes"), i, node)
+    {
+        total += (int)json_integer_value(json_object_get(node, "nproc"));
+    }
+    struct gs_buf what = GS_BUF_INIT;
+    gs_buf_addf(&what, "run %s", rec_str(rec, "id"));
+    int r = gs_run_check_ranks(cli, "--rank", ranks, total, what.data);
+    gs_buf_release(&what);
+    return r;
+}
+
 int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow, int tail)
 {
     struct gs_nodes m;
-    int detached = 0, r = nodes_attach(cli, rec, &m, 0), code;
+    int r = check_ranks(cli, rec, ranks);
+    if (r < 0)
+        return gs_cli_fail(cli, r);
+    int detached = 0, code;
+    r = nodes_attach(cli, rec, &m, 0);
     if (r < 0)
         code = gs_cli_fail(cli, r);
+    else if (follow && tail && (code = logs_show(cli, &m, ranks, tail)) != 0)
+        ; /* -f --tail N: the last lines so far, then the rest as it comes */
     else if (follow)
         code = gs_nodes_follow(cli, &m, ranks, &detached); /* 130 when detached */
     else

@@ -2004,6 +2004,39 @@ static void test_ps__a_launch_failing_on_node_1_shows_a_failed_run_on_its_nodes(
     gs_test_sshd_destroy(&t.b);
 }
 
+static void test_logs__a_two_node_run_checks_rank_and_follows_from_the_tail(void **state)
+{
+    (void)state;
+    struct two_nodes t;
+    two_nodes_init(&t, "two-logs", "7");
+    struct child c =
+        run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", t.hosts, "--cpu", "2", "--",
+                           "sh", "-c", "echo a $RANK; echo b $RANK; echo c $RANK"));
+    expect_status(&c, 0, "two-node run of 4 ranks");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    /* ranks 0-3 over the two nodes: 9 is a usage error, as on one server; 3 is not */
+    c = run_in(t.dir, ARGS("logs", id, "--rank", "9"));
+    expect_status(&c, 2, "logs --rank 9 of a 4-rank two-node run");
+    assert_string_equal(c.out.data, "");
+    child_release(&c);
+    c = run_in(t.dir, ARGS("logs", id, "--rank", "3"));
+    expect_status(&c, 0, "logs --rank 3 of a 4-rank two-node run");
+    assert_string_equal(c.out.data, "a 3\nb 3\nc 3\n");
+    child_release(&c);
+    /* -f --tail 2 shows what logs --tail 2 does (then follows: the run has ended) */
+    struct child tail = run_in(t.dir, ARGS("logs", id, "--tail", "2"));
+    expect_status(&tail, 0, "logs --tail 2");
+    assert_int_equal(count(tail.out.data, "\n"), 4); /* the last 2 lines of each node */
+    c = run_in(t.dir, ARGS("logs", "-f", id, "--tail", "2"));
+    expect_status(&c, 0, "logs -f --tail 2 of an ended two-node run");
+    assert_string_equal(c.out.data, tail.out.data);
+    child_release(&tail);
+    child_release(&c);
+    gs_test_sshd_destroy(&t.b);
+}
+
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
@@ -2095,6 +2128,8 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_run__two_nodes_one_unreachable_is_not_said_ended, use_home),
         cmocka_unit_test_setup(test_ps__a_launch_failing_on_node_1_shows_a_failed_run_on_its_nodes,
+                               use_home),
+        cmocka_unit_test_setup(test_logs__a_two_node_run_checks_rank_and_follows_from_the_tail,
                                use_home),
         cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
     };
