@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/run_local.h"
 #include "cli/run_nodes.h"
 #include "common/log.h"
 #include "common/path.h"
@@ -166,30 +167,83 @@ static int nodes_attach(struct gs_cli *cli, json_t *rec, struct gs_nodes *m, int
 
 /* ---- logs ---- */
 
+/* 1 when global rank `k` is in `ranks` (a comma list; NULL or "all": every rank). */
+static int rank_listed(const char *ranks, int k)
+{
+    if (!ranks || !strcmp(ranks, "all"))
+        return 1;
+    for (const char *p = ranks; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (atoi(p) == k)
+            return 1;
+    return 0;
+}
+
+/* The ranks of `ranks` that node `n` runs (its global ranks begin at `first`), as a comma list
+ * (malloc'd), or NULL when it runs none of them. */
+static char *node_ranks(const struct gs_node *n, int first, const char *ranks)
+{
+    struct gs_buf b = GS_BUF_INIT;
+    for (int k = first; k < first + n->nproc; k++)
+        if (rank_listed(ranks, k))
+            gs_buf_addf(&b, "%s%d", b.len ? "," : "", k);
+    return b.len ? gs_buf_detach(&b, NULL) : NULL;
+}
+
+/* Shows the local copy of the ranks `mine` of node `n`, which cannot be reached (n->cli.err
+ * says why), saying so on stderr first. A missing copy is said, not failed on. */
+static void node_show_local(struct gs_cli *cli, struct gs_nodes *m, struct gs_node *n,
+                            const char *mine, struct gs_log_printer *printer)
+{
+    struct gs_error err = {0};
+    fprintf(stderr,
+            "gpusync: %s; showing rank%s %s from the local copy in %s/runs/%s/ (what this "
+            "machine received while following)\n",
+            n->cli.err.msg, strchr(mine, ',') ? "s" : "", mine, GS_DIR, m->id);
+    printer->from_local_copy = 1;
+    if (gs_run_local_replay(cli->root.data, m->id, mine, gs_log_printer_chunk, printer, &err) < 0)
+        fprintf(stderr, "gpusync: warning: %s\n", err.msg);
+}
+
 /* Prints every node's logs so far, node by node (--tail N: the last N lines of each node),
- * leaving each node's offsets in n->end, from which gs_nodes_follow goes on (logs -f --tail). */
+ * leaving each node's offsets in n->end, from which gs_nodes_follow goes on (logs -f --tail).
+ * A node that could not be reached (attached with keep_going) is shown from the local copy and
+ * named; the exit code is then its error's, after every other node was shown. */
 static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int tail)
 {
     static volatile sig_atomic_t never;
+    struct gs_node *lost = NULL;
     int total = 0, r = 0;
     for (int i = 0; i < m->n; i++)
         total += m->nodes[i].nproc;
-    for (int i = 0; i < m->n && r == 0; i++) {
+    for (int i = 0, first = 0; i < m->n && r == 0; first += m->nodes[i++].nproc) {
         struct gs_node *n = &m->nodes[i];
+        char *mine = node_ranks(n, first, ranks);
         struct gs_log_printer printer;
         if (!n->end)
             n->end = gs_xcalloc(1, sizeof(*n->end));
         gs_log_printer_init(&printer, cli, m->id,
                             total > 1 && !(ranks && !strchr(ranks, ',') && strcmp(ranks, "all")));
         printer.tail_lines = tail;
-        r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, n->end, &printer, &never);
+        if (mine && n->result < 0) {
+            node_show_local(cli, m, n, mine, &printer);
+            lost = lost ? lost : n;
+        } else if (mine) {
+            r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, n->end, &printer, &never);
+        }
         gs_log_printer_finish(&printer);
+        free(mine);
         if (r < 0) {
             gs_error_set(&cli->err, r, "%s: %s", gs_node_name(n, i), n->cli.err.msg);
             return gs_cli_fail(cli, r);
         }
     }
-    return 0;
+    if (!lost)
+        return 0;
+    gs_error_set(&cli->err, lost->result,
+                 "run %s: not every node could be reached (see above); run 'gpusync logs %s' "
+                 "again once it is back for the lines this machine did not receive",
+                 m->id, m->id);
+    return gs_cli_fail(cli, lost->result);
 }
 
 /* --rank against the ranks the recorded run has over all its nodes. Returns 0 or GS_E_USAGE in
@@ -217,7 +271,7 @@ int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow
     if (r < 0)
         return gs_cli_fail(cli, r);
     int detached = 0, code;
-    r = nodes_attach(cli, rec, &m, 0);
+    r = nodes_attach(cli, rec, &m, !follow); /* logs: an unreachable node's local copy */
     if (r < 0)
         code = gs_cli_fail(cli, r);
     else if (follow && tail && (code = logs_show(cli, &m, ranks, tail)) != 0)

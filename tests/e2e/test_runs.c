@@ -2037,6 +2037,41 @@ static void test_logs__a_two_node_run_checks_rank_and_follows_from_the_tail(void
     gs_test_sshd_destroy(&t.b);
 }
 
+static void test_logs__a_two_node_run_with_a_node_cut_off_shows_what_it_can(void **state)
+{
+    (void)state;
+    struct two_nodes t;
+    two_nodes_init(&t, "two-logcut", "8");
+    struct wansim_proc w;
+    struct wansim_opts o = {.target_port = t.b.port};
+    char err[256], reply[128], hosts[2200], id[128], node1[64];
+    if (wansim_start(&w, &o, err, sizeof(err)) < 0)
+        fail_msg("wansim: %s", err);
+    snprintf(hosts, sizeof(hosts), "root@127.0.0.1:%d%s,root@127.0.0.1:%d%s", srv.port, t.ra,
+             w.port, t.rb);
+    struct child c = run_in(t.dir, ARGS("run", "--accept-new-host-key", "--hosts", hosts, "--cpu",
+                                        "1", "--", "sh", "-c", "echo hello $RANK"));
+    expect_status(&c, 0, "two-node run, node 1 behind wansim");
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    assert_int_equal(wansim_command(&w, "cut", reply, sizeof(reply)), 0);
+    /* rank 0 lives on the reachable node: shown as if both were */
+    c = run_in(t.dir, ARGS("logs", id, "--rank", "0"));
+    expect_status(&c, 0, "logs --rank 0 with node 1 cut off");
+    assert_string_equal(c.out.data, "hello 0\n");
+    child_release(&c);
+    /* every rank: node 0's from the server, node 1's from the local copy; node 1 named */
+    c = run_in(t.dir, ARGS("logs", id));
+    assert_int_equal(count(c.out.data, "[rank 0] hello 0\n"), 1);
+    assert_int_equal(count(c.out.data, "[rank 1] hello 1\n"), 1);
+    assert_int_not_equal(c.status, 0);
+    snprintf(node1, sizeof(node1), "127.0.0.1:%d", w.port);
+    assert_non_null(strstr(c.err.data, node1));
+    child_release(&c);
+    wansim_stop(&w);
+    gs_test_sshd_destroy(&t.b);
+}
+
 static void test_run__two_nodes_second_ctrl_c_stops_every_node(void **state)
 {
     (void)state;
@@ -2130,6 +2165,8 @@ int main(void)
         cmocka_unit_test_setup(test_ps__a_launch_failing_on_node_1_shows_a_failed_run_on_its_nodes,
                                use_home),
         cmocka_unit_test_setup(test_logs__a_two_node_run_checks_rank_and_follows_from_the_tail,
+                               use_home),
+        cmocka_unit_test_setup(test_logs__a_two_node_run_with_a_node_cut_off_shows_what_it_can,
                                use_home),
         cmocka_unit_test_setup(test_run__two_nodes_second_ctrl_c_stops_every_node, use_home),
     };
