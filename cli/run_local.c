@@ -114,8 +114,7 @@ static int rank_of(const char *name)
     return rank;
 }
 
-/* 1 when `ranks` ("0,2"; NULL or "all": every rank) holds rank. */
-static int rank_wanted(const char *ranks, int rank)
+int gs_run_ranks_has(const char *ranks, int rank)
 {
     if (!ranks || strcmp(ranks, "all") == 0)
         return 1;
@@ -206,7 +205,7 @@ static int open_ranks(struct replay *rp, const char *dir, const char *ranks)
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         int r = rank_of(e->d_name);
-        if (r < 0 || !rank_wanted(ranks, r))
+        if (r < 0 || !gs_run_ranks_has(ranks, r))
             continue;
         struct gs_buf path = GS_BUF_INIT;
         gs_buf_addf(&path, "%s/%s", dir, e->d_name);

@@ -27,6 +27,9 @@ void gs_run_local_keep_name(const char *root, const char *id, const char *name);
  * Returns 0, or GS_E_NOTFOUND. */
 int gs_run_local_named(const char *root, const char *name, struct gs_buf *id);
 
+/* 1 when `ranks` ("0,2"; NULL or "all": every rank) holds rank. */
+int gs_run_ranks_has(const char *ranks, int rank);
+
 /* 1 when `id` is a run id and the project holds a local copy of at least one of its rank logs. */
 int gs_run_local_exists(const char *root, const char *id);
 

@@ -167,24 +167,13 @@ static int nodes_attach(struct gs_cli *cli, json_t *rec, struct gs_nodes *m, int
 
 /* ---- logs ---- */
 
-/* 1 when global rank `k` is in `ranks` (a comma list; NULL or "all": every rank). */
-static int rank_listed(const char *ranks, int k)
-{
-    if (!ranks || !strcmp(ranks, "all"))
-        return 1;
-    for (const char *p = ranks; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (atoi(p) == k)
-            return 1;
-    return 0;
-}
-
 /* The ranks of `ranks` that node `n` runs (its global ranks begin at `first`), as a comma list
  * (malloc'd), or NULL when it runs none of them. */
 static char *node_ranks(const struct gs_node *n, int first, const char *ranks)
 {
     struct gs_buf b = GS_BUF_INIT;
     for (int k = first; k < first + n->nproc; k++)
-        if (rank_listed(ranks, k))
+        if (gs_run_ranks_has(ranks, k))
             gs_buf_addf(&b, "%s%d", b.len ? "," : "", k);
     return b.len ? gs_buf_detach(&b, NULL) : NULL;
 }
