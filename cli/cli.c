@@ -199,13 +199,21 @@ json_t *gs_cli_json_path(const char *p)
 
 int gs_cli_fail(struct gs_cli *cli, int code)
 {
+    return gs_cli_fail_with(cli, code, NULL);
+}
+
+int gs_cli_fail_with(struct gs_cli *cli, int code, json_t *extra)
+{
     const char *msg = cli->err.msg[0] ? cli->err.msg : gs_error_name(code);
     if (cli->json) {
         /* the message may quote paths or server output: bytes, not always UTF-8 */
         json_t *o = json_pack("{s:i,s:b,s:s,s:o}", "v", 1, "ok", 0, "error", gs_error_name(code),
                               "message", gs_cli_json_path(msg));
+        if (extra)
+            json_object_update_missing(o, extra);
         gs_cli_json_print(o);
     }
+    json_decref(extra);
     fprintf(stderr, "gpusync: %s\n", msg);
     int status = gs_error_exit_code(code);
     return cli->remote_status && status == GS_EXIT_CONNECT ? GS_EXIT_REMOTE_LOST : status;

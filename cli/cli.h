@@ -156,6 +156,9 @@ json_t *gs_cli_json_path(const char *path);
  * the exit code for `code`: gs_error_exit_code's, except GS_EXIT_REMOTE_LOST for a connection
  * failure of a command that exits with a remote status (cli->remote_status). */
 int gs_cli_fail(struct gs_cli *cli, int code);
+/* gs_cli_fail whose JSON error object also carries extra's fields (e.g. what each node said);
+ * takes extra's reference (NULL: none). */
+int gs_cli_fail_with(struct gs_cli *cli, int code, json_t *extra);
 
 /* Prints a usage error for `cmd` and returns GS_EXIT_USAGE. */
 int gs_cli_usage_error(const struct gs_cmd *cmd, const char *fmt, ...)

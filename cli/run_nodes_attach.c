@@ -335,13 +335,15 @@ int gs_nodes_stop(struct gs_cli *cli, json_t *rec, long grace_ms)
         int failed = stop_report(cli, &m, list);
         if (failed >= 0) {
             gs_error_set(&cli->err, m.nodes[failed].result,
-                         "run %s was not stopped on every node (see above); run 'gpusync stop %s' "
-                         "again once every node can be reached",
-                         m.id, m.id);
+                         "run %s was not stopped on every node (%s could not be reached); run "
+                         "'gpusync stop %s' again once every node can be reached",
+                         m.id, gs_node_name(&m.nodes[failed], failed), m.id);
             r = m.nodes[failed].result;
         }
     }
-    if (r < 0)
+    if (r < 0 && json_array_size(list) > 0) /* what each node said, for --json */
+        code = gs_cli_fail_with(cli, r, json_pack("{s:s,s:O}", "id", m.id, "nodes", list));
+    else if (r < 0)
         code = gs_cli_fail(cli, r);
     else if (cli->json)
         gs_cli_json_print(

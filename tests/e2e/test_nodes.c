@@ -168,12 +168,22 @@ static void test_nodes__stop_names_a_node_it_cannot_reach_and_a_retry_finishes(v
     (void)state;
     const char *id = start_detached("exec sleep 120");
     gs_test_sshd_stop(&b);
-    struct gs_test_result r = gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", id), CMD_MS);
+    struct gs_test_result r =
+        gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", "--json", id), CMD_MS);
     assert_int_not_equal(r.status, 0);
-    char node1[64];
-    snprintf(node1, sizeof(node1), "node 1 (");
-    assert_non_null(strstr(r.err.data, node1));
+    assert_non_null(strstr(r.err.data, "node 1 ("));
     assert_int_equal(run_processes(id), 1); /* node 0's rank is gone, node 1's still runs */
+    /* --json says the same: not ok, and which node was stopped and which was not (its error
+     * object used to say "see above" and leave the nodes out). */
+    json_t *j = json_loads(r.out.data ? r.out.data : "", 0, NULL);
+    assert_non_null(j);
+    assert_true(json_is_false(json_object_get(j, "ok")));
+    assert_non_null(strstr(str_at(j, "message"), "node 1 ("));
+    json_t *nodes = json_object_get(j, "nodes");
+    assert_int_equal(json_array_size(nodes), 2);
+    assert_true(json_is_true(json_object_get(json_array_get(nodes, 0), "ok")));
+    assert_true(json_is_false(json_object_get(json_array_get(nodes, 1), "ok")));
+    json_decref(j);
     gs_test_result_release(&r);
     assert_int_equal(gs_test_sshd_restart(&b, 0), 0);
     r = gs_test_run_gpusync(project, NULL, NULL, ARGS("stop", id), CMD_MS);
