@@ -41,14 +41,16 @@ static void print_table(json_t *runs)
         char exit_s[16] = "-";
         if (json_is_integer(code))
             snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
+        /* -1 when unknown (a lost run has no end): a dash, not "-0s" */
         json_t *dur = json_object_get(r, "duration_ms");
-        char gpus[64];
+        char gpus[64], dur_s[24] = "-";
+        if (json_is_number(dur) && json_number_value(dur) >= 0)
+            snprintf(dur_s, sizeof(dur_s), "%.0fs", json_number_value(dur) / 1000.0);
         json_t *nodes = json_object_get(r, "nodes");
-        printf("%-22s %-12s %-10s %5zu %5zu %-8s %-20s %8.0fs %5s\n", str(r, "id"), str(r, "name"),
+        printf("%-22s %-12s %-10s %5zu %5zu %-8s %-20s %9s %5s\n", str(r, "id"), str(r, "name"),
                str(r, "state"), nodes ? json_array_size(nodes) : 1,
                json_array_size(json_object_get(r, "ranks")), gpus_text(r, gpus, sizeof(gpus)),
-               str(r, "start"), json_is_number(dur) ? json_number_value(dur) / 1000.0 : 0.0,
-               exit_s);
+               str(r, "start"), dur_s, exit_s);
     }
     if (json_array_size(runs) == 0)
         printf("(no runs yet: start one with 'gpusync run')\n");

@@ -1035,6 +1035,45 @@ static void test_run__a_damaged_status_json_is_written_again_or_listed_damaged(v
     free(ps_state);
 }
 
+/* The DURATION column of run ID in `ps`'s table (malloc'd), or NULL when it is not listed. */
+static char *ps_duration_of(const char *id)
+{
+    struct child p = run_in(project, ARGS("ps"));
+    char *dur = NULL;
+    for (char *line = p.out.data; line && *line && !dur; line = strchr(line, '\n')) {
+        line += *line == '\n';
+        char cols[9][64];
+        /* RUN NAME STATE NODES RANKS GPUS STARTED DURATION EXIT: none has a space */
+        if (sscanf(line, "%63s %63s %63s %63s %63s %63s %63s %63s %63s", cols[0], cols[1], cols[2],
+                   cols[3], cols[4], cols[5], cols[6], cols[7], cols[8]) == 9 &&
+            !strcmp(cols[0], id))
+            dur = strdup(cols[7]);
+    }
+    child_release(&p);
+    return dur;
+}
+
+/* A run whose supervisor was killed (kill -9, an OOM kill) is "lost": it has no end, so no
+ * duration; ps printed "-0s" for it (-1 ms). */
+static void test_ps__a_lost_run_has_no_duration(void **state)
+{
+    (void)state;
+    char id[128];
+    long rank_pid = start_sleeper(id, sizeof(id));
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    long sup = (long)int_at(st, "supervisor_pid");
+    json_decref(st);
+    assert_true(sup > 1);
+    assert_int_equal(kill((pid_t)sup, SIGKILL), 0);
+    await_ps_state(id, "lost", "its supervisor was killed");
+    char *dur = ps_duration_of(id);
+    assert_non_null(dur);
+    assert_string_equal(dur, "-");
+    free(dur);
+    kill((pid_t)rank_pid, SIGKILL); /* nobody else will: its supervisor is gone */
+    gs_test_await_gone((pid_t)rank_pid);
+}
+
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
  * waits, stop says what for. */
 static void test_stop__a_rank_ignoring_term_says_what_stop_waits_for(void **state)
@@ -2126,6 +2165,7 @@ int main(void)
         cmocka_unit_test_setup(test_run__hundreds_of_cpu_ranks_run_and_too_many_are_refused_first,
                                use_home),
         cmocka_unit_test_setup(test_logs__ranks_interleave_in_the_order_they_printed, use_home),
+        cmocka_unit_test(test_ps__a_lost_run_has_no_duration),
         cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
