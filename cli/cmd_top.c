@@ -1,9 +1,10 @@
-/* cli/cmd_top.c: `gpusync top [--json] [--count N] [--interval S]`: a live view of the server
- * while a run trains: GPUs, CPU, memory, disks, network and the current run's ranks and
- * samples/s. One `gpusync-agent sample` process on the server streams a JSON line per interval
- * (agent/sample.h) over one channel, the watch daemon's spare connection when a daemon runs; this
- * file redraws a plain-ANSI screen from each line, or passes the lines on (--json) for editors.
- * Ctrl-C closes the channel, and the sampler, which watches its stdout, exits with it. */
+/* cli/cmd_top.c: `gpusync top [--json] [--count N] [--interval S] [--node N]`: a live view of
+ * the server while a run trains: GPUs, CPU, memory, disks, network and the current run's ranks
+ * and samples/s; with `[remote] hosts` (several nodes), of one node, which the view names. One
+ * `gpusync-agent sample` process on the server streams a JSON line per interval (agent/sample.h)
+ * over one channel, the watch daemon's spare connection when a daemon runs; this file redraws a
+ * plain-ANSI screen from each line, or passes the lines on (--json) for editors. Ctrl-C closes
+ * the channel, and the sampler, which watches its stdout, exits with it. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,21 +12,24 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/run_nodes.h"
 #include "cli/run_util.h"
 
-enum { OPT_COUNT = 2000, OPT_INTERVAL };
+enum { OPT_COUNT = 2000, OPT_INTERVAL, OPT_NODE };
 
 static const struct option top_options[] = {
     GS_CLI_COMMON_LONGOPTS,
     {"count", required_argument, NULL, OPT_COUNT},
     {"interval", required_argument, NULL, OPT_INTERVAL},
+    {"node", required_argument, NULL, OPT_NODE},
     {NULL, 0, NULL, 0},
 };
 
 static struct {
     long count;
     long interval_ms;
-} opts = {0, 1000};
+    long node; /* the index in [remote] hosts; 0 is [remote] itself */
+} opts = {0, 1000, 0};
 
 static volatile sig_atomic_t interrupted;
 
@@ -37,7 +41,8 @@ static void on_signal(int sig)
 
 /* What the stream's reader keeps between chunks. */
 struct top_view {
-    struct gs_cli *cli;
+    struct gs_cli *cli; /* pointed at the node shown */
+    int node, nodes;    /* which node of how many ([remote] hosts); nodes 0 without a list */
     int tty;            /* stdout is a terminal: redraw in place */
     struct gs_buf line; /* the unfinished last line */
     struct gs_buf screen;
@@ -185,7 +190,10 @@ static void render(struct top_view *v, json_t *s)
     gs_buf_reset(b);
     if (v->tty)
         gs_buf_adds(b, "\033[H\033[J"); /* home, clear: a redraw in place */
-    gs_buf_addf(b, "gpusync top  %s  %s%s\n", gs_cli_server_name(v->cli), str(s, "time", ""),
+    gs_buf_adds(b, "gpusync top  ");
+    if (v->nodes > 1) /* the other nodes' ranks are not on this screen: say whose it is */
+        gs_buf_addf(b, "node %d of %d  ", v->node, v->nodes);
+    gs_buf_addf(b, "%s  %s%s\n", gs_cli_server_name(v->cli), str(s, "time", ""),
                 v->tty ? "  (Ctrl-C quits)" : "");
     render_cpu(b, s);
     render_gpus(b, s);
@@ -199,11 +207,16 @@ static void render(struct top_view *v, json_t *s)
     fflush(stdout);
 }
 
-/* --json: the sampler's object with the contract's "v" and "ok" and the editors' summary. */
-static void print_json(json_t *s)
+/* --json: the sampler's object with the contract's "v" and "ok", the editors' summary and, with
+ * several nodes, which one it is. */
+static void print_json(const struct top_view *v, json_t *s)
 {
     struct gs_buf summary = GS_BUF_INIT;
     gpu_summary(s, &summary);
+    if (v->nodes > 1) {
+        json_object_set_new(s, "node", json_integer(v->node));
+        json_object_set_new(s, "nodes", json_integer(v->nodes));
+    }
     json_object_set_new(s, "gpu_summary", json_string(summary.data ? summary.data : ""));
     json_object_set_new(s, "ok", json_true());
     json_object_set_new(s, "v", json_integer(GS_CLI_JSON_VERSION));
@@ -230,7 +243,7 @@ static int on_output(void *ctx, const char *data, size_t len)
             return -1;
         }
         if (v->cli->json)
-            print_json(s);
+            print_json(v, s);
         else
             render(v, s);
         v->shown++;
@@ -243,7 +256,6 @@ static int on_output(void *ctx, const char *data, size_t len)
 
 static int top_option(struct gs_cli *cli, int opt, const char *arg)
 {
-    (void)cli;
     char *end;
     if (opt == OPT_COUNT) {
         opts.count = strtol(arg, &end, 10);
@@ -254,6 +266,12 @@ static int top_option(struct gs_cli *cli, int opt, const char *arg)
         if (*end || end == arg || !(s >= 0.1 && s <= 3600))
             return gs_cli_usage_error(&gs_cmd_top, "--interval needs seconds from 0.1 to 3600");
         opts.interval_ms = (long)(s * 1000 + 0.5);
+    } else if (opt == OPT_NODE) {
+        opts.node = strtol(arg, &end, 10);
+        if (*end || end == arg || opts.node < 0 || opts.node > 9999)
+            return gs_cli_usage_error(&gs_cmd_top, "--node needs a node index (0 is [remote])");
+        if (opts.node > 0) /* another server: no need for [remote]'s connection */
+            cli->needs &= ~GS_CMD_NEED_SERVER;
     } else {
         return gs_cli_usage_error(&gs_cmd_top, "unexpected option");
     }
@@ -295,30 +313,72 @@ static int stream(struct gs_cli *cli, struct top_view *v)
     return code;
 }
 
+/* Points v at node opts.node of [remote] hosts (held in m), connected unless it is [remote]
+ * itself, which keeps the watch daemon's way there. Returns 0 or an exit code, said. */
+static int choose_node(struct gs_cli *cli, struct gs_nodes *m, struct top_view *v)
+{
+    if (!cli->cfg.hosts) {
+        if (opts.node == 0)
+            return 0;
+        gs_error_set(&cli->err, GS_E_USAGE,
+                     "--node %ld: this project has one server ([remote] has no hosts list)",
+                     opts.node);
+        return gs_cli_fail(cli, GS_E_USAGE);
+    }
+    int r = gs_nodes_init(cli, m, NULL, cli->cfg.hosts);
+    if (r < 0)
+        return gs_cli_fail(cli, r);
+    if (opts.node >= m->n) {
+        gs_error_set(&cli->err, GS_E_USAGE, "--node %ld: [remote] hosts has nodes 0 to %d",
+                     opts.node, m->n - 1);
+        return gs_cli_fail(cli, GS_E_USAGE);
+    }
+    struct gs_node *n = &m->nodes[opts.node];
+    v->node = (int)opts.node;
+    v->nodes = m->n;
+    if (n->primary)
+        return 0;
+    v->cli = &n->cli;
+    r = gs_cli_connect(&n->cli);
+    if (r < 0) {
+        struct gs_error why = n->cli.err; /* a copy: the message is rewritten in place */
+        gs_error_set(&cli->err, r, "%s cannot be reached: %s", gs_node_name(n, v->node), why.msg);
+        return gs_cli_fail(cli, r);
+    }
+    return 0;
+}
+
 static int top_exec(struct gs_cli *cli)
 {
     struct top_view v = {.cli = cli, .line = GS_BUF_INIT, .screen = GS_BUF_INIT};
+    struct gs_nodes m = {0};
+    int code = choose_node(cli, &m, &v);
     v.tty = !cli->json && isatty(STDOUT_FILENO);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if (v.tty)
+    if (v.tty && code == 0)
         fputs("\033[?25l", stdout); /* no cursor blinking over the redraws */
-    int code = stream(cli, &v);
+    if (code == 0)
+        code = stream(v.cli, &v);
     if (v.tty)
         fputs("\033[?25h", stdout);
     fflush(stdout);
     gs_buf_release(&v.line);
     gs_buf_release(&v.screen);
+    if (m.nodes)
+        gs_nodes_release(&m);
     return code;
 }
 
 const struct gs_cmd gs_cmd_top = {
     .name = "top",
-    .usage = "top [--json] [--count N] [--interval S]",
+    .usage = "top [--json] [--count N] [--interval S] [--node N]",
     .summary = "Watch the server live: GPUs, CPU, disks, network, the current run",
     .help = "  --count N              stop after N samples (default: until Ctrl-C)\n"
             "  --interval S           seconds between samples (default 1; 0.1 to 3600)\n"
+            "  --node N               with [remote] hosts (several nodes): show node N (default\n"
+            "                         0, [remote] itself); the view names the node it shows\n"
             "  Per GPU: utilisation, memory, power, temperature (nvidia-smi); CPU utilisation\n"
             "  and load; memory; read/write MB/s per disk (/proc/diskstats, as iostat -m);\n"
             "  rx/tx MB/s per network interface; the newest running run's ranks and, for the\n"

@@ -357,6 +357,46 @@ static void test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses(voi
     free(log);
 }
 
+/* ---- top ---- */
+
+/* The first rank `top --json --count 1 [--node N]` shows of the run, with which node it says it
+ * shows (node, nodes); fails unless the run is the one shown. */
+static void top_sees(const char *id, const char *node, int want_node, int want_rank)
+{
+    json_t *j =
+        node ? gs_test_gpusync_json(project, ARGS("top", "--json", "--count", "1", "--node", node),
+                                    0, "top --node")
+             : gs_test_gpusync_json(project, ARGS("top", "--json", "--count", "1"), 0, "top");
+    assert_int_equal(json_integer_value(json_object_get(j, "node")), want_node);
+    assert_int_equal(json_integer_value(json_object_get(j, "nodes")), 2);
+    json_t *run = json_object_get(j, "run");
+    assert_string_equal(str_at(run, "id"), id);
+    json_t *rank = json_array_get(json_object_get(run, "ranks"), 0);
+    assert_int_equal(json_integer_value(json_object_get(rank, "rank")), want_rank);
+    json_decref(j);
+}
+
+/* top of a project with several nodes showed node 0's machine and ranks as "the server", with
+ * nothing saying the run had other nodes; --node N shows another, and each view names its
+ * node. */
+static void test_nodes__top_shows_the_node_it_is_asked_for_and_says_which(void **state)
+{
+    (void)state;
+    const char *id = start_detached("exec sleep 120");
+    top_sees(id, NULL, 0, 0);
+    top_sees(id, "1", 1, 1);
+    struct gs_test_result r = gs_test_run_gpusync(
+        project, NULL, NULL, ARGS("top", "--count", "1", "--node", "1"), CMD_MS);
+    gs_test_expect_status(&r, 0, "top --node 1");
+    assert_non_null(strstr(r.out.data, "node 1 of 2"));
+    gs_test_result_release(&r);
+    r = gs_test_run_gpusync(project, NULL, NULL, ARGS("top", "--count", "1", "--node", "2"),
+                            CMD_MS);
+    gs_test_expect_status(&r, 2, "top --node 2 of a two-node project");
+    gs_test_result_release(&r);
+    gs_test_gpusync_ok(project, ARGS("stop", id), "stop");
+}
+
 /* ---- doctor ---- */
 
 static void test_nodes__doctor_checks_that_node_1_reaches_master_addr(void **state)
@@ -392,6 +432,7 @@ int main(void)
             test_nodes__master_addr_from_the_config_or_the_command_line_reaches_the_ranks),
         cmocka_unit_test(test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses),
         cmocka_unit_test(test_nodes__doctor_checks_that_node_1_reaches_master_addr),
+        cmocka_unit_test(test_nodes__top_shows_the_node_it_is_asked_for_and_says_which),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
