@@ -109,6 +109,11 @@ static void hash_out(XXH128_hash_t h, uint8_t hash[GS_PROTO_HASH_LEN])
 
 int ga_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
 {
+    return ga_fs_hash_fd_upto(fd, UINT64_MAX, hash, size);
+}
+
+int ga_fs_hash_fd_upto(int fd, uint64_t limit, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
+{
     enum { BUFSZ = 1 << 18 };
     XXH3_state_t st;
     uint8_t *buf = malloc(BUFSZ);
@@ -117,8 +122,8 @@ int ga_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size)
     XXH3_128bits_reset(&st);
     uint64_t total = 0;
     int rc = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf, BUFSZ);
+    while (total < limit) {
+        ssize_t n = read(fd, buf, limit - total < BUFSZ ? (size_t)(limit - total) : BUFSZ);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {

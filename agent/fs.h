@@ -31,6 +31,8 @@ uint8_t ga_fs_kind(mode_t mode);
 /* Hashes the rest of fd's content (XXH3-128, canonical bytes) and counts it. Returns 0 or
  * a negative errno. */
 int ga_fs_hash_fd(int fd, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size);
+/* The same for at most `limit` bytes from fd's offset. */
+int ga_fs_hash_fd_upto(int fd, uint64_t limit, uint8_t hash[GS_PROTO_HASH_LEN], uint64_t *size);
 
 /* Hashes a byte string the same way. */
 void ga_fs_hash_mem(const void *p, size_t n, uint8_t hash[GS_PROTO_HASH_LEN]);

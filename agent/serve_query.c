@@ -79,17 +79,21 @@ void ga_serve_hash(struct ga_serve *s, const struct gs_proto_msg *m)
     free(path);
 }
 
-/* Streams fd as GET_DATA frames, hashing what is sent. Returns 0 or a negative errno. */
-static int send_file(struct ga_serve *s, uint32_t id, int fd, uint8_t *hash, uint64_t *size)
+/* Streams fd's first `limit` bytes (its size at open: a file that grows meanwhile is sent as it
+ * was) as GET_DATA frames, hashing what is sent. *size < limit when it ended sooner. Returns 0 or
+ * a negative errno. */
+static int send_file(struct ga_serve *s, uint32_t id, int fd, uint64_t limit, uint8_t *hash,
+                     uint64_t *size)
 {
     XXH3_state_t hs;
     XXH3_128bits_reset(&hs);
     *size = 0;
-    for (;;) {
+    while (*size < limit) {
         if (gs_proto_buf_reserve(&s->out, GS_PROTO_HDR + GS_PROTO_CHUNK) < 0)
             return -ENOMEM;
         uint8_t *dst = s->out.data + s->out.len + GS_PROTO_HDR;
-        ssize_t n = read(fd, dst, GS_PROTO_CHUNK);
+        uint64_t left = limit - *size;
+        ssize_t n = read(fd, dst, left < GS_PROTO_CHUNK ? (size_t)left : GS_PROTO_CHUNK);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -121,20 +125,39 @@ static int same_file(const struct stat *was, const struct stat *now)
            was->st_ctim.tv_nsec == now->st_ctim.tv_nsec;
 }
 
-/* After the last byte was read: -EAGAIN when the bytes sent may not be one version of the file
- * (written, truncated or replaced while read, or a count other than its size at open), -ENOENT
- * when its name was removed meanwhile, else 0. */
+/* Whether fd's first `len` bytes, read again now, hash to `hash` (1), or not (0); or a negative
+ * errno. */
+static int begins_with(int fd, uint64_t len, const uint8_t *hash)
+{
+    uint8_t now[GS_PROTO_HASH_LEN];
+    uint64_t got = 0;
+    if (lseek(fd, 0, SEEK_SET) < 0)
+        return -errno;
+    int rc = ga_fs_hash_fd_upto(fd, len, now, &got);
+    return rc < 0 ? rc : got == len && memcmp(now, hash, GS_PROTO_HASH_LEN) == 0;
+}
+
+/* After the last byte was read: 0 when the bytes sent (`sent` of them, hashing to `hash`) are one
+ * version of the file, -ENOENT when its name was removed meanwhile, else -EAGAIN (written,
+ * truncated or replaced while read). A file that was only appended to (a log, TensorBoard's
+ * event files) is one version: still the same inode under its name, its first bytes, read
+ * again, still those sent, which were its whole content at open. */
 static int check_unchanged(int dirfd, const char *name, int fd, const struct stat *was,
-                           uint64_t sent)
+                           uint64_t sent, const uint8_t *hash)
 {
     struct stat now, named;
     if (fstat(fd, &now) < 0)
         return -errno;
-    if (sent != (uint64_t)was->st_size || !same_file(was, &now))
-        return -EAGAIN;
     if (fstatat(dirfd, name, &named, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? -ENOENT : -errno;
-    return same_file(was, &named) ? 0 : -EAGAIN;
+    if (sent != (uint64_t)was->st_size) /* it shrank before it was read to the end */
+        return -EAGAIN;
+    if (same_file(was, &now) && same_file(was, &named))
+        return 0;
+    if (named.st_dev != was->st_dev || named.st_ino != was->st_ino || (uint64_t)now.st_size < sent)
+        return -EAGAIN;
+    int same = begins_with(fd, sent, hash);
+    return same < 0 ? same : same ? 0 : -EAGAIN;
 }
 
 void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
@@ -156,10 +179,10 @@ void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
     }
     if (rc == 0) {
         ga_fs_meta_from_stat(&st, &r.meta);
-        rc = send_file(s, m->id, fd, r.hash, &r.size);
+        rc = send_file(s, m->id, fd, (uint64_t)st.st_size, r.hash, &r.size);
     }
     if (rc == 0)
-        rc = check_unchanged(dirfd, name, fd, &st, r.size);
+        rc = check_unchanged(dirfd, name, fd, &st, r.size, r.hash);
     if (rc == -EAGAIN)
         ga_serve_reply_error(s, m->id, EAGAIN,
                              "get %s: the file changed on the server while it was read (written, "

@@ -221,11 +221,12 @@ enum gs_msg_type {
     /* HASH: str path. Reply HASH; a regular file or a symlink (hash of its target string). */
     GS_MSG_HASH = 0x1a,
     /* GET: str path. Replies GET_DATA* then GET_END, or ERROR (possibly after some GET_DATA:
-     * then discard them). Regular files only. The agent reads to the end of the file, then
-     * checks that it was one version of it: same inode, size, mtime and ctime as at open (fstat)
-     * and still at its name, and as many bytes read as its size at open. If not (a job wrote,
-     * truncated or replaced it meanwhile: a checkpoint being saved), ERROR EAGAIN: ask again
-     * once the writer is done. An agent of v9 built before this check answers GET_END over
+     * then discard them). Regular files only. The agent reads as many bytes as the file's size
+     * at open, then checks that they were one version of it: same inode, size, mtime and ctime
+     * as at open (fstat) and still at its name; or, for a file that grew meanwhile (a log), the
+     * same inode at its name whose first bytes, read again, hash as those sent. If not (a job
+     * wrote, truncated or replaced it meanwhile: a checkpoint being saved), ERROR EAGAIN: ask
+     * again once the writer is done. An agent of v9 built before this check answers GET_END over
      * whatever it read, so a client cannot tell such a copy from a good one; the frames are the
      * same, so no version change. */
     GS_MSG_GET = 0x1b,

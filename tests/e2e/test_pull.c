@@ -890,6 +890,54 @@ static void a_file_that_keeps_changing_fails_and_the_local_copy_stays(void **sta
     free(v1);
 }
 
+/* Appends a line to `path` every 20 ms until killed: a training log, or TensorBoard's events. */
+static pid_t start_appender(const char *path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        for (unsigned n = 0;; n++) {
+            char line[64];
+            int len = snprintf(line, sizeof(line), "step %u loss 0.%04u\n", n, n % 10000);
+            int fd = open(path, O_WRONLY | O_APPEND);
+            if (fd < 0 || write(fd, line, (size_t)len) != len)
+                _exit(1);
+            close(fd);
+            usleep(20000);
+        }
+    }
+    return pid;
+}
+
+/* A log a job appends to all the time is pulled as it was when the agent began reading it: exit
+ * 0, the local file the server's first bytes, at least what it held before the pull. Over a slow
+ * link every read saw it grow, so it was read again 3 times and not pulled (exit 1). */
+static void a_log_appended_to_during_the_pull_is_pulled_as_it_was(void **state)
+{
+    (void)state;
+    slow_project("append", 32);
+    uint8_t *start = random_bytes(BUSY_SIZE, 5);
+    write_at(slow_remote, "res6/train.log", start, BUSY_SIZE, 0, 1);
+    char path[512], local[512];
+    snprintf(path, sizeof(path), "%s/res6/train.log", slow_remote);
+    pid_t appender = start_appender(path);
+    struct gs_test_result r = gs_test_run_gpusync(
+        slow_proj, NULL, NULL, GS_TEST_ARGS("pull", "--json", "res6/train.log"), TIMEOUT_MS);
+    kill(appender, SIGKILL);
+    waitpid(appender, NULL, 0);
+    gs_test_expect_status(&r, 0, "pull of a log a job appends to");
+    gs_test_result_release(&r);
+    struct gs_buf got = GS_BUF_INIT, server = GS_BUF_INIT;
+    snprintf(local, sizeof(local), "%s/res6/train.log", slow_proj);
+    assert_int_equal(gs_test_slurp(local, &got), 0);
+    assert_int_equal(gs_test_slurp(path, &server), 0);
+    assert_true(got.len >= BUSY_SIZE && got.len <= server.len);
+    assert_memory_equal(got.data, server.data, got.len);
+    gs_buf_release(&got);
+    gs_buf_release(&server);
+    free(start);
+}
+
 /* Whether the JSON array `a` of objects has one whose `key` is the string `want`. */
 static int has_entry(json_t *a, const char *key, const char *want)
 {
@@ -987,6 +1035,8 @@ int main(void)
                                   wan_teardown),
         cmocka_unit_test_teardown(
             files_removed_during_a_folder_pull_are_skipped_and_the_rest_pulled, wan_teardown),
+        cmocka_unit_test_teardown(a_log_appended_to_during_the_pull_is_pulled_as_it_was,
+                                  wan_teardown),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */

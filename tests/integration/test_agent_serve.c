@@ -1446,6 +1446,63 @@ static void test_serve__get_of_a_file_changed_while_read_is_refused(void **state
     free(data);
 }
 
+static void append_block(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_APPEND);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, changed_data, 4096), 4096);
+    assert_int_equal(close(fd), 0);
+}
+
+static uint8_t larger_data[48u << 20];
+
+static void save_larger(const char *path)
+{
+    job_writes(path, larger_data, sizeof(larger_data), 0, 1);
+}
+
+/* A GET of a file that only grows while the agent reads it (a training log, TensorBoard's event
+ * file) ends in GET_END with the file as it was when opened, its n bytes whole; it used to be
+ * refused as changed, so a live log could not be pulled over a slow link. A file saved larger
+ * in its place (same inode, other bytes) is still refused. */
+static void test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was(void **state)
+{
+    struct fx *f = *state;
+    size_t n = 40u << 20;
+    uint8_t *data = malloc(n), want[GS_PROTO_HASH_LEN];
+    assert_non_null(data);
+    fill_random(data, n, 9);
+    fill_random(changed_data, sizeof(changed_data), 10);
+    fill_random(larger_data, sizeof(larger_data), 11);
+    start(f);
+    assert_int_equal(stream_put(f, 1000, "logs/train.log", data, n, GS_EXPECT_ABSENT, NULL).type,
+                     GS_MSG_DONE);
+    char p[PATH_MAX];
+    at(f, "logs/train.log", p);
+    struct gs_proto_msg g = req(GS_MSG_GET, "logs/train.log"), m;
+    agent_h_queue(&f->a, &g);
+    size_t off = 0;
+    for (;;) {
+        assert_int_equal(agent_h_recv(&f->a, &m), 0);
+        if (m.type != GS_MSG_GET_DATA)
+            break;
+        assert_true(off + m.data.len <= n);
+        assert_memory_equal(m.data.p, data + off, m.data.len);
+        if (off == 0) /* the agent has the file open and blocks on the full pipe */
+            append_block(p);
+        off += m.data.len;
+    }
+    assert_int_equal(m.type, GS_MSG_GET_END);
+    assert_int_equal(off, n);
+    assert_true(m.size == n);
+    agent_h_hash(data, n, want);
+    assert_memory_equal(m.hash, want, GS_PROTO_HASH_LEN);
+    struct rep r = get_while_changed(f, "logs/train.log", save_larger);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, EAGAIN);
+    free(data);
+}
+
 static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
 {
     struct fx *f = *state;
@@ -1918,6 +1975,7 @@ int main(void)
         T(test_serve__kept_beliefs_are_saved_for_the_next_session),
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__get_of_a_file_changed_while_read_is_refused),
+        T(test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
         T(test_serve__mkdir_keeps_what_stood_in_its_place),
