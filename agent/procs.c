@@ -281,6 +281,20 @@ int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out)
     return rc == 0 ? add_cgroup_members(p, self, out) : rc;
 }
 
+int ga_procs_stopped(struct ga_proclist *out)
+{
+    struct entry *v;
+    size_t n;
+    if (scan(&v, &n) < 0)
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (v[i].state == 'T' || v[i].state == 't')
+            rc = proclist_add(out, &v[i].p);
+    free(v);
+    return rc;
+}
+
 /* ---- signals ----------------------------------------------------------------------------- */
 
 /* Sends sig to the process pr names, if that pid is still the process found. 1 if sent. */

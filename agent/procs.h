@@ -44,6 +44,10 @@ enum { GA_PROCS_DESCENDANTS = 1, GA_PROCS_MARKED = 2 };
 /* Appends the run's live processes to out. Returns 0, or -1 when /proc cannot be read. */
 int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out);
 
+/* Appends every process stopped by a signal or a tracer (/proc/PID/stat state T or t) to out.
+ * Returns 0, or -1 when /proc cannot be read. */
+int ga_procs_stopped(struct ga_proclist *out);
+
 /* Sends sig to each process of l that is still the one found (same pid and start time).
  * Returns how many were signalled. */
 size_t ga_procs_signal(const struct ga_proclist *l, int sig);

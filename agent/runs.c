@@ -124,8 +124,8 @@ static void jw_opt(struct ga_jw *w, const char *key, long long v, long long null
         ga_jw_int(w, v);
 }
 
-/* Writes the rank objects of st. */
-static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
+/* Writes the rank objects of st; with `live` (ps), also what /proc says of them now. */
+static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st, int live)
 {
     ga_jw_arr(w);
     for (int i = 0; i < st->nranks; i++) {
@@ -141,6 +141,8 @@ static void status_ranks_json(struct ga_jw *w, const struct ga_runs_status *st)
         jw_opt(w, "signal", r->signal, 0);
         ga_jw_key_bool(w, "oom", r->oom);
         ga_jw_key_bool(w, "stopped", r->stopped);
+        if (live)
+            ga_jw_key_bool(w, "paused", r->paused);
         ga_jw_obj_end(w);
     }
     ga_jw_arr_end(w);
@@ -168,9 +170,10 @@ static void status_end_json(struct ga_jw *w, const struct ga_runs_status *st)
 }
 
 /* Writes the status.json fields of st (without braces), with state replaced by state_override
- * when it is not NULL (ps reports "lost"). */
+ * when it is not NULL (ps reports "lost"). `live` (ps) adds the ranks' paused, which status.json
+ * never holds: it is true only at the moment it is read. */
 static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
-                               const char *state_override)
+                               const char *state_override, int live)
 {
     ga_jw_key_str(w, "id", st->id);
     ga_jw_key_str(w, "state", state_override ? state_override : st->state);
@@ -181,7 +184,7 @@ static void status_fields_json(struct ga_jw *w, const struct ga_runs_status *st,
     ga_jw_key_int(w, "supervisor_pid", st->supervisor_pid);
     ga_jw_key_int(w, "master_port", st->master_port);
     ga_jw_key(w, "ranks");
-    status_ranks_json(w, st);
+    status_ranks_json(w, st, live);
     status_end_json(w, st);
 }
 
@@ -190,7 +193,7 @@ int ga_runs_write_status(const char *dir, const struct ga_runs_status *st)
     struct ga_jw w;
     ga_jw_init(&w);
     ga_jw_obj(&w);
-    status_fields_json(&w, st, NULL);
+    status_fields_json(&w, st, NULL, 0);
     ga_jw_obj_end(&w);
     ga_jw_text(&w, "\n");
     int rc = ga_runs_write_atomic(dir, "status.json", w.buf, w.len);
@@ -249,6 +252,7 @@ static int parse_ranks(struct ga_json_span arr, struct ga_runs_status *st)
         r->signal = (int)ga_json_get_int(e, "signal", 0);
         r->oom = json_true(e, "oom");
         r->stopped = json_true(e, "stopped");
+        r->paused = 0; /* not in the file: ga_runs_mark_paused reads it from /proc */
     }
     return rc;
 }
@@ -436,6 +440,22 @@ void ga_runs_summary_json(const char *dir, const struct ga_runs_status *st, stru
     ga_jw_obj_end(w);
 }
 
+void ga_runs_mark_paused(struct ga_runs_status *st, const struct ga_proclist *stopped)
+{
+    for (int i = 0; i < st->nranks; i++) {
+        struct ga_runs_rank *r = &st->ranks[i];
+        r->paused = 0;
+        for (size_t k = 0; k < stopped->n && r->exit_code < 0 && !r->paused; k++)
+            r->paused = stopped->v[k].pgid == r->pgid;
+        if (r->paused) {
+            /* the pgid may be a reused number; asked on a copy: ps would otherwise print a
+             * group_gone that status.json does not hold */
+            struct ga_runs_rank probe = *r;
+            r->paused = ga_pgroup_alive(&probe);
+        }
+    }
+}
+
 int ga_runs_supervisor_alive(const char *dir)
 {
     char path[PATH_MAX];
@@ -593,7 +613,7 @@ static void ps_print_json(struct ps_row *rows, size_t n)
                                     rows[i].meta ? rows[i].meta_len : 2},
                             v;
         ga_jw_obj(&w);
-        status_fields_json(&w, &rows[i].st, rows[i].lost ? "lost" : NULL);
+        status_fields_json(&w, &rows[i].st, rows[i].lost ? "lost" : NULL, 1);
         ga_jw_key(&w, "name");
         if (ga_json_get(meta, "name", &v) == 0)
             ga_jw_raw(&w, v.p, v.n);
@@ -631,12 +651,30 @@ static void meta_gpus(struct ga_json_span meta, char *buf, size_t cap)
         snprintf(buf, cap, "-");
 }
 
+/* STATE as the table shows it: the JSON's, but "paused" for a running run whose every rank still
+ * running is paused, "paused:K/N" when K of its N ranks are (no space: a column of words). */
+static const char *row_state(const struct ps_row *r, char *buf, size_t cap)
+{
+    int paused = 0, running = 0;
+    for (int i = 0; i < r->st.nranks; i++) {
+        paused += r->st.ranks[i].paused;
+        running += r->st.ranks[i].exit_code < 0;
+    }
+    if (r->lost || !paused)
+        return r->lost ? "lost" : r->st.state;
+    if (paused == running)
+        snprintf(buf, cap, "paused");
+    else
+        snprintf(buf, cap, "paused:%d/%d", paused, r->st.nranks);
+    return buf;
+}
+
 static void ps_print_table(struct ps_row *rows, size_t n)
 {
     printf("%-24s %-16s %-9s %5s %-8s %-24s %10s %4s\n", "ID", "NAME", "STATE", "RANKS", "GPUS",
            "START", "DURATION", "EXIT");
     for (size_t i = 0; i < n; i++) {
-        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-", gpus[64] = "-";
+        char name[GA_RUNS_NAME_MAX + 1] = "-", dur[32], code[16] = "-", gpus[64] = "-", state[32];
         if (rows[i].meta) {
             struct ga_json_span meta = {rows[i].meta, rows[i].meta_len};
             ga_json_get_str(meta, "name", name, sizeof(name));
@@ -648,9 +686,25 @@ static void ps_print_table(struct ps_row *rows, size_t n)
         if (rows[i].st.exit_code >= 0)
             snprintf(code, sizeof(code), "%d", rows[i].st.exit_code);
         printf("%-24s %-16s %-9s %5d %-8s %-24s %10s %4s\n", rows[i].st.id, name,
-               rows[i].lost ? "lost" : rows[i].st.state, rows[i].st.nranks, gpus, rows[i].st.start,
+               row_state(&rows[i], state, sizeof(state)), rows[i].st.nranks, gpus, rows[i].st.start,
                dur, code);
     }
+}
+
+/* Marks the paused ranks of the runs ps shows running: one scan of /proc for them all, and none
+ * when nothing runs. A run that ended, or is lost, is left as status.json has it. */
+static void ps_mark_paused(struct ps_row *rows, size_t n)
+{
+    struct ga_proclist stopped = {0};
+    int scanned = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].lost || strcmp(rows[i].st.state, "running") != 0)
+            continue;
+        if (!scanned++)
+            ga_procs_stopped(&stopped); /* /proc unreadable: nothing is called paused */
+        ga_runs_mark_paused(&rows[i].st, &stopped);
+    }
+    ga_proclist_release(&stopped);
 }
 
 /* Loads every run under runs into a malloc'd array (*n entries). Returns NULL when empty. */
@@ -671,6 +725,7 @@ static struct ps_row *ps_collect(const char *runs, size_t *n)
         closedir(d);
     if (*n)
         qsort(rows, *n, sizeof(*rows), ps_cmp);
+    ps_mark_paused(rows, *n);
     return rows;
 }
 

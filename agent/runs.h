@@ -23,6 +23,7 @@ struct ga_runs_rank {
     int group_gone;       /* the group was seen empty or its number reused: never signal it */
     int oom;              /* killed by SIGKILL while the kernel counted an OOM kill */
     int stopped;          /* ended by the supervisor's signal (a stop, or another rank failed) */
+    int paused; /* ps and top only, never in status.json: a process of its group is stopped */
 };
 
 /* A process that outlived SIGTERM by the grace period and got SIGKILL. */
@@ -55,6 +56,12 @@ struct ga_runs_status {
 };
 
 struct ga_proclist;
+/* Sets paused on each rank of st, a run whose supervisor is alive, that still runs (exit_code
+ * null, its group the run's) while a process of its group is in `stopped` (ga_procs_stopped): a
+ * SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU, or a debugger, holds it until a SIGCONT. Read at the
+ * moment, never recorded: a continued rank reads running again at once. */
+void ga_runs_mark_paused(struct ga_runs_status *st, const struct ga_proclist *stopped);
+
 /* Counts the processes of l, about to get SIGKILL after the grace period, in st->killed_count
  * and names the first GA_RUNS_KILLED_MAX in st->killed, each pid once however often it is
  * noted. Used by the supervisor and by stop for a run whose supervisor is gone. */

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "jsonw.h"
+#include "procs.h"
 #include "runs.h"
 #include "wrapper.h"
 
@@ -465,6 +466,7 @@ static void write_run_ranks(struct ga_jw *w, const struct ga_runs_status *st)
             ga_jw_null(w);
         else
             ga_jw_int(w, r->exit_code);
+        ga_jw_key_bool(w, "paused", r->paused);
         ga_jw_obj_end(w);
     }
     ga_jw_arr_end(w);
@@ -481,6 +483,11 @@ static void write_run(struct ga_jw *w, const char *root)
         ga_jw_null(w);
         return;
     }
+    /* newest_running saw its supervisor alive: the ranks' groups are the run's to ask about */
+    struct ga_proclist stopped = {0};
+    ga_procs_stopped(&stopped); /* /proc unreadable: nothing is called paused */
+    ga_runs_mark_paused(&st, &stopped);
+    ga_proclist_release(&stopped);
     ga_jw_obj(w);
     ga_jw_key_str(w, "id", id);
     ga_jw_key_str(w, "state", st.state);

@@ -159,6 +159,7 @@ static const struct field rank_item[] = {
     {"signal", T_INT | T_NULL, 0, NULL},
     {"oom", T_BOOL, 0, NULL},
     {"stopped", T_BOOL, 0, NULL},
+    {"paused", T_BOOL, 0, NULL},
     END,
 };
 static const struct field killed_item[] = {{"pid", T_INT, 0, NULL}, {"name", T_STR, 0, NULL}, END};
@@ -252,11 +253,10 @@ static const struct field top_gpu[] = {
     {"temp_c", T_NUM | T_NULL, 0, NULL},
     END,
 };
-static const struct field top_rank[] = {{"rank", T_INT, 0, NULL},
-                                        {"pid", T_INT, 0, NULL},
-                                        {"state", T_STR, 0, NULL},
-                                        {"exit_code", T_INT | T_NULL, 0, NULL},
-                                        END};
+static const struct field top_rank[] = {
+    {"rank", T_INT, 0, NULL},    {"pid", T_INT, 0, NULL},
+    {"state", T_STR, 0, NULL},   {"exit_code", T_INT | T_NULL, 0, NULL},
+    {"paused", T_BOOL, 0, NULL}, END};
 static const struct field top_run[] = {{"id", T_STR, 0, NULL},
                                        {"state", T_STR, 0, NULL},
                                        {"ranks", T_ARR, 0, top_rank},
