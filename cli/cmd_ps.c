@@ -43,12 +43,12 @@ static void print_table(json_t *runs)
             snprintf(exit_s, sizeof(exit_s), "%lld", (long long)json_integer_value(code));
         /* -1 when unknown (a lost run has no end): a dash, not "-0s" */
         json_t *dur = json_object_get(r, "duration_ms");
-        char gpus[64], dur_s[24] = "-";
+        char gpus[64], dur_s[24] = "-", state[32];
         if (json_is_number(dur) && json_number_value(dur) >= 0)
             snprintf(dur_s, sizeof(dur_s), "%.0fs", json_number_value(dur) / 1000.0);
         json_t *nodes = json_object_get(r, "nodes");
         printf("%-22s %-12s %-10s %5zu %5zu %-8s %-20s %9s %5s\n", str(r, "id"), str(r, "name"),
-               str(r, "state"), nodes ? json_array_size(nodes) : 1,
+               gs_run_state_text(r, state, sizeof(state)), nodes ? json_array_size(nodes) : 1,
                json_array_size(json_object_get(r, "ranks")), gpus_text(r, gpus, sizeof(gpus)),
                str(r, "start"), dur_s, exit_s);
     }
@@ -90,7 +90,10 @@ const struct gs_cmd gs_cmd_ps = {
         "  A multi-node run (run --hosts) is listed once, each of its nodes asked: STATE is\n"
         "  running while any node runs, else failed if any failed, else lost, unknown (a\n"
         "  node could not be asked; it is named on stderr), stopped, succeeded. --json\n"
-        "  adds \"nodes\": [{node, host, state, exit_code}] to such a run. On Slurm ([remote]\n"
+        "  adds \"nodes\": [{node, host, state, exit_code}] to such a run. A running run\n"
+        "  reads paused while each of its running ranks is stopped by a signal (kill -STOP,\n"
+        "  a debugger) until SIGCONT, paused:1/4 while 1 of its 4 ranks is; --json\n"
+        "  keeps state \"running\" and marks such ranks \"paused\": true. On Slurm ([remote]\n"
         "  scheduler = slurm) it lists the project's jobs: run id, Slurm job id, the\n"
         "  scheduler's state (PENDING with its reason, RUNNING, COMPLETED, FAILED, ...), exit.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER,

@@ -171,12 +171,17 @@ static void render_run(struct gs_buf *b, json_t *s)
         gs_buf_adds(b, "Run  none running\n");
         return;
     }
-    gs_buf_addf(b, "Run  %s %s  samples/s ", str(run, "id", "?"), str(run, "state", "?"));
+    char paused[32];
+    const char *state = gs_run_state_text(run, paused, sizeof(paused));
+    gs_buf_addf(b, "Run  %s %s  samples/s ", str(run, "id", "?"),
+                state == paused ? paused : str(run, "state", "?"));
     add_rate(b, num(run, "samples_per_s"), "\n");
     json_array_foreach(json_object_get(run, "ranks"), i, rank)
     {
+        /* a stopped rank makes no progress: "running" would say it does */
+        int held = json_is_true(json_object_get(rank, "paused"));
         gs_buf_addf(b, "     rank %-3.0f pid %-8.0f %s", num(rank, "rank"), num(rank, "pid"),
-                    str(rank, "state", "?"));
+                    held ? "paused (stopped by a signal)" : str(rank, "state", "?"));
         if (json_is_integer(json_object_get(rank, "exit_code")))
             gs_buf_addf(b, " (exit %.0f)", num(rank, "exit_code"));
         gs_buf_addc(b, '\n');

@@ -174,6 +174,26 @@ int gs_run_check_ranks(struct gs_cli *cli, const char *option, const char *ranks
     return 0;
 }
 
+const char *gs_run_state_text(json_t *run, char *buf, size_t cap)
+{
+    const char *state = json_string_value(json_object_get(run, "state"));
+    json_t *ranks = json_object_get(run, "ranks"), *r;
+    size_t i, paused = 0, running = 0;
+    json_array_foreach(ranks, i, r)
+    {
+        paused += json_is_true(json_object_get(r, "paused"));
+        running += json_is_null(json_object_get(r, "exit_code"));
+    }
+    /* only a running run's ranks can be paused: the agent asks /proc for no other */
+    if (!state || strcmp(state, "running") != 0 || paused == 0)
+        return state ? state : "-";
+    if (paused >= running)
+        snprintf(buf, cap, "paused");
+    else
+        snprintf(buf, cap, "paused:%zu/%zu", paused, json_array_size(ranks));
+    return buf;
+}
+
 /* ---- commands through the watch daemon's relay (syncd/relay.h) ---- */
 
 typedef int (*relay_out_fn)(void *ctx, const char *data, size_t len);

@@ -125,6 +125,12 @@ char *gs_cli_node_key(const struct gs_config *cfg);
 int gs_run_check_ranks(struct gs_cli *cli, const char *option, const char *ranks, int nranks,
                        const char *what);
 
+/* A run's state for people, from its ps or top JSON object: its "state", except that a running
+ * run with ranks paused by a signal (rank "paused": true) reads "paused" when every rank still
+ * running is, else "paused:K/N" (K of its N ranks). One word: tables are split on spaces. In buf
+ * or a string of `run`; "-" when it has none. */
+const char *gs_run_state_text(json_t *run, char *buf, size_t cap);
+
 /* Resolves RUN (an id, a --name, or NULL for the newest run) to an id, by asking the server.
  * A name picks the newest run of that name; with `live`, the newest one still running (or lost,
  * which stop can still end) when there is one: several runs may share a name. Appends the id to
