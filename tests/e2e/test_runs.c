@@ -1035,22 +1035,28 @@ static void test_run__a_damaged_status_json_is_written_again_or_listed_damaged(v
     free(ps_state);
 }
 
-/* The DURATION column of run ID in `ps`'s table (malloc'd), or NULL when it is not listed. */
-static char *ps_duration_of(const char *id)
+/* Column `col` of run ID in `ps`'s table (malloc'd), or NULL when it is not listed. */
+static char *ps_column_of(const char *id, int col)
 {
     struct child p = run_in(project, ARGS("ps"));
-    char *dur = NULL;
-    for (char *line = p.out.data; line && *line && !dur; line = strchr(line, '\n')) {
+    char *value = NULL;
+    for (char *line = p.out.data; line && *line && !value; line = strchr(line, '\n')) {
         line += *line == '\n';
         char cols[9][64];
         /* RUN NAME STATE NODES RANKS GPUS STARTED DURATION EXIT: none has a space */
         if (sscanf(line, "%63s %63s %63s %63s %63s %63s %63s %63s %63s", cols[0], cols[1], cols[2],
                    cols[3], cols[4], cols[5], cols[6], cols[7], cols[8]) == 9 &&
             !strcmp(cols[0], id))
-            dur = strdup(cols[7]);
+            value = strdup(cols[col]);
     }
     child_release(&p);
-    return dur;
+    return value;
+}
+
+/* The DURATION column of run ID in `ps`'s table (malloc'd), or NULL when it is not listed. */
+static char *ps_duration_of(const char *id)
+{
+    return ps_column_of(id, 7);
 }
 
 /* A run whose supervisor was killed (kill -9, an OOM kill) is "lost": it has no end, so no
@@ -1072,6 +1078,114 @@ static void test_ps__a_lost_run_has_no_duration(void **state)
     free(dur);
     kill((pid_t)rank_pid, SIGKILL); /* nobody else will: its supervisor is gone */
     gs_test_await_gone((pid_t)rank_pid);
+}
+
+/* 1 or 0 as `ps --json` gives "paused" for rank `rank` of run ID, -1 when it lists no such rank
+ * or lacks the field; the run's JSON state goes to `state` (cap bytes). */
+static int ps_rank_paused(const char *id, int rank, char *state, size_t cap)
+{
+    struct child p = run_in(project, ARGS("ps", "--json"));
+    expect_status(&p, 0, "ps --json");
+    json_t *j = json_loads(p.out.data, 0, NULL), *run, *r;
+    size_t i, k;
+    int paused = -1;
+    snprintf(state, cap, "(not listed)");
+    json_array_foreach(json_object_get(j, "runs"), i, run)
+    {
+        if (strcmp(str_at(run, "id"), id) != 0)
+            continue;
+        snprintf(state, cap, "%s", str_at(run, "state"));
+        json_array_foreach(json_object_get(run, "ranks"), k, r)
+        {
+            json_t *v = json_object_get(r, "paused");
+            if (int_at(r, "rank") == rank && json_is_boolean(v))
+                paused = json_is_true(v);
+        }
+    }
+    json_decref(j);
+    child_release(&p);
+    return paused;
+}
+
+/* Polls `ps --json` until rank `rank` of run ID reads paused (1) or not (0), failing after 15 s;
+ * its state must stay "running" throughout (the contract's states are unchanged); then the
+ * table's STATE must read `table_state`. */
+static void await_rank_paused(const char *id, int rank, int paused, const char *table_state,
+                              const char *after)
+{
+    int64_t end = gs_clock_mono_ms() + 15000;
+    char state[64];
+    int got;
+    while ((got = ps_rank_paused(id, rank, state, sizeof(state))) != paused) {
+        if (strcmp(state, "running") != 0)
+            fail_msg("ps --json said %s for run %s after %s", state, id, after);
+        if (gs_clock_mono_ms() > end) {
+            char *shown = ps_column_of(id, 2);
+            fail_msg("ps --json said paused %d (-1: no such field) for rank %d of run %s 15 s "
+                     "after %s; the table's STATE: %s",
+                     got, rank, id, after, shown ? shown : "(not listed)");
+        }
+        usleep(200000); /* polling an observable result, with a deadline */
+    }
+    assert_string_equal(state, "running");
+    char *shown = ps_column_of(id, 2);
+    assert_non_null(shown);
+    if (strcmp(shown, table_state) != 0)
+        fail_msg("ps's STATE for run %s is '%s' after %s, not '%s'", id, shown, after, table_state);
+    free(shown);
+}
+
+/* A rank stopped by a signal (kill -STOP, a debugger) makes no progress, yet ps said its run was
+ * running as ever. ps --json now marks the rank "paused" (state stays "running") and the table
+ * says "paused"; once continued (SIGCONT) both read running again. */
+static void test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued(void **state)
+{
+    (void)state;
+    char id[128];
+    long rank_pid = start_sleeper(id, sizeof(id));
+    assert_int_equal(kill((pid_t)rank_pid, SIGSTOP), 0);
+    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to its rank");
+    assert_int_equal(kill((pid_t)rank_pid, SIGCONT), 0);
+    await_rank_paused(id, 0, 0, "running", "SIGCONT to its rank");
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop of the continued run");
+    child_release(&s);
+    gs_test_await_gone((pid_t)rank_pid);
+}
+
+/* One rank of two stopped (SIGTSTP, as a terminal's Ctrl-Z sends) is told apart from the run:
+ * that rank alone reads paused, the table "paused:1/2"; a run whose ranks are all stopped reads
+ * "paused". */
+static void test_ps__one_paused_rank_of_two_is_told_apart(void **state)
+{
+    (void)state;
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "2", "--", "sh", "-c",
+                                          "echo up; exec sleep 300"));
+    expect_status(&c, 0, "run --detach of two ranks");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "up\n");
+    await_remote_log(id, 1, "up\n");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    json_t *ranks = json_object_get(st, "ranks");
+    long pid[2] = {(long)int_at(json_array_get(ranks, 0), "pid"),
+                   (long)int_at(json_array_get(ranks, 1), "pid")};
+    json_decref(st);
+    assert_int_equal(kill((pid_t)pid[1], SIGTSTP), 0);
+    await_rank_paused(id, 1, 1, "paused:1/2", "SIGTSTP to rank 1");
+    assert_int_equal(ps_rank_paused(id, 0, (char[64]){0}, 64), 0);
+    assert_int_equal(kill((pid_t)pid[0], SIGSTOP), 0);
+    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to rank 0 as well");
+    assert_int_equal(kill((pid_t)pid[0], SIGCONT), 0);
+    assert_int_equal(kill((pid_t)pid[1], SIGCONT), 0);
+    await_rank_paused(id, 1, 0, "running", "SIGCONT to both ranks");
+    assert_int_equal(ps_rank_paused(id, 0, (char[64]){0}, 64), 0);
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop of the continued run");
+    child_release(&s);
+    gs_test_await_gone((pid_t)pid[0]);
+    gs_test_await_gone((pid_t)pid[1]);
 }
 
 /* Stopping a rank that ignores SIGTERM takes the 10 s grace: after about 2 s, while it still
@@ -2166,6 +2280,8 @@ int main(void)
                                use_home),
         cmocka_unit_test_setup(test_logs__ranks_interleave_in_the_order_they_printed, use_home),
         cmocka_unit_test(test_ps__a_lost_run_has_no_duration),
+        cmocka_unit_test(test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued),
+        cmocka_unit_test(test_ps__one_paused_rank_of_two_is_told_apart),
         cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),

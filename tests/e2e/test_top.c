@@ -269,6 +269,68 @@ static void top_keeps_a_fractional_samples_per_s(void **state)
     gs_test_gpusync_ok(project, GS_TEST_ARGS("stop", id), "stop");
 }
 
+/* ---- a paused rank --------------------------------------------------------------------------- */
+
+/* The "paused" of rank `rank` in one `top --json` sample of run `id`: 1, 0, or -1 when the sample
+ * has no such run, rank or field. Every rank's state must stay what the contract lists. */
+static int top_rank_paused(const char *id, int rank)
+{
+    json_t *samples = run_top_json("1", "0.2");
+    json_t *run = json_object_get(json_array_get(samples, 0), "run"), *r;
+    size_t i;
+    int paused = -1;
+    const char *rid = json_string_value(json_object_get(run, "id"));
+    json_array_foreach(rid && !strcmp(rid, id) ? json_object_get(run, "ranks") : NULL, i, r)
+    {
+        assert_string_equal(json_string_value(json_object_get(r, "state")), "running");
+        json_t *v = json_object_get(r, "paused");
+        if (num_at(r, "rank") == rank && json_is_boolean(v))
+            paused = json_is_true(v);
+    }
+    json_decref(samples);
+    return paused;
+}
+
+/* Polls `top --json` until rank `rank` of run `id` reads paused (1) or not (0), failing after
+ * 15 s. */
+static void await_top_paused(const char *id, int rank, int paused, const char *after)
+{
+    int64_t end = gs_clock_mono_ms() + 15000;
+    int got;
+    while ((got = top_rank_paused(id, rank)) != paused)
+        if (gs_clock_mono_ms() > end)
+            fail_msg("top --json said paused %d (-1: no such field) for rank %d of run %s 15 s "
+                     "after %s",
+                     got, rank, id, after);
+}
+
+/* A rank stopped by a signal showed as "running" in top, as if it trained on: --json marks it
+ * "paused" (its state stays "running"), the text view says so on its line and on the run's;
+ * once continued (SIGCONT) it is running again. */
+static void top_shows_a_rank_stopped_by_a_signal_as_paused(void **state)
+{
+    (void)state;
+    const char *id = start_run_printing_samples_per_s();
+    await_rank0_log(id, "samples/s");
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    pid_t pid1 = (pid_t)num_at(json_array_get(json_object_get(st, "ranks"), 1), "pid");
+    json_decref(st);
+    assert_int_equal(kill(pid1, SIGSTOP), 0);
+    await_top_paused(id, 1, 1, "SIGSTOP to rank 1");
+    assert_int_equal(top_rank_paused(id, 0), 0);
+    struct gs_test_result r = gpusync(GS_TEST_ARGS("top", "--count", "1", "--interval", "0.2"));
+    gs_test_expect_status(&r, 0, "top --count 1");
+    char run_line[256], rank_line[128];
+    snprintf(run_line, sizeof(run_line), "Run  %s paused:1/2  samples/s", id);
+    snprintf(rank_line, sizeof(rank_line), "pid %-8ld paused (stopped by a signal)\n", (long)pid1);
+    if (!strstr(r.out.data, run_line) || !strstr(r.out.data, rank_line))
+        fail_msg("the text view does not show rank 1 paused:\n%s", r.out.data);
+    gs_test_result_release(&r);
+    assert_int_equal(kill(pid1, SIGCONT), 0);
+    await_top_paused(id, 1, 0, "SIGCONT to rank 1");
+    gs_test_gpusync_ok(project, GS_TEST_ARGS("stop", id), "stop");
+}
+
 /* ---- a disk write load --------------------------------------------------------------------- */
 
 /* The whole disk under `path` as /proc/diskstats names it (a partition's parent), into name.
@@ -455,6 +517,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(top_json_reports_two_gpus_and_the_runs_samples_per_s),
         cmocka_unit_test(top_keeps_a_fractional_samples_per_s),
+        cmocka_unit_test(top_shows_a_rank_stopped_by_a_signal_as_paused),
         cmocka_unit_test(top_json_shows_a_disk_write_load),
         cmocka_unit_test(top_text_never_prints_the_servers_escape_sequences),
         cmocka_unit_test(ctrl_c_exits_0_and_leaves_no_sampler),
