@@ -345,15 +345,82 @@ static int multi_interrupt(const struct run_args *a, struct gs_nodes *m)
     return 130;
 }
 
-/* A follower thread: follows the node's part of the run to its end; when told to (another node
- * failed), stops it and follows on from the offsets already shown (n->end keeps them), so its
- * last lines and its end still arrive, each line once. */
+/* How long node_reach waits before its first try, and at most between two. */
+#define REACH_FIRST_MS 500
+#define REACH_MAX_MS   5000
+
+/* 1 while a node other than `n` is followed (reached, its follow not ended). Under m->lock. */
+static int others_followed(struct gs_nodes *m, const struct gs_node *n)
+{
+    for (int i = 0; i < m->n; i++)
+        if (&m->nodes[i] != n && !m->nodes[i].done && !m->nodes[i].unreached)
+            return 1;
+    return 0;
+}
+
+/* Waits `ms`, or less once no other node is followed or the follow is to end (Ctrl-C). Returns
+ * 1 when it is then time to give up (after one more try, if no Ctrl-C). */
+static int reach_wait(struct gs_node *n, int ms)
+{
+    int give_up = 0;
+    for (int left = ms; left > 0 && !give_up && !n->abort; left -= 100) {
+        usleep((useconds_t)(left < 100 ? left : 100) * 1000);
+        pthread_mutex_lock(&n->m->lock);
+        give_up = !others_followed(n->m, n);
+        pthread_mutex_unlock(&n->m->lock);
+    }
+    return give_up;
+}
+
+/* logs -f: connects to node `n`, which could not be reached at attach, trying again (every few
+ * seconds) while another node is followed: its ranks may print on, and the run end there,
+ * meanwhile. Once no other node is followed, one last try; then it gives up. Returns 0 once
+ * connected (n->unreached cleared: it is followed from the local copy's end, n->end), or an
+ * error in n->cli.err. */
+static int node_reach(struct gs_node *n, int rank)
+{
+    struct gs_nodes *m = n->m;
+    int r, delay = REACH_FIRST_MS, give_up = 0;
+    pthread_mutex_lock(&m->lock);
+    give_up = !others_followed(m, n);
+    pthread_mutex_unlock(&m->lock);
+    for (;;) {
+        give_up = give_up || reach_wait(n, delay);
+        if (n->abort)
+            return GS_E_INTERRUPTED;
+        gs_ssh_free(n->cli.ssh);
+        n->cli.ssh = NULL;
+        gs_run_ctx_release(&n->rc);
+        r = gs_cli_connect(&n->cli);
+        if (r == 0)
+            r = gs_run_ctx_open(&n->cli, &n->rc);
+        if (r == 0 || give_up)
+            break;
+        delay = delay * 2 > REACH_MAX_MS ? REACH_MAX_MS : delay * 2;
+    }
+    if (r < 0) {
+        struct gs_error why = n->cli.err; /* a copy: the message is rewritten in place */
+        gs_error_set(&n->cli.err, r, "cannot be reached: %s", why.msg);
+        return r;
+    }
+    pthread_mutex_lock(&m->lock);
+    n->unreached = 0;
+    fprintf(stderr, "gpusync: %s reached; following it on from where the local copy ends\n",
+            gs_node_name(n, rank));
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
+/* A follower thread: follows the node's part of the run to its end (logs -f: once reached, if it
+ * could not be at attach); when told to (another node failed), stops it and follows on from the
+ * offsets already shown (n->end keeps them), so its last lines and its end still arrive, each
+ * line once. */
 static void *node_follow(void *arg)
 {
     struct gs_node *n = arg;
     struct gs_nodes *m = n->m;
-    int code = 0, r;
-    for (;;) {
+    int code = 0, r = n->unreached ? node_reach(n, (int)(n - m->nodes)) : 0;
+    while (r == 0) {
         /* Each node's end is kept, not said: gs_nodes_follow says the run's once. */
         r = gs_run_ctx_follow_end(&n->cli, &n->rc, m->id, m->ranks, &m->printer, &n->abort, &code,
                                   n->end);
@@ -437,7 +504,7 @@ static void start_followers(struct gs_nodes *m)
         if (!n->has_thread) { /* counted as ended, so the wait does not wait for it */
             n->done = 1;
             n->result = gs_error_set(&n->cli.err, GS_E_NOMEM, "cannot start a thread to follow %s",
-                                     gs_ssh_target(n->cli.ssh));
+                                     gs_node_name(n, i)); /* not connected, if unreached */
         }
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -534,14 +601,17 @@ static void say_known_end(struct gs_nodes *m, struct gs_node *d, struct gs_buf *
                 gs_node_name(d, (int)(d - m->nodes)), d->end->exit_code, why[0] ? ": " : "", why);
 }
 
-/* Some node's follow ended in an error: its part of the run may still run, so the run is not
- * said to have ended. Names each such node and how to stop it; `d` is the node whose end
- * would decide the run's (NULL if none ended). Returns the exit code as for a connection that
- * failed on one server (255 with `run` and `logs -f`), or the first such node's own. */
+/* Some node's follow ended in an error, or (logs -f) a node was never reached: its part of the
+ * run may still run, so the run is not said to have ended. Names each such node and how to stop
+ * it (and, never reached, to see its lines); `d` is the node whose end would decide the run's
+ * (NULL if none ended). Returns the exit code as for a connection that failed on one server
+ * (255 with `run` and `logs -f`), or the first such node's own; when every such node was never
+ * reached, its error's as plain `logs` gives it (4): no follow was lost, and 255 would read as
+ * one. */
 static int nodes_say_unconfirmed(struct gs_cli *cli, struct gs_nodes *m, struct gs_node *d)
 {
     struct gs_buf msg = GS_BUF_INIT;
-    int code = 0;
+    int code = 0, lost = 0;
     say_known_end(m, d, &msg);
     for (int i = 0; i < m->n; i++) {
         struct gs_node *n = &m->nodes[i];
@@ -553,13 +623,19 @@ static int nodes_say_unconfirmed(struct gs_cli *cli, struct gs_nodes *m, struct 
                          : " could not be confirmed ended",
                     gs_node_name(n, i), n->cli.err.msg);
         code = code ? code : n->result;
+        lost |= !n->unreached;
     }
     gs_buf_addf(&msg,
                 "; its ranks there may still run: once the node can be reached, stop them with "
                 "'gpusync stop %s'",
                 m->id);
+    if (!lost)
+        gs_buf_addf(&msg, ", and see the lines this machine did not receive with 'gpusync logs %s'",
+                    m->id);
     gs_error_set(&cli->err, code, "%s", msg.data);
     gs_buf_release(&msg);
+    if (!lost)
+        cli->remote_status = 0;
     return gs_cli_fail(cli, code);
 }
 
@@ -573,6 +649,7 @@ int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, i
     m->ranks = ranks;
     struct sigaction sa = {.sa_handler = gs_runcmd_on_sigint};
     sigaction(SIGINT, &sa, NULL);
+    gs_nodes_show_unreached(cli, m); /* logs -f: before any line of the others, in one printer */
     start_followers(m);
     *detached = nodes_wait(m, &first_code);
     for (int i = 0; i < m->n; i++)

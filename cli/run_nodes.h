@@ -29,6 +29,8 @@ struct gs_node {
     int stop_wanted;             /* another node failed: stop this one, keep following */
     int done, result, exit_code;
     int end_seq;               /* 1 for the first node whose follow ended, 2 the next... */
+    int unreached;             /* logs -f: not reached at attach; node_reach keeps trying */
+    int said;                  /* ...and this was said, its local copy shown */
     struct gs_tail_state *end; /* how its part ended (state, exit code, summary); owned */
     struct gs_buf report;      /* what the agent said (stop) */
     char name[600];            /* gs_node_name's */
@@ -69,10 +71,16 @@ char *gs_nodes_master_addr(struct gs_nodes *m, const char *given, const char **h
 /* Follows every node's ranks (`ranks`: NULL or "all", or global ranks) in a thread each, lines
  * printed as they arrive, then says once how the run ended: as the node that decides it ended
  * (as ps combines the nodes: a failed node before a lost, stopped or succeeded one, the first
- * to end among equals), with the other nodes' stopped ranks and processes folded in. Returns
- * that exit code, 0, or an error's exit code (the failed node named); *detached is 1 after
- * Ctrl-C. */
+ * to end among equals), with the other nodes' stopped ranks and processes folded in. A node not
+ * reached at attach (n->unreached, logs -f) is shown from the local copy first and tried again
+ * while another node is followed. Returns that exit code, 0, or an error's exit code (the failed
+ * or never reached node named); *detached is 1 after Ctrl-C. */
 int gs_nodes_follow(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int *detached);
+
+/* logs -f: for each node that could not be reached at attach (n->unreached) and was not said
+ * yet, says so on stderr, naming it, and shows its ranks' local copy through m->printer, leaving
+ * in n->end the offsets that copy ends at, from which its follower goes on once it is reached. */
+void gs_nodes_show_unreached(struct gs_cli *cli, struct gs_nodes *m);
 
 /* Writes the node list of run `id` (.gpusync/runs/<id>/nodes.json) from the first `count`
  * nodes of `m`, those that have the run (all of them once it launched; fewer when a launch
@@ -90,8 +98,10 @@ json_t *gs_nodes_resolve(struct gs_cli *cli, struct gs_run_ctx *rc, const char *
 
 /* `logs [-f] RUN` for the recorded run `rec`: every node's ranks; -f in a thread per node;
  * --tail N (tail > 0) the last N lines of each node, followed on from there with -f. A rank
- * the run does not have (over all its nodes) is a usage error, before any node is asked.
- * Returns the exit code. */
+ * the run does not have (over all its nodes) is a usage error, before any node is asked. A node
+ * that cannot be reached is named and shown from the local copy; -f follows the others and
+ * tries it again while they run, following it on from that copy once reached. Returns the exit
+ * code (that of the node's error, as 4, when a node was never reached). */
 int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow, int tail);
 
 /* `stop RUN` for the recorded run `rec`: stops it on every node at once, prints each node's

@@ -178,26 +178,66 @@ static char *node_ranks(const struct gs_node *n, int first, const char *ranks)
     return b.len ? gs_buf_detach(&b, NULL) : NULL;
 }
 
+/* A replay of a local copy that notes where each rank's copy ends (a follow goes on from there). */
+struct local_replay {
+    struct gs_log_printer *printer;
+    struct gs_tail_state *st;
+};
+
+static void local_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len)
+{
+    struct local_replay *lr = ctx;
+    if (off + len > lr->st->offset[rank])
+        lr->st->offset[rank] = off + len;
+    gs_log_printer_chunk(lr->printer, rank, off, data, len);
+}
+
 /* Shows the local copy of the ranks `mine` of node `n`, which cannot be reached (n->cli.err
- * says why), saying so on stderr first. A missing copy is said, not failed on. */
+ * says why), saying so on stderr first; n->end gets the offsets the copy ends at. A missing copy
+ * is said, not failed on. With `follow`, the line also says that the others are followed. */
 static void node_show_local(struct gs_cli *cli, struct gs_nodes *m, struct gs_node *n,
-                            const char *mine, struct gs_log_printer *printer)
+                            const char *mine, struct gs_log_printer *printer, int follow)
 {
     struct gs_error err = {0};
+    struct local_replay lr = {.printer = printer, .st = n->end};
+    int was = printer->from_local_copy; /* logs -f prints through the printer of every node */
     fprintf(stderr,
             "gpusync: %s; showing rank%s %s from the local copy in %s/runs/%s/ (what this "
-            "machine received while following)\n",
-            n->cli.err.msg, strchr(mine, ',') ? "s" : "", mine, GS_DIR, m->id);
+            "machine received while following)%s\n",
+            n->cli.err.msg, strchr(mine, ',') ? "s" : "", mine, GS_DIR, m->id,
+            follow ? "; following the others, and trying it again while they run" : "");
     printer->from_local_copy = 1;
-    if (gs_run_local_replay(cli->root.data, m->id, mine, gs_log_printer_chunk, printer, &err) < 0)
+    if (gs_run_local_replay(cli->root.data, m->id, mine, local_chunk, &lr, &err) < 0)
         fprintf(stderr, "gpusync: warning: %s\n", err.msg);
+    printer->from_local_copy = was;
+    n->said = 1;
+}
+
+void gs_nodes_show_unreached(struct gs_cli *cli, struct gs_nodes *m)
+{
+    for (int i = 0, first = 0; i < m->n; first += m->nodes[i++].nproc) {
+        struct gs_node *n = &m->nodes[i];
+        char *mine = n->unreached && !n->said ? node_ranks(n, first, m->ranks) : NULL;
+        if (!n->end)
+            n->end = gs_xcalloc(1, sizeof(*n->end));
+        if (mine)
+            node_show_local(cli, m, n, mine, &m->printer, 1);
+        else if (n->unreached && !n->said) /* none of its ranks asked for: only its end counts */
+            fprintf(stderr,
+                    "gpusync: %s; following the others, and trying it again while they run\n",
+                    n->cli.err.msg);
+        n->said = 1;
+        free(mine);
+    }
 }
 
 /* Prints every node's logs so far, node by node (--tail N: the last N lines of each node),
  * leaving each node's offsets in n->end, from which gs_nodes_follow goes on (logs -f --tail).
  * A node that could not be reached (attached with keep_going) is shown from the local copy and
- * named; the exit code is then its error's, after every other node was shown. */
-static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int tail)
+ * named; the exit code is then its error's, after every other node was shown; with `follow`, 0:
+ * the follow tries that node again. */
+static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, int tail,
+                     int follow)
 {
     static volatile sig_atomic_t never;
     struct gs_node *lost = NULL;
@@ -214,8 +254,9 @@ static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, 
                             total > 1 && !(ranks && !strchr(ranks, ',') && strcmp(ranks, "all")));
         printer.tail_lines = tail;
         if (mine && n->result < 0) {
-            node_show_local(cli, m, n, mine, &printer);
-            lost = lost ? lost : n;
+            node_show_local(cli, m, n, mine, &printer, follow);
+            if (!follow && !lost) /* -f tries it again, and says at the end if in vain */
+                lost = n;
         } else if (mine) {
             r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, n->end, &printer, &never);
         }
@@ -260,15 +301,17 @@ int gs_nodes_logs(struct gs_cli *cli, json_t *rec, const char *ranks, int follow
     if (r < 0)
         return gs_cli_fail(cli, r);
     int detached = 0, code;
-    r = nodes_attach(cli, rec, &m, !follow); /* logs: an unreachable node's local copy */
+    r = nodes_attach(cli, rec, &m, 1); /* an unreachable node: its local copy; -f tries again */
+    for (int i = 0; follow && r == 0 && i < m.n; i++)
+        m.nodes[i].unreached = m.nodes[i].result < 0;
     if (r < 0)
         code = gs_cli_fail(cli, r);
-    else if (follow && tail && (code = logs_show(cli, &m, ranks, tail)) != 0)
+    else if (follow && tail && (code = logs_show(cli, &m, ranks, tail, 1)) != 0)
         ; /* -f --tail N: the last lines so far, then the rest as it comes */
     else if (follow)
         code = gs_nodes_follow(cli, &m, ranks, &detached); /* 130 when detached */
     else
-        code = logs_show(cli, &m, ranks, tail);
+        code = logs_show(cli, &m, ranks, tail, 0);
     gs_nodes_release(&m);
     return code;
 }

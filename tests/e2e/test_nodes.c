@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -307,6 +309,166 @@ static void test_nodes__a_failed_run_ends_with_one_ended_line_saying_failed(void
     gs_test_result_release(&r);
 }
 
+/* ---- logs -f with a node down ---- */
+
+/* A gpusync command in the background, its output read as it comes. */
+struct bg {
+    pid_t pid;
+    int out, err; /* -1 once read to the end */
+    struct gs_test_result r;
+};
+
+static void bg_start(struct bg *b, const char *const *args)
+{
+    memset(b, 0, sizeof(*b));
+    b->pid = gs_test_start_gpusync(project, NULL, NULL, args, &b->out, &b->err);
+    assert_true(b->pid > 0);
+}
+
+/* Reads both pipes until stdout (stderr, with `on_err`) holds `needle`; fails the test after
+ * CMD_MS, or when the command ended without it. */
+static void bg_await(struct bg *b, int on_err, const char *needle)
+{
+    int64_t end = gs_clock_mono_ms() + CMD_MS;
+    struct gs_buf *in = on_err ? &b->r.err : &b->r.out;
+    while (!(in->data && strstr(in->data, needle)) && b->out >= 0) {
+        struct pollfd p[2] = {{b->out, POLLIN, 0}, {b->err, POLLIN, 0}};
+        int64_t left = end - gs_clock_mono_ms();
+        if (left <= 0 || poll(p, 2, (int)left) <= 0)
+            break;
+        for (int i = 0; i < 2 && b->out >= 0; i++) {
+            char chunk[4096];
+            ssize_t n = p[i].revents ? read(p[i].fd, chunk, sizeof(chunk)) : -1;
+            if (n > 0)
+                gs_buf_add(i ? &b->r.err : &b->r.out, chunk, (size_t)n);
+            if (n == 0) { /* it ended: the rest of what it printed, then */
+                gs_test_drain_until(b->out, b->err, &b->r, end);
+                b->out = b->err = -1;
+            }
+        }
+    }
+    if (!(in->data && strstr(in->data, needle)))
+        fail_msg("'%s' did not come%s:\n%s%s", needle, b->out < 0 ? " (gpusync ended)" : "",
+                 b->r.out.data ? b->r.out.data : "", b->r.err.data ? b->r.err.data : "");
+}
+
+/* Reads to the end and reaps the command. Returns its exit status (output NUL-terminated). */
+static int bg_finish(struct bg *b)
+{
+    int st;
+    if (b->out >= 0)
+        gs_test_drain(b->pid, b->out, b->err, &b->r, CMD_MS);
+    assert_int_equal(waitpid(b->pid, &st, 0), b->pid);
+    gs_buf_grow(&b->r.out, 0);
+    gs_buf_grow(&b->r.err, 0);
+    return b->r.status = gs_test_exit_status(st);
+}
+
+/* Waits (polling the rank's log on its server, with a deadline: no event to wait on) until it
+ * holds `text`. */
+static void await_rank_log(const char *dir, const char *id, int rank, const char *text)
+{
+    int64_t end = gs_clock_mono_ms() + CMD_MS;
+    for (;;) {
+        char *log = gs_test_rank_log(dir, id, rank);
+        int has = strstr(log, text) != NULL;
+        free(log);
+        if (has)
+            return;
+        if (gs_clock_mono_ms() > end)
+            fail_msg("rank %d's log never held '%s'", rank, text);
+        usleep(20000);
+    }
+}
+
+/* Starts a two-node run whose ranks print "first R", then wait for the file `go` in their remote
+ * folder (2 minutes at most) and print "last R"; once both first lines are on the servers,
+ * `logs RUN` keeps them in the local copy, as following the run would have. Returns its id. */
+static const char *start_waiting_run(const char *go)
+{
+    char script[300];
+    snprintf(script, sizeof(script),
+             "echo first $RANK; i=0; while [ ! -e %s ] && [ $i -lt 1200 ]; do sleep 0.1; "
+             "i=$((i+1)); done; echo last $RANK",
+             go);
+    const char *id = start_detached(script);
+    await_rank_log(ra, id, 0, "first 0\n");
+    await_rank_log(rb, id, 1, "first 1\n");
+    struct gs_test_result r = gs_test_run_gpusync(project, NULL, NULL, ARGS("logs", id), CMD_MS);
+    gs_test_expect_status(&r, 0, "logs of the waiting run");
+    gs_test_result_release(&r);
+    return id;
+}
+
+/* A test setup: node 1's sshd runs (a test that failed with it stopped leaves it so). */
+static int node_1_up(void **state)
+{
+    (void)state;
+    return gs_test_sshd_descendants(&b) < 0 ? gs_test_sshd_restart(&b, 0) : 0;
+}
+
+/* Node 1's sshd is down when `logs -f` attaches: node 0 is followed and node 1's first line is
+ * shown from the local copy, node 1 named once; once its sshd is back, node 1 is followed on
+ * from where that copy ended (its first line not again), and the run's end is the exit. */
+static void test_nodes__logs_follow_with_a_node_down_follows_the_others_then_it(void **state)
+{
+    (void)state;
+    const char *id = start_waiting_run("go-back");
+    char node1[100];
+    snprintf(node1, sizeof(node1), "node 1 (root@127.0.0.1:%d)", b.port);
+    gs_test_sshd_stop(&b);
+    struct bg f;
+    bg_start(&f, ARGS("logs", "-f", id));
+    bg_await(&f, 0, "[rank 0] first 0\n");
+    bg_await(&f, 0, "[rank 1] first 1\n");
+    bg_await(&f, 1, "following the others");
+    assert_non_null(strstr(f.r.err.data, node1));
+    assert_int_equal(gs_test_sshd_restart(&b, 0), 0);
+    bg_await(&f, 1, "reached");
+    gs_test_write_file(ra, "go-back", "");
+    gs_test_write_file(rb, "go-back", "");
+    bg_finish(&f);
+    gs_test_expect_status(&f.r, 0, "logs -f, node 1 back");
+    assert_int_equal(lines_with(f.r.out.data, "[rank 0] first 0\n"), 1);
+    assert_int_equal(lines_with(f.r.out.data, "[rank 1] first 1\n"), 1);
+    assert_int_equal(lines_with(f.r.out.data, "[rank 0] last 0\n"), 1);
+    assert_int_equal(lines_with(f.r.out.data, "[rank 1] last 1\n"), 1);
+    assert_int_equal(lines_with(f.r.err.data, "cannot be reached"), 1);
+    gs_test_result_release(&f.r);
+    assert_true(run_processes_gone(id, 5000));
+    assert_int_equal(gs_test_sh("rm -f '%s/go-back' '%s/go-back'", ra, rb), 0);
+}
+
+/* The same with node 1 still down when node 0's part ends: `logs -f` ends then, with node 0's
+ * lines and node 1's local copy shown, and exits 4 (as plain `logs`), naming node 1. */
+static void test_nodes__logs_follow_with_a_node_down_to_the_end_exits_4_naming_it(void **state)
+{
+    (void)state;
+    const char *id = start_waiting_run("go-down");
+    char node1[100];
+    snprintf(node1, sizeof(node1), "node 1 (root@127.0.0.1:%d)", b.port);
+    gs_test_sshd_stop(&b);
+    struct bg f;
+    bg_start(&f, ARGS("logs", "-f", id));
+    bg_await(&f, 0, "[rank 0] first 0\n");
+    bg_await(&f, 1, "following the others");
+    gs_test_write_file(ra, "go-down", "");
+    bg_finish(&f);
+    gs_test_expect_status(&f.r, 4, "logs -f, node 1 down to the end");
+    assert_int_equal(lines_with(f.r.out.data, "[rank 0] first 0\n"), 1);
+    assert_int_equal(lines_with(f.r.out.data, "[rank 0] last 0\n"), 1);
+    assert_int_equal(lines_with(f.r.out.data, "[rank 1] first 1\n"), 1); /* the local copy */
+    assert_null(strstr(f.r.out.data, "last 1"));
+    /* named when attaching, and at the end as the node whose part is not known */
+    assert_int_equal(lines_with(f.r.err.data, node1), 2);
+    assert_non_null(strstr(f.r.err.data, "could not be confirmed ended on node 1 ("));
+    gs_test_result_release(&f.r);
+    assert_int_equal(gs_test_sshd_restart(&b, 0), 0);
+    gs_test_write_file(rb, "go-down", "");
+    assert_true(run_processes_gone(id, 10000));
+    assert_int_equal(gs_test_sh("rm -f '%s/go-down' '%s/go-down'", ra, rb), 0);
+}
+
 /* ---- MASTER_ADDR ---- */
 
 /* Runs a two-node run printing MASTER_ADDR and returns node 1's rank log (malloc'd). */
@@ -428,6 +590,10 @@ int main(void)
         cmocka_unit_test(test_nodes__ps_lists_the_run_once_with_both_nodes),
         cmocka_unit_test(test_nodes__logs_show_the_ranks_of_both_nodes),
         cmocka_unit_test(test_nodes__a_failed_run_ends_with_one_ended_line_saying_failed),
+        cmocka_unit_test_setup(test_nodes__logs_follow_with_a_node_down_follows_the_others_then_it,
+                               node_1_up),
+        cmocka_unit_test_setup(
+            test_nodes__logs_follow_with_a_node_down_to_the_end_exits_4_naming_it, node_1_up),
         cmocka_unit_test(
             test_nodes__master_addr_from_the_config_or_the_command_line_reaches_the_ranks),
         cmocka_unit_test(test_nodes__master_addr_is_detected_not_the_name_the_laptop_uses),
