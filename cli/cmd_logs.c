@@ -221,9 +221,11 @@ const struct gs_cmd gs_cmd_logs = {
             "  longer has the run (it was recreated), RUN (an id) is shown from that copy, and\n"
             "  -f then exits 1. A multi-node run (run --hosts) shows every node's ranks, one\n"
             "  connection per node, lines prefixed by global rank; across nodes, lines come in\n"
-            "  the order they arrive here (--tail N: the last N lines of each node). On Slurm,\n"
-            "  -f RUN waits while the job is pending, saying why. Text only: run states are in\n"
-            "  'gpusync ps --json'.\n",
+            "  the order they arrive here (--tail N: the last N lines of each node). A node that\n"
+            "  cannot be reached is named and shown from the local copy (exit 4); -f follows the\n"
+            "  others meanwhile, and that node too, from where the copy ended, once it is back.\n"
+            "  On Slurm, -f RUN waits while the job is pending, saying why. Text only: run\n"
+            "  states are in 'gpusync ps --json'.\n",
     .flags = GS_CMD_NEED_PROJECT | GS_CMD_NEED_SERVER | GS_CMD_TEXT_ONLY,
     .parse = logs_parse,
     .exec = logs_exec,
