@@ -1153,6 +1153,27 @@ static void test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued(voi
     gs_test_await_gone((pid_t)rank_pid);
 }
 
+/* A paused rank is stopped by SIGTERM, not by the SIGKILL after the 10 s grace: a stopped process
+ * keeps SIGTERM pending until continued, so stop used to wait out the grace period and kill it,
+ * its handler never run. */
+static void test_stop__a_paused_rank_gets_sigterm_not_sigkill(void **state)
+{
+    (void)state;
+    char id[128];
+    long rank_pid = start_sleeper(id, sizeof(id));
+    assert_int_equal(kill((pid_t)rank_pid, SIGSTOP), 0);
+    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to its rank");
+    struct child s = run_in(project, ARGS("stop", id));
+    expect_status(&s, 0, "stop of the paused run");
+    child_release(&s);
+    gs_test_await_gone((pid_t)rank_pid);
+    json_t *st = gs_test_run_json(remote, id, "status.json");
+    json_t *rank = json_array_get(json_object_get(st, "ranks"), 0);
+    assert_int_equal(int_at(rank, "signal"), SIGTERM);
+    assert_int_equal(int_at(st, "killed_count"), 0);
+    json_decref(st);
+}
+
 /* One rank of two stopped (SIGTSTP, as a terminal's Ctrl-Z sends) is told apart from the run:
  * that rank alone reads paused, the table "paused:1/2"; a run whose ranks are all stopped reads
  * "paused". */
@@ -2282,6 +2303,7 @@ int main(void)
         cmocka_unit_test(test_ps__a_lost_run_has_no_duration),
         cmocka_unit_test(test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued),
         cmocka_unit_test(test_ps__one_paused_rank_of_two_is_told_apart),
+        cmocka_unit_test(test_stop__a_paused_rank_gets_sigterm_not_sigkill),
         cmocka_unit_test_setup(test_logs__a_run_the_server_lost_is_shown_from_the_local_copy,
                                use_home),
         cmocka_unit_test_setup(test_logs__json_is_refused_and_not_offered, use_home),
