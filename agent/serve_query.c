@@ -14,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "writers.h"
 
 #define LIST_FRAME (64u << 10) /* payload bytes per LIST_ENTRIES frame */
 
@@ -160,6 +163,30 @@ static int check_unchanged(int dirfd, const char *name, int fd, const struct sta
     return same < 0 ? same : same ? 0 : -EAGAIN;
 }
 
+static long long ms_of(struct timespec t)
+{
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* The process that holds the file `st` open for writing, not appending (a job in the middle of
+ * saving it, maybe paused between two writes: its bytes so far look like a whole file), or NULL.
+ * /proc is read again when the last look is a second old, or not after the file's last change
+ * (its writer may have opened it since); a writer that opened it after that, and has not written
+ * yet, has changed nothing of what was read. */
+static const struct ga_writer *writer_of(const struct stat *st)
+{
+    static struct ga_writers writers;
+    static long long scanned_ms = -1; /* CLOCK_REALTIME, as st_ctim */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (scanned_ms < 0 || ms_of(now) - scanned_ms > 1000 ||
+        ms_of(st->st_ctim) >= scanned_ms - 1000) {
+        ga_writers_scan(&writers);
+        scanned_ms = ms_of(now);
+    }
+    return ga_writers_find(&writers, st->st_dev, st->st_ino);
+}
+
 void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
 {
     char *path, name[GA_FS_NAME_MAX + 1];
@@ -183,10 +210,16 @@ void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
     }
     if (rc == 0)
         rc = check_unchanged(dirfd, name, fd, &st, r.size, r.hash);
-    if (rc == -EAGAIN)
+    const struct ga_writer *w = rc == 0 ? writer_of(&st) : NULL;
+    /* EAGAIN either way: the bytes sent are void, and a moment later the file may be whole */
+    if (w)
         ga_serve_reply_error(s, m->id, EAGAIN,
-                             "get %s: the file changed on the server while it was read (written, "
-                             "truncated or replaced): the bytes sent are void",
+                             "get %s: open for writing by pid %ld (%s), maybe half saved", path,
+                             w->pid, w->name[0] ? w->name : "?");
+    else if (rc == -EAGAIN)
+        ga_serve_reply_error(s, m->id, EAGAIN,
+                             "get %s: it changed while it was read (written, truncated or "
+                             "replaced)",
                              path);
     else if (rc < 0)
         ga_serve_reply_op_error(s, m->id, rc, "get", path);

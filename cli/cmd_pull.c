@@ -529,10 +529,14 @@ static void skip_vanished(struct pull_job *job, struct pull_file *f)
 static void fail_changed(struct pull_job *job, struct pull_file *f)
 {
     struct gs_buf msg = GS_BUF_INIT;
+    /* the agent's last word, after its "get PATH: ": changed while read, or held open for
+     * writing (saved half, the writer paused) */
+    const char *why = strstr(job->cli->err.msg, ": get ");
+    why = why && (why = strstr(why + 6, ": ")) ? why + 2 : job->cli->err.msg;
     gs_buf_addf(&msg,
-                "%s changed on the server while it was pulled (a job still writing it?); pulled "
-                "again %d times; try again once it is written",
-                f->remote, PULL_TRIES - 1);
+                "%s was not pulled: a job on the server is still writing it (read %d times; the "
+                "last time: %s); try again once it is written",
+                f->remote, PULL_TRIES, why);
     f->state = PULL_FAILED;
     json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_cli_json_path(f->remote),
                                                    "error", gs_cli_json_path(msg.data)));
@@ -823,9 +827,11 @@ const struct gs_cmd gs_cmd_pull = {
             "  is refused (exit 6). Every path the server lists must lie under REMOTE_PATH, or\n"
             "  nothing is pulled. A pull that fails before it writes a file leaves no new folder\n"
             "  behind; one that fails later keeps the files it wrote, whole, and says how many.\n"
-            "  A file a job writes while it is read is read again (up to 3 times); one that keeps\n"
-            "  changing is not pulled, its local copy kept, and the pull exits 1 once the other\n"
-            "  files are in. A file removed on the server during a folder pull is skipped and\n"
+            "  A file that only grows while it is read (a log) comes as it was when the read\n"
+            "  began. One a job writes while it is read, or holds open for writing (a checkpoint\n"
+            "  half saved), is read again (up to 3 times); one that stays so is not pulled, its\n"
+            "  local copy kept, and the pull exits 1 once the other files are in. A file removed "
+            "on the server during a folder pull is skipped and\n"
             "  named. setuid, setgid and sticky bits are not pulled. The server's symlinks\n"
             "  arrive as symlinks (never followed), made after the files; fifos, sockets and\n"
             "  devices are not pulled, and are named. After the server was wiped or recreated, a\n"

@@ -938,6 +938,70 @@ static void a_log_appended_to_during_the_pull_is_pulled_as_it_was(void **state)
     free(start);
 }
 
+/* A job saving `path` (opened with O_TRUNC) that writes its first half, then pauses until
+ * *resume is written to, writes `n` bytes in all and closes it. Returns once the half is there. */
+static pid_t start_half_save(const char *path, const uint8_t *data, size_t n, int *resume)
+{
+    int go[2], half[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(half), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char c;
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || write(fd, data, n / 2) != (ssize_t)(n / 2) || write(half[1], "h", 1) != 1 ||
+            read(go[0], &c, 1) != 1 || write(fd, data + n / 2, n - n / 2) != (ssize_t)(n - n / 2))
+            _exit(1);
+        _exit(close(fd) == 0 ? 0 : 1);
+    }
+    close(go[0]);
+    close(half[1]);
+    char c;
+    assert_int_equal(read(half[0], &c, 1), 1);
+    close(half[0]);
+    *resume = go[1];
+    return pid;
+}
+
+/* A checkpoint a job has half saved, its writer paused between two writes, is not pulled: the
+ * server still holds it open for writing (exit 1, `failures` names it, nothing written here).
+ * Nothing had changed while it was read, so the pull took the half for the file and said so,
+ * exit 0. Saved, it is pulled whole. */
+static void a_file_open_for_writing_on_the_server_is_not_pulled(void **state)
+{
+    (void)state;
+    size_t n = 1u << 20;
+    uint8_t *data = random_bytes(n, 6);
+    char path[512], local[512];
+    gs_test_sh("mkdir -p '%s/res7'", remote);
+    snprintf(path, sizeof(path), "%s/res7/ck.pt", remote);
+    snprintf(local, sizeof(local), "%s/res7/ck.pt", project);
+    int resume;
+    pid_t job = start_half_save(path, data, n, &resume);
+    struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res7/ck.pt"));
+    gs_test_expect_status(&r, 1, "pull of a checkpoint being saved");
+    json_t *o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    json_t *failures = json_object_get(o, "failures");
+    assert_int_equal(json_array_size(failures), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(failures, 0), "path")),
+                        "res7/ck.pt");
+    json_decref(o);
+    gs_test_result_release(&r);
+    assert_int_not_equal(access(local, F_OK), 0);
+    assert_int_equal(write(resume, "g", 1), 1);
+    close(resume);
+    int st;
+    assert_int_equal(waitpid(job, &st, 0), job);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "res7/ck.pt"));
+    gs_test_expect_status(&r, 0, "pull of the saved checkpoint");
+    gs_test_result_release(&r);
+    expect_same_file(remote, project, "res7/ck.pt");
+    free(data);
+}
+
 /* Whether the JSON array `a` of objects has one whose `key` is the string `want`. */
 static int has_entry(json_t *a, const char *key, const char *want)
 {
@@ -1037,6 +1101,7 @@ int main(void)
             files_removed_during_a_folder_pull_are_skipped_and_the_rest_pulled, wan_teardown),
         cmocka_unit_test_teardown(a_log_appended_to_during_the_pull_is_pulled_as_it_was,
                                   wan_teardown),
+        cmocka_unit_test(a_file_open_for_writing_on_the_server_is_not_pulled),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */

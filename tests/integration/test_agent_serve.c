@@ -1405,9 +1405,11 @@ static void save_smaller(const char *path)
     job_writes(path, changed_data, sizeof(changed_data), 0, 1);
 }
 
+/* Behind the read (the first GET_DATA has arrived: its bytes were read) and ahead of it. Both
+ * ahead would be no change to refuse: the bytes sent would be the file as it now is. */
 static void write_in_place(const char *path)
 {
-    job_writes(path, changed_data, 4096, 1u << 20, 0);
+    job_writes(path, changed_data, 4096, 0, 0);
     job_writes(path, changed_data, 4096, 35u << 20, 0);
 }
 
@@ -1501,6 +1503,75 @@ static void test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was(voi
     assert_int_equal(r.type, GS_MSG_ERROR);
     assert_int_equal(r.err, EAGAIN);
     free(data);
+}
+
+/* A child that opens `path` with `flags` and holds it open until *release is written to. */
+static pid_t hold_open(const char *path, int flags, int *release)
+{
+    int p[2], ready[2];
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char c;
+        int fd = open(path, flags);
+        if (fd < 0 || write(ready[1], "r", 1) != 1)
+            _exit(1);
+        _exit(read(p[0], &c, 1) == 1 ? 0 : 1);
+    }
+    close(p[0]);
+    close(ready[1]);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1); /* it has the file open */
+    close(ready[0]);
+    *release = p[1];
+    return pid;
+}
+
+static void let_go(pid_t pid, int release)
+{
+    assert_int_equal(write(release, "x", 1), 1);
+    close(release);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+}
+
+/* The reply type that ends a GET of rel (its data read and dropped). */
+static uint8_t get_ends_with(struct fx *f, const char *rel, int *err)
+{
+    struct gs_proto_msg g = req(GS_MSG_GET, rel), m;
+    agent_h_queue(&f->a, &g);
+    do
+        assert_int_equal(agent_h_recv(&f->a, &m), 0);
+    while (m.type == GS_MSG_GET_DATA);
+    *err = m.err;
+    return m.type;
+}
+
+/* A file a process holds open for writing (a job that opened its checkpoint, wrote half of it
+ * and is still at it, between two writes) is refused: what it holds so far looks like a whole
+ * file. It used to come back as GET_END, and pull said it pulled it. Held open for appending (a
+ * log), or let go, it comes whole. */
+static void test_serve__get_of_a_file_open_for_writing_is_refused(void **state)
+{
+    struct fx *f = *state;
+    int err, release;
+    start(f);
+    assert_int_equal(stream_put(f, 1000, "res/half.pt", (const uint8_t *)"first half", 10,
+                                GS_EXPECT_ABSENT, NULL)
+                         .type,
+                     GS_MSG_DONE);
+    char p[PATH_MAX];
+    at(f, "res/half.pt", p);
+    pid_t job = hold_open(p, O_WRONLY, &release);
+    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_ERROR);
+    assert_int_equal(err, EAGAIN);
+    let_go(job, release);
+    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_GET_END);
+    job = hold_open(p, O_WRONLY | O_APPEND, &release);
+    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_GET_END);
+    let_go(job, release);
 }
 
 static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
@@ -1976,6 +2047,7 @@ int main(void)
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__get_of_a_file_changed_while_read_is_refused),
         T(test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was),
+        T(test_serve__get_of_a_file_open_for_writing_is_refused),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
         T(test_serve__mkdir_keeps_what_stood_in_its_place),
