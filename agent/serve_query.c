@@ -169,7 +169,8 @@ static long long ms_of(struct timespec t)
 }
 
 /* The process that holds the file `st` open for writing, not appending (a job in the middle of
- * saving it, maybe paused between two writes: its bytes so far look like a whole file), or NULL.
+ * saving it, maybe paused between two writes: its bytes so far look like a whole file; or one
+ * writing a log opened with 'w'), or NULL.
  * /proc is read again when the last look is a second old, or not after the file's last change
  * (its writer may have opened it since); a writer that opened it after that, and has not written
  * yet, has changed nothing of what was read. */
@@ -210,13 +211,15 @@ void ga_serve_get(struct ga_serve *s, const struct gs_proto_msg *m)
     }
     if (rc == 0)
         rc = check_unchanged(dirfd, name, fd, &st, r.size, r.hash);
+    /* A process holding it open for writing may be half way through saving it, or may be
+     * writing a log with 'w': the bytes are the file as it was either way, and pull says so. */
     const struct ga_writer *w = rc == 0 ? writer_of(&st) : NULL;
-    /* EAGAIN either way: the bytes sent are void, and a moment later the file may be whole */
-    if (w)
-        ga_serve_reply_error(s, m->id, EAGAIN,
-                             "get %s: open for writing by pid %ld (%s), maybe half saved", path,
-                             w->pid, w->name[0] ? w->name : "?");
-    else if (rc == -EAGAIN)
+    char writer[64];
+    if (w) {
+        snprintf(writer, sizeof(writer), "pid %ld (%s)", w->pid, w->name[0] ? w->name : "?");
+        r.text = gs_proto_cstr(writer);
+    }
+    if (rc == -EAGAIN)
         ga_serve_reply_error(s, m->id, EAGAIN,
                              "get %s: it changed while it was read (written, truncated or "
                              "replaced)",

@@ -69,6 +69,7 @@ struct pull_job {
     json_t *skipped;  /* [{path, kind}]: what the server holds that pull does not make here */
     json_t *kept;     /* [{local, kept}]: local edits moved aside */
     json_t *failures; /* [{path, error}]: files not pulled because they kept changing there */
+    json_t *held;     /* [{path, writer}]: pulled while a process held them open for writing */
     int base_is_link; /* REMOTE_PATH itself is a symlink on the server: made as one */
     char **made;      /* the local directories this pull created, parents first */
     size_t n_made, cap_made;
@@ -529,20 +530,28 @@ static void skip_vanished(struct pull_job *job, struct pull_file *f)
 static void fail_changed(struct pull_job *job, struct pull_file *f)
 {
     struct gs_buf msg = GS_BUF_INIT;
-    /* the agent's last word, after its "get PATH: ": changed while read, or held open for
-     * writing (saved half, the writer paused) */
-    const char *why = strstr(job->cli->err.msg, ": get ");
-    why = why && (why = strstr(why + 6, ": ")) ? why + 2 : job->cli->err.msg;
     gs_buf_addf(&msg,
-                "%s was not pulled: a job on the server is still writing it (read %d times; the "
-                "last time: %s); try again once it is written",
-                f->remote, PULL_TRIES, why);
+                "%s changed on the server while it was pulled (a job still writing it?); pulled "
+                "again %d times; try again once it is written",
+                f->remote, PULL_TRIES - 1);
     f->state = PULL_FAILED;
     json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_cli_json_path(f->remote),
                                                    "error", gs_cli_json_path(msg.data)));
     fprintf(stderr, "gpusync: %s\n", msg.data);
     gs_buf_release(&msg);
     gs_error_clear(&job->cli->err);
+}
+
+/* A file pulled while a process on the server held it open for writing, not appending: it is
+ * the file as it was then, a log so far or maybe a checkpoint half saved. Said, and listed. */
+static void note_held_open(struct pull_job *job, struct pull_file *f, const char *writer)
+{
+    json_array_append_new(
+        job->held, json_pack("{s:o,s:s}", "path", gs_cli_json_path(f->remote), "writer", writer));
+    fprintf(stderr,
+            "gpusync: %s was open for writing on the server (%s) as it was pulled: it is the "
+            "file as it was then, maybe a part of what is being written\n",
+            f->remote, writer);
 }
 
 static void pause_ms(long ms)
@@ -557,22 +566,25 @@ static void pause_ms(long ms)
  * the pull. */
 static int fetch_one(struct pull_job *job, struct gs_agent *agent, struct pull_file *f)
 {
-    int rc = 0, changed = 0;
+    int rc = 0;
+    struct gs_agent_got got = {0};
     make_parent(job, f->local);
     for (int try = 0; try < PULL_TRIES; try++) {
         if (try > 0)
             pause_ms((long)PULL_PAUSE_MS << (try - 1));
-        changed = 0;
+        got.changed = 0;
         rc = keep_local_change(job, agent, f);
         if (rc == 0)
-            rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &changed, &job->cli->err);
-        if (rc == 0 || !changed)
+            rc = gs_agent_get(agent, f->remote, f->local, on_bytes, job, &got, &job->cli->err);
+        if (rc == 0 || !got.changed)
             break;
     }
     if (rc == GS_E_NOTFOUND && job->is_folder)
         skip_vanished(job, f);
-    else if (rc < 0 && changed)
+    else if (rc < 0 && got.changed)
         fail_changed(job, f);
+    else if (rc == 0 && got.writer[0])
+        note_held_open(job, f, got.writer);
     if (rc < 0)
         return f->state == PULL_PENDING ? rc : 0;
     struct stat st;
@@ -628,10 +640,10 @@ static int report(struct pull_job *job)
                 json_array_append_new(
                     files, json_pack("{s:o,s:o}", "remote", gs_cli_json_path(job->files[i].remote),
                                      "local", gs_cli_json_path(job->files[i].local)));
-        json_t *o =
-            json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O,s:O}", "v", 1, "ok", failed == 0, "files",
-                      files, "symlinks", links_json(job), "skipped", job->skipped, "bytes",
-                      (json_int_t)job->bytes, "kept", job->kept, "failures", job->failures);
+        json_t *o = json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O,s:O,s:O}", "v", 1, "ok", failed == 0,
+                              "files", files, "symlinks", links_json(job), "skipped", job->skipped,
+                              "bytes", (json_int_t)job->bytes, "kept", job->kept, "failures",
+                              job->failures, "open_for_writing", job->held);
         if (failed) {
             json_object_set_new(o, "error", json_string(gs_error_name(GS_E_ERR)));
             json_object_set_new(o, "message", json_string(first));
@@ -643,6 +655,9 @@ static int report(struct pull_job *job)
     if (job->n_links)
         printf(" and %zu symlink%s", job->n_links, job->n_links == 1 ? "" : "s");
     printf(" (%s) into %s", gs_format_bytes(job->bytes, b), job->local_base);
+    if (json_array_size(job->held))
+        printf("; %zu open for writing there, as they were (named above)",
+               json_array_size(job->held));
     if (skipped)
         printf("; %zu not pulled (named above)", skipped);
     if (failed)
@@ -787,6 +802,7 @@ static void pull_job_release(struct pull_job *job)
     free(job->made);
     json_decref(job->kept);
     json_decref(job->failures);
+    json_decref(job->held);
 }
 
 /* Connects itself (not GS_CMD_NEED_CONNECTION): after taking the project's session lock. */
@@ -804,7 +820,8 @@ static int pull_exec(struct gs_cli *cli)
                            .check_from = check_from,
                            .skipped = json_array(),
                            .kept = json_array(),
-                           .failures = json_array()};
+                           .failures = json_array(),
+                           .held = json_array()};
     int rc = run_pull(cli, &job);
     pull_job_release(&job);
     gs_buf_release(&local);
@@ -828,9 +845,10 @@ const struct gs_cmd gs_cmd_pull = {
             "  nothing is pulled. A pull that fails before it writes a file leaves no new folder\n"
             "  behind; one that fails later keeps the files it wrote, whole, and says how many.\n"
             "  A file that only grows while it is read (a log) comes as it was when the read\n"
-            "  began. One a job writes while it is read, or holds open for writing (a checkpoint\n"
-            "  half saved), is read again (up to 3 times); one that stays so is not pulled, its\n"
-            "  local copy kept, and the pull exits 1 once the other files are in. A file removed "
+            "  began. One a job writes while it is read is read again (up to 3 times); one that\n"
+            "  keeps changing is not pulled, its local copy kept, and the pull exits 1 once the\n"
+            "  other files are in. One a process holds open for writing is pulled as it is and\n"
+            "  named (a log so far, or a checkpoint maybe half saved). A file removed "
             "on the server during a folder pull is skipped and\n"
             "  named. setuid, setgid and sticky bits are not pulled. The server's symlinks\n"
             "  arrive as symlinks (never followed), made after the files; fifos, sockets and\n"

@@ -283,6 +283,8 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         break;
     case GS_MSG_GET_END:
         w_u64(w, m->size), w_bytes(w, m->hash, GS_PROTO_HASH_LEN), w_meta(w, &m->meta);
+        if (m->text.len)
+            w_str(w, m->text);
         break;
     case GS_MSG_LIST_ENTRIES:
         w_u32(w, m->count), w_bytes(w, m->entries.p, m->entries.len);
@@ -435,6 +437,8 @@ static int decode_reply(struct reader *r, struct gs_proto_msg *m)
         break;
     case GS_MSG_GET_END:
         m->size = r_u64(r), r_hash(r, m->hash), r_meta(r, &m->meta), m->has_hash = 1;
+        if (r->n)
+            m->text = r_str(r);
         break;
     case GS_MSG_LIST_ENTRIES:
         m->count = r_u32(r);

@@ -276,7 +276,9 @@ enum gs_msg_type {
     GS_MSG_HASH_R = 0x91,
     /* GET_DATA: raw bytes of the file, in order */
     GS_MSG_GET_DATA = 0x92,
-    /* GET_END: u64 size | hash | meta (all describing the bytes sent) */
+    /* GET_END: u64 size | hash | meta (all describing the bytes sent) [| str writer: when a
+     * process held the file open for writing, not appending, as it was read, "pid N (name)":
+     * the bytes are the file as it was, maybe a part of what is being written] */
     GS_MSG_GET_END = 0x93,
     /* LIST_ENTRIES: u32 count | count x entry; entry = str path (relative to root) | u8 kind |
      * meta | u64 size | u8 has_hash | hash (only if has_hash) | str link_target. In a LIST's
@@ -359,7 +361,7 @@ struct gs_proto_msg {
     struct gs_proto_str path;       /* also RENAME.from, LIST_SKIPPED */
     struct gs_proto_str path2;      /* RENAME.to, SYMLINK target, STAT/LIST link target,
                                      * HELLO_OK root, DONE kept */
-    struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message */
+    struct gs_proto_str text;       /* HELLO_OK agent version, ERROR message, GET_END writer */
     struct gs_proto_str data;       /* PUT, PUT_DATA, GET_DATA bytes; ZFRAMES compressed bytes;
                                      * PUT_DELTA's delta; HELLO_OK resident socket; OPEN root */
     struct gs_proto_meta meta;

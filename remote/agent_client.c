@@ -1532,8 +1532,8 @@ struct get_state {
     gs_agent_progress_fn progress;
     void *ctx;
     struct gs_proto_meta meta;
-    uint64_t size; /* as GET_END states it */
-    int changed;   /* ERROR EAGAIN: the file changed on the server while it was read */
+    uint64_t size;            /* as GET_END states it */
+    struct gs_agent_got said; /* changed (ERROR EAGAIN), or who held it open for writing */
     struct gs_error *err;
     int rc;
 };
@@ -1553,8 +1553,12 @@ static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_
     if (m->type == GS_MSG_GET_END) {
         st->meta = m->meta;
         st->size = m->size;
+        size_t n =
+            m->text.len < sizeof(st->said.writer) ? m->text.len : sizeof(st->said.writer) - 1;
+        memcpy(st->said.writer, m->text.p, n);
+        st->said.writer[n] = '\0';
     } else if (m->type == GS_MSG_ERROR && st->rc == 0) {
-        st->changed = m->err == EAGAIN;
+        st->said.changed = m->err == EAGAIN;
         st->rc = reply_error(a, m, st->err);
     }
     return 0;
@@ -1575,7 +1579,8 @@ static int finish_download(int fd, const char *tmp, const char *local,
 }
 
 int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
-                 gs_agent_progress_fn progress, void *ctx, int *changed, struct gs_error *err)
+                 gs_agent_progress_fn progress, void *ctx, struct gs_agent_got *got,
+                 struct gs_error *err)
 {
     struct gs_buf tmp = GS_BUF_INIT;
     const char *slash = strrchr(local, '/');
@@ -1583,8 +1588,8 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
         gs_buf_add(&tmp, local, (size_t)(slash - local) + 1);
     gs_buf_addf(&tmp, ".gpusync-tmp-%d", (int)getpid());
     struct get_state st = {.progress = progress, .ctx = ctx, .err = err};
-    if (changed)
-        *changed = 0;
+    if (got)
+        memset(got, 0, sizeof(*got));
     /* a fresh file, never through a link someone left at that name */
     int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     st.fd = open(tmp.data, flags, 0600);
@@ -1604,8 +1609,8 @@ int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
     if (rc == 0 && st.size != st.got)
         rc = gs_error_set(err, GS_E_PROTO, "get %s: the agent sent %llu bytes and said %llu", path,
                           (unsigned long long)st.got, (unsigned long long)st.size);
-    if (changed)
-        *changed = st.changed;
+    if (got)
+        *got = st.said;
     if (rc == 0)
         rc = finish_download(st.fd, tmp.data, local, &st.meta, err);
     else

@@ -137,12 +137,19 @@ typedef void (*gs_agent_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 /* Downloads remote `path` to local `local`: written to a temporary file beside it, given the
  * remote mode less the setuid, setgid and sticky bits (a server must not plant set-id programs
  * here) and its mtime, then renamed into place, so a failed pull leaves `local` untouched.
- * Returns 0, GS_E_NOTFOUND, GS_E_REMOTE, GS_E_PROTO or GS_E_IO. *changed (if not NULL) is set to
- * 1 when the agent refused the copy because the file changed on the server while it was read
- * (GS_E_REMOTE then: a job writing it; asking again once it is written can succeed), else 0. An
- * agent older than that check cannot tell (proto/sync.h, GET). */
+ * Returns 0, GS_E_NOTFOUND, GS_E_REMOTE, GS_E_PROTO or GS_E_IO. `got` (if not NULL) says more:
+ * changed is 1 when the agent refused the copy because the file changed on the server while it
+ * was read (GS_E_REMOTE then: a job writing it; asking again once it is written can succeed), else
+ * 0, as an agent older than that check always says (proto/sync.h, GET); writer, after a copy that
+ * arrived, names the process that held the file open for writing as it was read ("pid N (name)":
+ * the copy is the file as it was then, maybe a part of what is being written), else "". */
+struct gs_agent_got {
+    int changed;
+    char writer[64];
+};
 int gs_agent_get(struct gs_agent *a, const char *path, const char *local,
-                 gs_agent_progress_fn progress, void *ctx, int *changed, struct gs_error *err);
+                 gs_agent_progress_fn progress, void *ctx, struct gs_agent_got *got,
+                 struct gs_error *err);
 
 /* One entry of a remote listing. Strings are valid during the callback only. An entry the agent
  * left out has kind 0 and `skipped` set (only `path` is filled then): ENAMETOOLONG for a path too

@@ -95,12 +95,14 @@ static const struct field skipped_item[] = {
     {"path", T_STR, 0, NULL}, {"kind", T_STR, 0, NULL}, END};
 static const struct field pull_failure_item[] = {
     {"path", T_STR, 0, NULL}, {"error", T_STR, 0, NULL}, END};
+static const struct field held_item[] = {{"path", T_STR, 0, NULL}, {"writer", T_STR, 0, NULL}, END};
 static const struct field pull_spec[] = {{"files", T_ARR, 0, pulled_item},
                                          {"symlinks", T_ARR, 0, link_item},
                                          {"skipped", T_ARR, 0, skipped_item},
                                          {"bytes", T_INT, 0, NULL},
                                          {"kept", T_ARR, 0, kept_item},
                                          {"failures", T_ARR, 0, pull_failure_item},
+                                         {"open_for_writing", T_ARR, 0, held_item},
                                          {"error", T_STR, F_OPTIONAL, NULL},
                                          {"message", T_STR, F_OPTIONAL, NULL},
                                          END};

@@ -964,39 +964,49 @@ static pid_t start_half_save(const char *path, const uint8_t *data, size_t n, in
     return pid;
 }
 
-/* A checkpoint a job has half saved, its writer paused between two writes, is not pulled: the
- * server still holds it open for writing (exit 1, `failures` names it, nothing written here).
- * Nothing had changed while it was read, so the pull took the half for the file and said so,
- * exit 0. Saved, it is pulled whole. */
-static void a_file_open_for_writing_on_the_server_is_not_pulled(void **state)
+/* A checkpoint a job has half saved, its writer paused between two writes, is pulled as it is,
+ * and named: a process on the server holds it open for writing (`open_for_writing`, with the
+ * writer's pid). Nothing had changed while it was read, so pull took the half for the file and
+ * said nothing of it. Saved and closed, it is pulled whole and not named. */
+static void a_file_open_for_writing_on_the_server_is_named(void **state)
 {
     (void)state;
     size_t n = 1u << 20;
     uint8_t *data = random_bytes(n, 6);
-    char path[512], local[512];
+    char path[512], local[512], want[64];
     gs_test_sh("mkdir -p '%s/res7'", remote);
     snprintf(path, sizeof(path), "%s/res7/ck.pt", remote);
     snprintf(local, sizeof(local), "%s/res7/ck.pt", project);
     int resume;
     pid_t job = start_half_save(path, data, n, &resume);
     struct gs_test_result r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res7/ck.pt"));
-    gs_test_expect_status(&r, 1, "pull of a checkpoint being saved");
+    gs_test_expect_status(&r, 0, "pull of a checkpoint being saved");
     json_t *o = json_loads(r.out.data, 0, NULL);
     assert_non_null(o);
-    json_t *failures = json_object_get(o, "failures");
-    assert_int_equal(json_array_size(failures), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(failures, 0), "path")),
+    json_t *held = json_object_get(o, "open_for_writing");
+    assert_int_equal(json_array_size(held), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(held, 0), "path")),
                         "res7/ck.pt");
+    snprintf(want, sizeof(want), "pid %ld (", (long)job);
+    assert_true(strncmp(json_string_value(json_object_get(json_array_get(held, 0), "writer")), want,
+                        strlen(want)) == 0);
     json_decref(o);
     gs_test_result_release(&r);
-    assert_int_not_equal(access(local, F_OK), 0);
+    struct gs_buf got = GS_BUF_INIT;
+    assert_int_equal(gs_test_slurp(local, &got), 0);
+    assert_int_equal(got.len, n / 2); /* the file as it was: half */
+    gs_buf_release(&got);
     assert_int_equal(write(resume, "g", 1), 1);
     close(resume);
     int st;
     assert_int_equal(waitpid(job, &st, 0), job);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "res7/ck.pt"));
+    r = gpusync_env(NULL, GS_TEST_ARGS("pull", "--json", "res7/ck.pt"));
     gs_test_expect_status(&r, 0, "pull of the saved checkpoint");
+    o = json_loads(r.out.data, 0, NULL);
+    assert_non_null(o);
+    assert_int_equal(json_array_size(json_object_get(o, "open_for_writing")), 0);
+    json_decref(o);
     gs_test_result_release(&r);
     expect_same_file(remote, project, "res7/ck.pt");
     free(data);
@@ -1101,7 +1111,7 @@ int main(void)
             files_removed_during_a_folder_pull_are_skipped_and_the_rest_pulled, wan_teardown),
         cmocka_unit_test_teardown(a_log_appended_to_during_the_pull_is_pulled_as_it_was,
                                   wan_teardown),
-        cmocka_unit_test(a_file_open_for_writing_on_the_server_is_not_pulled),
+        cmocka_unit_test(a_file_open_for_writing_on_the_server_is_named),
         cmocka_unit_test(a_pull_from_a_wiped_server_says_there_is_nothing_to_pull), /* last */
     };
     if (getenv("GS_TEST_FILTER")) /* e.g. GS_TEST_FILTER='*symlink*' */

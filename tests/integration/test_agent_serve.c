@@ -1537,26 +1537,30 @@ static void let_go(pid_t pid, int release)
     assert_int_equal(waitpid(pid, &st, 0), pid);
 }
 
-/* The reply type that ends a GET of rel (its data read and dropped). */
-static uint8_t get_ends_with(struct fx *f, const char *rel, int *err)
+/* The reply that ends a GET of rel (its data read and dropped): its type, and in *text what
+ * GET_END says of a writer (NUL-terminated, cap bytes). */
+static uint8_t get_ends_with(struct fx *f, const char *rel, char *text, size_t cap)
 {
     struct gs_proto_msg g = req(GS_MSG_GET, rel), m;
     agent_h_queue(&f->a, &g);
     do
         assert_int_equal(agent_h_recv(&f->a, &m), 0);
     while (m.type == GS_MSG_GET_DATA);
-    *err = m.err;
+    size_t n = m.type == GS_MSG_GET_END && m.text.len < cap ? m.text.len : 0;
+    memcpy(text, m.text.p, n);
+    text[n] = '\0';
     return m.type;
 }
 
-/* A file a process holds open for writing (a job that opened its checkpoint, wrote half of it
- * and is still at it, between two writes) is refused: what it holds so far looks like a whole
- * file. It used to come back as GET_END, and pull said it pulled it. Held open for appending (a
- * log), or let go, it comes whole. */
-static void test_serve__get_of_a_file_open_for_writing_is_refused(void **state)
+/* A file a process holds open for writing, not appending (a job that opened its checkpoint and
+ * is still at it, between two writes; or a log opened with 'w') comes with the writer named: its
+ * bytes so far are the file as it was, maybe a part of what is being written. Pull said nothing
+ * of it. Held open for appending, or let go, it comes with none. */
+static void test_serve__get_of_a_file_open_for_writing_names_the_writer(void **state)
 {
     struct fx *f = *state;
-    int err, release;
+    int release;
+    char text[128], want[64];
     start(f);
     assert_int_equal(stream_put(f, 1000, "res/half.pt", (const uint8_t *)"first half", 10,
                                 GS_EXPECT_ABSENT, NULL)
@@ -1565,12 +1569,15 @@ static void test_serve__get_of_a_file_open_for_writing_is_refused(void **state)
     char p[PATH_MAX];
     at(f, "res/half.pt", p);
     pid_t job = hold_open(p, O_WRONLY, &release);
-    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_ERROR);
-    assert_int_equal(err, EAGAIN);
+    assert_int_equal(get_ends_with(f, "res/half.pt", text, sizeof(text)), GS_MSG_GET_END);
+    snprintf(want, sizeof(want), "pid %ld (", (long)job);
+    assert_true(strncmp(text, want, strlen(want)) == 0);
     let_go(job, release);
-    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_GET_END);
+    assert_int_equal(get_ends_with(f, "res/half.pt", text, sizeof(text)), GS_MSG_GET_END);
+    assert_string_equal(text, "");
     job = hold_open(p, O_WRONLY | O_APPEND, &release);
-    assert_int_equal(get_ends_with(f, "res/half.pt", &err), GS_MSG_GET_END);
+    assert_int_equal(get_ends_with(f, "res/half.pt", text, sizeof(text)), GS_MSG_GET_END);
+    assert_string_equal(text, "");
     let_go(job, release);
 }
 
@@ -2047,7 +2054,7 @@ int main(void)
         T(test_serve__large_file_streams_byte_identical_both_ways),
         T(test_serve__get_of_a_file_changed_while_read_is_refused),
         T(test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was),
-        T(test_serve__get_of_a_file_open_for_writing_is_refused),
+        T(test_serve__get_of_a_file_open_for_writing_names_the_writer),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
         T(test_serve__mkdir_keeps_what_stood_in_its_place),

@@ -225,6 +225,19 @@ static void test_proto__replies_round_trip(void **state)
             assert_true(d.meta.mtime_sec == m.meta.mtime_sec);
         gs_proto_buf_release(&b);
     }
+
+    /* GET_END's writer is optional: absent, it decodes as "" (an agent before it); present, as
+     * sent */
+    m = sample(GS_MSG_GET_END);
+    m.text = gs_proto_cstr("");
+    round_trip(&m, &b, &d);
+    assert_int_equal(d.text.len, 0);
+    gs_proto_buf_release(&b);
+    m.text = gs_proto_cstr("pid 4242 (python)");
+    round_trip(&m, &b, &d);
+    assert_str(d.text, m.text);
+    assert_true(d.size == m.size);
+    gs_proto_buf_release(&b);
 }
 
 static void test_proto__list_entries_round_trip_and_split_at_limit(void **state)
