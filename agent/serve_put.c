@@ -163,7 +163,7 @@ void ga_serve_put_data(struct ga_serve *s, const struct gs_proto_msg *m)
     }
     if (st->failed)
         return;
-    int rc = write_all(st->fd, m->data.p, m->data.len);
+    int rc = ga_write_sparse(st->fd, m->data.p, m->data.len) < 0 ? -errno : 0;
     if (rc < 0) {
         ga_serve_reply_op_error(s, m->id, rc, "put", st->path);
         stream_fail(st);
@@ -199,7 +199,10 @@ void ga_serve_put_end(struct ga_serve *s, const struct gs_proto_msg *m)
         XXH128_canonical_t c;
         XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st->hs));
         memcpy(hash, c.digest, sizeof(hash));
-        int rc = ga_serve_finish_tmp(s, st->fd, &st->meta);
+        /* its size, where it ends in a hole that ga_write_sparse left unwritten */
+        int rc = ftruncate(st->fd, (off_t)st->received) < 0 ? -errno : 0;
+        int r = ga_serve_finish_tmp(s, st->fd, &st->meta);
+        rc = rc < 0 ? rc : r;
         st->fd = -1;
         const char *mismatch = rc == 0 ? stream_mismatch(st, m, hash) : NULL;
         if (rc < 0 || mismatch)

@@ -33,5 +33,11 @@ void *ga_xreallocarray(void *p, size_t nmemb, size_t size);
 /* Writes all n bytes of buf to fd, retrying short writes and EINTR. Returns 0, or -1 with errno
  * set (ENOSPC when write(2) wrote nothing); how much was written is then unknown. */
 int ga_write_all(int fd, const void *buf, size_t n);
+/* ga_write_all that skips (lseek) each whole block of GA_HOLE_BLOCK zero bytes, aligned to the
+ * file offset, leaving a hole: a sparse file (a zeroed numpy.memmap, a disk image) costs the
+ * server the disk it costs here, not its full size. The file's size is the caller's to set
+ * (ftruncate) when it may end in a hole. Returns 0 or -1 (errno). */
+#define GA_HOLE_BLOCK 4096
+int ga_write_sparse(int fd, const void *buf, size_t n);
 
 #endif

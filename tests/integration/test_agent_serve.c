@@ -1581,6 +1581,33 @@ static void test_serve__get_of_a_file_open_for_writing_names_the_writer(void **s
     let_go(job, release);
 }
 
+/* A file with long runs of zeros (a zeroed numpy.memmap, a disk image: sparse where it was
+ * made) lands sparse: the zero blocks are holes, the content and size exactly as sent, also when
+ * it ends in zeros. It used to take its full size of the server's disk. */
+static void test_serve__zero_blocks_of_a_streamed_file_are_holes(void **state)
+{
+    struct fx *f = *state;
+    size_t mib = 1u << 20, n = 26 * mib;
+    uint8_t *data = calloc(1, n);
+    assert_non_null(data);
+    fill_random(data, mib, 12);                  /* 1 MiB of data, 16 of zeros, */
+    fill_random(data + 17 * mib, mib - 100, 13); /* a MiB less 100 bytes, then zeros to the end */
+    start(f);
+    assert_int_equal(stream_put(f, 1000, "img/disk.raw", data, n, GS_EXPECT_ABSENT, NULL).type,
+                     GS_MSG_DONE);
+    char p[PATH_MAX];
+    at(f, "img/disk.raw", p);
+    size_t len = 0;
+    char *back = slurp(p, &len);
+    assert_int_equal(len, n);
+    assert_memory_equal(back, data, n);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_true((uint64_t)st.st_blocks * 512 <= 3 * mib); /* the 2 MiB of data, not 26 */
+    free(back);
+    free(data);
+}
+
 static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
 {
     struct fx *f = *state;
@@ -1591,7 +1618,9 @@ static void test_serve__disk_full_removes_temp_and_keeps_target(void **state)
     start(f);
     assert_int_equal(put(f, "data/f.bin", "keep me").type, GS_MSG_DONE);
     size_t n = 3u << 20;
-    uint8_t *data = calloc(1, n), h[GS_PROTO_HASH_LEN];
+    uint8_t *data = malloc(n), h[GS_PROTO_HASH_LEN];
+    assert_non_null(data);
+    fill_random(data, n, 14); /* zeros would be holes, and fit */
     agent_h_hash("keep me", 7, h);
     struct rep r = stream_put(f, 9, "data/f.bin", data, n, GS_EXPECT_HASH, h);
     assert_int_equal(r.type, GS_MSG_ERROR);
@@ -2055,6 +2084,7 @@ int main(void)
         T(test_serve__get_of_a_file_changed_while_read_is_refused),
         T(test_serve__get_of_a_file_appended_while_read_sends_it_as_it_was),
         T(test_serve__get_of_a_file_open_for_writing_names_the_writer),
+        T(test_serve__zero_blocks_of_a_streamed_file_are_holes),
         T(test_serve__disk_full_removes_temp_and_keeps_target),
         T(test_serve__mkdir_rename_symlink_and_recursive_delete),
         T(test_serve__mkdir_keeps_what_stood_in_its_place),
