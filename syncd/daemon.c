@@ -845,7 +845,12 @@ static int check_finish(struct daemon *d, struct gs_verify *v, struct gs_error *
         return rc;
     }
     d->next_verify_ms = next_verify_ms(d);
-    return (int)(r.gone + r.changed > INT_MAX ? INT_MAX : r.gone + r.changed);
+    /* What the server lacked at a path that a sync meanwhile renamed (or rewrote) is not yet
+     * known at its new path: checked again before a flush is told "up to date". */
+    if (r.moved)
+        d->verify = 1;
+    size_t n = r.gone + r.changed + r.moved;
+    return (int)(n > INT_MAX ? INT_MAX : n);
 }
 
 static int check_server(struct daemon *d, struct gs_error *err)

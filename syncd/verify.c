@@ -286,8 +286,12 @@ static int apply(struct gs_verify *v, const struct gs_verify_found *found,
     int rc = gs_index_begin(v->idx, err);
     for (size_t i = 0; rc == 0 && i < all->n; i++) {
         how[i] = compare(&all->v[i], &v->seen[i]);
-        if (how[i] != SAME && how[i] != UNTOLD && still_believed(v->idx, &all->v[i], &rc, err))
+        if (how[i] == SAME || how[i] == UNTOLD)
+            continue;
+        if (still_believed(v->idx, &all->v[i], &rc, err))
             fixed[n_fixed++] = i;
+        else if (rc == 0)
+            out->moved++;
     }
     for (size_t k = 0; rc == 0 && k < n_fixed; k++) {
         size_t i = fixed[k];
@@ -302,7 +306,7 @@ static int apply(struct gs_verify *v, const struct gs_verify_found *found,
     else
         gs_index_rollback(v->idx, NULL);
     if (rc < 0)
-        out->gone = out->changed = 0;
+        out->gone = out->changed = out->moved = 0;
     for (size_t k = 0; rc == 0 && found && k < n_fixed; k++)
         found->fn(found->ctx, all->v[fixed[k]].path);
     free(how);
@@ -380,6 +384,10 @@ int gs_verify_finish(struct gs_verify *v, struct gs_fileops *ops,
         gs_info("the server no longer held %zu of the %zu paths gpusync wrote there (%zu gone, "
                 "%zu changed there): sending them again",
                 off, v->all->n, out->gone, out->changed);
+    if (rc == 0 && out->moved)
+        gs_debug("%zu path%s the server did not hold as believed were renamed or written since "
+                 "the check: checked again",
+                 out->moved, out->moved == 1 ? "" : "s");
     gs_verify_abandon(v);
     return rc;
 }

@@ -34,6 +34,10 @@ struct gs_verify_result {
     size_t checked; /* index entries compared with the server */
     size_t gone;    /* missing on the server: to be sent again */
     size_t changed; /* changed there (content, kind or mode): to be set right again */
+    size_t moved;   /* gone or changed there, but rewritten in the index while the check ran:
+                       by a sync of the path, which made it true, or by a rename of it or of a
+                       folder above it, which carried what the server lacks to another path: a
+                       caller about to say "up to date" checks again first */
 };
 
 /* Told each path the check corrected (gone or changed there), once the index is written: a

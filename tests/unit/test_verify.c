@@ -278,6 +278,56 @@ static void test_verify__a_reset_copy_reads_a_new_index_whole(void **state)
     check_both(f, 4, 0);
 }
 
+/* A stub server that lost one path: `lost` is gone there, everything else as believed. */
+static const char *lost;
+
+static int lost_check_wait(struct gs_fileops *ops, struct gs_fop_stat *out, struct gs_error *err)
+{
+    (void)err;
+    struct stub *s = (struct stub *)ops;
+    for (size_t i = 0; i < s->n; i++)
+        out[i] = (struct gs_fop_stat){
+            .kind = strcmp(s->b[i].path, lost) == 0 ? GS_FOP_KIND_NONE : GS_FOP_KIND_UNKNOWN};
+    return 0;
+}
+
+/* The watch daemon checks while a batch runs. The server lost a/f1 behind gpusync's back; the
+ * check finds it gone, but meanwhile the batch renamed a to b (the agent renamed what the server
+ * held, so b lacks f1 too). The finding cannot be applied at a/f1, which the index no longer
+ * holds, and was dropped as if a sync had made it true: a flush then said up to date while the
+ * server lacked b/f1 (faults.sh seed 1795799507). It is counted as moved, so that the daemon
+ * checks again before it answers a flush. */
+static void test_verify__a_finding_at_a_path_renamed_meanwhile_counts_as_moved(void **state)
+{
+    struct fx *f = *state;
+    struct gs_index *idx = f->idx[1];
+    struct gs_error err = {0};
+    const char *files[] = {"a/f0", "a/f1", "a/f2"};
+    for (int i = 0; i < 3; i++) {
+        struct gs_index_entry e = entry(files[i], 7); /* a file */
+        assert_int_equal(gs_index_put(idx, &e, NULL), 0);
+    }
+    struct stub s;
+    stub_init(&s);
+    s.ops.check_wait = lost_check_wait;
+    lost = "a/f1";
+    struct gs_verify *v = NULL;
+    struct gs_verify_result res;
+    assert_int_equal(gs_verify_prepare(idx, NULL, &v, &err), 0);
+    assert_int_equal(gs_verify_send(v, &s.ops, &err), 0);
+    assert_int_equal(gs_index_rename(idx, "a", "b", &err), 0); /* the batch, meanwhile */
+    assert_int_equal(gs_verify_finish(v, &s.ops, NULL, &res, &err), 0);
+    assert_int_equal(res.gone, 0);
+    assert_int_equal(res.moved, 1);
+    /* and checked again, it is found where it now is */
+    lost = "b/f1";
+    assert_int_equal(gs_verify_server(idx, &s.ops, NULL, &res, &err), 0);
+    assert_int_equal(res.gone, 1);
+    assert_int_equal(res.moved, 0);
+    gs_buf_release(&s.asked);
+    free(s.b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +335,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_verify__a_reset_copy_reads_a_new_index_whole, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_verify__a_finding_at_a_path_renamed_meanwhile_counts_as_moved, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
