@@ -611,6 +611,11 @@ static int load_excludes(struct gs_ignore *ig, const char *const *excludes, size
     return 0;
 }
 
+const char *gs_ignore_user_path(const struct gs_ignore *ig)
+{
+    return ig ? ig->user_path : NULL;
+}
+
 int gs_ignore_open(struct gs_ignore **out, const char *root, const char *const *excludes,
                    size_t n_excludes, struct gs_error *err)
 {

@@ -39,6 +39,10 @@ int gs_ignore_open(struct gs_ignore **out, const char *root, const char *const *
 /* Frees `ig`. NULL is fine. */
 void gs_ignore_free(struct gs_ignore *ig);
 
+/* The user's excludes file `ig` reads (core.excludesFile, or git's default
+ * ~/.config/git/ignore), or NULL. */
+const char *gs_ignore_user_path(const struct gs_ignore *ig);
+
 /* Is `relpath` ignored, itself or through an ignored ancestor directory? `is_dir` says whether
  * it is a directory (the watcher knows even for a path that no longer exists). Returns 1 (ignored),
  * 0 (synced), or GS_E_IO with a message when an ignore file cannot be read. The watcher calls

@@ -569,6 +569,43 @@ static void test_watch__changed_ignore_rules_take_effect_at_the_next_flush(void 
     json_decref(st);
 }
 
+/* The user's excludes file (core.excludesFile) edited, or the git config pointed at another one,
+ * while the daemon runs: as for a .gitignore, what it now excludes leaves the server and what it
+ * no longer excludes goes there at the next flush. The daemon kept the rules it started with and
+ * said up to date (only a push, or a restart, applied them). */
+static void test_watch__the_users_excludes_file_is_followed_too(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    put("b.log", "b\n");
+    put("c.tmp", "c\n");
+    char excl[600], excl2[600];
+    snprintf(excl, sizeof(excl), "%s/excludes", cur.base); /* outside the project */
+    snprintf(excl2, sizeof(excl2), "%s/excludes2", cur.base);
+    assert_int_equal(
+        gs_test_sh("printf '*.log\\n' > '%s' && printf 'a.txt\\n' > '%s' && cd '%s' && "
+                   "git init -q . && git config core.excludesFile '%s'",
+                   excl, excl2, cur.local, excl),
+        0);
+    watch_start();
+    flush("first flush");
+    expect_remote_absent("b.log");
+    expect_remote("c.tmp", "c\n");
+    assert_int_equal(gs_test_sh("printf '*.tmp\\n' > '%s'", excl), 0);
+    flush("flush after the excludes file changed");
+    expect_remote_absent("c.tmp");
+    expect_remote("b.log", "b\n");
+    assert_int_equal(gs_test_sh("cd '%s' && git config core.excludesFile '%s'", cur.local, excl2),
+                     0);
+    flush("flush after core.excludesFile named another file");
+    expect_remote_absent("a.txt");
+    expect_remote("c.tmp", "c\n");
+    json_t *st = daemon_status_json();
+    assert_string_equal(json_string_value(json_object_get(st, "state")), "up_to_date");
+    json_decref(st);
+}
+
 /* Runs gpusync without the capabilities that let root read any file (the tests run as root), so
  * that a mode 000 file cannot be read here, as for a user a file created by a container's root. */
 /* The audit's case: the user pulls a job's output folder while watch runs, the job then writes a
@@ -2510,6 +2547,7 @@ int main(void)
         T(test_watch__exec_client_leaving_ends_the_remote_command),
         T(test_watch__ignored_directories_get_no_watches),
         T(test_watch__changed_ignore_rules_take_effect_at_the_next_flush),
+        T(test_watch__the_users_excludes_file_is_followed_too),
         T(test_watch__a_pulled_output_stays_the_jobs_when_it_writes_a_newer_one),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
         T(test_watch__init_for_another_path_stops_the_daemon),
