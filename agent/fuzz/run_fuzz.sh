@@ -21,7 +21,7 @@ if ! "$cc" -fsanitize=fuzzer,address -o "$out/probe" "$probe" 2>/dev/null; then
     exit 77
 fi
 flags="-std=c99 -g -O1 -Wall -Wextra -Werror -I$repo -I$src"
-srcs="$src/serve.c $src/resident.c $src/serve_put.c $src/serve_delta.c $src/serve_ops.c $src/serve_query.c $src/serve_check.c $src/dirwatch.c $src/fs.c $repo/proto/sync.c $repo/proto/zframes.c $src/sync_id.c $src/fence.c $src/wrapper.c"
+srcs="$src/serve.c $src/resident.c $src/serve_put.c $src/serve_delta.c $src/serve_ops.c $src/serve_query.c $src/writers.c $src/serve_check.c $src/dirwatch.c $src/fs.c $repo/proto/sync.c $repo/proto/zframes.c $src/sync_id.c $src/fence.c $src/wrapper.c"
 # with libzstd the compressed frames (ZFRAMES) are fuzzed too
 if [ -f /usr/include/zstd.h ]; then
     flags="$flags -DGS_ZSTD"
