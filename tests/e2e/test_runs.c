@@ -1138,13 +1138,20 @@ static void await_rank_paused(const char *id, int rank, int paused, const char *
 /* A rank stopped by a signal (kill -STOP, a debugger) makes no progress, yet ps said its run was
  * running as ever. ps --json now marks the rank "paused" (state stays "running") and the table
  * says "paused"; once continued (SIGCONT) both read running again. */
+/* start_sleeper, its rank then stopped (SIGSTOP) and seen paused by ps. */
+static long start_paused_sleeper(char *id, size_t cap)
+{
+    long rank_pid = start_sleeper(id, cap);
+    assert_int_equal(kill((pid_t)rank_pid, SIGSTOP), 0);
+    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to its rank");
+    return rank_pid;
+}
+
 static void test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued(void **state)
 {
     (void)state;
     char id[128];
-    long rank_pid = start_sleeper(id, sizeof(id));
-    assert_int_equal(kill((pid_t)rank_pid, SIGSTOP), 0);
-    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to its rank");
+    long rank_pid = start_paused_sleeper(id, sizeof(id));
     assert_int_equal(kill((pid_t)rank_pid, SIGCONT), 0);
     await_rank_paused(id, 0, 0, "running", "SIGCONT to its rank");
     struct child s = run_in(project, ARGS("stop", id));
@@ -1160,9 +1167,7 @@ static void test_stop__a_paused_rank_gets_sigterm_not_sigkill(void **state)
 {
     (void)state;
     char id[128];
-    long rank_pid = start_sleeper(id, sizeof(id));
-    assert_int_equal(kill((pid_t)rank_pid, SIGSTOP), 0);
-    await_rank_paused(id, 0, 1, "paused", "SIGSTOP to its rank");
+    long rank_pid = start_paused_sleeper(id, sizeof(id));
     struct child s = run_in(project, ARGS("stop", id));
     expect_status(&s, 0, "stop of the paused run");
     child_release(&s);
