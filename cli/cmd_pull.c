@@ -848,11 +848,11 @@ const struct gs_cmd gs_cmd_pull = {
             "  began. One a job writes while it is read is read again (up to 3 times); one that\n"
             "  keeps changing is not pulled, its local copy kept, and the pull exits 1 once the\n"
             "  other files are in. One a process holds open for writing is pulled as it is and\n"
-            "  named (a log so far, or a checkpoint maybe half saved). A file removed "
-            "on the server during a folder pull is skipped and\n"
-            "  named. setuid, setgid and sticky bits are not pulled. The server's symlinks\n"
-            "  arrive as symlinks (never followed), made after the files; fifos, sockets and\n"
-            "  devices are not pulled, and are named. After the server was wiped or recreated, a\n"
+            "  named (a log so far, or a checkpoint maybe half saved). A file removed on the\n"
+            "  server during a folder pull is skipped and named. setuid, setgid and sticky bits\n"
+            "  are not pulled. The server's symlinks arrive as symlinks (never followed), made\n"
+            "  after the files; fifos, sockets and devices are not pulled, and are named. After "
+            "the server was wiped or recreated, a\n"
             "  REMOTE_PATH it lacks fails: pull sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
