@@ -851,9 +851,9 @@ const struct gs_cmd gs_cmd_pull = {
             "  named (a log so far, or a checkpoint maybe half saved). A file removed on the\n"
             "  server during a folder pull is skipped and named. setuid, setgid and sticky bits\n"
             "  are not pulled. The server's symlinks arrive as symlinks (never followed), made\n"
-            "  after the files; fifos, sockets and devices are not pulled, and are named. After "
-            "the server was wiped or recreated, a\n"
-            "  REMOTE_PATH it lacks fails: pull sends nothing.\n",
+            "  after the files; fifos, sockets and devices are not pulled, and are named.\n"
+            "  After the server was wiped or recreated, a REMOTE_PATH it lacks fails: pull\n"
+            "  sends nothing.\n",
     .flags = GS_CMD_NEED_PROJECT,
     .parse = pull_parse,
     .exec = pull_exec,
