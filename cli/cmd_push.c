@@ -44,8 +44,12 @@ static void report_conflict(struct push_ui *ui, const char *path, const char *ke
                                                    "kept", gs_cli_json_path(kept)));
     if (!ui->cli->json) {
         gs_progress_end(&ui->bar);
-        fprintf(stderr, "conflict: %s was changed on the server; its copy is kept as %s\n", path,
-                kept);
+        /* "changed there" would be a guess: after .gpusync was lost (git clean -x) the copy may
+         * be gpusync's own, written before the record it has now */
+        fprintf(stderr,
+                "conflict: %s on the server is not what gpusync knows it wrote there; the "
+                "server's copy is kept as %s\n",
+                path, kept);
     }
 }
 
