@@ -1555,7 +1555,8 @@ static int on_get(struct gs_agent *a, const struct gs_proto_msg *m, struct sync_
         st->size = m->size;
         size_t n =
             m->text.len < sizeof(st->said.writer) ? m->text.len : sizeof(st->said.writer) - 1;
-        memcpy(st->said.writer, m->text.p, n);
+        if (n) /* text.p is NULL when GET_END names no writer */
+            memcpy(st->said.writer, m->text.p, n);
         st->said.writer[n] = '\0';
     } else if (m->type == GS_MSG_ERROR && st->rc == 0) {
         st->said.changed = m->err == EAGAIN;

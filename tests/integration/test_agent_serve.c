@@ -1547,7 +1547,8 @@ static uint8_t get_ends_with(struct fx *f, const char *rel, char *text, size_t c
         assert_int_equal(agent_h_recv(&f->a, &m), 0);
     while (m.type == GS_MSG_GET_DATA);
     size_t n = m.type == GS_MSG_GET_END && m.text.len < cap ? m.text.len : 0;
-    memcpy(text, m.text.p, n);
+    if (n)
+        memcpy(text, m.text.p, n);
     text[n] = '\0';
     return m.type;
 }
