@@ -504,7 +504,6 @@ static void term_others(struct sup *s)
             l.v[kept++] = l.v[i];
     l.n = kept;
     s->st.others_termed += (long)ga_procs_signal(&l, SIGTERM);
-    ga_procs_signal(&l, SIGCONT); /* see terminate */
     ga_proclist_release(&l);
 }
 
@@ -522,10 +521,7 @@ static void terminate(struct sup *s)
     reap(s);
     for (int i = 0; i < s->st.nranks; i++)
         s->st.ranks[i].stopped = s->st.ranks[i].exit_code < 0;
-    signal_groups(s, SIGTERM);
-    /* A process stopped by a signal (kill -STOP, Ctrl-Z, a debugger) keeps SIGTERM pending until
-     * continued: it would sit out the grace period and get SIGKILL, its handler never run. */
-    signal_groups(s, SIGCONT);
+    signal_groups(s, SIGTERM); /* and SIGCONT, for a stopped process (pgroup.h) */
     term_others(s);
     s->kill_at = ga_runs_mono_ms() + s->st.grace_ms;
     save_status(s);

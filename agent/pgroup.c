@@ -58,5 +58,8 @@ int ga_pgroup_alive(struct ga_runs_rank *r)
 
 int ga_pgroup_signal(struct ga_runs_rank *r, int sig)
 {
-    return ga_pgroup_alive(r) && kill((pid_t)-r->pgid, sig) == 0;
+    int sent = ga_pgroup_alive(r) && kill((pid_t)-r->pgid, sig) == 0;
+    if (sent && sig == SIGTERM) /* a stopped process acts on it only once continued */
+        kill((pid_t)-r->pgid, SIGCONT);
+    return sent;
 }

@@ -25,7 +25,10 @@ void ga_pgroup_record(struct ga_runs_rank *r, long pid);
  * processes until reaped (they pin the number). */
 int ga_pgroup_alive(struct ga_runs_rank *r);
 
-/* Sends sig to r's group if ga_pgroup_alive says it is still the run's. Returns 1 if sent. */
+/* Sends sig to r's group if ga_pgroup_alive says it is still the run's. Returns 1 if sent.
+ * SIGTERM is followed by SIGCONT: a process stopped by a signal (kill -STOP, Ctrl-Z, a debugger)
+ * keeps SIGTERM pending until continued, and would sit out a grace period, its handler never run.
+ */
 int ga_pgroup_signal(struct ga_runs_rank *r, int sig);
 
 #endif

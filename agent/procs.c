@@ -320,6 +320,8 @@ size_t ga_procs_signal(const struct ga_proclist *l, int sig)
     size_t sent = 0;
     for (size_t i = 0; i < l->n; i++)
         sent += (size_t)signal_one(&l->v[i], sig);
+    for (size_t i = 0; sig == SIGTERM && i < l->n; i++) /* as ga_pgroup_signal, not counted */
+        signal_one(&l->v[i], SIGCONT);
     return sent;
 }
 

@@ -48,8 +48,8 @@ int ga_procs_find(const struct ga_procs *p, int which, struct ga_proclist *out);
  * Returns 0, or -1 when /proc cannot be read. */
 int ga_procs_stopped(struct ga_proclist *out);
 
-/* Sends sig to each process of l that is still the one found (same pid and start time).
- * Returns how many were signalled. */
+/* Sends sig to each process of l that is still the one found (same pid and start time), SIGTERM
+ * followed by SIGCONT as ga_pgroup_signal does. Returns how many were signalled. */
 size_t ga_procs_signal(const struct ga_proclist *l, int sig);
 
 /* Makes a cgroup for the run under the caller's own cgroup v2 (gpusync-run-<id>-<supervisor>) and

@@ -899,9 +899,6 @@ static void term_lost(const char *dir, struct ga_runs_status *st)
         st->ranks[i].stopped = ga_pgroup_alive(&st->ranks[i]);
     kill_groups(st, SIGTERM);
     st->others_termed += (long)ga_procs_signal(&l, SIGTERM);
-    /* a stopped process keeps SIGTERM pending until continued (launch.c, terminate) */
-    kill_groups(st, SIGCONT);
-    ga_procs_signal(&l, SIGCONT);
     ga_proclist_release(&l);
 }
 

@@ -172,16 +172,16 @@ static long long ms_of(struct timespec t)
  * saving it, maybe paused between two writes: its bytes so far look like a whole file; or one
  * writing a log opened with 'w'), or NULL.
  * /proc is read again when the last look is a second old, or not after the file's last change
- * (its writer may have opened it since); a writer that opened it after that, and has not written
- * yet, has changed nothing of what was read. */
+ * (its writer may have opened it since; ctime comes from the kernel's coarse clock, a tick or so
+ * behind this one); a writer that opened it after that, and has not written yet, has changed
+ * nothing of what was read. */
 static const struct ga_writer *writer_of(const struct stat *st)
 {
     static struct ga_writers writers;
     static long long scanned_ms = -1; /* CLOCK_REALTIME, as st_ctim */
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    if (scanned_ms < 0 || ms_of(now) - scanned_ms > 1000 ||
-        ms_of(st->st_ctim) >= scanned_ms - 1000) {
+    if (scanned_ms < 0 || ms_of(now) - scanned_ms > 1000 || ms_of(st->st_ctim) >= scanned_ms - 50) {
         ga_writers_scan(&writers);
         scanned_ms = ms_of(now);
     }

@@ -171,7 +171,7 @@ static void render_run(struct gs_buf *b, json_t *s)
         gs_buf_adds(b, "Run  none running\n");
         return;
     }
-    char paused[32];
+    char paused[32]; /* "paused..." is ours; the server's own state is drawn made safe (str) */
     const char *state = gs_run_state_text(run, paused, sizeof(paused));
     gs_buf_addf(b, "Run  %s %s  samples/s ", str(run, "id", "?"),
                 state == paused ? paused : str(run, "state", "?"));

@@ -378,8 +378,8 @@ int gs_nodes_stop(struct gs_cli *cli, json_t *rec, long grace_ms)
         int failed = stop_report(cli, &m, list);
         if (failed >= 0) {
             gs_error_set(&cli->err, m.nodes[failed].result,
-                         "run %s was not stopped on every node (%s could not be reached); run "
-                         "'gpusync stop %s' again once every node can be reached",
+                         "run %s was not stopped on every node (not on %s); run 'gpusync stop "
+                         "%s' again once every node can be reached",
                          m.id, gs_node_name(&m.nodes[failed], failed), m.id);
             r = m.nodes[failed].result;
         }
