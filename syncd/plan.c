@@ -9,6 +9,7 @@
 #include "syncd/plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -175,6 +176,15 @@ static int merge(struct planner *p, const struct gs_scan *scan)
 
 /* ---- hashing ---- */
 
+/* Lists `path` among the files the plan could not read (gs_plan's unreadable). */
+static void add_unreadable(struct gs_plan *pl, const char *path, const char *why, uint64_t size,
+                           int err_no)
+{
+    pl->unreadable = gs_xrealloc(pl->unreadable, (pl->n_unreadable + 1) * sizeof(*pl->unreadable));
+    pl->unreadable[pl->n_unreadable++] =
+        (struct gs_plan_unreadable){gs_xstrdup(path), gs_xstrdup(why), size, err_no};
+}
+
 static int stat_matches_cache(const struct gs_scan_entry *l, const struct gs_index_entry *r)
 {
     return r && r->kind == GS_KIND_FILE && r->has_hash && r->has_local &&
@@ -267,11 +277,7 @@ static int hash_item(struct planner *p, struct item *it)
         return 0;
     }
     if (rc == GS_E_IO) { /* unreadable here (permission): left alone, reported as failed */
-        struct gs_plan *pl = p->plan;
-        pl->unreadable =
-            gs_xrealloc(pl->unreadable, (pl->n_unreadable + 1) * sizeof(*pl->unreadable));
-        pl->unreadable[pl->n_unreadable++] =
-            (struct gs_plan_unreadable){gs_xstrdup(it->path), gs_xstrdup(herr.msg), it->l->size};
+        add_unreadable(p->plan, it->path, herr.msg, it->l->size, EACCES);
         it->consumed = 1; /* no operation, and no part in a rename */
         return 0;
     }
@@ -355,6 +361,39 @@ static int forget_pulled(struct planner *p)
 static size_t lower_bound(const struct planner *p, const char *key)
 {
     return gs_path_lower_bound(p->it, p->n, sizeof(*p->it), offsetof(struct item, path), key);
+}
+
+/* The index's items at `path` and below it, not listed here: no operation, no part in a rename. */
+static void keep_on_server(struct planner *p, const char *path)
+{
+    struct gs_buf below = GS_BUF_INIT;
+    gs_buf_addf(&below, "%s/", path);
+    size_t i = lower_bound(p, path);
+    if (i < p->n && !strcmp(p->it[i].path, path) && !p->it[i].l)
+        p->it[i].consumed = 1;
+    for (i = lower_bound(p, below.data); i < p->n && path_within(p->it[i].path, path); i++)
+        if (!p->it[i].l)
+            p->it[i].consumed = 1;
+    gs_buf_release(&below);
+}
+
+/* A path too long to open (the scan's too_long): reported as unreadable, and every index path at
+ * or below it kept on the server, as the scan could not say whether it is still here. */
+static void keep_too_long(struct planner *p, const struct gs_scan *scan)
+{
+    for (size_t t = 0; t < scan->n_too_long; t++) {
+        const char *path = scan->too_long[t];
+        if (!scope_of(&p->opts, path))
+            continue;
+        struct gs_buf why = GS_BUF_INIT;
+        gs_buf_addf(&why,
+                    "%s: the path is longer than this system can open (%d bytes with the "
+                    "project's folder); shorten it or add it to [sync] exclude",
+                    path, PATH_MAX);
+        add_unreadable(p->plan, path, why.data, 0, ENAMETOOLONG);
+        gs_buf_release(&why);
+        keep_on_server(p, path);
+    }
 }
 
 /* The items strictly below item i: [*begin, *end). */
@@ -847,8 +886,10 @@ int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *
         rc = merge(&p, scan);
     if (rc == 0)
         rc = hash_all(&p);
-    if (rc == 0)
+    if (rc == 0) {
+        keep_too_long(&p, scan);
         rc = keep_ignored(&p);
+    }
     if (rc == 0) {
         mark_replaced(&p);
         rc = forget_pulled(&p);

@@ -85,6 +85,7 @@ struct gs_plan_unreadable {
     char *path;
     char *why;     /* the error, naming the path */
     uint64_t size; /* as scanned */
+    int err_no;    /* EACCES, EIO, ...; ENAMETOOLONG: a path too long to open (scan.h too_long) */
 };
 
 struct gs_plan {
@@ -94,9 +95,10 @@ struct gs_plan {
     size_t n_hashed;        /* files read to compute a hash */
     size_t n_refreshed;     /* touched, same content: stat cache refreshed, nothing to send */
     uint64_t bytes_to_send; /* sum of the sizes of PUT operations */
-    /* Files that could not be read here (permission, an I/O error): no operation touches them,
-     * so the server keeps what it holds, and the index too. A caller reports them as failed: one
-     * unreadable file does not hold back the rest of the tree. */
+    /* Files that could not be read here (permission, an I/O error, a path too long to open): no
+     * operation touches them (nor, for a path too long, anything below it), so the server keeps
+     * what it holds, and the index too. A caller reports them as failed: one unreadable file does
+     * not hold back the rest of the tree. */
     struct gs_plan_unreadable *unreadable;
     size_t n_unreadable;
 };

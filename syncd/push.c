@@ -147,6 +147,10 @@ int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)
     struct stat st;
     struct gs_hash now;
     gs_path_join(&abs, root, op->path);
+    if (lstat(abs.data, &st) < 0 && errno == ENAMETOOLONG) {
+        gs_buf_release(&abs);
+        return 0; /* too long to open (scan.h too_long): no save will make it sendable */
+    }
     int changed =
         lstat(abs.data, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != op->record.size;
     /* same size: a rewrite within one timestamp tick keeps the mtime too, so compare the bytes */
@@ -609,7 +613,7 @@ static void report_unreadable(const struct gs_plan *plan, const struct gs_push_o
         /* the size as scanned: the daemon takes another as a save since (gs_push_changed_locally)
          */
         struct gs_plan_op op = {.type = GS_OP_PUT, .path = u->path, .record.size = u->size};
-        struct gs_fop_result r = {.message = u->why, .err_no = EACCES, .local = 1};
+        struct gs_fop_result r = {.message = u->why, .err_no = u->err_no, .local = 1};
         run->st->ops_total++;
         note_failure(run, &op, &r);
         if (opts->on_op)

@@ -51,6 +51,9 @@ void gs_scan_release(struct gs_scan *s)
 {
     scan_truncate(s, 0);
     free(s->entries);
+    for (size_t i = 0; i < s->n_too_long; i++)
+        free(s->too_long[i]);
+    free(s->too_long);
     gs_scan_init(s);
 }
 
@@ -159,15 +162,17 @@ static int entry_ignored(struct walk *w, const char *name, enum gs_kind kind)
 
 /* 1 when the entry at w->rel (of `kind`) is too deep for its absolute path to be opened (the
  * ignore rules and the plan read files by path; over PATH_MAX that fails with ENAMETOOLONG, which
- * used to fail the whole scan): it is then left out, with a warning naming its start. */
+ * used to fail the whole scan): it is then left out of the entries and listed in too_long, so that
+ * a plan reports it and deletes nothing of what the server holds there. */
 static int too_long(const struct walk *w, enum gs_kind kind)
 {
     size_t len = w->root_len + 1 + w->rel.len;
     if (len + (kind == GS_KIND_DIR ? GITIGNORE_ROOM : 0) < PATH_MAX)
         return 0;
-    gs_warn("skipped %.*s... (%zu bytes): the path is longer than this system allows (%d "
-            "bytes with the project's folder); shorten it or add it to [sync] exclude",
-            SHOWN_START, w->rel.data, w->rel.len, PATH_MAX);
+    gs_debug("too long to open: %.*s... (%zu bytes)", SHOWN_START, w->rel.data, w->rel.len);
+    struct gs_scan *s = w->out;
+    s->too_long = gs_xrealloc(s->too_long, (s->n_too_long + 1) * sizeof(*s->too_long));
+    s->too_long[s->n_too_long++] = gs_xstrdup(w->rel.data);
     return 1;
 }
 
@@ -182,15 +187,18 @@ static int walk_entry(struct walk *w, int dirfd, const char *name)
         return 0;
     }
     enum gs_kind kind = kind_of(st.st_mode);
-    if (kind == GS_KIND_NONE || too_long(w, kind)) {
+    if (kind == GS_KIND_NONE) {
         w->out->n_skipped++;
         return 0;
     }
+    /* ignored first: "add it to [sync] exclude" is the way out of a path too long */
     int rc = entry_ignored(w, name, kind);
     if (rc != 0) {
         w->out->n_ignored += rc > 0;
         return rc < 0 ? rc : 0;
     }
+    if (too_long(w, kind))
+        return 0;
     rc = add_entry(w, dirfd, name, w->rel.data, &st);
     if (rc > 0)
         w->out->n_skipped++;

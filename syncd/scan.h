@@ -35,11 +35,15 @@ struct gs_scan {
     size_t cap;
     size_t n_ignored; /* ignored entries left out (an ignored directory counts once) */
     size_t n_skipped; /* special files, and entries that vanished while the walk reached them */
+    /* Entries whose path (with the root's) is too long to open (ENAMETOOLONG): not listed, nor
+     * anything below them; a plan must leave what the server holds there and report them. */
+    char **too_long;
+    size_t n_too_long;
 };
 
 /* An empty value. (Unformatted: clang-format spreads a braced macro over four lines.) */
 /* clang-format off */
-#define GS_SCAN_INIT {NULL, 0, 0, 0, 0}
+#define GS_SCAN_INIT {NULL, 0, 0, 0, 0, NULL, 0}
 /* clang-format on */
 
 void gs_scan_init(struct gs_scan *s);

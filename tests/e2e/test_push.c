@@ -847,6 +847,55 @@ static void test_push__gitignore_and_sync_exclude_are_respected(void **state)
 }
 
 /* A fingerprint of a tree (paths, kinds, modes, sizes, targets, bytes) as text. */
+/* A file whose path, with the project's folder, is longer than the system can open (the project
+ * was moved into a deeper folder after its first push). The push reports it as a failure (exit 1,
+ * errno's ENAMETOOLONG named) and sends the rest, but deletes nothing of what the server holds
+ * there: it cannot tell that the file is gone. Before, it skipped it with a log line, exited 0,
+ * and deleted the server's copy. */
+static void test_push__a_path_too_long_to_open_fails_and_deletes_nothing(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    /* 21 folders of 180 bytes: about 3,820 bytes below the project, which fits now */
+    char rel[4096] = "deep", comp[181];
+    memset(comp, 'd', 180);
+    comp[180] = '\0';
+    for (int i = 0; i < 21; i++)
+        snprintf(rel + strlen(rel), sizeof(rel) - strlen(rel), "/%s", comp);
+    make_dirs(cur.local, rel);
+    strcat(rel, "/weights.txt");
+    put_text(cur.local, rel, "the trained weights\n", 0644);
+    push_compare_drop(&cur, "first push, the deep path fits");
+
+    /* the project moves 251 bytes deeper: the deep file's path no longer fits in PATH_MAX (not
+     * much deeper: SQLite opens no database whose path is over 512 bytes) */
+    char moved[700];
+    int n = snprintf(moved, sizeof(moved), "%s/%0250d", cur.dir, 0);
+    assert_true(n > 0 && (size_t)n < sizeof(moved));
+    assert_int_equal(gs_test_sh("mkdir -p '%s'", moved), 0);
+    strcat(moved, "/local");
+    assert_int_equal(rename(cur.local, moved), 0);
+    put_text(moved, "fresh.py", "print('sent all the same')\n", 0644);
+    struct gs_test_result r = run_gpusync(moved, ARGS("push", "--json"));
+    expect_status(&r, 1, "push with a path too long to open");
+    json_t *o = parse_json(&r, "push --json");
+    gs_test_result_release(&r);
+    char *text = json_dumps(o, 0);
+    expect_count(o, "deleted", 0);
+    json_t *failures = json_object_get(o, "failures");
+    const char *err = json_string_value(json_object_get(json_array_get(failures, 0), "error"));
+    if (json_array_size(failures) != 1 || !err || !strstr(err, "shorten it"))
+        fail_msg("want one failure naming the path too long: %s", text);
+    free(text);
+    json_decref(o);
+    char held[8192];
+    snprintf(held, sizeof(held), "%s/%s", cur.remote, rel);
+    assert_true(gs_test_sh("cmp -s '%s/fresh.py' '%s/fresh.py'", moved, cur.remote) == 0);
+    if (gs_test_sh("grep -qx 'the trained weights' '%s'", held) != 0)
+        fail_msg("the server's copy of the deep file is gone or changed");
+    assert_int_equal(rename(moved, cur.local), 0); /* for the teardown */
+}
+
 static void fingerprint(const char *root, const char *rel, struct gs_buf *out)
 {
     char **names = list_dir(root, rel);
@@ -1996,6 +2045,7 @@ int main(void)
         T(test_push__hostile_names_round_trip),
         T(test_push__symlink_out_of_the_tree_is_mirrored_not_followed),
         T(test_push__gitignore_and_sync_exclude_are_respected),
+        T(test_push__a_path_too_long_to_open_fails_and_deletes_nothing),
         T(test_push__dry_run_changes_nothing),
         T(test_push__paths_restrict_what_is_sent),
         T(test_push__a_path_that_never_existed_is_an_error),

@@ -284,10 +284,10 @@ static void make_deep_tree(const char *rel, int levels)
     close(fd);
 }
 
-/* A path too long to be opened by name (over PATH_MAX with the root) is left out and counted as
- * skipped, with the .gitignore rules in use (they read each folder's .gitignore by path); the
- * rest of the tree is listed, and the scan does not fail. */
-static void test_scan__a_path_over_path_max_is_skipped_and_the_rest_listed(void **state)
+/* A path too long to be opened by name (over PATH_MAX with the root) is left out and listed in
+ * too_long (once: nothing below it), with the .gitignore rules in use (they read each folder's
+ * .gitignore by path); the rest of the tree is listed, and the scan does not fail. */
+static void test_scan__a_path_over_path_max_is_listed_too_long_and_the_rest_listed(void **state)
 {
     (void)state;
     put("top", "1");
@@ -301,9 +301,13 @@ static void test_scan__a_path_over_path_max_is_skipped_and_the_rest_listed(void 
         fail_msg("scan: %.200s", err.msg);
     must_find(&s, "top");
     must_find(&s, "deep");
-    assert_true(s.n_skipped >= 1);
-    for (size_t i = 0; i < s.n; i++)
+    assert_int_equal(s.n_too_long, 1);
+    assert_true(strlen(tmpdir) + 1 + strlen(s.too_long[0]) + sizeof("/.gitignore") > PATH_MAX);
+    assert_true(!strncmp(s.too_long[0], "deep/", 5));
+    for (size_t i = 0; i < s.n; i++) {
         assert_true(strlen(tmpdir) + 1 + strlen(s.entries[i].path) < PATH_MAX);
+        assert_true(strncmp(s.entries[i].path, s.too_long[0], strlen(s.too_long[0])));
+    }
     gs_scan_release(&s);
     gs_ignore_free(ig);
 }
@@ -333,7 +337,7 @@ int main(void)
         T(test_scan__subtree_through_symlink_is_not_followed),
         T(test_scan__subtree_under_builtin_is_ignored),
         T(test_scan__missing_root_is_an_error),
-        T(test_scan__a_path_over_path_max_is_skipped_and_the_rest_listed),
+        T(test_scan__a_path_over_path_max_is_listed_too_long_and_the_rest_listed),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
