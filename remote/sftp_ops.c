@@ -634,24 +634,35 @@ static int r_hash(struct sftp_ops *o, const char *full, const char *rel, const s
     return rc;
 }
 
+/* A PUT of a new file that meets a file of its size: what an interrupted push left there, or
+ * someone else's file; only its bytes tell (check_edit). */
+static int absent_put_meets_file(const struct gs_fop_req *req, const struct rstat *st)
+{
+    return req->type == GS_FOP_PUT && req->expect == GS_FOP_EXPECT_ABSENT && st->exists &&
+           st->is_reg;
+}
+
 /* Sets *edited when the entry `st` at `full` is not what req->expect says gpusync left there.
- * conflicts() judges by kind and size; for GS_FOP_EXPECT_HASH the content is hashed too (read
- * back whole, whatever its size), because accepting any file would let a PUT or DELETE destroy
- * an edit made on the server, which design decision 10 forbids: a size limit here once let
- * edits of files over 8 MiB be overwritten. Content that already equals what a PUT sends (an
- * interrupted push) is no conflict. Returns 0 or an error as r_hash. */
+ * conflicts() judges by kind and size; for GS_FOP_EXPECT_HASH, and for a new file that meets one
+ * of its size, the content is hashed too (read back whole, whatever its size), because accepting
+ * any file would let a PUT or DELETE destroy an edit made on the server, which design decision 10
+ * forbids: a size limit here once let edits of files over 8 MiB be overwritten, and judging a new
+ * file's path by size alone replaced a same-sized server file without a copy. Content that
+ * already equals what a PUT sends (an interrupted push) is no conflict. Returns 0 or an error as
+ * r_hash. */
 static int check_edit(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
                       const char *rel, const struct rstat *st, int *edited, struct gs_error *err)
 {
     *edited = conflicts(req, st);
-    if (*edited || !st->exists || req->expect != GS_FOP_EXPECT_HASH ||
+    int absent = absent_put_meets_file(req, st);
+    if (*edited || !st->exists || (req->expect != GS_FOP_EXPECT_HASH && !absent) ||
         (!st->is_link && !st->is_reg))
         return 0;
     uint8_t have[16];
     int rc = r_hash(o, full, rel, st, have, err);
+    int sent_already = req->type == GS_FOP_PUT && memcmp(have, req->content_hash, 16) == 0;
     if (rc == 0)
-        *edited = memcmp(have, req->hash, 16) != 0 &&
-                  !(req->type == GS_FOP_PUT && memcmp(have, req->content_hash, 16) == 0);
+        *edited = (absent || memcmp(have, req->hash, 16) != 0) && !sent_already;
     return rc;
 }
 
@@ -1135,9 +1146,10 @@ static int put_stat_ok(struct put_entry *e)
                        .is_link = LIBSSH2_SFTP_S_ISLNK(e->attrs.permissions),
                        .is_reg = LIBSSH2_SFTP_S_ISREG(e->attrs.permissions),
                        .size = e->attrs.filesize};
-    /* a file gpusync expects to hold a given content is checked by hashing it, which only the
-     * sequential path does (check_edit) */
-    return !st.is_dir && !conflicts(&e->req, &st) && e->req.expect != GS_FOP_EXPECT_HASH;
+    /* a file gpusync expects to hold a given content, or a new file's path that holds one of
+     * its size, is checked by hashing it, which only the sequential path does (check_edit) */
+    return !st.is_dir && !conflicts(&e->req, &st) && e->req.expect != GS_FOP_EXPECT_HASH &&
+           !absent_put_meets_file(&e->req, &st);
 }
 
 /* Moves `e` on after `rc` from put_call. Returns 0 or a negative transport code. */

@@ -386,16 +386,47 @@ static void test_sftp_ops__absent_put_keeps_conflict_copy_of_different_file(void
     assert_same_bytes(f, "sub/c.txt");
 }
 
-static void test_sftp_ops__absent_put_over_same_sized_file_keeps_no_copy(void **state)
+/* put_req with the content hash push.c gives a PUT (the XXH3-128 of the bytes to send). */
+static struct gs_fop_req put_req_hashed(struct fx *f, const char *rel, enum gs_fop_expect expect)
+{
+    struct gs_fop_req r = put_req(f, rel, 0644, 0, expect);
+    size_t len;
+    char *bytes = read_all(f->local, rel, &len);
+    assert_non_null(bytes);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(bytes, len));
+    memcpy(r.content_hash, c.digest, 16);
+    free(bytes);
+    return r;
+}
+
+/* A new file's path that holds a file of its size on the server: the bytes decide. Other bytes
+ * are someone's file, kept as a conflict copy (size alone once let this PUT replace it); the
+ * same bytes are what an interrupted push left, replaced without a copy. */
+static void test_sftp_ops__absent_put_over_same_sized_file_keeps_it_when_it_differs(void **state)
 {
     struct fx *f = *state;
     open_ops(f, f->remote);
-    write_local(f->remote, "s.txt", "aaaa", 4, 0644); /* a limit of SFTP: size is all we see */
+    write_local(f->remote, "s.txt", "aaaa", 4, 0644);
     write_local(f->local, "s.txt", "bbbb", 4, 0644);
-    struct done *d = run(f, put_req(f, "s.txt", 0644, 0, GS_FOP_EXPECT_ABSENT));
+    struct done *d = run(f, put_req_hashed(f, "s.txt", GS_FOP_EXPECT_ABSENT));
+    assert_true(d->ok);
+    assert_true(d->has_kept);
+    size_t len;
+    char *kept = read_all(f->remote, d->kept, &len);
+    assert_non_null(kept);
+    assert_int_equal(len, 4);
+    assert_memory_equal(kept, "aaaa", 4);
+    free(kept);
+    assert_same_bytes(f, "s.txt");
+
+    write_local(f->remote, "t.txt", "cccc", 4, 0644);
+    write_local(f->local, "t.txt", "cccc", 4, 0644);
+    d = run(f, put_req_hashed(f, "t.txt", GS_FOP_EXPECT_ABSENT));
     assert_true(d->ok);
     assert_false(d->has_kept);
-    assert_same_bytes(f, "s.txt");
+    assert_same_bytes(f, "t.txt");
+    assert_int_equal(count_names(f->remote, "gpusync-conflict"), 1);
 }
 
 static void test_sftp_ops__hash_put_keeps_directory_in_the_way(void **state)
@@ -942,7 +973,7 @@ int main(void)
         T(put_replaces_existing_file_and_keeps_no_copy_when_forced),
         T(put_over_directory_fails_with_eisdir_when_forced),
         T(absent_put_keeps_conflict_copy_of_different_file),
-        T(absent_put_over_same_sized_file_keeps_no_copy),
+        T(absent_put_over_same_sized_file_keeps_it_when_it_differs),
         T(hash_put_keeps_directory_in_the_way),
         T(conflict_copy_of_255_byte_name_fits_name_max),
         T(mkdir_creates_parents_with_exact_mode_then_is_noop),
