@@ -124,8 +124,10 @@ struct daemon {
     time_t unreachable_since; /* wall clock of the first failed attempt of this outage, or 0 */
     char target[320];         /* user@host:port as resolved, for messages while disconnected */
     json_t *conflicts; /* [{path, kept}]: copies kept on the server, until the user acknowledges */
-    int conflicts_unsaved; /* changed since last recorded in the index (conflicts.h) */
-    ino_t socket_ino;      /* the control socket's file, to notice .gpusync/ being removed */
+    int conflicts_unsaved;  /* changed since last recorded in the index (conflicts.h) */
+    ino_t socket_ino;       /* the control socket's file, to notice .gpusync/ being removed */
+    int root_fd;            /* the project folder (O_PATH), to notice it being moved (root_moved) */
+    char stop_reason[1200]; /* why the daemon stopped on its own, told to whoever asks after */
     int64_t next_state_check_ms;
     int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
     int64_t next_index_try_ms;
@@ -1025,12 +1027,52 @@ static void read_changes(struct daemon *d)
 }
 
 /* Stops the daemon saying why, in its log and on the event stream (where a plugin learns it, and
- * the only place left when the log went with .gpusync/). */
+ * the only place left when the log went with .gpusync/), and to each request after. */
 static void stop_saying(struct daemon *d, const char *why)
 {
     gs_warn("%s", why);
     broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
+    snprintf(d->stop_reason, sizeof(d->stop_reason), "%s", why);
     d->stop = 1;
+}
+
+/* Whether the project folder was moved (or removed) since the daemon started: its path then names
+ * another folder, or none. The daemon stops, saying where it went (/proc/self/fd follows the
+ * folder): every path it reads and writes is under the old name, and a status from the new place
+ * (the control socket moved with it) must not say up to date. Returns 1 when it stopped. */
+static int root_moved(struct daemon *d)
+{
+    struct stat now, was;
+    if (d->stop_reason[0])
+        return 1;
+    if (d->root_fd < 0 || fstat(d->root_fd, &was) < 0)
+        return 0;
+    if (stat(d->o->root, &now) == 0 && now.st_dev == was.st_dev && now.st_ino == was.st_ino)
+        return 0;
+    char link[64], where[PATH_MAX] = "";
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", d->root_fd);
+    ssize_t n = readlink(link, where, sizeof(where) - 1);
+    where[n > 0 ? n : 0] = '\0';
+    struct gs_buf why = GS_BUF_INIT;
+    gs_buf_addf(&why, "the project folder %s was ", d->o->root);
+    if (n <= 0 || strstr(where, " (deleted)"))
+        gs_buf_adds(&why, "removed");
+    else
+        gs_buf_addf(&why, "moved to %s", where);
+    gs_buf_adds(&why, "; the watch daemon stopped: start it again there");
+    stop_saying(d, why.data);
+    gs_buf_release(&why);
+    return 1;
+}
+
+/* Answers a request the daemon can no longer serve truthfully (root_moved) as a stopped daemon
+ * does: the client then works without it. Returns 1 when it answered. */
+static int refuse_when_stopped(struct daemon *d, struct client *c)
+{
+    if (!root_moved(d))
+        return 0;
+    reply(c, json_pack("{s:b,s:s,s:b}", "ok", 0, "error", d->stop_reason, "stopped", 1));
+    return 1;
 }
 
 /* Takes a change of the exclude rules outside the tree (rules.h) into account: the tree is
@@ -1117,6 +1159,10 @@ static int handle_request(struct daemon *d, int i, json_t *req)
         return start_exec(d, i, req);
     if (!cmd)
         reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", "missing \"cmd\""));
+    else if ((!strcmp(cmd, "status") || !strcmp(cmd, "flush") || !strcmp(cmd, "push") ||
+              !strcmp(cmd, "ack_conflicts")) &&
+             refuse_when_stopped(d, c))
+        return 0;
     else if (strcmp(cmd, "status") == 0)
         reply(c, status_json(d));
     else if (strcmp(cmd, "flush") == 0)
@@ -1442,6 +1488,8 @@ static void check_state_dir(struct daemon *d, int64_t now)
 static void run_timers(struct daemon *d)
 {
     int64_t now = gs_clock_mono_ms();
+    if (now >= d->next_state_check_ms && root_moved(d))
+        return;
     check_state_dir(d, now);
     if (now >= d->next_rules_check_ms) {
         d->next_rules_check_ms = now + 1000;
@@ -1605,6 +1653,7 @@ static int setup(struct daemon *d, const struct gs_daemon_opts *o, struct gs_err
     memset(d, 0, sizeof(*d));
     d->o = o;
     d->listen_fd = d->signal_fd = -1;
+    d->root_fd = open(o->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     d->connect_done = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     gs_target_name(o->cfg->host, o->cfg->port, o->cfg->user, d->target, sizeof(d->target));
     d->backoff_ms = BACKOFF_FIRST_MS;
@@ -1648,11 +1697,13 @@ static void teardown(struct daemon *d)
         drop_client(d, d->n_clients - 1);
     if (d->listen_fd >= 0) {
         close(d->listen_fd);
-        struct gs_buf sock = GS_BUF_INIT;
-        gs_path_join(&sock, d->o->root, GS_CONTROL_SOCKET);
-        unlink(sock.data);
-        gs_buf_release(&sock);
+        /* through the folder, wherever it is now: a folder made since at the old path is not ours
+         */
+        if (d->root_fd >= 0)
+            unlinkat(d->root_fd, GS_CONTROL_SOCKET, 0);
     }
+    if (d->root_fd >= 0)
+        close(d->root_fd);
     if (d->signal_fd >= 0)
         close(d->signal_fd);
     gs_relay_stop(d->relay);

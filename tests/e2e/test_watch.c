@@ -744,6 +744,37 @@ static void test_watch__init_for_another_path_stops_the_daemon(void **state)
     assert_int_equal(access(b, F_OK), 0);
 }
 
+/* The project folder renamed under a running daemon: the control socket moved with it, so
+ * `status` from the new place reached the old daemon, which said running and up to date while it
+ * read and wrote every path under the old name. It now stops at the first question, saying where
+ * the folder went: status answers from the folder itself, and the next flush pushes. */
+static void test_watch__a_project_moved_under_the_daemon_is_never_up_to_date(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    char moved[sizeof(cur.local)];
+    snprintf(moved, sizeof(moved), "%s/proj-moved", cur.base);
+    assert_int_equal(rename(cur.local, moved), 0);
+    snprintf(cur.local, sizeof(cur.local), "%s", moved);
+    json_t *st = status_json();
+    if (json_is_true(json_object_get(st, "daemon"))) {
+        char *text = json_dumps(st, JSON_COMPACT);
+        fail_msg("a daemon of the old path answered the moved project's status: %s", text);
+    }
+    json_decref(st);
+    gs_test_await_gone(pid);
+    put("b.txt", "b\n");
+    st = status_json();
+    assert_int_equal(json_integer_value(json_object_get(st, "pending")), 1);
+    json_decref(st);
+    flush("flush from the new place, no daemon");
+    expect_remote("b.txt", "b\n");
+}
+
 /* Two hard links to one file: a save through one name changes the other's content too, though
  * the watcher reports only the name written. Both reach the server. */
 static void test_watch__a_save_through_one_hard_link_sends_the_other_name_too(void **state)
@@ -2551,6 +2582,7 @@ int main(void)
         T(test_watch__a_pulled_output_stays_the_jobs_when_it_writes_a_newer_one),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
         T(test_watch__init_for_another_path_stops_the_daemon),
+        T(test_watch__a_project_moved_under_the_daemon_is_never_up_to_date),
         T(test_watch__a_save_through_one_hard_link_sends_the_other_name_too),
         T(test_watch__nvim_saves_arrive),
         T(test_watch__vim_saves_arrive),
