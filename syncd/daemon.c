@@ -25,6 +25,7 @@
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
+#include "syncd/linked.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
 #include "syncd/rules.h"
@@ -43,6 +44,8 @@
 #define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
 #define SERVE_IN_BATCH_MS 100   /* during a batch, status requests are answered this often */
 #define STOP_CHECK_MS     2000  /* the most the check of the server at a stop may take */
+#define LINKED_POLL_MS    1000  /* files with other hard links are looked at this often... */
+#define LINKED_POLL_MAX   2000  /* ...while there are no more of them (else at each flush only) */
 #define STOPPED_MID_WAIT  "the watch daemon was told to stop while it waited on the server"
 
 struct client {
@@ -128,6 +131,8 @@ struct daemon {
     ino_t socket_ino;       /* the control socket's file, to notice .gpusync/ being removed */
     int root_fd;            /* the project folder (O_PATH), to notice it being moved (root_moved) */
     char stop_reason[1200]; /* why the daemon stopped on its own, told to whoever asks after */
+    struct gs_linked linked; /* files with other hard links, checked by stat (linked.h) */
+    int64_t next_linked_ms;
     int64_t next_state_check_ms;
     int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
     int64_t next_index_try_ms;
@@ -279,6 +284,18 @@ static void mark_dirty(void *ctx, const char *path)
     }
     GS_ALLOC_GROW(d->dirty, d->n_dirty + 1, d->cap_dirty);
     d->dirty[d->n_dirty++] = gs_xstrdup(path);
+}
+
+/* A write through a hard link outside the project makes no event here: looks at those files. */
+static void check_linked(struct daemon *d)
+{
+    if (d->root_fd >= 0)
+        gs_linked_check(&d->linked, d->root_fd, mark_dirty, d);
+}
+
+static void on_scan(void *ctx, const struct gs_scan *scan, int whole)
+{
+    gs_linked_take_scan(&((struct daemon *)ctx)->linked, scan, whole);
 }
 
 /* Remembers a path whose operation failed, so that the next flush (or the retry timer) sends it
@@ -913,6 +930,7 @@ static void sync_batch(struct daemon *d)
                              .hold = hold_op,
                              .held_along = held_along_op,
                              .on_reading = on_reading,
+                             .on_scan = on_scan,
                              .ctx = d};
     struct gs_push_stats st;
     d->lost_ops = d->changed_while_sent = d->batch_drained = d->local_failures = 0;
@@ -1106,9 +1124,11 @@ static void read_rules(struct daemon *d)
 
 static void start_flush(struct daemon *d, struct client *c)
 {
-    /* Every write made before this request is already in the inotify queue: read it now. A change
-     * the server refused earlier is not synced either: send it again. */
+    /* Every write made before this request is already in the inotify queue: read it now, and look
+     * at the files a write elsewhere changes unseen. A change the server refused earlier is not
+     * synced either: send it again. */
     read_changes(d);
+    check_linked(d);
     retry_failed(d);
     /* And what the server holds: a file deleted there is not up to date. The check runs at the
      * start of a batch, which sends what it finds, so the flush waits for a batch that starts
@@ -1495,6 +1515,10 @@ static void run_timers(struct daemon *d)
         d->next_rules_check_ms = now + 1000;
         read_rules(d);
     }
+    if (now >= d->next_linked_ms && d->linked.n <= LINKED_POLL_MAX) {
+        d->next_linked_ms = now + LINKED_POLL_MS;
+        check_linked(d);
+    }
     restore_index(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */
     if (!d->connected && !d->connecting && d->next_connect_ms && now >= d->next_connect_ms)
@@ -1710,6 +1734,7 @@ static void teardown(struct daemon *d)
     gs_watch_free(d->watch);
     gs_verify_copy_free(d->check_copy);
     gs_rules_release(&d->rules);
+    gs_linked_release(&d->linked);
     gs_session_close(&d->sess);
     gs_ssh_free(d->ssh);
     free_paths(d->dirty, d->n_dirty);

@@ -577,6 +577,8 @@ static int plan_tree(const char *root, struct gs_ignore *ig, struct gs_index *id
     }
     if (rc == 0 && o->n_paths)
         rc = add_other_links(&scan, root, ig, idx, &scope, err);
+    if (rc == 0 && o->on_scan)
+        o->on_scan(o->ctx, &scan, !o->n_paths);
     struct gs_plan_opts popts = {.paths = scope.v,
                                  .n_paths = scope.n,
                                  .no_refresh = o->dry_run,

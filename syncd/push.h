@@ -58,6 +58,9 @@ struct gs_push_opts {
     /* Told how far the plan has read the changed files (every few files, and about every 4 MB
      * of a large one): nonzero ends the push with GS_E_INTERRUPTED before anything is sent. */
     gs_plan_reading_fn on_reading;
+    /* Told of each scan before it is planned; `whole`: of the whole tree (no paths). The watch
+     * daemon learns there which files have other hard links (linked.h). NULL: not told. */
+    void (*on_scan)(void *ctx, const struct gs_scan *scan, int whole);
     void *ctx;
 };
 

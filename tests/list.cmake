@@ -35,6 +35,7 @@ gs_add_test(test_run_stream LABEL unit TIMEOUT 300 SOURCES unit/test_run_stream.
 gs_add_test(test_hash       LABEL unit TIMEOUT 120 SOURCES unit/test_hash.c     LIBS ${syncd_libs})
 gs_add_test(test_ignore     LABEL unit TIMEOUT 120 SOURCES unit/test_ignore.c   LIBS ${syncd_libs})
 gs_add_test(test_scan       LABEL unit TIMEOUT 120 SOURCES unit/test_scan.c     LIBS ${syncd_libs})
+gs_add_test(test_linked     LABEL unit TIMEOUT 120 SOURCES unit/test_linked.c   LIBS ${syncd_libs})
 gs_add_test(test_index      LABEL unit TIMEOUT 120 SOURCES unit/test_index.c    LIBS ${syncd_libs})
 gs_add_test(test_verify     LABEL unit TIMEOUT 120 SOURCES unit/test_verify.c   LIBS ${syncd_libs})
 gs_add_test(test_plan       LABEL unit TIMEOUT 120 SOURCES unit/test_plan.c     LIBS ${syncd_libs})

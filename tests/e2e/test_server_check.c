@@ -236,6 +236,70 @@ static void test_check__an_idle_daemon_notices_a_file_deleted_on_the_server(void
     expect_trees_equal(&cur, "after the idle check");
 }
 
+/* A file of the project hard-linked from outside it (a dataset linked in, `cp -al`) and its
+ * outside name. A write through that name makes no inotify event in the project. Returns the
+ * outside name's path (static). */
+static const char *linked_from_outside(void)
+{
+    static char outside[256];
+    char inside[256];
+    snprintf(outside, sizeof(outside), "%s/outside.txt", cur.dir);
+    snprintf(inside, sizeof(inside), "%s/linked.txt", cur.local);
+    gs_test_write_file(cur.dir, "outside.txt", "v1\n");
+    assert_int_equal(link(outside, inside), 0);
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush of the new link");
+    return outside;
+}
+
+static void append_to(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "a");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static int remote_holds(const char *rel, const char *want)
+{
+    char path[512], got[64] = "";
+    snprintf(path, sizeof(path), "%s/%s", cur.remote, rel);
+    FILE *fp = fopen(path, "r");
+    size_t n = fp ? fread(got, 1, sizeof(got) - 1, fp) : 0;
+    if (fp)
+        fclose(fp);
+    got[n] = '\0';
+    return strcmp(got, want) == 0;
+}
+
+/* ...and flush, which said up to date with the server's old bytes, sends it. */
+static void test_check__a_flush_sends_a_file_edited_through_a_link_outside(void **state)
+{
+    (void)state;
+    watching("[sync]\n\tcheck_every = off\n");
+    const char *outside = linked_from_outside();
+    assert_true(remote_holds("linked.txt", "v1\n"));
+    append_to(outside, "v2\n");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after a write through the outside link");
+    if (!remote_holds("linked.txt", "v1\nv2\n"))
+        fail_msg("the server holds linked.txt as it was before the write through the other link");
+    expect_trees_equal(&cur, "after the flush");
+}
+
+/* ...and an idle daemon sends it unasked, as it does a save (the check of the server is off). */
+static void test_check__an_idle_daemon_sends_a_file_edited_through_a_link_outside(void **state)
+{
+    (void)state;
+    watching("[sync]\n\tcheck_every = off\n");
+    const char *outside = linked_from_outside();
+    append_to(outside, "v2\n");
+    int64_t deadline = gs_clock_mono_ms() + IDLE_CHECK_MS;
+    while (!remote_holds("linked.txt", "v1\nv2\n") && gs_clock_mono_ms() < deadline)
+        usleep(50 * 1000); /* nothing to await but the file itself: no client asks the daemon */
+    if (!remote_holds("linked.txt", "v1\nv2\n"))
+        fail_msg("linked.txt, written through its outside link, was not sent within %d ms",
+                 IDLE_CHECK_MS);
+}
+
 /* A file changed both here and on the server: the push sends it expecting what the index
  * recorded, and the agent keeps the server's copy aside once. The check of the server, answered
  * before that request was carried out, found the file changed too; the push must not act on that
@@ -410,6 +474,8 @@ int main(void)
         T(test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole),
         T(test_check__a_flush_puts_back_a_project_folder_removed_on_the_server),
         T(test_check__a_flush_follows_a_project_folder_moved_and_replaced),
+        T(test_check__a_flush_sends_a_file_edited_through_a_link_outside),
+        T(test_check__an_idle_daemon_sends_a_file_edited_through_a_link_outside),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
