@@ -108,7 +108,7 @@ static int show(struct gs_cli *cli, struct gs_run_ctx *rc, const char *id, int f
         r = gs_run_ctx_tail(cli, rc, id, ranks, 0, &st, &printer, &interrupted);
     if (follow && tail && r == 0) {
         const char *name = printer.name;
-        gs_log_printer_finish(&printer);
+        gs_log_printer_end_tail(&printer, &st);
         gs_log_printer_init(&printer, cli, id, prefix);
         printer.name = name;
     }

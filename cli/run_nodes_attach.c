@@ -260,7 +260,10 @@ static int logs_show(struct gs_cli *cli, struct gs_nodes *m, const char *ranks, 
         } else if (mine) {
             r = gs_run_ctx_tail(&n->cli, &n->rc, m->id, ranks, 0, n->end, &printer, &never);
         }
-        gs_log_printer_finish(&printer);
+        if (follow && mine && n->result >= 0) /* the follow prints a line in progress whole */
+            gs_log_printer_end_tail(&printer, n->end);
+        else
+            gs_log_printer_finish(&printer);
         free(mine);
         if (r < 0) {
             gs_error_set(&cli->err, r, "%s: %s", gs_node_name(n, i), n->cli.err.msg);

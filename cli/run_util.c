@@ -689,6 +689,17 @@ void gs_log_printer_finish(struct gs_log_printer *p)
     fflush(stdout);
 }
 
+void gs_log_printer_end_tail(struct gs_log_printer *p, struct gs_tail_state *st)
+{
+    for (int r = 0; r < GS_RUNS_MAX_RANKS; r++) {
+        size_t open = p->partial[r].len;
+        if (open && st->offset[r] >= open)
+            st->offset[r] -= open;
+        gs_buf_release(&p->partial[r]);
+    }
+    gs_log_printer_finish(p);
+}
+
 /* Sleeps `ms`, or less once *interrupted is set (a follower thread, where SIGINT is blocked,
  * is told to end that way). */
 static void nap(int ms, volatile sig_atomic_t *interrupted)

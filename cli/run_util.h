@@ -158,6 +158,10 @@ void gs_log_printer_init(struct gs_log_printer *p, struct gs_cli *cli, const cha
 void gs_log_printer_chunk(void *ctx, int rank, uint64_t off, const char *data, size_t len);
 /* Prints any unterminated last lines and frees the buffers. */
 void gs_log_printer_finish(struct gs_log_printer *p);
+/* Ends the first part of `logs -f --tail N`: prints the last N whole lines, and leaves a line still
+ * being written (no newline yet) unprinted, moving its rank's offset in `st` back to the line's
+ * start, so that the follow prints it whole. Frees the buffers as gs_log_printer_finish. */
+void gs_log_printer_end_tail(struct gs_log_printer *p, struct gs_tail_state *st);
 
 /* Streams run `id`'s logs from st's offsets as gs_run_tail does, through the daemon when cli->ssh
  * is not connected and no agent path is known yet. */

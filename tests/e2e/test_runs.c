@@ -1461,6 +1461,33 @@ static void test_logs__ranks_interleave_in_the_order_they_printed(void **state)
     sh("rm -f '%s'/a? '%s'/b? '%s/go'", remote, remote, remote);
 }
 
+/* `logs -f --tail N` started while a rank is in the middle of a line ("head-" printed, no newline
+ * yet): the tail leaves that line for the follow, which prints it whole once it ends. It printed
+ * "head-" as a line of its own, then "tail" as another. */
+static void test_logs__follow_with_tail_never_splits_a_line_being_written(void **state)
+{
+    (void)state;
+    assert_int_equal(sh("rm -f '%s/go'", remote), 0);
+    struct child c = run_in(project, ARGS("run", "--detach", "--cpu", "1", "--", "sh", "-c",
+                                          "echo one; printf head-; "
+                                          "while [ ! -e go ]; do sleep 0.05; done; echo tail"));
+    expect_status(&c, 0, "run --detach of a rank pausing mid-line");
+    char id[128];
+    snprintf(id, sizeof(id), "%s", run_id_of(&c));
+    child_release(&c);
+    await_remote_log(id, 0, "head-");
+    struct child l;
+    child_start(&l, project, ARGS("logs", "-f", "--tail", "2", id));
+    child_wait_for(&l, "one\n", 60000);
+    assert_int_equal(sh("touch '%s/go'", remote), 0);
+    child_finish(&l);
+    expect_status(&l, 0, "logs -f --tail 2 to the end");
+    if (!strstr(l.out.data, "head-tail\n") || count(l.out.data, "head-") != 1)
+        fail_msg("the line written across the tail was split or doubled: '%s'", l.out.data);
+    child_release(&l);
+    sh("rm -f '%s/go'", remote);
+}
+
 /* After the server lost a run (recreated: its runs are gone), `logs RUN` (its id or its --name)
  * shows the local copy that following it left, in the order it was printed; -f cannot follow it
  * and exits 1. Showing the logs again does not double the copy. */
@@ -2305,6 +2332,8 @@ int main(void)
         cmocka_unit_test_setup(test_run__hundreds_of_cpu_ranks_run_and_too_many_are_refused_first,
                                use_home),
         cmocka_unit_test_setup(test_logs__ranks_interleave_in_the_order_they_printed, use_home),
+        cmocka_unit_test_setup(test_logs__follow_with_tail_never_splits_a_line_being_written,
+                               use_home),
         cmocka_unit_test(test_ps__a_lost_run_has_no_duration),
         cmocka_unit_test(test_ps__a_rank_stopped_by_a_signal_reads_paused_until_continued),
         cmocka_unit_test(test_ps__one_paused_rank_of_two_is_told_apart),
