@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "common/path.h"
+#include "common/quote.h"
 #include "common/wrapper.h"
 
 struct item {
@@ -968,64 +969,14 @@ const char *gs_plan_op_name(enum gs_op_type type)
     return (unsigned)type < sizeof(names) / sizeof(names[0]) ? names[type] : "?";
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when the byte there starts none. */
-static size_t utf8_len(const unsigned char *s)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t n = (s[0] & 0xE0) == 0xC0   ? 2
-               : (s[0] & 0xF0) == 0xE0 ? 3
-               : (s[0] & 0xF8) == 0xF0 ? 4
-                                       : 0;
-    static const unsigned min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (!n)
-        return 0;
-    unsigned cp = s[0] & (0x7F >> n);
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n;
-}
-
-static int needs_quotes(const char *path)
-{
-    if (!*path)
-        return 1;
-    for (const unsigned char *s = (const unsigned char *)path; *s;) {
-        size_t n = utf8_len(s);
-        if (!n || *s < 0x21 || *s == 0x7f || *s == '"' || *s == '\\')
-            return 1;
-        s += n;
-    }
-    return 0;
-}
-
 void gs_plan_quote_path(struct gs_buf *out, const char *path)
 {
-    if (!needs_quotes(path)) {
+    /* a dry run's line also quotes a name with a space, or none: "put a b (1 bytes)" is ambiguous
+     */
+    if (!*path || strchr(path, ' ') || gs_quote_needed(path))
+        gs_quote_always(out, path);
+    else
         gs_buf_adds(out, path);
-        return;
-    }
-    gs_buf_addc(out, '"');
-    for (const unsigned char *s = (const unsigned char *)path; *s;) {
-        size_t n = utf8_len(s);
-        if (*s == '"' || *s == '\\')
-            gs_buf_addf(out, "\\%c", *s);
-        else if (*s == '\n')
-            gs_buf_adds(out, "\\n");
-        else if (*s == '\t')
-            gs_buf_adds(out, "\\t");
-        else if (!n || *s < 0x20 || *s == 0x7f)
-            gs_buf_addf(out, "\\x%02x", *s);
-        else
-            gs_buf_add(out, s, n);
-        s += n ? n : 1;
-    }
-    gs_buf_addc(out, '"');
 }
 
 void gs_plan_op_format(const struct gs_plan_op *op, struct gs_buf *out)

@@ -168,7 +168,8 @@ void gs_plan_op_format(const struct gs_plan_op *op, struct gs_buf *out);
 /* Static name of an operation type ("rename", "mkdir", ...). */
 const char *gs_plan_op_name(enum gs_op_type type);
 
-/* Appends `path` to `out`, quoted and escaped as gs_plan_op_format does when needed. */
+/* Appends `path` to `out` as gs_plan_op_format does: gs_quote_path's form (common/quote.h), and
+ * quoted also when it is empty or holds a space. */
 void gs_plan_quote_path(struct gs_buf *out, const char *path);
 
 #endif
