@@ -174,29 +174,6 @@ char *gs_cli_terminal_safe(char *s)
     return s;
 }
 
-json_t *gs_cli_json_path(const char *p)
-{
-    json_t *s = json_string(p);
-    if (s)
-        return s;
-    struct gs_buf b = GS_BUF_INIT;
-    size_t len = strlen(p), n;
-    for (size_t i = 0; i < len; i += n) {
-        json_t *one = NULL;
-        for (n = 1; n <= 4 && i + n <= len && !(one = json_stringn(p + i, n)); n++)
-            ; /* the shortest valid sequence at i, if any */
-        if (one)
-            gs_buf_add(&b, p + i, n);
-        else
-            gs_buf_adds(&b, "\xef\xbf\xbd");
-        n = one ? n : 1;
-        json_decref(one);
-    }
-    s = json_stringn(b.data ? b.data : "", b.len);
-    gs_buf_release(&b);
-    return s;
-}
-
 int gs_cli_fail(struct gs_cli *cli, int code)
 {
     return gs_cli_fail_with(cli, code, NULL);
@@ -208,7 +185,7 @@ int gs_cli_fail_with(struct gs_cli *cli, int code, json_t *extra)
     if (cli->json) {
         /* the message may quote paths or server output: bytes, not always UTF-8 */
         json_t *o = json_pack("{s:i,s:b,s:s,s:o}", "v", 1, "ok", 0, "error", gs_error_name(code),
-                              "message", gs_cli_json_path(msg));
+                              "message", gs_json_text(msg));
         if (extra)
             json_object_update_missing(o, extra);
         gs_cli_json_print(o);

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "remote/ssh.h"
+#include "syncd/json_text.h" /* gs_json_text, for every path in --json output */
 
 /* Exit codes: each error's is GS_EXIT_<error> (common/error.h, from GS_ERROR_LIST, which also
  * writes the list `gpusync help` prints). One more belongs to the command line alone: exec and
@@ -147,10 +148,6 @@ void gs_cli_remote_dir(const struct gs_cli *cli, struct gs_buf *out);
  * and newline, DEL, and C1 as UTF-8) become '?', so that a GPU name with an escape sequence in it
  * cannot redraw or retitle the user's terminal. Returns s. */
 char *gs_cli_terminal_safe(char *s);
-
-/* A JSON string for a path. Paths are bytes; JSON strings are UTF-8, so a byte that is not part of
- * a valid sequence becomes U+FFFD (the entry stays visible instead of vanishing). New reference. */
-json_t *gs_cli_json_path(const char *path);
 
 /* Prints "gpusync: <message>" on stderr (or a JSON error object on stdout with --json) and returns
  * the exit code for `code`: gs_error_exit_code's, except GS_EXIT_REMOTE_LOST for a connection

@@ -97,7 +97,7 @@ static void add_link(struct pull_job *job, const char *remote, const char *local
 static void add_skipped(struct pull_job *job, const char *remote, const char *kind)
 {
     json_array_append_new(job->skipped,
-                          json_pack("{s:o,s:s}", "path", gs_cli_json_path(remote), "kind", kind));
+                          json_pack("{s:o,s:s}", "path", gs_json_text(remote), "kind", kind));
     if (!job->cli->json)
         fprintf(stderr,
                 "gpusync: %s was not pulled: it is a %s (pull makes files, folders and "
@@ -198,9 +198,8 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
     if (e->skipped) { /* too long, or too deep to walk: said, not silently missing */
         fprintf(stderr, "gpusync: %s was not pulled: the server cannot list it (%s)\n", e->path,
                 strerror(e->skipped));
-        json_array_append_new(
-            job->skipped,
-            json_pack("{s:o,s:s}", "path", gs_cli_json_path(e->path), "kind", "unlisted"));
+        json_array_append_new(job->skipped, json_pack("{s:o,s:s}", "path", gs_json_text(e->path),
+                                                      "kind", "unlisted"));
         return 0;
     }
     if (e->kind != 1 && e->kind != 2 && e->kind != 3) {
@@ -276,8 +275,8 @@ static int keep_copy(struct pull_job *job, const char *local)
     struct gs_buf kept = GS_BUF_INIT;
     int rc = gs_path_keep_conflict(local, &kept, &job->cli->err);
     if (rc == 0)
-        json_array_append_new(job->kept, json_pack("{s:o,s:o}", "local", gs_cli_json_path(local),
-                                                   "kept", gs_cli_json_path(kept.data)));
+        json_array_append_new(job->kept, json_pack("{s:o,s:o}", "local", gs_json_text(local),
+                                                   "kept", gs_json_text(kept.data)));
     if (rc == 0 && !job->cli->json)
         fprintf(stderr, "gpusync: %s held content the server does not have; kept as %s\n", local,
                 kept.data);
@@ -518,8 +517,8 @@ static void note_link_target(const struct pull_job *job)
 static void skip_vanished(struct pull_job *job, struct pull_file *f)
 {
     f->state = PULL_VANISHED;
-    json_array_append_new(job->skipped, json_pack("{s:o,s:s}", "path", gs_cli_json_path(f->remote),
-                                                  "kind", "vanished"));
+    json_array_append_new(
+        job->skipped, json_pack("{s:o,s:s}", "path", gs_json_text(f->remote), "kind", "vanished"));
     fprintf(stderr, "gpusync: %s was not pulled: it was removed on the server during the pull\n",
             f->remote);
     gs_error_clear(&job->cli->err);
@@ -535,8 +534,8 @@ static void fail_changed(struct pull_job *job, struct pull_file *f)
                 "again %d times; try again once it is written",
                 f->remote, PULL_TRIES - 1);
     f->state = PULL_FAILED;
-    json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_cli_json_path(f->remote),
-                                                   "error", gs_cli_json_path(msg.data)));
+    json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_json_text(f->remote),
+                                                   "error", gs_json_text(msg.data)));
     fprintf(stderr, "gpusync: %s\n", msg.data);
     gs_buf_release(&msg);
     gs_error_clear(&job->cli->err);
@@ -547,7 +546,7 @@ static void fail_changed(struct pull_job *job, struct pull_file *f)
 static void note_held_open(struct pull_job *job, struct pull_file *f, const char *writer)
 {
     json_array_append_new(
-        job->held, json_pack("{s:o,s:s}", "path", gs_cli_json_path(f->remote), "writer", writer));
+        job->held, json_pack("{s:o,s:s}", "path", gs_json_text(f->remote), "writer", writer));
     fprintf(stderr,
             "gpusync: %s was open for writing on the server (%s) as it was pulled: it is the "
             "file as it was then, maybe a part of what is being written\n",
@@ -618,9 +617,9 @@ static json_t *links_json(const struct pull_job *job)
     json_t *links = json_array();
     for (size_t i = 0; i < job->n_links; i++)
         json_array_append_new(links, json_pack("{s:o,s:o,s:o}", "remote",
-                                               gs_cli_json_path(job->links[i].remote), "local",
-                                               gs_cli_json_path(job->links[i].local), "target",
-                                               gs_cli_json_path(job->links[i].target)));
+                                               gs_json_text(job->links[i].remote), "local",
+                                               gs_json_text(job->links[i].local), "target",
+                                               gs_json_text(job->links[i].target)));
     return links;
 }
 
@@ -637,9 +636,9 @@ static int report(struct pull_job *job)
         json_t *files = json_array();
         for (size_t i = 0; i < job->n; i++)
             if (job->files[i].state == PULL_DONE)
-                json_array_append_new(
-                    files, json_pack("{s:o,s:o}", "remote", gs_cli_json_path(job->files[i].remote),
-                                     "local", gs_cli_json_path(job->files[i].local)));
+                json_array_append_new(files, json_pack("{s:o,s:o}", "remote",
+                                                       gs_json_text(job->files[i].remote), "local",
+                                                       gs_json_text(job->files[i].local)));
         json_t *o = json_pack("{s:i,s:b,s:o,s:o,s:O,s:I,s:O,s:O,s:O}", "v", 1, "ok", failed == 0,
                               "files", files, "symlinks", links_json(job), "skipped", job->skipped,
                               "bytes", (json_int_t)job->bytes, "kept", job->kept, "failures",

@@ -40,8 +40,8 @@ struct push_ui {
 
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
 {
-    json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", gs_cli_json_path(path),
-                                                   "kept", gs_cli_json_path(kept)));
+    json_array_append_new(ui->conflicts, json_pack("{s:o,s:o}", "path", gs_json_text(path), "kept",
+                                                   gs_json_text(kept)));
     if (!ui->cli->json) {
         gs_progress_end(&ui->bar);
         /* "changed there" would be a guess: after .gpusync was lost (git clean -x) the copy may
@@ -58,8 +58,8 @@ static void report_failure(struct push_ui *ui, const char *op, const char *path,
 {
     message = message ? message : "";
     json_array_append_new(ui->failures,
-                          json_pack("{s:s,s:o,s:o}", "op", op, "path", gs_cli_json_path(path),
-                                    "error", gs_cli_json_path(message)));
+                          json_pack("{s:s,s:o,s:o}", "op", op, "path", gs_json_text(path), "error",
+                                    gs_json_text(message)));
     if (ui->cli->json)
         return;
     gs_progress_end(&ui->bar);
@@ -99,7 +99,7 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         if (ui->cli->json)
             json_array_append_new(
                 ui->planned, json_pack("{s:s,s:o,s:I}", "op", gs_plan_op_name(op->type), "path",
-                                       gs_cli_json_path(op->path), "bytes",
+                                       gs_json_text(op->path), "bytes",
                                        (json_int_t)(op->type == GS_OP_PUT ? op->record.size : 0)));
         else
             printf("%s\n", line.data);

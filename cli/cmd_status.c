@@ -24,7 +24,7 @@ static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_f
     (void)r;
     json_t *ops = ctx;
     json_array_append_new(ops, json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path",
-                                         gs_cli_json_path(op->path)));
+                                         gs_json_text(op->path)));
 }
 
 static void print_human(struct gs_cli *cli, const char *target, json_t *ops,

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "syncd/json_text.h"
+
 #define META_KEY "conflicts"
 
 int gs_conflicts_load(struct gs_index *idx, json_t **out, struct gs_error *err)
@@ -41,5 +43,7 @@ void gs_conflicts_add(json_t *list, const char *path, const char *kept)
 {
     while (json_array_size(list) >= GS_CONFLICTS_MAX)
         json_array_remove(list, 0);
-    json_array_append_new(list, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+    /* names are bytes: one that is not UTF-8 is listed with U+FFFD rather than dropped */
+    json_array_append_new(
+        list, json_pack("{s:o,s:o}", "path", gs_json_text(path), "kept", gs_json_text(kept)));
 }

@@ -25,6 +25,7 @@
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
+#include "syncd/json_text.h"
 #include "syncd/linked.h"
 #include "syncd/push.h"
 #include "syncd/relay.h"
@@ -140,14 +141,22 @@ struct daemon {
 
 /* ---- events and status ---- */
 
+/* Sends `event` to every subscriber, and drops the reference. A NULL event (a json_pack that
+ * failed) is skipped: hanging up every subscriber over it would lose them all the events after. */
 static void broadcast(struct daemon *d, json_t *event)
 {
+    if (!event) {
+        gs_debug("an event could not be encoded: not sent");
+        return;
+    }
     for (int i = 0; i < d->n_clients; i++)
         if (d->clients[i].events && !d->clients[i].dead &&
             gs_control_send(d->clients[i].fd, event, NULL) < 0)
             d->clients[i].dead = 1; /* a half-sent line cannot be finished: hang up */
     json_decref(event);
 }
+
+static void reply(struct client *c, json_t *msg);
 
 static const char *state_name(const struct daemon *d)
 {
@@ -232,7 +241,7 @@ static json_t *status_json(struct daemon *d)
         json_pack("{s:b,s:b,s:s,s:b,s:i,s:o,s:o,s:s,s:s,s:i,s:i,s:b}", "ok", 1, "daemon", 1,
                   "state", state_name(d), "connected", d->connected, "pending",
                   (int)(d->n_dirty + d->n_failed + d->n_held + sending), "last_error",
-                  d->last_error[0] ? json_string(d->last_error) : json_null(), "last_latency_ms",
+                  d->last_error[0] ? gs_json_text(d->last_error) : json_null(), "last_latency_ms",
                   d->last_latency_ms >= 0 ? json_integer(d->last_latency_ms) : json_null(),
                   "target", d->connected ? gs_ssh_target(d->ssh) : d->target, "transport",
                   d->connected ? d->sess.transport : "", "pid", (int)getpid(), "watches",
@@ -409,7 +418,7 @@ static void disconnect(struct daemon *d, const char *why)
     d->next_connect_ms = gs_clock_mono_ms() + d->backoff_ms + (jitter ? rand() % jitter : 0);
     d->backoff_ms = d->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : d->backoff_ms * 2;
     if (was)
-        broadcast(d, json_pack("{s:s,s:s}", "event", "disconnected", "message", why));
+        broadcast(d, json_pack("{s:s,s:o}", "event", "disconnected", "message", gs_json_text(why)));
     show_status(d);
 }
 
@@ -575,11 +584,13 @@ static void tell_pushes(struct daemon *d, const char *path, const char *kept,
         if (!p || !d->clients[i].flush_gen)
             continue;
         if (kept)
-            json_array_append_new(p->conflicts, json_pack("{s:s,s:s}", "path", path, "kept", kept));
+            json_array_append_new(p->conflicts, json_pack("{s:o,s:o}", "path", gs_json_text(path),
+                                                          "kept", gs_json_text(kept)));
         else
             json_array_append_new(p->failures,
-                                  json_pack("{s:s,s:s,s:s}", "op", gs_plan_op_name(failed->type),
-                                            "path", path, "error", message ? message : "failed"));
+                                  json_pack("{s:s,s:o,s:o}", "op", gs_plan_op_name(failed->type),
+                                            "path", gs_json_text(path), "error",
+                                            gs_json_text(message ? message : "failed")));
     }
 }
 
@@ -639,7 +650,8 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         d->lost_ops++;
         if (!r->kept)
             return;
-        ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->from, "kept", r->kept);
+        ev = json_pack("{s:s,s:o,s:o}", "event", "conflict", "path", gs_json_text(op->from), "kept",
+                       gs_json_text(r->kept));
         note_conflict(d, op->from, r->kept);
         tell_pushes(d, op->from, r->kept, NULL, NULL);
     } else if (!r->ok && gs_push_changed_locally(d->o->root, op)) {
@@ -651,19 +663,22 @@ static void on_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_re
         note_failed(d, op->path);
         if (op->type == GS_OP_RENAME)
             note_failed(d, op->from);
-        ev = json_pack("{s:s,s:s,s:s}", "event", "error", "path", op->path, "message",
-                       r->message ? r->message : "failed");
+        ev = json_pack("{s:s,s:o,s:o}", "event", "error", "path", gs_json_text(op->path), "message",
+                       gs_json_text(r->message ? r->message : "failed"));
         tell_pushes(d, op->path, NULL, op, r->message);
     } else if (r->kept) {
-        ev = json_pack("{s:s,s:s,s:s}", "event", "conflict", "path", op->path, "kept", r->kept);
+        ev = json_pack("{s:s,s:o,s:o}", "event", "conflict", "path", gs_json_text(op->path), "kept",
+                       gs_json_text(r->kept));
         note_conflict(d, op->path, r->kept);
         tell_pushes(d, op->path, r->kept, NULL, NULL);
     } else if (op->type == GS_OP_DELETE)
-        ev = json_pack("{s:s,s:s}", "event", "deleted", "path", op->path);
+        ev = json_pack("{s:s,s:o}", "event", "deleted", "path", gs_json_text(op->path));
     else if (op->type == GS_OP_RENAME)
-        ev = json_pack("{s:s,s:s,s:s}", "event", "renamed", "path", op->path, "from", op->from);
+        ev = json_pack("{s:s,s:o,s:o}", "event", "renamed", "path", gs_json_text(op->path), "from",
+                       gs_json_text(op->from));
     else
-        ev = json_pack("{s:s,s:s,s:I}", "event", "synced", "path", op->path, "ms", (json_int_t)ms);
+        ev = json_pack("{s:s,s:o,s:I}", "event", "synced", "path", gs_json_text(op->path), "ms",
+                       (json_int_t)ms);
     if (!r->ok || r->kept)
         gs_warn("%s %s: %s", r->ok ? "conflict" : "error", op->path,
                 r->ok ? r->kept : (r->message ? r->message : "failed"));
@@ -750,12 +765,9 @@ static void refuse_flushes(struct daemon *d)
             d->next_connect_ms = gs_clock_mono_ms();     /* the link may be back: try again */
             continue;
         }
-        json_t *reply = json_pack("{s:b,s:s,s:O,s:I}", "ok", 0, "error", why, "unreachable_since",
-                                  since, "pending", (json_int_t)pending);
-        reply = push_answer(d, c, reply);
-        if (gs_control_send(c->fd, reply, NULL) < 0)
-            c->dead = 1;
-        json_decref(reply);
+        json_t *answer = json_pack("{s:b,s:o,s:O,s:I}", "ok", 0, "error", gs_json_text(why),
+                                   "unreachable_since", since, "pending", (json_int_t)pending);
+        reply(c, push_answer(d, c, answer));
         c->flush_gen = 0;
     }
     json_decref(since);
@@ -797,15 +809,12 @@ static void answer_flushes(struct daemon *d, const char *error)
         struct client *c = &d->clients[i];
         if (!flush_satisfied(d, c))
             continue;
-        json_t *reply =
-            error
-                ? json_pack("{s:b,s:s,s:b}", "ok", 0, "error", error, "local", d->last_error_local)
-                : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
-                            "conflicts", d->conflicts);
-        reply = push_answer(d, c, reply);
-        if (gs_control_send(c->fd, reply, NULL) < 0)
-            c->dead = 1;
-        json_decref(reply);
+        json_t *answer =
+            error ? json_pack("{s:b,s:o,s:b}", "ok", 0, "error", gs_json_text(error), "local",
+                              d->last_error_local)
+                  : json_pack("{s:b,s:I,s:O}", "ok", 1, "ms", (json_int_t)(now - c->flush_start_ms),
+                              "conflicts", d->conflicts);
+        reply(c, push_answer(d, c, answer));
         c->flush_gen = 0;
     }
 }
@@ -1021,8 +1030,14 @@ static void drop_client(struct daemon *d, int i)
     d->clients[i] = d->clients[--d->n_clients];
 }
 
+/* Sends `msg` to c, and drops the reference. A NULL msg (a json_pack that failed) is skipped, not
+ * a reason to hang up. */
 static void reply(struct client *c, json_t *msg)
 {
+    if (!msg) {
+        gs_debug("a reply could not be encoded: not sent");
+        return;
+    }
     if (gs_control_send(c->fd, msg, NULL) < 0)
         c->dead = 1;
     json_decref(msg);
@@ -1049,7 +1064,8 @@ static void read_changes(struct daemon *d)
 static void stop_saying(struct daemon *d, const char *why)
 {
     gs_warn("%s", why);
-    broadcast(d, json_pack("{s:s,s:n,s:s}", "event", "error", "path", "message", why));
+    broadcast(d,
+              json_pack("{s:s,s:n,s:o}", "event", "error", "path", "message", gs_json_text(why)));
     snprintf(d->stop_reason, sizeof(d->stop_reason), "%s", why);
     d->stop = 1;
 }
@@ -1225,7 +1241,7 @@ static int serve_client(struct daemon *d, int i)
             return -1;
     }
     if (err.code) { /* garbage or a wrong version: say so and hang up */
-        reply(c, json_pack("{s:b,s:s}", "ok", 0, "error", err.msg));
+        reply(c, json_pack("{s:b,s:o}", "ok", 0, "error", gs_json_text(err.msg)));
         drop_client(d, i);
         return -1;
     }
@@ -1627,7 +1643,8 @@ static void answer_at_exit(struct daemon *d)
                                unchecked));
         else if (c->flush_gen)
             reply(c, push_answer(d, c,
-                                 json_pack("{s:b,s:s,s:b}", "ok", 0, "error", why, "stopped", 1)));
+                                 json_pack("{s:b,s:o,s:b}", "ok", 0, "error", gs_json_text(why),
+                                           "stopped", 1)));
     }
 }
 
