@@ -13,6 +13,7 @@
 
 #include "cli/run_util.h"
 #include "common/path.h"
+#include "common/quote.h"
 #include "common/shell.h"
 
 void gs_cli_print_help(const struct gs_cmd *cmd)
@@ -191,7 +192,11 @@ int gs_cli_fail_with(struct gs_cli *cli, int code, json_t *extra)
         gs_cli_json_print(o);
     }
     json_decref(extra);
-    fprintf(stderr, "gpusync: %s\n", msg);
+    /* a message may hold a file's name, or a server's words: no raw control byte on the terminal */
+    struct gs_buf text = GS_BUF_INIT;
+    gs_quote_message(&text, msg, NULL, GS_QUOTE_KEEP_LINES);
+    fprintf(stderr, "gpusync: %s\n", text.data);
+    gs_buf_release(&text);
     int status = gs_error_exit_code(code);
     return cli->remote_status && status == GS_EXIT_CONNECT ? GS_EXIT_REMOTE_LOST : status;
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/quote.h"
 #include "syncd/control.h"
 
 static void print_event(struct gs_cli *cli, json_t *ev)
@@ -20,9 +21,22 @@ static void print_event(struct gs_cli *cli, json_t *ev)
         detail = json_string_value(json_object_get(ev, "message"));
     if (!detail)
         detail = json_string_value(json_object_get(ev, "target"));
-    printf("%-12s %s%s%s\n", kind ? kind : "?", path ? path : "", detail ? "  " : "",
-           detail ? detail : "");
+    /* names and messages as the daemon sent them (U+FFFD for bytes that were not UTF-8): quoted,
+     * and the event's path quoted alike inside its message */
+    struct gs_buf line = GS_BUF_INIT;
+    const char *names[] = {path, NULL};
+    gs_buf_addf(&line, "%-12s ", kind ? kind : "?");
+    gs_quote_path(&line, path ? path : "");
+    if (detail && json_object_get(ev, "message")) {
+        gs_buf_adds(&line, "  ");
+        gs_quote_message(&line, detail, path ? names : NULL, 0);
+    } else if (detail) {
+        gs_buf_adds(&line, "  ");
+        gs_quote_path(&line, detail);
+    }
+    printf("%s\n", line.data);
     fflush(stdout);
+    gs_buf_release(&line);
 }
 
 static int events_exec(struct gs_cli *cli)

@@ -19,6 +19,7 @@
 #include "cli/progress.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/quote.h"
 #include "common/wrapper.h"
 #include "remote/agent_client.h"
 #include "syncd/hash.h"
@@ -96,13 +97,16 @@ static void add_link(struct pull_job *job, const char *remote, const char *local
 /* Notes a remote path left out (neither file, folder nor symlink, or unlisted) for the summary. */
 static void add_skipped(struct pull_job *job, const char *remote, const char *kind)
 {
-    json_array_append_new(job->skipped,
-                          json_pack("{s:o,s:s}", "path", gs_json_text(remote), "kind", kind));
+    json_array_append_new(job->skipped, json_pack("{s:o,s:o}", "path", gs_json_text(remote), "kind",
+                                                  gs_json_text(kind)));
+    struct gs_buf q = GS_BUF_INIT, k = GS_BUF_INIT; /* names shown quoted (common/quote.h) */
     if (!job->cli->json)
         fprintf(stderr,
                 "gpusync: %s was not pulled: it is a %s (pull makes files, folders and "
                 "symlinks)\n",
-                remote, kind);
+                gs_quote_str(&q, remote), gs_quote_str(&k, kind));
+    gs_buf_release(&q);
+    gs_buf_release(&k);
 }
 
 /* Creates `dir` and its missing parents, noting each one made so that a failed pull can remove
@@ -196,8 +200,10 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
                             job->remote_base);
     const char *rest = e->path + blen + 1;
     if (e->skipped) { /* too long, or too deep to walk: said, not silently missing */
-        fprintf(stderr, "gpusync: %s was not pulled: the server cannot list it (%s)\n", e->path,
-                strerror(e->skipped));
+        struct gs_buf q = GS_BUF_INIT;
+        fprintf(stderr, "gpusync: %s was not pulled: the server cannot list it (%s)\n",
+                gs_quote_str(&q, e->path), strerror(e->skipped));
+        gs_buf_release(&q);
         json_array_append_new(job->skipped, json_pack("{s:o,s:s}", "path", gs_json_text(e->path),
                                                       "kind", "unlisted"));
         return 0;
@@ -277,9 +283,12 @@ static int keep_copy(struct pull_job *job, const char *local)
     if (rc == 0)
         json_array_append_new(job->kept, json_pack("{s:o,s:o}", "local", gs_json_text(local),
                                                    "kept", gs_json_text(kept.data)));
+    struct gs_buf q = GS_BUF_INIT, k = GS_BUF_INIT;
     if (rc == 0 && !job->cli->json)
-        fprintf(stderr, "gpusync: %s held content the server does not have; kept as %s\n", local,
-                kept.data);
+        fprintf(stderr, "gpusync: %s held content the server does not have; kept as %s\n",
+                gs_quote_str(&q, local), gs_quote_str(&k, kept.data));
+    gs_buf_release(&q);
+    gs_buf_release(&k);
     gs_buf_release(&kept);
     return rc;
 }
@@ -300,9 +309,14 @@ static int keep_local_change(struct pull_job *job, struct gs_agent *agent,
 /* A pulled path the index could not record: the pull stands, but a push may send it back. */
 static void say_unrecorded(const char *local, const struct gs_error *err)
 {
+    struct gs_buf q = GS_BUF_INIT, why = GS_BUF_INIT;
+    const char *names[] = {local, NULL};
+    gs_quote_message(&why, err->msg, names, 0);
     fprintf(stderr,
             "gpusync: %s was pulled but not recorded as pulled (%s): a push may send it back\n",
-            local, err->msg);
+            gs_quote_str(&q, local), why.data);
+    gs_buf_release(&q);
+    gs_buf_release(&why);
 }
 
 /* Records in the index that the local file `f` was pulled (index.h, `pulled`): its content is the
@@ -504,10 +518,13 @@ static void note_link_target(const struct pull_job *job)
     const struct pull_link *l = &job->links[0];
     if (stat(l->local, &st) == 0)
         return;
+    struct gs_buf q = GS_BUF_INIT, t = GS_BUF_INIT;
     fprintf(stderr,
             "gpusync: %s is a symlink on the server (-> %s), made here as one; what it points to "
             "is not here: pull that too, or the folder holding both\n",
-            l->remote, l->target);
+            gs_quote_str(&q, l->remote), gs_quote_str(&t, l->target));
+    gs_buf_release(&q);
+    gs_buf_release(&t);
 }
 
 /* A file of a folder pull that the server no longer holds (removed since it was listed): the
@@ -519,8 +536,10 @@ static void skip_vanished(struct pull_job *job, struct pull_file *f)
     f->state = PULL_VANISHED;
     json_array_append_new(
         job->skipped, json_pack("{s:o,s:s}", "path", gs_json_text(f->remote), "kind", "vanished"));
+    struct gs_buf q = GS_BUF_INIT;
     fprintf(stderr, "gpusync: %s was not pulled: it was removed on the server during the pull\n",
-            f->remote);
+            gs_quote_str(&q, f->remote));
+    gs_buf_release(&q);
     gs_error_clear(&job->cli->err);
 }
 
@@ -536,7 +555,11 @@ static void fail_changed(struct pull_job *job, struct pull_file *f)
     f->state = PULL_FAILED;
     json_array_append_new(job->failures, json_pack("{s:o,s:o}", "path", gs_json_text(f->remote),
                                                    "error", gs_json_text(msg.data)));
-    fprintf(stderr, "gpusync: %s\n", msg.data);
+    struct gs_buf shown = GS_BUF_INIT;
+    const char *names[] = {f->remote, NULL};
+    gs_quote_message(&shown, msg.data, names, 0);
+    fprintf(stderr, "gpusync: %s\n", shown.data);
+    gs_buf_release(&shown);
     gs_buf_release(&msg);
     gs_error_clear(&job->cli->err);
 }
@@ -545,12 +568,16 @@ static void fail_changed(struct pull_job *job, struct pull_file *f)
  * the file as it was then, a log so far or maybe a checkpoint half saved. Said, and listed. */
 static void note_held_open(struct pull_job *job, struct pull_file *f, const char *writer)
 {
-    json_array_append_new(
-        job->held, json_pack("{s:o,s:s}", "path", gs_json_text(f->remote), "writer", writer));
+    json_array_append_new(job->held, json_pack("{s:o,s:o}", "path", gs_json_text(f->remote),
+                                               "writer", gs_json_text(writer)));
+    struct gs_buf q = GS_BUF_INIT, w = GS_BUF_INIT;
+    gs_quote_message(&w, writer, NULL, 0);
     fprintf(stderr,
             "gpusync: %s was open for writing on the server (%s) as it was pulled: it is the "
             "file as it was then, maybe a part of what is being written\n",
-            f->remote, writer);
+            gs_quote_str(&q, f->remote), w.data);
+    gs_buf_release(&q);
+    gs_buf_release(&w);
 }
 
 static void pause_ms(long ms)
@@ -653,7 +680,9 @@ static int report(struct pull_job *job)
     printf("pulled %zu file%s", job->n_done, job->n_done == 1 ? "" : "s");
     if (job->n_links)
         printf(" and %zu symlink%s", job->n_links, job->n_links == 1 ? "" : "s");
-    printf(" (%s) into %s", gs_format_bytes(job->bytes, b), job->local_base);
+    struct gs_buf base = GS_BUF_INIT;
+    printf(" (%s) into %s", gs_format_bytes(job->bytes, b), gs_quote_str(&base, job->local_base));
+    gs_buf_release(&base);
     if (json_array_size(job->held))
         printf("; %zu open for writing there, as they were (named above)",
                json_array_size(job->held));

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/quote.h"
 #include "common/wrapper.h"
 #include "syncd/control.h"
 #include "syncd/push.h"
@@ -32,11 +33,37 @@ struct push_ui {
     struct gs_progress bar;
     atomic_int show_reading; /* the planner may draw: nothing else writes to the terminal now */
     json_t *conflicts, *failures, *planned;
+    char **failed_paths; /* failures' paths as they were (raw bytes, not JSON's U+FFFD), in order */
     json_t *lost;        /* paths the server no longer had where the index said: pushed again */
     size_t withdrawable; /* failures[0..this) may be withdrawn: a later pass did them after all */
     size_t withdrawn;
     int unstarted; /* connecting or starting the agent failed: no operation's outcome stands */
 };
+
+/* Forgets failures[i] and its raw path. */
+static void forget_failure(struct push_ui *ui, size_t i)
+{
+    size_t n = json_array_size(ui->failures);
+    free(ui->failed_paths[i]);
+    memmove(&ui->failed_paths[i], &ui->failed_paths[i + 1], (n - i - 1) * sizeof(char *));
+    json_array_remove(ui->failures, i);
+}
+
+static void forget_failures(struct push_ui *ui)
+{
+    while (json_array_size(ui->failures))
+        forget_failure(ui, json_array_size(ui->failures) - 1);
+}
+
+/* Appends `msg` for the terminal: the failures' names in it quoted (common/quote.h). */
+static void add_failure_message(struct push_ui *ui, struct gs_buf *out, const char *msg)
+{
+    size_t n = json_array_size(ui->failures);
+    const char **names = gs_xcalloc(n + 1, sizeof(*names));
+    memcpy(names, ui->failed_paths, n * sizeof(*names));
+    gs_quote_message(out, msg, names, GS_QUOTE_KEEP_LINES);
+    free(names);
+}
 
 static void report_conflict(struct push_ui *ui, const char *path, const char *kept)
 {
@@ -46,10 +73,13 @@ static void report_conflict(struct push_ui *ui, const char *path, const char *ke
         gs_progress_end(&ui->bar);
         /* "changed there" would be a guess: after .gpusync was lost (git clean -x) the copy may
          * be gpusync's own, written before the record it has now */
+        struct gs_buf name = GS_BUF_INIT, copy = GS_BUF_INIT;
         fprintf(stderr,
                 "conflict: %s on the server is not what gpusync knows it wrote there; the "
                 "server's copy is kept as %s\n",
-                path, kept);
+                gs_quote_str(&name, path), gs_quote_str(&copy, kept));
+        gs_buf_release(&name);
+        gs_buf_release(&copy);
     }
 }
 
@@ -60,13 +90,22 @@ static void report_failure(struct push_ui *ui, const char *op, const char *path,
     json_array_append_new(ui->failures,
                           json_pack("{s:s,s:o,s:o}", "op", op, "path", gs_json_text(path), "error",
                                     gs_json_text(message)));
+    size_t n = json_array_size(ui->failures);
+    ui->failed_paths = gs_xrealloc(ui->failed_paths, n * sizeof(char *));
+    ui->failed_paths[n - 1] = gs_xstrdup(path);
     if (ui->cli->json)
         return;
     gs_progress_end(&ui->bar);
-    if (strstr(message, path)) /* it names op and path itself */
-        fprintf(stderr, "failed: %s\n", message);
-    else
-        fprintf(stderr, "failed: %s %s: %s\n", op, path, message);
+    struct gs_buf line = GS_BUF_INIT;
+    const char *names[] = {path, NULL};
+    if (!strstr(message, path)) { /* else it names op and path itself */
+        gs_buf_addf(&line, "%s ", op);
+        gs_quote_path(&line, path);
+        gs_buf_adds(&line, ": ");
+    }
+    gs_quote_message(&line, message, names, 0);
+    fprintf(stderr, "failed: %s\n", line.data);
+    gs_buf_release(&line);
 }
 
 /* An operation a later pass did after all: its earlier failure is no longer this push's answer
@@ -74,15 +113,16 @@ static void report_failure(struct push_ui *ui, const char *op, const char *path,
  * found that folder and the plan made it again). */
 static void withdraw_failure(struct push_ui *ui, const char *path)
 {
+    /* raw with raw: the JSON's path has U+FFFD for a byte that is not UTF-8 */
     for (size_t i = 0; i < ui->withdrawable; i++) {
-        json_t *f = json_array_get(ui->failures, i);
-        const char *failed = json_string_value(json_object_get(f, "path"));
-        if (failed && strcmp(failed, path) == 0) {
+        if (strcmp(ui->failed_paths[i], path) == 0) {
             if (!ui->cli->json) { /* the line that said it failed was printed already */
+                struct gs_buf name = GS_BUF_INIT;
                 gs_progress_end(&ui->bar);
-                fprintf(stderr, "done after all: %s\n", path);
+                fprintf(stderr, "done after all: %s\n", gs_quote_str(&name, path));
+                gs_buf_release(&name);
             }
-            json_array_remove(ui->failures, i);
+            forget_failure(ui, i);
             ui->withdrawable--;
             ui->withdrawn++;
             return;
@@ -404,7 +444,7 @@ static int execute_early(struct gs_cli *cli, struct gs_session *s, struct push_u
      * from the first pass's failures */
     if (!s->early_lost)
         return resend_changed(cli, s, ui, o, p, rc);
-    json_array_clear(ui->failures);
+    forget_failures(ui);
     json_array_clear(ui->conflicts);
     if ((rc = plan_again(cli, p)) == 0)
         rc = execute_plan(cli, s, ui, o, p);
@@ -465,8 +505,12 @@ static int plan_connect_execute(struct gs_cli *cli, struct gs_session *s, struct
                       s->ops ? s->ops->bytes_sent : 0,
                       s->agent && !o->dry_run ? gs_agent_compress_level(s->agent) : 0,
                       o->dry_run ? NULL : &s->verified);
-    if (rc == GS_E_REMOTE && !cli->json)
-        fprintf(stderr, "gpusync: %s\n", cli->err.msg);
+    if (rc == GS_E_REMOTE && !cli->json) {
+        struct gs_buf msg = GS_BUF_INIT;
+        add_failure_message(ui, &msg, cli->err.msg);
+        fprintf(stderr, "gpusync: %s\n", msg.data);
+        gs_buf_release(&msg);
+    }
     gs_plan_release(&p.plan);
     return rc == GS_E_REMOTE ? 1 : rc;
 }
@@ -536,8 +580,12 @@ static int push_through_daemon(struct gs_cli *cli, struct push_ui *ui, int *hand
         print_summary(ui, &st, 0, through, (uint64_t)count_field(reply, "link_bytes"),
                       (int)count_field(reply, "compress_level"), NULL);
         rc = ok ? 0 : 1;
-        if (!ok && !cli->json)
-            fprintf(stderr, "gpusync: %s\n", error ? error : "the push failed");
+        if (!ok && !cli->json) {
+            struct gs_buf msg = GS_BUF_INIT;
+            add_failure_message(ui, &msg, error ? error : "the push failed");
+            fprintf(stderr, "gpusync: %s\n", msg.data);
+            gs_buf_release(&msg);
+        }
     }
     json_decref(reply);
     return rc;
@@ -581,6 +629,8 @@ static int run_push(struct gs_cli *cli, int dry_run, int argc, char **argv)
     free(rel);
     free(paths);
     json_decref(ui.conflicts);
+    forget_failures(&ui);
+    free(ui.failed_paths);
     json_decref(ui.failures);
     json_decref(ui.planned);
     json_decref(ui.lost);

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "common/buf.h"
+#include "common/quote.h"
 #include "remote/target.h"
 #include "syncd/conflicts.h"
 #include "syncd/control.h"
@@ -19,12 +20,15 @@ enum { OPT_ACK = 2100 };
 static const struct option status_options[] = {
     GS_CLI_COMMON_LONGOPTS, {"ack", no_argument, NULL, OPT_ACK}, {NULL, 0, NULL, 0}};
 
-static void collect_op(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
+/* Adds op to `ops`: its path as JSON has it (U+FFFD for a byte that is not UTF-8), or for text
+ * output as a human is shown it (common/quote.h), which the raw name is needed for. */
+static void collect_op(json_t *ops, const struct gs_plan_op *op, int text)
 {
-    (void)r;
-    json_t *ops = ctx;
-    json_array_append_new(ops, json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path",
-                                         gs_json_text(op->path)));
+    struct gs_buf shown = GS_BUF_INIT;
+    json_t *path = text ? json_string(gs_quote_str(&shown, op->path)) : gs_json_text(op->path);
+    json_array_append_new(ops,
+                          json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path", path));
+    gs_buf_release(&shown);
 }
 
 static void print_human(struct gs_cli *cli, const char *target, json_t *ops,
@@ -68,11 +72,14 @@ void gs_cli_print_conflicts(json_t *conflicts)
     printf("conflicts: the server had changed %zu file%s since gpusync wrote %s; its version%s "
            "kept beside:\n",
            n, n == 1 ? "" : "s", n == 1 ? "it" : "them", n == 1 ? " is" : "s are");
+    struct gs_buf path = GS_BUF_INIT, kept = GS_BUF_INIT;
     json_array_foreach(conflicts, i, c)
     {
-        printf("  %s -> %s\n", json_string_value(json_object_get(c, "path")),
-               json_string_value(json_object_get(c, "kept")));
+        printf("  %s -> %s\n", gs_quote_str(&path, json_string_value(json_object_get(c, "path"))),
+               gs_quote_str(&kept, json_string_value(json_object_get(c, "kept"))));
     }
+    gs_buf_release(&path);
+    gs_buf_release(&kept);
     printf("  ('gpusync status --ack' once you have looked)\n");
 }
 
@@ -121,8 +128,12 @@ static int daemon_status(struct gs_cli *cli, int ack)
     json_t *since = json_object_get(st, "unreachable_since");
     if (json_is_string(since))
         printf("server:  unreachable since %s\n", json_string_value(since));
-    if (json_is_string(err))
-        printf("error:   %s\n", json_string_value(err));
+    if (json_is_string(err)) { /* it may name a file */
+        struct gs_buf text = GS_BUF_INIT;
+        gs_quote_message(&text, json_string_value(err), NULL, 0);
+        printf("error:   %s\n", text.data);
+        gs_buf_release(&text);
+    }
     gs_cli_print_conflicts(json_object_get(st, "conflicts"));
     if (ack && json_array_size(json_object_get(st, "conflicts")))
         printf("(acknowledged: not listed again)\n");
@@ -141,12 +152,15 @@ static int acknowledge_recorded(struct gs_cli *cli, struct gs_session *s)
 
 struct local_plan {
     json_t *ops;
+    int text;               /* for text output: the paths as shown (collect_op) */
     struct gs_progress bar; /* reading the changed files, on a terminal (text output) */
 };
 
 static void collect_planned(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
-    collect_op(((struct local_plan *)ctx)->ops, op, r);
+    struct local_plan *lp = ctx;
+    (void)r;
+    collect_op(lp->ops, op, lp->text);
 }
 
 /* A large changed file takes a while to read: a bar says so. */
@@ -162,7 +176,7 @@ static int show_reading(void *ctx, const struct gs_plan_reading *r)
 static int local_plan(struct gs_cli *cli, struct gs_session *s, json_t *ops,
                       struct gs_push_stats *st, size_t *unconfirmed)
 {
-    struct local_plan lp = {.ops = ops};
+    struct local_plan lp = {.ops = ops, .text = !cli->json};
     gs_progress_init(&lp.bar);
     lp.bar.label = "reading";
     lp.bar.quiet_ms = GS_PROGRESS_READING_QUIET_MS;

@@ -29,6 +29,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/quote.h"
 #include "fixtures/proc.h"
 #include "fixtures/sshd.h"
 #include "fixtures/tree.h"
@@ -774,6 +775,68 @@ static void test_push__hostile_names_round_trip(void **state)
     remove_path(cur.local, long_name);
     move_path(cur.local, "dir -x\n", "dir \x01 renamed");
     push_compare_drop(&cur, "hostile names, changes");
+}
+
+/* Fails unless `text` is UTF-8 with no control byte but line ends, and holds each of `shown`. */
+static void expect_terminal_safe(const char *text, const char *const *shown, const char *what)
+{
+    for (const char *c = text; *c;) {
+        size_t n = gs_quote_utf8_len(c);
+        if (!n || (n == 1 && ((unsigned char)*c < 0x20 && *c != '\n')) || *c == 0x7f)
+            fail_msg("%s: raw byte 0x%02x at %zu reached the terminal: %s", what, (unsigned char)*c,
+                     (size_t)(c - text), text);
+        c += n;
+    }
+    for (size_t i = 0; shown && shown[i]; i++)
+        if (!strstr(text, shown[i]))
+            fail_msg("%s: want %s in: %s", what, shown[i], text);
+}
+
+/* Text output shows a name with a newline, an escape sequence, a tab or a byte that is not UTF-8
+ * quoted with C escapes, never raw: status lists them so, push's conflict line too; the files
+ * still arrive byte for byte. */
+static void test_push__unusual_names_are_quoted_in_text_output(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    const char *names[] = {"new\nline.txt", "\x1b[31mred", "tab\there", "bad\xff.txt",
+                           "donn\xc3\xa9"
+                           "es.txt"};
+    const char *shown[] = {"\"new\\nline.txt\"",
+                           "\"\\e[31mred\"",
+                           "\"tab\\there\"",
+                           "\"bad\\xff.txt\"",
+                           " donn\xc3\xa9"
+                           "es.txt\n",
+                           NULL};
+    for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
+        put_text(cur.local, names[i], "content\n", 0644);
+    struct gs_test_result r = run_gpusync(cur.local, ARGS("status"));
+    expect_status(&r, 0, "gpusync status");
+    expect_terminal_safe(r.out.data, shown, "status");
+    gs_test_result_release(&r);
+    r = run_gpusync(cur.local, ARGS("push"));
+    expect_status(&r, 0, "gpusync push");
+    expect_terminal_safe(r.out.data, NULL, "push's stdout");
+    expect_terminal_safe(r.err.data, NULL, "push's stderr");
+    gs_test_result_release(&r);
+    expect_same_tree_opts(cur.local, cur.remote, 0, NULL, "unusual names pushed");
+    /* changed on both sides: the conflict line names both copies, quoted */
+    put_text(cur.remote, names[1], "edited on the server\n", 0644);
+    put_text(cur.local, names[1], "edited here\n", 0644);
+    r = run_gpusync(cur.local, ARGS("push"));
+    expect_status(&r, 0, "gpusync push after a conflict");
+    expect_terminal_safe(r.out.data, NULL, "push's stdout after a conflict");
+    expect_terminal_safe(r.err.data,
+                         ((const char *[]){"conflict: \"\\e[31mred\" on the server",
+                                           "kept as \"\\e[31mred" CONFLICT_TAG, NULL}),
+                         "push's conflict line");
+    gs_test_result_release(&r);
+    expect_same_tree_opts(cur.local, cur.remote, 1, NULL, "unusual names after the conflict");
+    r = run_gpusync(cur.local, ARGS("status"));
+    expect_status(&r, 0, "gpusync status when synced");
+    expect_terminal_safe(r.out.data, NULL, "status when synced");
+    gs_test_result_release(&r);
 }
 
 static void test_push__symlink_out_of_the_tree_is_mirrored_not_followed(void **state)
@@ -2043,6 +2106,7 @@ int main(void)
         T(test_push__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_push__server_edit_then_local_rename_is_kept_as_conflict),
         T(test_push__hostile_names_round_trip),
+        T(test_push__unusual_names_are_quoted_in_text_output),
         T(test_push__symlink_out_of_the_tree_is_mirrored_not_followed),
         T(test_push__gitignore_and_sync_exclude_are_respected),
         T(test_push__a_path_too_long_to_open_fails_and_deletes_nothing),
