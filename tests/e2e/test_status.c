@@ -293,6 +293,43 @@ static void test_status__an_acknowledgement_answers_with_what_it_acknowledged(vo
     json_decref(st);
 }
 
+/* A file whose name is not UTF-8: its events and its conflict reach the stream and status with
+ * U+FFFD for the bad byte. Its event used to be NULL, and sending that hung up every subscriber,
+ * which never heard of the files after it; a conflict on it vanished from the list. */
+static void test_status__a_name_that_is_not_utf8_keeps_its_events_and_conflict(void **state)
+{
+    (void)state;
+    const char *bad = "bad\xff.txt", *shown = "bad\xef\xbf\xbd.txt";
+    project_init(server.port);
+    gs_test_gpusync_ok(project, ARGS("watch", "-d"), "watch -d");
+    json_decref(await_daemon_status());
+    struct gs_test_events ev;
+    gs_test_events_start(&ev, project);
+    gs_test_write_file(project, "marker.txt", "subscribed\n"); /* proves the subscription */
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush the marker");
+    gs_test_events_until(&ev, "synced", "marker.txt", 10000);
+    gs_test_write_file(project, bad, "first\n");
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush the non-UTF-8 name");
+    gs_test_write_file(project, "after.txt", "after\n");
+    gs_test_gpusync_ok(project, ARGS("flush"), "flush a file after it");
+    gs_test_events_until(&ev, "synced", "after.txt", 10000); /* the stream is still there */
+    assert_int_equal(gs_test_events_count(&ev, "synced", shown), 1);
+    /* changed on both sides: the conflict is listed, and status still answers */
+    gs_test_write_file(remote, bad, "edited on the server\n");
+    gs_test_write_file(project, bad, "edited here\n");
+    json_t *o =
+        gs_test_gpusync_json(project, ARGS("flush", "--json"), 0, "flush over a server edit");
+    expect_one_conflict(json_object_get(o, "conflicts"), shown);
+    json_decref(o);
+    gs_test_events_until(&ev, "conflict", shown, 10000);
+    json_t *st = daemon_status();
+    if (!st)
+        fail_msg("status --json did not come from the daemon");
+    expect_one_conflict(listed_conflicts(st, 1), shown);
+    json_decref(st);
+    gs_test_events_stop(&ev);
+}
+
 /* A host that is an ~/.ssh/config alias: status without a daemon names the server as a
  * connection resolves it (its real address and port), in text and in JSON. */
 static void test_status__status_without_a_daemon_names_the_resolved_server(void **state)
@@ -390,6 +427,9 @@ int main(void)
             case_teardown),
         cmocka_unit_test_setup_teardown(test_status__the_daemon_answers_while_its_login_hangs,
                                         case_setup, case_teardown),
+        cmocka_unit_test_setup_teardown(
+            test_status__a_name_that_is_not_utf8_keeps_its_events_and_conflict, case_setup,
+            case_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
