@@ -411,6 +411,27 @@ static void test_check__a_folder_replaced_by_a_symlink_there_is_made_again_whole
     expect_cache_back_and_the_link_kept(&cur, "after the push");
 }
 
+/* The same with a file whose name is not UTF-8: its failure is withdrawn too (it was compared with
+ * the --json form of the name, where U+FFFD stands for the bad byte, and stayed: exit 1 although
+ * everything had arrived). */
+static void
+test_check__a_non_utf8_name_under_a_folder_replaced_by_a_symlink_is_not_failed(void **state)
+{
+    (void)state;
+    proj_new(&cur, NULL);
+    gs_test_write_file(cur.local, "src/pkg/cache/b\xff.bin", "first\n");
+    json_t *o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "first push");
+    json_decref(o);
+    replace_cache_by_a_symlink(&cur);
+    gs_test_write_file(cur.local, "src/pkg/cache/b\xff.bin", "edited here\n");
+
+    o = gs_test_gpusync_json(cur.local, ARGS("push", "--json"), 0, "push after the swap");
+    assert_int_equal(int_field(o, "failed_count", "push"), 0);
+    assert_int_equal(json_array_size(json_object_get(o, "failures")), 0);
+    json_decref(o);
+    expect_cache_back_and_the_link_kept(&cur, "after the push");
+}
+
 /* The same through the daemon's flush, and the daemon's state says so only once it is true. */
 static void test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole(void **state)
 {
@@ -471,6 +492,7 @@ int main(void)
         T(test_check__each_flush_of_a_connection_checks_the_whole_record),
         T(test_check__a_stop_counts_what_the_server_lost_as_unsent),
         T(test_check__a_folder_replaced_by_a_symlink_there_is_made_again_whole),
+        T(test_check__a_non_utf8_name_under_a_folder_replaced_by_a_symlink_is_not_failed),
         T(test_check__a_flush_makes_a_folder_replaced_by_a_symlink_again_whole),
         T(test_check__a_flush_puts_back_a_project_folder_removed_on_the_server),
         T(test_check__a_flush_follows_a_project_folder_moved_and_replaced),
