@@ -1105,7 +1105,8 @@ static int refuse_when_stopped(struct daemon *d, struct client *c)
 {
     if (!root_moved(d))
         return 0;
-    reply(c, json_pack("{s:b,s:s,s:b}", "ok", 0, "error", d->stop_reason, "stopped", 1));
+    reply(c,
+          json_pack("{s:b,s:o,s:b}", "ok", 0, "error", gs_json_text(d->stop_reason), "stopped", 1));
     return 1;
 }
 
