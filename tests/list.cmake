@@ -23,8 +23,10 @@ set(cli_runs gpusync gpusync-agent)
 # ---- unit -------------------------------------------------------------------------------------
 gs_add_test(test_common     LABEL unit TIMEOUT 300 SOURCES unit/test_common.c   LIBS ${common_libs})
 gs_add_test(test_config     LABEL unit TIMEOUT 300 SOURCES unit/test_config.c   LIBS ${common_libs})
-gs_add_test(test_shell      LABEL unit TIMEOUT 300 SOURCES unit/test_shell.c    LIBS ${common_libs})
-gs_add_test(test_quote      LABEL unit TIMEOUT 120 SOURCES unit/test_quote.c    LIBS ${common_libs})
+gs_add_test(test_shell      LABEL unit TIMEOUT 300 SOURCES unit/test_shell.c
+    LIBS gs_test_fixtures ${common_libs})
+gs_add_test(test_quote      LABEL unit TIMEOUT 120 SOURCES unit/test_quote.c
+    LIBS gs_test_fixtures ${common_libs})
 gs_add_test(test_hostkey    LABEL unit TIMEOUT 300 SOURCES unit/test_hostkey.c
     LIBS gs_remote gs_common PkgConfig::LIBSSH2 PkgConfig::CMOCKA)
 gs_add_test(test_target     LABEL unit TIMEOUT 300 SOURCES unit/test_target.c   LIBS ${remote_libs})

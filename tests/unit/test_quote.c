@@ -13,6 +13,7 @@
 
 #include "common/buf.h"
 #include "common/quote.h"
+#include "fixtures/proc.h"
 
 static void expect_quoted(const char *name, const char *shown)
 {
@@ -66,35 +67,18 @@ static void test_quote__bytes_that_are_not_utf8_are_escaped(void **state)
 /* What bash's printf %s $'...' prints for the quoted form of `name` (its outer quotes swapped). */
 static void bash_reads_back(const char *name)
 {
-    struct gs_buf q = GS_BUF_INIT, script = GS_BUF_INIT, got = GS_BUF_INIT;
+    struct gs_buf q = GS_BUF_INIT, script = GS_BUF_INIT;
     gs_quote_always(&q, name);
     q.data[q.len - 1] = '\0';
     gs_buf_addf(&script, "printf %%s $'%s'", q.data + 1);
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execlp("bash", "bash", "-c", script.data, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char chunk[256];
-    ssize_t n;
-    while ((n = read(fds[0], chunk, sizeof(chunk))) > 0)
-        gs_buf_add(&got, chunk, (size_t)n);
-    close(fds[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_int_equal(got.len, strlen(name));
-    assert_memory_equal(got.data, name, got.len);
+    struct gs_test_result r =
+        gs_test_run_prog(NULL, (const char *const[]){"bash", "-c", script.data, NULL}, 10000);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.out.len, strlen(name));
+    assert_memory_equal(r.out.data, name, r.out.len);
+    gs_test_result_release(&r);
     gs_buf_release(&q);
     gs_buf_release(&script);
-    gs_buf_release(&got);
 }
 
 static void test_quote__bash_reads_the_quoted_form_back_byte_for_byte(void **state)

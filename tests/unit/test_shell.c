@@ -13,34 +13,17 @@
 
 #include "common/buf.h"
 #include "common/shell.h"
+#include "fixtures/proc.h"
 
 /* Runs /bin/sh -c `script` and captures its stdout into `out`. Returns the exit status. */
 static int run_sh(const char *script, struct gs_buf *out)
 {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl("/bin/sh", "sh", "-c", script, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char chunk[4096];
-    ssize_t n;
-    while ((n = read(fds[0], chunk, sizeof(chunk))) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        assert_true(n > 0);
-        gs_buf_add(out, chunk, (size_t)n);
-    }
-    close(fds[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    struct gs_test_result r =
+        gs_test_run_prog(NULL, (const char *const[]){"/bin/sh", "-c", script, NULL}, 10000);
+    gs_buf_add(out, r.out.data, r.out.len);
+    int status = r.status;
+    gs_test_result_release(&r);
+    return status;
 }
 
 /* `arg` quoted and printed by sh must equal `arg`. */
