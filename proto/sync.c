@@ -237,8 +237,13 @@ static int encode_payload(struct writer *w, const struct gs_proto_msg *m)
         w_u8(w, (uint8_t)m->flags), w_bytes(w, m->hash, GS_PROTO_HASH_LEN);
         break;
     case GS_MSG_MKDIR:
-    case GS_MSG_CHMOD:
         w_str(w, m->path), w_u32(w, m->meta.mode);
+        break;
+    case GS_MSG_CHMOD: /* v10: with a hash, the mtime and that hash follow the mode */
+        if (m->has_hash)
+            w_str(w, m->path), w_meta(w, &m->meta), w_bytes(w, m->hash, GS_PROTO_HASH_LEN);
+        else
+            w_str(w, m->path), w_u32(w, m->meta.mode);
         break;
     case GS_MSG_DELETE:
         w_str(w, m->path), w_u32(w, m->flags), w_expect(w, &m->expect);
@@ -371,9 +376,15 @@ static int decode_request(struct reader *r, struct gs_proto_msg *m)
         m->flags = r_u8(r), r_hash(r, m->hash), m->has_hash = 1;
         break;
     case GS_MSG_MKDIR:
-    case GS_MSG_CHMOD:
         m->path = r_str(r), m->meta.mode = r_u32(r);
         if (m->meta.mode & ~07777u)
+            r->failed = 1;
+        break;
+    case GS_MSG_CHMOD: /* the v9 form is the v10 one cut after the mode */
+        m->path = r_str(r);
+        if (r->n > 4)
+            r_meta(r, &m->meta), r_hash(r, m->hash), m->has_hash = 1;
+        else if ((m->meta.mode = r_u32(r)) & ~07777u)
             r->failed = 1;
         break;
     case GS_MSG_DELETE:

@@ -136,6 +136,11 @@
  * the digest of the set names it), and the next session may start from it (GS_CHECK_SAVED)
  * instead of sending it again: a push of a tree of 20,000 files sends a few changes, not 1 MB.
  *
+ * MTIMES (v10). Every write (PUT, streamed puts, PUT_DELTA) gives the file the client's mtime,
+ * to the nanosecond where the server's file system keeps it. A file whose content is unchanged
+ * but whose mtime is not (a `touch`, which `make` on the server must see) costs one CHMOD that
+ * carries the mtime and the content hash, never the bytes (CHMOD below).
+ *
  * BATCHING. The agent flushes its replies whenever no more input is ready (and, during a
  * continuous burst, at least every 5 ms and whenever 1 MiB is buffered), so a lone request is
  * answered at once and a burst is answered in few writes.
@@ -147,8 +152,9 @@
 #include <stdint.h>
 
 #define GS_PROTO_VERSION                                                                           \
-    9 /* v9: CHECK; v8: the resident listener (OPEN, GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd   \
-       * ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED; v4: writer lock */
+    10 /* v10: CHMOD with mtime and hash; v9: CHECK; v8: the resident listener (OPEN,              \
+        * GS_HELLO_RESIDENT); v7: PUT_DELTA; v6: zstd ZFRAMES; v5: GS_EXPECT_DIR, LIST_SKIPPED;    \
+        * v4: writer lock */
 #define GS_PROTO_MAGIC        0x4753594eu /* "GSYN" */
 #define GS_PROTO_HDR          9           /* u32 length + u8 type + u32 id */
 #define GS_PROTO_MAX_FRAME    (4u << 20)  /* maximum value of the length field */
@@ -214,7 +220,16 @@ enum gs_msg_type {
     /* SYMLINK: str path | str target | expect. The link is created atomically (temp + rename);
      * the target string is stored verbatim and never followed by the agent. */
     GS_MSG_SYMLINK = 0x17,
-    /* CHMOD: str path | u32 mode. Refused (ELOOP) on a symlink. */
+    /* CHMOD: str path | u32 mode. Refused (ELOOP) on a symlink.
+     * v10, for a file whose content did not change but whose mtime or mode did (a `touch`):
+     * str path | meta | hash, the v9 form with the mtime and the content hash the client
+     * believes the server holds after the mode (has_hash set; both forms decode). The agent
+     * opens the file, hashes it and, only if it holds that content, sets the mode and the mtime
+     * through that descriptor: DONE. Other content, or no regular file there: ERROR ESTALE and
+     * nothing changed (the client then sends the whole file, whose expect keeps the server's
+     * copy as a conflict copy: stamping it would hide a server-side edit that kept the size
+     * and the second). A file the agent cannot read (mode 0200, not root) gets the mode first,
+     * then is hashed; still unreadable, its mtime is set unchecked, as a plain chmod would. */
     GS_MSG_CHMOD = 0x18,
     /* STAT: str path. Reply STAT (kind GS_KIND_NONE if missing). */
     GS_MSG_STAT = 0x19,
@@ -368,7 +383,8 @@ struct gs_proto_msg {
     struct gs_proto_expect expect;
     struct gs_proto_expect expect2; /* RENAME: about `from` */
     uint8_t kind;
-    uint8_t has_hash; /* set by the decoder for PUT_END/PUT_DELTA/HASH_R/GET_END; LIST entries */
+    uint8_t has_hash; /* set by the decoder for PUT_END/PUT_DELTA/HASH_R/GET_END; LIST entries;
+                       * CHMOD (v10): set to encode and when decoded with mtime and hash */
     uint8_t hash[GS_PROTO_HASH_LEN];
     uint64_t size;  /* PUT_BEGIN, STAT_R, HASH_R, GET_END; LIST_END count; ZFRAMES raw size */
     int32_t err;    /* ERROR, LIST_SKIPPED */

@@ -187,6 +187,50 @@ static void test_proto__path_requests_round_trip(void **state)
     }
 }
 
+/* v10: a CHMOD may carry the mtime and the content hash after the mode (a `touch` sent without
+ * the bytes); the v9 form, without them, still decodes, and a mtime before 1970 survives. */
+static void test_proto__chmod_round_trips_with_and_without_mtime_and_hash(void **state)
+{
+    (void)state;
+    struct gs_proto_buf b;
+    struct gs_proto_msg m = sample(GS_MSG_CHMOD), d;
+    round_trip(&m, &b, &d); /* v9 form: has_hash unset */
+    assert_int_equal(b.len, GS_PROTO_HDR + 4 + strlen(hostile) + 4);
+    assert_int_equal(d.has_hash, 0);
+    assert_int_equal(d.meta.mode, 0755);
+    assert_int_equal(d.meta.mtime_sec, 0);
+    gs_proto_buf_release(&b);
+
+    m.has_hash = 1; /* v10 form: mtime_sec -12345678901 (1578), nsec 999999999 */
+    round_trip(&m, &b, &d);
+    assert_int_equal(b.len, GS_PROTO_HDR + 4 + strlen(hostile) + 16 + GS_PROTO_HASH_LEN);
+    assert_int_equal(d.has_hash, 1);
+    assert_str(d.path, m.path);
+    assert_int_equal(d.meta.mode, 0755);
+    assert_true(d.meta.mtime_sec == -12345678901LL);
+    assert_int_equal(d.meta.mtime_nsec, 999999999u);
+    assert_memory_equal(d.hash, m.hash, GS_PROTO_HASH_LEN);
+    gs_proto_buf_release(&b);
+
+    m.meta.mtime_sec = -1, m.meta.mtime_nsec = 1; /* 1969-12-31 23:59:59.000000001 */
+    round_trip(&m, &b, &d);
+    assert_true(d.meta.mtime_sec == -1);
+    assert_int_equal(d.meta.mtime_nsec, 1);
+    gs_proto_buf_release(&b);
+
+    m.meta.mtime_nsec = 1000000000u; /* not a time: malformed, as in every meta */
+    struct gs_proto_frame f;
+    gs_proto_buf_init(&b);
+    assert_int_equal(gs_proto_encode(&b, &m), 0);
+    assert_true(gs_proto_parse_frame(b.data, b.len, &f) > 0);
+    assert_int_equal(gs_proto_decode(&f, &d), -1);
+    for (int cut = 1; cut < 16 + GS_PROTO_HASH_LEN; cut += 7) { /* a v10 form cut short */
+        f.len = (uint32_t)(4 + strlen(hostile) + 16 + GS_PROTO_HASH_LEN - (size_t)cut);
+        assert_int_equal(gs_proto_decode(&f, &d), -1);
+    }
+    gs_proto_buf_release(&b);
+}
+
 static void test_proto__replies_round_trip(void **state)
 {
     (void)state;
@@ -411,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_proto__oversized_and_undersized_lengths_are_rejected),
         cmocka_unit_test(test_proto__encoder_refuses_a_frame_over_the_maximum),
         cmocka_unit_test(test_proto__truncated_or_padded_payloads_are_malformed),
+        cmocka_unit_test(test_proto__chmod_round_trips_with_and_without_mtime_and_hash),
         cmocka_unit_test(test_proto__unknown_type_and_bad_enums_are_refused),
         cmocka_unit_test(test_proto__string_length_past_the_payload_is_malformed),
     };
