@@ -368,15 +368,88 @@ int ga_fs_chmod_entry(int dirfd, const char *name, uint32_t mode)
     return rc;
 }
 
-int ga_fs_set_meta(int fd, const struct gs_proto_meta *meta)
+/* atime and mtime, both the meta's mtime. */
+static void meta_times(const struct gs_proto_meta *meta, struct timespec ts[2])
 {
-    struct timespec ts[2];
     ts[0].tv_sec = (time_t)meta->mtime_sec;
     ts[0].tv_nsec = (long)meta->mtime_nsec;
     ts[1] = ts[0];
+}
+
+int ga_fs_set_meta(int fd, const struct gs_proto_meta *meta)
+{
+    struct timespec ts[2];
+    meta_times(meta, ts);
     if (fchmod(fd, ga_fs_safe_mode(meta->mode)) < 0 || futimens(fd, ts) < 0)
         return -errno;
     return 0;
+}
+
+/* Hashes the file open as fd and, only when it is a regular file holding `hash`, sets the meta
+ * through that same descriptor. */
+static int stamp_fd(int fd, const struct gs_proto_meta *meta, const uint8_t *hash)
+{
+    struct stat st;
+    uint8_t have[GS_PROTO_HASH_LEN];
+    uint64_t size;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (!S_ISREG(st.st_mode))
+        return -ESTALE;
+    int rc = ga_fs_hash_fd(fd, have, &size);
+    if (rc < 0)
+        return rc;
+    return memcmp(have, hash, sizeof(have)) == 0 ? ga_fs_set_meta(fd, meta) : -ESTALE;
+}
+
+/* stamp_fd for an entry that could not be opened for reading, pinned as the O_PATH descriptor
+ * pfd: a regular file gets the mode first, which may make it readable (reopened through /proc,
+ * which names the inode itself); if it still is not, its mtime is set unchecked. */
+static int stamp_unreadable(int pfd, const struct gs_proto_meta *meta, const uint8_t *hash)
+{
+    struct stat st;
+    char proc[64];
+    if (fstat(pfd, &st) < 0)
+        return -errno;
+    if (S_ISLNK(st.st_mode))
+        return -ELOOP;
+    if (!S_ISREG(st.st_mode))
+        return -ESTALE;
+    int rc = chmod_opath(pfd, ga_fs_safe_mode(meta->mode));
+    if (rc < 0)
+        return rc;
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+    int fd = open(proc, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        rc = stamp_fd(fd, meta, hash);
+        close(fd);
+        return rc;
+    }
+    if (errno != EACCES)
+        return -errno;
+    struct timespec ts[2];
+    meta_times(meta, ts);
+    return utimensat(AT_FDCWD, proc, ts, 0) < 0 ? -errno : 0;
+}
+
+int ga_fs_stamp_entry(int dirfd, const char *name, const struct gs_proto_meta *meta,
+                      const uint8_t hash[GS_PROTO_HASH_LEN])
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        int rc = stamp_fd(fd, meta, hash);
+        close(fd);
+        return rc;
+    }
+    if (errno == ELOOP || errno == ENOENT || errno == ENOTDIR)
+        return -errno;
+    /* unreadable (mode 0200), or no file to read at all (a socket): pin it, then see */
+    fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = stamp_unreadable(fd, meta, hash);
+    close(fd);
+    return rc;
 }
 
 void ga_fs_meta_from_stat(const struct stat *st, struct gs_proto_meta *meta)

@@ -80,6 +80,15 @@ int ga_fs_chmod_entry(int dirfd, const char *name, uint32_t mode);
  * errno. */
 int ga_fs_set_meta(int fd, const struct gs_proto_meta *meta);
 
+/* CHMOD with a hash (v10, proto/sync.h): opens dirfd/name (never through a symlink), hashes it,
+ * and only if it is a regular file holding `hash` sets ga_fs_safe_mode(meta->mode) and the
+ * mtime through that descriptor. A file the agent may not read gets the mode first and is then
+ * hashed; if it still cannot be read its mtime is set unchecked. Returns 0, -ESTALE (other
+ * content, or no regular file: nothing changed but, for an unreadable file, its mode), -ELOOP
+ * for a symlink, -ENOENT, or another negative errno. */
+int ga_fs_stamp_entry(int dirfd, const char *name, const struct gs_proto_meta *meta,
+                      const uint8_t hash[GS_PROTO_HASH_LEN]);
+
 /* Fills a meta from a stat. */
 void ga_fs_meta_from_stat(const struct stat *st, struct gs_proto_meta *meta);
 

@@ -1,5 +1,6 @@
-/* Tree-changing handlers of the agent (serve_int.h): mkdir -p, chmod, delete (recursive on
- * request) and rename, with the conflict check on what gets replaced or deleted. */
+/* Tree-changing handlers of the agent (serve_int.h): mkdir -p, chmod (v10: with the mtime, on
+ * the content the client names), delete (recursive on request) and rename, with the conflict check
+ * on what gets replaced or deleted. */
 /* POSIX.1-2008 with XSI; _GNU_SOURCE from the top-level build is fine too. */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
@@ -77,8 +78,15 @@ void ga_serve_chmod(struct ga_serve *s, const struct gs_proto_msg *m)
     if (ga_serve_take_path(s, m, m->path, 0, &path) < 0)
         return;
     if (ga_serve_parent(s, m, "chmod", path, 0, &dirfd, name) == 0) {
-        int rc = ga_fs_chmod_entry(dirfd, name, m->meta.mode);
-        if (rc < 0)
+        /* v10: mode and mtime, only on the content the client believes is there */
+        int rc = m->has_hash ? ga_fs_stamp_entry(dirfd, name, &m->meta, m->hash)
+                             : ga_fs_chmod_entry(dirfd, name, m->meta.mode);
+        if (rc == -ESTALE)
+            ga_serve_reply_error(s, m->id, ESTALE,
+                                 "chmod %s: the server holds other content than the client "
+                                 "named; mode and mtime left as they were",
+                                 path);
+        else if (rc < 0)
             ga_serve_reply_op_error(s, m->id, rc, "chmod", path);
         else
             ga_serve_reply_done(s, m->id, 0, path, NULL);

@@ -120,6 +120,31 @@ static int check_seed(const char *dir, int n)
     return n;
 }
 
+/* A PUT, then v10 CHMODs carrying an mtime (one before 1970) and a hash: the content's, which
+ * stamps it, another, which is ESTALE, and a mode the agent cannot read back. */
+static int stamp_seed(const char *dir, int n)
+{
+    struct gs_proto_buf b;
+    gs_proto_buf_init(&b);
+    struct gs_proto_msg m = {.type = GS_MSG_PUT, .id = 2};
+    m.path = gs_proto_cstr("a");
+    m.data = gs_proto_cstr("data");
+    m.meta.mode = 0644;
+    gs_proto_encode(&b, &m);
+    static const int64_t secs[] = {1700000000, -1, 0};
+    static const uint32_t modes[] = {0755, 0644, 0200};
+    for (uint32_t i = 0; i < 3; i++) {
+        struct gs_proto_msg c = {.type = GS_MSG_CHMOD, .id = 3 + i, .has_hash = 1};
+        c.path = gs_proto_cstr("a");
+        c.meta = (struct gs_proto_meta){modes[i], secs[i], 999999999u - i};
+        ga_fs_hash_mem(i == 1 ? "other" : "data", i == 1 ? 5 : 4, c.hash);
+        gs_proto_encode(&b, &c);
+    }
+    seed(dir, n++, &b);
+    gs_proto_buf_release(&b);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     struct gs_proto_buf b;
@@ -155,6 +180,7 @@ int main(int argc, char **argv)
     }
     n = delta_seed(argv[1], n);
     n = check_seed(argv[1], n);
+    n = stamp_seed(argv[1], n);
     zframes_seeds(argv[1], n);
     gs_proto_buf_release(&b);
     return 0;

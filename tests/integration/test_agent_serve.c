@@ -485,6 +485,125 @@ static void test_serve__mode_and_mtime_are_preserved(void **state)
     assert_int_equal(st.st_mode & 07777, 0600);
 }
 
+/* A v10 CHMOD carrying the mtime and the hash of the content the client believes the server holds
+ * (a `touch` sent without the bytes). */
+static struct gs_proto_msg stamp_msg(const char *path, uint32_t mode, int64_t sec, uint32_t nsec,
+                                     const char *content)
+{
+    struct gs_proto_msg c = req(GS_MSG_CHMOD, path);
+    c.has_hash = 1;
+    c.meta = (struct gs_proto_meta){mode, sec, nsec};
+    agent_h_hash(content, strlen(content), c.hash);
+    return c;
+}
+
+/* The mode and mtime land only on the content named: an edit made on the server that kept the
+ * size and the second is not stamped (ESTALE, file untouched), nor is what replaced the file. */
+static void test_serve__chmod_with_a_hash_stamps_only_that_content(void **state)
+{
+    struct fx *f = *state;
+    char p[PATH_MAX];
+    struct stat st;
+    start(f);
+    assert_int_equal(put(f, "src/a.c", "int a;\n").type, GS_MSG_DONE);
+    struct gs_proto_msg c = stamp_msg("src/a.c", 0640, -31536000, 123456789, "int a;\n");
+    assert_int_equal(call(f, &c).type, GS_MSG_DONE); /* 1969-01-01, to the nanosecond */
+    at(f, "src/a.c", p);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    assert_true(st.st_mtim.tv_sec == -31536000);
+    assert_int_equal(st.st_mtim.tv_nsec, 123456789);
+
+    write_file(p, "int b;\n"); /* edited on the server: same size */
+    struct timespec was[2] = {{0, UTIME_OMIT}, {-31536000, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, p, was, 0), 0);
+    c = stamp_msg("src/a.c", 0600, 1700000000, 5, "int a;\n");
+    struct rep r = call(f, &c);
+    assert_int_equal(r.type, GS_MSG_ERROR);
+    assert_int_equal(r.err, ESTALE);
+    assert_non_null(strstr(r.text, "src/a.c"));
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    assert_true(st.st_mtim.tv_sec == -31536000);
+    assert_int_equal(st.st_mtim.tv_nsec, 0);
+    assert_content(f, "src/a.c", "int b;\n");
+
+    at(f, "src", p);
+    assert_int_equal(lstat(p, &st), 0);
+    unsigned dir_mode = st.st_mode & 07777;
+    c = stamp_msg("src", 0700 ^ dir_mode, 1700000000, 0, "int a;\n"); /* a folder: no content */
+    assert_int_equal(call(f, &c).err, ESTALE);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, dir_mode);
+    c = stamp_msg("src/gone.c", 0600, 1700000000, 0, "int a;\n");
+    assert_int_equal(call(f, &c).err, ENOENT);
+    at(f, "src/l", p);
+    assert_int_equal(symlink("a.c", p), 0);
+    c = stamp_msg("src/l", 0600, 1700000000, 0, "a.c");
+    assert_int_equal(call(f, &c).err, ELOOP);
+}
+
+/* The unreadable case, driven by an agent that is not root: returns 0, or the line that failed. */
+static int stamp_unreadable_steps(const char *root)
+{
+    struct agent_h a;
+    struct gs_proto_msg m = put_msg("w", "secret\n", GS_EXPECT_ABSENT, NULL), r;
+    char p[PATH_MAX];
+    struct stat st;
+    m.meta.mode = 0200;
+    snprintf(p, sizeof(p), "%s/w", root);
+    if (agent_h_open(&a, root, NULL, 0) < 0)
+        return __LINE__;
+    int line = agent_h_call(&a, &m, &r) < 0 || r.type != GS_MSG_DONE ? __LINE__ : 0;
+    m = stamp_msg("w", 0200, 1500000000, 7, "not what it holds"); /* still unreadable: unchecked */
+    if (!line && (agent_h_call(&a, &m, &r) < 0 || r.type != GS_MSG_DONE))
+        line = __LINE__;
+    if (!line && (lstat(p, &st) < 0 || st.st_mtim.tv_sec != 1500000000 || st.st_mtim.tv_nsec != 7))
+        line = __LINE__;
+    m = stamp_msg("w", 0600, 1600000000, 0, "not what it holds"); /* mode first, then hashed */
+    if (!line && (agent_h_call(&a, &m, &r) < 0 || r.type != GS_MSG_ERROR || r.err != ESTALE))
+        line = __LINE__;
+    if (!line &&
+        (lstat(p, &st) < 0 || (st.st_mode & 07777) != 0600 || st.st_mtim.tv_sec != 1500000000))
+        line = __LINE__;
+    m = stamp_msg("w", 0400, 1600000000, 0, "secret\n");
+    if (!line && (agent_h_call(&a, &m, &r) < 0 || r.type != GS_MSG_DONE))
+        line = __LINE__;
+    if (!line &&
+        (lstat(p, &st) < 0 || (st.st_mode & 07777) != 0400 || st.st_mtim.tv_sec != 1600000000))
+        line = __LINE__;
+    agent_h_close(&a);
+    return line;
+}
+
+/* A file whose mode keeps a non-root agent from reading it (0200) gets the asked mode first and
+ * is hashed then; still unreadable, its mtime is set unchecked, as a plain chmod would. As root,
+ * the steps run in a child that is `nobody`, on a root that nobody owns. */
+static void test_serve__chmod_with_a_hash_on_an_unreadable_file(void **state)
+{
+    struct fx *f = *state;
+    if (geteuid() != 0) {
+        assert_int_equal(stamp_unreadable_steps(f->root), 0);
+        return;
+    }
+    assert_int_equal(chmod(f->base, 0755), 0);
+    assert_int_equal(mkdir(f->root, 0755), 0);
+    assert_int_equal(chown(f->root, 65534, 65534), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int line = setgid(65534) < 0 || setuid(65534) < 0 ? __LINE__ : 0;
+        line = line ? line : stamp_unreadable_steps(f->root);
+        if (line)
+            fprintf(stderr, "test_agent_serve.c:%d: failed\n", line);
+        _exit(line ? 1 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* ---- conflicts --------------------------------------------------------------------------- */
 
 /* Checks that kept names a conflict copy of rel holding want. */
@@ -2067,6 +2186,8 @@ int main(void)
         T(test_serve__put_replaces_atomically_via_temp_and_rename),
         T(test_serve__put_end_with_wrong_hash_or_size_leaves_target_untouched),
         T(test_serve__mode_and_mtime_are_preserved),
+        T(test_serve__chmod_with_a_hash_stamps_only_that_content),
+        T(test_serve__chmod_with_a_hash_on_an_unreadable_file),
         T(test_serve__put_conflict_keeps_server_copy_and_reports_it),
         T(test_serve__expected_absent_but_present_is_kept_unless_identical),
         T(test_serve__delete_conflict_keeps_server_copy),
