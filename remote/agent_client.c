@@ -597,11 +597,14 @@ static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
         memcpy(m->expect.hash, req->hash, GS_PROTO_HASH_LEN);
 }
 
+/* Mode and mtime; a mtime before 1970 as the second before it and the nanoseconds after (C's
+ * division rounds toward zero, which would give a negative, unencodable nanosecond count). */
 static void set_meta(struct gs_proto_msg *m, const struct gs_fop_req *req)
 {
+    int64_t ns = req->mtime_ns % 1000000000;
     m->meta.mode = req->mode & 07777;
-    m->meta.mtime_sec = req->mtime_ns / 1000000000;
-    m->meta.mtime_nsec = (uint32_t)(req->mtime_ns % 1000000000);
+    m->meta.mtime_sec = req->mtime_ns / 1000000000 - (ns < 0);
+    m->meta.mtime_nsec = (uint32_t)(ns < 0 ? ns + 1000000000 : ns);
 }
 
 static int encode(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)
@@ -1025,6 +1028,11 @@ static int submit_simple(struct gs_agent *a, const struct gs_fop_req *req, uint3
     if (req->path2)
         m.path2 = gs_proto_cstr(req->path2);
     m.meta.mode = req->mode & 07777;
+    if (req->type == GS_FOP_CHMOD && req->stamp) { /* v10: the mtime, on the content named */
+        set_meta(&m, req);
+        m.has_hash = 1;
+        memcpy(m.hash, req->hash, GS_PROTO_HASH_LEN);
+    }
     if (req->type == GS_FOP_DELETE && req->recursive)
         m.flags = GS_DEL_RECURSIVE;
     set_expect(&m, req);

@@ -18,7 +18,7 @@ enum gs_fop_type {
     GS_FOP_DELETE,  /* file, symlink or empty dir (recursive: a tree) */
     GS_FOP_RENAME,  /* path -> path2 */
     GS_FOP_SYMLINK, /* path -> target path2 */
-    GS_FOP_CHMOD,   /* path, mode */
+    GS_FOP_CHMOD,   /* path, mode; with `stamp`, mtime too (see there) */
 };
 
 enum gs_fop_expect {
@@ -43,7 +43,9 @@ struct gs_fop_req {
     uint8_t from_hash[16];
     uint8_t content_hash[16]; /* PUT: hash of the content to send; the server refuses to commit
                                * other bytes (the file changed after it was hashed) */
-    void *ctx;                /* handed back in the completion */
+    int stamp; /* CHMOD of a file: set mode and mtime_ns only where the server holds `hash`
+                * (size bytes, expect GS_FOP_EXPECT_HASH); else fail with ESTALE, nothing set */
+    void *ctx; /* handed back in the completion */
 };
 
 struct gs_fop_result {

@@ -945,6 +945,48 @@ static int op_symlink(struct sftp_ops *o, const struct gs_fop_req *req, struct g
     return rc;
 }
 
+/* The hash of the file at `full`, for a stamp: one the server's user may not read (0200) gets
+ * the asked mode first, as the agent does, and if it still cannot be read, counts as holding
+ * `req->hash` (its mtime is then set unchecked, as a plain chmod would). */
+static int stamp_hash(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
+                      const struct rstat *st, uint8_t have[16], struct gs_error *err)
+{
+    int rc = r_hash(o, full, req->path, st, have, err);
+    if (rc != EACCES)
+        return rc;
+    rc = r_chmod(o, full, req->path, req->mode, err);
+    if (rc == 0)
+        rc = r_hash(o, full, req->path, st, have, err);
+    if (rc == EACCES)
+        memcpy(have, req->hash, 16), rc = 0;
+    return rc;
+}
+
+/* A chmod that sets the mtime too (req->stamp: a touch): only on the content req->hash names,
+ * checked by its size and then read back whole, as a replace checks what it replaces (SFTP has
+ * no hash). Anything else there is ESTALE and left as it was: the engine sends the whole file,
+ * and the server's copy is kept as a conflict copy. The mtime lands in whole seconds. */
+static int stamp(struct sftp_ops *o, const struct gs_fop_req *req, const char *full,
+                 const struct rstat *st, struct gs_error *err)
+{
+    uint8_t have[16];
+    int rc = st->is_reg && st->size == req->size ? stamp_hash(o, req, full, st, have, err) : 0;
+    if (rc != 0)
+        return rc;
+    if (!st->is_reg || st->size != req->size || memcmp(have, req->hash, 16) != 0) {
+        gs_buf_reset(&o->msg);
+        gs_buf_addf(&o->msg,
+                    "chmod %s on %s: the server holds other content than gpusync wrote there; "
+                    "mode and mtime left as they were",
+                    req->path, gs_ssh_target(o->ssh));
+        return ESTALE;
+    }
+    LIBSSH2_SFTP_ATTRIBUTES a;
+    set_meta_attrs(req, &a);
+    a.permissions = safe_mode(req->mode);
+    return r_setstat(o, full, req->path, &a, err);
+}
+
 static int op_chmod(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_error *err)
 {
     struct gs_buf full = GS_BUF_INIT;
@@ -957,6 +999,8 @@ static int op_chmod(struct sftp_ops *o, const struct gs_fop_req *req, struct gs_
         rc = op_fail(o, ENOENT, "chmod", req->path);
     else if (rc == 0 && st.is_link) /* setstat would follow it; links have no mode of their own */
         rc = op_fail(o, ELOOP, "chmod", req->path);
+    else if (rc == 0 && req->stamp)
+        rc = stamp(o, req, full.data, &st, err);
     else if (rc == 0)
         rc = r_chmod(o, full.data, req->path, req->mode, err);
     gs_buf_release(&full);

@@ -123,12 +123,14 @@ static int kept_directory(struct run *run, const struct gs_plan_op *op,
  * new, which the server accepts without a conflict when it already holds those bytes, and
  * anything else there is kept as a conflict copy as usual. Nothing is lost. A mode change of a
  * file the server no longer has (removed there behind gpusync's back) cannot succeed either: the
- * file is dropped from the index, and planned again it is sent whole. The operation still reaches
- * on_op with its error, so a caller (gpusync push) can plan again at once. */
+ * file is dropped from the index, and planned again it is sent whole. So is a file whose mtime a
+ * chmod was to set (a touch) but whose content the server no longer holds as gpusync wrote it
+ * (ESTALE: edited there): sent whole, the server's copy is kept as a conflict copy. The operation
+ * still reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
 int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     if (op->type == GS_OP_CHMOD)
-        return !r->ok && r->err_no == ENOENT;
+        return !r->ok && (r->err_no == ENOENT || (op->stamp && r->err_no == ESTALE));
     return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
 }
 
@@ -240,6 +242,8 @@ static void make_request(const char *root, struct gs_plan_op *op, struct gs_buf 
         req->expect = GS_FOP_EXPECT_ABSENT; /* the destination is new: the plan never chains */
     } else if (op->type == GS_OP_SYMLINK) {
         req->path2 = op->record.link;
+    } else if (op->type == GS_OP_CHMOD) {
+        req->stamp = op->stamp && req->expect == GS_FOP_EXPECT_HASH;
     } else if (op->type == GS_OP_PUT) {
         gs_buf_reset(local);
         gs_path_join(local, root, op->path);

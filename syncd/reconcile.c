@@ -59,6 +59,12 @@ static int holds(const struct gs_fop_stat *s, const struct gs_index_entry *e)
     return 0;
 }
 
+/* Whole seconds of a time in ns, rounded down (before 1970 too). */
+static int64_t seconds(int64_t ns)
+{
+    return ns / 1000000000 - (ns % 1000000000 < 0);
+}
+
 /* Records intent `in` as completed when the server shows it did (`at`: its path, `src`: a
  * rename's source); otherwise changes nothing. */
 static int settle(struct gs_index *idx, const struct gs_index_intent *in,
@@ -75,8 +81,9 @@ static int settle(struct gs_index *idx, const struct gs_index_intent *in,
         int rc = gs_index_rename(idx, in->from, in->after.path, err);
         return rc < 0 ? rc : gs_index_put(idx, &in->after, err);
     }
-    case GS_OP_CHMOD:
-        if ((at->mode & 07777) != (in->after.mode & 07777))
+    case GS_OP_CHMOD: /* a touch's mtime too, to the second, where the transport tells it */
+        if ((at->mode & 07777) != (in->after.mode & 07777) ||
+            (at->mtime_ns && seconds(at->mtime_ns) != seconds(in->after.mtime_ns)))
             return 0;
         return gs_index_put(idx, &in->after, err);
     default:
