@@ -223,8 +223,9 @@ static void print_summary(struct push_ui *ui, const struct gs_push_stats *st, in
                gone + changed, verified->checked, gone, changed);
     printf("sent %zu (%s), deleted %zu, renamed %zu, ", st->sent,
            gs_format_bytes(st->bytes_sent, bytes), st->deleted, st->renamed);
-    if (st->mkdirs + st->symlinks + st->chmods) /* a push of only links or modes did something */
-        printf("folders %zu, symlinks %zu, modes %zu, ", st->mkdirs, st->symlinks, st->chmods);
+    /* a push of only links, modes or mtimes (a touch) did something; named as in --json */
+    if (st->mkdirs + st->symlinks + st->chmods)
+        printf("mkdirs %zu, symlinks %zu, chmods %zu, ", st->mkdirs, st->symlinks, st->chmods);
     printf("conflicts %zu, unchanged %zu, failed %zu in %.2f s\n", st->conflicts, st->unchanged,
            st->failed, st->elapsed_ms / 1000.0);
 }

@@ -202,10 +202,31 @@ static int stat_is_racy(const struct planner *p, const struct gs_scan_entry *l)
     return l->mtime_ns >= p->racy_after_ns;
 }
 
-/* A touched file whose content is what the server holds: remember the new stat. */
+/* A file gpusync wrote whose content the index knows: a chmod of it carries its mtime too. Not a
+ * pulled file (a job's output: its mtime is the job's), nor a folder. */
+static int stampable(const struct gs_index_entry *r)
+{
+    return r->kind == GS_KIND_FILE && r->has_hash && !r->pulled;
+}
+
+/* Mode changes matter for files and directories; a symlink's own mode means nothing on Linux. */
+static int mode_changed(const struct gs_index_entry *r, const struct gs_scan_entry *l)
+{
+    return l->kind != GS_KIND_SYMLINK && r->mode != l->mode;
+}
+
+/* What a chmod carries changed: the mode, or for a file it may stamp, the mtime (a touch). */
+static int meta_changed(const struct gs_index_entry *r, const struct gs_scan_entry *l)
+{
+    return mode_changed(r, l) ||
+           (l->kind == GS_KIND_FILE && stampable(r) && r->mtime_ns != l->mtime_ns);
+}
+
+/* A file whose content is what the server holds: remember the new stat. Unchanged, unless its
+ * mode or mtime differ from the server's (then a chmod sends them). */
 static int refresh_cache(struct planner *p, const struct item *it)
 {
-    p->plan->n_refreshed++;
+    p->plan->n_refreshed += !meta_changed(it->r, it->l);
     if (p->opts.no_refresh || stat_is_racy(p, it->l))
         return 0;
     return gs_index_set_local(p->idx, it->path, it->l->size, it->l->mtime_ns, it->l->ino,
@@ -534,14 +555,11 @@ static void emit_chmod(struct planner *p, const struct gs_index_entry *r, const 
 {
     struct gs_plan_op *op = push_op(p, GS_OP_CHMOD, dst->path, PH_CHMOD);
     expect_from_index(&op->expect, r);
+    op->stamp = stampable(r);
     record_moved(p, &op->record, r, dst);
     op->record.mode = dst->l->mode;
-}
-
-/* Mode changes matter for files and directories; a symlink's own mode means nothing on Linux. */
-static int mode_changed(const struct gs_index_entry *r, const struct gs_scan_entry *l)
-{
-    return l->kind != GS_KIND_SYMLINK && r->mode != l->mode;
+    if (op->stamp)
+        op->record.mtime_ns = dst->l->mtime_ns;
 }
 
 static void emit_rename(struct planner *p, struct item *from, struct item *to, int subtree)
@@ -552,7 +570,7 @@ static void emit_rename(struct planner *p, struct item *from, struct item *to, i
     expect_from_index(&op->expect, from->r);
     record_moved(p, &op->record, from->r, to);
     from->consumed = to->consumed = 1;
-    if (mode_changed(from->r, to->l))
+    if (meta_changed(from->r, to->l))
         emit_chmod(p, from->r, to);
 }
 
@@ -591,7 +609,7 @@ static void emit_change(struct planner *p, const struct item *it)
         content = strcmp(r->link ? r->link : "", l->link ? l->link : "") != 0;
     if (content)
         emit_create(p, it, r);
-    else if (mode_changed(r, l))
+    else if (meta_changed(r, l))
         emit_chmod(p, r, it);
 }
 
@@ -687,7 +705,7 @@ static void emit_dir_rename(struct planner *p, size_t gi, size_t ni)
     emit_rename(p, &p->it[gi], &p->it[ni], 1);
     for (size_t g = gb, n = nb; g < ge && n < ne; g++, n++) {
         p->it[g].consumed = p->it[n].consumed = 1;
-        if (mode_changed(p->it[g].r, p->it[n].l))
+        if (meta_changed(p->it[g].r, p->it[n].l))
             emit_chmod(p, p->it[g].r, &p->it[n]);
     }
 }

@@ -2,16 +2,20 @@
  * wrote it), the operations that make the server match the local tree.
  *
  * - A file whose local stat (size, mtime, inode) equals the one cached in the index is not read:
- *   its hash is the index's. A file whose stat changed is hashed; same content means no operation
- *   (a touch), and the index's stat cache is refreshed so it is not hashed again. A stat whose
- *   mtime is less than GS_PLAN_RACY_NS old is never cached (a second write in the same timestamp
- *   tick, same size, would be invisible to it): such a file is hashed again by the next plan.
+ *   its hash is the index's. A file whose stat changed is hashed; same content and same mtime as
+ *   the index says gpusync set on the server means no operation, and the index's stat cache is
+ *   refreshed so it is not hashed again. Same content with another mtime (a `touch`, which `make`
+ *   on the server must see) or mode is one CHMOD with `stamp` set: mode and mtime, no bytes. A stat
+ * whose mtime is less than GS_PLAN_RACY_NS old is never cached (a second write in the same
+ * timestamp tick, same size, would be invisible to it): such a file is hashed again by the next
+ * plan.
  * - New content that equals the content of a path that disappeared becomes one RENAME, not a
  *   delete and a put; a directory that disappeared and reappeared elsewhere with all its content
  *   (same relative paths, kinds, hashes and link targets) becomes one RENAME of the directory.
  * - Only paths in the index are ever deleted: gpusync never deletes a server path it did not write,
  *   nor (with opts->ignore) one that has become ignored since it was written.
- * - A file `pull` wrote here (index.h, `pulled`) is the server's: unchanged here, nothing is sent;
+ * - A file `pull` wrote here (index.h, `pulled`) is the server's: unchanged here (a touch
+ *   included), nothing is sent;
  *   edited here, it is sent (expecting what was pulled) and becomes gpusync's; deleted here, the
  *   index forgets it and the server keeps its copy. It is never a rename's source.
  *   A directory is deleted only after its children, and the agent removes it only if empty.
@@ -79,6 +83,9 @@ struct gs_plan_op {
      * DELETE. */
     struct gs_index_entry record;
     int phase; /* 0..7, see the order above */
+    /* CHMOD of a file: also set record.mtime_ns, and only where the server holds the content
+     * `expect` names (the agent answers ESTALE otherwise: then send the whole file). */
+    int stamp;
 };
 
 struct gs_plan_unreadable {
@@ -93,7 +100,7 @@ struct gs_plan {
     size_t n_ops;
     size_t cap;
     size_t n_hashed;        /* files read to compute a hash */
-    size_t n_refreshed;     /* touched, same content: stat cache refreshed, nothing to send */
+    size_t n_refreshed;     /* stat changed, content, mode and mtime not: cache refreshed, no op */
     uint64_t bytes_to_send; /* sum of the sizes of PUT operations */
     /* Files that could not be read here (permission, an I/O error, a path too long to open): no
      * operation touches them (nor, for a path too long, anything below it), so the server keeps

@@ -120,6 +120,16 @@ static void symlink_rel(const char *target, const char *rel)
     free(p);
 }
 
+/* The permission bits of rel. */
+static unsigned mode_rel(const char *rel)
+{
+    struct stat st;
+    char *p = abs_path(rel);
+    assert_int_equal(lstat(p, &st), 0);
+    free(p);
+    return st.st_mode & 07777;
+}
+
 /* Moves the mtime on: a "touch" that keeps the content. */
 static void touch_rel(const char *rel)
 {
@@ -251,12 +261,50 @@ static void test_plan__unchanged_tree_reads_no_file(void **state)
     gs_plan_release(&pl);
 }
 
-static void test_plan__touch_without_change_sends_nothing(void **state)
+/* A touch (mtime moved, content not) must reach the server, where `make` compares mtimes: one
+ * CHMOD that carries the mode and the new mtime and names the content the server should hold,
+ * and no bytes. Recorded, the next plan sends nothing. A folder's mtime is not mirrored. */
+static void test_plan__a_touch_is_one_chmod_with_the_mtime_and_no_bytes(void **state)
+{
+    (void)state;
+    mkdir_rel("src");
+    put("src/model.py", "import torch\n");
+    sync_all();
+    long when = fake_clock;
+    touch_rel("src/model.py");
+    touch_rel("src");
+    struct gs_plan pl = GS_PLAN_INIT;
+    plan(&pl);
+    dump(&pl);
+    assert_int_equal(pl.n_ops, 1);
+    const struct gs_plan_op *op = &pl.ops[0];
+    assert_int_equal(op->type, GS_OP_CHMOD);
+    assert_string_equal(op->path, "src/model.py");
+    assert_true(op->stamp);
+    assert_true(op->record.mtime_ns == (int64_t)when * 1000000000 + 500);
+    assert_int_equal(op->record.mode, mode_rel("src/model.py"));
+    struct gs_hash h = content_hash("import torch\n");
+    assert_int_equal(op->expect.kind, GS_EXPECT_FILE);
+    assert_true(gs_hash_equal(&op->expect.hash, &h));
+    assert_true(pl.bytes_to_send == 0);
+    assert_int_equal(pl.n_hashed, 1);
+    assert_int_equal(pl.n_refreshed, 0); /* not "unchanged": a chmod sends it */
+    apply(&pl);
+    gs_plan_release(&pl);
+    plan(&pl); /* the recorded mtime and stat cache: nothing to send, nothing to read */
+    assert_int_equal(pl.n_ops, 0);
+    assert_int_equal(pl.n_hashed, 0);
+    gs_plan_release(&pl);
+}
+
+/* A new ctime alone (a chmod to the same mode, a rewrite that put size and mtime back) has the file
+ * read again, and with the same content, mode and mtime nothing is sent. */
+static void test_plan__a_new_ctime_alone_sends_nothing(void **state)
 {
     (void)state;
     put("model.py", "import torch\n");
     sync_all();
-    touch_rel("model.py");
+    chmod_rel("model.py", mode_rel("model.py")); /* the same mode: only the ctime moves */
     struct gs_plan pl = GS_PLAN_INIT;
     plan(&pl);
     assert_int_equal(pl.n_ops, 0);
@@ -474,6 +522,23 @@ static void test_plan__a_pulled_file_is_sent_only_once_edited_here(void **state)
     assert_int_equal(gs_index_get(idx, "out/edited.pt", &e, NULL), 1);
     assert_false(e.pulled);
     gs_index_entry_release(&e);
+}
+
+/* A pulled file's mtime is its writer's (a job on the server): touched here, nothing is sent. */
+static void test_plan__a_touched_pulled_file_sends_nothing(void **state)
+{
+    (void)state;
+    mkdir_rel("out");
+    put("out/ckpt.pt", "epoch 1");
+    sync_all();
+    mark_pulled("out/ckpt.pt");
+    touch_rel("out/ckpt.pt");
+    struct gs_plan pl = GS_PLAN_INIT;
+    plan(&pl);
+    dump(&pl);
+    assert_int_equal(pl.n_ops, 0);
+    assert_int_equal(pl.n_refreshed, 1);
+    gs_plan_release(&pl);
 }
 
 static void test_plan__chmod_only(void **state)
@@ -1267,7 +1332,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_plan__first_sync_creates_parents_before_children),
         T(test_plan__unchanged_tree_reads_no_file),
-        T(test_plan__touch_without_change_sends_nothing),
+        T(test_plan__a_touch_is_one_chmod_with_the_mtime_and_no_bytes),
+        T(test_plan__a_new_ctime_alone_sends_nothing),
+        T(test_plan__a_touched_pulled_file_sends_nothing),
         T(test_plan__changed_content_is_put_expecting_old_hash),
         T(test_plan__rename_becomes_one_op),
         T(test_plan__directory_rename_is_one_op),
