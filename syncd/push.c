@@ -125,7 +125,8 @@ static int kept_directory(struct run *run, const struct gs_plan_op *op,
  * file the server no longer has (removed there behind gpusync's back) cannot succeed either: the
  * file is dropped from the index, and planned again it is sent whole. So is a file whose mtime a
  * chmod was to set (a touch) but whose content the server no longer holds as gpusync wrote it
- * (ESTALE: edited there): sent whole, the server's copy is kept as a conflict copy. The operation
+ * (ESTALE: edited there): its entry forgets the content (forget_content), and sent whole, it
+ * keeps the server's copy as a conflict copy. The operation
  * still reaches on_op with its error, so a caller (gpusync push) can plan again at once. */
 int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
@@ -134,11 +135,34 @@ int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
     return op->type == GS_OP_RENAME && ((!r->ok && r->err_no == ENOENT) || r->moved_aside);
 }
 
+/* The server no longer holds the content the index names at `path` (a stamp refused): the entry
+ * stays but names no content, so the plan sends the file whole expecting a hash nothing has,
+ * and both transports keep whatever is there as a conflict copy (unless it is the very content
+ * sent). Dropping the entry instead would make that put expect nothing there, which the SFTP
+ * fallback judges by size alone: a same-sized edit on the server would be overwritten. */
+static int forget_content(struct run *run, const char *path)
+{
+    struct gs_index_entry e;
+    int rc = gs_index_get(run->idx, path, &e, &run->index_err);
+    if (rc == 1) {
+        e.has_hash = 0;
+        memset(&e.hash, 0, sizeof(e.hash));
+        e.has_local = 0;
+        rc = gs_index_put(run->idx, &e, &run->index_err);
+    }
+    gs_index_entry_release(&e);
+    return rc < 0 ? rc : 0;
+}
+
 static int lost_on_server(struct run *run, const struct gs_plan_op *op,
                           const struct gs_fop_result *r)
 {
     const char *gone = op->type == GS_OP_RENAME ? op->from : op->path;
-    return gs_push_lost(op, r) && gs_index_delete_subtree(run->idx, gone, &run->index_err) == 0;
+    if (!gs_push_lost(op, r))
+        return 0;
+    if (op->type == GS_OP_CHMOD && r->err_no == ESTALE)
+        return forget_content(run, op->path) == 0;
+    return gs_index_delete_subtree(run->idx, gone, &run->index_err) == 0;
 }
 
 int gs_push_changed_locally(const char *root, const struct gs_plan_op *op)

@@ -66,9 +66,10 @@ struct gs_push_opts {
 
 /* 1 when `r` answers an operation whose path the server no longer had where the index said: a
  * RENAME whose source is gone (renamed by an earlier session whose reply was lost, or edited there
- * and kept aside as `r->kept`), or a CHMOD of a file removed there. The executor then drops that
- * path from the index; a caller plans `op->path` (and a rename's `op->from`) again, which sends
- * the file afresh. */
+ * and kept aside as `r->kept`), a CHMOD of a file removed there, or a stamping CHMOD (a touch)
+ * refused with ESTALE because the file was edited there. The executor then drops that path from
+ * the index (for the ESTALE, only the content it names); a caller plans `op->path` (and a
+ * rename's `op->from`) again, which sends the file afresh (keeping an edited copy aside). */
 int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r);
 
 /* 1 when the local file of the PUT `op`, planned from the tree at `root`, no longer holds the

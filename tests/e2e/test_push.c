@@ -640,6 +640,100 @@ static void scenario_conflict(struct proj *p)
     json_decref(o);
 }
 
+/* Sets rel's mtime (atime too) under root. */
+static void set_mtime(const char *root, const char *rel, time_t sec, long nsec)
+{
+    char path[512];
+    path_at(path, sizeof(path), root, rel);
+    struct timespec ts[2] = {{sec, nsec}, {sec, nsec}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* Fails unless the server copy of rel has the local copy's mtime: to the nanosecond over the
+ * agent, to the second over SFTP (its attributes carry whole seconds). */
+static void expect_same_mtime(const struct proj *p, const char *rel, int ns)
+{
+    char l[512], r[512];
+    struct stat ls, rs;
+    path_at(l, sizeof(l), p->local, rel);
+    path_at(r, sizeof(r), p->remote, rel);
+    assert_int_equal(lstat(l, &ls), 0);
+    assert_int_equal(lstat(r, &rs), 0);
+    if (ls.st_mtim.tv_sec != rs.st_mtim.tv_sec || (ns && ls.st_mtim.tv_nsec != rs.st_mtim.tv_nsec))
+        fail_msg("%s: mtime %lld.%09ld here, %lld.%09ld on the server", rel,
+                 (long long)ls.st_mtim.tv_sec, ls.st_mtim.tv_nsec, (long long)rs.st_mtim.tv_sec,
+                 rs.st_mtim.tv_nsec);
+}
+
+/* `touch` changes no byte, but `make` on the server must see it: the push sends the mtime (one
+ * chmod each, counted under chmods), no content, and the server copy takes the local mtime;
+ * `status` counts it as pending; a second push sends nothing. `ns`: the transport keeps
+ * nanoseconds and mtimes before 1970 (the agent; SFTP's attributes are u32 seconds). */
+static void scenario_touch(struct proj *p, int ns)
+{
+    put_text(p->local, "src/main.c", "int main(void) { return 0; }\n", 0644);
+    put_text(p->local, "Makefile", "all: main\n", 0644);
+    put_text(p->local, "old.txt", "older than 1970\n", 0600);
+    set_mtime(p->local, "src/main.c", 1700000000, 0); /* long past: each stat is cached */
+    set_mtime(p->local, "Makefile", 1700000000, 5);
+    set_mtime(p->local, "old.txt", 1700000000, 0);
+    push_compare_drop(p, "first push");
+    expect_same_mtime(p, "Makefile", ns); /* a put takes the local mtime as well */
+
+    set_mtime(p->local, "src/main.c", 1800000000, ns ? 123456789 : 0);
+    set_mtime(p->local, "old.txt", ns ? -86400 : 86400, ns ? 42 : 0);
+    json_t *o = status_json(p);
+    expect_count(o, "pending", 2);
+    expect_count(o, "bytes_pending", 0);
+    json_decref(o);
+    o = push_and_compare(p, 0, "push after touch");
+    expect_count(o, "sent", 0);
+    expect_count(o, "bytes", 0);
+    expect_count(o, "chmods", 2);
+    expect_count(o, "unchanged", 0);
+    assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+    json_decref(o);
+    expect_same_mtime(p, "src/main.c", ns);
+    expect_same_mtime(p, "old.txt", ns);
+    expect_same_mtime(p, "Makefile", ns);
+
+    o = push_and_compare(p, 0, "second push");
+    expect_count(o, "sent", 0);
+    expect_count(o, "chmods", 0);
+    expect_count(o, "bytes", 0);
+    json_decref(o);
+}
+
+/* An edit made on the server that keeps the size and the mtime to the second passes the quick
+ * check; a touch here must not stamp it, which would hide it for good: the push sends the local
+ * file whole and keeps the server's as a conflict copy, reported in --json. */
+static void scenario_touch_over_a_server_edit(struct proj *p)
+{
+    put_text(p->local, "cfg.yaml", "lr: 0.1\n", 0644);
+    set_mtime(p->local, "cfg.yaml", 1700000000, 0);
+    push_compare_drop(p, "first push");
+    put_text(p->remote, "cfg.yaml", "lr: 0.5\n", 0644); /* same size */
+    set_mtime(p->remote, "cfg.yaml", 1700000000, 999);  /* same second */
+    set_mtime(p->local, "cfg.yaml", 1700000100, 0);
+
+    json_t *o = push_json_ex(p, 0, NULL);
+    json_t *conflicts = json_object_get(o, "conflicts");
+    if (json_array_size(conflicts) != 1 || jint(o, "failed_count") != 0)
+        fail_msg("want the server's edit kept as one conflict: %s", json_dumps(o, 0));
+    json_t *c = json_array_get(conflicts, 0);
+    assert_string_equal(json_string_value(json_object_get(c, "path")), "cfg.yaml");
+    const char *kept = json_string_value(json_object_get(c, "kept"));
+    char path[512];
+    struct gs_buf b = GS_BUF_INIT;
+    path_at(path, sizeof(path), p->remote, kept);
+    assert_int_equal(gs_test_slurp(path, &b), 0);
+    assert_string_equal(b.data, "lr: 0.5\n");
+    gs_buf_release(&b);
+    json_decref(o);
+    expect_same_tree_opts(p->local, p->remote, 1, NULL, "after the touch");
+    expect_same_mtime(p, "cfg.yaml", 0);
+}
+
 /* A directory gpusync made, deleted locally, that a file replaced on the server: the file is
  * kept as a conflict copy and reported, not deleted (the delete used to carry no expectation). */
 static void scenario_dir_replaced_by_a_file(struct proj *p)
@@ -682,23 +776,18 @@ static void test_push__every_kind_of_change_is_mirrored(void **state)
     scenario_changes(&cur);
 }
 
-static void test_push__touch_without_change_sends_nothing(void **state)
+static void test_push__a_touch_reaches_the_server_without_the_bytes(void **state)
 {
     (void)state;
     proj_new(&cur, 0, NULL);
-    generate_tree(cur.local, 3);
-    push_compare_drop(&cur, "first sync");
-    assert_int_equal(gs_test_sh("find '%s' -path '*/.gpusync' -prune -o -type f -exec touch -d "
-                                "'2031-01-01 00:00' {} +",
-                                cur.local),
-                     0);
-    json_t *o = push_json_ex(&cur, 0, NULL);
-    expect_count(o, "sent", 0);
-    expect_count(o, "bytes", 0);
-    json_decref(o);
-    o = push_json_ex(&cur, 0, NULL);
-    expect_count(o, "sent", 0);
-    json_decref(o);
+    scenario_touch(&cur, 1);
+}
+
+static void test_push__a_touch_never_stamps_a_copy_edited_on_the_server(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    scenario_touch_over_a_server_edit(&cur);
 }
 
 static void test_push__server_edit_is_kept_as_conflict_copy_and_reported(void **state)
@@ -1112,8 +1201,9 @@ static void test_status__json_counts_pending_changes(void **state)
     expect_count(o, "pending", 3);
     json_decref(o);
     assert_int_equal(gs_test_sh("touch -d '2030-01-01' '%s/c.py'", cur.local), 0);
-    o = status_json(&cur); /* a touch alone is not a pending change */
-    expect_count(o, "pending", 3);
+    o = status_json(&cur); /* a touch alone is a pending change too: its mtime goes */
+    expect_count(o, "pending", 4);
+    expect_count(o, "bytes_pending", 5); /* a2 and d: the touch sends no byte */
     json_decref(o);
 }
 
@@ -1892,6 +1982,20 @@ static void test_sftp__every_kind_of_change_is_mirrored(void **state)
     scenario_changes(&cur);
 }
 
+static void test_sftp__a_touch_reaches_the_server_without_the_bytes(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, "sftp");
+    scenario_touch(&cur, 0);
+}
+
+static void test_sftp__a_touch_never_stamps_a_copy_edited_on_the_server(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, "sftp");
+    scenario_touch_over_a_server_edit(&cur);
+}
+
 static void test_sftp__server_edit_is_kept_as_conflict_copy_and_reported(void **state)
 {
     (void)state;
@@ -2101,7 +2205,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_push__first_sync_mirrors_a_generated_tree),
         T(test_push__every_kind_of_change_is_mirrored),
-        T(test_push__touch_without_change_sends_nothing),
+        T(test_push__a_touch_reaches_the_server_without_the_bytes),
+        T(test_push__a_touch_never_stamps_a_copy_edited_on_the_server),
         T(test_push__server_edit_is_kept_as_conflict_copy_and_reported),
         T(test_push__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_push__server_edit_then_local_rename_is_kept_as_conflict),
@@ -2134,6 +2239,8 @@ int main(void)
         T(test_push__lost_rename_on_a_full_disk_reports_each_failure_once),
         T(test_sftp__first_sync_mirrors_a_generated_tree),
         T(test_sftp__every_kind_of_change_is_mirrored),
+        T(test_sftp__a_touch_reaches_the_server_without_the_bytes),
+        T(test_sftp__a_touch_never_stamps_a_copy_edited_on_the_server),
         T(test_sftp__server_edit_is_kept_as_conflict_copy_and_reported),
         T(test_sftp__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_sftp__remote_disk_full_fails_clearly_then_converges),
