@@ -808,9 +808,11 @@ static void set_mtime(const char *dir, const char *rel, time_t sec)
     assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
 }
 
-/* One push after the same kind of change each round: a file edited, one touched, one deleted.
- * Every mtime is long past: a file modified within the last moments is hashed again on each push
- * (its stat is not trusted yet) and would count as unchanged in one round and not the next. */
+/* One push after the same kind of change each round: a file edited, one touched (a new mtime:
+ * sent as a chmod), one whose mtime is set again to what it was (read again, unchanged), one
+ * deleted. Every mtime is long past: a file modified within the last moments is hashed again on
+ * each push (its stat is not trusted yet) and would count as unchanged in one round and not the
+ * next. */
 static struct result push_after_changes(int round, const char *json)
 {
     char text[32], gone[32];
@@ -818,6 +820,7 @@ static struct result push_after_changes(int round, const char *json)
     write_file(project, "edited.txt", text);
     set_mtime(project, "edited.txt", 1100000000 + round);
     set_mtime(project, "touched.txt", 1000000000 + round);
+    set_mtime(project, "same.txt", 1000000000);
     snprintf(gone, sizeof(gone), "gone%d.txt", round);
     sh("rm '%s/%s'", project, gone);
     return json ? GPUSYNC("push", json) : GPUSYNC("push");
@@ -846,6 +849,7 @@ static void test_contract__push_text_summary_names_counts_as_json_does(void **st
     (void)state;
     write_file(project, "edited.txt", "start\n");
     write_file(project, "touched.txt", "same bytes\n");
+    write_file(project, "same.txt", "same mtime\n");
     write_file(project, "gone1.txt", "1");
     write_file(project, "gone2.txt", "2");
     sh("find '%s' -path '%s/.gpusync' -prune -o -type f -exec touch -m -d @1000000000 {} +",
@@ -856,6 +860,7 @@ static void test_contract__push_text_summary_names_counts_as_json_does(void **st
     if (text.status != 0)
         fail_msg("push: exit %d\n%s", text.status, text.err.data);
     assert_int_equal(int_of(o, "unchanged"), 1); /* the case the words differed on */
+    assert_int_equal(int_of(o, "chmods"), 1);    /* "modes" in words once; a touch shows it */
     int counts = 0;
     char *save = NULL;
     for (char *part = strtok_r(text.out.data, ",\n", &save); part;
