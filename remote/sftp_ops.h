@@ -16,10 +16,10 @@
  *     server's file back whole before replacing or deleting it (whatever its size: a large file
  *     costs its download once more) and keeps it as NAME.gpusync-conflict-YYYYmmdd-HHMMSS[-N]
  *     (local time of the client) when its content differs (a directory in the way is kept too).
- *     GS_FOP_EXPECT_ABSENT judges by kind and size only: what is there is kept when it is not a
- *     regular file or its size differs from req->size (an equal-sized regular file is taken to
- *     be ours, from an interrupted push); for DELETE, RENAME and SYMLINK, anything there is
- *     kept, except a symlink already pointing at the requested target. GS_FOP_EXPECT_DIR keeps
+ *     GS_FOP_EXPECT_ABSENT keeps what is there when it is not a regular file or its size
+ *     differs from req->size; an equal-sized regular file is read back too, and kept unless it
+ *     holds req->content_hash (an interrupted push's); for DELETE, RENAME and SYMLINK, anything
+ *     there is kept, except a symlink already pointing at the requested target. GS_FOP_EXPECT_DIR keeps
  *     anything that is not a directory.
  *   - The server resolves paths itself and follows symlinks, so before any write, delete,
  *     rename, chmod or probe every parent directory below the root is looked at (lstat, once

@@ -138,8 +138,8 @@ int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
 /* The server no longer holds the content the index names at `path` (a stamp refused): the entry
  * stays but names no content, so the plan sends the file whole expecting a hash nothing has,
  * and both transports keep whatever is there as a conflict copy (unless it is the very content
- * sent). Dropping the entry instead would make that put expect nothing there, which the SFTP
- * fallback judges by size alone: a same-sized edit on the server would be overwritten. */
+ * sent). The entry stays, rather than being dropped, so that what gpusync wrote there remains
+ * gpusync's: its mode and the record of the folder around it. */
 static int forget_content(struct run *run, const char *path)
 {
     struct gs_index_entry e;
