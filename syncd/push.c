@@ -138,8 +138,8 @@ int gs_push_lost(const struct gs_plan_op *op, const struct gs_fop_result *r)
 /* The server no longer holds the content the index names at `path` (a stamp refused): the entry
  * stays but names no content, so the plan sends the file whole expecting a hash nothing has,
  * and both transports keep whatever is there as a conflict copy (unless it is the very content
- * sent). The entry stays, rather than being dropped, so that what gpusync wrote there remains
- * gpusync's: its mode and the record of the folder around it. */
+ * sent). Dropping the entry would do too, now that both transports read back a same-sized file
+ * a new file's path holds; forgetting only the content is the smaller change to the record. */
 static int forget_content(struct run *run, const char *path)
 {
     struct gs_index_entry e;
