@@ -569,8 +569,8 @@ static void check_status(void)
 static int check_trees(const char *when)
 {
     struct gs_buf msg = GS_BUF_INIT;
-    int n =
-        gs_test_tree_diff(cur.local, cur.remote, GS_TEST_TREE_ALL | GS_TEST_TREE_NO_DEBRIS, &msg);
+    int n = gs_test_tree_diff(cur.local, cur.remote,
+                              GS_TEST_TREE_ALL | GS_TEST_TREE_NO_DEBRIS | GS_TEST_TREE_MTIME, &msg);
     if (n)
         problem("%s: %d difference%s: %.600s%s", when, n, n == 1 ? "" : "s", msg.data,
                 msg.len > 600 ? "..." : "");
