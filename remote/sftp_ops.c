@@ -753,6 +753,9 @@ static void set_meta_attrs(const struct gs_fop_req *req, LIBSSH2_SFTP_ATTRIBUTES
     int64_t sec = req->mtime_ns / 1000000000;
     if (req->mtime_ns < 0 && req->mtime_ns % 1000000000)
         sec--;
+    /* SFTP v3 times are unsigned 32-bit seconds: the nearest one, not a wrapped one (a file of
+     * 1969 once landed in 2106) */
+    sec = sec < 0 ? 0 : sec > (int64_t)UINT32_MAX ? (int64_t)UINT32_MAX : sec;
     memset(a, 0, sizeof(*a));
     a->flags = LIBSSH2_SFTP_ATTR_PERMISSIONS | LIBSSH2_SFTP_ATTR_ACMODTIME;
     a->permissions = req->mode ? safe_mode(req->mode) : 0644;

@@ -27,7 +27,8 @@
  *     with ELOOP or ENOTDIR, as the agent refuses it. A link swapped in between that check and
  *     the operation is not caught: SFTP has no equivalent of openat(O_NOFOLLOW).
  *   - Modes are sent without setuid and setgid (as the agent applies them).
- *   - mtime travels as whole seconds (SFTP v3 has 32-bit second times); atime is set to mtime.
+ *   - mtime travels as whole seconds from 1970 to 2106 (SFTP v3 has unsigned 32-bit second
+ *     times; one outside is set to the nearest); atime is set to mtime.
  *   - OpenSSH reports most failures as a bare SSH_FX_FAILURE. A failed open, write or close is
  *     reported as ENOSPC when the server's filesystem (statvfs@openssh.com) is out of space or
  *     inodes, else as EIO; a failed rmdir of a directory as ENOTEMPTY.

@@ -386,6 +386,23 @@ static void test_sftp_ops__absent_put_keeps_conflict_copy_of_different_file(void
     assert_same_bytes(f, "sub/c.txt");
 }
 
+/* SFTP v3 carries unsigned 32-bit seconds: a file of 1969 gets 1970-01-01, the nearest time it
+ * can have, not a wrapped one (2106). */
+static void test_sftp_ops__put_before_1970_gets_the_nearest_time(void **state)
+{
+    struct fx *f = *state;
+    open_ops(f, f->remote);
+    write_local(f->local, "old.txt", "1969", 4, 0644);
+    struct done *d =
+        run(f, put_req(f, "old.txt", 0644, -86400LL * 1000000000 + 5, GS_FOP_EXPECT_FORCE));
+    assert_true(d->ok);
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/old.txt", f->remote);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_int_equal(st.st_mtime, 0);
+}
+
 /* put_req with the content hash push.c gives a PUT (the XXH3-128 of the bytes to send). */
 static struct gs_fop_req put_req_hashed(struct fx *f, const char *rel, enum gs_fop_expect expect)
 {
@@ -974,6 +991,7 @@ int main(void)
         T(put_over_directory_fails_with_eisdir_when_forced),
         T(absent_put_keeps_conflict_copy_of_different_file),
         T(absent_put_over_same_sized_file_keeps_it_when_it_differs),
+        T(put_before_1970_gets_the_nearest_time),
         T(hash_put_keeps_directory_in_the_way),
         T(conflict_copy_of_255_byte_name_fits_name_max),
         T(mkdir_creates_parents_with_exact_mode_then_is_noop),
