@@ -19,8 +19,8 @@
  *     GS_FOP_EXPECT_ABSENT keeps what is there when it is not a regular file or its size
  *     differs from req->size; an equal-sized regular file is read back too, and kept unless it
  *     holds req->content_hash (an interrupted push's); for DELETE, RENAME and SYMLINK, anything
- *     there is kept, except a symlink already pointing at the requested target. GS_FOP_EXPECT_DIR keeps
- *     anything that is not a directory.
+ *     there is kept, except a symlink already pointing at the requested target.
+ *     GS_FOP_EXPECT_DIR keeps anything that is not a directory.
  *   - The server resolves paths itself and follows symlinks, so before any write, delete,
  *     rename, chmod or probe every parent directory below the root is looked at (lstat, once
  *     per directory between two drains): a path through a symlink or a non-directory is refused
