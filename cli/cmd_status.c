@@ -92,6 +92,16 @@ static int daemon_status(struct gs_cli *cli, int ack)
     if (gs_control_request(cli->root.data, ack ? "ack_conflicts" : "status", 5000, &st, &cli->err) <
         0)
         return 1;
+    if (json_is_true(json_object_get(st, "stopped"))) { /* it stopped on its own: answer here */
+        const char *why = json_string_value(json_object_get(st, "error"));
+        struct gs_buf text = GS_BUF_INIT;
+        gs_quote_message(&text, why ? why : "the watch daemon stopped", NULL, 0);
+        if (!cli->json)
+            fprintf(stderr, "gpusync: %s\n", text.data);
+        gs_buf_release(&text);
+        json_decref(st);
+        return 1;
+    }
     if (cli->json) {
         gs_cli_json_print(st);
         return 0;
