@@ -21,13 +21,21 @@ static const struct option status_options[] = {
     GS_CLI_COMMON_LONGOPTS, {"ack", no_argument, NULL, OPT_ACK}, {NULL, 0, NULL, 0}};
 
 /* Adds op to `ops`: its path as JSON has it (U+FFFD for a byte that is not UTF-8), or for text
- * output as a human is shown it (common/quote.h), which the raw name is needed for. */
-static void collect_op(json_t *ops, const struct gs_plan_op *op, int text)
+ * output as a human is shown it (common/quote.h), which the raw name is needed for. A file a push
+ * would fail to send (`r`: unreadable here, a path too long) is pending too, with its `error`. */
+static void collect_op(json_t *ops, const struct gs_plan_op *op, const struct gs_fop_result *r,
+                       int text)
 {
     struct gs_buf shown = GS_BUF_INIT;
     json_t *path = text ? json_string(gs_quote_str(&shown, op->path)) : gs_json_text(op->path);
-    json_array_append_new(ops,
-                          json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path", path));
+    json_t *o = json_pack("{s:s,s:o}", "op", gs_plan_op_name(op->type), "path", path);
+    if (r && !r->ok && r->message) {
+        const char *names[] = {op->path, NULL};
+        gs_buf_reset(&shown);
+        gs_quote_message(&shown, r->message, names, 0);
+        json_object_set_new(o, "error", text ? json_string(shown.data) : gs_json_text(r->message));
+    }
+    json_array_append_new(ops, o);
     gs_buf_release(&shown);
 }
 
@@ -58,8 +66,12 @@ static void print_human(struct gs_cli *cli, const char *target, json_t *ops,
                    json_array_size(ops) - 20);
             break;
         }
-        printf("  %-8s %s\n", json_string_value(json_object_get(op, "op")),
-               json_string_value(json_object_get(op, "path")));
+        const char *error = json_string_value(json_object_get(op, "error"));
+        if (error) /* it names the path itself */
+            printf("  cannot send: %s\n", error);
+        else
+            printf("  %-8s %s\n", json_string_value(json_object_get(op, "op")),
+                   json_string_value(json_object_get(op, "path")));
     }
 }
 
@@ -169,8 +181,7 @@ struct local_plan {
 static void collect_planned(void *ctx, const struct gs_plan_op *op, const struct gs_fop_result *r)
 {
     struct local_plan *lp = ctx;
-    (void)r;
-    collect_op(lp->ops, op, lp->text);
+    collect_op(lp->ops, op, r, lp->text);
 }
 
 /* A large changed file takes a while to read: a bar says so. */

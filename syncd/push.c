@@ -633,8 +633,9 @@ int gs_push_plan(const char *root, struct gs_ignore *ig, struct gs_index *idx,
     return rc;
 }
 
-/* The files the plan could not read, each reported as a put that failed here: what the server
- * holds of them stays, and the next push tries them again. */
+/* The files the plan could not read, each reported as a put that failed here (counted as failed
+ * when `run`, a push, is given; a dry run only tells of them): what the server holds of them
+ * stays, and the next push tries them again. */
 static void report_unreadable(const struct gs_plan *plan, const struct gs_push_opts *opts,
                               struct run *run)
 {
@@ -644,8 +645,10 @@ static void report_unreadable(const struct gs_plan *plan, const struct gs_push_o
          */
         struct gs_plan_op op = {.type = GS_OP_PUT, .path = u->path, .record.size = u->size};
         struct gs_fop_result r = {.message = u->why, .err_no = u->err_no, .local = 1};
-        run->st->ops_total++;
-        note_failure(run, &op, &r);
+        if (run) {
+            run->st->ops_total++;
+            note_failure(run, &op, &r);
+        }
         if (opts->on_op)
             opts->on_op(opts->ctx, &op, &r);
     }
@@ -658,6 +661,7 @@ int gs_push_execute(const char *root, struct gs_index *idx, struct gs_fileops *o
     int rc = 0;
     if (opts->dry_run || !ops) {
         report_dry_run(plan, opts);
+        report_unreadable(plan, opts, NULL); /* what the push would fail to send */
     } else {
         struct run run = {.idx = idx,
                           .opts = opts,

@@ -1045,6 +1045,18 @@ static void test_push__a_path_too_long_to_open_fails_and_deletes_nothing(void **
     assert_true(gs_test_sh("cmp -s '%s/fresh.py' '%s/fresh.py'", moved, cur.remote) == 0);
     if (gs_test_sh("grep -qx 'the trained weights' '%s'", held) != 0)
         fail_msg("the server's copy of the deep file is gone or changed");
+    /* and status does not call it up to date: the path is pending, with why it cannot be sent */
+    r = run_gpusync(moved, ARGS("status", "--json"));
+    expect_status(&r, 0, "status with a path too long to open");
+    o = parse_json(&r, "status --json");
+    gs_test_result_release(&r);
+    text = json_dumps(o, 0);
+    json_t *op = json_array_get(json_object_get(o, "ops"), 0);
+    if (strcmp(json_string_value(json_object_get(o, "state")), "pending") != 0 ||
+        jint(o, "pending") != 1 || !json_is_string(json_object_get(op, "error")))
+        fail_msg("status must list the path too long as pending, with its error: %s", text);
+    free(text);
+    json_decref(o);
     assert_int_equal(rename(moved, cur.local), 0); /* for the teardown */
 }
 
