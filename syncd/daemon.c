@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
+#include "common/quote.h"
 #include "common/wrapper.h"
 #include "remote/target.h"
 #include "syncd/conflicts.h"
@@ -182,12 +183,18 @@ static void show_status(struct daemon *d)
         fprintf(out, " · syncing %zu path%s", d->batch_paths, d->batch_paths == 1 ? "" : "s");
     else if (d->syncing) /* a full batch: how many paths changed is known only after the scan */
         fprintf(out, " · checking every file");
-    else if (d->connected && !d->n_dirty && !d->n_held)
+    else if (d->connected && d->n_failed) /* retried every RETRY_FAILED_MS */
+        fprintf(out, " · %zu change%s failed", d->n_failed, d->n_failed == 1 ? "" : "s");
+    else if (d->connected && !strcmp(state_name(d), "up_to_date")) /* as status says it */
         fprintf(out, " · up to date");
     if (d->last_latency_ms >= 0 && d->connected)
         fprintf(out, " · last sync %lld ms", (long long)d->last_latency_ms);
-    if (!d->connected && d->last_error[0])
-        fprintf(out, " · %s", d->last_error);
+    if (!d->connected && d->last_error[0]) { /* a server's words, or a file's name */
+        struct gs_buf why = GS_BUF_INIT;
+        gs_quote_message(&why, d->last_error, NULL, 0);
+        fprintf(out, " · %s", why.data);
+        gs_buf_release(&why);
+    }
     fflush(out);
 }
 

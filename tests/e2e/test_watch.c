@@ -1634,6 +1634,49 @@ static void test_watch__a_push_reading_a_large_file_shows_it(void **state)
     assert_int_equal(unlink(abs), 0);
 }
 
+/* A foreground `watch` on a terminal draws a status line. With a file it cannot read here, it
+ * said "up to date" (it looked at the changes waiting, not at those that failed): now it says how
+ * many failed, as status does. */
+static void test_watch__the_foreground_line_never_says_up_to_date_over_a_failure(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    put("secret.txt", "s\n");
+    char secret[PATH_MAX], sock[2048];
+    path_in(secret, sizeof(secret), cur.local, "secret.txt");
+    assert_int_equal(chmod(secret, 0), 0);
+    int term;
+    pid_t pid = forkpty(&term, NULL, NULL, NULL);
+    assert_true(pid >= 0);
+    if (pid == 0) { /* without the capabilities that let root read a file of mode 0 */
+        if (chdir(cur.local) != 0)
+            _exit(126);
+        execl("/usr/bin/setpriv", "setpriv", "--bounding-set=-dac_override,-dac_read_search",
+              gs_test_gpusync(), "watch", (char *)NULL);
+        _exit(127);
+    }
+    path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (access(sock, F_OK) != 0) { /* bounded wait for an observable condition */
+        if (gs_clock_mono_ms() > end || waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("foreground gpusync watch did not start serving");
+        usleep(20000);
+    }
+    struct gs_test_result r = gpusync(cur.local, ARGS("flush"));
+    expect_status(&r, 1, "flush with an unreadable file");
+    gs_test_result_release(&r);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    struct gs_buf screen = GS_BUF_INIT;
+    read_terminal_to_end(term, &screen, 30000);
+    close(term);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    if (strstr(screen.data, "up to date") || !strstr(screen.data, "1 change failed"))
+        fail_msg("the status line with secret.txt unreadable: %s", screen.data);
+    gs_buf_release(&screen);
+    assert_int_equal(chmod(secret, 0644), 0);
+}
+
 /* A command relayed through the daemon (`gpusync ps` here; `logs`, `top`, `stop` alike) runs while
  * a batch sends a large file: the relay's spare connections are not the batch's. It used to wait
  * for the batch to end (past 30 s it gave up on the daemon and connected by itself). */
@@ -2588,6 +2631,7 @@ int main(void)
         T(test_watch__the_users_excludes_file_is_followed_too),
         T(test_watch__a_pulled_output_stays_the_jobs_when_it_writes_a_newer_one),
         T(test_watch__a_file_unreadable_here_holds_back_nothing_else),
+        T(test_watch__the_foreground_line_never_says_up_to_date_over_a_failure),
         T(test_watch__init_for_another_path_stops_the_daemon),
         T(test_watch__a_project_moved_under_the_daemon_is_never_up_to_date),
         T(test_watch__a_save_through_one_hard_link_sends_the_other_name_too),
