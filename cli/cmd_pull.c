@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "cli/progress.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/path.h"
 #include "common/quote.h"
@@ -232,8 +233,8 @@ static int on_entry(void *ctx, const struct gs_agent_entry *e)
 static int changed_since_sync(const char *local, const struct stat *st,
                               const struct gs_index_entry *e)
 {
-    int64_t mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-    int64_t ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    int64_t mtime_ns = gs_time_ns(st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
+    int64_t ctime_ns = gs_time_ns(st->st_ctim.tv_sec, st->st_ctim.tv_nsec);
     /* the stat cache as the plan reads it (plan.c): the ctime catches an edit that put the size
      * and mtime back */
     if (e->has_local && e->local_size == (uint64_t)st->st_size && e->local_mtime_ns == mtime_ns &&
@@ -335,7 +336,7 @@ static void record_pulled(struct pull_job *job, const struct pull_file *f)
     if (gs_path_project_relative(job->cli->root.data, f->local, &rel, NULL) == 0 && rel.len &&
         !strcmp(rel.data, f->remote) && lstat(f->local, &st) == 0 && S_ISREG(st.st_mode)) {
         rc = gs_hash_file(f->local, &e.hash, &err);
-        int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        int64_t mtime_ns = gs_time_ns(st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         e.path = rel.data;
@@ -343,9 +344,9 @@ static void record_pulled(struct pull_job *job, const struct pull_file *f)
         e.size = e.local_size = (uint64_t)st.st_size;
         e.mtime_ns = e.local_mtime_ns = mtime_ns; /* the server's: gs_agent_get set it */
         e.local_ino = (uint64_t)st.st_ino;
-        e.local_ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+        e.local_ctime_ns = gs_time_ns(st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
         /* a stat too recent to vouch for the content is not cached (plan.h, GS_PLAN_RACY_NS) */
-        e.has_local = mtime_ns < (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - GS_PLAN_RACY_NS;
+        e.has_local = mtime_ns < gs_time_ns(now.tv_sec, now.tv_nsec) - GS_PLAN_RACY_NS;
         if (rc == 0)
             rc = gs_index_put(job->idx, &e, &err);
     }

@@ -24,3 +24,13 @@ int64_t gs_clock_wall_ms(void)
 {
     return read_us(CLOCK_REALTIME) / 1000;
 }
+
+int64_t gs_time_ns(int64_t sec, long nsec)
+{
+    const int64_t ns_per_s = 1000000000;
+    if (sec > (INT64_MAX - nsec) / ns_per_s)
+        return INT64_MAX;
+    if (sec < (INT64_MIN + ns_per_s) / ns_per_s)
+        return INT64_MIN;
+    return sec * ns_per_s + nsec;
+}

@@ -1137,7 +1137,7 @@ static void take_stat(struct gs_fop_stat *st, uint8_t kind, const struct gs_prot
     st->kind = (enum gs_fop_kind)kind;
     st->mode = meta->mode;
     st->size = size;
-    st->mtime_ns = meta->mtime_sec * 1000000000LL + meta->mtime_nsec;
+    st->mtime_ns = gs_time_ns(meta->mtime_sec, (long)meta->mtime_nsec);
     if (st->kind == GS_FOP_KIND_SYMLINK) {
         content_hash(link.p, link.len, st->hash);
         st->has_hash = 1;
@@ -1653,7 +1653,8 @@ static int list_entries(const struct gs_proto_msg *m, struct list_state *st)
         struct gs_agent_entry out = {.path = path,
                                      .kind = e.kind,
                                      .mode = e.meta.mode,
-                                     .mtime_ns = e.meta.mtime_sec * 1000000000 + e.meta.mtime_nsec,
+                                     .mtime_ns =
+                                         gs_time_ns(e.meta.mtime_sec, (long)e.meta.mtime_nsec),
                                      .size = e.size,
                                      .has_hash = e.has_hash,
                                      .link = link};

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/buf.h"
 #include "common/path.h"
 #include "common/wrapper.h"
@@ -195,7 +196,7 @@ static int read_entries(struct gs_check_set *kept, const uint8_t *p, size_t len,
         b->kind = (enum gs_fop_kind)e.kind;
         b->mode = e.meta.mode;
         b->size = e.size;
-        b->mtime_ns = e.meta.mtime_sec * 1000000000LL + e.meta.mtime_nsec;
+        b->mtime_ns = gs_time_ns(e.meta.mtime_sec, (long)e.meta.mtime_nsec);
         b->link = e.kind == GS_KIND_SYMLINK ? gs_xstrndup(e.link.p, e.link.len) : NULL;
         if (kept->n > 1 && strcmp(kept->v[kept->n - 2].path, b->path) >= 0)
             return -1;

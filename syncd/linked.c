@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/clock.h"
 #include "common/wrapper.h"
 
 static int file_cmp(const void *a, const void *b)
@@ -76,7 +77,7 @@ void gs_linked_take_scan(struct gs_linked *l, const struct gs_scan *scan, int wh
 
 static int64_t ns_of(const struct timespec *t)
 {
-    return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+    return gs_time_ns(t->tv_sec, t->tv_nsec);
 }
 
 void gs_linked_check(struct gs_linked *l, int rootfd, void (*changed)(void *ctx, const char *path),

@@ -20,6 +20,7 @@
 
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "common/path.h"
 #include "common/quote.h"
 #include "common/wrapper.h"
@@ -249,8 +250,8 @@ static int no_longer_a_file(const struct planner *p, const char *path)
  * back, not an old size with empty bytes, which nothing would. */
 static void take_stat_as_read(struct item *it, const struct stat *after)
 {
-    int64_t mtime_ns = (int64_t)after->st_mtim.tv_sec * 1000000000 + after->st_mtim.tv_nsec;
-    int64_t ctime_ns = (int64_t)after->st_ctim.tv_sec * 1000000000 + after->st_ctim.tv_nsec;
+    int64_t mtime_ns = gs_time_ns(after->st_mtim.tv_sec, after->st_mtim.tv_nsec);
+    int64_t ctime_ns = gs_time_ns(after->st_ctim.tv_sec, after->st_ctim.tv_nsec);
     if ((uint64_t)after->st_size == it->l->size && mtime_ns == it->l->mtime_ns &&
         ctime_ns == it->l->ctime_ns)
         return;
@@ -895,7 +896,7 @@ int gs_plan_build(struct gs_plan *plan, const char *root, const struct gs_scan *
     struct planner p = {.idx = idx, .plan = plan, .err = err};
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    p.racy_after_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - GS_PLAN_RACY_NS;
+    p.racy_after_ns = gs_time_ns(now.tv_sec, now.tv_nsec) - GS_PLAN_RACY_NS;
     if (opts)
         p.opts = *opts;
     p.rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -380,12 +380,12 @@ static void add_ancestors(struct gs_scan *scan, const char *root, const char *pa
         if (lstat(abs.data, &st) < 0 || !S_ISDIR(st.st_mode))
             break;
         GS_ALLOC_GROW(scan->entries, scan->n + 1, scan->cap);
-        scan->entries[scan->n++] = (struct gs_scan_entry){
-            .path = gs_xstrdup(prefix.data),
-            .kind = GS_KIND_DIR,
-            .mode = st.st_mode & 07777,
-            .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
-            .ino = st.st_ino};
+        scan->entries[scan->n++] =
+            (struct gs_scan_entry){.path = gs_xstrdup(prefix.data),
+                                   .kind = GS_KIND_DIR,
+                                   .mode = st.st_mode & 07777,
+                                   .mtime_ns = gs_time_ns(st.st_mtim.tv_sec, st.st_mtim.tv_nsec),
+                                   .ino = st.st_ino};
     }
     gs_buf_release(&prefix);
     gs_buf_release(&abs);

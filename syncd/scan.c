@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/wrapper.h"
@@ -125,9 +126,9 @@ static int add_entry(struct walk *w, int dirfd, const char *name, const char *re
     e->kind = kind_of(st->st_mode);
     e->mode = st->st_mode & 07777;
     e->size = (uint64_t)st->st_size;
-    e->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    e->mtime_ns = gs_time_ns(st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
     e->ino = (uint64_t)st->st_ino;
-    e->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    e->ctime_ns = gs_time_ns(st->st_ctim.tv_sec, st->st_ctim.tv_nsec);
     e->nlink = (uint32_t)st->st_nlink;
     e->link = link;
     return 0;

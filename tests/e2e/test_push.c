@@ -704,6 +704,63 @@ static void scenario_touch(struct proj *p, int ns)
     json_decref(o);
 }
 
+/* Fails unless the server copy of rel has mtime sec.nsec. */
+static void expect_server_mtime(const struct proj *p, const char *rel, long long sec, long nsec)
+{
+    char r[512];
+    struct stat rs;
+    path_at(r, sizeof(r), p->remote, rel);
+    assert_int_equal(lstat(r, &rs), 0);
+    if (rs.st_mtim.tv_sec != sec || rs.st_mtim.tv_nsec != nsec)
+        fail_msg("%s: mtime %lld.%09ld on the server, want %lld.%09ld", rel,
+                 (long long)rs.st_mtim.tv_sec, rs.st_mtim.tv_nsec, sec, nsec);
+}
+
+/* Files dated past what 64-bit nanoseconds hold (2300) and, over SFTP, outside 1970-2106 (1960)
+ * get the nearest time there is, and are settled: the next pushes find them as gpusync left
+ * them. A file of 2300 used to land in 1901 (the nanoseconds wrapped), and each push found it
+ * "changed there" and sent it again. */
+static void scenario_far_times(struct proj *p, int sftp)
+{
+    put_text(p->local, "future.txt", "from 2300\n", 0644);
+    put_text(p->local, "ancient.txt", "from 1960\n", 0644);
+    set_mtime(p->local, "future.txt", 10413792000, 5); /* 2300-01-01 */
+    set_mtime(p->local, "ancient.txt", -315619200, 7); /* 1960-01-01 */
+    json_decref(push_json_ex(p, 0, NULL));
+    if (sftp) {
+        expect_server_mtime(p, "future.txt", 4294967295LL, 0); /* 2106-02-07 */
+        expect_server_mtime(p, "ancient.txt", 0, 0);
+    } else {
+        expect_server_mtime(p, "future.txt", 9223372036LL, 854775807); /* 2262-04-11 */
+        expect_server_mtime(p, "ancient.txt", -315619200, 7);
+    }
+    for (int i = 0; i < 2; i++) {
+        json_t *o = push_json_ex(p, 0, NULL);
+        expect_count(o, "sent", 0);
+        expect_count(o, "chmods", 0);
+        expect_count(o, "server_changed", 0);
+        assert_int_equal(json_array_size(json_object_get(o, "conflicts")), 0);
+        json_decref(o);
+    }
+    json_t *o = status_json(p);
+    expect_count(o, "pending", 0);
+    json_decref(o);
+}
+
+static void test_push__times_past_what_nanoseconds_hold_are_settled(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, NULL);
+    scenario_far_times(&cur, 0);
+}
+
+static void test_sftp__times_outside_what_sftp_holds_are_settled(void **state)
+{
+    (void)state;
+    proj_new(&cur, 0, "sftp");
+    scenario_far_times(&cur, 1);
+}
+
 /* An edit made on the server that keeps the size and the mtime to the second passes the quick
  * check; a touch here must not stamp it, which would hide it for good: the push sends the local
  * file whole and keeps the server's as a conflict copy, reported in --json. */
@@ -2219,6 +2276,7 @@ int main(void)
         T(test_push__every_kind_of_change_is_mirrored),
         T(test_push__a_touch_reaches_the_server_without_the_bytes),
         T(test_push__a_touch_never_stamps_a_copy_edited_on_the_server),
+        T(test_push__times_past_what_nanoseconds_hold_are_settled),
         T(test_push__server_edit_is_kept_as_conflict_copy_and_reported),
         T(test_push__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_push__server_edit_then_local_rename_is_kept_as_conflict),
@@ -2253,6 +2311,7 @@ int main(void)
         T(test_sftp__every_kind_of_change_is_mirrored),
         T(test_sftp__a_touch_reaches_the_server_without_the_bytes),
         T(test_sftp__a_touch_never_stamps_a_copy_edited_on_the_server),
+        T(test_sftp__times_outside_what_sftp_holds_are_settled),
         T(test_sftp__server_edit_is_kept_as_conflict_copy_and_reported),
         T(test_sftp__directory_replaced_by_a_file_on_the_server_is_kept),
         T(test_sftp__remote_disk_full_fails_clearly_then_converges),
