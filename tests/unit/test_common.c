@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/path.h"
 #include "common/wrapper.h"
@@ -480,6 +481,19 @@ static void test_wrapper__write_all_reports_epipe_and_ebadf(void **state)
     assert_int_equal(gs_write_all(-1, "", 0), 0); /* nothing to write is done at once */
 }
 
+/* File times as nanoseconds: exact inside 1677-2262 (before 1970 too), the nearest end outside. */
+static void test_clock__file_times_saturate_instead_of_wrapping(void **state)
+{
+    (void)state;
+    assert_true(gs_time_ns(1700000000, 123456789) == 1700000000123456789LL);
+    assert_true(gs_time_ns(-1, 999999999) == -1);
+    assert_true(gs_time_ns(-315619200, 7) == -315619200000000000LL + 7);
+    assert_true(gs_time_ns(9223372036LL, 854775807) == INT64_MAX);
+    assert_true(gs_time_ns(9223372036LL, 854775808) == INT64_MAX);
+    assert_true(gs_time_ns(10413792000LL, 0) == INT64_MAX); /* 2300 */
+    assert_true(gs_time_ns(-10413792000LL, 0) == INT64_MIN);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -504,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_error__codes_are_distinct_negative_and_far_from_libssh2),
         cmocka_unit_test(test_error__exit_codes_match_the_documented_table),
         cmocka_unit_test(test_error__names),
+        cmocka_unit_test(test_clock__file_times_saturate_instead_of_wrapping),
         cmocka_unit_test(test_wrapper__alloc_grow_keeps_contents_and_fits),
         cmocka_unit_test(test_wrapper__write_all_survives_short_writes_and_eintr),
         cmocka_unit_test(test_wrapper__write_all_reports_epipe_and_ebadf),
