@@ -26,11 +26,22 @@ size_t gs_quote_utf8_len(const char *str)
     return n;
 }
 
-/* Whether the sequence of length n at s is a control character: C0, DEL, or C1 (U+0080 to
- * U+009F, which some terminals take as CSI and the like). */
+/* Whether the 3-byte sequence at s is a bidirectional formatting character: U+200E and U+200F
+ * (marks), U+202A to U+202E (embeddings and overrides), U+2066 to U+2069 (isolates). Printed raw,
+ * one reorders the rest of the line on the terminal: "a\u202etxt.exe" shows as "aexe.txt". */
+static int is_bidi(const unsigned char *s)
+{
+    return s[0] == 0xe2 &&
+           ((s[1] == 0x80 && (s[2] == 0x8e || s[2] == 0x8f || (s[2] >= 0xaa && s[2] <= 0xae))) ||
+            (s[1] == 0x81 && s[2] >= 0xa6 && s[2] <= 0xa9));
+}
+
+/* Whether the sequence of length n at s is a control character: C0, DEL, C1 (U+0080 to U+009F,
+ * which some terminals take as CSI and the like), or a bidirectional formatting one. */
 static int is_control(const unsigned char *s, size_t n)
 {
-    return (n == 1 && (s[0] < 0x20 || s[0] == 0x7f)) || (n == 2 && s[0] == 0xc2 && s[1] <= 0x9f);
+    return (n == 1 && (s[0] < 0x20 || s[0] == 0x7f)) || (n == 2 && s[0] == 0xc2 && s[1] <= 0x9f) ||
+           (n == 3 && is_bidi(s));
 }
 
 int gs_quote_needed(const char *name)

@@ -23,7 +23,8 @@ enum gs_quote_flags {
 size_t gs_quote_utf8_len(const char *s);
 
 /* Whether `name` must be quoted: it holds a control byte (below 0x20, 0x7f, or a C1 control as
- * UTF-8), `"`, `\` or bytes that are not UTF-8. */
+ * UTF-8), a bidirectional formatting character (U+202E and the like), `"`, `\` or bytes that are
+ * not UTF-8. */
 int gs_quote_needed(const char *name);
 
 /* Appends `name` quoted with C escapes, whether it needs it or not (see gs_quote_path). */

@@ -51,6 +51,11 @@ static void test_quote__control_bytes_quotes_and_backslashes_are_escaped(void **
     expect_quoted("c1\xc2\x9b"
                   "2J",
                   "\"c1\\xc2\\x9b2J\""); /* a C1 CSI as UTF-8 */
+    /* a right-to-left override would show "a\u202etxt.exe" as "aexe.txt" */
+    expect_quoted("a\xe2\x80\xaetxt.exe", "\"a\\xe2\\x80\\xaetxt.exe\"");
+    expect_quoted("iso\xe2\x81\xa6x", "\"iso\\xe2\\x81\\xa6x\"");
+    assert_false(gs_quote_needed("arrow\xe2\x80\x94"
+                                 "dash")); /* U+2014, an ordinary character */
 }
 
 static void test_quote__bytes_that_are_not_utf8_are_escaped(void **state)
@@ -96,6 +101,7 @@ static void test_quote__bash_reads_the_quoted_form_back_byte_for_byte(void **sta
         "donn\xc3\xa9"
         "es\n",
         "hex\\x41 $HOME `x`",
+        "rtl\xe2\x80\xaeoverride",
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         bash_reads_back(names[i]);
