@@ -34,21 +34,24 @@
 #include "syncd/session.h"
 #include "syncd/watch.h"
 
-#define MAX_CLIENTS       64
-#define MAX_BATCH_PATHS   2000 /* more changed paths than this: one full push is cheaper */
-#define LIVENESS_EVERY_MS 5000 /* an idle connection is checked this often */
-#define POLL_FALLBACK_MS  2000 /* full pushes this often when inotify cannot watch */
-#define BACKOFF_FIRST_MS  500
-#define BACKOFF_MAX_MS    30000
-#define SUSPEND_JUMP_MS   3000  /* wall clock ran this far ahead of the monotonic one: we slept */
-#define RETRY_FAILED_MS   10000 /* operations the server refused are tried again this often */
-#define LOCK_RETRY_MS     100   /* a push or pull of this project holds the sync lock: try again */
-#define PROGRESS_EVERY_MS 250   /* a batch longer than this reports its progress this often */
-#define SERVE_IN_BATCH_MS 100   /* during a batch, status requests are answered this often */
-#define STOP_CHECK_MS     2000  /* the most the check of the server at a stop may take */
-#define LINKED_POLL_MS    1000  /* files with other hard links are looked at this often... */
-#define LINKED_POLL_MAX   2000  /* ...while there are no more of them (else at each flush only) */
-#define STOPPED_MID_WAIT  "the watch daemon was told to stop while it waited on the server"
+#define MAX_CLIENTS         64
+#define MAX_BATCH_PATHS     2000 /* more changed paths than this: one full push is cheaper */
+#define LIVENESS_EVERY_MS   5000 /* an idle connection is checked this often */
+#define POLL_FALLBACK_MS    2000 /* full pushes this often when inotify cannot watch */
+#define BACKOFF_FIRST_MS    500
+#define BACKOFF_MAX_MS      30000
+#define SUSPEND_JUMP_MS     3000  /* wall clock ran this far ahead of the monotonic one: we slept */
+#define RETRY_FAILED_MS     10000 /* operations the server refused are tried again this often */
+#define LOCK_RETRY_MS       100  /* a push or pull of this project holds the sync lock: try again */
+#define PROGRESS_EVERY_MS   250  /* a batch longer than this reports its progress this often */
+#define SERVE_IN_BATCH_MS   100  /* during a batch, status requests are answered this often */
+#define STOP_CHECK_MS       2000 /* the most the check of the server at a stop may take */
+#define LINKED_POLL_MS      1000 /* files with other hard links are looked at this often... */
+#define LINKED_POLL_MAX     2000 /* ...while there are no more of them (else at each flush only) */
+#define LINK_SWEEP_MS       10000 /* the tree is listed for hard links made from outside... */
+#define LINK_SWEEP_SHARE    100   /* ...this often, and at most 1/this of the time... */
+#define LINK_SWEEP_FLUSH_MS 50    /* ...and at each flush while a listing takes less than this */
+#define STOPPED_MID_WAIT    "the watch daemon was told to stop while it waited on the server"
 
 struct client {
     int fd;
@@ -135,6 +138,8 @@ struct daemon {
     char stop_reason[1200]; /* why the daemon stopped on its own, told to whoever asks after */
     struct gs_linked linked; /* files with other hard links, checked by stat (linked.h) */
     int64_t next_linked_ms;
+    int64_t next_sweep_ms, sweep_ms; /* the tree listed for new hard links (sweep_links) */
+    int sweep_due;                   /* a flush asked for one */
     int64_t next_state_check_ms;
     int index_removed; /* .gpusync/ was put back, but the index still lives in the removed one */
     int64_t next_index_try_ms;
@@ -311,7 +316,32 @@ static void check_linked(struct daemon *d)
 
 static void on_scan(void *ctx, const struct gs_scan *scan, int whole)
 {
-    gs_linked_take_scan(&((struct daemon *)ctx)->linked, scan, whole);
+    gs_linked_take_scan(&((struct daemon *)ctx)->linked, scan, whole, NULL, NULL);
+}
+
+/* A hard link made to a project file from outside while the daemon runs changes no name here:
+ * no event, and no scan of a batch lists the file again. So the tree is listed again (a stat of
+ * each entry, no file read) every LINK_SWEEP_MS while idle, at most 1/LINK_SWEEP_SHARE of the
+ * time, and at each flush while a sweep takes under LINK_SWEEP_FLUSH_MS (trees to about 30,000
+ * files). A file newly linked, or changed since its last look, is marked dirty: the plan then
+ * compares it with the index, and sends it only if it changed. */
+static void sweep_links(struct daemon *d)
+{
+    if (d->connecting || d->root_fd < 0) /* the connecting thread may use the rules */
+        return;
+    int64_t start = gs_clock_mono_ms();
+    struct gs_scan scan = GS_SCAN_INIT;
+    struct gs_error err = {0};
+    if (gs_scan_tree(&scan, d->o->root, d->sess.ig, &err) == 0)
+        gs_linked_take_scan(&d->linked, &scan, 1, mark_dirty, d);
+    else
+        gs_debug("sweep for hard links: %s", err.msg);
+    gs_scan_release(&scan);
+    int64_t now = gs_clock_mono_ms();
+    d->sweep_ms = now - start;
+    d->next_sweep_ms =
+        now + (d->sweep_ms * LINK_SWEEP_SHARE > LINK_SWEEP_MS ? d->sweep_ms * LINK_SWEEP_SHARE
+                                                              : LINK_SWEEP_MS);
 }
 
 /* Remembers a path whose operation failed, so that the next flush (or the retry timer) sends it
@@ -1153,6 +1183,7 @@ static void start_flush(struct daemon *d, struct client *c)
      * synced either: send it again. */
     read_changes(d);
     check_linked(d);
+    d->sweep_due = d->sweep_ms < LINK_SWEEP_FLUSH_MS; /* before the batch (never inside one) */
     retry_failed(d);
     /* And what the server holds: a file deleted there is not up to date. The check runs at the
      * start of a batch, which sends what it finds, so the flush waits for a batch that starts
@@ -1542,6 +1573,10 @@ static void run_timers(struct daemon *d)
     if (now >= d->next_linked_ms && d->linked.n <= LINKED_POLL_MAX) {
         d->next_linked_ms = now + LINKED_POLL_MS;
         check_linked(d);
+    }
+    if (d->sweep_due || (now >= d->next_sweep_ms && d->connected && !d->n_dirty && !d->full)) {
+        d->sweep_due = 0;
+        sweep_links(d);
     }
     restore_index(d, now);
     /* a connection deferred for the local sync lock is no failed attempt: flushes wait on */

@@ -15,12 +15,6 @@ static int file_cmp(const void *a, const void *b)
                   ((const struct gs_linked_file *)b)->path);
 }
 
-static struct gs_linked_file *find(struct gs_linked *l, const char *path)
-{
-    struct gs_linked_file key = {.path = (char *)path};
-    return l->n ? bsearch(&key, l->v, l->n, sizeof(key), file_cmp) : NULL;
-}
-
 /* Removes entry i, keeping the order. */
 static void drop_at(struct gs_linked *l, size_t i)
 {
@@ -50,26 +44,44 @@ static void add(struct gs_linked *l, const struct gs_scan_entry *e)
     take_stat(&l->v[l->n++], e->ino, e->size, e->mtime_ns, e->ctime_ns);
 }
 
-void gs_linked_take_scan(struct gs_linked *l, const struct gs_scan *scan, int whole)
+static int same_stat(const struct gs_linked_file *f, const struct gs_scan_entry *e)
 {
-    if (whole)
-        gs_linked_release(l);
-    /* first what is known (the array stays sorted while entries are dropped), then the new */
-    size_t known = l->n;
-    for (size_t i = 0; i < scan->n && known; i++) {
-        const struct gs_scan_entry *e = &scan->entries[i];
-        struct gs_linked_file *f = find(l, e->path);
-        if (f && linked_file(e))
-            take_stat(f, e->ino, e->size, e->mtime_ns, e->ctime_ns);
-        else if (f) /* linked once now, or no longer a file */
-            drop_at(l, (size_t)(f - l->v));
+    return f->ino == e->ino && f->size == e->size && f->mtime_ns == e->mtime_ns &&
+           f->ctime_ns == e->ctime_ns;
+}
+
+/* Known files: updated, or dropped when linked once now (the array stays sorted meanwhile); on a
+ * whole scan, those it no longer lists are dropped too. */
+static void update_known(struct gs_linked *l, const struct gs_scan *scan, int whole,
+                         void (*told)(void *ctx, const char *path), void *ctx)
+{
+    for (size_t i = 0; i < l->n;) {
+        const struct gs_scan_entry *e = gs_scan_find(scan, l->v[i].path);
+        if (e && linked_file(e)) {
+            if (told && !same_stat(&l->v[i], e))
+                told(ctx, e->path);
+            take_stat(&l->v[i++], e->ino, e->size, e->mtime_ns, e->ctime_ns);
+        } else if (e || whole) { /* linked once now, no longer a file, or gone */
+            drop_at(l, i);
+        } else {
+            i++;
+        }
     }
-    known = l->n;
+}
+
+void gs_linked_take_scan(struct gs_linked *l, const struct gs_scan *scan, int whole,
+                         void (*told)(void *ctx, const char *path), void *ctx)
+{
+    update_known(l, scan, whole, told, ctx);
+    size_t known = l->n;
     for (size_t i = 0; i < scan->n; i++) {
         const struct gs_scan_entry *e = &scan->entries[i];
         struct gs_linked_file key = {.path = e->path};
-        if (linked_file(e) && !(known && bsearch(&key, l->v, known, sizeof(key), file_cmp)))
-            add(l, e);
+        if (!linked_file(e) || (known && bsearch(&key, l->v, known, sizeof(key), file_cmp)))
+            continue;
+        add(l, e);
+        if (told)
+            told(ctx, e->path);
     }
     if (l->n > known)
         qsort(l->v, l->n, sizeof(*l->v), file_cmp);

@@ -285,6 +285,23 @@ static void test_check__a_flush_sends_a_file_edited_through_a_link_outside(void 
     expect_trees_equal(&cur, "after the flush");
 }
 
+/* ...and a file linked from outside only after the daemon started: a link changes no name here
+ * either, so no event said the file has another name now. The flush lists the tree for such
+ * files and sends it (it said up to date, the server holding the old bytes). */
+static void test_check__a_flush_sends_a_file_linked_from_outside_after_the_start(void **state)
+{
+    (void)state;
+    watching("[sync]\n\tcheck_every = off\n");
+    char inside[256], outside[256];
+    snprintf(inside, sizeof(inside), "%s/train.py", cur.local);
+    snprintf(outside, sizeof(outside), "%s/outside.py", cur.dir);
+    assert_int_equal(link(inside, outside), 0);
+    append_to(outside, "# v2\n");
+    gs_test_gpusync_ok(cur.local, ARGS("flush"), "flush after a write through a new outside link");
+    if (!remote_holds("train.py", "print('train')\n# v2\n"))
+        fail_msg("the server holds train.py as it was before the write through the new link");
+}
+
 /* ...and an idle daemon sends it unasked, as it does a save (the check of the server is off). */
 static void test_check__an_idle_daemon_sends_a_file_edited_through_a_link_outside(void **state)
 {
@@ -497,6 +514,7 @@ int main(void)
         T(test_check__a_flush_puts_back_a_project_folder_removed_on_the_server),
         T(test_check__a_flush_follows_a_project_folder_moved_and_replaced),
         T(test_check__a_flush_sends_a_file_edited_through_a_link_outside),
+        T(test_check__a_flush_sends_a_file_linked_from_outside_after_the_start),
         T(test_check__an_idle_daemon_sends_a_file_edited_through_a_link_outside),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -71,7 +71,7 @@ static void scan_into(struct gs_linked *l, int whole)
     struct gs_scan s = GS_SCAN_INIT;
     struct gs_error err = {0};
     assert_int_equal(gs_scan_tree(&s, tmpdir, NULL, &err), 0);
-    gs_linked_take_scan(l, &s, whole);
+    gs_linked_take_scan(l, &s, whole, NULL, NULL);
     gs_scan_release(&s);
 }
 
@@ -121,12 +121,41 @@ static void test_linked__partial_scans_add_and_drop(void **state)
     gs_linked_release(&l);
 }
 
+/* A sweep (a whole scan with `told`) tells of a file linked from outside since, and of a known
+ * one written since its last look; not of one that did not change. */
+static void test_linked__a_sweep_tells_of_new_links_and_unseen_writes(void **state)
+{
+    (void)state;
+    put("a.txt", "a\n", "w");
+    put("b.txt", "b\n", "w");
+    hard_link("a.txt", "a2.txt");
+    struct gs_linked l = {0};
+    scan_into(&l, 1);
+    assert_int_equal(l.n, 2);
+    hard_link("b.txt", "b2.txt"); /* (outside the project, as far as an event goes) */
+    put("a2.txt", "more\n", "a");
+    struct gs_scan s = GS_SCAN_INIT;
+    struct gs_error err = {0};
+    assert_int_equal(gs_scan_tree(&s, tmpdir, NULL, &err), 0);
+    gs_linked_take_scan(&l, &s, 1, changed, NULL);
+    gs_scan_release(&s);
+    assert_int_equal(n_told, 4); /* a and a2 written; b and b2 new */
+    assert_string_equal(told[0], "a.txt");
+    assert_string_equal(told[1], "a2.txt");
+    assert_string_equal(told[2], "b.txt");
+    assert_string_equal(told[3], "b2.txt");
+    assert_int_equal(l.n, 4);
+    gs_linked_release(&l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_linked__a_write_through_another_name_is_told_once,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_linked__partial_scans_add_and_drop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_linked__a_sweep_tells_of_new_links_and_unseen_writes,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
