@@ -39,16 +39,27 @@ static void collect_op(json_t *ops, const struct gs_plan_op *op, const struct gs
     gs_buf_release(&shown);
 }
 
+#define DAEMON_WAIT_MS 5000
+static int daemon_silent; /* a daemon holds the project but did not answer in DAEMON_WAIT_MS */
+
 static void print_human(struct gs_cli *cli, const char *target, json_t *ops,
                         const struct gs_push_stats *st, size_t unconfirmed)
 {
     char b[32];
     printf("project: %s\nserver:  %s:%s\n", cli->root.data, target,
            cli->cfg.remote_path ? cli->cfg.remote_path : "");
+    if (daemon_silent) /* stopped (SIGSTOP, a debugger) or stuck: what it does is unknown */
+        printf("daemon:  running, but it did not answer in %d s; below is what waits here, seen "
+               "from the folder\n",
+               DAEMON_WAIT_MS / 1000);
     if (unconfirmed)
         printf("%zu operation%s of an interrupted sync unconfirmed: the server may hold more "
                "than the list below ('gpusync push' checks and settles them)\n",
                unconfirmed, unconfirmed == 1 ? "" : "s");
+    if (json_array_size(ops) == 0 && !unconfirmed && daemon_silent) {
+        printf("nothing to send since the last sync\n");
+        return;
+    }
     if (json_array_size(ops) == 0 && !unconfirmed) {
         printf("nothing to send since the last sync (no daemon running, so the server was not "
                "asked: 'gpusync push' checks it and puts back what was deleted or changed "
@@ -101,8 +112,10 @@ void gs_cli_print_conflicts(json_t *conflicts)
 static int daemon_status(struct gs_cli *cli, int ack)
 {
     json_t *st;
-    if (gs_control_request(cli->root.data, ack ? "ack_conflicts" : "status", 5000, &st, &cli->err) <
-        0)
+    int rc = gs_control_request(cli->root.data, ack ? "ack_conflicts" : "status", DAEMON_WAIT_MS,
+                                &st, &cli->err);
+    daemon_silent = rc == GS_E_TIMEOUT;
+    if (rc < 0)
         return 1;
     if (json_is_true(json_object_get(st, "stopped"))) { /* it stopped on its own: answer here */
         const char *why = json_string_value(json_object_get(st, "error"));
@@ -232,11 +245,12 @@ static int local_status(struct gs_cli *cli, int ack)
     char target[320];
     gs_target_name(cli->cfg.host, cli->cfg.port, cli->cfg.user, target, sizeof(target));
     if (rc == 0 && cli->json)
-        gs_cli_json_print(json_pack(
-            "{s:i,s:b,s:b,s:s,s:s,s:i,s:I,s:i,s:O,s:O}", "v", 1, "ok", 1, "daemon", 0, "state",
-            json_array_size(ops) || unconfirmed ? "pending" : "up_to_date", "target", target,
-            "pending", (int)json_array_size(ops), "bytes_pending", (json_int_t)st.bytes_total,
-            "unconfirmed", (int)unconfirmed, "ops", ops, "conflicts", conflicts));
+        gs_cli_json_print(json_pack("{s:i,s:b,s:b,s:b,s:s,s:s,s:i,s:I,s:i,s:O,s:O}", "v", 1, "ok",
+                                    1, "daemon", 0, "daemon_silent", daemon_silent, "state",
+                                    json_array_size(ops) || unconfirmed ? "pending" : "up_to_date",
+                                    "target", target, "pending", (int)json_array_size(ops),
+                                    "bytes_pending", (json_int_t)st.bytes_total, "unconfirmed",
+                                    (int)unconfirmed, "ops", ops, "conflicts", conflicts));
     else if (rc == 0) {
         print_human(cli, target, ops, &st, unconfirmed);
         gs_cli_print_conflicts(conflicts);

@@ -129,9 +129,11 @@ static const struct field status_daemon_spec[] = {
     {"conflicts", T_ARR, 0, conflict_item},
     END,
 };
-static const struct field op_item[] = {{"op", T_STR, 0, NULL}, {"path", T_STR, 0, NULL}, END};
+static const struct field op_item[] = {
+    {"op", T_STR, 0, NULL}, {"path", T_STR, 0, NULL}, {"error", T_STR, F_OPTIONAL, NULL}, END};
 static const struct field status_local_spec[] = {
     {"daemon", T_BOOL, 0, NULL},
+    {"daemon_silent", T_BOOL, 0, NULL},
     {"state", T_STR, 0, NULL},
     {"target", T_STR, 0, NULL},
     {"pending", T_INT, 0, NULL},

@@ -1890,6 +1890,31 @@ static void test_watch__paths_that_change_kind_in_one_batch_converge(void **stat
     expect_trees_equal("after the kind changes");
 }
 
+/* A daemon that holds the project but does not answer (stopped by SIGSTOP, in a debugger): status
+ * answers from the folder after 5 s, and says the daemon did not answer; it said no daemon ran. */
+static void test_watch__status_of_a_daemon_that_does_not_answer_says_so(void **state)
+{
+    (void)state;
+    proj_init(sshd.port);
+    put("a.txt", "a\n");
+    watch_start();
+    flush("first flush");
+    pid_t pid = daemon_pid();
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    put("b.txt", "b\n");
+    json_t *st = status_json();
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    if (json_is_true(json_object_get(st, "daemon")) ||
+        !json_is_true(json_object_get(st, "daemon_silent")) ||
+        json_integer_value(json_object_get(st, "pending")) != 1) {
+        char *text = json_dumps(st, JSON_COMPACT);
+        fail_msg("status with the daemon stopped: %s", text);
+    }
+    json_decref(st);
+    st = daemon_status_json(); /* answering again */
+    json_decref(st);
+}
+
 /* More changed paths than one batch holds: the daemon falls back to a full push. */
 static void test_watch__burst_of_3000_new_files_converges(void **state)
 {
@@ -2640,6 +2665,7 @@ int main(void)
         T(test_watch__emacs_rename_save_arrives),
         T(test_watch__editor_syscall_sequences_arrive),
         T(test_watch__directory_rename_is_one_remote_rename),
+        T(test_watch__status_of_a_daemon_that_does_not_answer_says_so),
         T(test_watch__burst_of_3000_new_files_converges),
         T(test_watch__paths_that_change_kind_in_one_batch_converge),
         T(test_watch__a_stuck_event_reader_does_not_stall_the_daemon),
