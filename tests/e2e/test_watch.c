@@ -441,6 +441,19 @@ static void test_watch__status_reports_a_connected_daemon_and_stop_ends_it(void 
     }
 }
 
+/* Waits until the foreground daemon `pid` of the current project serves its control socket. */
+static void await_serving(pid_t pid)
+{
+    char sock[2048];
+    path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
+    int64_t end = gs_clock_mono_ms() + 20000;
+    while (access(sock, F_OK) != 0) { /* bounded wait for an observable condition */
+        if (gs_clock_mono_ms() > end || waitpid(pid, NULL, WNOHANG) == pid)
+            fail_msg("foreground gpusync watch did not start serving");
+        usleep(20000);
+    }
+}
+
 static void test_watch__foreground_watch_syncs_and_stops_on_sigint(void **state)
 {
     (void)state;
@@ -460,12 +473,7 @@ static void test_watch__foreground_watch_syncs_and_stops_on_sigint(void **state)
     }
     char sock[2048];
     path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
-    int64_t end = gs_clock_mono_ms() + 20000;
-    while (access(sock, F_OK) != 0) { /* bounded wait for an observable condition */
-        if (gs_clock_mono_ms() > end || waitpid(pid, NULL, WNOHANG) == pid)
-            fail_msg("foreground gpusync watch did not start serving");
-        usleep(20000);
-    }
+    await_serving(pid);
     assert_int_equal(daemon_pid(), pid);
     flush("flush with a foreground daemon");
     put("b.py", "b\n");
@@ -1643,7 +1651,7 @@ static void test_watch__the_foreground_line_never_says_up_to_date_over_a_failure
     proj_init(sshd.port);
     put("a.txt", "a\n");
     put("secret.txt", "s\n");
-    char secret[PATH_MAX], sock[2048];
+    char secret[PATH_MAX];
     path_in(secret, sizeof(secret), cur.local, "secret.txt");
     assert_int_equal(chmod(secret, 0), 0);
     int term;
@@ -1656,13 +1664,7 @@ static void test_watch__the_foreground_line_never_says_up_to_date_over_a_failure
               gs_test_gpusync(), "watch", (char *)NULL);
         _exit(127);
     }
-    path_in(sock, sizeof(sock), cur.local, ".gpusync/daemon.sock");
-    int64_t end = gs_clock_mono_ms() + 20000;
-    while (access(sock, F_OK) != 0) { /* bounded wait for an observable condition */
-        if (gs_clock_mono_ms() > end || waitpid(pid, NULL, WNOHANG) == pid)
-            fail_msg("foreground gpusync watch did not start serving");
-        usleep(20000);
-    }
+    await_serving(pid);
     struct gs_test_result r = gpusync(cur.local, ARGS("flush"));
     expect_status(&r, 1, "flush with an unreadable file");
     gs_test_result_release(&r);
