@@ -34,3 +34,15 @@ int64_t gs_time_ns(int64_t sec, long nsec)
         return INT64_MIN;
     return sec * ns_per_s + nsec;
 }
+
+int64_t gs_time_sec(int64_t ns, long *nsec)
+{
+    int64_t sec = ns / 1000000000, rest = ns % 1000000000;
+    if (rest < 0) { /* C's division rounds toward zero */
+        sec--;
+        rest += 1000000000;
+    }
+    if (nsec)
+        *nsec = (long)rest;
+    return sec;
+}

@@ -17,4 +17,8 @@ int64_t gs_clock_wall_ms(void);
  * changed there). */
 int64_t gs_time_ns(int64_t sec, long nsec);
 
+/* The inverse: the whole seconds of a time of `ns` nanoseconds, rounded down (0.5 s before the
+ * epoch is second -1), with the nanoseconds past them (0 to 999,999,999) in *nsec unless NULL. */
+int64_t gs_time_sec(int64_t ns, long *nsec);
+
 #endif

@@ -597,14 +597,13 @@ static void set_expect(struct gs_proto_msg *m, const struct gs_fop_req *req)
         memcpy(m->expect.hash, req->hash, GS_PROTO_HASH_LEN);
 }
 
-/* Mode and mtime; a mtime before 1970 as the second before it and the nanoseconds after (C's
- * division rounds toward zero, which would give a negative, unencodable nanosecond count). */
+/* Mode and mtime (one before 1970 as the second before it and the nanoseconds after). */
 static void set_meta(struct gs_proto_msg *m, const struct gs_fop_req *req)
 {
-    int64_t ns = req->mtime_ns % 1000000000;
+    long nsec;
     m->meta.mode = req->mode & 07777;
-    m->meta.mtime_sec = req->mtime_ns / 1000000000 - (ns < 0);
-    m->meta.mtime_nsec = (uint32_t)(ns < 0 ? ns + 1000000000 : ns);
+    m->meta.mtime_sec = gs_time_sec(req->mtime_ns, &nsec);
+    m->meta.mtime_nsec = (uint32_t)nsec;
 }
 
 static int encode(struct gs_agent *a, const struct gs_proto_msg *m, struct gs_error *err)

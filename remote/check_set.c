@@ -47,9 +47,9 @@ static void to_entry(const struct gs_fop_belief *b, struct gs_proto_entry *e)
     e->path = gs_proto_cstr(b->path);
     e->kind = (uint8_t)b->kind;
     e->meta.mode = b->mode & 07777;
-    int64_t ns = b->mtime_ns % 1000000000;
-    e->meta.mtime_sec = b->mtime_ns / 1000000000 - (ns < 0); /* whole seconds, rounded down */
-    e->meta.mtime_nsec = (uint32_t)(ns < 0 ? ns + 1000000000 : ns);
+    long nsec;
+    e->meta.mtime_sec = gs_time_sec(b->mtime_ns, &nsec);
+    e->meta.mtime_nsec = (uint32_t)nsec;
     e->size = b->size;
     e->link = gs_proto_cstr(b->link && b->kind == GS_FOP_KIND_SYMLINK ? b->link : "");
 }

@@ -16,6 +16,7 @@
 
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "common/buf.h"
 #include "common/wrapper.h"
 #include "remote/sftp.h"
@@ -750,9 +751,7 @@ static int copy_up(struct sftp_ops *o, const struct gs_fop_req *req, LIBSSH2_SFT
 /* The attributes a PUT leaves: mode, and mtime (atime = mtime) in whole seconds. */
 static void set_meta_attrs(const struct gs_fop_req *req, LIBSSH2_SFTP_ATTRIBUTES *a)
 {
-    int64_t sec = req->mtime_ns / 1000000000;
-    if (req->mtime_ns < 0 && req->mtime_ns % 1000000000)
-        sec--;
+    int64_t sec = gs_time_sec(req->mtime_ns, NULL);
     /* SFTP v3 times are unsigned 32-bit seconds: the nearest one, not a wrapped one (a file of
      * 1969 once landed in 2106) */
     sec = sec < 0 ? 0 : sec > (int64_t)UINT32_MAX ? (int64_t)UINT32_MAX : sec;

@@ -6,6 +6,7 @@
 
 #include "syncd/hash.h"
 #include "syncd/plan.h"
+#include "common/clock.h"
 #include "common/wrapper.h"
 
 /* The intents, copied out of the index, and the paths to probe: intent i's path is paths[2i],
@@ -59,12 +60,6 @@ static int holds(const struct gs_fop_stat *s, const struct gs_index_entry *e)
     return 0;
 }
 
-/* Whole seconds of a time in ns, rounded down (before 1970 too). */
-static int64_t seconds(int64_t ns)
-{
-    return ns / 1000000000 - (ns % 1000000000 < 0);
-}
-
 /* Records intent `in` as completed when the server shows it did (`at`: its path, `src`: a
  * rename's source); otherwise changes nothing. */
 static int settle(struct gs_index *idx, const struct gs_index_intent *in,
@@ -83,7 +78,8 @@ static int settle(struct gs_index *idx, const struct gs_index_intent *in,
     }
     case GS_OP_CHMOD: /* a touch's mtime too, to the second, where the transport tells it */
         if ((at->mode & 07777) != (in->after.mode & 07777) ||
-            (at->mtime_ns && seconds(at->mtime_ns) != seconds(in->after.mtime_ns)))
+            (at->mtime_ns &&
+             gs_time_sec(at->mtime_ns, NULL) != gs_time_sec(in->after.mtime_ns, NULL)))
             return 0;
         return gs_index_put(idx, &in->after, err);
     default:

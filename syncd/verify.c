@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/path.h"
@@ -37,11 +38,6 @@ static void entries_release(struct entries *all)
     free(all->v);
 }
 
-static int64_t whole_seconds(int64_t ns)
-{
-    return ns >= 0 ? ns / 1000000000 : -((-ns + 999999999) / 1000000000);
-}
-
 /* The server's set-id bits are always cleared (agent/fs.c), whatever the local mode says. */
 #define COMPARED_MODE_BITS (07777 & ~06000u)
 
@@ -56,7 +52,7 @@ static enum finding compare(const struct gs_index_entry *e, const struct gs_fop_
     if ((int)s->kind != (int)e->kind)
         return CONTENT;
     if (e->kind == GS_KIND_FILE &&
-        (s->size != e->size || whole_seconds(s->mtime_ns) != whole_seconds(e->mtime_ns)))
+        (s->size != e->size || gs_time_sec(s->mtime_ns, NULL) != gs_time_sec(e->mtime_ns, NULL)))
         return CONTENT;
     if (e->kind == GS_KIND_SYMLINK) {
         struct gs_hash h;

@@ -492,6 +492,11 @@ static void test_clock__file_times_saturate_instead_of_wrapping(void **state)
     assert_true(gs_time_ns(9223372036LL, 854775808) == INT64_MAX);
     assert_true(gs_time_ns(10413792000LL, 0) == INT64_MAX); /* 2300 */
     assert_true(gs_time_ns(-10413792000LL, 0) == INT64_MIN);
+    long nsec;
+    assert_true(gs_time_sec(1700000000123456789LL, &nsec) == 1700000000 && nsec == 123456789);
+    assert_true(gs_time_sec(-1, &nsec) == -1 && nsec == 999999999); /* rounded down */
+    assert_true(gs_time_sec(-2000000000LL, &nsec) == -2 && nsec == 0);
+    assert_true(gs_time_sec(INT64_MIN, NULL) == -9223372037LL);
 }
 
 int main(void)
